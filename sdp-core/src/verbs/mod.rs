@@ -1,0 +1,261 @@
+//! The provider layer: one trait set for what the SDP engine needs of an RDMA device.
+//!
+//! The idea is the kernel's rdmavt: the engine and the progress loop are written once against
+//! these traits, and each provider supplies the device-specific parts:
+//!
+//! * [`sim`]: deterministic, in-memory, virtual time, fault injection (tests).
+//! * `rdma`: librdmacm + libibverbs through rdma-sys (real fabrics; see TODO.md).
+//! * `shm`: two processes on one host (see TODO.md).
+//!
+//! The model follows the RDMA CM: a [`Provider`] is opened once per process; the connection manager
+//! creates endpoints ([`Provider::Endpoint`]), each bundling a CM id, an RC queue pair and its
+//! completion queue, the way `rdma_create_ep` does. Memory is registered on the provider's protection
+//! domain ([`Provider::reg_mr`]). Work requests and completions are plain data ([`SendWr`],
+//! [`RecvWr`], [`Completion`]) so the sans-IO engine in `proto` can produce and consume them.
+
+pub mod sim;
+
+use std::net::SocketAddr;
+
+bitflags::bitflags! {
+    /// Access rights of a memory region, as in `ibv_access_flags`. A region grants the least each
+    /// use needs: remote read only while advertised in SrcAvail, remote write only while advertised
+    /// in SinkAvail.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct Access: u32 {
+        /// The local HCA may write the region (receive buffers, RDMA Read sinks).
+        const LOCAL_WRITE = 1 << 0;
+        /// A peer may RDMA Write into the region.
+        const REMOTE_WRITE = 1 << 1;
+        /// A peer may RDMA Read from the region.
+        const REMOTE_READ = 1 << 2;
+    }
+}
+
+/// A scatter/gather element: `len` bytes at `addr` inside the region whose local key is `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sge {
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+}
+
+/// The far side of an RDMA Read or Write: an address and remote key the peer advertised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteBuf {
+    pub addr: u64,
+    pub rkey: u32,
+}
+
+/// What a send work request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SendOp {
+    /// Two-sided SEND of the local bytes; consumes one receive at the peer.
+    Send,
+    /// RDMA Write of the local bytes into the peer's memory (`len == 0` is the keepalive probe).
+    Write(RemoteBuf),
+    /// RDMA Read of the peer's memory into the local buffer.
+    Read(RemoteBuf),
+}
+
+/// A work request for the send queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SendWr {
+    pub wr_id: u64,
+    pub op: SendOp,
+    /// Local memory; `None` only for zero-length RDMA Writes.
+    pub sge: Option<Sge>,
+    /// Ask for a completion even on success (SDP signals every send it needs to account for).
+    pub signaled: bool,
+}
+
+/// A work request for the receive queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RecvWr {
+    pub wr_id: u64,
+    pub sge: Sge,
+}
+
+/// A work request the engine wants posted, in the order it wants them posted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkRequest {
+    Send(SendWr),
+    Recv(RecvWr),
+}
+
+/// Which work request a completion reports on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    Send,
+    RdmaWrite,
+    RdmaRead,
+    Recv,
+}
+
+/// Completion status, as in `ibv_wc_status` folded to what the engine must tell apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcStatus {
+    Success,
+    /// The QP went to the error state and this request was flushed without being executed.
+    Flushed,
+    /// Local protection/length error: a bad lkey or SGE.
+    LocalProtection,
+    /// The peer refused the access: bad rkey, out of bounds, or access flags forbid it.
+    RemoteAccess,
+    /// The peer had no receive posted for too long (RNR retries exhausted).
+    RnrRetryExceeded,
+    /// Transport retries exhausted: the peer or the path is gone.
+    RetryExceeded,
+    /// Anything else the provider reports (kept for the error message).
+    Other(u32),
+}
+
+/// A work completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Completion {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    /// Bytes received (receives) or transferred (RDMA Read).
+    pub byte_len: u32,
+}
+
+/// Why a connection attempt or a connection ended, as the CM reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CmEvent {
+    /// Passive side only: a connect request arrived (delivered to the listener).
+    ConnectRequest { private_data: Vec<u8> },
+    /// The connection is up; active side gets the acceptor's private data.
+    Established { private_data: Vec<u8> },
+    /// The peer rejected us (or nobody listens on that port: `private_data` is empty and
+    /// `consumer` is false).
+    Rejected { private_data: Vec<u8>, consumer: bool },
+    /// Address resolution failed.
+    AddrError,
+    /// Route resolution failed.
+    RouteError,
+    /// The peer could not be reached during connection setup.
+    Unreachable,
+    /// An error after the connect request went out.
+    ConnectError,
+    /// The connection was disconnected (by either side, or by the fabric).
+    Disconnected,
+    /// The device went away: everything on it is dead.
+    DeviceRemoval,
+    /// The local address changed.
+    AddrChange,
+    /// The QP left the time-wait state; its number may be reused.
+    TimewaitExit,
+}
+
+/// Errors from provider calls (not from completions, which carry a [`WcStatus`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VerbsError {
+    #[error("no RDMA device or route for {0}")]
+    NoDevice(String),
+    #[error("address in use")]
+    AddrInUse,
+    #[error("address not available")]
+    AddrNotAvailable,
+    #[error("queue full: {0}")]
+    QueueFull(&'static str),
+    #[error("out of resources: {0}")]
+    NoResources(&'static str),
+    #[error("invalid argument: {0}")]
+    Invalid(&'static str),
+    #[error("endpoint is not connected")]
+    NotConnected,
+    #[error("provider error: {0}")]
+    Os(String),
+}
+
+/// Sizes an endpoint is created with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_inline: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps { max_send_wr: 128, max_recv_wr: 128, max_inline: 0 }
+    }
+}
+
+/// A registered memory region.
+pub trait MemoryRegion: Send {
+    fn lkey(&self) -> u32;
+    fn rkey(&self) -> u32;
+    /// Address of the first byte, as used in [`Sge::addr`] and [`RemoteBuf::addr`].
+    fn addr(&self) -> u64;
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn access(&self) -> Access;
+    /// Change the access rights (`ibv_rereg_mr`); revoking remote access makes later peer
+    /// accesses fail with [`WcStatus::RemoteAccess`].
+    fn set_access(&mut self, access: Access) -> Result<(), VerbsError>;
+    /// Copy `dst.len()` bytes out of the region starting at `off`. Panics if out of bounds
+    /// (a local programming error, never reachable from peer input).
+    fn read(&self, off: usize, dst: &mut [u8]);
+    /// Copy `src` into the region starting at `off`. Panics if out of bounds.
+    fn write(&mut self, off: usize, src: &[u8]);
+    /// The SGE covering `len` bytes at `off`.
+    fn sge(&self, off: usize, len: u32) -> Sge {
+        assert!(off + len as usize <= self.len(), "sge out of bounds");
+        Sge { addr: self.addr() + off as u64, len, lkey: self.lkey() }
+    }
+}
+
+/// One connection's CM id, RC queue pair and completion queue.
+pub trait Endpoint: Send {
+    /// Post a receive.
+    fn post_recv(&mut self, wr: &RecvWr) -> Result<(), VerbsError>;
+    /// Post a SEND, RDMA Write or RDMA Read.
+    fn post_send(&mut self, wr: &SendWr) -> Result<(), VerbsError>;
+    /// Poll up to `out.len()` completions; returns how many were written.
+    fn poll_cq(&mut self, out: &mut [Completion]) -> usize;
+    /// The next CM event on this endpoint, if any.
+    fn poll_cm(&mut self) -> Option<CmEvent>;
+    /// Passive side: accept the connect request with our private data.
+    fn accept(&mut self, private_data: &[u8]) -> Result<(), VerbsError>;
+    /// Passive side: refuse the connect request.
+    fn reject(&mut self, private_data: &[u8]) -> Result<(), VerbsError>;
+    /// Start a disconnect; outstanding work is flushed and `Disconnected` follows.
+    fn disconnect(&mut self) -> Result<(), VerbsError>;
+    fn local_addr(&self) -> SocketAddr;
+    fn peer_addr(&self) -> SocketAddr;
+}
+
+/// A listening CM id.
+pub trait Listener: Send {
+    type Endpoint: Endpoint;
+    /// The next connect request: a new endpoint (not yet accepted) and the peer's private data.
+    fn poll_request(&mut self) -> Option<(Self::Endpoint, Vec<u8>)>;
+    fn local_addr(&self) -> SocketAddr;
+}
+
+/// A device context with its protection domain and connection manager.
+pub trait Provider: Send + Sync {
+    type Mr: MemoryRegion;
+    type Endpoint: Endpoint;
+    type Listener: Listener<Endpoint = Self::Endpoint>;
+
+    /// A short name ("sim", "rdma", "shm").
+    fn name(&self) -> &'static str;
+    /// Register `len` zeroed bytes with the given access.
+    fn reg_mr(&self, len: usize, access: Access) -> Result<Self::Mr, VerbsError>;
+    /// Listen on `addr` (port 0 picks one).
+    fn listen(&self, addr: SocketAddr, backlog: u32) -> Result<Self::Listener, VerbsError>;
+    /// Start connecting to `dst` with our private data; `Established` or an error follows as a
+    /// CM event on the endpoint.
+    fn connect(
+        &self,
+        dst: SocketAddr,
+        src: Option<SocketAddr>,
+        caps: QpCaps,
+        private_data: &[u8],
+    ) -> Result<Self::Endpoint, VerbsError>;
+}
