@@ -1,4 +1,64 @@
-//! The SDP engine: sans-IO, no syscalls, no clock (time is passed in).
+//! The SDP engine: sans-IO, no syscalls, no clock (time is passed in as [`Instant`]).
+//!
+//! One [`Conn`] is one SDP connection. Its inputs are application calls (`write`, `read`,
+//! `shutdown`, ...), work completions ([`Conn::handle_completion`]), CM events
+//! ([`Conn::handle_cm`]) and timer expiry ([`Conn::handle_timeout`]). Its outputs are work requests
+//! to post ([`Conn::poll_wr`]), CM actions ([`Conn::poll_cm`]), application events
+//! ([`Conn::poll_event`]) and the next deadline ([`Conn::poll_timeout`]).
+//!
+//! The code is split by the SDP sublayers, as in the original kernel check-in:
+//!
+//! | module  | sublayer |
+//! |---------|----------|
+//! | [`msgs`] | wire format (BSDH, extended headers, compact Hello) |
+//! | [`conn`] | connection state machine, credits, timers, errors |
+//! | [`buff`] | registered buffers: the pool a connection sends and receives through |
+//! | [`advt`] | peer advertisements (SrcAvail / SinkAvail received) |
+//! | [`iocb`] | local zero-copy blocks (our SrcAvail / SinkAvail outstanding) |
+//! | [`send`] / [`sent`] | application data to SEND work requests / send completions |
+//! | [`recv`] / [`rcvd`] | receive posting and application reads / receive completions |
+//! | [`read`] / [`write`] | RDMA Read (ZCopy read path) / RDMA Write (ZCopy write path, keepalive) |
+//! | [`table`] | the connection table |
 #![forbid(unsafe_code)]
 
+pub mod advt;
+pub mod buff;
+pub mod conn;
+pub mod iocb;
 pub mod msgs;
+pub mod rcvd;
+pub mod read;
+pub mod recv;
+pub mod send;
+pub mod sent;
+pub mod table;
+pub mod write;
+
+pub use buff::{Buf, BufStore};
+pub use conn::{CmAction, Config, Conn, ConnError, Event, ProtocolError, Shutdown, State};
+
+use std::time::Duration;
+
+/// A point in time, in nanoseconds since an arbitrary origin chosen by the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Instant(pub u64);
+
+impl Instant {
+    pub fn from_nanos(n: u64) -> Instant {
+        Instant(n)
+    }
+    pub fn as_nanos(self) -> u64 {
+        self.0
+    }
+    /// Time since `earlier`, zero if `earlier` is later.
+    pub fn saturating_since(self, earlier: Instant) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+impl std::ops::Add<Duration> for Instant {
+    type Output = Instant;
+    fn add(self, d: Duration) -> Instant {
+        Instant(self.0.saturating_add(d.as_nanos().min(u64::MAX as u128) as u64))
+    }
+}

@@ -1,0 +1,89 @@
+//! Peer advertisements: a SrcAvail we received (peer memory we may RDMA-Read) and a SinkAvail
+//! we received (peer memory we may RDMA-Write). Every access the engine makes stays inside the
+//! advertised range, and ends with the transfer.
+
+use super::buff::{BufStore, Pool};
+
+/// Size of the bounce buffers a plain `read` RDMA-Reads a SrcAvail into.
+pub(crate) const BOUNCE_SIZE: u32 = 128 * 1024;
+/// RDMA Reads into bounce buffers in flight at once per connection.
+pub(crate) const BOUNCE_WINDOW: u32 = 4;
+
+/// A SrcAvail received.
+#[derive(Debug)]
+pub(crate) struct SrcAdvt {
+    pub len: u32,
+    pub rkey: u32,
+    pub vaddr: u64,
+    /// Bytes for which RDMA Reads were posted.
+    pub requested: u32,
+    /// Bytes read (completed).
+    pub done: u32,
+    pub reads_inflight: u32,
+    /// The peer cancelled (SrcAvailCancel) or we refused: no further reads.
+    pub cancelled: bool,
+    /// SendSm still owed to the peer once reads in flight finish.
+    pub send_sm_due: bool,
+}
+
+/// A SinkAvail received and judged current.
+#[derive(Debug)]
+pub(crate) struct SinkAdvt {
+    pub len: u32,
+    pub rkey: u32,
+    pub vaddr: u64,
+}
+
+/// A connection's peer advertisements.
+#[derive(Debug)]
+pub struct Advts {
+    pub(crate) srcs: slab::Slab<SrcAdvt>,
+    pub(crate) sink: Option<SinkAdvt>,
+    /// mseq of the last message we sent that put bytes in the stream: a SinkAvail that did not
+    /// see it is stale.
+    pub(crate) last_stream_mseq: u32,
+    pub(crate) bounce_pool: Pool,
+}
+
+impl Default for Advts {
+    fn default() -> Self {
+        Advts { srcs: slab::Slab::new(), sink: None, last_stream_mseq: 0, bounce_pool: Pool::new(BOUNCE_SIZE) }
+    }
+}
+
+impl Advts {
+    pub(crate) fn note_data_sent(&mut self, mseq: u32) {
+        self.last_stream_mseq = mseq;
+    }
+    pub(crate) fn has_src(&self) -> bool {
+        !self.srcs.is_empty()
+    }
+    /// Every byte of the advertisement was read (or it was cut short) and nothing is in flight.
+    pub(crate) fn src_exhausted(&self, id: usize) -> bool {
+        self.srcs.get(id).is_none_or(|a| a.reads_inflight == 0 && (a.done == a.len || a.cancelled))
+    }
+    /// We will not read this advertisement: true if SendSm should go out now.
+    pub(crate) fn refuse_src(&mut self, id: usize) -> bool {
+        let Some(a) = self.srcs.get_mut(id) else { return false };
+        if a.cancelled {
+            return false;
+        }
+        a.cancelled = true;
+        if a.reads_inflight == 0 {
+            self.srcs.remove(id);
+            true
+        } else {
+            a.send_sm_due = true;
+            false
+        }
+    }
+    /// The peer's sink can take our bytes.
+    pub(crate) fn sink_usable(&self) -> bool {
+        self.sink.is_some()
+    }
+    pub(crate) fn release(&mut self, store: &mut impl BufStore) {
+        self.srcs.clear();
+        self.sink = None;
+        self.bounce_pool.release(store);
+    }
+}

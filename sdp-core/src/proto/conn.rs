@@ -1,0 +1,983 @@
+//! The connection: state machine, credits, timers, errors and the engine's public surface.
+//!
+//! Credits follow the SDP rule: every message is a SEND that consumes one receive buffer the peer
+//! posted. Each BSDH carries `bufs` (receive buffers the sender has posted), `mseq` (its sequence
+//! number) and `mseq_ack` (the last sequence number it received), so on every message received
+//! `credits = mseq_ack + 1 + bufs - next_mseq` exactly. Data needs two credits: the last one is
+//! kept for a credit update, so two sides that both run out can always tell each other about new
+//! buffers and never deadlock.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::advt::Advts;
+use super::buff::{BufStore, Pool};
+use super::iocb::Iocbs;
+use super::msgs::{self, Ext, Header, Hello, HelloAck, Mid, WireError};
+use super::recv::RxItem;
+use super::send::TxItem;
+use super::Instant;
+use crate::verbs::{CmEvent, Completion, WcStatus, WorkRequest};
+
+/// Tunables of a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Size of our receive buffers at start (what the peer may send in one message).
+    pub rcv_size: u32,
+    /// Largest receive buffer size a peer may ask for with ChRcvBuf.
+    pub max_rcv_size: u32,
+    /// Receive buffers posted at start (slow start begins here).
+    pub initial_rx_bufs: u32,
+    /// Fewest receive buffers kept posted when idle.
+    pub min_rx_bufs: u32,
+    /// Receive buffers posted plus held with unread data, at most (SO_RCVBUF / buffer size).
+    pub max_rx_bufs: u32,
+    /// Bytes the application may have queued and unacknowledged on the send side (SO_SNDBUF).
+    pub sndbuf: usize,
+    /// Sends of at least this many bytes go by zero copy (SrcAvail) when the caller offers
+    /// registered memory.
+    pub zcopy_threshold: usize,
+    /// Disable coalescing of small writes while a send is outstanding (TCP_NODELAY).
+    pub nodelay: bool,
+    /// Peer advertisements (SrcAvail/SinkAvail) we accept outstanding at once.
+    pub max_adverts: u8,
+    /// Idle time before keepalive probes start; `None` disables keepalive.
+    pub keepalive_idle: Option<Duration>,
+    /// Interval between keepalive probes.
+    pub keepalive_interval: Duration,
+    /// Failed probes (no completion within the interval) before the peer is declared dead.
+    pub keepalive_probes: u32,
+    /// Connection setup must finish within this.
+    pub connect_timeout: Duration,
+    /// After close with data still queued, keep sending this long before aborting.
+    pub linger: Duration,
+    /// How long an orderly disconnect may take before the connection is torn down.
+    pub disconnect_timeout: Duration,
+    /// A SrcAvail not fully read by the peer within this is cancelled (SrcAvailCancel) and the
+    /// rest goes by BCopy.
+    pub srcavail_timeout: Duration,
+    /// A connection without traffic this long shrinks its buffers (slow start starts over).
+    pub idle_shrink: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            rcv_size: 32 * 1024,
+            max_rcv_size: 256 * 1024,
+            initial_rx_bufs: 4,
+            min_rx_bufs: 2,
+            max_rx_bufs: 64,
+            sndbuf: 4 << 20,
+            zcopy_threshold: 64 * 1024,
+            nodelay: false,
+            max_adverts: 8,
+            keepalive_idle: None,
+            keepalive_interval: Duration::from_secs(1),
+            keepalive_probes: 3,
+            connect_timeout: Duration::from_secs(10),
+            linger: Duration::from_secs(30),
+            disconnect_timeout: Duration::from_secs(5),
+            srcavail_timeout: Duration::from_secs(2),
+            idle_shrink: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Config {
+    /// Check the values are usable; the error names the field.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        let ok_size = |s: u32| (msgs::MIN_RCV_SIZE..=msgs::MAX_RCV_SIZE).contains(&s);
+        if !ok_size(self.rcv_size) {
+            return Err("rcv_size");
+        }
+        if !ok_size(self.max_rcv_size) || self.max_rcv_size < self.rcv_size {
+            return Err("max_rcv_size");
+        }
+        if self.min_rx_bufs < 2 || self.initial_rx_bufs < self.min_rx_bufs {
+            return Err("initial_rx_bufs/min_rx_bufs");
+        }
+        if self.max_rx_bufs < self.initial_rx_bufs || self.max_rx_bufs > u16::MAX as u32 {
+            return Err("max_rx_bufs");
+        }
+        if self.sndbuf == 0 {
+            return Err("sndbuf");
+        }
+        if self.zcopy_threshold == 0 {
+            return Err("zcopy_threshold");
+        }
+        Ok(())
+    }
+}
+
+/// Where the connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Active side: Hello sent, waiting for the CM to report the HelloAck.
+    Connecting,
+    /// Passive side: HelloAck sent, waiting for the CM to report established.
+    Accepting,
+    /// Data flows (each direction may be half-closed: see [`Conn::read_closed`] and
+    /// [`Conn::write_closed`]).
+    Established,
+    /// Both DisConns exchanged (or an abort sent): waiting for the CM disconnect to finish.
+    Disconnecting,
+    /// Finished; every buffer has been given back to the store.
+    Closed,
+}
+
+/// Which halves to shut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Shutdown {
+    Read,
+    Write,
+    Both,
+}
+
+/// Why the peer's behaviour broke the protocol. Each one ends the connection with AbortConn.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("malformed message: {0}")]
+    Wire(#[from] WireError),
+    #[error("message {mid:?} not allowed in this state ({context})")]
+    Unexpected { mid: Mid, context: &'static str },
+    #[error("message sequence number {got} where {want} was due")]
+    Sequence { got: u32, want: u32 },
+    #[error("peer acknowledged message {mseq_ack} that was never sent")]
+    BadAck { mseq_ack: u32 },
+    #[error("peer advertised an impossible credit count ({0})")]
+    BadCredits(i64),
+    #[error("message of {len} bytes exceeds the negotiated receive size {max}")]
+    TooLong { len: usize, max: u32 },
+    #[error("peer sent more advertisements than the {0} negotiated")]
+    TooManyAdverts(u8),
+    #[error("completion length {got} does not match the {want} bytes requested")]
+    BadTransferLength { got: u64, want: u64 },
+    #[error("peer acknowledged {got} bytes of a {want}-byte zero-copy transfer")]
+    BadComplLength { got: u64, want: u64 },
+    #[error("connection setup: {0}")]
+    Setup(&'static str),
+}
+
+/// Why a connection failed. [`ConnError::errno`] gives the answer a TCP socket would give.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnError {
+    #[error("connection refused")]
+    Refused,
+    #[error("connection rejected by the peer: {0}")]
+    Rejected(String),
+    #[error("connection reset by peer")]
+    Reset,
+    #[error("connection timed out")]
+    TimedOut,
+    #[error("no route to host")]
+    Unreachable,
+    #[error("connection aborted locally")]
+    Aborted,
+    #[error("the RDMA device was removed")]
+    DeviceRemoved,
+    #[error("protocol violation by the peer: {0}")]
+    Protocol(#[from] ProtocolError),
+    #[error("transport error: {0:?}")]
+    Transport(WcStatus),
+    #[error("out of registered memory")]
+    NoMemory,
+}
+
+impl ConnError {
+    /// The errno a TCP socket reports for the same failure.
+    pub fn errno(&self) -> i32 {
+        match self {
+            ConnError::Refused | ConnError::Rejected(_) => libc::ECONNREFUSED,
+            ConnError::Reset => libc::ECONNRESET,
+            ConnError::TimedOut | ConnError::Transport(_) => libc::ETIMEDOUT,
+            ConnError::Unreachable => libc::EHOSTUNREACH,
+            ConnError::Aborted => libc::ECONNABORTED,
+            ConnError::DeviceRemoved => libc::ENETDOWN,
+            ConnError::Protocol(_) => libc::EPROTO,
+            ConnError::NoMemory => libc::ENOBUFS,
+        }
+    }
+}
+
+/// Errors of application calls.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// Nothing can be done now; try again after the next event (EAGAIN).
+    #[error("operation would block")]
+    WouldBlock,
+    /// The write half is shut (EPIPE).
+    #[error("broken pipe")]
+    BrokenPipe,
+    /// Not connected yet, or the call does not fit the state (ENOTCONN / EINVAL).
+    #[error("not connected")]
+    NotConnected,
+    /// An argument is out of range (EINVAL).
+    #[error("invalid argument: {0}")]
+    Invalid(&'static str),
+    /// The connection failed.
+    #[error(transparent)]
+    Conn(#[from] ConnError),
+}
+
+impl CallError {
+    pub fn errno(&self) -> i32 {
+        match self {
+            CallError::WouldBlock => libc::EAGAIN,
+            CallError::BrokenPipe => libc::EPIPE,
+            CallError::NotConnected => libc::ENOTCONN,
+            CallError::Invalid(_) => libc::EINVAL,
+            CallError::Conn(e) => e.errno(),
+        }
+    }
+}
+
+/// What the driver must ask of the connection manager.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CmAction {
+    /// Disconnect the endpoint (flushes outstanding work; `Disconnected` follows).
+    Disconnect,
+}
+
+/// Notifications for the application.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The connection is established.
+    Connected,
+    /// Data (or EOF, or an error) can be read.
+    Readable,
+    /// Space opened up for writing.
+    Writable,
+    /// Urgent data arrived (SIGURG).
+    Urgent,
+    /// A zero-copy send finished: `bytes` of it reached the peer. Fewer than offered means the
+    /// peer cancelled or the transfer timed out; the rest must be sent again (by copy).
+    ZcopySent { token: u64, bytes: usize },
+    /// A zero-copy receive finished with `bytes` in the caller's sink (0: nothing was placed there;
+    /// read the data the usual way).
+    ZcopyReceived { token: u64, bytes: usize },
+    /// The connection is finished and its resources are released. `None` for an orderly close.
+    Closed(Option<ConnError>),
+}
+
+/// Counters of one connection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConnStats {
+    pub msgs_sent: u64,
+    pub msgs_rcvd: u64,
+    pub data_bytes_sent: u64,
+    pub data_bytes_rcvd: u64,
+    pub credit_updates_sent: u64,
+    pub zcopy_read_bytes: u64,
+    pub zcopy_write_bytes: u64,
+    pub srcavail_sent: u64,
+    pub srcavail_cancelled: u64,
+    pub sinkavail_sent: u64,
+    pub sinkavail_cancelled: u64,
+    pub keepalives_sent: u64,
+    pub resizes: u64,
+    pub stalls_no_credit: u64,
+}
+
+/// Which side opened the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Active,
+    Passive,
+}
+
+/// Work request id layout: the top byte says what kind of work it was.
+pub(crate) mod wrid {
+    pub const RECV: u64 = 1 << 56;
+    pub const SEND: u64 = 2 << 56;
+    pub const READ: u64 = 3 << 56;
+    pub const WRITE: u64 = 4 << 56;
+    pub const KEEPALIVE: u64 = 5 << 56;
+    pub const KIND_MASK: u64 = 0xff << 56;
+    pub const INDEX_MASK: u64 = !KIND_MASK;
+}
+
+/// Bytes of a header we look at: BSDH plus the largest extended header.
+pub(crate) const MAX_HDR: usize = 48;
+
+/// One SDP connection (see the module docs).
+pub struct Conn<S: BufStore> {
+    pub(crate) cfg: Config,
+    pub(crate) store: S,
+    pub(crate) state: State,
+    pub(crate) role: Role,
+    pub(crate) error: Option<ConnError>,
+
+    // Negotiated at setup.
+    /// Largest message we may send (the peer's receive buffer size).
+    pub(crate) send_size: u32,
+    /// Advertisements the peer accepts outstanding.
+    pub(crate) peer_max_adverts: u8,
+
+    // Sequence numbers and credits.
+    pub(crate) next_mseq: u32,
+    pub(crate) last_rx_mseq: u32,
+    pub(crate) tx_credits: u32,
+    /// Credits the peer has as far as we know: `bufs` we last sent, less the messages received since.
+    pub(crate) peer_credits: u32,
+
+    // Send side (send.rs, sent.rs).
+    pub(crate) tx_pool: Pool,
+    pub(crate) ctrl_pool: Pool,
+    pub(crate) tx_queue: VecDeque<TxItem>,
+    pub(crate) tx_inflight: slab::Slab<super::sent::Inflight>,
+    /// Data bytes accepted from the application and not yet acknowledged by a completion.
+    pub(crate) tx_bytes: usize,
+    /// Data sends posted and not yet completed (for coalescing).
+    pub(crate) tx_data_outstanding: usize,
+    /// A ChRcvBuf we sent is waiting for its ack.
+    pub(crate) resize_pending: Option<u32>,
+    /// The peer asked us for a new receive size; we ack once every posted buffer has it.
+    pub(crate) resize_ack_due: Option<u32>,
+
+    // Receive side (recv.rs, rcvd.rs).
+    pub(crate) rx_pool: Pool,
+    pub(crate) rx_posted: slab::Slab<super::buff::Buf>,
+    /// Posted receives still of an old size (after a resize), oldest first.
+    pub(crate) rx_old_posted: usize,
+    pub(crate) rx_target: u32,
+    pub(crate) rx_queue: VecDeque<RxItem>,
+    /// Receive buffers holding unread data.
+    pub(crate) rx_held: usize,
+    pub(crate) rx_bytes: usize,
+    pub(crate) urgent: Option<u8>,
+
+    // Zero copy (advt.rs, iocb.rs, read.rs, write.rs).
+    pub(crate) advts: Advts,
+    pub(crate) iocbs: Iocbs,
+
+    // Close.
+    pub(crate) shut_rd: bool,
+    pub(crate) shut_wr: bool,
+    pub(crate) disconn_sent: bool,
+    pub(crate) disconn_rcvd: bool,
+    pub(crate) app_closed: bool,
+    pub(crate) disconnect_issued: bool,
+
+    // Timers.
+    pub(crate) last_rx_at: Instant,
+    pub(crate) last_activity: Instant,
+    pub(crate) setup_deadline: Option<Instant>,
+    pub(crate) linger_deadline: Option<Instant>,
+    pub(crate) disconnect_deadline: Option<Instant>,
+    pub(crate) keepalive_at: Option<Instant>,
+    pub(crate) keepalive_outstanding: u32,
+    pub(crate) idle_check_at: Option<Instant>,
+
+    // Outputs.
+    pub(crate) wrs: VecDeque<WorkRequest>,
+    pub(crate) cm: VecDeque<CmAction>,
+    pub(crate) events: VecDeque<Event>,
+
+    pub stats: ConnStats,
+}
+
+/// Most messages a receive queue holds; bounds what a peer can make us track.
+pub(crate) const MAX_CREDITS: i64 = u16::MAX as i64;
+
+impl<S: BufStore> Conn<S> {
+    fn new(cfg: Config, store: S, role: Role, now: Instant) -> Conn<S> {
+        let rcv = cfg.rcv_size;
+        Conn {
+            send_size: 0,
+            peer_max_adverts: 0,
+            next_mseq: 1,
+            last_rx_mseq: 0,
+            tx_credits: 0,
+            peer_credits: 0,
+            tx_pool: Pool::new(rcv),
+            ctrl_pool: Pool::new(MAX_HDR as u32),
+            tx_queue: VecDeque::new(),
+            tx_inflight: slab::Slab::new(),
+            tx_bytes: 0,
+            tx_data_outstanding: 0,
+            resize_pending: None,
+            resize_ack_due: None,
+            rx_pool: Pool::new(rcv),
+            rx_posted: slab::Slab::new(),
+            rx_old_posted: 0,
+            rx_target: cfg.initial_rx_bufs,
+            rx_queue: VecDeque::new(),
+            rx_held: 0,
+            rx_bytes: 0,
+            urgent: None,
+            advts: Advts::default(),
+            iocbs: Iocbs::default(),
+            shut_rd: false,
+            shut_wr: false,
+            disconn_sent: false,
+            disconn_rcvd: false,
+            app_closed: false,
+            disconnect_issued: false,
+            last_rx_at: now,
+            last_activity: now,
+            setup_deadline: Some(now + cfg.connect_timeout),
+            linger_deadline: None,
+            disconnect_deadline: None,
+            keepalive_at: None,
+            keepalive_outstanding: 0,
+            idle_check_at: None,
+            wrs: VecDeque::new(),
+            cm: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: ConnStats::default(),
+            cfg,
+            store,
+            state: State::Closed,
+            role,
+            error: None,
+        }
+    }
+
+    /// Open the active side: posts the first receive buffers and returns the Hello to put in the
+    /// CM connect request's private data. `src_port` is our local port (informational).
+    pub fn connect(
+        cfg: Config,
+        store: S,
+        now: Instant,
+        src_port: u16,
+        ipv6: bool,
+    ) -> Result<(Conn<S>, Vec<u8>), ConnError> {
+        cfg.validate().map_err(|_| ConnError::Protocol(ProtocolError::Setup("bad config")))?;
+        let mut c = Conn::new(cfg, store, Role::Active, now);
+        c.state = State::Connecting;
+        c.fill_rx()?;
+        let hello = Hello {
+            version: msgs::SDP_VERSION,
+            ip_version: if ipv6 { 6 } else { 4 },
+            max_adverts: c.cfg.max_adverts,
+            desired_rcv_size: c.cfg.rcv_size,
+            local_rcv_size: c.cfg.rcv_size,
+            src_port,
+        };
+        let h = Header::new(
+            Mid::Hello,
+            Ext::Hello(hello),
+            msgs::BsdhFlags::empty(),
+            c.rx_posted_count(),
+            0,
+            0,
+            0,
+        );
+        c.peer_credits = c.rx_posted_count() as u32;
+        Ok((c, emit_private(&h)))
+    }
+
+    /// Open the passive side from the peer's Hello (the connect request's private data). On
+    /// success returns the HelloAck to accept with; on error the request must be rejected (the
+    /// error says why).
+    pub fn accept(
+        cfg: Config,
+        store: S,
+        now: Instant,
+        private_data: &[u8],
+    ) -> Result<(Conn<S>, Vec<u8>), ConnError> {
+        cfg.validate().map_err(|_| ConnError::Protocol(ProtocolError::Setup("bad config")))?;
+        let h = Header::parse_private_data(private_data).map_err(ProtocolError::from)?;
+        let hello = match h.ext {
+            Ext::Hello(hello) => hello,
+            _ => return Err(ProtocolError::Setup("connect request without a Hello").into()),
+        };
+        if h.bsdh.mseq != 0 || h.bsdh.mseq_ack != 0 {
+            return Err(ProtocolError::Setup("Hello with nonzero sequence numbers").into());
+        }
+        if h.bsdh.bufs == 0 {
+            return Err(ProtocolError::Setup("Hello with no receive buffers").into());
+        }
+        let mut c = Conn::new(cfg, store, Role::Passive, now);
+        c.state = State::Accepting;
+        c.send_size = hello.local_rcv_size;
+        c.peer_max_adverts = hello.max_adverts;
+        c.tx_credits = h.bsdh.bufs as u32;
+        // Honour the size the peer would like to send with, within our limits.
+        let want = hello.desired_rcv_size.clamp(c.cfg.rcv_size, c.cfg.max_rcv_size);
+        c.rx_pool = Pool::new(want);
+        c.tx_pool = Pool::new(c.send_size);
+        c.fill_rx()?;
+        let ack = HelloAck {
+            version: msgs::SDP_VERSION,
+            max_adverts: c.cfg.max_adverts,
+            actual_rcv_size: want,
+            desired_rcv_size: c.cfg.rcv_size,
+        };
+        let h = Header::new(
+            Mid::HelloAck,
+            Ext::HelloAck(ack),
+            msgs::BsdhFlags::empty(),
+            c.rx_posted_count(),
+            0,
+            0,
+            0,
+        );
+        c.peer_credits = c.rx_posted_count() as u32;
+        Ok((c, emit_private(&h)))
+    }
+
+    /// The connection's state.
+    pub fn state(&self) -> State {
+        self.state
+    }
+    /// The error that ended the connection, if any.
+    pub fn error(&self) -> Option<&ConnError> {
+        self.error.as_ref()
+    }
+    /// The config in force.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+    /// The buffer store (for the driver's accounting).
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+    /// Credits we hold (receive buffers of the peer we may use).
+    pub fn tx_credits(&self) -> u32 {
+        self.tx_credits
+    }
+    /// Largest message we send (the peer's receive buffer size).
+    pub fn send_size(&self) -> u32 {
+        self.send_size
+    }
+    /// Size of the receive buffers we post.
+    pub fn rcv_size(&self) -> u32 {
+        self.rx_pool.size()
+    }
+    /// Receive buffers posted now.
+    pub fn rx_posted_now(&self) -> usize {
+        self.rx_posted.len()
+    }
+    /// Bytes buffered for sending, unacknowledged.
+    pub fn tx_queued_bytes(&self) -> usize {
+        self.tx_bytes
+    }
+    /// Bytes received and not yet read.
+    pub fn rx_queued_bytes(&self) -> usize {
+        self.rx_bytes
+    }
+    /// The peer sent DisConn and every byte before it has been read (reads return 0).
+    pub fn read_closed(&self) -> bool {
+        (self.disconn_rcvd || self.shut_rd) && self.rx_queue.is_empty()
+    }
+    /// Our write half is shut.
+    pub fn write_closed(&self) -> bool {
+        self.shut_wr
+    }
+    /// A read would not block: data, EOF or an error.
+    pub fn is_readable(&self) -> bool {
+        match self.state {
+            State::Connecting | State::Accepting => false,
+            State::Closed | State::Disconnecting => true,
+            State::Established => {
+                self.error.is_some()
+                    || !self.rx_queue.is_empty()
+                    || self.disconn_rcvd
+                    || self.shut_rd
+                    || self.urgent.is_some()
+            }
+        }
+    }
+    /// A write would not block (or would fail at once).
+    pub fn is_writable(&self) -> bool {
+        match self.state {
+            State::Connecting | State::Accepting => false,
+            State::Established => self.shut_wr || self.error.is_some() || self.tx_bytes < self.cfg.sndbuf,
+            _ => true,
+        }
+    }
+
+    /// Handle a CM event reported on this connection's endpoint.
+    pub fn handle_cm(&mut self, now: Instant, ev: CmEvent) {
+        match (self.state, ev) {
+            (State::Connecting, CmEvent::Established { private_data }) => {
+                match self.on_hello_ack(&private_data) {
+                    Ok(()) => self.established(now),
+                    Err(e) => self.fail(now, e.into(), true),
+                }
+            }
+            (State::Accepting, CmEvent::Established { .. }) => self.established(now),
+            (State::Connecting, CmEvent::Rejected { private_data, consumer }) => {
+                let err = if consumer && !private_data.is_empty() {
+                    ConnError::Rejected(String::from_utf8_lossy(&private_data).into_owned())
+                } else {
+                    ConnError::Refused
+                };
+                self.fail(now, err, false);
+            }
+            (State::Connecting | State::Accepting, CmEvent::Unreachable | CmEvent::ConnectError) => {
+                self.fail(now, ConnError::Unreachable, false)
+            }
+            (State::Connecting, CmEvent::AddrError | CmEvent::RouteError) => {
+                self.fail(now, ConnError::Unreachable, false)
+            }
+            (_, CmEvent::DeviceRemoval) => self.fail(now, ConnError::DeviceRemoved, false),
+            (State::Closed, _) => {}
+            (_, CmEvent::Disconnected) => {
+                if self.disconn_sent && self.disconn_rcvd || self.disconnect_issued {
+                    self.finish(now);
+                } else {
+                    // The peer vanished without an orderly close or an abort we saw: like a TCP
+                    // reset.
+                    self.fail(now, ConnError::Reset, false);
+                }
+            }
+            (_, CmEvent::TimewaitExit | CmEvent::AddrChange) => {}
+            (_, _) => {}
+        }
+    }
+
+    fn on_hello_ack(&mut self, private_data: &[u8]) -> Result<(), ProtocolError> {
+        let h = Header::parse_private_data(private_data)?;
+        let ack = match h.ext {
+            Ext::HelloAck(a) => a,
+            _ => return Err(ProtocolError::Setup("accept without a HelloAck")),
+        };
+        if h.bsdh.mseq != 0 || h.bsdh.mseq_ack != 0 || h.bsdh.bufs == 0 {
+            return Err(ProtocolError::Setup("HelloAck with bad sequence or credit fields"));
+        }
+        self.send_size = ack.actual_rcv_size;
+        self.peer_max_adverts = ack.max_adverts;
+        self.tx_credits = h.bsdh.bufs as u32;
+        self.tx_pool = Pool::new(self.send_size);
+        // The acceptor's desired size for its own sends is ours to honour on the next posts.
+        let want = ack.desired_rcv_size.clamp(self.cfg.rcv_size, self.cfg.max_rcv_size);
+        if want != self.rx_pool.size() {
+            // Buffers already posted keep their size; the peer learned our size from the Hello.
+            // A later ChRcvBuf from the peer moves it.
+        }
+        Ok(())
+    }
+
+    fn established(&mut self, now: Instant) {
+        self.state = State::Established;
+        self.setup_deadline = None;
+        self.last_rx_at = now;
+        self.last_activity = now;
+        self.arm_keepalive(now);
+        self.idle_check_at = Some(now + self.cfg.idle_shrink);
+        self.events.push_back(Event::Connected);
+        self.events.push_back(Event::Writable);
+        self.flush(now);
+    }
+
+    /// Handle a work completion from this connection's CQ.
+    pub fn handle_completion(&mut self, now: Instant, wc: &Completion) {
+        if self.state == State::Closed {
+            return;
+        }
+        let idx = (wc.wr_id & wrid::INDEX_MASK) as usize;
+        match wc.wr_id & wrid::KIND_MASK {
+            wrid::RECV => self.on_recv_completion(now, idx, wc),
+            wrid::SEND | wrid::WRITE => self.on_send_completion(now, idx, wc),
+            wrid::READ => self.on_read_completion(now, idx, wc),
+            wrid::KEEPALIVE => self.on_keepalive_completion(now, idx, wc),
+            _ => {}
+        }
+        self.flush(now);
+    }
+
+    /// A completion with an error status: flushes after we are already going down are expected;
+    /// anything else is the transport failing.
+    pub(crate) fn on_wc_error(&mut self, now: Instant, status: WcStatus) {
+        if status == WcStatus::Flushed {
+            if self.error.is_none() && !self.disconnect_issued && self.state == State::Established {
+                // The QP went to error under us (peer gone, link down).
+                self.fail(now, ConnError::Reset, false);
+            }
+            return;
+        }
+        if self.error.is_none() {
+            let err = match status {
+                WcStatus::RetryExceeded | WcStatus::RnrRetryExceeded => ConnError::TimedOut,
+                s => ConnError::Transport(s),
+            };
+            self.fail(now, err, false);
+        }
+    }
+
+    /// Handle the deadline reported by [`Conn::poll_timeout`] having passed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.state == State::Closed {
+            return;
+        }
+        if self.setup_deadline.is_some_and(|d| now >= d) {
+            self.setup_deadline = None;
+            self.fail(now, ConnError::TimedOut, true);
+            return;
+        }
+        if self.disconnect_deadline.is_some_and(|d| now >= d) {
+            self.disconnect_deadline = None;
+            self.finish(now);
+            return;
+        }
+        if self.linger_deadline.is_some_and(|d| now >= d) {
+            self.linger_deadline = None;
+            self.abort_with(now, ConnError::TimedOut);
+            return;
+        }
+        if self.keepalive_at.is_some_and(|d| now >= d) {
+            self.keepalive_due(now);
+        }
+        if self.iocbs.src_deadline().is_some_and(|d| now >= d) {
+            self.srcavail_timed_out(now);
+        }
+        if self.idle_check_at.is_some_and(|d| now >= d) {
+            self.idle_check(now);
+        }
+        self.flush(now);
+    }
+
+    /// The earliest time [`Conn::handle_timeout`] must be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        [
+            self.setup_deadline,
+            self.disconnect_deadline,
+            self.linger_deadline,
+            self.keepalive_at,
+            self.iocbs.src_deadline(),
+            self.idle_check_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// The next work request to post.
+    pub fn poll_wr(&mut self) -> Option<WorkRequest> {
+        self.wrs.pop_front()
+    }
+    /// The next CM action to perform.
+    pub fn poll_cm(&mut self) -> Option<CmAction> {
+        self.cm.pop_front()
+    }
+    /// The next application event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Shut one or both halves, like `shutdown(2)`. Queued data is still delivered before the
+    /// DisConn (the peer reads EOF after all of it).
+    pub fn shutdown(&mut self, now: Instant, how: Shutdown) -> Result<(), CallError> {
+        match self.state {
+            State::Established => {}
+            State::Connecting | State::Accepting => return Err(CallError::NotConnected),
+            _ => return Err(CallError::NotConnected),
+        }
+        if matches!(how, Shutdown::Read | Shutdown::Both) && !self.shut_rd {
+            self.shut_rd = true;
+            self.discard_rx();
+            self.events.push_back(Event::Readable);
+        }
+        if matches!(how, Shutdown::Write | Shutdown::Both) && !self.shut_wr {
+            self.shut_wr = true;
+            self.close_tail();
+        }
+        self.flush(now);
+        Ok(())
+    }
+
+    /// The application is done with the connection (`close(2)`). Unread received data makes
+    /// this an abort (like TCP's reset on close); otherwise queued data keeps flowing for up to
+    /// `linger`, then DisConn.
+    pub fn close(&mut self, now: Instant) {
+        if self.app_closed {
+            return;
+        }
+        self.app_closed = true;
+        match self.state {
+            State::Closed | State::Disconnecting => {}
+            State::Connecting | State::Accepting => self.abort_with(now, ConnError::Aborted),
+            State::Established => {
+                if self.rx_bytes > 0 || self.advts.has_src() {
+                    self.abort_with(now, ConnError::Aborted);
+                    return;
+                }
+                self.shut_rd = true;
+                if !self.shut_wr {
+                    self.shut_wr = true;
+                    self.close_tail();
+                }
+                self.linger_deadline = Some(now + self.cfg.linger);
+                self.flush(now);
+            }
+        }
+    }
+
+    /// Abort the connection (AbortConn, like a TCP reset).
+    pub fn abort(&mut self, now: Instant) {
+        self.abort_with(now, ConnError::Aborted);
+    }
+
+    pub(crate) fn abort_with(&mut self, now: Instant, err: ConnError) {
+        if matches!(self.state, State::Closed) {
+            return;
+        }
+        if self.state == State::Established && !self.disconnect_issued {
+            self.send_abort();
+        }
+        self.fail(now, err, true);
+    }
+
+    /// A protocol violation by the peer: AbortConn and a clear error.
+    pub(crate) fn protocol_error(&mut self, now: Instant, e: ProtocolError) {
+        self.abort_with(now, ConnError::Protocol(e));
+    }
+
+    /// Enter the error path: record the error, wake the application, disconnect.
+    pub(crate) fn fail(&mut self, now: Instant, err: ConnError, disconnect: bool) {
+        if self.state == State::Closed {
+            return;
+        }
+        if self.error.is_none() {
+            self.error = Some(err);
+        }
+        self.events.push_back(Event::Readable);
+        self.events.push_back(Event::Writable);
+        match self.state {
+            State::Connecting | State::Accepting if !disconnect => self.finish(now),
+            _ => {
+                self.issue_disconnect(now);
+                // Everything queued is dead now.
+                self.fail_pending_zcopy();
+            }
+        }
+    }
+
+    pub(crate) fn issue_disconnect(&mut self, now: Instant) {
+        if !self.disconnect_issued {
+            self.disconnect_issued = true;
+            self.cm.push_back(CmAction::Disconnect);
+            self.state = State::Disconnecting;
+            self.disconnect_deadline = Some(now + self.cfg.disconnect_timeout);
+            self.keepalive_at = None;
+            self.linger_deadline = None;
+            self.idle_check_at = None;
+        }
+    }
+
+    /// Both DisConns are through and our sends completed: tear the connection down.
+    pub(crate) fn maybe_finish_orderly(&mut self, now: Instant) {
+        if self.state == State::Established
+            && self.disconn_sent
+            && self.disconn_rcvd
+            && self.tx_inflight.is_empty()
+        {
+            // The side that sent DisConn last would wait forever for a second disconnect if
+            // both waited: both issue it (rdma_disconnect is fine from both ends).
+            self.issue_disconnect(now);
+        }
+    }
+
+    /// Release everything and report the end.
+    pub(crate) fn finish(&mut self, _now: Instant) {
+        if self.state == State::Closed {
+            return;
+        }
+        self.state = State::Closed;
+        self.setup_deadline = None;
+        self.disconnect_deadline = None;
+        self.linger_deadline = None;
+        self.keepalive_at = None;
+        self.idle_check_at = None;
+        self.fail_pending_zcopy();
+        self.release_all();
+        if self.error.is_none() && !(self.disconn_rcvd && self.disconn_sent) {
+            self.error = Some(ConnError::Reset);
+        }
+        self.events.push_back(Event::Readable);
+        self.events.push_back(Event::Writable);
+        self.events.push_back(Event::Closed(self.error.clone()));
+    }
+
+    /// Give every buffer back to the store. Work requests still posted are dead: the driver
+    /// destroys the endpoint on [`Event::Closed`].
+    fn release_all(&mut self) {
+        for (_, inf) in std::mem::take(&mut self.tx_inflight) {
+            inf.release(&mut self.store);
+        }
+        for item in std::mem::take(&mut self.tx_queue) {
+            item.release(&mut self.store);
+        }
+        for (_, b) in std::mem::take(&mut self.rx_posted) {
+            self.store.free(b);
+        }
+        for item in std::mem::take(&mut self.rx_queue) {
+            item.release(&mut self.store);
+        }
+        self.rx_bytes = 0;
+        self.tx_bytes = 0;
+        self.advts.release(&mut self.store);
+        self.iocbs.release(&mut self.store);
+        // The pools' counts are moot now: drop their idle buffers.
+        self.tx_pool.release(&mut self.store);
+        self.ctrl_pool.release(&mut self.store);
+        self.rx_pool.release(&mut self.store);
+    }
+
+    pub(crate) fn arm_keepalive(&mut self, now: Instant) {
+        self.keepalive_at = self.cfg.keepalive_idle.map(|d| now + d);
+        self.keepalive_outstanding = 0;
+    }
+
+    /// Process a received BSDH's credit fields.
+    pub(crate) fn on_bsdh(&mut self, h: &msgs::Bsdh) -> Result<(), ProtocolError> {
+        let want = self.last_rx_mseq.wrapping_add(1);
+        if h.mseq != want {
+            return Err(ProtocolError::Sequence { got: h.mseq, want });
+        }
+        self.last_rx_mseq = h.mseq;
+        // Messages we sent that the peer had not seen when it sent this one.
+        // No more can be in flight than the peer ever had buffers for.
+        let unacked = self.next_mseq.wrapping_sub(1).wrapping_sub(h.mseq_ack);
+        if unacked as i64 > MAX_CREDITS {
+            return Err(ProtocolError::BadAck { mseq_ack: h.mseq_ack });
+        }
+        let credits = h.bufs as i64 - unacked as i64;
+        if !(0..=MAX_CREDITS).contains(&credits) {
+            return Err(ProtocolError::BadCredits(credits));
+        }
+        self.tx_credits = credits as u32;
+        self.peer_credits = self.peer_credits.saturating_sub(1);
+        self.stats.msgs_rcvd += 1;
+        Ok(())
+    }
+
+    /// Build a message header with the current credit fields, consuming one credit.
+    pub(crate) fn next_header(&mut self, mid: Mid, ext: Ext, flags: msgs::BsdhFlags, payload: usize) -> Header {
+        let bufs = self.rx_posted_count();
+        let h = Header::new(mid, ext, flags, bufs, self.next_mseq, self.last_rx_mseq, payload);
+        self.next_mseq = self.next_mseq.wrapping_add(1);
+        self.tx_credits -= 1;
+        self.peer_credits = bufs as u32;
+        self.stats.msgs_sent += 1;
+        h
+    }
+
+    pub(crate) fn rx_posted_count(&self) -> u16 {
+        self.rx_posted.len().min(u16::MAX as usize) as u16
+    }
+
+    /// Move everything along: post receives, send what credits allow, send a credit update if
+    /// the peer would otherwise stall, and finish an orderly close.
+    pub(crate) fn flush(&mut self, now: Instant) {
+        if self.state != State::Established {
+            return;
+        }
+        if let Err(e) = self.fill_rx() {
+            self.fail(now, e, true);
+            return;
+        }
+        self.push_tx(now);
+        self.maybe_credit_update();
+        self.maybe_finish_orderly(now);
+    }
+}
+
+fn emit_private(h: &Header) -> Vec<u8> {
+    let mut v = vec![0u8; h.header_len()];
+    h.emit(&mut v).expect("buffer sized from header_len");
+    v
+}

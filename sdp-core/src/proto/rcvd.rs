@@ -1,0 +1,213 @@
+//! Receive completions: parse each message the peer sent, check it, and act on it.
+//!
+//! Everything here handles untrusted input: a malformed or out-of-place message ends the
+//! connection with AbortConn and a [`ProtocolError`] saying what was wrong; it never panics and
+//! never touches other connections.
+
+use super::buff::BufStore;
+use super::conn::{Conn, Event, ProtocolError, MAX_HDR};
+use super::msgs::{BsdhFlags, Ext, Header, Mid, BSDH_LEN, MIN_RCV_SIZE};
+use super::recv::RxItem;
+use super::Instant;
+use crate::verbs::{Completion, WcStatus};
+
+impl<S: BufStore> Conn<S> {
+    pub(crate) fn on_recv_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
+        let Some(buf) = self.rx_posted.try_remove(idx) else {
+            return;
+        };
+        let old_size = buf.size != self.rx_pool.size();
+        if old_size {
+            self.rx_old_posted = self.rx_old_posted.saturating_sub(1);
+        }
+        if wc.status != WcStatus::Success {
+            self.rx_pool.put(&mut self.store, buf);
+            self.on_wc_error(now, wc.status);
+            return;
+        }
+        let len = wc.byte_len as usize;
+        if len > buf.size as usize {
+            self.rx_pool.put(&mut self.store, buf);
+            self.protocol_error(now, ProtocolError::TooLong { len, max: buf.size });
+            return;
+        }
+        let mut hdr = [0u8; MAX_HDR];
+        let n = len.min(MAX_HDR);
+        self.store.read(&buf, 0, &mut hdr[..n]);
+        let h = match parse_received(&hdr[..n], len) {
+            Ok(h) => h,
+            Err(e) => {
+                self.rx_pool.put(&mut self.store, buf);
+                self.protocol_error(now, e.into());
+                return;
+            }
+        };
+        self.last_rx_at = now;
+        self.last_activity = now;
+        self.arm_keepalive(now);
+        if let Err(e) = self.on_bsdh(&h.bsdh) {
+            self.rx_pool.put(&mut self.store, buf);
+            self.protocol_error(now, e);
+            return;
+        }
+        if self.resize_ack_due.is_some() && self.rx_old_posted == 0 {
+            let size = self.resize_ack_due.take().expect("checked");
+            self.queue_ctrl_front(Mid::ChRcvBufAck, Ext::ChRcvBufAck { size });
+        }
+        let payload = len - h.header_len();
+        if self.disconn_rcvd && carries_stream(h.bsdh.mid, payload) {
+            self.rx_pool.put(&mut self.store, buf);
+            self.protocol_error(now, ProtocolError::Unexpected { mid: h.bsdh.mid, context: "after DisConn" });
+            return;
+        }
+        let res = match h.ext {
+            Ext::None if h.bsdh.mid == Mid::Data => {
+                if payload == 0 {
+                    // A pure credit update.
+                    self.rx_pool.put(&mut self.store, buf);
+                    Ok(())
+                } else {
+                    self.on_data(now, buf, payload as u32, h.bsdh.flags)
+                }
+            }
+            _ => {
+                self.rx_pool.put(&mut self.store, buf);
+                self.on_control(now, &h)
+            }
+        };
+        if let Err(e) = res {
+            self.protocol_error(now, e);
+        }
+    }
+
+    fn on_data(
+        &mut self,
+        now: Instant,
+        buf: super::buff::Buf,
+        mut len: u32,
+        flags: BsdhFlags,
+    ) -> Result<(), ProtocolError> {
+        self.slow_start_grow();
+        self.stats.data_bytes_rcvd += len as u64;
+        if self.iocbs.sink_active() {
+            // The peer sent data past our SinkAvail (it had not seen it): cancel the sink.
+            self.cancel_sink(now);
+        }
+        if flags.contains(BsdhFlags::OOB_PRES) {
+            let mut b = [0u8; 1];
+            self.store.read(&buf, BSDH_LEN as u32 + len - 1, &mut b);
+            len -= 1;
+            self.urgent = Some(b[0]);
+            self.events.push_back(Event::Urgent);
+        }
+        if len == 0 || self.shut_rd {
+            self.rx_pool.put(&mut self.store, buf);
+            return Ok(());
+        }
+        self.rx_held += 1;
+        self.rx_bytes += len as usize;
+        self.rx_queue.push_back(RxItem::Data { buf, off: BSDH_LEN as u32, len, bounce: false });
+        self.events.push_back(Event::Readable);
+        Ok(())
+    }
+
+    fn on_control(&mut self, now: Instant, h: &Header) -> Result<(), ProtocolError> {
+        let mid = h.bsdh.mid;
+        match h.ext {
+            Ext::None => match mid {
+                Mid::DisConn => {
+                    self.disconn_rcvd = true;
+                    if self.iocbs.sink_active() {
+                        self.cancel_sink(now);
+                    }
+                    self.events.push_back(Event::Readable);
+                    Ok(())
+                }
+                Mid::AbortConn => {
+                    self.fail(now, super::conn::ConnError::Reset, true);
+                    Ok(())
+                }
+                Mid::SendSm => self.on_send_sm(now),
+                Mid::SrcAvailCancel => self.on_src_cancel(now),
+                Mid::SinkAvailCancel => self.on_sink_cancel(now),
+                Mid::SinkCancelAck => self.on_sink_cancel_ack(now),
+                _ => Err(ProtocolError::Unexpected { mid, context: "not supported" }),
+            },
+            Ext::SrcAvail { len, rkey, vaddr } => self.on_src_avail(now, len, rkey, vaddr),
+            Ext::SinkAvail { len, rkey, vaddr, .. } => self.on_sink_avail(now, h.bsdh.mseq_ack, len, rkey, vaddr),
+            Ext::RdmaRdCompl { len } => self.on_rd_compl(now, len),
+            Ext::RdmaWrCompl { len } => self.on_wr_compl(now, len),
+            Ext::ChRcvBuf { size } => {
+                // The peer wants to send larger (or smaller) messages. Post buffers of the size
+                // we grant from now on, and ack once every buffer still posted has that size.
+                let grant = size.clamp(MIN_RCV_SIZE, self.cfg.max_rcv_size);
+                self.rx_pool.resize(&mut self.store, grant);
+                self.rx_old_posted = self.rx_posted.iter().filter(|(_, b)| b.size != grant).count();
+                if self.rx_old_posted == 0 {
+                    self.queue_ctrl_front(Mid::ChRcvBufAck, Ext::ChRcvBufAck { size: grant });
+                } else {
+                    self.resize_ack_due = Some(grant);
+                }
+                self.stats.resizes += 1;
+                Ok(())
+            }
+            Ext::ChRcvBufAck { size } => self.on_resize_ack(size),
+            _ => Err(ProtocolError::Unexpected { mid, context: "not supported on an established connection" }),
+        }
+    }
+
+    /// Slow start: when the peer is about to run out of credits while sending to us, post more
+    /// receive buffers next time (up to the budget).
+    fn slow_start_grow(&mut self) {
+        if self.peer_credits <= 1 && self.rx_target < self.cfg.max_rx_bufs {
+            self.rx_target = (self.rx_target * 2).min(self.cfg.max_rx_bufs);
+        }
+    }
+
+    /// No traffic for `idle_shrink`: shrink back to the initial buffer count and give idle
+    /// send buffers back.
+    pub(crate) fn idle_check(&mut self, now: Instant) {
+        let idle = now.saturating_since(self.last_activity) >= self.cfg.idle_shrink;
+        if idle {
+            self.rx_target = self.cfg.min_rx_bufs.max(self.cfg.initial_rx_bufs.min(self.rx_target));
+            self.tx_pool.trim(&mut self.store, 0);
+            self.ctrl_pool.trim(&mut self.store, 1);
+            self.advts.bounce_pool.trim(&mut self.store, 0);
+        }
+        self.idle_check_at = Some(now + self.cfg.idle_shrink);
+    }
+}
+
+/// Messages that put bytes in the stream (not allowed after the peer's DisConn).
+fn carries_stream(mid: Mid, payload: usize) -> bool {
+    matches!(mid, Mid::SrcAvail | Mid::RdmaWrCompl) || (mid == Mid::Data && payload > 0)
+}
+
+/// Parse a received message of `total` bytes from its first bytes (`prefix`, all of it when
+/// the message is short). Only Data can be longer than a header: its BSDH is checked against
+/// the completion's length, then parsed on its own.
+pub(crate) fn parse_received(prefix: &[u8], total: usize) -> Result<Header, super::msgs::WireError> {
+    use super::msgs::{Packet, WireError};
+    if total <= prefix.len() {
+        return Header::parse(&prefix[..total]).map(|(h, _)| h);
+    }
+    if prefix.len() < BSDH_LEN {
+        return Err(WireError::Truncated { need: BSDH_LEN, have: prefix.len() });
+    }
+    let p = Packet::new_unchecked(prefix);
+    let claimed = p.msg_len();
+    if usize::try_from(claimed).ok() != Some(total) {
+        return Err(WireError::LengthMismatch { claimed, actual: total });
+    }
+    let mid = p.mid()?;
+    if mid != Mid::Data {
+        return Err(WireError::UnexpectedPayload { mid, len: total.saturating_sub(BSDH_LEN) });
+    }
+    let mut bsdh = [0u8; BSDH_LEN];
+    bsdh.copy_from_slice(&prefix[..BSDH_LEN]);
+    let mut view = Packet::new_unchecked(&mut bsdh[..]);
+    view.set_msg_len(BSDH_LEN as u32);
+    let (mut h, _) = Header::parse(&bsdh)?;
+    h.bsdh.len = claimed;
+    Ok(h)
+}

@@ -1,0 +1,284 @@
+//! RDMA Read path (ZCopy read, receiving side): a peer's SrcAvail is read straight into the
+//! application's registered sink ([`Conn::read_zcopy`]) or, for a plain `read`, into bounce
+//! buffers; each finished read is acknowledged with RdmaRdCompl. Also our own SinkAvail (the
+//! write path's receiving side): advertise, cancel, complete.
+
+use super::advt::{SrcAdvt, BOUNCE_WINDOW};
+use super::buff::{Buf, BufStore};
+use super::conn::{wrid, CallError, Conn, Event, ProtocolError, State};
+use super::iocb::{SinkIocb, ZSink};
+use super::msgs::{Ext, Mid};
+use super::recv::RxItem;
+use super::sent::Inflight;
+use super::Instant;
+use crate::verbs::{Completion, RemoteBuf, SendOp, SendWr, Sge, WcStatus, WorkRequest};
+
+/// An RDMA Read in flight.
+#[derive(Debug)]
+pub(crate) struct ReadReq {
+    pub advt: usize,
+    pub len: u32,
+    /// Bounce buffer the bytes land in (plain reads).
+    pub bounce: Option<Buf>,
+    /// The application's sink token (zero-copy reads).
+    pub sink_token: Option<u64>,
+}
+
+/// What [`Conn::read_zcopy`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZRecv {
+    /// The transfer is under way; [`Event::ZcopyReceived`] reports it.
+    Pending,
+    /// Data (or EOF) is already queued, or the sink is too small: use [`Conn::read`].
+    Copy,
+}
+
+impl<S: BufStore> Conn<S> {
+    /// Receive into registered memory without copying. If the next stream bytes are a peer's
+    /// SrcAvail they are RDMA-Read straight into `sink`; if nothing is queued, a SinkAvail
+    /// invites the peer to RDMA-Write its next bytes into `sink`.
+    pub fn read_zcopy(&mut self, now: Instant, sink: ZSink, token: u64) -> Result<ZRecv, CallError> {
+        if let Some(e) = &self.error {
+            return Err(CallError::Conn(e.clone()));
+        }
+        match self.state {
+            State::Established => {}
+            State::Connecting | State::Accepting => return Err(CallError::WouldBlock),
+            _ => return Err(CallError::NotConnected),
+        }
+        if sink.len == 0 {
+            return Ok(ZRecv::Copy);
+        }
+        if let Some(RxItem::Src { advt }) = self.rx_queue.front() {
+            let advt = *advt;
+            let a = &self.advts.srcs[advt];
+            if a.reads_inflight == 0 && !a.cancelled && a.requested < a.len {
+                let n = sink.len.min(a.len - a.requested);
+                let local = Sge { addr: sink.addr, len: n, lkey: sink.lkey };
+                self.post_read(advt, local, n, None, Some(token));
+                self.last_activity = now;
+                return Ok(ZRecv::Pending);
+            }
+            return Ok(ZRecv::Copy);
+        }
+        if !self.rx_queue.is_empty() || self.read_closed() || self.urgent.is_some() {
+            return Ok(ZRecv::Copy);
+        }
+        if (sink.len as usize) < self.cfg.zcopy_threshold {
+            return Ok(ZRecv::Copy);
+        }
+        if self.iocbs.sink.is_some() || self.iocbs.sink_cancel_pending {
+            return Err(CallError::WouldBlock);
+        }
+        self.iocbs.sink = Some(SinkIocb { token, sink });
+        self.stats.sinkavail_sent += 1;
+        self.queue_ctrl_front(
+            Mid::SinkAvail,
+            Ext::SinkAvail { len: sink.len, rkey: sink.rkey, vaddr: sink.addr, non_disc: 0 },
+        );
+        self.last_activity = now;
+        self.flush(now);
+        Ok(ZRecv::Pending)
+    }
+
+    /// Give up a zero-copy receive (SinkAvailCancel). [`Event::ZcopyReceived`] still reports
+    /// how many bytes the peer placed before it saw the cancel.
+    pub fn cancel_read_zcopy(&mut self, now: Instant) {
+        if self.iocbs.sink_active() {
+            self.cancel_sink(now);
+            self.flush(now);
+        }
+    }
+
+    fn post_read(&mut self, advt: usize, local: Sge, n: u32, bounce: Option<Buf>, sink_token: Option<u64>) {
+        let a = &mut self.advts.srcs[advt];
+        let remote = RemoteBuf { addr: a.vaddr + a.requested as u64, rkey: a.rkey };
+        a.requested += n;
+        a.reads_inflight += 1;
+        let key = self.tx_inflight.insert(Inflight::Read(ReadReq { advt, len: n, bounce, sink_token }));
+        self.wrs.push_back(WorkRequest::Send(SendWr {
+            wr_id: wrid::READ | key as u64,
+            op: SendOp::Read(remote),
+            sge: Some(local),
+            signaled: true,
+        }));
+    }
+
+    /// A plain read found a SrcAvail at the head of the stream: read it into bounce buffers.
+    pub(crate) fn start_bounce_reads(&mut self, _now: Instant, advt: usize) {
+        loop {
+            let Some(a) = self.advts.srcs.get(advt) else { return };
+            if a.cancelled || a.requested >= a.len || a.reads_inflight >= BOUNCE_WINDOW {
+                return;
+            }
+            let n = (a.len - a.requested).min(self.advts.bounce_pool.size());
+            let Some(buf) = self.advts.bounce_pool.get(&mut self.store) else { return };
+            self.post_read(advt, buf.sge(n), n, Some(buf), None);
+        }
+    }
+
+    pub(crate) fn on_read_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
+        let Some(Inflight::Read(r)) = self.tx_inflight.try_remove(idx) else {
+            return;
+        };
+        if wc.status != WcStatus::Success {
+            if let Some(b) = r.bounce {
+                self.advts.bounce_pool.put(&mut self.store, b);
+            }
+            self.on_wc_error(now, wc.status);
+            return;
+        }
+        if wc.byte_len != r.len {
+            if let Some(b) = r.bounce {
+                self.advts.bounce_pool.put(&mut self.store, b);
+            }
+            self.protocol_error(
+                now,
+                ProtocolError::BadTransferLength { got: wc.byte_len as u64, want: r.len as u64 },
+            );
+            return;
+        }
+        let Some(a) = self.advts.srcs.get_mut(r.advt) else {
+            // The advertisement is gone (connection torn down under us).
+            if let Some(b) = r.bounce {
+                self.advts.bounce_pool.put(&mut self.store, b);
+            }
+            return;
+        };
+        a.done += r.len;
+        a.reads_inflight -= 1;
+        self.stats.zcopy_read_bytes += r.len as u64;
+        // Tell the peer (its source memory is free once every byte is acknowledged).
+        self.queue_ctrl_front(Mid::RdmaRdCompl, Ext::RdmaRdCompl { len: r.len });
+        match (r.bounce, r.sink_token) {
+            (Some(buf), _) => {
+                // Bytes land in stream order just before the advertisement.
+                let pos = self
+                    .rx_queue
+                    .iter()
+                    .position(|i| matches!(i, RxItem::Src { advt } if *advt == r.advt))
+                    .unwrap_or(self.rx_queue.len());
+                self.rx_queue.insert(pos, RxItem::Data { buf, off: 0, len: r.len, bounce: true });
+                self.rx_bytes += r.len as usize;
+                self.events.push_back(Event::Readable);
+            }
+            (None, Some(token)) => {
+                self.events.push_back(Event::ZcopyReceived { token, bytes: r.len as usize });
+            }
+            (None, None) => {}
+        }
+        self.after_src_progress(r.advt);
+        self.last_activity = now;
+    }
+
+    /// Drop a finished advertisement from the stream, and answer a cancel once reads are done.
+    fn after_src_progress(&mut self, advt: usize) {
+        let Some(a) = self.advts.srcs.get(advt) else { return };
+        if a.reads_inflight == 0 && a.send_sm_due {
+            self.advts.srcs[advt].send_sm_due = false;
+            self.queue_ctrl_front(Mid::SendSm, Ext::None);
+        }
+        if self.advts.src_exhausted(advt) {
+            if let Some(pos) =
+                self.rx_queue.iter().position(|i| matches!(i, RxItem::Src { advt: a } if *a == advt))
+            {
+                self.rx_queue.remove(pos);
+            }
+            self.src_consumed(advt);
+        }
+    }
+
+    /// The stream moved past an advertisement.
+    pub(crate) fn src_consumed(&mut self, advt: usize) {
+        self.advts.srcs.try_remove(advt);
+    }
+
+    /// SrcAvail received: the peer's bytes come next in the stream.
+    pub(crate) fn on_src_avail(&mut self, now: Instant, len: u32, rkey: u32, vaddr: u64) -> Result<(), ProtocolError> {
+        if self.advts.srcs.len() >= self.cfg.max_adverts as usize {
+            return Err(ProtocolError::TooManyAdverts(self.cfg.max_adverts));
+        }
+        if vaddr.checked_add(len as u64).is_none() {
+            return Err(ProtocolError::Unexpected { mid: Mid::SrcAvail, context: "address range wraps" });
+        }
+        if self.iocbs.sink_active() {
+            self.cancel_sink(now);
+        }
+        let id = self.advts.srcs.insert(SrcAdvt {
+            len,
+            rkey,
+            vaddr,
+            requested: 0,
+            done: 0,
+            reads_inflight: 0,
+            cancelled: false,
+            send_sm_due: false,
+        });
+        if self.shut_rd {
+            self.refuse_src(id);
+            return Ok(());
+        }
+        self.rx_queue.push_back(RxItem::Src { advt: id });
+        self.events.push_back(Event::Readable);
+        Ok(())
+    }
+
+    /// SrcAvailCancel received: read no more of the peer's source; SendSm once reads finish.
+    pub(crate) fn on_src_cancel(&mut self, _now: Instant) -> Result<(), ProtocolError> {
+        // The cancel is for the oldest advertisement still in the stream, if any (it may have
+        // finished already: the messages crossed).
+        let id = self.rx_queue.iter().find_map(|i| match i {
+            RxItem::Src { advt } => Some(*advt),
+            _ => None,
+        });
+        let Some(id) = id else {
+            return Ok(());
+        };
+        let a = &mut self.advts.srcs[id];
+        if a.done == a.len && a.reads_inflight == 0 {
+            return Ok(());
+        }
+        self.stats.srcavail_cancelled += 1;
+        a.cancelled = true;
+        a.len = a.requested;
+        a.send_sm_due = true;
+        self.after_src_progress(id);
+        Ok(())
+    }
+
+    /// The peer sent stream bytes past our SinkAvail: ask for the sink back.
+    pub(crate) fn cancel_sink(&mut self, _now: Instant) {
+        if self.iocbs.sink_active() {
+            self.iocbs.sink_cancel_pending = true;
+            self.stats.sinkavail_cancelled += 1;
+            self.queue_ctrl_front(Mid::SinkAvailCancel, Ext::None);
+        }
+    }
+
+    /// RdmaWrCompl received: the peer wrote `len` bytes into our sink.
+    pub(crate) fn on_wr_compl(&mut self, now: Instant, len: u32) -> Result<(), ProtocolError> {
+        let Some(s) = self.iocbs.sink.take() else {
+            return Err(ProtocolError::Unexpected { mid: Mid::RdmaWrCompl, context: "no SinkAvail outstanding" });
+        };
+        if len > s.sink.len {
+            return Err(ProtocolError::BadComplLength { got: len as u64, want: s.sink.len as u64 });
+        }
+        self.stats.zcopy_write_bytes += len as u64;
+        self.stats.data_bytes_rcvd += len as u64;
+        self.last_activity = now;
+        self.events.push_back(Event::ZcopyReceived { token: s.token, bytes: len as usize });
+        Ok(())
+    }
+
+    /// SinkCancelAck received: the sink is ours again.
+    pub(crate) fn on_sink_cancel_ack(&mut self, _now: Instant) -> Result<(), ProtocolError> {
+        if !self.iocbs.sink_cancel_pending {
+            return Err(ProtocolError::Unexpected { mid: Mid::SinkCancelAck, context: "no SinkAvailCancel outstanding" });
+        }
+        self.iocbs.sink_cancel_pending = false;
+        if let Some(s) = self.iocbs.sink.take() {
+            self.events.push_back(Event::ZcopyReceived { token: s.token, bytes: 0 });
+        }
+        Ok(())
+    }
+}

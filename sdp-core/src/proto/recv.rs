@@ -1,0 +1,149 @@
+//! Receive path, application side: posting receive buffers (with slow start), and reads that
+//! copy out of received buffers or start the RDMA Reads of a peer's SrcAvail.
+
+use super::buff::{Buf, BufStore};
+use super::conn::{wrid, CallError, Conn, ConnError, State};
+use super::msgs::{Ext, Mid};
+use super::Instant;
+use crate::verbs::{RecvWr, WorkRequest};
+
+/// Received stream contents, in order.
+#[derive(Debug)]
+pub(crate) enum RxItem {
+    /// Bytes in a receive buffer (`bounce`: in an RDMA Read bounce buffer instead).
+    Data { buf: Buf, off: u32, len: u32, bounce: bool },
+    /// A peer's SrcAvail (index into [`super::advt::Advts`]): its bytes come next in the stream.
+    Src { advt: usize },
+}
+
+impl RxItem {
+    pub(crate) fn release(self, store: &mut impl BufStore) {
+        if let RxItem::Data { buf, .. } = self {
+            store.free(buf);
+        }
+    }
+}
+
+impl<S: BufStore> Conn<S> {
+    /// Copy received bytes into `dst`. `Ok(0)` is end of stream (the peer's DisConn, after all
+    /// its data, or our own read shutdown).
+    pub fn read(&mut self, now: Instant, dst: &mut [u8]) -> Result<usize, CallError> {
+        match self.state {
+            State::Connecting | State::Accepting => return Err(CallError::WouldBlock),
+            State::Established => {}
+            State::Disconnecting | State::Closed => {
+                if let Some(e) = &self.error {
+                    return Err(CallError::Conn(e.clone()));
+                }
+            }
+        }
+        if let Some(e) = &self.error {
+            return Err(CallError::Conn(e.clone()));
+        }
+        if dst.is_empty() {
+            return Ok(0);
+        }
+        let mut copied = 0;
+        while copied < dst.len() {
+            let Some(item) = self.rx_queue.front_mut() else { break };
+            match item {
+                RxItem::Data { buf, off, len, .. } => {
+                    let n = (*len as usize).min(dst.len() - copied);
+                    self.store.read(buf, *off, &mut dst[copied..copied + n]);
+                    *off += n as u32;
+                    *len -= n as u32;
+                    copied += n;
+                    self.rx_bytes -= n;
+                    if *len == 0 {
+                        let Some(RxItem::Data { buf, bounce, .. }) = self.rx_queue.pop_front() else {
+                            unreachable!()
+                        };
+                        self.give_back_rx(buf, bounce);
+                    }
+                }
+                RxItem::Src { advt } => {
+                    let advt = *advt;
+                    if self.advts.src_exhausted(advt) {
+                        self.rx_queue.pop_front();
+                        self.src_consumed(advt);
+                        continue;
+                    }
+                    // Bring the next part in by RDMA Read into bounce buffers.
+                    self.start_bounce_reads(now, advt);
+                    break;
+                }
+            }
+        }
+        if copied > 0 {
+            self.last_activity = now;
+            self.flush(now);
+            return Ok(copied);
+        }
+        if self.read_closed() {
+            return Ok(0);
+        }
+        self.flush(now);
+        Err(CallError::WouldBlock)
+    }
+
+    /// Take the urgent byte (MSG_OOB), if one arrived and was not read yet.
+    pub fn read_urgent(&mut self) -> Option<u8> {
+        self.urgent.take()
+    }
+
+    /// A consumed receive or bounce buffer goes back to its pool; `fill_rx` reposts.
+    pub(crate) fn give_back_rx(&mut self, buf: Buf, bounce: bool) {
+        if bounce {
+            self.advts.bounce_pool.put(&mut self.store, buf);
+        } else {
+            self.rx_held -= 1;
+            self.rx_pool.put(&mut self.store, buf);
+        }
+    }
+
+    /// Post receive buffers up to the slow-start target, within the receive budget
+    /// (`max_rx_bufs` posted plus held with unread data).
+    pub(crate) fn fill_rx(&mut self) -> Result<(), ConnError> {
+        if self.disconnect_issued {
+            return Ok(());
+        }
+        let max = self.cfg.max_rx_bufs as usize;
+        while self.rx_posted.len() < self.rx_target as usize && self.rx_posted.len() + self.rx_held < max {
+            let Some(buf) = self.rx_pool.get(&mut self.store) else {
+                if self.rx_posted.is_empty() {
+                    return Err(ConnError::NoMemory);
+                }
+                break;
+            };
+            let key = self.rx_posted.insert(buf);
+            self.wrs.push_back(WorkRequest::Recv(RecvWr {
+                wr_id: wrid::RECV | key as u64,
+                sge: buf.sge(buf.size),
+            }));
+        }
+        // Idle buffers beyond what the target needs are given back.
+        let keep = (self.rx_target as usize).saturating_sub(self.rx_posted.len());
+        self.rx_pool.trim(&mut self.store, keep);
+        Ok(())
+    }
+
+    /// Drop everything received and not read (read half shut).
+    pub(crate) fn discard_rx(&mut self) {
+        while let Some(item) = self.rx_queue.pop_front() {
+            match item {
+                RxItem::Data { buf, bounce, .. } => self.give_back_rx(buf, bounce),
+                RxItem::Src { advt } => {
+                    self.refuse_src(advt);
+                }
+            }
+        }
+        self.rx_bytes = 0;
+    }
+
+    /// Tell the peer we will not read its SrcAvail (SendSm): it sends the rest by copy.
+    pub(crate) fn refuse_src(&mut self, advt: usize) {
+        if self.advts.refuse_src(advt) {
+            self.queue_ctrl_front(Mid::SendSm, Ext::None);
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! Send path: application data into registered send buffers (BCopy), the send queue, and
+//! posting SENDs as credits allow. Small writes coalesce into the buffer at the tail of the queue.
+
+use super::buff::{Buf, BufStore};
+use super::conn::{wrid, CallError, Conn, ConnError, Event, State};
+use super::iocb::ZSrc;
+use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
+use super::sent::Inflight;
+use super::Instant;
+use crate::verbs::{SendOp, SendWr, WorkRequest};
+
+/// Something queued for sending, in stream order.
+#[derive(Debug)]
+pub(crate) enum TxItem {
+    /// Application bytes in a send buffer, payload at [`BSDH_LEN`].
+    Data { buf: Buf, len: u32, flags: BsdhFlags },
+    /// A control message without payload.
+    Ctrl { mid: Mid, ext: Ext },
+    /// A zero-copy source (by token in [`super::iocb::Iocbs`]) to advertise with SrcAvail.
+    Src { token: u64 },
+}
+
+impl TxItem {
+    pub(crate) fn release(self, store: &mut impl BufStore) {
+        if let TxItem::Data { buf, .. } = self {
+            store.free(buf);
+        }
+    }
+}
+
+impl<S: BufStore> Conn<S> {
+    /// Copy application bytes into the send queue. Returns how many were taken (fewer than
+    /// offered when the send buffer fills up).
+    pub fn write(&mut self, now: Instant, data: &[u8]) -> Result<usize, CallError> {
+        self.check_writable()?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        if self.zcopy_outstanding() {
+            // Plain bytes may not overtake a zero-copy send that may still end short.
+            return Err(CallError::WouldBlock);
+        }
+        let room = self.cfg.sndbuf.saturating_sub(self.tx_bytes);
+        if room == 0 {
+            self.stats.stalls_no_credit += 1;
+            return Err(CallError::WouldBlock);
+        }
+        let mut taken = 0;
+        let want = data.len().min(room);
+        let cap = self.send_size - BSDH_LEN as u32;
+        while taken < want {
+            // Append to the tail buffer if it has room and carries no urgent byte.
+            let appended = match self.tx_queue.back_mut() {
+                Some(TxItem::Data { buf, len, flags }) if *len < cap && flags.is_empty() && buf.size == self.send_size => {
+                    let n = ((cap - *len) as usize).min(want - taken);
+                    self.store.write(buf, BSDH_LEN as u32 + *len, &data[taken..taken + n]);
+                    *len += n as u32;
+                    n
+                }
+                _ => 0,
+            };
+            if appended > 0 {
+                taken += appended;
+                continue;
+            }
+            let Some(buf) = self.tx_pool.get(&mut self.store) else {
+                break;
+            };
+            let n = (cap as usize).min(want - taken);
+            self.store.write(&buf, BSDH_LEN as u32, &data[taken..taken + n]);
+            self.tx_queue.push_back(TxItem::Data { buf, len: n as u32, flags: BsdhFlags::empty() });
+            taken += n;
+        }
+        if taken == 0 {
+            // Registered memory is exhausted. With sends outstanding their completions free
+            // buffers; with none, this is a hard error for the call (not the connection).
+            return if self.tx_inflight.is_empty() && self.tx_queue.is_empty() {
+                Err(CallError::Conn(ConnError::NoMemory))
+            } else {
+                Err(CallError::WouldBlock)
+            };
+        }
+        self.tx_bytes += taken;
+        self.stats.data_bytes_sent += taken as u64;
+        self.last_activity = now;
+        self.maybe_grow_send_size();
+        self.flush(now);
+        Ok(taken)
+    }
+
+    /// Queue a zero-copy send of registered memory (`src` must grant remote read until
+    /// [`Event::ZcopySent`] for `token`). Small sources are refused with `Invalid`: copy them.
+    pub fn write_zcopy(&mut self, now: Instant, src: ZSrc, token: u64) -> Result<(), CallError> {
+        self.check_writable()?;
+        if (src.len as usize) < self.cfg.zcopy_threshold.min(self.send_size as usize) || src.len == 0 {
+            return Err(CallError::Invalid("zero-copy source below the threshold"));
+        }
+        if self.iocbs.src_queued() >= self.cfg.max_adverts as usize {
+            return Err(CallError::WouldBlock);
+        }
+        self.iocbs.add_src(token, src);
+        self.tx_queue.push_back(TxItem::Src { token });
+        self.tx_bytes += src.len as usize;
+        self.stats.data_bytes_sent += src.len as u64;
+        self.last_activity = now;
+        self.flush(now);
+        Ok(())
+    }
+
+    /// Send one urgent byte (MSG_OOB): it travels as the last byte of a Data message with
+    /// OOB_PRES, and the peer sees it apart from the stream.
+    pub fn send_urgent(&mut self, now: Instant, byte: u8) -> Result<(), CallError> {
+        self.check_writable()?;
+        let Some(buf) = self.tx_pool.get(&mut self.store) else {
+            return Err(CallError::WouldBlock);
+        };
+        self.store.write(&buf, BSDH_LEN as u32, &[byte]);
+        self.tx_queue.push_back(TxItem::Data {
+            buf,
+            len: 1,
+            flags: BsdhFlags::OOB_PRES | BsdhFlags::OOB_PEND,
+        });
+        self.tx_bytes += 1;
+        self.flush(now);
+        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<(), CallError> {
+        if let Some(e) = &self.error {
+            return Err(CallError::Conn(e.clone()));
+        }
+        match self.state {
+            State::Connecting | State::Accepting => Err(CallError::WouldBlock),
+            State::Established if !self.shut_wr => Ok(()),
+            State::Established => Err(CallError::BrokenPipe),
+            _ => Err(CallError::BrokenPipe),
+        }
+    }
+
+    /// Queue DisConn after everything already queued (orderly close of our write half).
+    pub(crate) fn close_tail(&mut self) {
+        self.tx_queue.push_back(TxItem::Ctrl { mid: Mid::DisConn, ext: Ext::None });
+    }
+
+    /// Queue a control message.
+    pub(crate) fn queue_ctrl(&mut self, mid: Mid, ext: Ext) {
+        self.tx_queue.push_back(TxItem::Ctrl { mid, ext });
+    }
+
+    /// Queue a control message ahead of data (replies that must not wait behind a stalled
+    /// stream, like SinkCancelAck or RdmaRdCompl).
+    pub(crate) fn queue_ctrl_front(&mut self, mid: Mid, ext: Ext) {
+        // Keep control messages already at the front in order.
+        let pos = self
+            .tx_queue
+            .iter()
+            .position(|i| !matches!(i, TxItem::Ctrl { mid, .. } if *mid != Mid::DisConn))
+            .unwrap_or(self.tx_queue.len());
+        self.tx_queue.insert(pos, TxItem::Ctrl { mid, ext });
+    }
+
+    /// Post what the credits allow, in stream order.
+    pub(crate) fn push_tx(&mut self, now: Instant) {
+        loop {
+            if self.iocbs.src_advertised() {
+                // Nothing may pass an outstanding SrcAvail, except replies to the peer.
+                if !matches!(self.tx_queue.front(), Some(TxItem::Ctrl { mid, .. }) if is_reply(*mid)) {
+                    return;
+                }
+            }
+            let Some(front) = self.tx_queue.front() else { return };
+            match front {
+                TxItem::Data { len, flags, .. } => {
+                    if self.advts.sink_usable() && flags.is_empty() {
+                        if !self.fill_sink(now) {
+                            return;
+                        }
+                        continue;
+                    }
+                    if self.tx_credits < 2 {
+                        self.stats.stalls_no_credit += 1;
+                        return;
+                    }
+                    // Coalesce: hold a lone partial buffer while a send is outstanding.
+                    let full = *len + BSDH_LEN as u32 >= self.send_size;
+                    if !self.cfg.nodelay
+                        && !full
+                        && self.tx_queue.len() == 1
+                        && self.tx_data_outstanding > 0
+                        && flags.is_empty()
+                    {
+                        return;
+                    }
+                    let Some(TxItem::Data { buf, len, flags }) = self.tx_queue.pop_front() else {
+                        unreachable!()
+                    };
+                    self.post_data(buf, len, flags);
+                }
+                TxItem::Ctrl { mid, .. } => {
+                    let need = if *mid == Mid::AbortConn { 1 } else { 2 };
+                    if self.tx_credits < need {
+                        return;
+                    }
+                    let Some(TxItem::Ctrl { mid, ext }) = self.tx_queue.pop_front() else {
+                        unreachable!()
+                    };
+                    if mid == Mid::DisConn {
+                        self.disconn_sent = true;
+                    }
+                    if !self.post_ctrl(mid, ext) {
+                        self.tx_queue.push_front(TxItem::Ctrl { mid, ext });
+                        return;
+                    }
+                }
+                TxItem::Src { token } => {
+                    let token = *token;
+                    if self.advts.sink_usable() {
+                        if !self.fill_sink(now) {
+                            return;
+                        }
+                        continue;
+                    }
+                    if self.tx_credits < 2 {
+                        return;
+                    }
+                    if !self.advertise_src(now, token) {
+                        return;
+                    }
+                    // The SrcAvail stays at the front until the peer is done with it.
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Post a Data message from a filled send buffer.
+    pub(crate) fn post_data(&mut self, buf: Buf, len: u32, flags: BsdhFlags) {
+        let h = self.next_header(Mid::Data, Ext::None, flags, len as usize);
+        let mut hdr = [0u8; BSDH_LEN];
+        h.emit(&mut hdr).expect("BSDH fits");
+        self.store.write(&buf, 0, &hdr);
+        self.advts.note_data_sent(h.bsdh.mseq);
+        self.tx_data_outstanding += 1;
+        let key = self.tx_inflight.insert(Inflight::Msg { buf, ctrl: false, data: len });
+        self.wrs.push_back(WorkRequest::Send(SendWr {
+            wr_id: wrid::SEND | key as u64,
+            op: SendOp::Send,
+            sge: Some(buf.sge(BSDH_LEN as u32 + len)),
+            signaled: true,
+        }));
+    }
+
+    /// Post a control message now (the caller checked the credit). False if no buffer.
+    pub(crate) fn post_ctrl(&mut self, mid: Mid, ext: Ext) -> bool {
+        let Some(buf) = self.ctrl_pool.get(&mut self.store) else {
+            return false;
+        };
+        let h = self.next_header(mid, ext, BsdhFlags::empty(), 0);
+        let mut hdr = [0u8; super::conn::MAX_HDR];
+        let n = h.emit(&mut hdr).expect("header fits");
+        self.store.write(&buf, 0, &hdr[..n]);
+        if mid == Mid::RdmaWrCompl {
+            self.advts.note_data_sent(h.bsdh.mseq);
+        }
+        let key = self.tx_inflight.insert(Inflight::Msg { buf, ctrl: true, data: 0 });
+        self.wrs.push_back(WorkRequest::Send(SendWr {
+            wr_id: wrid::SEND | key as u64,
+            op: SendOp::Send,
+            sge: Some(buf.sge(n as u32)),
+            signaled: true,
+        }));
+        true
+    }
+
+    /// Send AbortConn at once if any credit is left (best effort: the CM disconnect that
+    /// follows tells the peer anyway).
+    pub(crate) fn send_abort(&mut self) {
+        if self.tx_credits >= 1 {
+            self.post_ctrl(Mid::AbortConn, Ext::None);
+        }
+    }
+
+    /// Send a standalone credit update when the peer is about to run dry and we have buffers
+    /// posted it does not know about. This may use the last credit.
+    pub(crate) fn maybe_credit_update(&mut self) {
+        if self.state != State::Established || self.disconnect_issued || self.tx_credits == 0 {
+            return;
+        }
+        let posted = self.rx_posted.len() as u32;
+        if posted > self.peer_credits && self.peer_credits * 2 < posted.max(2) {
+            self.stats.credit_updates_sent += 1;
+            self.post_ctrl(Mid::Data, Ext::None);
+        }
+    }
+
+    /// When the application keeps more than a few buffers queued, ask the peer for larger
+    /// receive buffers (ChRcvBuf): fewer, larger messages.
+    fn maybe_grow_send_size(&mut self) {
+        if self.resize_pending.is_some() || self.send_size >= self.cfg.max_rcv_size {
+            return;
+        }
+        let queued = self.tx_queue.iter().filter(|i| matches!(i, TxItem::Data { .. })).count();
+        if queued >= 4 {
+            let want = (self.send_size.saturating_mul(4)).min(self.cfg.max_rcv_size);
+            self.resize_pending = Some(want);
+            self.stats.resizes += 1;
+            self.queue_ctrl_front(Mid::ChRcvBuf, Ext::ChRcvBuf { size: want });
+        }
+    }
+
+    /// The peer acknowledged our ChRcvBuf: every buffer it has posted is `size` now.
+    pub(crate) fn on_resize_ack(&mut self, size: u32) -> Result<(), super::conn::ProtocolError> {
+        let Some(asked) = self.resize_pending.take() else {
+            return Err(super::conn::ProtocolError::Unexpected {
+                mid: Mid::ChRcvBufAck,
+                context: "no ChRcvBuf outstanding",
+            });
+        };
+        if size > asked.max(self.send_size) {
+            return Err(super::conn::ProtocolError::Unexpected {
+                mid: Mid::ChRcvBufAck,
+                context: "acknowledged size larger than requested",
+            });
+        }
+        self.send_size = size;
+        self.tx_pool.resize(&mut self.store, size);
+        Ok(())
+    }
+
+    /// Bytes the application may still queue.
+    pub fn send_room(&self) -> usize {
+        self.cfg.sndbuf.saturating_sub(self.tx_bytes)
+    }
+
+    pub(crate) fn wake_writer(&mut self) {
+        if self.tx_bytes < self.cfg.sndbuf {
+            self.events.push_back(Event::Writable);
+        }
+    }
+}
+
+/// Replies that may overtake an outstanding SrcAvail (they answer the peer's own requests).
+fn is_reply(mid: Mid) -> bool {
+    matches!(
+        mid,
+        Mid::RdmaRdCompl
+            | Mid::SendSm
+            | Mid::SinkCancelAck
+            | Mid::ChRcvBufAck
+            | Mid::SinkAvailCancel
+            | Mid::SrcAvailCancel
+            | Mid::AbortConn
+    )
+}

@@ -1,0 +1,309 @@
+//! RDMA Write path and the sending side of zero copy: SrcAvail advertisement of our sources
+//! and its completion (RdmaRdCompl), cancel (SrcAvailCancel / SendSm); RDMA Writes into a
+//! peer's SinkAvail followed by RdmaWrCompl; and the keepalive probe (a zero-byte RDMA Write).
+
+use super::advt::SinkAdvt;
+use super::buff::BufStore;
+use super::conn::{wrid, Conn, ConnError, Event, ProtocolError};
+use super::iocb::SrcState;
+use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
+use super::send::TxItem;
+use super::sent::Inflight;
+use super::Instant;
+use crate::verbs::{Completion, RemoteBuf, SendOp, SendWr, Sge, WcStatus, WorkRequest};
+
+impl<S: BufStore> Conn<S> {
+    /// Send SrcAvail for the source at the head of the queue (the caller checked the credit).
+    pub(crate) fn advertise_src(&mut self, now: Instant, token: u64) -> bool {
+        let timeout = self.cfg.srcavail_timeout;
+        let Some(s) = self.iocbs.srcs.front_mut() else { return false };
+        debug_assert_eq!(s.token, token);
+        let off = s.written;
+        let ext = Ext::SrcAvail { len: s.src.len - off, rkey: s.src.rkey, vaddr: s.src.addr + off as u64 };
+        s.state = SrcState::Advertised;
+        s.deadline = Some(now + timeout);
+        if !self.post_ctrl(Mid::SrcAvail, ext) {
+            if let Some(s) = self.iocbs.srcs.front_mut() {
+                s.state = SrcState::Queued;
+                s.deadline = None;
+            }
+            return false;
+        }
+        self.advts.note_data_sent(self.next_mseq.wrapping_sub(1));
+        self.stats.srcavail_sent += 1;
+        true
+    }
+
+    /// Give up a queued or advertised zero-copy send. [`Event::ZcopySent`] reports how many
+    /// bytes the peer got; the rest (and every later zero-copy send) must be sent again.
+    pub fn cancel_write_zcopy(&mut self, now: Instant, token: u64) {
+        let Some(s) = self.iocbs.find_src(token) else { return };
+        match s.state {
+            SrcState::Advertised => {
+                s.state = SrcState::Cancelling;
+                self.queue_ctrl_front(Mid::SrcAvailCancel, Ext::None);
+            }
+            SrcState::Queued => {
+                self.complete_srcs_from(token, 0);
+            }
+            _ => {}
+        }
+        self.flush(now);
+    }
+
+    /// The peer read `len` more bytes of our advertised source.
+    pub(crate) fn on_rd_compl(&mut self, now: Instant, len: u32) -> Result<(), ProtocolError> {
+        let timeout = self.cfg.srcavail_timeout;
+        let Some(s) = self.iocbs.srcs.front_mut() else {
+            return Err(ProtocolError::Unexpected { mid: Mid::RdmaRdCompl, context: "no SrcAvail outstanding" });
+        };
+        if !matches!(s.state, SrcState::Advertised | SrcState::Cancelling) {
+            return Err(ProtocolError::Unexpected { mid: Mid::RdmaRdCompl, context: "no SrcAvail outstanding" });
+        }
+        let total = s.acked as u64 + s.written as u64 + len as u64;
+        if total > s.src.len as u64 {
+            return Err(ProtocolError::BadComplLength { got: total, want: s.src.len as u64 });
+        }
+        s.acked += len;
+        s.deadline = Some(now + timeout);
+        self.last_activity = now;
+        if s.acked + s.written == s.src.len {
+            let (token, bytes) = (s.token, s.src.len as usize);
+            self.finish_src(token, bytes);
+        }
+        Ok(())
+    }
+
+    /// SendSm received: the peer will read no more of our SrcAvail (its answer to our cancel,
+    /// or a refusal). The source completes with what the peer acknowledged.
+    pub(crate) fn on_send_sm(&mut self, _now: Instant) -> Result<(), ProtocolError> {
+        let Some(s) = self.iocbs.srcs.front() else { return Ok(()) };
+        if !matches!(s.state, SrcState::Advertised | SrcState::Cancelling) {
+            return Ok(());
+        }
+        let (token, bytes) = (s.token, (s.acked + s.written) as usize);
+        if bytes == s.src.len as usize {
+            self.finish_src(token, bytes);
+        } else {
+            self.complete_srcs_from(token, bytes);
+        }
+        Ok(())
+    }
+
+    /// The advertised source timed out: cancel it.
+    pub(crate) fn srcavail_timed_out(&mut self, now: Instant) {
+        if let Some(token) = self.iocbs.srcs.front().map(|s| s.token) {
+            self.cancel_write_zcopy(now, token);
+        }
+    }
+
+    /// A source is done in full: drop it from the queue and report it.
+    fn finish_src(&mut self, token: u64, bytes: usize) {
+        if let Some(pos) = self.iocbs.srcs.iter().position(|s| s.token == token) {
+            let s = self.iocbs.srcs.remove(pos).expect("position found");
+            self.tx_bytes -= (s.src.len - s.written) as usize;
+        }
+        if let Some(pos) = self.tx_queue.iter().position(|i| matches!(i, TxItem::Src { token: t } if *t == token)) {
+            self.tx_queue.remove(pos);
+        }
+        self.events.push_back(Event::ZcopySent { token, bytes });
+        self.wake_writer();
+    }
+
+    /// A source ended short: it and every later source complete with what reached the peer
+    /// (0 for the later ones), so the application resends the rest in order, like after a
+    /// short write.
+    fn complete_srcs_from(&mut self, token: u64, bytes: usize) {
+        let Some(pos) = self.iocbs.srcs.iter().position(|s| s.token == token) else { return };
+        let rest: Vec<_> = self.iocbs.srcs.drain(pos..).collect();
+        for (i, s) in rest.into_iter().enumerate() {
+            self.tx_bytes -= (s.src.len - s.written) as usize;
+            let sent = if i == 0 { bytes } else { s.written as usize };
+            if let Some(p) = self.tx_queue.iter().position(|it| matches!(it, TxItem::Src { token: t } if *t == s.token)) {
+                self.tx_queue.remove(p);
+            }
+            self.stats.srcavail_cancelled += 1;
+            self.events.push_back(Event::ZcopySent { token: s.token, bytes: sent });
+        }
+        self.wake_writer();
+    }
+
+    /// SinkAvail received. Honoured only if the peer had seen every stream byte we sent
+    /// (otherwise it will cancel when those bytes arrive).
+    pub(crate) fn on_sink_avail(
+        &mut self,
+        _now: Instant,
+        mseq_ack: u32,
+        len: u32,
+        rkey: u32,
+        vaddr: u64,
+    ) -> Result<(), ProtocolError> {
+        if self.advts.sink.is_some() {
+            return Err(ProtocolError::TooManyAdverts(1));
+        }
+        if vaddr.checked_add(len as u64).is_none() {
+            return Err(ProtocolError::Unexpected { mid: Mid::SinkAvail, context: "address range wraps" });
+        }
+        let stale = (self.advts.last_stream_mseq.wrapping_sub(mseq_ack) as i32) > 0;
+        if !stale && !self.shut_wr {
+            self.advts.sink = Some(SinkAdvt { len, rkey, vaddr });
+        }
+        Ok(())
+    }
+
+    /// SinkAvailCancel received: give the sink back (we never hold a partly filled one).
+    pub(crate) fn on_sink_cancel(&mut self, _now: Instant) -> Result<(), ProtocolError> {
+        self.advts.sink = None;
+        self.queue_ctrl_front(Mid::SinkCancelAck, Ext::None);
+        Ok(())
+    }
+
+    /// RDMA-Write the queued stream bytes at the head of the queue into the peer's sink, then
+    /// RdmaWrCompl. False if it must wait (credits).
+    pub(crate) fn fill_sink(&mut self, now: Instant) -> bool {
+        if self.tx_credits < 2 {
+            return false;
+        }
+        let Some(sink) = self.advts.sink.take() else { return true };
+        let mut placed: u32 = 0;
+        while placed < sink.len {
+            let room = sink.len - placed;
+            let remote = RemoteBuf { addr: sink.vaddr + placed as u64, rkey: sink.rkey };
+            match self.tx_queue.front() {
+                Some(TxItem::Data { len, flags, .. }) if flags.is_empty() => {
+                    let len = *len;
+                    let Some(TxItem::Data { buf, .. }) = self.tx_queue.pop_front() else { unreachable!() };
+                    let n = len.min(room);
+                    if n < len {
+                        // The rest goes into a fresh buffer as ordinary data.
+                        let mut rest = vec![0u8; (len - n) as usize];
+                        self.store.read(&buf, BSDH_LEN as u32 + n, &mut rest);
+                        match self.tx_pool.get(&mut self.store) {
+                            Some(nb) => {
+                                self.store.write(&nb, BSDH_LEN as u32, &rest);
+                                self.tx_queue.push_front(TxItem::Data {
+                                    buf: nb,
+                                    len: len - n,
+                                    flags: BsdhFlags::empty(),
+                                });
+                            }
+                            None => {
+                                // No buffer for the split: keep the item whole, sink unused.
+                                self.tx_queue.push_front(TxItem::Data { buf, len, flags: BsdhFlags::empty() });
+                                break;
+                            }
+                        }
+                    }
+                    let key = self.tx_inflight.insert(Inflight::WriteData { buf, data: n });
+                    self.wrs.push_back(WorkRequest::Send(SendWr {
+                        wr_id: wrid::WRITE | key as u64,
+                        op: SendOp::Write(remote),
+                        sge: Some(buf.sge_at(BSDH_LEN as u32, n)),
+                        signaled: true,
+                    }));
+                    placed += n;
+                }
+                Some(TxItem::Src { token }) => {
+                    let token = *token;
+                    let Some(s) = self.iocbs.find_src(token) else { break };
+                    if s.state != SrcState::Queued {
+                        break;
+                    }
+                    let n = (s.src.len - s.written).min(room);
+                    let local = Sge { addr: s.src.addr + s.written as u64, len: n, lkey: s.src.lkey };
+                    s.written += n;
+                    s.writes_inflight += 1;
+                    let done = s.written == s.src.len;
+                    if done {
+                        s.state = SrcState::Written;
+                        self.tx_queue.pop_front();
+                    }
+                    let key = self.tx_inflight.insert(Inflight::WriteSrc { token, len: n });
+                    self.wrs.push_back(WorkRequest::Send(SendWr {
+                        wr_id: wrid::WRITE | key as u64,
+                        op: SendOp::Write(remote),
+                        sge: Some(local),
+                        signaled: true,
+                    }));
+                    placed += n;
+                }
+                _ => break,
+            }
+        }
+        if placed == 0 {
+            self.advts.sink = Some(sink);
+            return false;
+        }
+        self.stats.zcopy_write_bytes += placed as u64;
+        self.last_activity = now;
+        self.post_ctrl(Mid::RdmaWrCompl, Ext::RdmaWrCompl { len: placed });
+        true
+    }
+
+    /// An RDMA Write from a zero-copy source completed.
+    pub(crate) fn src_written(&mut self, _now: Instant, token: u64, len: u32, ok: bool) {
+        let Some(s) = self.iocbs.find_src(token) else { return };
+        s.writes_inflight -= 1;
+        let _ = len;
+        if ok && s.state == SrcState::Written && s.writes_inflight == 0 {
+            let bytes = s.src.len as usize;
+            // tx_bytes was reduced per write completion; finish_src subtracts only the
+            // unwritten part (zero here).
+            self.finish_src(token, bytes);
+        }
+    }
+
+    /// Keepalive timer: probe an idle peer with a zero-byte RDMA Write.
+    pub(crate) fn keepalive_due(&mut self, now: Instant) {
+        let Some(idle) = self.cfg.keepalive_idle else {
+            self.keepalive_at = None;
+            return;
+        };
+        if now.saturating_since(self.last_rx_at) < idle {
+            self.keepalive_at = Some(self.last_rx_at + idle);
+            return;
+        }
+        if self.keepalive_outstanding >= self.cfg.keepalive_probes {
+            self.fail(now, ConnError::TimedOut, true);
+            return;
+        }
+        self.keepalive_outstanding += 1;
+        self.stats.keepalives_sent += 1;
+        let key = self.tx_inflight.insert(Inflight::Keepalive);
+        self.wrs.push_back(WorkRequest::Send(SendWr {
+            wr_id: wrid::KEEPALIVE | key as u64,
+            op: SendOp::Write(RemoteBuf { addr: 0, rkey: 0 }),
+            sge: None,
+            signaled: true,
+        }));
+        self.keepalive_at = Some(now + self.cfg.keepalive_interval);
+    }
+
+    pub(crate) fn on_keepalive_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
+        self.tx_inflight.try_remove(idx);
+        if wc.status == WcStatus::Success {
+            // The peer's HCA answered: it is alive.
+            self.last_rx_at = now;
+            self.arm_keepalive(now);
+        } else {
+            self.on_wc_error(now, wc.status);
+        }
+    }
+
+    /// Zero-copy work can never finish now: report what reached the peer.
+    pub(crate) fn fail_pending_zcopy(&mut self) {
+        let srcs: Vec<_> = self.iocbs.srcs.drain(..).collect();
+        for s in srcs {
+            self.events.push_back(Event::ZcopySent { token: s.token, bytes: (s.acked + s.written) as usize });
+        }
+        if let Some(s) = self.iocbs.sink.take() {
+            self.events.push_back(Event::ZcopyReceived { token: s.token, bytes: 0 });
+        }
+        self.iocbs.sink_cancel_pending = false;
+    }
+
+    /// A zero-copy send is still queued or outstanding (plain writes wait behind it).
+    pub fn zcopy_outstanding(&self) -> bool {
+        !self.iocbs.srcs.is_empty()
+    }
+}
