@@ -522,6 +522,36 @@ impl<S: BufStore> Conn<S> {
     pub fn state(&self) -> State {
         self.state
     }
+    /// A one-line summary of the connection's internals (for diagnostics).
+    pub fn debug_state(&self) -> String {
+        format!(
+            "state={:?} err={:?} credits={} peer_credits={} next_mseq={} last_rx={} tx_q={:?} inflight={} tx_bytes={} rx_q={} rx_posted={} rx_held={} srcs={:?} sink={} sink_cancel={} peer_srcs={} peer_sink={} disconn_sent={} disconn_rcvd={}",
+            self.state,
+            self.error,
+            self.tx_credits,
+            self.peer_credits,
+            self.next_mseq,
+            self.last_rx_mseq,
+            self.tx_queue.iter().map(|i| match i { TxItem::Data { len, .. } => format!("D{len}"), TxItem::Ctrl { mid, .. } => format!("{mid:?}"), TxItem::Src { token } => format!("S{token}") }).collect::<Vec<_>>(),
+            self.tx_inflight.len(),
+            self.tx_bytes,
+            self.rx_queue.len(),
+            self.rx_posted.len(),
+            self.rx_held,
+            self.iocbs.srcs.iter().map(|s| (s.token, s.state, s.acked, s.written)).collect::<Vec<_>>(),
+            self.iocbs.sink.is_some(),
+            self.iocbs.sink_cancel_pending,
+            self.advts.srcs.len(),
+            self.advts.sink.is_some(),
+            self.disconn_sent,
+            self.disconn_rcvd,
+        )
+    }
+
+    /// True on the side that opened the connection.
+    pub fn is_active(&self) -> bool {
+        self.role == Role::Active
+    }
     /// The error that ended the connection, if any.
     pub fn error(&self) -> Option<&ConnError> {
         self.error.as_ref()

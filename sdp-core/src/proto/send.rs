@@ -142,11 +142,6 @@ impl<S: BufStore> Conn<S> {
         self.tx_queue.push_back(TxItem::Ctrl { mid: Mid::DisConn, ext: Ext::None });
     }
 
-    /// Queue a control message.
-    pub(crate) fn queue_ctrl(&mut self, mid: Mid, ext: Ext) {
-        self.tx_queue.push_back(TxItem::Ctrl { mid, ext });
-    }
-
     /// Queue a control message ahead of data (replies that must not wait behind a stalled
     /// stream, like SinkCancelAck or RdmaRdCompl).
     pub(crate) fn queue_ctrl_front(&mut self, mid: Mid, ext: Ext) {
@@ -339,16 +334,8 @@ impl<S: BufStore> Conn<S> {
     }
 }
 
-/// Replies that may overtake an outstanding SrcAvail (they answer the peer's own requests).
+/// Control messages that may overtake an outstanding SrcAvail: everything but DisConn, which
+/// must follow every byte of the stream.
 fn is_reply(mid: Mid) -> bool {
-    matches!(
-        mid,
-        Mid::RdmaRdCompl
-            | Mid::SendSm
-            | Mid::SinkCancelAck
-            | Mid::ChRcvBufAck
-            | Mid::SinkAvailCancel
-            | Mid::SrcAvailCancel
-            | Mid::AbortConn
-    )
+    mid != Mid::DisConn
 }
