@@ -646,13 +646,12 @@ impl<S: BufStore> Conn<S> {
             (_, CmEvent::DeviceRemoval) => self.fail(now, ConnError::DeviceRemoved, false),
             (State::Closed, _) => {}
             (_, CmEvent::Disconnected) => {
-                if self.disconn_sent && self.disconn_rcvd || self.disconnect_issued {
-                    self.finish(now);
-                } else {
-                    // The peer vanished without an orderly close or an abort we saw: like a TCP
-                    // reset.
-                    self.fail(now, ConnError::Reset, false);
+                // The CM says the connection is gone: nothing more can arrive. Without an
+                // orderly close (or an abort of ours) first, that is a reset, as in TCP.
+                if !(self.disconn_sent && self.disconn_rcvd || self.disconnect_issued) && self.error.is_none() {
+                    self.error = Some(ConnError::Reset);
                 }
+                self.finish(now);
             }
             (_, CmEvent::TimewaitExit | CmEvent::AddrChange) => {}
             (_, _) => {}
@@ -948,7 +947,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     pub(crate) fn arm_keepalive(&mut self, now: Instant) {
-        self.keepalive_at = self.cfg.keepalive_idle.map(|d| now + d);
+        self.keepalive_at = self.probe_idle().map(|d| now + d);
         self.keepalive_outstanding = 0;
     }
 
@@ -1002,6 +1001,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.push_tx(now);
         self.maybe_credit_update();
+        self.arm_persist();
         self.maybe_finish_orderly(now);
     }
 }

@@ -12,6 +12,9 @@ use super::sent::Inflight;
 use super::Instant;
 use crate::verbs::{Completion, RemoteBuf, SendOp, SendWr, Sge, WcStatus, WorkRequest};
 
+/// Probe a peer this long after it last sent anything while we wait for its credits.
+pub(crate) const PERSIST: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl<S: BufStore> Conn<S> {
     /// Send SrcAvail for the source at the head of the queue (the caller checked the credit).
     pub(crate) fn advertise_src(&mut self, now: Instant, token: u64) -> bool {
@@ -255,7 +258,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Keepalive timer: probe an idle peer with a zero-byte RDMA Write.
     pub(crate) fn keepalive_due(&mut self, now: Instant) {
-        let Some(idle) = self.cfg.keepalive_idle else {
+        let Some(idle) = self.probe_idle() else {
             self.keepalive_at = None;
             return;
         };
@@ -277,6 +280,29 @@ impl<S: BufStore> Conn<S> {
             signaled: true,
         }));
         self.keepalive_at = Some(now + self.cfg.keepalive_interval);
+    }
+
+    /// How long without hearing from the peer before probing it: the keepalive setting, or,
+    /// while we wait for credits with data queued (the peer may be dead, and nothing of ours
+    /// is in flight to find out), the persist interval, like TCP's zero-window probes.
+    pub(crate) fn probe_idle(&self) -> Option<std::time::Duration> {
+        let persist = self.credit_stalled().then_some(PERSIST);
+        match (self.cfg.keepalive_idle, persist) {
+            (Some(k), Some(p)) => Some(k.min(p)),
+            (k, p) => k.or(p),
+        }
+    }
+
+    /// Data is queued, no credit to send it, and nothing in flight.
+    pub(crate) fn credit_stalled(&self) -> bool {
+        self.tx_credits < 2 && !self.tx_queue.is_empty() && self.tx_inflight.is_empty()
+    }
+
+    /// Keep the probe timer in step with the credit state (called after every round of work).
+    pub(crate) fn arm_persist(&mut self) {
+        if self.keepalive_at.is_none() && self.credit_stalled() {
+            self.keepalive_at = Some(self.last_rx_at + PERSIST);
+        }
     }
 
     pub(crate) fn on_keepalive_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {

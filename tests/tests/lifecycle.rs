@@ -1,0 +1,292 @@
+//! Connection lifecycle over the simulator: setup failures, half-close, simultaneous close,
+//! abort, close with data in flight, dead peers (crash, broken link, keepalive).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use sdp_core::proto::conn::CallError;
+use sdp_core::proto::{Config, ConnError, Shutdown, State};
+use sdp_tests::pair::{closed, Pair, A_IP, B_IP, PORT};
+
+const SEC: u64 = 1_000_000_000;
+
+fn read_all(p: &mut Pair, b: bool, id: sdp_core::proto::table::ConnId) -> Result<(Vec<u8>, bool), CallError> {
+    let now = p.now();
+    let d = if b { &mut p.b } else { &mut p.a };
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match d.read(now, id, &mut buf) {
+            Ok(0) => return Ok((out, true)),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(CallError::WouldBlock) => return Ok((out, false)),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[test]
+fn refused_when_nobody_listens() {
+    let mut p = Pair::new(10, Config::default());
+    let now = p.now();
+    let id = p.a.connect(now, SocketAddr::new(B_IP, PORT + 1), None).unwrap();
+    let ok = p.run_until(SEC, |p| p.a.conn(id).is_some_and(|c| c.state() == State::Closed));
+    assert!(ok);
+    let err = p.a.conn(id).unwrap().error().cloned().unwrap();
+    assert_eq!(err, ConnError::Refused);
+    assert_eq!(err.errno(), libc_econnrefused());
+    // Fails fast: one round trip, not a timeout.
+    assert!(p.fabric.now() < SEC / 100, "took {} ns", p.fabric.now());
+}
+
+fn libc_econnrefused() -> i32 {
+    111
+}
+
+#[test]
+fn unreachable_host_times_out_cleanly() {
+    let mut p = Pair::new(11, Config::default());
+    let now = p.now();
+    let id = p.a.connect(now, "10.9.9.9:80".parse().unwrap(), None).unwrap();
+    let ok = p.run_until(30 * SEC, |p| p.a.conn(id).is_some_and(|c| c.state() == State::Closed));
+    assert!(ok);
+    assert!(matches!(p.a.conn(id).unwrap().error(), Some(ConnError::Unreachable | ConnError::TimedOut)));
+}
+
+#[test]
+fn half_close_delivers_everything_then_eof_and_other_half_keeps_working() {
+    let mut p = Pair::new(12, Config::default());
+    let (a, b) = p.connect();
+    let now = p.now();
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7) as u8).collect();
+    let mut off = 0;
+    while off < data.len() {
+        match p.a.write(now, a, &data[off..]) {
+            Ok(n) => off += n,
+            Err(CallError::WouldBlock) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(off, data.len(), "sndbuf takes it all");
+    // Shut while most of it is still queued.
+    p.a.shutdown(now, a, Shutdown::Write).unwrap();
+    assert_eq!(p.a.write(now, a, b"x"), Err(CallError::BrokenPipe));
+    let mut got = Vec::new();
+    let ok = p.run_until(10 * SEC, |p| {
+        let (chunk, eof) = read_all(p, true, b).unwrap();
+        got.extend(chunk);
+        eof
+    });
+    assert!(ok, "no EOF");
+    assert_eq!(got, data, "every byte before the EOF");
+    // B can still send to A.
+    let now = p.now();
+    assert_eq!(p.b.write(now, b, b"reply"), Ok(5));
+    p.b.shutdown(now, b, Shutdown::Write).unwrap();
+    let mut back = Vec::new();
+    let ok = p.run_until(10 * SEC, |p| {
+        let (chunk, eof) = read_all(p, false, a).unwrap();
+        back.extend(chunk);
+        eof
+    });
+    assert!(ok);
+    assert_eq!(back, b"reply");
+    p.run_for(SEC);
+    assert_eq!(p.a.conn(a).unwrap().state(), State::Closed);
+    assert_eq!(p.b.conn(b).unwrap().state(), State::Closed);
+    assert_eq!(p.a.conn(a).unwrap().error(), None);
+    assert_eq!(p.b.conn(b).unwrap().error(), None);
+}
+
+#[test]
+fn simultaneous_close() {
+    let mut p = Pair::new(13, Config::default());
+    let (a, b) = p.connect();
+    let now = p.now();
+    p.a.write(now, a, b"from a").unwrap();
+    p.b.write(now, b, b"from b").unwrap();
+    p.a.shutdown(now, a, Shutdown::Write).unwrap();
+    p.b.shutdown(now, b, Shutdown::Write).unwrap();
+    let (mut ga, mut gb) = (Vec::new(), Vec::new());
+    let (mut ea, mut eb) = (false, false);
+    let ok = p.run_until(10 * SEC, |p| {
+        if !ea {
+            let (c, e) = read_all(p, false, a).unwrap();
+            ga.extend(c);
+            ea = e;
+        }
+        if !eb {
+            let (c, e) = read_all(p, true, b).unwrap();
+            gb.extend(c);
+            eb = e;
+        }
+        ea && eb && p.a.conn(a).unwrap().state() == State::Closed && p.b.conn(b).unwrap().state() == State::Closed
+    });
+    assert!(ok);
+    assert_eq!(ga, b"from b");
+    assert_eq!(gb, b"from a");
+    assert_eq!(p.a.conn(a).unwrap().error(), None);
+    assert_eq!(p.b.conn(b).unwrap().error(), None);
+    assert_eq!(closed(&p.a.take_events(a)), Some(None));
+    assert_eq!(closed(&p.b.take_events(b)), Some(None));
+}
+
+#[test]
+fn close_with_data_in_flight_still_delivers_it() {
+    let mut p = Pair::new(14, Config::default());
+    let (a, b) = p.connect();
+    let now = p.now();
+    let data = vec![0xabu8; 1 << 20];
+    let mut off = 0;
+    while off < data.len() {
+        off += p.a.write(now, a, &data[off..]).unwrap();
+    }
+    p.a.close(now, a);
+    let mut got = 0usize;
+    let ok = p.run_until(10 * SEC, |p| {
+        let (c, eof) = read_all(p, true, b).unwrap();
+        assert!(c.iter().all(|&x| x == 0xab));
+        got += c.len();
+        eof
+    });
+    assert!(ok);
+    assert_eq!(got, data.len());
+    let now = p.now();
+    p.b.close(now, b);
+    p.run_for(SEC);
+    assert_eq!(p.a.conn_count(), 0, "A's closed connection is gone from the table");
+    assert_eq!(p.b.conn_count(), 0);
+    assert_eq!(p.fabric.stats(A_IP).registered_bytes, 0, "A freed every registration");
+    assert_eq!(p.fabric.stats(B_IP).registered_bytes, 0);
+    assert_eq!(p.fabric.stats(A_IP).qps, 0);
+}
+
+#[test]
+fn close_with_unread_data_resets_like_tcp() {
+    let mut p = Pair::new(15, Config::default());
+    let (a, b) = p.connect();
+    let now = p.now();
+    p.a.write(now, a, b"unread").unwrap();
+    p.run_for(SEC / 10);
+    let now = p.now();
+    p.b.close(now, b);
+    p.run_for(SEC);
+    let now = p.now();
+    let mut buf = [0u8; 8];
+    assert_eq!(p.a.read(now, a, &mut buf), Err(CallError::Conn(ConnError::Reset)));
+    assert_eq!(CallError::Conn(ConnError::Reset).errno(), 104);
+}
+
+#[test]
+fn abort_mid_transfer() {
+    let mut p = Pair::new(16, Config::default());
+    let (a, b) = p.connect();
+    let chunk = vec![1u8; 100_000];
+    let mut got = 0;
+    p.run_until(SEC / 100, |p| {
+        let now = p.now();
+        let _ = p.a.write(now, a, &chunk);
+        got += read_all(p, true, b).unwrap().0.len();
+        false
+    });
+    assert!(got > 0, "transfer under way");
+    let now = p.now();
+    p.a.abort(now, a);
+    let ok = p.run_until(5 * SEC, |p| p.b.conn(b).unwrap().state() == State::Closed);
+    assert!(ok, "A: {}\nB: {}", p.a.conn(a).unwrap().debug_state(), p.b.conn(b).unwrap().debug_state());
+    assert_eq!(p.b.conn(b).unwrap().error(), Some(&ConnError::Reset));
+    assert_eq!(p.a.conn(a).unwrap().error(), Some(&ConnError::Aborted));
+    let now = p.now();
+    assert_eq!(p.b.write(now, b, b"x"), Err(CallError::Conn(ConnError::Reset)));
+}
+
+#[test]
+fn peer_crash_mid_transfer_is_noticed() {
+    let mut p = Pair::new(17, Config::default());
+    let (a, _b) = p.connect();
+    let chunk = vec![1u8; 100_000];
+    p.run_until(SEC / 100, |p| {
+        let now = p.now();
+        let _ = p.a.write(now, a, &chunk);
+        false
+    });
+    p.fabric.faults().crash(B_IP);
+    let ok = p.run_until(5 * SEC, |p| {
+        let now = p.now();
+        let _ = p.a.write(now, a, &chunk);
+        p.a.conn(a).unwrap().state() == State::Closed
+    });
+    assert!(ok, "crash not noticed: {}", p.a.conn(a).unwrap().debug_state());
+    let e = p.a.conn(a).unwrap().error().cloned().unwrap();
+    assert!(matches!(e, ConnError::TimedOut | ConnError::Reset), "{e:?}");
+}
+
+#[test]
+fn keepalive_detects_a_dead_idle_peer() {
+    let cfg = Config { keepalive_idle: Some(Duration::from_secs(2)), ..Config::default() };
+    let mut p = Pair::new(18, cfg.clone());
+    let (a, _b) = p.connect();
+    // Alive and idle: probes succeed, nothing breaks.
+    p.run_for(10 * SEC);
+    assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
+    assert!(p.a.conn(a).unwrap().stats.keepalives_sent >= 3);
+    p.fabric.faults().crash(B_IP);
+    let ok = p.run_until(20 * SEC, |p| p.a.conn(a).unwrap().state() == State::Closed);
+    assert!(ok, "dead peer not detected");
+    assert!(matches!(p.a.conn(a).unwrap().error(), Some(ConnError::TimedOut | ConnError::Reset)));
+}
+
+#[test]
+fn idle_connection_without_keepalive_stays_up() {
+    let mut p = Pair::new(19, Config::default());
+    let (a, b) = p.connect();
+    p.run_for(60 * SEC);
+    assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
+    assert_eq!(p.b.conn(b).unwrap().state(), State::Established);
+    let now = p.now();
+    assert_eq!(p.a.write(now, a, b"still here"), Ok(10));
+}
+
+#[test]
+fn broken_link_ends_in_a_clear_error() {
+    let mut p = Pair::new(20, Config::default());
+    let (a, b) = p.connect();
+    p.fabric.faults().break_link(A_IP, B_IP);
+    let chunk = vec![1u8; 10_000];
+    let ok = p.run_until(5 * SEC, |p| {
+        let now = p.now();
+        let _ = p.a.write(now, a, &chunk);
+        p.a.conn(a).unwrap().state() == State::Closed
+    });
+    assert!(ok);
+    assert!(p.a.conn(a).unwrap().error().is_some());
+    let _ = b;
+}
+
+#[test]
+fn urgent_byte_travels_apart_from_the_stream() {
+    let mut p = Pair::new(21, Config::default());
+    let (a, b) = p.connect();
+    let now = p.now();
+    p.a.write(now, a, b"before").unwrap();
+    p.a.with_conn(now, a, |c| c.send_urgent(now, b'!')).unwrap().unwrap();
+    p.a.write(now, a, b"after").unwrap();
+    p.run_for(SEC / 10);
+    let evs = p.b.take_events(b);
+    assert!(evs.contains(&sdp_core::proto::Event::Urgent));
+    let now = p.now();
+    assert_eq!(p.b.with_conn(now, b, |c| c.read_urgent()).unwrap(), Some(b'!'));
+    let (got, _) = read_all(&mut p, true, b).unwrap();
+    assert_eq!(got, b"beforeafter");
+}
+
+#[test]
+fn writes_before_established_would_block_and_reads_too() {
+    let mut p = Pair::new(22, Config::default());
+    let now = p.now();
+    let id = p.a.connect(now, SocketAddr::new(B_IP, PORT), None).unwrap();
+    assert_eq!(p.a.write(now, id, b"x"), Err(CallError::WouldBlock));
+    let mut buf = [0u8; 4];
+    assert_eq!(p.a.read(now, id, &mut buf), Err(CallError::WouldBlock));
+    assert_eq!(p.a.shutdown(now, id, Shutdown::Write), Err(CallError::NotConnected));
+}
