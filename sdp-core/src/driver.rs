@@ -220,17 +220,21 @@ impl<P: Provider> Driver<P> {
     fn progress(&mut self, now: Instant, id: ConnId) {
         let Some(e) = self.conns.get_mut(id) else { return };
         if let Some(ep) = e.ep.as_mut() {
+            // Completions first: they happened before any disconnect the CM reports now, and
+            // an error completion says more about why than the disconnect does.
+            if e.conn.state() != State::Connecting {
+                loop {
+                    let n = ep.poll_cq(&mut self.scratch);
+                    for wc in &self.scratch[..n] {
+                        e.conn.handle_completion(now, wc);
+                    }
+                    if n < self.scratch.len() {
+                        break;
+                    }
+                }
+            }
             while let Some(ev) = ep.poll_cm() {
                 e.conn.handle_cm(now, ev);
-            }
-            loop {
-                let n = ep.poll_cq(&mut self.scratch);
-                for wc in &self.scratch[..n] {
-                    e.conn.handle_completion(now, wc);
-                }
-                if n < self.scratch.len() {
-                    break;
-                }
             }
         }
         if e.conn.poll_timeout().is_some_and(|t| t <= now) {

@@ -712,7 +712,8 @@ impl<S: BufStore> Conn<S> {
     /// anything else is the transport failing.
     pub(crate) fn on_wc_error(&mut self, now: Instant, status: WcStatus) {
         if status == WcStatus::Flushed {
-            if self.error.is_none() && !self.disconnect_issued && self.state == State::Established {
+            let orderly = self.disconn_sent && self.disconn_rcvd;
+            if self.error.is_none() && !self.disconnect_issued && !orderly && self.state == State::Established {
                 // The QP went to error under us (peer gone, link down).
                 self.fail(now, ConnError::Reset, false);
             }
@@ -912,10 +913,10 @@ impl<S: BufStore> Conn<S> {
         self.keepalive_at = None;
         self.idle_check_at = None;
         self.fail_pending_zcopy();
-        self.release_all();
         if self.error.is_none() && !(self.disconn_rcvd && self.disconn_sent) {
             self.error = Some(ConnError::Reset);
         }
+        self.release_all();
         self.events.push_back(Event::Readable);
         self.events.push_back(Event::Writable);
         self.events.push_back(Event::Closed(self.error.clone()));
@@ -933,10 +934,15 @@ impl<S: BufStore> Conn<S> {
         for (_, b) in std::mem::take(&mut self.rx_posted) {
             self.store.free(b);
         }
-        for item in std::mem::take(&mut self.rx_queue) {
-            item.release(&mut self.store);
+        if self.error.is_some() {
+            // After a failure unread data is gone, as with a TCP reset. After an orderly close
+            // it stays readable; `read` frees each buffer as it empties.
+            for item in std::mem::take(&mut self.rx_queue) {
+                item.release(&mut self.store);
+            }
+            self.rx_bytes = 0;
+            self.rx_held = 0;
         }
-        self.rx_bytes = 0;
         self.tx_bytes = 0;
         self.advts.release(&mut self.store);
         self.iocbs.release(&mut self.store);

@@ -93,7 +93,13 @@ impl<S: BufStore> Conn<S> {
 
     /// A consumed receive or bounce buffer goes back to its pool; `fill_rx` reposts.
     pub(crate) fn give_back_rx(&mut self, buf: Buf, bounce: bool) {
-        if bounce {
+        if self.state == State::Closed {
+            // Reading what an orderly close left behind: nothing will be posted again.
+            if !bounce {
+                self.rx_held -= 1;
+            }
+            self.store.free(buf);
+        } else if bounce {
             self.advts.bounce_pool.put(&mut self.store, buf);
         } else {
             self.rx_held -= 1;
