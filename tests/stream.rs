@@ -88,6 +88,8 @@ pub struct App {
     /// Don't read (a stalled reader).
     pub paused_reader: bool,
     pub zcopy_min: usize,
+    /// Don't shut the write half after the last byte.
+    pub keep_open: bool,
 }
 
 impl App {
@@ -112,6 +114,7 @@ impl App {
             events: Vec::new(),
             paused_reader: false,
             zcopy_min: 64 * 1024,
+            keep_open: false,
         }
     }
 
@@ -173,7 +176,7 @@ impl App {
             let generated = self.sent + self.pending.len() as u64;
             if self.pending.is_empty() {
                 if generated >= self.to_send {
-                    if !self.shut {
+                    if !self.shut && !self.keep_open {
                         match d.shutdown(now, id, Shutdown::Write) {
                             Ok(()) => self.shut = true,
                             Err(e) => {

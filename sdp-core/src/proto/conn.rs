@@ -320,6 +320,11 @@ pub struct Conn<S: BufStore> {
     pub(crate) tx_credits: u32,
     /// Credits the peer has as far as we know: `bufs` we last sent, less the messages received since.
     pub(crate) peer_credits: u32,
+    /// For each message we sent and the peer has not acknowledged: (mseq, bufs, last_rx_mseq).
+    /// Tells us exactly how many credits the peer had left when it sent each message.
+    pub(crate) sent_log: VecDeque<(u32, u16, u32)>,
+    /// Credits the peer had left after its last message (exact, from `sent_log`).
+    pub(crate) peer_left: i64,
 
     // Send side (send.rs, sent.rs).
     pub(crate) tx_pool: Pool,
@@ -390,6 +395,8 @@ impl<S: BufStore> Conn<S> {
             last_rx_mseq: 0,
             tx_credits: 0,
             peer_credits: 0,
+            sent_log: VecDeque::new(),
+            peer_left: i64::MAX,
             tx_pool: Pool::new(rcv),
             ctrl_pool: Pool::new(MAX_HDR as u32),
             tx_queue: VecDeque::new(),
@@ -465,6 +472,7 @@ impl<S: BufStore> Conn<S> {
             0,
         );
         c.peer_credits = c.rx_posted_count() as u32;
+        c.sent_log.push_back((0, c.rx_posted_count(), 0));
         Ok((c, emit_private(&h)))
     }
 
@@ -515,6 +523,7 @@ impl<S: BufStore> Conn<S> {
             0,
         );
         c.peer_credits = c.rx_posted_count() as u32;
+        c.sent_log.push_back((0, c.rx_posted_count(), 0));
         Ok((c, emit_private(&h)))
     }
 
@@ -532,7 +541,7 @@ impl<S: BufStore> Conn<S> {
             self.peer_credits,
             self.next_mseq,
             self.last_rx_mseq,
-            self.tx_queue.iter().map(|i| match i { TxItem::Data { len, .. } => format!("D{len}"), TxItem::Ctrl { mid, .. } => format!("{mid:?}"), TxItem::Src { token } => format!("S{token}") }).collect::<Vec<_>>(),
+            self.tx_queue.iter().take(6).map(|i| match i { TxItem::Data { len, .. } => format!("D{len}"), TxItem::Ctrl { mid, .. } => format!("{mid:?}"), TxItem::Src { token } => format!("S{token}") }).collect::<Vec<_>>(),
             self.tx_inflight.len(),
             self.tx_bytes,
             self.rx_queue.len(),
@@ -976,6 +985,15 @@ impl<S: BufStore> Conn<S> {
         }
         self.tx_credits = credits as u32;
         self.peer_credits = self.peer_credits.saturating_sub(1);
+        // How many credits the peer had left after sending this: the bufs of our message it had
+        // seen last, less its messages since we sent that one.
+        while self.sent_log.len() > 1 && self.sent_log[1].0.wrapping_sub(h.mseq_ack) as i32 <= 0 {
+            self.sent_log.pop_front();
+        }
+        self.peer_left = match self.sent_log.front() {
+            Some(&(m, bufs, rx)) if m == h.mseq_ack => bufs as i64 - h.mseq.wrapping_sub(rx) as i64,
+            _ => i64::MAX,
+        };
         self.stats.msgs_rcvd += 1;
         Ok(())
     }
@@ -984,6 +1002,7 @@ impl<S: BufStore> Conn<S> {
     pub(crate) fn next_header(&mut self, mid: Mid, ext: Ext, flags: msgs::BsdhFlags, payload: usize) -> Header {
         let bufs = self.rx_posted_count();
         let h = Header::new(mid, ext, flags, bufs, self.next_mseq, self.last_rx_mseq, payload);
+        self.sent_log.push_back((self.next_mseq, bufs, self.last_rx_mseq));
         self.next_mseq = self.next_mseq.wrapping_add(1);
         self.tx_credits -= 1;
         self.peer_credits = bufs as u32;

@@ -156,10 +156,11 @@ impl<S: BufStore> Conn<S> {
         }
     }
 
-    /// Slow start: when the peer is about to run out of credits while sending to us, post more
-    /// receive buffers next time (up to the budget).
+    /// Slow start: when the peer sent this at its last data credit (it is stalled waiting for
+    /// our updates, so the window is smaller than the round trip needs), post more receive
+    /// buffers next time (up to the budget).
     fn slow_start_grow(&mut self) {
-        if self.peer_credits <= 1 && self.rx_target < self.cfg.max_rx_bufs {
+        if self.peer_left <= 1 && self.rx_target < self.cfg.max_rx_bufs {
             self.rx_target = (self.rx_target * 2).min(self.cfg.max_rx_bufs);
         }
     }

@@ -282,7 +282,8 @@ impl<S: BufStore> Conn<S> {
             return;
         }
         let posted = self.rx_posted.len() as u32;
-        if posted > self.peer_credits && self.peer_credits * 2 < posted.max(2) {
+        // The peer needs two credits to send data: below that it is starving.
+        if posted > self.peer_credits && (self.peer_credits < 2 || self.peer_credits * 2 < posted) {
             self.stats.credit_updates_sent += 1;
             self.post_ctrl(Mid::Data, Ext::None);
         }

@@ -1,0 +1,58 @@
+# Benchmarks (sourced by tests.sh when tests/rig/run --bench).  Each measurement prints one line
+#   RIG-BENCH: {"tool":..,"size_bytes":..,"run":..,"bytes_per_sec":..,...}
+# which the host collects (--json FILE) and summarises as medians.  Tools and sizes are interleaved
+# (run 1: all tools at all sizes, then run 2, ...), so a slow phase of the emulator hits every tool.
+# Everything is emulated (TCG): absolute figures mean little; compare tools within one boot.
+BENCH_BYTES=$((64 * 1048576))    # data per measurement and direction
+[ "${RIG_QUICK:-0}" = 1 ] && BENCH_BYTES=$((16 * 1048576))
+BENCH_SIZES="65536 1048576"
+
+bench_row() {   # bench_row TOOL SIZE RUN BYTES_PER_SEC [EXTRA JSON FIELDS]
+  echo "RIG-BENCH: {\"tool\":\"$1\",\"size_bytes\":$2,\"run\":$3,\"bytes_per_sec\":$4,\"mtu\":$RIG_MTU,\"pair_secs\":$PAIR_T${5:+,$5}}"
+}
+
+# ib_write_bw over the RDMA CM (-R): one-sided RDMA writes, $BENCH_BYTES in one direction.
+# perftest's "BW average[MB/sec]" uses MB = 2^20 bytes.
+bench_ib_write_bw() {   # SIZE RUN
+  n=$((BENCH_BYTES / $1)); name=bench-ib_write_bw-$1-$2
+  if run_pair "$name" "ib_write_bw -R -d rxe1 -s $1 -n $n -F" \
+                      "$CM_SRC_A ib_write_bw -R -d rxe0 -s $1 -n $n -F $B"; then
+    bw=$(awk '/#bytes/ {getline; print $4; exit}' "$LOGD/$name.cli")
+    bps=$(awk -v m="$bw" 'BEGIN{ if (m + 0 > 0) printf "%.0f", m * 1048576 }')
+    if [ -n "$bps" ]; then bench_row ib_write_bw "$1" "$2" "$bps" "\"iters\":$n"; pass "$name" "${bw} MiB/s"; return; fi
+    PAIR_WHY="no BW average in the output"
+  fi
+  pair_logs "$name" ib_write_bw ib_write_bw; fail "$name" "$PAIR_WHY"
+}
+
+# rstream (rsockets): the client sends COUNT messages, then the server sends COUNT back; rstream's own
+# figure counts both directions over the whole time, i.e. the one-way streaming rate.
+bench_rstream() {   # SIZE RUN
+  c=$((BENCH_BYTES / $1)); name=bench-rstream-$1-$2
+  if run_pair "$name" "rstream -b $B -S $1 -C $c" "rstream -b $A -s $B -S $1 -C $c"; then
+    # columns: name bytes xfers iters total time Gb/sec usec/xfer
+    usx=$(awk 'NF == 8 && $8 + 0 > 0 {v = $8} END {print v}' "$LOGD/$name.cli")
+    bps=$(awk -v s="$1" -v u="$usx" 'BEGIN{ if (u + 0 > 0) printf "%.0f", s * 1e6 / u }')
+    if [ -n "$bps" ]; then bench_row rstream "$1" "$2" "$bps" "\"xfers\":$c"; pass "$name" "$usx usec/xfer"; return; fi
+    PAIR_WHY="no usec/xfer in the output"
+  fi
+  pair_logs "$name" rstream rstream; fail "$name" "$PAIR_WHY"
+}
+
+# sdp-bench goes here: run the project's benchmark (e.g. /extra/sdp-bench, brought with --extra) for
+# SIZE, then call `bench_row sdp-<mode> SIZE RUN BYTES_PER_SEC` for each figure it reports.
+bench_sdp() {   # SIZE RUN
+  [ -x /extra/sdp-bench ] || return 0
+  : # not wired yet: sdp-bench has no rig mode so far
+}
+
+section "benchmarks: $RIG_RUNS runs, sizes $BENCH_SIZES, $((BENCH_BYTES / 1048576)) MiB each"
+run=1
+while [ $run -le "$RIG_RUNS" ]; do
+  for size in $BENCH_SIZES; do
+    bench_ib_write_bw "$size" "$run"
+    bench_rstream "$size" "$run"
+    bench_sdp "$size" "$run"
+  done
+  run=$((run + 1))
+done

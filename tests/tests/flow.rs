@@ -1,0 +1,229 @@
+//! Flow control and resources: credit starvation and recovery, bounded memory against a peer
+//! that reads nothing, slow start of receive buffers, ChRcvBuf resizing, SrcAvail cancel.
+
+use std::time::Duration;
+
+use sdp_core::proto::conn::CallError;
+use sdp_core::proto::{Config, State};
+use sdp_core::verbs::sim::SimConfig;
+use sdp_tests::pair::{Pair, A_IP, B_IP};
+use sdp_tests::stream::{App, Mode};
+
+const SEC: u64 = 1_000_000_000;
+
+#[test]
+fn stalled_reader_bounds_sender_memory_then_recovers() {
+    let cfg = Config::default();
+    let mut p = Pair::new(50, cfg.clone());
+    let (a, b) = p.connect();
+    let total = 64u64 << 20;
+    let mut wa = App::new(Mode::BCopy, total, 1, 2, 256 * 1024);
+    let mut rb = App::new(Mode::BCopy, 0, 2, 1, 1);
+    rb.paused_reader = true;
+    p.run_until(5 * SEC, |p| {
+        let now = p.now();
+        wa.pump(&mut p.a, now, a);
+        rb.pump(&mut p.b, now, b);
+        false
+    });
+    // The writer is blocked: bounded by sndbuf, and by the receiver's budget of buffers.
+    let now = p.now();
+    assert_eq!(p.a.write(now, a, b"more"), Err(CallError::WouldBlock));
+    assert!(wa.sent < total);
+    assert!(p.a.conn(a).unwrap().tx_queued_bytes() <= cfg.sndbuf);
+    let reg_a = p.fabric.stats(A_IP).registered_bytes as usize;
+    let reg_b = p.fabric.stats(B_IP).registered_bytes as usize;
+    assert!(reg_a <= cfg.sndbuf + 2 * cfg.max_rcv_size as usize + (1 << 20), "sender registered {reg_a}");
+    let rx_budget = cfg.max_rx_bufs as usize * cfg.max_rcv_size as usize;
+    assert!(reg_b <= rx_budget + (1 << 20), "receiver registered {reg_b}");
+    let stalled_at = wa.sent;
+    assert!(stalled_at > 0);
+    // Nothing moves while the reader sleeps, and nothing breaks either.
+    p.run_for(10 * SEC);
+    assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
+    // Recovery: the reader wakes and everything arrives intact.
+    rb.paused_reader = false;
+    let ok = p.run_until(60 * SEC, |p| {
+        let now = p.now();
+        wa.pump(&mut p.a, now, a);
+        rb.pump(&mut p.b, now, b);
+        rb.eof
+    });
+    assert!(ok);
+    assert_eq!(rb.received, total);
+}
+
+#[test]
+fn both_sides_at_full_speed_never_deadlock_on_credits() {
+    // Small buffers and few of them make credits the bottleneck in both directions.
+    let cfg = Config { rcv_size: 1024, max_rcv_size: 1024, initial_rx_bufs: 2, min_rx_bufs: 2, max_rx_bufs: 3, ..Config::default() };
+    let mut p = Pair::new(51, cfg);
+    let (a, b) = p.connect();
+    let mut x = App::new(Mode::BCopy, 4 << 20, 1, 2, 5000);
+    let mut y = App::new(Mode::BCopy, 4 << 20, 2, 1, 5000);
+    let ok = p.run_until(600 * SEC, |p| {
+        let now = p.now();
+        x.pump(&mut p.a, now, a);
+        y.pump(&mut p.b, now, b);
+        x.eof && y.eof
+    });
+    assert!(ok, "A: {}\nB: {}", p.a.conn(a).unwrap().debug_state(), p.b.conn(b).unwrap().debug_state());
+    assert!(p.a.conn(a).unwrap().stats.stalls_no_credit > 0, "credits really were the limit");
+    // The simulator's rnr_retry is 0: a SEND without a posted receive would have failed.
+    assert_eq!(p.fabric.stats(A_IP).rnr_naks, 0);
+    assert_eq!(p.fabric.stats(B_IP).rnr_naks, 0);
+}
+
+#[test]
+fn slow_start_grows_under_load_and_shrinks_when_idle() {
+    let cfg = Config::default();
+    // A round trip long enough that credit updates lag behind the sender.
+    let sim = SimConfig { latency_ns: 50_000, ..SimConfig::default() };
+    let mut p = Pair::with(52, sim, cfg.clone(), cfg.clone());
+    let (a, b) = p.connect();
+    assert_eq!(p.b.conn(b).unwrap().rx_posted_now(), cfg.initial_rx_bufs as usize);
+    let mut w = App::new(Mode::BCopy, 256 << 20, 1, 2, 1 << 20);
+    let mut r = App::new(Mode::BCopy, 0, 2, 1, 1);
+    let mut peak = 0;
+    p.run_until(60 * SEC, |p| {
+        let now = p.now();
+        w.pump(&mut p.a, now, a);
+        r.pump(&mut p.b, now, b);
+        peak = peak.max(p.b.conn(b).unwrap().rx_posted_now());
+        r.eof
+    });
+    assert!(r.eof);
+    assert!(peak > cfg.initial_rx_bufs as usize * 2, "posted receives grew to {peak}");
+    assert!(peak <= cfg.max_rx_bufs as usize);
+    // ChRcvBuf made the sender's messages larger.
+    assert!(p.a.conn(a).unwrap().send_size() > cfg.rcv_size, "send size {}", p.a.conn(a).unwrap().send_size());
+    assert!(p.a.conn(a).unwrap().stats.resizes > 0);
+}
+
+#[test]
+fn idle_connection_gives_memory_back() {
+    let cfg = Config::default();
+    let mut p = Pair::new(53, cfg.clone());
+    let (a, b) = p.connect();
+    let mut w = App::new(Mode::BCopy, 64 << 20, 1, 2, 1 << 20);
+    let mut r = App::new(Mode::BCopy, 1 << 20, 2, 1, 1 << 20);
+    w.keep_open = true;
+    r.keep_open = true;
+    let mut busy_a = 0;
+    p.run_until(60 * SEC, |p| {
+        let now = p.now();
+        w.pump(&mut p.a, now, a);
+        r.pump(&mut p.b, now, b);
+        busy_a = busy_a.max(p.fabric.stats(A_IP).registered_bytes);
+        r.received == 64 << 20 && w.received == 1 << 20
+    });
+    assert_eq!(r.received, 64 << 20);
+    p.run_for(10 * SEC);
+    let idle_a = p.fabric.stats(A_IP).registered_bytes;
+    // Send and bounce buffers went back; what stays is the receives still posted (a posted
+    // receive cannot be taken back from the QP: see TODO.md) and one control buffer.
+    let c = p.a.conn(a).unwrap();
+    let posted = (c.rx_posted_now() * c.rcv_size() as usize) as u64;
+    assert!(idle_a < busy_a, "idle {idle_a} vs busy {busy_a}");
+    assert!(idle_a <= posted + 4096, "idle {idle_a}, posted receives {posted}");
+    assert_eq!(c.tx_queued_bytes(), 0);
+    assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
+}
+
+#[test]
+fn srcavail_cancel_on_a_stalled_reader_then_rest_by_copy() {
+    let cfg = Config { srcavail_timeout: Duration::from_millis(100), ..Config::default() };
+    let mut p = Pair::new(54, cfg);
+    let (a, b) = p.connect();
+    let total = 8u64 << 20;
+    let mut w = App::new(Mode::ZcopySrc, total, 1, 2, 1 << 20);
+    let mut r = App::new(Mode::BCopy, 0, 2, 1, 1);
+    r.paused_reader = true;
+    p.run_until(2 * SEC, |p| {
+        let now = p.now();
+        w.pump(&mut p.a, now, a);
+        r.pump(&mut p.b, now, b);
+        false
+    });
+    assert!(p.a.conn(a).unwrap().stats.srcavail_cancelled > 0, "{}", p.a.conn(a).unwrap().debug_state());
+    r.paused_reader = false;
+    let ok = p.run_until(60 * SEC, |p| {
+        let now = p.now();
+        w.pump(&mut p.a, now, a);
+        r.pump(&mut p.b, now, b);
+        r.eof
+    });
+    assert!(ok);
+    assert_eq!(r.received, total);
+}
+
+#[test]
+fn zcopy_read_path_is_really_used() {
+    let mut p = Pair::new(55, Config::default());
+    let (a, b) = p.connect();
+    let mut w = App::new(Mode::ZcopySrc, 32 << 20, 1, 2, 1 << 20);
+    let mut r = App::new(Mode::BCopy, 0, 2, 1, 1);
+    assert!(p.run_until(60 * SEC, |p| {
+        let now = p.now();
+        w.pump(&mut p.a, now, a);
+        r.pump(&mut p.b, now, b);
+        r.eof
+    }));
+    let sb = p.fabric.stats(B_IP);
+    assert!(sb.rdma_read_bytes > 16 << 20, "receiver RDMA-read {}", sb.rdma_read_bytes);
+    assert!(p.a.conn(a).unwrap().stats.srcavail_sent > 0);
+}
+
+#[test]
+fn zcopy_write_path_places_bytes_in_the_readers_sink() {
+    use sdp_core::proto::iocb::ZSink;
+    use sdp_core::proto::read::ZRecv;
+    use sdp_core::proto::Event;
+    use sdp_core::verbs::{Access, MemoryRegion, Provider};
+    let mut p = Pair::new(56, Config::default());
+    let (a, b) = p.connect();
+    let prov = p.b.provider().clone();
+    let mut placed = 0usize;
+    for round in 0..8u8 {
+        // The reader waits first with a large registered sink: SinkAvail goes out.
+        let mr = prov.reg_mr(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+        let sink = ZSink { addr: mr.addr(), len: 1 << 20, lkey: mr.lkey(), rkey: mr.rkey() };
+        let now = p.now();
+        assert_eq!(p.b.read_zcopy(now, b, sink, round as u64), Ok(ZRecv::Pending));
+        p.run_for(SEC / 1000);
+        // Then the writer sends: its bytes go by RDMA Write into the sink.
+        let msg = vec![round; 300_000];
+        let now = p.now();
+        assert_eq!(p.a.write(now, a, &msg), Ok(msg.len()));
+        let mut got = None;
+        assert!(p.run_until(SEC, |p| {
+            got = got.or_else(|| {
+                p.b.take_events(b).into_iter().find_map(|e| match e {
+                    Event::ZcopyReceived { token, bytes } if token == round as u64 => Some(bytes),
+                    _ => None,
+                })
+            });
+            got.is_some()
+        }));
+        let n = got.unwrap();
+        assert!(n > 0, "bytes placed in the sink");
+        let mut bytes = vec![0u8; n];
+        mr.read(0, &mut bytes);
+        assert!(bytes.iter().all(|&x| x == round));
+        placed += n;
+        // The rest (if any) arrives the ordinary way.
+        let mut rest = 0;
+        p.run_until(SEC, |p| {
+            let now = p.now();
+            let mut buf = vec![0u8; 1 << 20];
+            while let Ok(k) = p.b.read(now, b, &mut buf) {
+                assert!(buf[..k].iter().all(|&x| x == round));
+                rest += k;
+            }
+            n + rest == msg.len()
+        });
+        assert_eq!(n + rest, msg.len());
+    }
+    assert!(p.fabric.stats(A_IP).rdma_write_bytes as usize >= placed);
+    assert!(placed >= 8 * 200_000, "placed {placed}");
+}
