@@ -45,12 +45,16 @@ fn sim_stream(size: usize, total: u64, zcopy: bool) -> Row {
     let mut b: Driver<SimProvider> = Driver::new(fabric.provider(b_ip), cfg);
     let l = b.listen(SocketAddr::new(b_ip, 9000), 16).expect("listen");
     let now = |f: &SimFabric| Instant(f.now());
-    let ca = a.connect(now(&fabric), SocketAddr::new(b_ip, 9000), None).expect("connect");
+    let ca = a
+        .connect(now(&fabric), SocketAddr::new(b_ip, 9000), None)
+        .expect("connect");
     let mut cb = None;
     let payload = vec![0x5au8; size];
     let src_mr = zcopy.then(|| {
         let p = a.provider().clone();
-        let mut mr = p.reg_mr(size, Access::LOCAL_WRITE | Access::REMOTE_READ).expect("reg");
+        let mut mr = p
+            .reg_mr(size, Access::LOCAL_WRITE | Access::REMOTE_READ)
+            .expect("reg");
         mr.write(0, &payload);
         mr
     });
@@ -81,7 +85,12 @@ fn sim_stream(size: usize, total: u64, zcopy: bool) -> Row {
                 if inflight {
                     break;
                 }
-                let src = ZSrc { addr: mr.addr(), len: size as u32, lkey: mr.lkey(), rkey: mr.rkey() };
+                let src = ZSrc {
+                    addr: mr.addr(),
+                    len: size as u32,
+                    lkey: mr.lkey(),
+                    rkey: mr.rkey(),
+                };
                 match a.write_zcopy(t, ca, src, sent) {
                     Ok(()) => inflight = true,
                     Err(CallError::WouldBlock) => {}
@@ -116,7 +125,14 @@ fn sim_stream(size: usize, total: u64, zcopy: bool) -> Row {
 }
 
 fn step(f: &SimFabric, a: &Driver<SimProvider>, b: &Driver<SimProvider>) {
-    let next = [f.next_event_at().map(Instant), a.next_deadline(), b.next_deadline()].into_iter().flatten().min();
+    let next = [
+        f.next_event_at().map(Instant),
+        a.next_deadline(),
+        b.next_deadline(),
+    ]
+    .into_iter()
+    .flatten()
+    .min();
     if let Some(t) = next {
         f.advance(t.0.max(f.now()));
     }
@@ -135,12 +151,27 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(256);
     println!("sdp-bench: no SDP provider for real traffic is available yet (shm: intra-host, rdma: RDMA CM;");
-    println!("both are open issues). Measuring the SDP engine over the in-memory simulator instead:");
+    println!(
+        "both are open issues). Measuring the SDP engine over the in-memory simulator instead:"
+    );
     println!("{mib} MiB streamed between two connections in one process; CPU covers both engines and the");
     println!("simulator's copies, so it is an upper bound on the engine's own cost.\n");
-    println!("{:<6} {:>9} {:>10} {:>12} {:>12} {:>14}", "mode", "msg size", "MiB", "wall GiB/s", "CPU s/GiB", "virtual GiB/s");
-    for (size, zc) in [(64usize, false), (65536, false), (1 << 20, false), (256 << 10, true), (1 << 20, true)] {
-        let total = if size < 4096 { (mib << 20) / 16 } else { mib << 20 };
+    println!(
+        "{:<6} {:>9} {:>10} {:>12} {:>12} {:>14}",
+        "mode", "msg size", "MiB", "wall GiB/s", "CPU s/GiB", "virtual GiB/s"
+    );
+    for (size, zc) in [
+        (64usize, false),
+        (65536, false),
+        (1 << 20, false),
+        (256 << 10, true),
+        (1 << 20, true),
+    ] {
+        let total = if size < 4096 {
+            (mib << 20) / 16
+        } else {
+            mib << 20
+        };
         let r = sim_stream(size, total, zc);
         let gib = r.bytes as f64 / (1u64 << 30) as f64;
         println!(

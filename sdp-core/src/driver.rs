@@ -32,7 +32,11 @@ pub struct MrStore<P: Provider> {
 
 impl<P: Provider> MrStore<P> {
     pub fn new(provider: Arc<P>) -> MrStore<P> {
-        MrStore { provider, mrs: slab::Slab::new(), bytes: 0 }
+        MrStore {
+            provider,
+            mrs: slab::Slab::new(),
+            bytes: 0,
+        }
     }
     /// Bytes registered through this store now.
     pub fn registered_bytes(&self) -> usize {
@@ -42,11 +46,22 @@ impl<P: Provider> MrStore<P> {
 
 impl<P: Provider> BufStore for MrStore<P> {
     fn alloc(&mut self, size: u32) -> Option<Buf> {
-        let mr = self.provider.reg_mr(size as usize, Access::LOCAL_WRITE).ok()?;
-        let buf = Buf { id: 0, addr: mr.addr(), lkey: mr.lkey(), size };
+        let mr = self
+            .provider
+            .reg_mr(size as usize, Access::LOCAL_WRITE)
+            .ok()?;
+        let buf = Buf {
+            id: 0,
+            addr: mr.addr(),
+            lkey: mr.lkey(),
+            size,
+        };
         let id = self.mrs.insert(mr);
         self.bytes += size as usize;
-        Some(Buf { id: id as u32, ..buf })
+        Some(Buf {
+            id: id as u32,
+            ..buf
+        })
     }
     fn free(&mut self, buf: Buf) {
         if self.mrs.try_remove(buf.id as usize).is_some() {
@@ -137,12 +152,22 @@ impl<P: Provider> Driver<P> {
     }
 
     /// Start connecting to `dst`.
-    pub fn connect(&mut self, now: Instant, dst: SocketAddr, src: Option<SocketAddr>) -> Result<ConnId, DriverError> {
+    pub fn connect(
+        &mut self,
+        now: Instant,
+        dst: SocketAddr,
+        src: Option<SocketAddr>,
+    ) -> Result<ConnId, DriverError> {
         let store = MrStore::new(self.provider.clone());
         let port = src.map_or(0, |s| s.port());
         let (conn, hello) = Conn::connect(self.cfg.clone(), store, now, port, dst.is_ipv6())?;
         let ep = self.provider.connect(dst, src, self.caps, &hello)?;
-        let id = self.conns.insert(Entry { conn, ep: Some(ep), events: Vec::new(), released: false });
+        let id = self.conns.insert(Entry {
+            conn,
+            ep: Some(ep),
+            events: Vec::new(),
+            released: false,
+        });
         self.pump(now, id);
         Ok(id)
     }
@@ -183,15 +208,21 @@ impl<P: Provider> Driver<P> {
     /// One round of progress on every listener and connection.
     pub fn poll(&mut self, now: Instant) {
         for lid in self.listeners.ids() {
-            loop {
-                let Some(le) = self.listeners.get_mut(lid) else { break };
-                let Some((mut ep, pd)) = le.listener.poll_request() else { break };
+            while let Some(le) = self.listeners.get_mut(lid) {
+                let Some((mut ep, pd)) = le.listener.poll_request() else {
+                    break;
+                };
                 let store = MrStore::new(self.provider.clone());
                 match Conn::accept(self.cfg.clone(), store, now, &pd) {
                     Ok((conn, ack)) => {
                         // Receives go on the QP before the accept, so the peer's first
                         // message always finds one.
-                        let mut entry = Entry { conn, ep: None, events: Vec::new(), released: false };
+                        let mut entry = Entry {
+                            conn,
+                            ep: None,
+                            events: Vec::new(),
+                            released: false,
+                        };
                         let posted = post_all(&mut entry.conn, &mut ep);
                         if posted.is_err() || ep.accept(&ack).is_err() {
                             le.refused.push(ConnError::NoMemory);
@@ -218,7 +249,9 @@ impl<P: Provider> Driver<P> {
     }
 
     fn progress(&mut self, now: Instant, id: ConnId) {
-        let Some(e) = self.conns.get_mut(id) else { return };
+        let Some(e) = self.conns.get_mut(id) else {
+            return;
+        };
         if let Some(ep) = e.ep.as_mut() {
             // Completions first: they happened before any disconnect the CM reports now, and
             // an error completion says more about why than the disconnect does.
@@ -245,7 +278,9 @@ impl<P: Provider> Driver<P> {
 
     /// Post the engine's work requests, perform its CM actions, collect its events.
     fn pump(&mut self, now: Instant, id: ConnId) {
-        let Some(e) = self.conns.get_mut(id) else { return };
+        let Some(e) = self.conns.get_mut(id) else {
+            return;
+        };
         if let Some(ep) = e.ep.as_mut() {
             if let Err(err) = post_all(&mut e.conn, ep) {
                 // The engine never posts beyond the caps it sized; a refusal means the
@@ -308,10 +343,22 @@ impl<P: Provider> Driver<P> {
     pub fn read(&mut self, now: Instant, id: ConnId, buf: &mut [u8]) -> Result<usize, CallError> {
         self.call(now, id, |c| c.read(now, buf))
     }
-    pub fn write_zcopy(&mut self, now: Instant, id: ConnId, src: ZSrc, token: u64) -> Result<(), CallError> {
+    pub fn write_zcopy(
+        &mut self,
+        now: Instant,
+        id: ConnId,
+        src: ZSrc,
+        token: u64,
+    ) -> Result<(), CallError> {
         self.call(now, id, |c| c.write_zcopy(now, src, token))
     }
-    pub fn read_zcopy(&mut self, now: Instant, id: ConnId, sink: ZSink, token: u64) -> Result<ZRecv, CallError> {
+    pub fn read_zcopy(
+        &mut self,
+        now: Instant,
+        id: ConnId,
+        sink: ZSink,
+        token: u64,
+    ) -> Result<ZRecv, CallError> {
         self.call(now, id, |c| c.read_zcopy(now, sink, token))
     }
     pub fn shutdown(&mut self, now: Instant, id: ConnId, how: Shutdown) -> Result<(), CallError> {
@@ -351,7 +398,10 @@ impl<P: Provider> Driver<P> {
 
     /// Events of a connection since the last call.
     pub fn take_events(&mut self, id: ConnId) -> Vec<Event> {
-        self.conns.get_mut(id).map(|e| std::mem::take(&mut e.events)).unwrap_or_default()
+        self.conns
+            .get_mut(id)
+            .map(|e| std::mem::take(&mut e.events))
+            .unwrap_or_default()
     }
 
     /// Connections in the table (including ones finishing in the background).

@@ -17,14 +17,22 @@ fn hello_world() {
         let now = p.now();
         let mut buf = [0u8; 777];
         while let Ok(k) = p.b.read(now, b, &mut buf) {
-            if k == 0 { break; }
+            if k == 0 {
+                break;
+            }
             got.extend_from_slice(&buf[..k]);
         }
         got.len() >= all.len()
     });
     assert_eq!(got.len(), all.len());
     let pos = got.iter().zip(&all).position(|(x, y)| x != y);
-    assert_eq!(pos, None, "got {:?} want {:?}", &got[pos.unwrap_or(0)..pos.unwrap_or(0)+16], &all[pos.unwrap_or(0)..pos.unwrap_or(0)+16]);
+    assert_eq!(
+        pos,
+        None,
+        "got {:?} want {:?}",
+        &got[pos.unwrap_or(0)..pos.unwrap_or(0) + 16],
+        &all[pos.unwrap_or(0)..pos.unwrap_or(0) + 16]
+    );
 }
 
 #[test]
@@ -41,18 +49,29 @@ fn many_small_writes() {
         let now = p.now();
         while off < all.len() {
             let end = (off + 1000).min(all.len());
-            match p.a.write(now, a, &all[off..end]) { Ok(n) => off += n, Err(_) => break }
+            match p.a.write(now, a, &all[off..end]) {
+                Ok(n) => off += n,
+                Err(_) => break,
+            }
         }
         let mut buf = [0u8; 777];
         while let Ok(k) = p.b.read(now, b, &mut buf) {
-            if k == 0 { break; }
+            if k == 0 {
+                break;
+            }
             got.extend_from_slice(&buf[..k]);
         }
         got.len() >= all.len()
     });
     assert_eq!(got.len(), all.len());
     let pos = got.iter().zip(&all).position(|(x, y)| x != y);
-    assert_eq!(pos, None, "got {:?} want {:?}", &got[pos.unwrap_or(0)..pos.unwrap_or(0)+16], &all[pos.unwrap_or(0)..pos.unwrap_or(0)+16]);
+    assert_eq!(
+        pos,
+        None,
+        "got {:?} want {:?}",
+        &got[pos.unwrap_or(0)..pos.unwrap_or(0) + 16],
+        &all[pos.unwrap_or(0)..pos.unwrap_or(0) + 16]
+    );
 }
 
 #[test]
@@ -69,19 +88,29 @@ fn duplex_simple() {
         let now = p.now();
         while offa < all.len() {
             let end = (offa + 1000).min(all.len());
-            match p.a.write(now, a, &all[offa..end]) { Ok(n) => offa += n, Err(_) => break }
+            match p.a.write(now, a, &all[offa..end]) {
+                Ok(n) => offa += n,
+                Err(_) => break,
+            }
         }
         while offb < all.len() {
             let end = (offb + 3000).min(all.len());
-            match p.b.write(now, b, &all[offb..end]) { Ok(n) => offb += n, Err(_) => break }
+            match p.b.write(now, b, &all[offb..end]) {
+                Ok(n) => offb += n,
+                Err(_) => break,
+            }
         }
         let mut buf = [0u8; 777];
         while let Ok(k) = p.b.read(now, b, &mut buf) {
-            if k == 0 { break; }
+            if k == 0 {
+                break;
+            }
             gotb.extend_from_slice(&buf[..k]);
         }
         while let Ok(k) = p.a.read(now, a, &mut buf) {
-            if k == 0 { break; }
+            if k == 0 {
+                break;
+            }
             gota.extend_from_slice(&buf[..k]);
         }
         gota.len() >= all.len() && gotb.len() >= all.len()
@@ -89,6 +118,12 @@ fn duplex_simple() {
     for got in [&gota, &gotb] {
         assert_eq!(got.len(), all.len());
         let pos = got.iter().zip(&all).position(|(x, y)| x != y);
-        assert_eq!(pos, None, "got {:?} want {:?}", &got[pos.unwrap_or(0)..pos.unwrap_or(0)+16], &all[pos.unwrap_or(0)..pos.unwrap_or(0)+16]);
+        assert_eq!(
+            pos,
+            None,
+            "got {:?} want {:?}",
+            &got[pos.unwrap_or(0)..pos.unwrap_or(0) + 16],
+            &all[pos.unwrap_or(0)..pos.unwrap_or(0) + 16]
+        );
     }
 }

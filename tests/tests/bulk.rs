@@ -7,7 +7,10 @@ use sdp_tests::pair::{Pair, A_IP, B_IP};
 use sdp_tests::stream::{App, Mode};
 
 fn bytes() -> u64 {
-    std::env::var("SDP_BULK_BYTES").ok().and_then(|s| s.parse().ok()).unwrap_or(1 << 30)
+    std::env::var("SDP_BULK_BYTES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1 << 30)
 }
 
 fn run(seed: u64, mode: Mode) -> Pair {
@@ -20,28 +23,51 @@ fn run(seed: u64, mode: Mode) -> Pair {
         let now = p.now();
         x.pump(&mut p.a, now, a);
         y.pump(&mut p.b, now, b);
-        assert!(x.errors.is_empty() && y.errors.is_empty(), "{:?} {:?}", x.errors, y.errors);
+        assert!(
+            x.errors.is_empty() && y.errors.is_empty(),
+            "{:?} {:?}",
+            x.errors,
+            y.errors
+        );
         x.eof && y.eof
     });
-    assert!(ok, "A: {}\nB: {}", p.a.conn(a).unwrap().debug_state(), p.b.conn(b).unwrap().debug_state());
+    assert!(
+        ok,
+        "A: {}\nB: {}",
+        p.a.conn(a).unwrap().debug_state(),
+        p.b.conn(b).unwrap().debug_state()
+    );
     assert_eq!((x.received, y.received), (total, total));
-    p.run_until(10_000_000_000, |p| p.a.conn(a).unwrap().state() == State::Closed && p.b.conn(b).unwrap().state() == State::Closed);
+    p.run_until(10_000_000_000, |p| {
+        p.a.conn(a).unwrap().state() == State::Closed
+            && p.b.conn(b).unwrap().state() == State::Closed
+    });
     assert_eq!(p.a.conn(a).unwrap().error(), None);
     assert_eq!(p.b.conn(b).unwrap().error(), None);
-    assert_eq!(p.fabric.stats(A_IP).rnr_naks + p.fabric.stats(B_IP).rnr_naks, 0);
+    assert_eq!(
+        p.fabric.stats(A_IP).rnr_naks + p.fabric.stats(B_IP).rnr_naks,
+        0
+    );
     p
 }
 
 #[test]
 fn one_gib_each_way_bcopy() {
     let p = run(1, Mode::BCopy);
-    assert_eq!(p.fabric.stats(A_IP).rdma_read_bytes + p.fabric.stats(A_IP).rdma_write_bytes, 0);
+    assert_eq!(
+        p.fabric.stats(A_IP).rdma_read_bytes + p.fabric.stats(A_IP).rdma_write_bytes,
+        0
+    );
 }
 
 #[test]
 fn one_gib_each_way_zcopy_read() {
     let p = run(2, Mode::ZcopySrc);
-    assert!(p.fabric.stats(A_IP).rdma_read_bytes > bytes() / 2, "A read {}", p.fabric.stats(A_IP).rdma_read_bytes);
+    assert!(
+        p.fabric.stats(A_IP).rdma_read_bytes > bytes() / 2,
+        "A read {}",
+        p.fabric.stats(A_IP).rdma_read_bytes
+    );
     assert!(p.fabric.stats(B_IP).rdma_read_bytes > bytes() / 2);
 }
 
@@ -51,5 +77,8 @@ fn one_gib_each_way_zcopy_read_and_write() {
     let s = p.fabric.stats(A_IP);
     let t = p.fabric.stats(B_IP);
     assert!(s.rdma_read_bytes + t.rdma_read_bytes > 0);
-    assert!(s.rdma_write_bytes + t.rdma_write_bytes > 0, "write path used");
+    assert!(
+        s.rdma_write_bytes + t.rdma_write_bytes > 0,
+        "write path used"
+    );
 }

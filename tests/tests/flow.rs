@@ -33,9 +33,15 @@ fn stalled_reader_bounds_sender_memory_then_recovers() {
     assert!(p.a.conn(a).unwrap().tx_queued_bytes() <= cfg.sndbuf);
     let reg_a = p.fabric.stats(A_IP).registered_bytes as usize;
     let reg_b = p.fabric.stats(B_IP).registered_bytes as usize;
-    assert!(reg_a <= cfg.sndbuf + 2 * cfg.max_rcv_size as usize + (1 << 20), "sender registered {reg_a}");
+    assert!(
+        reg_a <= cfg.sndbuf + 2 * cfg.max_rcv_size as usize + (1 << 20),
+        "sender registered {reg_a}"
+    );
     let rx_budget = cfg.max_rx_bufs as usize * cfg.max_rcv_size as usize;
-    assert!(reg_b <= rx_budget + (1 << 20), "receiver registered {reg_b}");
+    assert!(
+        reg_b <= rx_budget + (1 << 20),
+        "receiver registered {reg_b}"
+    );
     let stalled_at = wa.sent;
     assert!(stalled_at > 0);
     // Nothing moves while the reader sleeps, and nothing breaks either.
@@ -56,7 +62,14 @@ fn stalled_reader_bounds_sender_memory_then_recovers() {
 #[test]
 fn both_sides_at_full_speed_never_deadlock_on_credits() {
     // Small buffers and few of them make credits the bottleneck in both directions.
-    let cfg = Config { rcv_size: 1024, max_rcv_size: 1024, initial_rx_bufs: 2, min_rx_bufs: 2, max_rx_bufs: 3, ..Config::default() };
+    let cfg = Config {
+        rcv_size: 1024,
+        max_rcv_size: 1024,
+        initial_rx_bufs: 2,
+        min_rx_bufs: 2,
+        max_rx_bufs: 3,
+        ..Config::default()
+    };
     let mut p = Pair::new(51, cfg);
     let (a, b) = p.connect();
     let mut x = App::new(Mode::BCopy, 4 << 20, 1, 2, 5000);
@@ -67,8 +80,16 @@ fn both_sides_at_full_speed_never_deadlock_on_credits() {
         y.pump(&mut p.b, now, b);
         x.eof && y.eof
     });
-    assert!(ok, "A: {}\nB: {}", p.a.conn(a).unwrap().debug_state(), p.b.conn(b).unwrap().debug_state());
-    assert!(p.a.conn(a).unwrap().stats.stalls_no_credit > 0, "credits really were the limit");
+    assert!(
+        ok,
+        "A: {}\nB: {}",
+        p.a.conn(a).unwrap().debug_state(),
+        p.b.conn(b).unwrap().debug_state()
+    );
+    assert!(
+        p.a.conn(a).unwrap().stats.stalls_no_credit > 0,
+        "credits really were the limit"
+    );
     // The simulator's rnr_retry is 0: a SEND without a posted receive would have failed.
     assert_eq!(p.fabric.stats(A_IP).rnr_naks, 0);
     assert_eq!(p.fabric.stats(B_IP).rnr_naks, 0);
@@ -78,10 +99,16 @@ fn both_sides_at_full_speed_never_deadlock_on_credits() {
 fn slow_start_grows_under_load_and_shrinks_when_idle() {
     let cfg = Config::default();
     // A round trip long enough that credit updates lag behind the sender.
-    let sim = SimConfig { latency_ns: 50_000, ..SimConfig::default() };
+    let sim = SimConfig {
+        latency_ns: 50_000,
+        ..SimConfig::default()
+    };
     let mut p = Pair::with(52, sim, cfg.clone(), cfg.clone());
     let (a, b) = p.connect();
-    assert_eq!(p.b.conn(b).unwrap().rx_posted_now(), cfg.initial_rx_bufs as usize);
+    assert_eq!(
+        p.b.conn(b).unwrap().rx_posted_now(),
+        cfg.initial_rx_bufs as usize
+    );
     let mut w = App::new(Mode::BCopy, 256 << 20, 1, 2, 1 << 20);
     let mut r = App::new(Mode::BCopy, 0, 2, 1, 1);
     let mut peak = 0;
@@ -93,10 +120,17 @@ fn slow_start_grows_under_load_and_shrinks_when_idle() {
         r.eof
     });
     assert!(r.eof);
-    assert!(peak > cfg.initial_rx_bufs as usize * 2, "posted receives grew to {peak}");
+    assert!(
+        peak > cfg.initial_rx_bufs as usize * 2,
+        "posted receives grew to {peak}"
+    );
     assert!(peak <= cfg.max_rx_bufs as usize);
     // ChRcvBuf made the sender's messages larger.
-    assert!(p.a.conn(a).unwrap().send_size() > cfg.rcv_size, "send size {}", p.a.conn(a).unwrap().send_size());
+    assert!(
+        p.a.conn(a).unwrap().send_size() > cfg.rcv_size,
+        "send size {}",
+        p.a.conn(a).unwrap().send_size()
+    );
     assert!(p.a.conn(a).unwrap().stats.resizes > 0);
 }
 
@@ -125,14 +159,20 @@ fn idle_connection_gives_memory_back() {
     let c = p.a.conn(a).unwrap();
     let posted = (c.rx_posted_now() * c.rcv_size() as usize) as u64;
     assert!(idle_a < busy_a, "idle {idle_a} vs busy {busy_a}");
-    assert!(idle_a <= posted + 4096, "idle {idle_a}, posted receives {posted}");
+    assert!(
+        idle_a <= posted + 4096,
+        "idle {idle_a}, posted receives {posted}"
+    );
     assert_eq!(c.tx_queued_bytes(), 0);
     assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
 }
 
 #[test]
 fn srcavail_cancel_on_a_stalled_reader_then_rest_by_copy() {
-    let cfg = Config { srcavail_timeout: Duration::from_millis(100), ..Config::default() };
+    let cfg = Config {
+        srcavail_timeout: Duration::from_millis(100),
+        ..Config::default()
+    };
     let mut p = Pair::new(54, cfg);
     let (a, b) = p.connect();
     let total = 8u64 << 20;
@@ -145,7 +185,11 @@ fn srcavail_cancel_on_a_stalled_reader_then_rest_by_copy() {
         r.pump(&mut p.b, now, b);
         false
     });
-    assert!(p.a.conn(a).unwrap().stats.srcavail_cancelled > 0, "{}", p.a.conn(a).unwrap().debug_state());
+    assert!(
+        p.a.conn(a).unwrap().stats.srcavail_cancelled > 0,
+        "{}",
+        p.a.conn(a).unwrap().debug_state()
+    );
     r.paused_reader = false;
     let ok = p.run_until(60 * SEC, |p| {
         let now = p.now();
@@ -170,7 +214,11 @@ fn zcopy_read_path_is_really_used() {
         r.eof
     }));
     let sb = p.fabric.stats(B_IP);
-    assert!(sb.rdma_read_bytes > 16 << 20, "receiver RDMA-read {}", sb.rdma_read_bytes);
+    assert!(
+        sb.rdma_read_bytes > 16 << 20,
+        "receiver RDMA-read {}",
+        sb.rdma_read_bytes
+    );
     assert!(p.a.conn(a).unwrap().stats.srcavail_sent > 0);
 }
 
@@ -186,10 +234,20 @@ fn zcopy_write_path_places_bytes_in_the_readers_sink() {
     let mut placed = 0usize;
     for round in 0..8u8 {
         // The reader waits first with a large registered sink: SinkAvail goes out.
-        let mr = prov.reg_mr(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
-        let sink = ZSink { addr: mr.addr(), len: 1 << 20, lkey: mr.lkey(), rkey: mr.rkey() };
+        let mr = prov
+            .reg_mr(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let sink = ZSink {
+            addr: mr.addr(),
+            len: 1 << 20,
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+        };
         let now = p.now();
-        assert_eq!(p.b.read_zcopy(now, b, sink, round as u64), Ok(ZRecv::Pending));
+        assert_eq!(
+            p.b.read_zcopy(now, b, sink, round as u64),
+            Ok(ZRecv::Pending)
+        );
         p.run_for(SEC / 1000);
         // Then the writer sends: its bytes go by RDMA Write into the sink.
         let msg = vec![round; 300_000];

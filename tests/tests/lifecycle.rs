@@ -10,7 +10,11 @@ use sdp_tests::pair::{closed, Pair, A_IP, B_IP, PORT};
 
 const SEC: u64 = 1_000_000_000;
 
-fn read_all(p: &mut Pair, b: bool, id: sdp_core::proto::table::ConnId) -> Result<(Vec<u8>, bool), CallError> {
+fn read_all(
+    p: &mut Pair,
+    b: bool,
+    id: sdp_core::proto::table::ConnId,
+) -> Result<(Vec<u8>, bool), CallError> {
     let now = p.now();
     let d = if b { &mut p.b } else { &mut p.a };
     let mut out = Vec::new();
@@ -29,8 +33,12 @@ fn read_all(p: &mut Pair, b: bool, id: sdp_core::proto::table::ConnId) -> Result
 fn refused_when_nobody_listens() {
     let mut p = Pair::new(10, Config::default());
     let now = p.now();
-    let id = p.a.connect(now, SocketAddr::new(B_IP, PORT + 1), None).unwrap();
-    let ok = p.run_until(SEC, |p| p.a.conn(id).is_some_and(|c| c.state() == State::Closed));
+    let id =
+        p.a.connect(now, SocketAddr::new(B_IP, PORT + 1), None)
+            .unwrap();
+    let ok = p.run_until(SEC, |p| {
+        p.a.conn(id).is_some_and(|c| c.state() == State::Closed)
+    });
     assert!(ok);
     let err = p.a.conn(id).unwrap().error().cloned().unwrap();
     assert_eq!(err, ConnError::Refused);
@@ -47,10 +55,17 @@ fn libc_econnrefused() -> i32 {
 fn unreachable_host_times_out_cleanly() {
     let mut p = Pair::new(11, Config::default());
     let now = p.now();
-    let id = p.a.connect(now, "10.9.9.9:80".parse().unwrap(), None).unwrap();
-    let ok = p.run_until(30 * SEC, |p| p.a.conn(id).is_some_and(|c| c.state() == State::Closed));
+    let id =
+        p.a.connect(now, "10.9.9.9:80".parse().unwrap(), None)
+            .unwrap();
+    let ok = p.run_until(30 * SEC, |p| {
+        p.a.conn(id).is_some_and(|c| c.state() == State::Closed)
+    });
     assert!(ok);
-    assert!(matches!(p.a.conn(id).unwrap().error(), Some(ConnError::Unreachable | ConnError::TimedOut)));
+    assert!(matches!(
+        p.a.conn(id).unwrap().error(),
+        Some(ConnError::Unreachable | ConnError::TimedOut)
+    ));
 }
 
 #[test]
@@ -120,7 +135,9 @@ fn simultaneous_close() {
             gb.extend(c);
             eb = e;
         }
-        ea && eb && p.a.conn(a).unwrap().state() == State::Closed && p.b.conn(b).unwrap().state() == State::Closed
+        ea && eb
+            && p.a.conn(a).unwrap().state() == State::Closed
+            && p.b.conn(b).unwrap().state() == State::Closed
     });
     assert!(ok);
     assert_eq!(ga, b"from b");
@@ -154,9 +171,17 @@ fn close_with_data_in_flight_still_delivers_it() {
     let now = p.now();
     p.b.close(now, b);
     p.run_for(SEC);
-    assert_eq!(p.a.conn_count(), 0, "A's closed connection is gone from the table");
+    assert_eq!(
+        p.a.conn_count(),
+        0,
+        "A's closed connection is gone from the table"
+    );
     assert_eq!(p.b.conn_count(), 0);
-    assert_eq!(p.fabric.stats(A_IP).registered_bytes, 0, "A freed every registration");
+    assert_eq!(
+        p.fabric.stats(A_IP).registered_bytes,
+        0,
+        "A freed every registration"
+    );
     assert_eq!(p.fabric.stats(B_IP).registered_bytes, 0);
     assert_eq!(p.fabric.stats(A_IP).qps, 0);
 }
@@ -173,7 +198,10 @@ fn close_with_unread_data_resets_like_tcp() {
     p.run_for(SEC);
     let now = p.now();
     let mut buf = [0u8; 8];
-    assert_eq!(p.a.read(now, a, &mut buf), Err(CallError::Conn(ConnError::Reset)));
+    assert_eq!(
+        p.a.read(now, a, &mut buf),
+        Err(CallError::Conn(ConnError::Reset))
+    );
     assert_eq!(CallError::Conn(ConnError::Reset).errno(), 104);
 }
 
@@ -193,11 +221,19 @@ fn abort_mid_transfer() {
     let now = p.now();
     p.a.abort(now, a);
     let ok = p.run_until(5 * SEC, |p| p.b.conn(b).unwrap().state() == State::Closed);
-    assert!(ok, "A: {}\nB: {}", p.a.conn(a).unwrap().debug_state(), p.b.conn(b).unwrap().debug_state());
+    assert!(
+        ok,
+        "A: {}\nB: {}",
+        p.a.conn(a).unwrap().debug_state(),
+        p.b.conn(b).unwrap().debug_state()
+    );
     assert_eq!(p.b.conn(b).unwrap().error(), Some(&ConnError::Reset));
     assert_eq!(p.a.conn(a).unwrap().error(), Some(&ConnError::Aborted));
     let now = p.now();
-    assert_eq!(p.b.write(now, b, b"x"), Err(CallError::Conn(ConnError::Reset)));
+    assert_eq!(
+        p.b.write(now, b, b"x"),
+        Err(CallError::Conn(ConnError::Reset))
+    );
 }
 
 #[test]
@@ -216,14 +252,21 @@ fn peer_crash_mid_transfer_is_noticed() {
         let _ = p.a.write(now, a, &chunk);
         p.a.conn(a).unwrap().state() == State::Closed
     });
-    assert!(ok, "crash not noticed: {}", p.a.conn(a).unwrap().debug_state());
+    assert!(
+        ok,
+        "crash not noticed: {}",
+        p.a.conn(a).unwrap().debug_state()
+    );
     let e = p.a.conn(a).unwrap().error().cloned().unwrap();
     assert!(matches!(e, ConnError::TimedOut | ConnError::Reset), "{e:?}");
 }
 
 #[test]
 fn keepalive_detects_a_dead_idle_peer() {
-    let cfg = Config { keepalive_idle: Some(Duration::from_secs(2)), ..Config::default() };
+    let cfg = Config {
+        keepalive_idle: Some(Duration::from_secs(2)),
+        ..Config::default()
+    };
     let mut p = Pair::new(18, cfg.clone());
     let (a, _b) = p.connect();
     // Alive and idle: probes succeed, nothing breaks.
@@ -233,7 +276,10 @@ fn keepalive_detects_a_dead_idle_peer() {
     p.fabric.faults().crash(B_IP);
     let ok = p.run_until(20 * SEC, |p| p.a.conn(a).unwrap().state() == State::Closed);
     assert!(ok, "dead peer not detected");
-    assert!(matches!(p.a.conn(a).unwrap().error(), Some(ConnError::TimedOut | ConnError::Reset)));
+    assert!(matches!(
+        p.a.conn(a).unwrap().error(),
+        Some(ConnError::TimedOut | ConnError::Reset)
+    ));
 }
 
 #[test]
@@ -269,13 +315,18 @@ fn urgent_byte_travels_apart_from_the_stream() {
     let (a, b) = p.connect();
     let now = p.now();
     p.a.write(now, a, b"before").unwrap();
-    p.a.with_conn(now, a, |c| c.send_urgent(now, b'!')).unwrap().unwrap();
+    p.a.with_conn(now, a, |c| c.send_urgent(now, b'!'))
+        .unwrap()
+        .unwrap();
     p.a.write(now, a, b"after").unwrap();
     p.run_for(SEC / 10);
     let evs = p.b.take_events(b);
     assert!(evs.contains(&sdp_core::proto::Event::Urgent));
     let now = p.now();
-    assert_eq!(p.b.with_conn(now, b, |c| c.read_urgent()).unwrap(), Some(b'!'));
+    assert_eq!(
+        p.b.with_conn(now, b, |c| c.read_urgent()).unwrap(),
+        Some(b'!')
+    );
     let (got, _) = read_all(&mut p, true, b).unwrap();
     assert_eq!(got, b"beforeafter");
 }
@@ -288,5 +339,8 @@ fn writes_before_established_would_block_and_reads_too() {
     assert_eq!(p.a.write(now, id, b"x"), Err(CallError::WouldBlock));
     let mut buf = [0u8; 4];
     assert_eq!(p.a.read(now, id, &mut buf), Err(CallError::WouldBlock));
-    assert_eq!(p.a.shutdown(now, id, Shutdown::Write), Err(CallError::NotConnected));
+    assert_eq!(
+        p.a.shutdown(now, id, Shutdown::Write),
+        Err(CallError::NotConnected)
+    );
 }

@@ -33,10 +33,15 @@ fn duplex(seed: u64, cfg: Config, mode: Mode, bytes: u64, max_msg: usize) -> (Pa
     assert_eq!(app_b.received, bytes);
     // Both DisConns crossed: the connections close in order.
     p.run_until(10_000_000_000, |p| {
-        p.a.conn(a).is_none_or(|c| c.state() == State::Closed) && p.b.conn(b).is_none_or(|c| c.state() == State::Closed)
+        p.a.conn(a).is_none_or(|c| c.state() == State::Closed)
+            && p.b.conn(b).is_none_or(|c| c.state() == State::Closed)
     });
     assert_eq!(p.a.conn(a).map(|c| c.state()), Some(State::Closed));
-    assert_eq!(p.a.conn(a).unwrap().error(), None, "orderly close has no error");
+    assert_eq!(
+        p.a.conn(a).unwrap().error(),
+        None,
+        "orderly close has no error"
+    );
     assert_eq!(p.b.conn(b).unwrap().error(), None);
     (p, app_a, app_b)
 }

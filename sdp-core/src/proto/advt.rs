@@ -47,7 +47,12 @@ pub struct Advts {
 
 impl Default for Advts {
     fn default() -> Self {
-        Advts { srcs: slab::Slab::new(), sink: None, last_stream_mseq: 0, bounce_pool: Pool::new(BOUNCE_SIZE) }
+        Advts {
+            srcs: slab::Slab::new(),
+            sink: None,
+            last_stream_mseq: 0,
+            bounce_pool: Pool::new(BOUNCE_SIZE),
+        }
     }
 }
 
@@ -60,11 +65,15 @@ impl Advts {
     }
     /// Every byte of the advertisement was read (or it was cut short) and nothing is in flight.
     pub(crate) fn src_exhausted(&self, id: usize) -> bool {
-        self.srcs.get(id).is_none_or(|a| a.reads_inflight == 0 && (a.done == a.len || a.cancelled))
+        self.srcs
+            .get(id)
+            .is_none_or(|a| a.reads_inflight == 0 && (a.done == a.len || a.cancelled))
     }
     /// We will not read this advertisement: true if SendSm should go out now.
     pub(crate) fn refuse_src(&mut self, id: usize) -> bool {
-        let Some(a) = self.srcs.get_mut(id) else { return false };
+        let Some(a) = self.srcs.get_mut(id) else {
+            return false;
+        };
         if a.cancelled {
             return false;
         }

@@ -24,12 +24,20 @@ impl Buf {
     /// The SGE covering `len` bytes from the start of the buffer.
     pub fn sge(&self, len: u32) -> Sge {
         debug_assert!(len <= self.size);
-        Sge { addr: self.addr, len, lkey: self.lkey }
+        Sge {
+            addr: self.addr,
+            len,
+            lkey: self.lkey,
+        }
     }
     /// The SGE covering `len` bytes at `off`.
     pub fn sge_at(&self, off: u32, len: u32) -> Sge {
         debug_assert!(off + len <= self.size);
-        Sge { addr: self.addr + off as u64, len, lkey: self.lkey }
+        Sge {
+            addr: self.addr + off as u64,
+            len,
+            lkey: self.lkey,
+        }
     }
 }
 
@@ -63,7 +71,12 @@ impl BufStore for VecStore {
         }
         let id = self.bufs.insert(vec![0; size as usize]);
         self.allocated += size as usize;
-        Some(Buf { id: id as u32, addr: (id as u64 + 1) << 32, lkey: 1, size })
+        Some(Buf {
+            id: id as u32,
+            addr: (id as u64 + 1) << 32,
+            lkey: 1,
+            size,
+        })
     }
     fn free(&mut self, buf: Buf) {
         if self.bufs.try_remove(buf.id as usize).is_some() {
@@ -91,7 +104,11 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(size: u32) -> Pool {
-        Pool { size, free: Vec::new(), in_use: 0 }
+        Pool {
+            size,
+            free: Vec::new(),
+            in_use: 0,
+        }
     }
     /// Size of the buffers this pool hands out.
     pub fn size(&self) -> u32 {

@@ -450,7 +450,8 @@ impl<S: BufStore> Conn<S> {
         src_port: u16,
         ipv6: bool,
     ) -> Result<(Conn<S>, Vec<u8>), ConnError> {
-        cfg.validate().map_err(|_| ConnError::Protocol(ProtocolError::Setup("bad config")))?;
+        cfg.validate()
+            .map_err(|_| ConnError::Protocol(ProtocolError::Setup("bad config")))?;
         let mut c = Conn::new(cfg, store, Role::Active, now);
         c.state = State::Connecting;
         c.fill_rx()?;
@@ -485,7 +486,8 @@ impl<S: BufStore> Conn<S> {
         now: Instant,
         private_data: &[u8],
     ) -> Result<(Conn<S>, Vec<u8>), ConnError> {
-        cfg.validate().map_err(|_| ConnError::Protocol(ProtocolError::Setup("bad config")))?;
+        cfg.validate()
+            .map_err(|_| ConnError::Protocol(ProtocolError::Setup("bad config")))?;
         let h = Header::parse_private_data(private_data).map_err(ProtocolError::from)?;
         let hello = match h.ext {
             Ext::Hello(hello) => hello,
@@ -503,7 +505,9 @@ impl<S: BufStore> Conn<S> {
         c.peer_max_adverts = hello.max_adverts;
         c.tx_credits = h.bsdh.bufs as u32;
         // Honour the size the peer would like to send with, within our limits.
-        let want = hello.desired_rcv_size.clamp(c.cfg.rcv_size, c.cfg.max_rcv_size);
+        let want = hello
+            .desired_rcv_size
+            .clamp(c.cfg.rcv_size, c.cfg.max_rcv_size);
         c.rx_pool = Pool::new(want);
         c.tx_pool = Pool::new(c.send_size);
         c.fill_rx()?;
@@ -623,7 +627,9 @@ impl<S: BufStore> Conn<S> {
     pub fn is_writable(&self) -> bool {
         match self.state {
             State::Connecting | State::Accepting => false,
-            State::Established => self.shut_wr || self.error.is_some() || self.tx_bytes < self.cfg.sndbuf,
+            State::Established => {
+                self.shut_wr || self.error.is_some() || self.tx_bytes < self.cfg.sndbuf
+            }
             _ => true,
         }
     }
@@ -638,7 +644,13 @@ impl<S: BufStore> Conn<S> {
                 }
             }
             (State::Accepting, CmEvent::Established { .. }) => self.established(now),
-            (State::Connecting, CmEvent::Rejected { private_data, consumer }) => {
+            (
+                State::Connecting,
+                CmEvent::Rejected {
+                    private_data,
+                    consumer,
+                },
+            ) => {
                 let err = if consumer && !private_data.is_empty() {
                     ConnError::Rejected(String::from_utf8_lossy(&private_data).into_owned())
                 } else {
@@ -646,9 +658,10 @@ impl<S: BufStore> Conn<S> {
                 };
                 self.fail(now, err, false);
             }
-            (State::Connecting | State::Accepting, CmEvent::Unreachable | CmEvent::ConnectError) => {
-                self.fail(now, ConnError::Unreachable, false)
-            }
+            (
+                State::Connecting | State::Accepting,
+                CmEvent::Unreachable | CmEvent::ConnectError,
+            ) => self.fail(now, ConnError::Unreachable, false),
             (State::Connecting, CmEvent::AddrError | CmEvent::RouteError) => {
                 self.fail(now, ConnError::Unreachable, false)
             }
@@ -657,7 +670,9 @@ impl<S: BufStore> Conn<S> {
             (_, CmEvent::Disconnected) => {
                 // The CM says the connection is gone: nothing more can arrive. Without an
                 // orderly close (or an abort of ours) first, that is a reset, as in TCP.
-                if !(self.disconn_sent && self.disconn_rcvd || self.disconnect_issued) && self.error.is_none() {
+                if !(self.disconn_sent && self.disconn_rcvd || self.disconnect_issued)
+                    && self.error.is_none()
+                {
                     self.error = Some(ConnError::Reset);
                 }
                 self.finish(now);
@@ -674,14 +689,18 @@ impl<S: BufStore> Conn<S> {
             _ => return Err(ProtocolError::Setup("accept without a HelloAck")),
         };
         if h.bsdh.mseq != 0 || h.bsdh.mseq_ack != 0 || h.bsdh.bufs == 0 {
-            return Err(ProtocolError::Setup("HelloAck with bad sequence or credit fields"));
+            return Err(ProtocolError::Setup(
+                "HelloAck with bad sequence or credit fields",
+            ));
         }
         self.send_size = ack.actual_rcv_size;
         self.peer_max_adverts = ack.max_adverts;
         self.tx_credits = h.bsdh.bufs as u32;
         self.tx_pool = Pool::new(self.send_size);
         // The acceptor's desired size for its own sends is ours to honour on the next posts.
-        let want = ack.desired_rcv_size.clamp(self.cfg.rcv_size, self.cfg.max_rcv_size);
+        let want = ack
+            .desired_rcv_size
+            .clamp(self.cfg.rcv_size, self.cfg.max_rcv_size);
         if want != self.rx_pool.size() {
             // Buffers already posted keep their size; the peer learned our size from the Hello.
             // A later ChRcvBuf from the peer moves it.
@@ -722,7 +741,11 @@ impl<S: BufStore> Conn<S> {
     pub(crate) fn on_wc_error(&mut self, now: Instant, status: WcStatus) {
         if status == WcStatus::Flushed {
             let orderly = self.disconn_sent && self.disconn_rcvd;
-            if self.error.is_none() && !self.disconnect_issued && !orderly && self.state == State::Established {
+            if self.error.is_none()
+                && !self.disconnect_issued
+                && !orderly
+                && self.state == State::Established
+            {
                 // The QP went to error under us (peer gone, link down).
                 self.fail(now, ConnError::Reset, false);
             }
@@ -977,7 +1000,9 @@ impl<S: BufStore> Conn<S> {
         // No more can be in flight than the peer ever had buffers for.
         let unacked = self.next_mseq.wrapping_sub(1).wrapping_sub(h.mseq_ack);
         if unacked as i64 > MAX_CREDITS {
-            return Err(ProtocolError::BadAck { mseq_ack: h.mseq_ack });
+            return Err(ProtocolError::BadAck {
+                mseq_ack: h.mseq_ack,
+            });
         }
         let credits = h.bufs as i64 - unacked as i64;
         if !(0..=MAX_CREDITS).contains(&credits) {
@@ -999,10 +1024,25 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Build a message header with the current credit fields, consuming one credit.
-    pub(crate) fn next_header(&mut self, mid: Mid, ext: Ext, flags: msgs::BsdhFlags, payload: usize) -> Header {
+    pub(crate) fn next_header(
+        &mut self,
+        mid: Mid,
+        ext: Ext,
+        flags: msgs::BsdhFlags,
+        payload: usize,
+    ) -> Header {
         let bufs = self.rx_posted_count();
-        let h = Header::new(mid, ext, flags, bufs, self.next_mseq, self.last_rx_mseq, payload);
-        self.sent_log.push_back((self.next_mseq, bufs, self.last_rx_mseq));
+        let h = Header::new(
+            mid,
+            ext,
+            flags,
+            bufs,
+            self.next_mseq,
+            self.last_rx_mseq,
+            payload,
+        );
+        self.sent_log
+            .push_back((self.next_mseq, bufs, self.last_rx_mseq));
         self.next_mseq = self.next_mseq.wrapping_add(1);
         self.tx_credits -= 1;
         self.peer_credits = bufs as u32;

@@ -94,7 +94,13 @@ impl Iocbs {
             .is_some_and(|s| matches!(s.state, SrcState::Advertised | SrcState::Cancelling))
     }
     pub(crate) fn src_deadline(&self) -> Option<Instant> {
-        self.srcs.front().and_then(|s| if s.state == SrcState::Advertised { s.deadline } else { None })
+        self.srcs.front().and_then(|s| {
+            if s.state == SrcState::Advertised {
+                s.deadline
+            } else {
+                None
+            }
+        })
     }
     pub(crate) fn find_src(&mut self, token: u64) -> Option<&mut SrcIocb> {
         self.srcs.iter_mut().find(|s| s.token == token)

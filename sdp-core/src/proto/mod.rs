@@ -59,6 +59,9 @@ impl Instant {
 impl std::ops::Add<Duration> for Instant {
     type Output = Instant;
     fn add(self, d: Duration) -> Instant {
-        Instant(self.0.saturating_add(d.as_nanos().min(u64::MAX as u128) as u64))
+        Instant(
+            self.0
+                .saturating_add(d.as_nanos().min(u64::MAX as u128) as u64),
+        )
     }
 }

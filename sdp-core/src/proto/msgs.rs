@@ -38,6 +38,9 @@ pub const MAX_HEADER_LEN: usize = BSDH_LEN + 20;
 /// CM REQ private data minus the CM's own 36-byte header). The compact Hello must fit in it.
 pub const TCP_PS_REQ_PRIVATE_DATA_LEN: usize = 56;
 
+// The compact Hello must fit the private data left under RDMA_PS_TCP.
+const _: () = assert!(HELLO_LEN <= TCP_PS_REQ_PRIVATE_DATA_LEN);
+
 /// Message identifier (first byte of the BSDH).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -1057,7 +1060,6 @@ mod tests {
             Mid::ALL.iter().map(|m| m.header_len()).max(),
             Some(MAX_HEADER_LEN)
         );
-        assert!(HELLO_LEN <= TCP_PS_REQ_PRIVATE_DATA_LEN);
     }
 
     #[test]

@@ -57,7 +57,13 @@ impl<S: BufStore> Conn<S> {
         let payload = len - h.header_len();
         if self.disconn_rcvd && carries_stream(h.bsdh.mid, payload) {
             self.rx_pool.put(&mut self.store, buf);
-            self.protocol_error(now, ProtocolError::Unexpected { mid: h.bsdh.mid, context: "after DisConn" });
+            self.protocol_error(
+                now,
+                ProtocolError::Unexpected {
+                    mid: h.bsdh.mid,
+                    context: "after DisConn",
+                },
+            );
             return;
         }
         let res = match h.ext {
@@ -106,7 +112,12 @@ impl<S: BufStore> Conn<S> {
         }
         self.rx_held += 1;
         self.rx_bytes += len as usize;
-        self.rx_queue.push_back(RxItem::Data { buf, off: BSDH_LEN as u32, len, bounce: false });
+        self.rx_queue.push_back(RxItem::Data {
+            buf,
+            off: BSDH_LEN as u32,
+            len,
+            bounce: false,
+        });
         self.events.push_back(Event::Readable);
         Ok(())
     }
@@ -131,10 +142,15 @@ impl<S: BufStore> Conn<S> {
                 Mid::SrcAvailCancel => self.on_src_cancel(now),
                 Mid::SinkAvailCancel => self.on_sink_cancel(now),
                 Mid::SinkCancelAck => self.on_sink_cancel_ack(now),
-                _ => Err(ProtocolError::Unexpected { mid, context: "not supported" }),
+                _ => Err(ProtocolError::Unexpected {
+                    mid,
+                    context: "not supported",
+                }),
             },
             Ext::SrcAvail { len, rkey, vaddr } => self.on_src_avail(now, len, rkey, vaddr),
-            Ext::SinkAvail { len, rkey, vaddr, .. } => self.on_sink_avail(now, h.bsdh.mseq_ack, len, rkey, vaddr),
+            Ext::SinkAvail {
+                len, rkey, vaddr, ..
+            } => self.on_sink_avail(now, h.bsdh.mseq_ack, len, rkey, vaddr),
             Ext::RdmaRdCompl { len } => self.on_rd_compl(now, len),
             Ext::RdmaWrCompl { len } => self.on_wr_compl(now, len),
             Ext::ChRcvBuf { size } => {
@@ -142,7 +158,11 @@ impl<S: BufStore> Conn<S> {
                 // we grant from now on, and ack once every buffer still posted has that size.
                 let grant = size.clamp(MIN_RCV_SIZE, self.cfg.max_rcv_size);
                 self.rx_pool.resize(&mut self.store, grant);
-                self.rx_old_posted = self.rx_posted.iter().filter(|(_, b)| b.size != grant).count();
+                self.rx_old_posted = self
+                    .rx_posted
+                    .iter()
+                    .filter(|(_, b)| b.size != grant)
+                    .count();
                 if self.rx_old_posted == 0 {
                     self.queue_ctrl_front(Mid::ChRcvBufAck, Ext::ChRcvBufAck { size: grant });
                 } else {
@@ -152,7 +172,10 @@ impl<S: BufStore> Conn<S> {
                 Ok(())
             }
             Ext::ChRcvBufAck { size } => self.on_resize_ack(size),
-            _ => Err(ProtocolError::Unexpected { mid, context: "not supported on an established connection" }),
+            _ => Err(ProtocolError::Unexpected {
+                mid,
+                context: "not supported on an established connection",
+            }),
         }
     }
 
@@ -170,7 +193,10 @@ impl<S: BufStore> Conn<S> {
     pub(crate) fn idle_check(&mut self, now: Instant) {
         let idle = now.saturating_since(self.last_activity) >= self.cfg.idle_shrink;
         if idle {
-            self.rx_target = self.cfg.min_rx_bufs.max(self.cfg.initial_rx_bufs.min(self.rx_target));
+            self.rx_target = self
+                .cfg
+                .min_rx_bufs
+                .max(self.cfg.initial_rx_bufs.min(self.rx_target));
             self.tx_pool.trim(&mut self.store, 0);
             self.ctrl_pool.trim(&mut self.store, 1);
             self.advts.bounce_pool.trim(&mut self.store, 0);
@@ -187,22 +213,34 @@ fn carries_stream(mid: Mid, payload: usize) -> bool {
 /// Parse a received message of `total` bytes from its first bytes (`prefix`, all of it when
 /// the message is short). Only Data can be longer than a header: its BSDH is checked against
 /// the completion's length, then parsed on its own.
-pub(crate) fn parse_received(prefix: &[u8], total: usize) -> Result<Header, super::msgs::WireError> {
+pub(crate) fn parse_received(
+    prefix: &[u8],
+    total: usize,
+) -> Result<Header, super::msgs::WireError> {
     use super::msgs::{Packet, WireError};
     if total <= prefix.len() {
         return Header::parse(&prefix[..total]).map(|(h, _)| h);
     }
     if prefix.len() < BSDH_LEN {
-        return Err(WireError::Truncated { need: BSDH_LEN, have: prefix.len() });
+        return Err(WireError::Truncated {
+            need: BSDH_LEN,
+            have: prefix.len(),
+        });
     }
     let p = Packet::new_unchecked(prefix);
     let claimed = p.msg_len();
     if usize::try_from(claimed).ok() != Some(total) {
-        return Err(WireError::LengthMismatch { claimed, actual: total });
+        return Err(WireError::LengthMismatch {
+            claimed,
+            actual: total,
+        });
     }
     let mid = p.mid()?;
     if mid != Mid::Data {
-        return Err(WireError::UnexpectedPayload { mid, len: total.saturating_sub(BSDH_LEN) });
+        return Err(WireError::UnexpectedPayload {
+            mid,
+            len: total.saturating_sub(BSDH_LEN),
+        });
     }
     let mut bsdh = [0u8; BSDH_LEN];
     bsdh.copy_from_slice(&prefix[..BSDH_LEN]);

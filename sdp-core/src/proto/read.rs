@@ -37,7 +37,12 @@ impl<S: BufStore> Conn<S> {
     /// Receive into registered memory without copying. If the next stream bytes are a peer's
     /// SrcAvail they are RDMA-Read straight into `sink`; if nothing is queued, a SinkAvail
     /// invites the peer to RDMA-Write its next bytes into `sink`.
-    pub fn read_zcopy(&mut self, now: Instant, sink: ZSink, token: u64) -> Result<ZRecv, CallError> {
+    pub fn read_zcopy(
+        &mut self,
+        now: Instant,
+        sink: ZSink,
+        token: u64,
+    ) -> Result<ZRecv, CallError> {
         if let Some(e) = &self.error {
             return Err(CallError::Conn(e.clone()));
         }
@@ -54,7 +59,11 @@ impl<S: BufStore> Conn<S> {
             let a = &self.advts.srcs[advt];
             if a.reads_inflight == 0 && !a.cancelled && a.requested < a.len {
                 let n = sink.len.min(a.len - a.requested);
-                let local = Sge { addr: sink.addr, len: n, lkey: sink.lkey };
+                let local = Sge {
+                    addr: sink.addr,
+                    len: n,
+                    lkey: sink.lkey,
+                };
                 self.post_read(advt, local, n, None, Some(token));
                 self.last_activity = now;
                 return Ok(ZRecv::Pending);
@@ -74,7 +83,12 @@ impl<S: BufStore> Conn<S> {
         self.stats.sinkavail_sent += 1;
         self.queue_ctrl_front(
             Mid::SinkAvail,
-            Ext::SinkAvail { len: sink.len, rkey: sink.rkey, vaddr: sink.addr, non_disc: 0 },
+            Ext::SinkAvail {
+                len: sink.len,
+                rkey: sink.rkey,
+                vaddr: sink.addr,
+                non_disc: 0,
+            },
         );
         self.last_activity = now;
         self.flush(now);
@@ -90,12 +104,27 @@ impl<S: BufStore> Conn<S> {
         }
     }
 
-    fn post_read(&mut self, advt: usize, local: Sge, n: u32, bounce: Option<Buf>, sink_token: Option<u64>) {
+    fn post_read(
+        &mut self,
+        advt: usize,
+        local: Sge,
+        n: u32,
+        bounce: Option<Buf>,
+        sink_token: Option<u64>,
+    ) {
         let a = &mut self.advts.srcs[advt];
-        let remote = RemoteBuf { addr: a.vaddr + a.requested as u64, rkey: a.rkey };
+        let remote = RemoteBuf {
+            addr: a.vaddr + a.requested as u64,
+            rkey: a.rkey,
+        };
         a.requested += n;
         a.reads_inflight += 1;
-        let key = self.tx_inflight.insert(Inflight::Read(ReadReq { advt, len: n, bounce, sink_token }));
+        let key = self.tx_inflight.insert(Inflight::Read(ReadReq {
+            advt,
+            len: n,
+            bounce,
+            sink_token,
+        }));
         self.wrs.push_back(WorkRequest::Send(SendWr {
             wr_id: wrid::READ | key as u64,
             op: SendOp::Read(remote),
@@ -107,12 +136,16 @@ impl<S: BufStore> Conn<S> {
     /// A plain read found a SrcAvail at the head of the stream: read it into bounce buffers.
     pub(crate) fn start_bounce_reads(&mut self, _now: Instant, advt: usize) {
         loop {
-            let Some(a) = self.advts.srcs.get(advt) else { return };
+            let Some(a) = self.advts.srcs.get(advt) else {
+                return;
+            };
             if a.cancelled || a.requested >= a.len || a.reads_inflight >= BOUNCE_WINDOW {
                 return;
             }
             let n = (a.len - a.requested).min(self.advts.bounce_pool.size());
-            let Some(buf) = self.advts.bounce_pool.get(&mut self.store) else { return };
+            let Some(buf) = self.advts.bounce_pool.get(&mut self.store) else {
+                return;
+            };
             self.post_read(advt, buf.sge(n), n, Some(buf), None);
         }
     }
@@ -134,7 +167,10 @@ impl<S: BufStore> Conn<S> {
             }
             self.protocol_error(
                 now,
-                ProtocolError::BadTransferLength { got: wc.byte_len as u64, want: r.len as u64 },
+                ProtocolError::BadTransferLength {
+                    got: wc.byte_len as u64,
+                    want: r.len as u64,
+                },
             );
             return;
         }
@@ -158,12 +194,23 @@ impl<S: BufStore> Conn<S> {
                     .iter()
                     .position(|i| matches!(i, RxItem::Src { advt } if *advt == r.advt))
                     .unwrap_or(self.rx_queue.len());
-                self.rx_queue.insert(pos, RxItem::Data { buf, off: 0, len: r.len, bounce: true });
+                self.rx_queue.insert(
+                    pos,
+                    RxItem::Data {
+                        buf,
+                        off: 0,
+                        len: r.len,
+                        bounce: true,
+                    },
+                );
                 self.rx_bytes += r.len as usize;
                 self.events.push_back(Event::Readable);
             }
             (None, Some(token)) => {
-                self.events.push_back(Event::ZcopyReceived { token, bytes: r.len as usize });
+                self.events.push_back(Event::ZcopyReceived {
+                    token,
+                    bytes: r.len as usize,
+                });
             }
             (None, None) => {}
         }
@@ -173,14 +220,18 @@ impl<S: BufStore> Conn<S> {
 
     /// Drop a finished advertisement from the stream, and answer a cancel once reads are done.
     fn after_src_progress(&mut self, advt: usize) {
-        let Some(a) = self.advts.srcs.get(advt) else { return };
+        let Some(a) = self.advts.srcs.get(advt) else {
+            return;
+        };
         if a.reads_inflight == 0 && a.send_sm_due {
             self.advts.srcs[advt].send_sm_due = false;
             self.queue_ctrl_front(Mid::SendSm, Ext::None);
         }
         if self.advts.src_exhausted(advt) {
-            if let Some(pos) =
-                self.rx_queue.iter().position(|i| matches!(i, RxItem::Src { advt: a } if *a == advt))
+            if let Some(pos) = self
+                .rx_queue
+                .iter()
+                .position(|i| matches!(i, RxItem::Src { advt: a } if *a == advt))
             {
                 self.rx_queue.remove(pos);
             }
@@ -194,12 +245,21 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// SrcAvail received: the peer's bytes come next in the stream.
-    pub(crate) fn on_src_avail(&mut self, now: Instant, len: u32, rkey: u32, vaddr: u64) -> Result<(), ProtocolError> {
+    pub(crate) fn on_src_avail(
+        &mut self,
+        now: Instant,
+        len: u32,
+        rkey: u32,
+        vaddr: u64,
+    ) -> Result<(), ProtocolError> {
         if self.advts.srcs.len() >= self.cfg.max_adverts as usize {
             return Err(ProtocolError::TooManyAdverts(self.cfg.max_adverts));
         }
         if vaddr.checked_add(len as u64).is_none() {
-            return Err(ProtocolError::Unexpected { mid: Mid::SrcAvail, context: "address range wraps" });
+            return Err(ProtocolError::Unexpected {
+                mid: Mid::SrcAvail,
+                context: "address range wraps",
+            });
         }
         if self.iocbs.sink_active() {
             self.cancel_sink(now);
@@ -258,26 +318,41 @@ impl<S: BufStore> Conn<S> {
     /// RdmaWrCompl received: the peer wrote `len` bytes into our sink.
     pub(crate) fn on_wr_compl(&mut self, now: Instant, len: u32) -> Result<(), ProtocolError> {
         let Some(s) = self.iocbs.sink.take() else {
-            return Err(ProtocolError::Unexpected { mid: Mid::RdmaWrCompl, context: "no SinkAvail outstanding" });
+            return Err(ProtocolError::Unexpected {
+                mid: Mid::RdmaWrCompl,
+                context: "no SinkAvail outstanding",
+            });
         };
         if len > s.sink.len {
-            return Err(ProtocolError::BadComplLength { got: len as u64, want: s.sink.len as u64 });
+            return Err(ProtocolError::BadComplLength {
+                got: len as u64,
+                want: s.sink.len as u64,
+            });
         }
         self.stats.zcopy_write_bytes += len as u64;
         self.stats.data_bytes_rcvd += len as u64;
         self.last_activity = now;
-        self.events.push_back(Event::ZcopyReceived { token: s.token, bytes: len as usize });
+        self.events.push_back(Event::ZcopyReceived {
+            token: s.token,
+            bytes: len as usize,
+        });
         Ok(())
     }
 
     /// SinkCancelAck received: the sink is ours again.
     pub(crate) fn on_sink_cancel_ack(&mut self, _now: Instant) -> Result<(), ProtocolError> {
         if !self.iocbs.sink_cancel_pending {
-            return Err(ProtocolError::Unexpected { mid: Mid::SinkCancelAck, context: "no SinkAvailCancel outstanding" });
+            return Err(ProtocolError::Unexpected {
+                mid: Mid::SinkCancelAck,
+                context: "no SinkAvailCancel outstanding",
+            });
         }
         self.iocbs.sink_cancel_pending = false;
         if let Some(s) = self.iocbs.sink.take() {
-            self.events.push_back(Event::ZcopyReceived { token: s.token, bytes: 0 });
+            self.events.push_back(Event::ZcopyReceived {
+                token: s.token,
+                bytes: 0,
+            });
         }
         Ok(())
     }

@@ -11,7 +11,12 @@ use crate::verbs::{RecvWr, WorkRequest};
 #[derive(Debug)]
 pub(crate) enum RxItem {
     /// Bytes in a receive buffer (`bounce`: in an RDMA Read bounce buffer instead).
-    Data { buf: Buf, off: u32, len: u32, bounce: bool },
+    Data {
+        buf: Buf,
+        off: u32,
+        len: u32,
+        bounce: bool,
+    },
     /// A peer's SrcAvail (index into [`super::advt::Advts`]): its bytes come next in the stream.
     Src { advt: usize },
 }
@@ -45,7 +50,9 @@ impl<S: BufStore> Conn<S> {
         }
         let mut copied = 0;
         while copied < dst.len() {
-            let Some(item) = self.rx_queue.front_mut() else { break };
+            let Some(item) = self.rx_queue.front_mut() else {
+                break;
+            };
             match item {
                 RxItem::Data { buf, off, len, .. } => {
                     let n = (*len as usize).min(dst.len() - copied);
@@ -55,7 +62,8 @@ impl<S: BufStore> Conn<S> {
                     copied += n;
                     self.rx_bytes -= n;
                     if *len == 0 {
-                        let Some(RxItem::Data { buf, bounce, .. }) = self.rx_queue.pop_front() else {
+                        let Some(RxItem::Data { buf, bounce, .. }) = self.rx_queue.pop_front()
+                        else {
                             unreachable!()
                         };
                         self.give_back_rx(buf, bounce);
@@ -114,7 +122,9 @@ impl<S: BufStore> Conn<S> {
             return Ok(());
         }
         let max = self.cfg.max_rx_bufs as usize;
-        while self.rx_posted.len() < self.rx_target as usize && self.rx_posted.len() + self.rx_held < max {
+        while self.rx_posted.len() < self.rx_target as usize
+            && self.rx_posted.len() + self.rx_held < max
+        {
             let Some(buf) = self.rx_pool.get(&mut self.store) else {
                 if self.rx_posted.is_empty() {
                     return Err(ConnError::NoMemory);

@@ -13,7 +13,11 @@ use crate::verbs::{SendOp, SendWr, WorkRequest};
 #[derive(Debug)]
 pub(crate) enum TxItem {
     /// Application bytes in a send buffer, payload at [`BSDH_LEN`].
-    Data { buf: Buf, len: u32, flags: BsdhFlags },
+    Data {
+        buf: Buf,
+        len: u32,
+        flags: BsdhFlags,
+    },
     /// A control message without payload.
     Ctrl { mid: Mid, ext: Ext },
     /// A zero-copy source (by token in [`super::iocb::Iocbs`]) to advertise with SrcAvail.
@@ -51,9 +55,12 @@ impl<S: BufStore> Conn<S> {
         while taken < want {
             // Append to the tail buffer if it has room and carries no urgent byte.
             let appended = match self.tx_queue.back_mut() {
-                Some(TxItem::Data { buf, len, flags }) if *len < cap && flags.is_empty() && buf.size == self.send_size => {
+                Some(TxItem::Data { buf, len, flags })
+                    if *len < cap && flags.is_empty() && buf.size == self.send_size =>
+                {
                     let n = ((cap - *len) as usize).min(want - taken);
-                    self.store.write(buf, BSDH_LEN as u32 + *len, &data[taken..taken + n]);
+                    self.store
+                        .write(buf, BSDH_LEN as u32 + *len, &data[taken..taken + n]);
                     *len += n as u32;
                     n
                 }
@@ -67,8 +74,13 @@ impl<S: BufStore> Conn<S> {
                 break;
             };
             let n = (cap as usize).min(want - taken);
-            self.store.write(&buf, BSDH_LEN as u32, &data[taken..taken + n]);
-            self.tx_queue.push_back(TxItem::Data { buf, len: n as u32, flags: BsdhFlags::empty() });
+            self.store
+                .write(&buf, BSDH_LEN as u32, &data[taken..taken + n]);
+            self.tx_queue.push_back(TxItem::Data {
+                buf,
+                len: n as u32,
+                flags: BsdhFlags::empty(),
+            });
             taken += n;
         }
         if taken == 0 {
@@ -92,7 +104,9 @@ impl<S: BufStore> Conn<S> {
     /// [`Event::ZcopySent`] for `token`). Small sources are refused with `Invalid`: copy them.
     pub fn write_zcopy(&mut self, now: Instant, src: ZSrc, token: u64) -> Result<(), CallError> {
         self.check_writable()?;
-        if (src.len as usize) < self.cfg.zcopy_threshold.min(self.send_size as usize) || src.len == 0 {
+        if (src.len as usize) < self.cfg.zcopy_threshold.min(self.send_size as usize)
+            || src.len == 0
+        {
             return Err(CallError::Invalid("zero-copy source below the threshold"));
         }
         if self.iocbs.src_queued() >= self.cfg.max_adverts as usize {
@@ -139,7 +153,10 @@ impl<S: BufStore> Conn<S> {
 
     /// Queue DisConn after everything already queued (orderly close of our write half).
     pub(crate) fn close_tail(&mut self) {
-        self.tx_queue.push_back(TxItem::Ctrl { mid: Mid::DisConn, ext: Ext::None });
+        self.tx_queue.push_back(TxItem::Ctrl {
+            mid: Mid::DisConn,
+            ext: Ext::None,
+        });
     }
 
     /// Queue a control message ahead of data (replies that must not wait behind a stalled
@@ -159,11 +176,14 @@ impl<S: BufStore> Conn<S> {
         loop {
             if self.iocbs.src_advertised() {
                 // Nothing may pass an outstanding SrcAvail, except replies to the peer.
-                if !matches!(self.tx_queue.front(), Some(TxItem::Ctrl { mid, .. }) if is_reply(*mid)) {
+                if !matches!(self.tx_queue.front(), Some(TxItem::Ctrl { mid, .. }) if is_reply(*mid))
+                {
                     return;
                 }
             }
-            let Some(front) = self.tx_queue.front() else { return };
+            let Some(front) = self.tx_queue.front() else {
+                return;
+            };
             match front {
                 TxItem::Data { len, flags, .. } => {
                     if self.advts.sink_usable() && flags.is_empty() {
@@ -236,7 +256,11 @@ impl<S: BufStore> Conn<S> {
         self.store.write(&buf, 0, &hdr);
         self.advts.note_data_sent(h.bsdh.mseq);
         self.tx_data_outstanding += 1;
-        let key = self.tx_inflight.insert(Inflight::Msg { buf, ctrl: false, data: len });
+        let key = self.tx_inflight.insert(Inflight::Msg {
+            buf,
+            ctrl: false,
+            data: len,
+        });
         self.wrs.push_back(WorkRequest::Send(SendWr {
             wr_id: wrid::SEND | key as u64,
             op: SendOp::Send,
@@ -257,7 +281,11 @@ impl<S: BufStore> Conn<S> {
         if mid == Mid::RdmaWrCompl {
             self.advts.note_data_sent(h.bsdh.mseq);
         }
-        let key = self.tx_inflight.insert(Inflight::Msg { buf, ctrl: true, data: 0 });
+        let key = self.tx_inflight.insert(Inflight::Msg {
+            buf,
+            ctrl: true,
+            data: 0,
+        });
         self.wrs.push_back(WorkRequest::Send(SendWr {
             wr_id: wrid::SEND | key as u64,
             op: SendOp::Send,
@@ -295,7 +323,11 @@ impl<S: BufStore> Conn<S> {
         if self.resize_pending.is_some() || self.send_size >= self.cfg.max_rcv_size {
             return;
         }
-        let queued = self.tx_queue.iter().filter(|i| matches!(i, TxItem::Data { .. })).count();
+        let queued = self
+            .tx_queue
+            .iter()
+            .filter(|i| matches!(i, TxItem::Data { .. }))
+            .count();
         if queued >= 4 {
             let want = (self.send_size.saturating_mul(4)).min(self.cfg.max_rcv_size);
             self.resize_pending = Some(want);

@@ -35,7 +35,10 @@ pub struct Table<T> {
 
 impl<T> Default for Table<T> {
     fn default() -> Self {
-        Table { slots: slab::Slab::new(), next_gen: 1 }
+        Table {
+            slots: slab::Slab::new(),
+            next_gen: 1,
+        }
     }
 }
 
@@ -47,10 +50,16 @@ impl<T> Table<T> {
         ConnId::new(index, gen)
     }
     pub fn get(&self, id: ConnId) -> Option<&T> {
-        self.slots.get(id.index()).filter(|s| s.gen == id.gen()).map(|s| &s.value)
+        self.slots
+            .get(id.index())
+            .filter(|s| s.gen == id.gen())
+            .map(|s| &s.value)
     }
     pub fn get_mut(&mut self, id: ConnId) -> Option<&mut T> {
-        self.slots.get_mut(id.index()).filter(|s| s.gen == id.gen()).map(|s| &mut s.value)
+        self.slots
+            .get_mut(id.index())
+            .filter(|s| s.gen == id.gen())
+            .map(|s| &mut s.value)
     }
     pub fn remove(&mut self, id: ConnId) -> Option<T> {
         if self.get(id).is_some() {
@@ -66,10 +75,15 @@ impl<T> Table<T> {
         self.slots.is_empty()
     }
     pub fn ids(&self) -> Vec<ConnId> {
-        self.slots.iter().map(|(i, s)| ConnId::new(i, s.gen)).collect()
+        self.slots
+            .iter()
+            .map(|(i, s)| ConnId::new(i, s.gen))
+            .collect()
     }
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (ConnId, &mut T)> {
-        self.slots.iter_mut().map(|(i, s)| (ConnId::new(i, s.gen), &mut s.value))
+        self.slots
+            .iter_mut()
+            .map(|(i, s)| (ConnId::new(i, s.gen), &mut s.value))
     }
 }
 

@@ -19,10 +19,16 @@ impl<S: BufStore> Conn<S> {
     /// Send SrcAvail for the source at the head of the queue (the caller checked the credit).
     pub(crate) fn advertise_src(&mut self, now: Instant, token: u64) -> bool {
         let timeout = self.cfg.srcavail_timeout;
-        let Some(s) = self.iocbs.srcs.front_mut() else { return false };
+        let Some(s) = self.iocbs.srcs.front_mut() else {
+            return false;
+        };
         debug_assert_eq!(s.token, token);
         let off = s.written;
-        let ext = Ext::SrcAvail { len: s.src.len - off, rkey: s.src.rkey, vaddr: s.src.addr + off as u64 };
+        let ext = Ext::SrcAvail {
+            len: s.src.len - off,
+            rkey: s.src.rkey,
+            vaddr: s.src.addr + off as u64,
+        };
         s.state = SrcState::Advertised;
         s.deadline = Some(now + timeout);
         if !self.post_ctrl(Mid::SrcAvail, ext) {
@@ -40,7 +46,9 @@ impl<S: BufStore> Conn<S> {
     /// Give up a queued or advertised zero-copy send. [`Event::ZcopySent`] reports how many
     /// bytes the peer got; the rest (and every later zero-copy send) must be sent again.
     pub fn cancel_write_zcopy(&mut self, now: Instant, token: u64) {
-        let Some(s) = self.iocbs.find_src(token) else { return };
+        let Some(s) = self.iocbs.find_src(token) else {
+            return;
+        };
         match s.state {
             SrcState::Advertised => {
                 s.state = SrcState::Cancelling;
@@ -58,14 +66,23 @@ impl<S: BufStore> Conn<S> {
     pub(crate) fn on_rd_compl(&mut self, now: Instant, len: u32) -> Result<(), ProtocolError> {
         let timeout = self.cfg.srcavail_timeout;
         let Some(s) = self.iocbs.srcs.front_mut() else {
-            return Err(ProtocolError::Unexpected { mid: Mid::RdmaRdCompl, context: "no SrcAvail outstanding" });
+            return Err(ProtocolError::Unexpected {
+                mid: Mid::RdmaRdCompl,
+                context: "no SrcAvail outstanding",
+            });
         };
         if !matches!(s.state, SrcState::Advertised | SrcState::Cancelling) {
-            return Err(ProtocolError::Unexpected { mid: Mid::RdmaRdCompl, context: "no SrcAvail outstanding" });
+            return Err(ProtocolError::Unexpected {
+                mid: Mid::RdmaRdCompl,
+                context: "no SrcAvail outstanding",
+            });
         }
         let total = s.acked as u64 + s.written as u64 + len as u64;
         if total > s.src.len as u64 {
-            return Err(ProtocolError::BadComplLength { got: total, want: s.src.len as u64 });
+            return Err(ProtocolError::BadComplLength {
+                got: total,
+                want: s.src.len as u64,
+            });
         }
         s.acked += len;
         s.deadline = Some(now + timeout);
@@ -80,7 +97,9 @@ impl<S: BufStore> Conn<S> {
     /// SendSm received: the peer will read no more of our SrcAvail (its answer to our cancel,
     /// or a refusal). The source completes with what the peer acknowledged.
     pub(crate) fn on_send_sm(&mut self, _now: Instant) -> Result<(), ProtocolError> {
-        let Some(s) = self.iocbs.srcs.front() else { return Ok(()) };
+        let Some(s) = self.iocbs.srcs.front() else {
+            return Ok(());
+        };
         if !matches!(s.state, SrcState::Advertised | SrcState::Cancelling) {
             return Ok(());
         }
@@ -106,7 +125,11 @@ impl<S: BufStore> Conn<S> {
             let s = self.iocbs.srcs.remove(pos).expect("position found");
             self.tx_bytes -= (s.src.len - s.written) as usize;
         }
-        if let Some(pos) = self.tx_queue.iter().position(|i| matches!(i, TxItem::Src { token: t } if *t == token)) {
+        if let Some(pos) = self
+            .tx_queue
+            .iter()
+            .position(|i| matches!(i, TxItem::Src { token: t } if *t == token))
+        {
             self.tx_queue.remove(pos);
         }
         self.events.push_back(Event::ZcopySent { token, bytes });
@@ -117,16 +140,25 @@ impl<S: BufStore> Conn<S> {
     /// (0 for the later ones), so the application resends the rest in order, like after a
     /// short write.
     fn complete_srcs_from(&mut self, token: u64, bytes: usize) {
-        let Some(pos) = self.iocbs.srcs.iter().position(|s| s.token == token) else { return };
+        let Some(pos) = self.iocbs.srcs.iter().position(|s| s.token == token) else {
+            return;
+        };
         let rest: Vec<_> = self.iocbs.srcs.drain(pos..).collect();
         for (i, s) in rest.into_iter().enumerate() {
             self.tx_bytes -= (s.src.len - s.written) as usize;
             let sent = if i == 0 { bytes } else { s.written as usize };
-            if let Some(p) = self.tx_queue.iter().position(|it| matches!(it, TxItem::Src { token: t } if *t == s.token)) {
+            if let Some(p) = self
+                .tx_queue
+                .iter()
+                .position(|it| matches!(it, TxItem::Src { token: t } if *t == s.token))
+            {
                 self.tx_queue.remove(p);
             }
             self.stats.srcavail_cancelled += 1;
-            self.events.push_back(Event::ZcopySent { token: s.token, bytes: sent });
+            self.events.push_back(Event::ZcopySent {
+                token: s.token,
+                bytes: sent,
+            });
         }
         self.wake_writer();
     }
@@ -145,7 +177,10 @@ impl<S: BufStore> Conn<S> {
             return Err(ProtocolError::TooManyAdverts(1));
         }
         if vaddr.checked_add(len as u64).is_none() {
-            return Err(ProtocolError::Unexpected { mid: Mid::SinkAvail, context: "address range wraps" });
+            return Err(ProtocolError::Unexpected {
+                mid: Mid::SinkAvail,
+                context: "address range wraps",
+            });
         }
         let stale = (self.advts.last_stream_mseq.wrapping_sub(mseq_ack) as i32) > 0;
         if !stale && !self.shut_wr {
@@ -167,15 +202,22 @@ impl<S: BufStore> Conn<S> {
         if self.tx_credits < 2 {
             return false;
         }
-        let Some(sink) = self.advts.sink.take() else { return true };
+        let Some(sink) = self.advts.sink.take() else {
+            return true;
+        };
         let mut placed: u32 = 0;
         while placed < sink.len {
             let room = sink.len - placed;
-            let remote = RemoteBuf { addr: sink.vaddr + placed as u64, rkey: sink.rkey };
+            let remote = RemoteBuf {
+                addr: sink.vaddr + placed as u64,
+                rkey: sink.rkey,
+            };
             match self.tx_queue.front() {
                 Some(TxItem::Data { len, flags, .. }) if flags.is_empty() => {
                     let len = *len;
-                    let Some(TxItem::Data { buf, .. }) = self.tx_queue.pop_front() else { unreachable!() };
+                    let Some(TxItem::Data { buf, .. }) = self.tx_queue.pop_front() else {
+                        unreachable!()
+                    };
                     let n = len.min(room);
                     if n < len {
                         // The rest goes into a fresh buffer as ordinary data.
@@ -192,12 +234,18 @@ impl<S: BufStore> Conn<S> {
                             }
                             None => {
                                 // No buffer for the split: keep the item whole, sink unused.
-                                self.tx_queue.push_front(TxItem::Data { buf, len, flags: BsdhFlags::empty() });
+                                self.tx_queue.push_front(TxItem::Data {
+                                    buf,
+                                    len,
+                                    flags: BsdhFlags::empty(),
+                                });
                                 break;
                             }
                         }
                     }
-                    let key = self.tx_inflight.insert(Inflight::WriteData { buf, data: n });
+                    let key = self
+                        .tx_inflight
+                        .insert(Inflight::WriteData { buf, data: n });
                     self.wrs.push_back(WorkRequest::Send(SendWr {
                         wr_id: wrid::WRITE | key as u64,
                         op: SendOp::Write(remote),
@@ -208,12 +256,18 @@ impl<S: BufStore> Conn<S> {
                 }
                 Some(TxItem::Src { token }) => {
                     let token = *token;
-                    let Some(s) = self.iocbs.find_src(token) else { break };
+                    let Some(s) = self.iocbs.find_src(token) else {
+                        break;
+                    };
                     if s.state != SrcState::Queued {
                         break;
                     }
                     let n = (s.src.len - s.written).min(room);
-                    let local = Sge { addr: s.src.addr + s.written as u64, len: n, lkey: s.src.lkey };
+                    let local = Sge {
+                        addr: s.src.addr + s.written as u64,
+                        len: n,
+                        lkey: s.src.lkey,
+                    };
                     s.written += n;
                     s.writes_inflight += 1;
                     let done = s.written == s.src.len;
@@ -221,7 +275,9 @@ impl<S: BufStore> Conn<S> {
                         s.state = SrcState::Written;
                         self.tx_queue.pop_front();
                     }
-                    let key = self.tx_inflight.insert(Inflight::WriteSrc { token, len: n });
+                    let key = self
+                        .tx_inflight
+                        .insert(Inflight::WriteSrc { token, len: n });
                     self.wrs.push_back(WorkRequest::Send(SendWr {
                         wr_id: wrid::WRITE | key as u64,
                         op: SendOp::Write(remote),
@@ -245,7 +301,9 @@ impl<S: BufStore> Conn<S> {
 
     /// An RDMA Write from a zero-copy source completed.
     pub(crate) fn src_written(&mut self, _now: Instant, token: u64, len: u32, ok: bool) {
-        let Some(s) = self.iocbs.find_src(token) else { return };
+        let Some(s) = self.iocbs.find_src(token) else {
+            return;
+        };
         s.writes_inflight -= 1;
         let _ = len;
         if ok && s.state == SrcState::Written && s.writes_inflight == 0 {
@@ -320,10 +378,16 @@ impl<S: BufStore> Conn<S> {
     pub(crate) fn fail_pending_zcopy(&mut self) {
         let srcs: Vec<_> = self.iocbs.srcs.drain(..).collect();
         for s in srcs {
-            self.events.push_back(Event::ZcopySent { token: s.token, bytes: (s.acked + s.written) as usize });
+            self.events.push_back(Event::ZcopySent {
+                token: s.token,
+                bytes: (s.acked + s.written) as usize,
+            });
         }
         if let Some(s) = self.iocbs.sink.take() {
-            self.events.push_back(Event::ZcopyReceived { token: s.token, bytes: 0 });
+            self.events.push_back(Event::ZcopyReceived {
+                token: s.token,
+                bytes: 0,
+            });
         }
         self.iocbs.sink_cancel_pending = false;
     }
