@@ -32,7 +32,12 @@ impl Pair {
         let a = Driver::new(fabric.provider(A_IP), cfg_a);
         let mut b = Driver::new(fabric.provider(B_IP), cfg_b);
         let listener = b.listen(SocketAddr::new(B_IP, PORT), 1024).expect("listen");
-        Pair { fabric, a, b, listener }
+        Pair {
+            fabric,
+            a,
+            b,
+            listener,
+        }
     }
 
     pub fn now(&self) -> Instant {
@@ -45,10 +50,14 @@ impl Pair {
         let now = self.now();
         self.a.poll(now);
         self.b.poll(now);
-        let next = [self.fabric.next_event_at().map(Instant), self.a.next_deadline(), self.b.next_deadline()]
-            .into_iter()
-            .flatten()
-            .min();
+        let next = [
+            self.fabric.next_event_at().map(Instant),
+            self.a.next_deadline(),
+            self.b.next_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         match next {
             Some(t) => {
                 self.fabric.advance(t.0.max(now.0));
@@ -79,7 +88,10 @@ impl Pair {
     /// Connect A to B and wait until both sides are established: (A's id, B's id).
     pub fn connect(&mut self) -> (ConnId, ConnId) {
         let now = self.now();
-        let a = self.a.connect(now, SocketAddr::new(B_IP, PORT), None).expect("connect");
+        let a = self
+            .a
+            .connect(now, SocketAddr::new(B_IP, PORT), None)
+            .expect("connect");
         let mut b = None;
         let l = self.listener;
         let ok = self.run_until(1_000_000_000, |p| {
@@ -87,8 +99,12 @@ impl Pair {
                 b = p.b.accept(l);
             }
             b.is_some()
-                && p.a.conn(a).is_some_and(|c| c.state() == sdp_core::proto::State::Established)
-                && p.b.conn(b.unwrap()).is_some_and(|c| c.state() == sdp_core::proto::State::Established)
+                && p.a
+                    .conn(a)
+                    .is_some_and(|c| c.state() == sdp_core::proto::State::Established)
+                && p.b
+                    .conn(b.unwrap())
+                    .is_some_and(|c| c.state() == sdp_core::proto::State::Established)
         });
         assert!(ok, "connection not established");
         (a, b.unwrap())

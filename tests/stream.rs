@@ -140,7 +140,9 @@ impl App {
     }
 
     fn on_sent(&mut self, token: u64, bytes: usize) {
-        let Some((t, _mr, data)) = self.src.take() else { panic!("ZcopySent without a source") };
+        let Some((t, _mr, data)) = self.src.take() else {
+            panic!("ZcopySent without a source")
+        };
         assert_eq!(t, token, "ZcopySent for another token");
         assert!(bytes <= data.len());
         self.sent += bytes as u64;
@@ -151,7 +153,9 @@ impl App {
     }
 
     fn on_received(&mut self, token: u64, bytes: usize) {
-        let Some((t, mr)) = self.sink.take() else { panic!("ZcopyReceived without a sink") };
+        let Some((t, mr)) = self.sink.take() else {
+            panic!("ZcopyReceived without a sink")
+        };
         assert_eq!(t, token);
         assert!(bytes <= mr.len());
         let mut got = vec![0u8; bytes];
@@ -187,15 +191,26 @@ impl App {
                     }
                     return;
                 }
-                let n = (self.sizes.random_range(1..=self.max_msg) as u64).min(self.to_send - generated);
+                let n = (self.sizes.random_range(1..=self.max_msg) as u64)
+                    .min(self.to_send - generated);
                 self.pending.resize(n as usize, 0);
                 self.out.fill(&mut self.pending);
             }
             if self.mode.src() && self.pending.len() >= self.zcopy_min {
                 let p = d.provider().clone();
-                let mut mr = p.reg_mr(self.pending.len(), Access::LOCAL_WRITE | Access::REMOTE_READ).expect("reg");
+                let mut mr = p
+                    .reg_mr(
+                        self.pending.len(),
+                        Access::LOCAL_WRITE | Access::REMOTE_READ,
+                    )
+                    .expect("reg");
                 mr.write(0, &self.pending);
-                let src = ZSrc { addr: mr.addr(), len: self.pending.len() as u32, lkey: mr.lkey(), rkey: mr.rkey() };
+                let src = ZSrc {
+                    addr: mr.addr(),
+                    len: self.pending.len() as u32,
+                    lkey: mr.lkey(),
+                    rkey: mr.rkey(),
+                };
                 let token = self.next_token;
                 match d.write_zcopy(now, id, src, token) {
                     Ok(()) => {
@@ -234,8 +249,15 @@ impl App {
             if self.mode.sink() && self.sizes.random_bool(0.5) {
                 let len = self.sizes.random_range(self.zcopy_min..=4 * self.zcopy_min);
                 let p = d.provider().clone();
-                let mr = p.reg_mr(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE).expect("reg");
-                let sink = ZSink { addr: mr.addr(), len: len as u32, lkey: mr.lkey(), rkey: mr.rkey() };
+                let mr = p
+                    .reg_mr(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                    .expect("reg");
+                let sink = ZSink {
+                    addr: mr.addr(),
+                    len: len as u32,
+                    lkey: mr.lkey(),
+                    rkey: mr.rkey(),
+                };
                 let token = self.next_token;
                 match d.read_zcopy(now, id, sink, token) {
                     Ok(ZRecv::Pending) => {

@@ -129,7 +129,10 @@ pub enum CmEvent {
     Established { private_data: Vec<u8> },
     /// The peer rejected us (or nobody listens on that port: `private_data` is empty and
     /// `consumer` is false).
-    Rejected { private_data: Vec<u8>, consumer: bool },
+    Rejected {
+        private_data: Vec<u8>,
+        consumer: bool,
+    },
     /// Address resolution failed.
     AddrError,
     /// Route resolution failed.
@@ -179,7 +182,11 @@ pub struct QpCaps {
 
 impl Default for QpCaps {
     fn default() -> Self {
-        QpCaps { max_send_wr: 128, max_recv_wr: 128, max_inline: 0 }
+        QpCaps {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_inline: 0,
+        }
     }
 }
 
@@ -205,7 +212,11 @@ pub trait MemoryRegion: Send {
     /// The SGE covering `len` bytes at `off`.
     fn sge(&self, off: usize, len: u32) -> Sge {
         assert!(off + len as usize <= self.len(), "sge out of bounds");
-        Sge { addr: self.addr() + off as u64, len, lkey: self.lkey() }
+        Sge {
+            addr: self.addr() + off as u64,
+            len,
+            lkey: self.lkey(),
+        }
     }
 }
 
