@@ -239,7 +239,7 @@ pub(crate) fn parse_received(
     if mid != Mid::Data {
         return Err(WireError::UnexpectedPayload {
             mid,
-            len: total.saturating_sub(BSDH_LEN),
+            len: total.saturating_sub(mid.header_len()),
         });
     }
     let mut bsdh = [0u8; BSDH_LEN];
