@@ -1,3 +1,4 @@
+# shellcheck shell=sh disable=SC2034,SC2046,SC2183,SC3045
 # Helpers for the guest's checks (sourced by tests.sh and bench.sh; busybox sh).
 #
 #   rdma_pair NAME "SERVER CMD" "CLIENT CMD"  server in the background, client in the foreground; passes
@@ -124,7 +125,7 @@ run_suite() {   # run_suite NAME CMD [ARGS...]: counts the command's own "N pass
     p=$(echo "$line" | sed -E 's/^([A-Za-z]+: )?([0-9]+) passed, ([0-9]+) failed.*/\2/')
     f=$(echo "$line" | sed -E 's/^([A-Za-z]+: )?([0-9]+) passed, ([0-9]+) failed.*/\3/')
     RIG_PASS=$((RIG_PASS + p)); RIG_FAIL=$((RIG_FAIL + f))
-    echo "RIG-CHECK: $name: $p passed, $f failed, exit $rc ($(since "$t0")s; $(pkts))"
+    echo "RIG-CHECK: SUITE $name: $p passed, $f failed, exit $rc ($(since "$t0")s; $(pkts))"
     if [ $rc != 0 ] && [ "$f" = 0 ]; then fail "$name" "exit $rc although it reported no failure"; fi
   elif [ $rc = 0 ]; then pass "$name" "$(since "$t0")s; $(pkts)"
   else fail "$name" "exit $rc ($(since "$t0")s; $(pkts))"; fi

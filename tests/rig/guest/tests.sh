@@ -1,4 +1,5 @@
 #!/bin/sh
+# shellcheck disable=SC3045  # busybox sh has ulimit -l
 # The rig's guest test suite.  Every check prints a "RIG-CHECK: PASS|FAIL name" line; the end prints
 # "RIG-RESULT: PASS|FAIL n=N fail=F" and "P passed, F failed", which tests/rig/run reads.
 # Client side: rxe0 / veth0 / 192.168.77.1 ($A); server side: rxe1 / veth1 / 192.168.77.2 ($B).
