@@ -167,7 +167,14 @@ impl App {
         let mut want = vec![0u8; got.len()];
         self.expect.fill(&mut want);
         if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
-            panic!("stream corrupted at byte {}", self.received + i as u64);
+            let end = (i + 16).min(got.len());
+            panic!(
+                "stream corrupted at byte {} (piece of {} bytes): got {:02x?}, want {:02x?}",
+                self.received + i as u64,
+                got.len(),
+                &got[i..end],
+                &want[i..end]
+            );
         }
         self.received += got.len() as u64;
     }

@@ -13,7 +13,14 @@ fn bytes() -> u64 {
         .unwrap_or(1 << 30)
 }
 
-fn run(seed: u64, mode: Mode) -> Pair {
+fn run(
+    seed: u64,
+    mode: Mode,
+) -> (
+    Pair,
+    sdp_core::proto::table::ConnId,
+    sdp_core::proto::table::ConnId,
+) {
     let total = bytes();
     let mut p = Pair::new(seed, Config::default());
     let (a, b) = p.connect();
@@ -48,12 +55,12 @@ fn run(seed: u64, mode: Mode) -> Pair {
         p.fabric.stats(A_IP).rnr_naks + p.fabric.stats(B_IP).rnr_naks,
         0
     );
-    p
+    (p, a, b)
 }
 
 #[test]
 fn one_gib_each_way_bcopy() {
-    let p = run(1, Mode::BCopy);
+    let (p, _, _) = run(1, Mode::BCopy);
     assert_eq!(
         p.fabric.stats(A_IP).rdma_read_bytes + p.fabric.stats(A_IP).rdma_write_bytes,
         0
@@ -62,7 +69,7 @@ fn one_gib_each_way_bcopy() {
 
 #[test]
 fn one_gib_each_way_zcopy_read() {
-    let p = run(2, Mode::ZcopySrc);
+    let (p, _, _) = run(2, Mode::ZcopySrc);
     assert!(
         p.fabric.stats(A_IP).rdma_read_bytes > bytes() / 2,
         "A read {}",
@@ -73,12 +80,20 @@ fn one_gib_each_way_zcopy_read() {
 
 #[test]
 fn one_gib_each_way_zcopy_read_and_write() {
-    let p = run(3, Mode::Both);
+    let (p, a, b) = run(3, Mode::Both);
     let s = p.fabric.stats(A_IP);
     let t = p.fabric.stats(B_IP);
     assert!(s.rdma_read_bytes + t.rdma_read_bytes > 0);
     assert!(
         s.rdma_write_bytes + t.rdma_write_bytes > 0,
         "write path used"
+    );
+    // Sinks offered while the peer was streaming were cancelled and acknowledged, and the
+    // stream stayed intact (checked byte by byte above).
+    let (ca, cb) = (&p.a.conn(a).unwrap().stats, &p.b.conn(b).unwrap().stats);
+    assert!(ca.sinkavail_sent + cb.sinkavail_sent > 0);
+    assert!(
+        ca.sinkavail_cancelled + cb.sinkavail_cancelled > 0,
+        "{ca:?} {cb:?}"
     );
 }

@@ -9,6 +9,7 @@ use super::conn::{wrid, CallError, Conn, Event, ProtocolError, State};
 use super::iocb::{SinkIocb, ZSink};
 use super::msgs::{Ext, Mid};
 use super::recv::RxItem;
+use super::send::TxItem;
 use super::sent::Inflight;
 use super::Instant;
 use crate::verbs::{Completion, RemoteBuf, SendOp, SendWr, Sge, WcStatus, WorkRequest};
@@ -49,7 +50,8 @@ impl<S: BufStore> Conn<S> {
         match self.state {
             State::Established => {}
             State::Connecting | State::Accepting => return Err(CallError::WouldBlock),
-            _ => return Err(CallError::NotConnected),
+            // Closed in order: what is left (or EOF) is read the ordinary way.
+            State::Disconnecting | State::Closed => return Ok(ZRecv::Copy),
         }
         if sink.len == 0 {
             return Ok(ZRecv::Copy);
@@ -312,6 +314,27 @@ impl<S: BufStore> Conn<S> {
             self.iocbs.sink_cancel_pending = true;
             self.stats.sinkavail_cancelled += 1;
             self.queue_ctrl_front(Mid::SinkAvailCancel, Ext::None);
+        }
+    }
+
+    /// Take back a SinkAvail that was never sent: the sink completes empty, and a cancel queued
+    /// for it goes too.
+    pub(crate) fn withdraw_sink(&mut self) {
+        self.tx_queue.retain(|i| {
+            !matches!(
+                i,
+                TxItem::Ctrl {
+                    mid: Mid::SinkAvailCancel,
+                    ..
+                }
+            )
+        });
+        self.iocbs.sink_cancel_pending = false;
+        if let Some(s) = self.iocbs.sink.take() {
+            self.events.push_back(Event::ZcopyReceived {
+                token: s.token,
+                bytes: 0,
+            });
         }
     }
 

@@ -212,13 +212,27 @@ impl<S: BufStore> Conn<S> {
                     self.post_data(buf, len, flags);
                 }
                 TxItem::Ctrl { mid, .. } => {
-                    let need = if *mid == Mid::AbortConn { 1 } else { 2 };
+                    // A control message is consumed and reposted at once by the peer, so when
+                    // it also tells the peer about buffers it does not know of, it does all a
+                    // credit update would: it may take the last credit, like the update.
+                    let carries_credits = self.rx_posted.len() as u32 > self.peer_credits;
+                    let need = if *mid == Mid::AbortConn || carries_credits {
+                        1
+                    } else {
+                        2
+                    };
                     if self.tx_credits < need {
                         return;
                     }
                     let Some(TxItem::Ctrl { mid, ext }) = self.tx_queue.pop_front() else {
                         unreachable!()
                     };
+                    if mid == Mid::SinkAvail && !self.rx_queue.is_empty() {
+                        // Data arrived while the SinkAvail waited for a credit: bytes written
+                        // into the sink would overtake it. Withdraw the offer unsent.
+                        self.withdraw_sink();
+                        continue;
+                    }
                     if mid == Mid::DisConn {
                         self.disconn_sent = true;
                     }
