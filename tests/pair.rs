@@ -44,12 +44,16 @@ impl Pair {
         Instant(self.fabric.now())
     }
 
-    /// Poll both sides, then move time to the next delivery or deadline. False when nothing at
-    /// all is pending.
-    pub fn step(&mut self) -> bool {
+    /// Poll both sides at the current time.
+    pub fn poll(&mut self) {
         let now = self.now();
         self.a.poll(now);
         self.b.poll(now);
+    }
+
+    /// Move time to the next delivery or deadline. False when nothing at all is pending.
+    pub fn advance(&mut self) -> bool {
+        let now = self.now();
         let next = [
             self.fabric.next_event_at().map(Instant),
             self.a.next_deadline(),
@@ -67,14 +71,25 @@ impl Pair {
         }
     }
 
-    /// Step until `done` says so or `limit_ns` of virtual time pass. Returns whether `done`.
+    /// Poll both sides, then move time to the next delivery or deadline. False when nothing at
+    /// all is pending.
+    pub fn step(&mut self) -> bool {
+        self.poll();
+        self.advance()
+    }
+
+    /// Poll, let `done` look (and act, like an application would), and move time on, until
+    /// `done` says so or `limit_ns` of virtual time pass. Returns whether `done`.
     pub fn run_until(&mut self, limit_ns: u64, mut done: impl FnMut(&mut Pair) -> bool) -> bool {
         let end = self.fabric.now() + limit_ns;
         loop {
+            self.poll();
             if done(self) {
                 return true;
             }
-            if self.fabric.now() >= end || !self.step() {
+            // What the application did may have work to post before time moves.
+            self.poll();
+            if self.fabric.now() >= end || !self.advance() {
                 return done(self);
             }
         }
