@@ -299,3 +299,22 @@ impl App {
         }
     }
 }
+
+/// Pump both applications (A's on `ids.0`, B's on `ids.1`) until each has read the other's
+/// whole stream up to EOF, failing on any call error. False if `limit_ns` passed first.
+pub fn run_duplex(
+    p: &mut crate::pair::Pair,
+    ids: (ConnId, ConnId),
+    x: &mut App,
+    y: &mut App,
+    limit_ns: u64,
+) -> bool {
+    p.run_until(limit_ns, |p| {
+        let now = p.now();
+        x.pump(&mut p.a, now, ids.0);
+        y.pump(&mut p.b, now, ids.1);
+        assert!(x.errors.is_empty(), "A's calls failed: {:?}", x.errors);
+        assert!(y.errors.is_empty(), "B's calls failed: {:?}", y.errors);
+        x.eof && y.eof
+    })
+}

@@ -4,7 +4,7 @@
 
 use sdp_core::proto::{Config, State};
 use sdp_tests::pair::{Pair, A_IP, B_IP};
-use sdp_tests::stream::{App, Mode};
+use sdp_tests::stream::{run_duplex, App, Mode};
 
 fn bytes() -> u64 {
     std::env::var("SDP_BULK_BYTES")
@@ -26,18 +26,7 @@ fn run(
     let (a, b) = p.connect();
     let mut x = App::new(mode, total, 100 + seed, 200 + seed, 2 << 20);
     let mut y = App::new(mode, total, 200 + seed, 100 + seed, 2 << 20);
-    let ok = p.run_until(3_600_000_000_000, |p| {
-        let now = p.now();
-        x.pump(&mut p.a, now, a);
-        y.pump(&mut p.b, now, b);
-        assert!(
-            x.errors.is_empty() && y.errors.is_empty(),
-            "{:?} {:?}",
-            x.errors,
-            y.errors
-        );
-        x.eof && y.eof
-    });
+    let ok = run_duplex(&mut p, (a, b), &mut x, &mut y, 3_600_000_000_000);
     assert!(
         ok,
         "A: {}\nB: {}",

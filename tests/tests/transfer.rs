@@ -3,7 +3,7 @@
 
 use sdp_core::proto::{Config, State};
 use sdp_tests::pair::Pair;
-use sdp_tests::stream::{App, Mode};
+use sdp_tests::stream::{run_duplex, App, Mode};
 
 /// Both directions at once; returns the pair for further checks.
 fn duplex(seed: u64, cfg: Config, mode: Mode, bytes: u64, max_msg: usize) -> (Pair, App, App) {
@@ -11,14 +11,7 @@ fn duplex(seed: u64, cfg: Config, mode: Mode, bytes: u64, max_msg: usize) -> (Pa
     let (a, b) = p.connect();
     let mut app_a = App::new(mode, bytes, seed * 2 + 1, seed * 2 + 2, max_msg);
     let mut app_b = App::new(mode, bytes, seed * 2 + 2, seed * 2 + 1, max_msg);
-    let ok = p.run_until(600_000_000_000, |p| {
-        let now = p.now();
-        app_a.pump(&mut p.a, now, a);
-        app_b.pump(&mut p.b, now, b);
-        assert!(app_a.errors.is_empty(), "A errors: {:?}", app_a.errors);
-        assert!(app_b.errors.is_empty(), "B errors: {:?}", app_b.errors);
-        app_a.eof && app_b.eof && app_a.done_sending() && app_b.done_sending()
-    });
+    let ok = run_duplex(&mut p, (a, b), &mut app_a, &mut app_b, 600_000_000_000);
     assert!(
         ok,
         "transfer stalled: A sent {} got {}, B sent {} got {}\nA: {}\nB: {}",
@@ -98,18 +91,7 @@ fn seed_sweep_every_mode_with_jitter() {
         let total = (2 << 20) + seed * 77_777;
         let mut x = App::new(mode, total, seed * 2 + 1, seed * 2 + 2, 300_000);
         let mut y = App::new(mode, total, seed * 2 + 2, seed * 2 + 1, 300_000);
-        let ok = p.run_until(600_000_000_000, |p| {
-            let now = p.now();
-            x.pump(&mut p.a, now, a);
-            y.pump(&mut p.b, now, b);
-            assert!(
-                x.errors.is_empty() && y.errors.is_empty(),
-                "seed {seed}: {:?} {:?}",
-                x.errors,
-                y.errors
-            );
-            x.eof && y.eof
-        });
+        let ok = run_duplex(&mut p, (a, b), &mut x, &mut y, 600_000_000_000);
         assert!(
             ok,
             "seed {seed} stalled:\nA: {}\nB: {}",

@@ -243,15 +243,11 @@ impl<S: BufStore> Conn<S> {
                             }
                         }
                     }
-                    let key = self
-                        .tx_inflight
-                        .insert(Inflight::WriteData { buf, data: n });
-                    self.wrs.push_back(WorkRequest::Send(SendWr {
-                        wr_id: wrid::WRITE | key as u64,
-                        op: SendOp::Write(remote),
-                        sge: Some(buf.sge_at(BSDH_LEN as u32, n)),
-                        signaled: true,
-                    }));
+                    self.post_write(
+                        Inflight::WriteData { buf, data: n },
+                        remote,
+                        buf.sge_at(BSDH_LEN as u32, n),
+                    );
                     placed += n;
                 }
                 Some(TxItem::Src { token }) => {
@@ -275,15 +271,7 @@ impl<S: BufStore> Conn<S> {
                         s.state = SrcState::Written;
                         self.tx_queue.pop_front();
                     }
-                    let key = self
-                        .tx_inflight
-                        .insert(Inflight::WriteSrc { token, len: n });
-                    self.wrs.push_back(WorkRequest::Send(SendWr {
-                        wr_id: wrid::WRITE | key as u64,
-                        op: SendOp::Write(remote),
-                        sge: Some(local),
-                        signaled: true,
-                    }));
+                    self.post_write(Inflight::WriteSrc { token, len: n }, remote, local);
                     placed += n;
                 }
                 _ => break,
@@ -297,6 +285,17 @@ impl<S: BufStore> Conn<S> {
         self.last_activity = now;
         self.post_ctrl(Mid::RdmaWrCompl, Ext::RdmaWrCompl { len: placed });
         true
+    }
+
+    /// Post an RDMA Write of `local` into the peer's `remote`, tracked as `inf`.
+    fn post_write(&mut self, inf: Inflight, remote: RemoteBuf, local: Sge) {
+        let key = self.tx_inflight.insert(inf);
+        self.wrs.push_back(WorkRequest::Send(SendWr {
+            wr_id: wrid::WRITE | key as u64,
+            op: SendOp::Write(remote),
+            sge: Some(local),
+            signaled: true,
+        }));
     }
 
     /// An RDMA Write from a zero-copy source completed.
