@@ -23,7 +23,7 @@ topology_ok() {
   for d in rxe0 rxe1; do
     grep -q ACTIVE /sys/class/infiniband/$d/ports/1/state || { echo "$d port not ACTIVE"; return 1; }
   done
-  [ "$RIG_MTU" -lt 4200 ] || ibv_devinfo -d rxe0 | grep -q 'active_mtu:.*4096' || { echo "rxe0 active_mtu is not 4096"; return 1; }
+  [ "$RIG_MTU" -lt 4200 ] || ibv_devinfo -d rxe0 | grep 'active_mtu:.*4096' >/dev/null || { echo "rxe0 active_mtu is not 4096"; return 1; }
   [ ! -e /sys/class/net/eth0 ] || { echo "unexpected NIC eth0"; return 1; }
   ibv_devices
 }
