@@ -174,7 +174,7 @@ impl<P: Provider> Driver<P> {
 
     /// Listen on `addr`.
     pub fn listen(&mut self, addr: SocketAddr, backlog: u32) -> Result<ListenerId, DriverError> {
-        let listener = self.provider.listen(addr, backlog)?;
+        let listener = self.provider.listen(addr, backlog, self.caps)?;
         Ok(ListenerId(self.listeners.insert(ListenEntry {
             listener,
             ready: Default::default(),

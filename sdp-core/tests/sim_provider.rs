@@ -134,7 +134,7 @@ fn pair_caps(seed: u64, cfg: SimConfig, caps: QpCaps) -> Pair {
     let f = SimFabric::with_config(seed, cfg);
     let pa = f.provider(ip(1));
     let pb = f.provider(ip(2));
-    let mut l = pb.listen(sa(2, 7000), 16).unwrap();
+    let mut l = pb.listen(sa(2, 7000), 16, QpCaps::default()).unwrap();
     let mut a = pa.connect(sa(2, 7000), None, caps, b"hi").unwrap();
     let mut req = None;
     while req.is_none() {
@@ -181,7 +181,9 @@ fn connect_accept_with_private_data_both_ways() {
     let f = SimFabric::with_config(3, cfg0());
     let pa = f.provider(ip(1));
     let pb = f.provider(ip(2));
-    let mut l = pb.listen("0.0.0.0:7000".parse().unwrap(), 4).unwrap();
+    let mut l = pb
+        .listen("0.0.0.0:7000".parse().unwrap(), 4, QpCaps::default())
+        .unwrap();
     assert_eq!(l.local_addr(), "0.0.0.0:7000".parse().unwrap());
     let mut a = pa
         .connect(sa(2, 7000), None, QpCaps::default(), b"hello")
@@ -274,7 +276,7 @@ fn reject_with_private_data() {
     let f = SimFabric::with_config(1, cfg0());
     let pa = f.provider(ip(1));
     let pb = f.provider(ip(2));
-    let mut l = pb.listen(sa(2, 80), 4).unwrap();
+    let mut l = pb.listen(sa(2, 80), 4, QpCaps::default()).unwrap();
     let mut a = pa
         .connect(sa(2, 80), None, QpCaps::default(), b"let me in")
         .unwrap();
@@ -314,7 +316,7 @@ fn backlog_full_and_dropped_requests_are_refused() {
     let f = SimFabric::with_config(1, cfg0());
     let pa = f.provider(ip(1));
     let pb = f.provider(ip(2));
-    let mut l = pb.listen(sa(2, 80), 1).unwrap();
+    let mut l = pb.listen(sa(2, 80), 1, QpCaps::default()).unwrap();
     let mut a1 = pa.connect(sa(2, 80), None, QpCaps::default(), &[]).unwrap();
     let mut a2 = pa.connect(sa(2, 80), None, QpCaps::default(), &[]).unwrap();
     run(&f);
@@ -361,7 +363,7 @@ fn backlog_full_and_dropped_requests_are_refused() {
             consumer: false
         }]
     );
-    let _l = pb.listen(sa(2, 80), 1).unwrap();
+    let _l = pb.listen(sa(2, 80), 1, QpCaps::default()).unwrap();
 }
 
 #[test]
@@ -369,21 +371,25 @@ fn listen_and_bind_addresses() {
     let f = SimFabric::new(1);
     let pa = f.provider(ip(1));
     let pb = f.provider(ip(2));
-    let l = pb.listen(sa(2, 80), 1).unwrap();
-    assert_eq!(pb.listen(sa(2, 80), 1).unwrap_err(), VerbsError::AddrInUse);
+    let l = pb.listen(sa(2, 80), 1, QpCaps::default()).unwrap();
     assert_eq!(
-        pb.listen("0.0.0.0:80".parse().unwrap(), 1).unwrap_err(),
+        pb.listen(sa(2, 80), 1, QpCaps::default()).unwrap_err(),
         VerbsError::AddrInUse
     );
     assert_eq!(
-        pb.listen(sa(3, 81), 1).unwrap_err(),
+        pb.listen("0.0.0.0:80".parse().unwrap(), 1, QpCaps::default())
+            .unwrap_err(),
+        VerbsError::AddrInUse
+    );
+    assert_eq!(
+        pb.listen(sa(3, 81), 1, QpCaps::default()).unwrap_err(),
         VerbsError::AddrNotAvailable
     );
-    let eph = pb.listen(sa(2, 0), 1).unwrap();
+    let eph = pb.listen(sa(2, 0), 1, QpCaps::default()).unwrap();
     assert_ne!(eph.local_addr().port(), 0);
     assert_eq!(eph.local_addr().ip(), ip(2));
     drop(l);
-    let _l = pb.listen(sa(2, 80), 1).unwrap();
+    let _l = pb.listen(sa(2, 80), 1, QpCaps::default()).unwrap();
     // Explicit source addresses.
     let a = pa
         .connect(sa(2, 80), Some(sa(1, 5555)), QpCaps::default(), &[])
@@ -408,7 +414,7 @@ fn listen_and_bind_addresses() {
 fn listener_on_one_address_ignores_the_others() {
     let f = SimFabric::with_config(1, cfg0());
     let p = f.provider(ip(1));
-    let mut l = p.listen(sa(1, 80), 4).unwrap();
+    let mut l = p.listen(sa(1, 80), 4, QpCaps::default()).unwrap();
     let mut lo = p
         .connect(
             "127.0.0.1:80".parse().unwrap(),
@@ -427,7 +433,9 @@ fn listener_on_one_address_ignores_the_others() {
     );
     drop(l);
     // An unspecified listener takes loopback connections from its own host.
-    l = p.listen("0.0.0.0:80".parse().unwrap(), 4).unwrap();
+    l = p
+        .listen("0.0.0.0:80".parse().unwrap(), 4, QpCaps::default())
+        .unwrap();
     let mut a = p
         .connect(
             "127.0.0.1:80".parse().unwrap(),
@@ -463,7 +471,7 @@ fn private_data_limits() {
     let f = SimFabric::new(1);
     let pa = f.provider(ip(1));
     let pb = f.provider(ip(2));
-    let mut l = pb.listen(sa(2, 80), 4).unwrap();
+    let mut l = pb.listen(sa(2, 80), 4, QpCaps::default()).unwrap();
     assert_eq!(
         pa.connect(sa(2, 80), None, QpCaps::default(), &[0; 57])
             .unwrap_err(),
@@ -513,7 +521,7 @@ fn active_side_gone_before_the_reply_gives_passive_connect_error() {
     let f = SimFabric::with_config(1, cfg0());
     let pa = f.provider(ip(1));
     let pb = f.provider(ip(2));
-    let mut l = pb.listen(sa(2, 80), 4).unwrap();
+    let mut l = pb.listen(sa(2, 80), 4, QpCaps::default()).unwrap();
     let a = pa.connect(sa(2, 80), None, QpCaps::default(), &[]).unwrap();
     f.advance(L);
     drop(a);
@@ -1363,7 +1371,7 @@ fn crashed_host_vanishes_silently() {
     assert!(matches!(p.b.disconnect(), Err(VerbsError::NoDevice(_))));
     assert!(matches!(p.pb.reg_mr(8, RW), Err(VerbsError::NoDevice(_))));
     assert!(matches!(
-        p.pb.listen(sa(2, 1), 1),
+        p.pb.listen(sa(2, 1), 1, QpCaps::default()),
         Err(VerbsError::NoDevice(_))
     ));
     let s = p.f.stats(ip(2));
@@ -1397,7 +1405,7 @@ fn crashed_host_vanishes_silently() {
 
     // Restarted, the host is empty and usable again.
     p.f.faults().restart(ip(2));
-    let mut l = p.pb.listen(sa(2, 7000), 4).unwrap();
+    let mut l = p.pb.listen(sa(2, 7000), 4, QpCaps::default()).unwrap();
     let mut a2 =
         p.pa.connect(sa(2, 7000), None, QpCaps::default(), &[])
             .unwrap();
@@ -1418,7 +1426,7 @@ fn connect_to_a_crashed_host_is_unreachable() {
     let f = SimFabric::with_config(1, cfg0());
     let pa = f.provider(ip(1));
     let pb = f.provider(ip(2));
-    let _l = pb.listen(sa(2, 80), 1).unwrap();
+    let _l = pb.listen(sa(2, 80), 1, QpCaps::default()).unwrap();
     f.faults().crash(ip(2));
     let mut a = pa.connect(sa(2, 80), None, QpCaps::default(), &[]).unwrap();
     f.advance(TO - 1);
@@ -1498,7 +1506,7 @@ fn extra_link_delay_applies_both_ways() {
     f.faults().set_delay(ip(2), ip(1), 5_000, 0);
     let pa = f.provider(ip(1));
     let pb = f.provider(ip(2));
-    let mut l = pb.listen(sa(2, 80), 1).unwrap();
+    let mut l = pb.listen(sa(2, 80), 1, QpCaps::default()).unwrap();
     let mut a = pa.connect(sa(2, 80), None, QpCaps::default(), &[]).unwrap();
     f.advance(L + 5_000 - 1);
     assert!(l.poll_request().is_none());
@@ -1514,7 +1522,7 @@ fn extra_link_delay_applies_both_ways() {
     );
     // Other links are unaffected.
     let pc = f.provider(ip(3));
-    let mut lc = pc.listen(sa(3, 80), 1).unwrap();
+    let mut lc = pc.listen(sa(3, 80), 1, QpCaps::default()).unwrap();
     let _ac = pa.connect(sa(3, 80), None, QpCaps::default(), &[]).unwrap();
     let t = f.now();
     f.advance(t + L);
@@ -1536,7 +1544,7 @@ fn jittery_run(seed: u64) -> Vec<(u64, u64, String)> {
     f.faults().set_delay(ip(1), ip(2), 1_000, 50_000);
     let pa = f.provider(ip(1));
     let pb = f.provider(ip(2));
-    let mut l = pb.listen(sa(2, 80), 1).unwrap();
+    let mut l = pb.listen(sa(2, 80), 1, QpCaps::default()).unwrap();
     let mut a = pa
         .connect(sa(2, 80), None, QpCaps::default(), b"x")
         .unwrap();
@@ -1646,7 +1654,7 @@ fn queue_pairs_are_limited() {
     let pa = f.provider(ip(1));
     let pb = f.provider(ip(2));
     let pc = f.provider(ip(3));
-    let mut l = pb.listen(sa(2, 80), 4).unwrap();
+    let mut l = pb.listen(sa(2, 80), 4, QpCaps::default()).unwrap();
     let a = pa.connect(sa(2, 80), None, QpCaps::default(), &[]).unwrap();
     assert_eq!(
         pa.connect(sa(2, 80), None, QpCaps::default(), &[])
@@ -1741,7 +1749,7 @@ fn passive_data_never_overtakes_the_accept() {
         f.faults().set_delay(ip(1), ip(2), 0, 20_000);
         let pa = f.provider(ip(1));
         let pb = f.provider(ip(2));
-        let mut l = pb.listen(sa(2, 80), 1).unwrap();
+        let mut l = pb.listen(sa(2, 80), 1, QpCaps::default()).unwrap();
         let mut a = pa.connect(sa(2, 80), None, QpCaps::default(), &[]).unwrap();
         let amr = pa.reg_mr(64, RW).unwrap();
         a.post_recv(&recv(1, &amr, 0, 64)).unwrap();

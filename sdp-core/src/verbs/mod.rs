@@ -16,6 +16,7 @@
 pub mod sim;
 
 use std::net::SocketAddr;
+use std::os::fd::RawFd;
 
 bitflags::bitflags! {
     /// Access rights of a memory region, as in `ibv_access_flags`. A region grants the least each
@@ -201,6 +202,12 @@ pub trait MemoryRegion: Send {
         self.len() == 0
     }
     fn access(&self) -> Access;
+    /// The region's bytes in this process's memory, when they live there (real providers).
+    /// The pointer is valid for `len()` bytes for the life of the region. `None` for the
+    /// simulator, whose memory lives in the simulated fabric.
+    fn host_ptr(&self) -> Option<std::ptr::NonNull<u8>> {
+        None
+    }
     /// Change the access rights (`ibv_rereg_mr`); revoking remote access makes later peer
     /// accesses fail with [`WcStatus::RemoteAccess`].
     fn set_access(&mut self, access: Access) -> Result<(), VerbsError>;
@@ -258,8 +265,13 @@ pub trait Provider: Send + Sync {
     fn name(&self) -> &'static str;
     /// Register `len` zeroed bytes with the given access.
     fn reg_mr(&self, len: usize, access: Access) -> Result<Self::Mr, VerbsError>;
-    /// Listen on `addr` (port 0 picks one).
-    fn listen(&self, addr: SocketAddr, backlog: u32) -> Result<Self::Listener, VerbsError>;
+    /// Listen on `addr` (port 0 picks one); endpoints for incoming requests get `caps`.
+    fn listen(
+        &self,
+        addr: SocketAddr,
+        backlog: u32,
+        caps: QpCaps,
+    ) -> Result<Self::Listener, VerbsError>;
     /// Start connecting to `dst` with our private data; `Established` or an error follows as a
     /// CM event on the endpoint.
     fn connect(
@@ -269,4 +281,22 @@ pub trait Provider: Send + Sync {
         caps: QpCaps,
         private_data: &[u8],
     ) -> Result<Self::Endpoint, VerbsError>;
+
+    /// An fd that polls readable when any endpoint or listener of this provider may have
+    /// something new (a completion, a CM event, a connect request) since the last [`arm`].
+    /// `None`: the provider cannot notify and must be polled (the simulator).
+    ///
+    /// The waiting protocol of a progress loop: `arm()`, then poll every endpoint and
+    /// listener once more, then sleep on this fd only if that found nothing. Anything that
+    /// arrives after `arm()` makes the fd readable, so no wakeup is lost.
+    ///
+    /// [`arm`]: Provider::arm
+    fn notify_fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// Consume the notifications pending on [`Provider::notify_fd`] and ask for a
+    /// notification at the next completion or event on every endpoint and listener.
+    fn arm(&self) -> Result<(), VerbsError> {
+        Ok(())
+    }
 }

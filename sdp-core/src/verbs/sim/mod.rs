@@ -97,7 +97,7 @@
 //! let fabric = SimFabric::new(7);
 //! let client = fabric.provider([10, 0, 0, 1].into());
 //! let server = fabric.provider([10, 0, 0, 2].into());
-//! let mut listener = server.listen("10.0.0.2:5000".parse().unwrap(), 8).unwrap();
+//! let mut listener = server.listen("10.0.0.2:5000".parse().unwrap(), 8, QpCaps::default()).unwrap();
 //! let dst = "10.0.0.2:5000".parse().unwrap();
 //! let mut a = client.connect(dst, None, QpCaps::default(), b"hi").unwrap();
 //! fabric.advance(fabric.next_event_at().unwrap()); // the request arrives
@@ -505,7 +505,12 @@ impl Provider for SimProvider {
         })
     }
 
-    fn listen(&self, addr: SocketAddr, backlog: u32) -> Result<SimListener, VerbsError> {
+    fn listen(
+        &self,
+        addr: SocketAddr,
+        backlog: u32,
+        _caps: QpCaps,
+    ) -> Result<SimListener, VerbsError> {
         let (id, addr) = self.world.lock().listen(self.ip, addr, backlog)?;
         Ok(SimListener {
             world: self.world.clone(),
