@@ -265,6 +265,22 @@ pub trait Provider: Send + Sync {
     fn name(&self) -> &'static str;
     /// Register `len` zeroed bytes with the given access.
     fn reg_mr(&self, len: usize, access: Access) -> Result<Self::Mr, VerbsError>;
+    /// Register memory the caller owns (`ibv_reg_mr` on an existing buffer), for zero-copy
+    /// from and into application buffers. Dropping the region deregisters it and leaves the
+    /// memory alone. Providers that cannot do this return [`VerbsError::Invalid`].
+    ///
+    /// # Safety
+    /// `addr..addr + len` must stay allocated for the life of the returned region, and while
+    /// the region grants remote access the caller must expect the peer to read or write it.
+    unsafe fn reg_mr_at(
+        &self,
+        addr: std::ptr::NonNull<u8>,
+        len: usize,
+        access: Access,
+    ) -> Result<Self::Mr, VerbsError> {
+        let _ = (addr, len, access);
+        Err(VerbsError::Invalid("this provider cannot register caller memory"))
+    }
     /// Listen on `addr` (port 0 picks one); endpoints for incoming requests get `caps`.
     fn listen(
         &self,
