@@ -205,13 +205,17 @@ impl<P: Provider> Driver<P> {
         self.listeners.get_mut(l.0)?.ready.pop_front()
     }
 
-    /// One round of progress on every listener and connection.
-    pub fn poll(&mut self, now: Instant) {
+    /// One round of progress on every listener and connection. Returns how many inputs
+    /// (completions, CM events, connect requests, expired timers) it handled: zero means
+    /// nothing happened, so a progress loop may go to sleep.
+    pub fn poll(&mut self, now: Instant) -> usize {
+        let mut activity = 0;
         for lid in self.listeners.ids() {
             while let Some(le) = self.listeners.get_mut(lid) {
                 let Some((mut ep, pd)) = le.listener.poll_request() else {
                     break;
                 };
+                activity += 1;
                 let store = MrStore::new(self.provider.clone());
                 match Conn::accept(self.cfg.clone(), store, now, &pd) {
                     Ok((conn, ack)) => {
@@ -244,20 +248,23 @@ impl<P: Provider> Driver<P> {
             }
         }
         for id in self.conns.ids() {
-            self.progress(now, id);
+            activity += self.progress(now, id);
         }
+        activity
     }
 
-    fn progress(&mut self, now: Instant, id: ConnId) {
+    fn progress(&mut self, now: Instant, id: ConnId) -> usize {
         let Some(e) = self.conns.get_mut(id) else {
-            return;
+            return 0;
         };
+        let mut activity = 0;
         if let Some(ep) = e.ep.as_mut() {
             // Completions first: they happened before any disconnect the CM reports now, and
             // an error completion says more about why than the disconnect does.
             if e.conn.state() != State::Connecting {
                 loop {
                     let n = ep.poll_cq(&mut self.scratch);
+                    activity += n;
                     for wc in &self.scratch[..n] {
                         e.conn.handle_completion(now, wc);
                     }
@@ -267,13 +274,16 @@ impl<P: Provider> Driver<P> {
                 }
             }
             while let Some(ev) = ep.poll_cm() {
+                activity += 1;
                 e.conn.handle_cm(now, ev);
             }
         }
         if e.conn.poll_timeout().is_some_and(|t| t <= now) {
+            activity += 1;
             e.conn.handle_timeout(now);
         }
         self.pump(now, id);
+        activity
     }
 
     /// Post the engine's work requests, perform its CM actions, collect its events.

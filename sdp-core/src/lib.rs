@@ -8,4 +8,5 @@
 
 pub mod driver;
 pub mod proto;
+pub mod socket;
 pub mod verbs;

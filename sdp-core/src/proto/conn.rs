@@ -609,6 +609,29 @@ impl<S: BufStore> Conn<S> {
     pub fn write_closed(&self) -> bool {
         self.shut_wr
     }
+    /// Bytes of a peer's SrcAvail that come next in the stream and may be read without a copy
+    /// into a registered sink ([`Conn::read_zcopy`]); `None` if the next bytes are not one.
+    pub fn next_is_zcopy(&self) -> Option<u32> {
+        match self.rx_queue.front() {
+            Some(super::recv::RxItem::Src { advt }) => {
+                let a = self.advts.srcs.get(*advt)?;
+                if a.reads_inflight == 0 && !a.cancelled && a.requested < a.len {
+                    Some(a.len - a.requested)
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        }
+    }
+    /// TCP_NODELAY: send small writes at once instead of coalescing them.
+    pub fn set_nodelay(&mut self, on: bool) {
+        self.cfg.nodelay = on;
+    }
+    /// SO_SNDBUF: bytes the application may have queued and unacknowledged (at least 1).
+    pub fn set_sndbuf(&mut self, bytes: usize) {
+        self.cfg.sndbuf = bytes.max(1);
+    }
     /// A read would not block: data, EOF or an error.
     pub fn is_readable(&self) -> bool {
         match self.state {
@@ -668,11 +691,11 @@ impl<S: BufStore> Conn<S> {
             (_, CmEvent::DeviceRemoval) => self.fail(now, ConnError::DeviceRemoved, false),
             (State::Closed, _) => {}
             (_, CmEvent::Disconnected) => {
-                // The CM says the connection is gone: nothing more can arrive. Without an
-                // orderly close (or an abort of ours) first, that is a reset, as in TCP.
-                if !(self.disconn_sent && self.disconn_rcvd || self.disconnect_issued)
-                    && self.error.is_none()
-                {
+                // The CM says the connection is gone: nothing more can arrive. After the
+                // peer's DisConn (its FIN) that is its orderly close finishing: what we hold
+                // stays readable, then EOF, as a TCP socket in CLOSE_WAIT. Without one (and
+                // without an abort of ours) it is a reset, as in TCP.
+                if !(self.disconn_rcvd || self.disconnect_issued) && self.error.is_none() {
                     self.error = Some(ConnError::Reset);
                 }
                 self.finish(now);
@@ -740,7 +763,7 @@ impl<S: BufStore> Conn<S> {
     /// anything else is the transport failing.
     pub(crate) fn on_wc_error(&mut self, now: Instant, status: WcStatus) {
         if status == WcStatus::Flushed {
-            let orderly = self.disconn_sent && self.disconn_rcvd;
+            let orderly = self.disconn_rcvd;
             if self.error.is_none()
                 && !self.disconnect_issued
                 && !orderly
@@ -945,7 +968,7 @@ impl<S: BufStore> Conn<S> {
         self.keepalive_at = None;
         self.idle_check_at = None;
         self.fail_pending_zcopy();
-        if self.error.is_none() && !(self.disconn_rcvd && self.disconn_sent) {
+        if self.error.is_none() && !self.disconn_rcvd {
             self.error = Some(ConnError::Reset);
         }
         self.release_all();

@@ -1,0 +1,94 @@
+//! The socket API: [`SdpStream`] and [`SdpListener`], shaped like `std::net`'s TCP types.
+//!
+//! ```no_run
+//! use std::io::{Read, Write};
+//! use sdp_core::socket::{SdpListener, SdpStream, Transport};
+//!
+//! let listener = SdpListener::bind("127.0.0.1:0")?;
+//! let addr = listener.local_addr()?;
+//! let t = std::thread::spawn(move || -> std::io::Result<()> {
+//!     let (mut s, _) = listener.accept()?;
+//!     let mut buf = [0u8; 5];
+//!     s.read_exact(&mut buf)?;
+//!     s.write_all(&buf)
+//! });
+//! let mut s = SdpStream::connect(addr)?;
+//! // On one host without RDMA, SDP runs over shared memory.
+//! assert_ne!(s.transport(), Transport::Tcp);
+//! s.write_all(b"hello")?;
+//! let mut echo = [0u8; 5];
+//! s.read_exact(&mut echo)?;
+//! assert_eq!(&echo, b"hello");
+//! t.join().unwrap()?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! **Transports.** A stream runs over SDP on some provider ([`Transport::Shm`] between
+//! processes of one host, [`Transport::Rdma`] over an RDMA device) or over kernel TCP
+//! ([`Transport::Tcp`]). In automatic mode ([`Choice::Auto`], the default) a connector tries
+//! SDP first and falls back to kernel TCP when the peer does not speak SDP (no SDP listener,
+//! no device or route, or the peer refused us, e.g. another user's process); a listener
+//! accepts SDP and kernel TCP clients on the same port. [`SdpStream::transport`] always tells
+//! which one a stream uses.
+//!
+//! **Readiness.** [`AsRawFd`](std::os::fd::AsRawFd) gives an fd that polls readable, writable
+//! and hung-up exactly when the stream is, so SDP streams work with `poll`, `epoll`, mio and
+//! tokio's `AsyncFd`. Use it in nonblocking mode, as with any socket.
+//!
+//! **Zero copy.** Blocking writes of at least the zero-copy threshold (64 KiB by default) are
+//! sent without copying: the reader's side reads them straight out of the writer's buffer,
+//! and the write returns once the peer has the bytes. [`SdpStream::register`] gives a
+//! [`RegisteredBuf`] to send from and receive into without per-call registration.
+//!
+//! **fork().** Streams keep working in the parent. In the child, streams inherited from the
+//! parent fail with an error and closing them does nothing to the parent's connections; the
+//! child can open new streams. Every fd the socket layer makes is close-on-exec.
+
+mod listener;
+mod ready;
+mod runtime;
+mod stack;
+mod stream;
+pub(crate) mod sys;
+
+pub use listener::{Incoming, SdpListener};
+pub use stack::{Choice, Options, Stack};
+pub use stream::{RegisteredBuf, SdpStream};
+
+/// What carries a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// SDP over shared memory between two processes of one host.
+    Shm,
+    /// SDP over an RDMA device.
+    Rdma,
+    /// SDP over the deterministic simulator (tests).
+    Sim,
+    /// Kernel TCP (fallback, or chosen).
+    Tcp,
+}
+
+impl Transport {
+    pub(crate) fn from_provider(name: &str) -> Transport {
+        match name {
+            "shm" => Transport::Shm,
+            "rdma" => Transport::Rdma,
+            _ => Transport::Sim,
+        }
+    }
+    /// Short lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Shm => "shm",
+            Transport::Rdma => "rdma",
+            Transport::Sim => "sim",
+            Transport::Tcp => "tcp",
+        }
+    }
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,910 @@
+//! The progress engine behind the socket API: one [`Runtime`] per provider per process.
+//!
+//! A runtime owns a [`Driver`] (every SDP connection of that provider) behind one lock, and a
+//! progress thread. Progress is made by whoever is there:
+//!
+//! * an application thread in a blocking call polls the provider itself, spinning for a short
+//!   bounded time (`SDP_SPIN_US`, default 50 µs) so a reply that comes quickly is seen at once;
+//! * after that it sleeps on a condition variable, and the progress thread, which sleeps on the
+//!   provider's notification fd (the `arm`, poll, sleep protocol of
+//!   [`Provider::notify_fd`](crate::verbs::Provider::notify_fd)) and the next timer, wakes it.
+//!
+//! An idle process therefore costs no CPU: the progress thread sleeps in `poll(2)` until a
+//! completion, a CM event or a timer is due.
+//!
+//! The runtime remembers the process it was made in. After `fork()` the child's copy of the
+//! runtime is dead: calls on streams inherited from the parent fail with EBADF and dropping them
+//! does nothing, so the child never disturbs the parent's connections, and new streams in the
+//! child get a new runtime (see `stack`).
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+use super::ready::ReadyFd;
+use super::sys;
+use crate::driver::{Driver, ListenerId};
+use crate::proto::conn::CallError;
+use crate::proto::iocb::{ZSink, ZSrc};
+use crate::proto::read::ZRecv;
+use crate::proto::table::ConnId;
+use crate::proto::{Config, ConnError, Event, Instant, Shutdown, State};
+use crate::verbs::{Access, MemoryRegion, Provider, VerbsError};
+
+/// How long a blocking call polls by itself before it sleeps.
+fn spin_time() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("SDP_SPIN_US")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(50u64);
+        Duration::from_micros(us)
+    })
+}
+
+/// Reads at least this big may take a peer's zero-copy source straight into the caller's
+/// buffer.
+const ZREAD_MIN: usize = 16 * 1024;
+
+/// How a call waits.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Wait {
+    pub nonblocking: bool,
+    pub timeout: Option<Duration>,
+}
+
+/// A registered memory region of some provider, type-erased.
+pub(crate) type DynMr = Box<dyn MemoryRegion>;
+
+/// What the socket layer needs of a runtime, object-safe so streams need not be generic.
+pub(crate) trait StackOps: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn alive(&self) -> bool;
+    fn connect(&self, dst: SocketAddr, timeout: Option<Duration>) -> io::Result<ConnId>;
+    fn listen(&self, addr: SocketAddr, backlog: u32) -> io::Result<ListenerId>;
+    fn listener_addr(&self, l: ListenerId) -> Option<SocketAddr>;
+    fn accept(&self, l: ListenerId, w: Wait) -> io::Result<ConnId>;
+    fn close_listener(&self, l: ListenerId);
+    fn listener_fd(&self, l: ListenerId) -> io::Result<RawFd>;
+    fn read(&self, id: ConnId, buf: &mut [u8], w: Wait) -> io::Result<usize>;
+    fn write(&self, id: ConnId, buf: &[u8], w: Wait) -> io::Result<usize>;
+    fn send_registered(
+        &self,
+        id: ConnId,
+        mr: &mut DynMr,
+        off: usize,
+        len: usize,
+    ) -> io::Result<usize>;
+    fn recv_registered(
+        &self,
+        id: ConnId,
+        mr: &mut DynMr,
+        off: usize,
+        len: usize,
+    ) -> io::Result<usize>;
+    fn register(&self, len: usize) -> io::Result<DynMr>;
+    fn shutdown(&self, id: ConnId, how: Shutdown) -> io::Result<()>;
+    fn close(&self, id: ConnId);
+    fn ready_fd(&self, id: ConnId) -> io::Result<RawFd>;
+    fn addrs(&self, id: ConnId) -> io::Result<(SocketAddr, SocketAddr)>;
+    fn set_nodelay(&self, id: ConnId, on: bool) -> io::Result<()>;
+    fn nodelay(&self, id: ConnId) -> io::Result<bool>;
+    fn set_sndbuf(&self, id: ConnId, bytes: usize) -> io::Result<()>;
+    fn sndbuf(&self, id: ConnId) -> io::Result<usize>;
+    fn take_error(&self, id: ConnId) -> io::Result<Option<io::Error>>;
+    fn conn_count(&self) -> usize;
+    fn registered_bytes(&self) -> usize;
+}
+
+/// Per-socket state of the runtime (beyond the engine's).
+#[derive(Default)]
+struct Sock {
+    ready: Option<ReadyFd>,
+    /// Finished zero-copy transfers: token, bytes.
+    zdone: Vec<(u64, usize)>,
+    /// The error reported by `take_error` (SO_ERROR) is taken once.
+    error_taken: bool,
+}
+
+struct LSock {
+    /// Connections the driver accepted and the application did not take yet.
+    pending: VecDeque<ConnId>,
+    ready: ReadyFd,
+}
+
+struct Inner<P: Provider> {
+    driver: Driver<P>,
+    socks: HashMap<ConnId, Sock>,
+    lsocks: HashMap<ListenerId, LSock>,
+    next_token: u64,
+}
+
+/// Called before each round of progress with the current time (the simulator advances its
+/// virtual clock with it).
+pub(crate) type Tick = Box<dyn Fn(Instant) + Send + Sync>;
+
+struct Shared<P: Provider> {
+    inner: Mutex<Inner<P>>,
+    cond: Condvar,
+    origin: std::time::Instant,
+    wake: OwnedFd,
+    pid: u32,
+    tick: Option<Tick>,
+    stop: AtomicBool,
+    /// The provider can register application memory (cleared at its first refusal).
+    user_zcopy: AtomicBool,
+}
+
+/// A runtime over one provider. Dropping the last handle stops the progress thread.
+pub(crate) struct Runtime<P: Provider + 'static> {
+    sh: Arc<Shared<P>>,
+}
+
+impl<P: Provider + 'static> Drop for Runtime<P> {
+    fn drop(&mut self) {
+        self.sh.stop.store(true, Ordering::SeqCst);
+        sys::eventfd_signal(&self.sh.wake);
+    }
+}
+
+fn io_err(e: CallError) -> io::Error {
+    match e {
+        CallError::WouldBlock => io::ErrorKind::WouldBlock.into(),
+        e => io::Error::from_raw_os_error(e.errno()),
+    }
+}
+
+fn verbs_err(e: VerbsError) -> io::Error {
+    let errno = match &e {
+        VerbsError::NoDevice(_) => libc::ENETUNREACH,
+        VerbsError::AddrInUse => libc::EADDRINUSE,
+        VerbsError::AddrNotAvailable => libc::EADDRNOTAVAIL,
+        VerbsError::QueueFull(_) | VerbsError::NoResources(_) => libc::ENOBUFS,
+        VerbsError::Invalid(_) => libc::EINVAL,
+        VerbsError::NotConnected => libc::ENOTCONN,
+        VerbsError::Os(_) => libc::EIO,
+    };
+    io::Error::new(
+        io::Error::from_raw_os_error(errno).kind(),
+        format!("{e} (os error {errno})"),
+    )
+}
+
+fn driver_err(e: crate::driver::DriverError) -> io::Error {
+    use crate::driver::DriverError as D;
+    match e {
+        D::BadId => io::Error::from_raw_os_error(libc::EBADF),
+        D::Verbs(v) => verbs_err(v),
+        D::Conn(c) => io::Error::from_raw_os_error(c.errno()),
+        D::Call(c) => io_err(c),
+    }
+}
+
+fn dead() -> io::Error {
+    io::Error::other("SDP socket inherited across fork(): it belongs to the parent process")
+}
+
+impl<P: Provider + 'static> Runtime<P> {
+    /// Start a runtime and its progress thread.
+    pub(crate) fn start(provider: P, cfg: Config, tick: Option<Tick>) -> io::Result<Arc<Self>> {
+        let notify = provider.notify_fd();
+        let sh = Arc::new(Shared {
+            inner: Mutex::new(Inner {
+                driver: Driver::new(provider, cfg),
+                socks: HashMap::new(),
+                lsocks: HashMap::new(),
+                next_token: 1,
+            }),
+            cond: Condvar::new(),
+            origin: std::time::Instant::now(),
+            wake: sys::eventfd()?,
+            pid: sys::getpid(),
+            tick,
+            stop: AtomicBool::new(false),
+            user_zcopy: AtomicBool::new(true),
+        });
+        let weak = Arc::downgrade(&sh);
+        std::thread::Builder::new()
+            .name("sdp-progress".into())
+            .spawn(move || progress_thread(weak, notify))?;
+        Ok(Arc::new(Runtime { sh }))
+    }
+
+    fn now(&self) -> Instant {
+        self.sh.now()
+    }
+
+    fn lock(&self) -> io::Result<MutexGuard<'_, Inner<P>>> {
+        if sys::getpid() != self.sh.pid {
+            return Err(dead());
+        }
+        Ok(self.sh.inner.lock())
+    }
+
+    /// Run `f` until it gives an answer, making progress and waiting in between.
+    fn block_on<T>(
+        &self,
+        w: Wait,
+        mut f: impl FnMut(&mut Inner<P>, Instant) -> Option<io::Result<T>>,
+    ) -> io::Result<T> {
+        let start = std::time::Instant::now();
+        let mut g = self.lock()?;
+        let mut woke_progress = false;
+        loop {
+            let now = self.now();
+            if let Some(r) = f(&mut g, now) {
+                return r;
+            }
+            // Move things along ourselves, then look again.
+            if self.sh.step(&mut g) > 0 {
+                self.sh.cond.notify_all();
+                if let Some(r) = f(&mut g, self.now()) {
+                    return r;
+                }
+            }
+            if w.nonblocking {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let elapsed = start.elapsed();
+            let left = match w.timeout {
+                Some(t) if elapsed >= t => return Err(io::ErrorKind::WouldBlock.into()),
+                Some(t) => t - elapsed,
+                None => Duration::from_secs(3600),
+            };
+            if elapsed < spin_time() {
+                MutexGuard::unlocked(&mut g, std::hint::spin_loop);
+                continue;
+            }
+            if !woke_progress {
+                // Our call may have set an earlier timer than the one the progress thread
+                // sleeps towards.
+                sys::eventfd_signal(&self.sh.wake);
+                woke_progress = true;
+            }
+            self.sh
+                .cond
+                .wait_for(&mut g, left.min(Duration::from_millis(200)));
+        }
+    }
+
+    /// Bring one socket's readiness fd up to date after an application call.
+    fn refresh(g: &mut Inner<P>, id: ConnId) {
+        let Inner { driver, socks, .. } = g;
+        if let Some(s) = socks.get_mut(&id) {
+            refresh_sock(driver, id, s);
+        }
+    }
+
+    fn zcopy_wait(&self, id: ConnId, token: u64) -> io::Result<usize> {
+        // No timeout: the peer may be reading or writing the memory until the engine says it
+        // is done, which it always does (finished, cancelled, or the connection failed).
+        self.block_on(Wait::default(), |g, _| {
+            let s = g.socks.get_mut(&id)?;
+            let i = s.zdone.iter().position(|&(t, _)| t == token)?;
+            Some(Ok(s.zdone.swap_remove(i).1))
+        })
+    }
+
+    /// Send `len` bytes of registered memory at `mr[off..]` by zero copy, waiting until the peer
+    /// has them; returns bytes sent (fewer if the peer cancelled: send the rest again).
+    fn zcopy_send(&self, id: ConnId, mr: &DynMr, off: usize, len: usize) -> io::Result<usize> {
+        let src = ZSrc {
+            addr: mr.addr() + off as u64,
+            len: len as u32,
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+        };
+        let mut token = 0;
+        self.block_on(Wait::default(), |g, now| {
+            if token == 0 {
+                token = g.next_token;
+                g.next_token += 1;
+            }
+            match g.driver.write_zcopy(now, id, src, token) {
+                Ok(()) => Some(Ok(())),
+                Err(CallError::WouldBlock) => None,
+                Err(e) => Some(Err(io_err(e))),
+            }
+        })?;
+        self.zcopy_wait(id, token)
+    }
+
+    /// Receive the next bytes straight into registered memory when they are a peer's zero-copy
+    /// source. `Ok(None)`: they are not; read by copy.
+    fn zcopy_recv(
+        &self,
+        id: ConnId,
+        mr: &DynMr,
+        off: usize,
+        len: usize,
+    ) -> io::Result<Option<usize>> {
+        let sink = ZSink {
+            addr: mr.addr() + off as u64,
+            len: len as u32,
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+        };
+        let token = {
+            let mut g = self.lock()?;
+            let now = self.now();
+            let c = g
+                .driver
+                .conn(id)
+                .ok_or_else(|| driver_err(crate::driver::DriverError::BadId))?;
+            if c.next_is_zcopy().is_none() {
+                return Ok(None);
+            }
+            let token = g.next_token;
+            g.next_token += 1;
+            match g.driver.read_zcopy(now, id, sink, token) {
+                Ok(ZRecv::Pending) => token,
+                Ok(ZRecv::Copy) => return Ok(None),
+                Err(CallError::WouldBlock) => return Ok(None),
+                Err(e) => return Err(io_err(e)),
+            }
+        };
+        match self.zcopy_wait(id, token)? {
+            0 => Ok(None),
+            n => Ok(Some(n)),
+        }
+    }
+
+    fn with_sock<R>(
+        &self,
+        id: ConnId,
+        f: impl FnOnce(&mut Inner<P>, Instant) -> io::Result<R>,
+    ) -> io::Result<R> {
+        let mut g = self.lock()?;
+        if !g.socks.contains_key(&id) {
+            return Err(io::Error::from_raw_os_error(libc::EBADF));
+        }
+        let now = self.now();
+        let r = f(&mut g, now);
+        Self::refresh(&mut g, id);
+        r
+    }
+}
+
+impl<P: Provider + 'static> Shared<P> {
+    fn now(&self) -> Instant {
+        Instant::from_nanos(self.origin.elapsed().as_nanos() as u64)
+    }
+
+    /// One round of progress: the driver polls everything, then the runtime collects events,
+    /// hands accepted connections to their listeners and updates readiness fds.
+    fn step(&self, g: &mut Inner<P>) -> usize {
+        let now = self.now();
+        if let Some(t) = &self.tick {
+            t(now);
+        }
+        let act = g.driver.poll(now);
+        if act == 0 {
+            return 0;
+        }
+        let Inner {
+            driver,
+            socks,
+            lsocks,
+            ..
+        } = g;
+        for (lid, ls) in lsocks.iter_mut() {
+            while let Some(id) = driver.accept(*lid) {
+                ls.pending.push_back(id);
+                socks.insert(id, Sock::default());
+            }
+            let readable = ls.pending.iter().any(|&id| {
+                driver
+                    .conn(id)
+                    .is_some_and(|c| c.state() != State::Accepting)
+            });
+            ls.ready.set(readable, false, false);
+        }
+        for (&id, s) in socks.iter_mut() {
+            for ev in driver.take_events(id) {
+                match ev {
+                    Event::ZcopySent { token, bytes } | Event::ZcopyReceived { token, bytes } => {
+                        s.zdone.push((token, bytes))
+                    }
+                    _ => {}
+                }
+            }
+            refresh_sock(driver, id, s);
+        }
+        act
+    }
+}
+
+fn refresh_sock<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut Sock) {
+    let Some(r) = s.ready.as_mut() else {
+        return;
+    };
+    match driver.conn(id) {
+        Some(c) => {
+            let hup = c.state() == State::Closed || (c.read_closed() && c.write_closed());
+            r.set(c.is_readable(), c.is_writable(), hup)
+        }
+        None => r.set(true, true, true),
+    }
+}
+
+fn progress_thread<P: Provider + 'static>(weak: std::sync::Weak<Shared<P>>, notify: Option<RawFd>) {
+    loop {
+        let Some(sh) = weak.upgrade() else { return };
+        if sh.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let deadline = {
+            let mut g = sh.inner.lock();
+            let _ = g.driver.provider().arm();
+            if sh.step(&mut g) > 0 {
+                sh.cond.notify_all();
+                // Keep going while there is work; arm again before each look.
+                continue;
+            }
+            g.driver.next_deadline()
+        };
+        let now = sh.now();
+        let cap = if notify.is_some() {
+            Duration::from_secs(1)
+        } else {
+            // Nothing to sleep on (the simulator): poll often.
+            Duration::from_micros(200)
+        };
+        let timeout = deadline.map_or(cap, |d| d.saturating_since(now).min(cap));
+        let wake = sh.wake.as_raw_fd();
+        drop(sh);
+        let mut fds = vec![(wake, libc::POLLIN)];
+        if let Some(fd) = notify {
+            fds.push((fd, libc::POLLIN));
+        }
+        if sys::poll(&fds, Some(timeout)).is_err() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let Some(sh) = weak.upgrade() else { return };
+        sys::eventfd_drain(&sh.wake);
+    }
+}
+
+impl<P: Provider + 'static> StackOps for Runtime<P> {
+    fn name(&self) -> &'static str {
+        self.sh.inner.lock().driver.provider().name()
+    }
+    fn alive(&self) -> bool {
+        sys::getpid() == self.sh.pid
+    }
+
+    fn connect(&self, dst: SocketAddr, timeout: Option<Duration>) -> io::Result<ConnId> {
+        let id = {
+            let mut g = self.lock()?;
+            let now = self.now();
+            let id = g.driver.connect(now, dst, None).map_err(driver_err)?;
+            g.socks.insert(id, Sock::default());
+            id
+        };
+        let r = self.block_on(
+            Wait {
+                nonblocking: false,
+                timeout,
+            },
+            |g, _| {
+                let c = g.driver.conn(id)?;
+                match c.state() {
+                    State::Connecting => None,
+                    State::Established => Some(Ok(())),
+                    _ => Some(Err(c
+                        .error()
+                        .map_or(io::Error::from_raw_os_error(libc::ECONNRESET), |e| {
+                            io::Error::from_raw_os_error(e.errno())
+                        }))),
+                }
+            },
+        );
+        match r {
+            Ok(()) => Ok(id),
+            Err(e) => {
+                self.close(id);
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    Err(io::Error::from_raw_os_error(libc::ETIMEDOUT))
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    fn listen(&self, addr: SocketAddr, backlog: u32) -> io::Result<ListenerId> {
+        let mut g = self.lock()?;
+        let l = g.driver.listen(addr, backlog).map_err(driver_err)?;
+        g.lsocks.insert(
+            l,
+            LSock {
+                pending: VecDeque::new(),
+                ready: ReadyFd::new()?,
+            },
+        );
+        // Make the listener's readiness fd unwritable: only POLLIN means something.
+        if let Some(ls) = g.lsocks.get_mut(&l) {
+            ls.ready.set(false, false, false);
+        }
+        Ok(l)
+    }
+
+    fn listener_addr(&self, l: ListenerId) -> Option<SocketAddr> {
+        self.sh.inner.lock().driver.listener_addr(l)
+    }
+
+    fn accept(&self, l: ListenerId, w: Wait) -> io::Result<ConnId> {
+        self.block_on(w, |g, _| {
+            let Inner {
+                driver,
+                lsocks,
+                socks,
+                ..
+            } = g;
+            let Some(ls) = lsocks.get_mut(&l) else {
+                return Some(Err(io::Error::from_raw_os_error(libc::EBADF)));
+            };
+            let mut i = 0;
+            while i < ls.pending.len() {
+                let id = ls.pending[i];
+                match driver.conn(id).map(|c| (c.state(), c.error().is_some())) {
+                    Some((State::Accepting, _)) => i += 1,
+                    // Failed before the application saw it: TCP would not report it either.
+                    None | Some((State::Closed, true)) => {
+                        ls.pending.remove(i);
+                        socks.remove(&id);
+                        driver.release(Instant::default(), id);
+                    }
+                    Some(_) => {
+                        ls.pending.remove(i);
+                        let readable = ls.pending.iter().any(|&id| {
+                            driver
+                                .conn(id)
+                                .is_some_and(|c| c.state() != State::Accepting)
+                        });
+                        ls.ready.set(readable, false, false);
+                        return Some(Ok(id));
+                    }
+                }
+            }
+            None
+        })
+    }
+
+    fn close_listener(&self, l: ListenerId) {
+        let Ok(mut g) = self.lock() else { return };
+        if let Some(ls) = g.lsocks.remove(&l) {
+            let now = self.now();
+            for id in ls.pending {
+                g.socks.remove(&id);
+                g.driver.abort(now, id);
+                g.driver.release(now, id);
+            }
+        }
+        g.driver.close_listener(l);
+    }
+
+    fn listener_fd(&self, l: ListenerId) -> io::Result<RawFd> {
+        let g = self.lock()?;
+        g.lsocks
+            .get(&l)
+            .map(|ls| ls.ready.fd())
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
+    }
+
+    fn read(&self, id: ConnId, buf: &mut [u8], w: Wait) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        // A blocking read of a peer's zero-copy source takes it straight into `buf`.
+        let mut try_z =
+            !w.nonblocking && buf.len() >= ZREAD_MIN && self.sh.user_zcopy.load(Ordering::Relaxed);
+        loop {
+            let r = self.block_on(w, |g, now| {
+                if try_z && g.driver.conn(id).and_then(|c| c.next_is_zcopy()).is_some() {
+                    return Some(Ok(None));
+                }
+                let r = match g.driver.read(now, id, buf) {
+                    Ok(n) => Some(Ok(Some(n))),
+                    Err(CallError::WouldBlock) => None,
+                    Err(e) => Some(Err(io_err(e))),
+                };
+                Self::refresh(g, id);
+                r
+            })?;
+            match r {
+                Some(n) => return Ok(n),
+                None => {
+                    if let Some(n) = self.read_user_zcopy(id, buf)? {
+                        return Ok(n);
+                    }
+                    try_z = false;
+                }
+            }
+        }
+    }
+
+    fn write(&self, id: ConnId, buf: &[u8], w: Wait) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if !w.nonblocking
+            && buf.len() >= self.zcopy_threshold().max(1)
+            && buf.len() <= u32::MAX as usize
+            && self.sh.user_zcopy.load(Ordering::Relaxed)
+        {
+            if let Some(n) = self.write_user_zcopy(id, buf)? {
+                return Ok(n);
+            }
+        }
+        self.write_copy(id, buf, w)
+    }
+
+    fn send_registered(
+        &self,
+        id: ConnId,
+        mr: &mut DynMr,
+        off: usize,
+        len: usize,
+    ) -> io::Result<usize> {
+        check_range(mr, off, len)?;
+        let zmin = self.sh.inner.lock().driver.config().zcopy_threshold;
+        if len < zmin.max(1) {
+            // Small: a copy costs less than the round trip of an advertisement.
+            let mut tmp = vec![0u8; len];
+            mr.read(off, &mut tmp);
+            return self.write_copy(id, &tmp, Wait::default());
+        }
+        // Remote read only while the transfer is outstanding.
+        mr.set_access(mr.access() | Access::REMOTE_READ)
+            .map_err(verbs_err)?;
+        let r = self.zcopy_send(id, mr, off, len.min(u32::MAX as usize));
+        let revoke = mr.set_access(mr.access() - Access::REMOTE_READ);
+        let sent = r?;
+        revoke.map_err(verbs_err)?;
+        if sent < len {
+            let mut tmp = vec![0u8; len - sent];
+            mr.read(off + sent, &mut tmp);
+            self.write_copy(id, &tmp, Wait::default())?;
+        }
+        Ok(len)
+    }
+
+    fn recv_registered(
+        &self,
+        id: ConnId,
+        mr: &mut DynMr,
+        off: usize,
+        len: usize,
+    ) -> io::Result<usize> {
+        check_range(mr, off, len)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        // Wait for something to read, then take it straight into the region if it is a
+        // zero-copy source, by copy otherwise.
+        self.block_on(Wait::default(), |g, _| {
+            let c = g.driver.conn(id)?;
+            c.is_readable().then_some(Ok(()))
+        })?;
+        if let Some(n) = self.zcopy_recv(id, mr, off, len)? {
+            return Ok(n);
+        }
+        let mut tmp = vec![0u8; len];
+        let n = self.read(id, &mut tmp, Wait::default())?;
+        mr.write(off, &tmp[..n]);
+        Ok(n)
+    }
+
+    fn register(&self, len: usize) -> io::Result<DynMr> {
+        let g = self.lock()?;
+        let mr = g
+            .driver
+            .provider()
+            .reg_mr(len, Access::LOCAL_WRITE)
+            .map_err(verbs_err)?;
+        Ok(Box::new(mr))
+    }
+
+    fn shutdown(&self, id: ConnId, how: Shutdown) -> io::Result<()> {
+        self.with_sock(id, |g, now| g.driver.shutdown(now, id, how).map_err(io_err))
+    }
+
+    fn close(&self, id: ConnId) {
+        let Ok(mut g) = self.lock() else { return };
+        let now = self.now();
+        g.socks.remove(&id);
+        g.driver.close(now, id);
+    }
+
+    fn ready_fd(&self, id: ConnId) -> io::Result<RawFd> {
+        let mut g = self.lock()?;
+        let s = g
+            .socks
+            .get_mut(&id)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        if s.ready.is_none() {
+            s.ready = Some(ReadyFd::new()?);
+        }
+        let fd = s.ready.as_ref().map(|r| r.fd()).unwrap_or(-1);
+        Self::refresh(&mut g, id);
+        Ok(fd)
+    }
+
+    fn addrs(&self, id: ConnId) -> io::Result<(SocketAddr, SocketAddr)> {
+        let g = self.lock()?;
+        match (g.driver.local_addr(id), g.driver.peer_addr(id)) {
+            (Some(l), Some(p)) => Ok((l, p)),
+            _ => Err(io::Error::from_raw_os_error(libc::ENOTCONN)),
+        }
+    }
+
+    fn set_nodelay(&self, id: ConnId, on: bool) -> io::Result<()> {
+        self.with_sock(id, |g, now| {
+            g.driver
+                .with_conn(now, id, |c| c.set_nodelay(on))
+                .map_err(driver_err)
+        })
+    }
+    fn nodelay(&self, id: ConnId) -> io::Result<bool> {
+        self.with_sock(id, |g, _| {
+            g.driver
+                .conn(id)
+                .map(|c| c.config().nodelay)
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
+        })
+    }
+    fn set_sndbuf(&self, id: ConnId, bytes: usize) -> io::Result<()> {
+        self.with_sock(id, |g, now| {
+            g.driver
+                .with_conn(now, id, |c| c.set_sndbuf(bytes))
+                .map_err(driver_err)
+        })
+    }
+    fn sndbuf(&self, id: ConnId) -> io::Result<usize> {
+        self.with_sock(id, |g, _| {
+            g.driver
+                .conn(id)
+                .map(|c| c.config().sndbuf)
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
+        })
+    }
+    fn take_error(&self, id: ConnId) -> io::Result<Option<io::Error>> {
+        self.with_sock(id, |g, _| {
+            let Inner { driver, socks, .. } = g;
+            let s = socks.get_mut(&id).expect("checked by with_sock");
+            if s.error_taken {
+                return Ok(None);
+            }
+            let e: Option<ConnError> = driver.conn(id).and_then(|c| c.error().cloned());
+            Ok(e.map(|e| {
+                s.error_taken = true;
+                io::Error::from_raw_os_error(e.errno())
+            }))
+        })
+    }
+    fn conn_count(&self) -> usize {
+        self.sh.inner.lock().driver.conn_count()
+    }
+    fn registered_bytes(&self) -> usize {
+        self.sh.inner.lock().driver.registered_bytes()
+    }
+}
+
+fn check_range(mr: &DynMr, off: usize, len: usize) -> io::Result<()> {
+    if off.checked_add(len).is_none_or(|end| end > mr.len()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "range outside the registered buffer",
+        ));
+    }
+    Ok(())
+}
+
+/// Register caller memory on the runtime's provider, for the duration of one call.
+impl<P: Provider + 'static> Runtime<P> {
+    /// Zero-copy send of an application slice: registered for the call, advertised, and
+    /// deregistered once the peer has read it. `Ok(None)` if the provider cannot register
+    /// caller memory.
+    pub(crate) fn write_user_zcopy(&self, id: ConnId, buf: &[u8]) -> io::Result<Option<usize>> {
+        let mr = {
+            let g = self.lock()?;
+            let p = g.driver.provider().clone();
+            drop(g);
+            // SAFETY: `buf` outlives the region: the region is dropped (deregistered) before
+            // this function returns, and zcopy_send returns only once the engine reports the
+            // transfer finished, cancelled or failed, after which the peer cannot reach it.
+            let r = unsafe {
+                p.reg_mr_at(
+                    NonNull::new(buf.as_ptr() as *mut u8).expect("slice pointer is not null"),
+                    buf.len(),
+                    Access::REMOTE_READ,
+                )
+            };
+            match r {
+                Ok(mr) => Box::new(mr) as DynMr,
+                Err(VerbsError::Invalid(_)) => {
+                    self.sh.user_zcopy.store(false, Ordering::Relaxed);
+                    return Ok(None);
+                }
+                Err(e) => return Err(verbs_err(e)),
+            }
+        };
+        let sent = self.zcopy_send(id, &mr, 0, buf.len())?;
+        drop(mr);
+        if sent < buf.len() {
+            self.write_copy(id, &buf[sent..], Wait::default())?;
+        }
+        Ok(Some(buf.len()))
+    }
+
+    /// Zero-copy receive into an application slice when the next bytes are a peer's
+    /// zero-copy source. `Ok(None)`: read by copy.
+    pub(crate) fn read_user_zcopy(&self, id: ConnId, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        {
+            let g = self.lock()?;
+            if g.driver.conn(id).and_then(|c| c.next_is_zcopy()).is_none() {
+                return Ok(None);
+            }
+        }
+        let p = self.sh.inner.lock().driver.provider().clone();
+        // SAFETY: as in write_user_zcopy: the region is dropped before return, and only after
+        // the engine reported the RDMA Read into it finished or failed.
+        let r = unsafe {
+            p.reg_mr_at(
+                NonNull::new(buf.as_mut_ptr()).expect("slice pointer is not null"),
+                buf.len(),
+                Access::LOCAL_WRITE,
+            )
+        };
+        let mr: DynMr = match r {
+            Ok(mr) => Box::new(mr),
+            Err(VerbsError::Invalid(_)) => {
+                self.sh.user_zcopy.store(false, Ordering::Relaxed);
+                return Ok(None);
+            }
+            Err(e) => return Err(verbs_err(e)),
+        };
+        let r = self.zcopy_recv(id, &mr, 0, buf.len());
+        drop(mr);
+        r
+    }
+
+    fn write_copy(&self, id: ConnId, buf: &[u8], w: Wait) -> io::Result<usize> {
+        // Like a blocking TCP send: everything is queued before the call returns, unless the
+        // connection fails or the timeout passes after a part went.
+        let mut done = 0;
+        let r = self.block_on(w, |g, now| {
+            let r = match g.driver.write(now, id, &buf[done..]) {
+                Ok(n) => {
+                    done += n;
+                    (done == buf.len() || w.nonblocking).then_some(Ok(done))
+                }
+                Err(CallError::WouldBlock) => None,
+                Err(e) if done > 0 => {
+                    let _ = e;
+                    Some(Ok(done))
+                }
+                Err(e) => Some(Err(io_err(e))),
+            };
+            Self::refresh(g, id);
+            r
+        });
+        match r {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && done > 0 => Ok(done),
+            r => r,
+        }
+    }
+
+    pub(crate) fn zcopy_threshold(&self) -> usize {
+        self.sh.inner.lock().driver.config().zcopy_threshold
+    }
+}

@@ -1,0 +1,584 @@
+//! [`SdpStream`]: a connected stream socket over SDP or, as a fallback, kernel TCP.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown as NetShutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::runtime::{DynMr, Wait};
+use super::stack::{Choice, Options, Stack};
+use super::Transport;
+use crate::proto::table::ConnId;
+use crate::proto::Shutdown;
+
+/// The SDP side of a stream, shared by its clones; the connection closes when the last clone
+/// goes (as with a dup'd fd).
+pub(crate) struct Core {
+    pub(crate) stack: Stack,
+    pub(crate) id: ConnId,
+    nonblocking: AtomicBool,
+    read_timeout: Mutex<Option<Duration>>,
+    write_timeout: Mutex<Option<Duration>>,
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        self.stack.0.close(self.id);
+    }
+}
+
+impl Core {
+    pub(crate) fn new(stack: Stack, id: ConnId) -> Core {
+        Core {
+            stack,
+            id,
+            nonblocking: AtomicBool::new(false),
+            read_timeout: Mutex::new(None),
+            write_timeout: Mutex::new(None),
+        }
+    }
+    fn wait(&self, timeout: Option<Duration>) -> Wait {
+        Wait {
+            nonblocking: self.nonblocking.load(Ordering::Relaxed),
+            timeout,
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Inner {
+    Sdp(Arc<Core>),
+    Tcp(Arc<TcpStream>),
+}
+
+/// A stream socket: SDP when possible, kernel TCP otherwise (see [`SdpStream::transport`]).
+///
+/// `Read` and `Write` are implemented for `SdpStream` and `&SdpStream`: one thread may read
+/// while another writes.
+#[derive(Clone)]
+pub struct SdpStream {
+    inner: Inner,
+}
+
+impl std::fmt::Debug for SdpStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("SdpStream");
+        d.field("transport", &self.transport());
+        if let Ok(a) = self.local_addr() {
+            d.field("local", &a);
+        }
+        if let Ok(a) = self.peer_addr() {
+            d.field("peer", &a);
+        }
+        d.finish()
+    }
+}
+
+fn invalid(msg: &'static str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+/// Errors after which automatic mode tries kernel TCP: the peer or path does not do SDP.
+fn falls_back(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ECONNREFUSED | libc::ENETUNREACH | libc::EHOSTUNREACH | libc::EADDRNOTAVAIL)
+    )
+}
+
+impl SdpStream {
+    pub(crate) fn from_core(core: Core) -> SdpStream {
+        SdpStream {
+            inner: Inner::Sdp(Arc::new(core)),
+        }
+    }
+    pub(crate) fn from_tcp(s: TcpStream) -> SdpStream {
+        SdpStream {
+            inner: Inner::Tcp(Arc::new(s)),
+        }
+    }
+
+    /// Connect in automatic mode: SDP if the peer speaks it, kernel TCP otherwise.
+    pub fn connect(addr: impl ToSocketAddrs) -> io::Result<SdpStream> {
+        SdpStream::connect_with(addr, &Options::default())
+    }
+
+    /// Connect with a timeout (per address tried), like `TcpStream::connect_timeout`.
+    pub fn connect_timeout(addr: &SocketAddr, timeout: Duration) -> io::Result<SdpStream> {
+        if timeout.is_zero() {
+            return Err(invalid("cannot set a 0 duration timeout"));
+        }
+        let opts = Options {
+            connect_timeout: Some(timeout),
+            ..Options::default()
+        };
+        SdpStream::connect_with(addr, &opts)
+    }
+
+    /// Connect with explicit options (transport choice, stack, timeout).
+    pub fn connect_with(addr: impl ToSocketAddrs, opts: &Options) -> io::Result<SdpStream> {
+        let mut last = None;
+        for a in addr.to_socket_addrs()? {
+            match SdpStream::connect_one(a, opts) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| invalid("could not resolve to any addresses")))
+    }
+
+    fn connect_one(a: SocketAddr, opts: &Options) -> io::Result<SdpStream> {
+        if !matches!(opts.choice, Choice::Tcp) {
+            let sdp = match opts.stack_for(a.ip()) {
+                Ok(Some(stack)) => stack
+                    .0
+                    .connect(a, opts.connect_timeout)
+                    .map(|id| SdpStream::from_core(Core::new(stack, id))),
+                Ok(None) => Err(io::Error::from_raw_os_error(libc::ENETUNREACH)),
+                Err(e) => Err(e),
+            };
+            match sdp {
+                Ok(s) => return Ok(s),
+                Err(e) if matches!(opts.choice, Choice::Auto) && falls_back(&e) => {}
+                Err(e) if matches!(opts.choice, Choice::Auto) && e.raw_os_error().is_none() => {
+                    // The stack itself is unavailable (e.g. no shm support): TCP.
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let s = match opts.connect_timeout {
+            Some(t) => TcpStream::connect_timeout(&a, t)?,
+            None => TcpStream::connect(a)?,
+        };
+        Ok(SdpStream::from_tcp(s))
+    }
+
+    /// What carries this stream.
+    pub fn transport(&self) -> Transport {
+        match &self.inner {
+            Inner::Sdp(c) => c.stack.transport(),
+            Inner::Tcp(_) => Transport::Tcp,
+        }
+    }
+
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        match &self.inner {
+            Inner::Sdp(c) => c.stack.0.addrs(c.id).map(|a| a.1),
+            Inner::Tcp(s) => s.peer_addr(),
+        }
+    }
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match &self.inner {
+            Inner::Sdp(c) => c.stack.0.addrs(c.id).map(|a| a.0),
+            Inner::Tcp(s) => s.local_addr(),
+        }
+    }
+
+    /// Shut down the read, write or both halves (write: the peer reads EOF after all data).
+    pub fn shutdown(&self, how: NetShutdown) -> io::Result<()> {
+        match &self.inner {
+            Inner::Sdp(c) => {
+                let how = match how {
+                    NetShutdown::Read => Shutdown::Read,
+                    NetShutdown::Write => Shutdown::Write,
+                    NetShutdown::Both => Shutdown::Both,
+                };
+                c.stack.0.shutdown(c.id, how)
+            }
+            Inner::Tcp(s) => s.shutdown(how),
+        }
+    }
+
+    /// A second handle to the same connection (shares mode, timeouts and the connection).
+    pub fn try_clone(&self) -> io::Result<SdpStream> {
+        match &self.inner {
+            Inner::Sdp(c) => {
+                if !c.stack.0.alive() {
+                    return Err(io::Error::from_raw_os_error(libc::EBADF));
+                }
+                Ok(self.clone())
+            }
+            Inner::Tcp(s) => Ok(SdpStream::from_tcp(s.try_clone()?)),
+        }
+    }
+
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match &self.inner {
+            Inner::Sdp(c) => {
+                c.nonblocking.store(on, Ordering::Relaxed);
+                Ok(())
+            }
+            Inner::Tcp(s) => s.set_nonblocking(on),
+        }
+    }
+
+    /// SO_RCVTIMEO: a blocking read that waits longer fails with `WouldBlock` (EAGAIN).
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t == Some(Duration::ZERO) {
+            return Err(invalid("cannot set a 0 duration timeout"));
+        }
+        match &self.inner {
+            Inner::Sdp(c) => {
+                *c.read_timeout.lock() = t;
+                Ok(())
+            }
+            Inner::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
+    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        match &self.inner {
+            Inner::Sdp(c) => Ok(*c.read_timeout.lock()),
+            Inner::Tcp(s) => s.read_timeout(),
+        }
+    }
+    /// SO_SNDTIMEO.
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t == Some(Duration::ZERO) {
+            return Err(invalid("cannot set a 0 duration timeout"));
+        }
+        match &self.inner {
+            Inner::Sdp(c) => {
+                *c.write_timeout.lock() = t;
+                Ok(())
+            }
+            Inner::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
+    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        match &self.inner {
+            Inner::Sdp(c) => Ok(*c.write_timeout.lock()),
+            Inner::Tcp(s) => s.write_timeout(),
+        }
+    }
+
+    /// TCP_NODELAY: SDP coalesces small writes while a send is outstanding unless set.
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        match &self.inner {
+            Inner::Sdp(c) => c.stack.0.set_nodelay(c.id, on),
+            Inner::Tcp(s) => s.set_nodelay(on),
+        }
+    }
+    pub fn nodelay(&self) -> io::Result<bool> {
+        match &self.inner {
+            Inner::Sdp(c) => c.stack.0.nodelay(c.id),
+            Inner::Tcp(s) => s.nodelay(),
+        }
+    }
+
+    /// SO_SNDBUF: bytes that may be queued and not yet acknowledged by the peer.
+    pub fn set_send_buffer_size(&self, bytes: usize) -> io::Result<()> {
+        if bytes == 0 {
+            return Err(invalid("buffer size must be positive"));
+        }
+        match &self.inner {
+            Inner::Sdp(c) => c.stack.0.set_sndbuf(c.id, bytes),
+            Inner::Tcp(s) => super::sys::setsockopt_int(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                bytes.min(i32::MAX as usize) as i32,
+            ),
+        }
+    }
+    pub fn send_buffer_size(&self) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Sdp(c) => c.stack.0.sndbuf(c.id),
+            Inner::Tcp(s) => {
+                let mut v: libc::c_int = 0;
+                let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+                // SAFETY: passes a live c_int and its length for the kernel to fill in.
+                super::sys::syscall!(getsockopt(
+                    s.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_SNDBUF,
+                    (&mut v as *mut libc::c_int).cast(),
+                    &mut l
+                ))?;
+                Ok(v as usize)
+            }
+        }
+    }
+
+    /// SO_ERROR: the connection's error, once.
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        match &self.inner {
+            Inner::Sdp(c) => c.stack.0.take_error(c.id),
+            Inner::Tcp(s) => s.take_error(),
+        }
+    }
+
+    /// Register a buffer of `len` bytes on this stream's stack for zero-copy sends and
+    /// receives ([`SdpStream::send_registered`], [`SdpStream::recv_registered`]).
+    pub fn register(&self, len: usize) -> io::Result<RegisteredBuf> {
+        match &self.inner {
+            Inner::Sdp(c) => {
+                let mr = c.stack.0.register(len)?;
+                if mr.host_ptr().is_none() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        "this transport's memory is not in the process",
+                    ));
+                }
+                Ok(RegisteredBuf {
+                    mr,
+                    stack: Some(c.stack.clone()),
+                })
+            }
+            Inner::Tcp(_) => Ok(RegisteredBuf {
+                mr: Box::new(HeapMr::new(len)),
+                stack: None,
+            }),
+        }
+    }
+
+    /// Send `buf[range]` without copying (large ranges) and return once the peer has the
+    /// bytes. The memory is reachable by the peer only during the call.
+    pub fn send_registered(
+        &self,
+        buf: &mut RegisteredBuf,
+        range: std::ops::Range<usize>,
+    ) -> io::Result<usize> {
+        let len = range
+            .end
+            .checked_sub(range.start)
+            .ok_or_else(|| invalid("bad range"))?;
+        match &self.inner {
+            Inner::Sdp(c) => {
+                buf.check_stack(&c.stack)?;
+                c.stack
+                    .0
+                    .send_registered(c.id, &mut buf.mr, range.start, len)
+            }
+            Inner::Tcp(s) => {
+                let bytes = buf
+                    .as_slice()
+                    .get(range)
+                    .ok_or_else(|| invalid("bad range"))?;
+                (&**s).write_all(bytes)?;
+                Ok(bytes.len())
+            }
+        }
+    }
+
+    /// Receive into `buf[range]`: a peer's zero-copy send lands there directly. Returns the
+    /// bytes received (0 at EOF).
+    pub fn recv_registered(
+        &self,
+        buf: &mut RegisteredBuf,
+        range: std::ops::Range<usize>,
+    ) -> io::Result<usize> {
+        let len = range
+            .end
+            .checked_sub(range.start)
+            .ok_or_else(|| invalid("bad range"))?;
+        match &self.inner {
+            Inner::Sdp(c) => {
+                buf.check_stack(&c.stack)?;
+                c.stack
+                    .0
+                    .recv_registered(c.id, &mut buf.mr, range.start, len)
+            }
+            Inner::Tcp(s) => {
+                let dst = buf
+                    .as_mut_slice()
+                    .get_mut(range)
+                    .ok_or_else(|| invalid("bad range"))?;
+                (&**s).read(dst)
+            }
+        }
+    }
+
+    fn sdp_read(c: &Core, buf: &mut [u8]) -> io::Result<usize> {
+        let t = *c.read_timeout.lock();
+        c.stack.0.read(c.id, buf, c.wait(t))
+    }
+    fn sdp_write(c: &Core, buf: &[u8]) -> io::Result<usize> {
+        let t = *c.write_timeout.lock();
+        c.stack.0.write(c.id, buf, c.wait(t))
+    }
+}
+
+impl Read for &SdpStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Sdp(c) => SdpStream::sdp_read(c, buf),
+            Inner::Tcp(s) => (&**s).read(buf),
+        }
+    }
+}
+
+impl Write for &SdpStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Sdp(c) => SdpStream::sdp_write(c, buf),
+            Inner::Tcp(s) => (&**s).write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Sdp(c) => {
+                let b = bufs
+                    .iter()
+                    .find(|b| !b.is_empty())
+                    .map_or(&[][..], |b| &**b);
+                SdpStream::sdp_write(c, b)
+            }
+            Inner::Tcp(s) => (&**s).write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Read for SdpStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buf)
+    }
+}
+
+impl Write for SdpStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        (&*self).write_vectored(bufs)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl AsRawFd for SdpStream {
+    /// The readiness fd (SDP) or the socket (TCP). For SDP it polls readable, writable and
+    /// hung up as the stream does; it is not for reading or writing data. -1 if it cannot be
+    /// made (out of fds).
+    fn as_raw_fd(&self) -> RawFd {
+        match &self.inner {
+            Inner::Sdp(c) => c.stack.0.ready_fd(c.id).unwrap_or(-1),
+            Inner::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+impl AsFd for SdpStream {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        let fd = self.as_raw_fd();
+        assert!(fd >= 0, "SDP readiness fd could not be created");
+        // SAFETY: the readiness fd lives as long as the connection's entry in the stack,
+        // which lasts at least as long as this stream (it is removed when the last clone
+        // drops).
+        unsafe { BorrowedFd::borrow_raw(fd) }
+    }
+}
+
+/// Memory registered for zero-copy sends and receives on one stack.
+pub struct RegisteredBuf {
+    mr: DynMr,
+    stack: Option<Stack>,
+}
+
+impl std::fmt::Debug for RegisteredBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegisteredBuf")
+            .field("len", &self.mr.len())
+            .finish()
+    }
+}
+
+impl RegisteredBuf {
+    fn check_stack(&self, s: &Stack) -> io::Result<()> {
+        match &self.stack {
+            Some(mine) if Arc::ptr_eq(&mine.0, &s.0) => Ok(()),
+            _ => Err(invalid("buffer registered on another stream's stack")),
+        }
+    }
+    pub fn len(&self) -> usize {
+        self.mr.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.mr.is_empty()
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        let p = self.mr.host_ptr().expect("checked at registration");
+        // SAFETY: the region's memory is valid for len() bytes while the region lives, and
+        // no remote access is granted outside send/recv calls, which borrow `self` mutably.
+        unsafe { std::slice::from_raw_parts(p.as_ptr(), self.mr.len()) }
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        let p = self.mr.host_ptr().expect("checked at registration");
+        // SAFETY: as in as_slice, and `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), self.mr.len()) }
+    }
+}
+
+/// Plain heap memory standing in for a registered buffer on a TCP stream.
+struct HeapMr {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: HeapMr owns its allocation exclusively (like a Box<[u8]>).
+unsafe impl Send for HeapMr {}
+
+impl HeapMr {
+    fn new(len: usize) -> HeapMr {
+        let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
+        let ptr = std::ptr::NonNull::new(Box::into_raw(b) as *mut u8).expect("Box is not null");
+        HeapMr { ptr, len }
+    }
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: ptr/len come from a live boxed slice owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in bytes(); `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for HeapMr {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are exactly what Box::into_raw gave in HeapMr::new.
+        drop(unsafe {
+            Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                self.ptr.as_ptr(),
+                self.len,
+            ))
+        });
+    }
+}
+
+impl crate::verbs::MemoryRegion for HeapMr {
+    fn lkey(&self) -> u32 {
+        0
+    }
+    fn rkey(&self) -> u32 {
+        0
+    }
+    fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn access(&self) -> crate::verbs::Access {
+        crate::verbs::Access::LOCAL_WRITE
+    }
+    fn host_ptr(&self) -> Option<std::ptr::NonNull<u8>> {
+        Some(self.ptr)
+    }
+    fn set_access(&mut self, _: crate::verbs::Access) -> Result<(), crate::verbs::VerbsError> {
+        Ok(())
+    }
+    fn read(&self, off: usize, dst: &mut [u8]) {
+        dst.copy_from_slice(&self.bytes()[off..off + dst.len()]);
+    }
+    fn write(&mut self, off: usize, src: &[u8]) {
+        self.bytes_mut()[off..off + src.len()].copy_from_slice(src);
+    }
+}
