@@ -1,187 +1,108 @@
-//! sdp-bench: throughput and latency runs of SDP against kernel TCP and raw verbs.
+//! sdp-bench: throughput and latency of SDP against kernel TCP.
 //!
-//! Today no provider for real traffic is built yet (the intra-host `shm` provider and the
-//! `rdma` provider are the next issues), so the main job says so and measures what exists:
-//! the SDP engine itself, moving data between two connections over the in-memory simulator
-//! (engine + simulator CPU cost per GiB, BCopy and ZCopy).
+//! * `sdp-bench compare` (the default): starts a server process, then runs SDP (auto, BCopy
+//!   only, ZCopy from registered buffers) and kernel TCP one after another over message sizes
+//!   64 B to 4 MiB, and prints one table: throughput, messages/s, ping-pong round-trip p50/p99
+//!   and CPU seconds per GiB of both ends.
+//! * `sdp-bench server [ADDR]` / `sdp-bench client ADDR`: the two ends on their own.
+//! * `sdp-bench engine`: the SDP engine alone over the in-memory simulator.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::time::Instant as WallClock;
+mod engine;
+mod net;
+mod plot;
 
-use sdp_core::driver::Driver;
-use sdp_core::proto::conn::CallError;
-use sdp_core::proto::iocb::ZSrc;
-use sdp_core::proto::{Config, Event, Instant, State};
-use sdp_core::verbs::sim::{SimFabric, SimProvider};
-use sdp_core::verbs::{Access, MemoryRegion, Provider};
+use clap::{Parser, Subcommand};
 
-fn cpu_seconds() -> f64 {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes a rusage into the pointer we pass, which is valid and aligned.
-    let ru = unsafe {
-        libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr());
-        ru.assume_init()
-    };
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    t(ru.ru_utime) + t(ru.ru_stime)
+#[derive(Parser)]
+#[command(
+    name = "sdp-bench",
+    version,
+    about = "SDP throughput and latency against kernel TCP"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
 }
 
-struct Row {
-    mode: &'static str,
-    size: usize,
-    bytes: u64,
-    wall: f64,
-    cpu: f64,
-    virt_ns: u64,
+#[derive(clap::Args, Clone, Debug)]
+pub struct RunOpts {
+    /// Message sizes, e.g. 64,64k,1m (default 64 B to 4 MiB).
+    #[arg(long, value_delimiter = ',', value_parser = net::parse_size)]
+    pub sizes: Option<Vec<usize>>,
+    /// Seconds per row and test.
+    #[arg(long, default_value_t = 2.0)]
+    pub duration: f64,
+    /// Print one JSON object per result row instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw throughput and latency against message size into this SVG file.
+    #[arg(long)]
+    pub plot: Option<std::path::PathBuf>,
+    /// Which tests: stream, pingpong or both.
+    #[arg(long, default_value = "both")]
+    pub tests: String,
 }
 
-/// Stream `total` bytes A -> B in `size`-byte writes over the simulator.
-fn sim_stream(size: usize, total: u64, zcopy: bool) -> Row {
-    let a_ip = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
-    let b_ip = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
-    let fabric = SimFabric::new(7);
-    let cfg = Config::default();
-    let mut a: Driver<SimProvider> = Driver::new(fabric.provider(a_ip), cfg.clone());
-    let mut b: Driver<SimProvider> = Driver::new(fabric.provider(b_ip), cfg);
-    let l = b.listen(SocketAddr::new(b_ip, 9000), 16).expect("listen");
-    let now = |f: &SimFabric| Instant(f.now());
-    let ca = a
-        .connect(now(&fabric), SocketAddr::new(b_ip, 9000), None)
-        .expect("connect");
-    let mut cb = None;
-    let payload = vec![0x5au8; size];
-    let src_mr = zcopy.then(|| {
-        let p = a.provider().clone();
-        let mut mr = p
-            .reg_mr(size, Access::LOCAL_WRITE | Access::REMOTE_READ)
-            .expect("reg");
-        mr.write(0, &payload);
-        mr
-    });
-    let (mut sent, mut rcvd, mut inflight) = (0u64, 0u64, false);
-    let mut buf = vec![0u8; 1 << 20];
-    let (c0, w0, v0) = (cpu_seconds(), WallClock::now(), fabric.now());
-    while rcvd < total {
-        let t = now(&fabric);
-        a.poll(t);
-        b.poll(t);
-        cb = cb.or_else(|| b.accept(l));
-        let Some(cb) = cb else {
-            step(&fabric, &a, &b);
-            continue;
-        };
-        if a.conn(ca).map(|c| c.state()) != Some(State::Established) {
-            step(&fabric, &a, &b);
-            continue;
-        }
-        for ev in a.take_events(ca) {
-            if let Event::ZcopySent { bytes, .. } = ev {
-                sent += bytes as u64;
-                inflight = false;
-            }
-        }
-        while sent < total {
-            if let Some(mr) = &src_mr {
-                if inflight {
-                    break;
-                }
-                let src = ZSrc {
-                    addr: mr.addr(),
-                    len: size as u32,
-                    lkey: mr.lkey(),
-                    rkey: mr.rkey(),
-                };
-                match a.write_zcopy(t, ca, src, sent) {
-                    Ok(()) => inflight = true,
-                    Err(CallError::WouldBlock) => {}
-                    Err(e) => panic!("write_zcopy: {e}"),
-                }
-                break;
-            }
-            match a.write(t, ca, &payload) {
-                Ok(n) => sent += n as u64,
-                Err(CallError::WouldBlock) => break,
-                Err(e) => panic!("write: {e}"),
-            }
-        }
-        loop {
-            match b.read(t, cb, &mut buf) {
-                Ok(0) => break,
-                Ok(n) => rcvd += n as u64,
-                Err(CallError::WouldBlock) => break,
-                Err(e) => panic!("read: {e}"),
-            }
-        }
-        step(&fabric, &a, &b);
-    }
-    Row {
-        mode: if zcopy { "zcopy" } else { "bcopy" },
-        size,
-        bytes: rcvd,
-        wall: w0.elapsed().as_secs_f64(),
-        cpu: cpu_seconds() - c0,
-        virt_ns: fabric.now() - v0,
-    }
-}
-
-fn step(f: &SimFabric, a: &Driver<SimProvider>, b: &Driver<SimProvider>) {
-    let next = [
-        f.next_event_at().map(Instant),
-        a.next_deadline(),
-        b.next_deadline(),
-    ]
-    .into_iter()
-    .flatten()
-    .min();
-    if let Some(t) = next {
-        f.advance(t.0.max(f.now()));
-    }
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run every transport and mode against a server process started for the run.
+    Compare {
+        #[command(flatten)]
+        run: RunOpts,
+        /// Only these transports/modes (comma list of sdp-auto, sdp-bcopy, sdp-zcopy, tcp).
+        #[arg(long, value_delimiter = ',')]
+        only: Option<Vec<String>>,
+    },
+    /// Serve benchmark clients (SDP and kernel TCP on the same port).
+    Server {
+        /// Address to listen on.
+        #[arg(default_value = "0.0.0.0:7471")]
+        addr: String,
+        /// Print the bound address on stdout once listening (for scripts).
+        #[arg(long)]
+        print_addr: bool,
+    },
+    /// Run against a server.
+    Client {
+        /// The server's address.
+        addr: String,
+        #[command(flatten)]
+        run: RunOpts,
+        /// Transport/mode: sdp-auto, sdp-bcopy, sdp-zcopy or tcp.
+        #[arg(long, default_value = "sdp-auto")]
+        mode: String,
+    },
+    /// The SDP engine alone over the in-memory simulator.
+    Engine {
+        /// MiB per row.
+        #[arg(long, default_value_t = 256)]
+        mib: u64,
+    },
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("usage: sdp-bench [--mib N]\n\nNo provider for real traffic is built yet: the shm provider (intra-host) and the rdma provider\nare the next issues. Until then sdp-bench measures the SDP engine over the in-memory simulator.");
-        return;
-    }
-    let mib: u64 = args
-        .iter()
-        .position(|a| a == "--mib")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(256);
-    println!("sdp-bench: no SDP provider for real traffic is available yet (shm: intra-host, rdma: RDMA CM;");
-    println!(
-        "both are open issues). Measuring the SDP engine over the in-memory simulator instead:"
-    );
-    println!("{mib} MiB streamed between two connections in one process; CPU covers both engines and the");
-    println!("simulator's copies, so it is an upper bound on the engine's own cost.\n");
-    println!(
-        "{:<6} {:>9} {:>10} {:>12} {:>12} {:>14}",
-        "mode", "msg size", "MiB", "wall GiB/s", "CPU s/GiB", "virtual GiB/s"
-    );
-    for (size, zc) in [
-        (64usize, false),
-        (65536, false),
-        (1 << 20, false),
-        (256 << 10, true),
-        (1 << 20, true),
-    ] {
-        let total = if size < 4096 {
-            (mib << 20) / 16
-        } else {
-            mib << 20
-        };
-        let r = sim_stream(size, total, zc);
-        let gib = r.bytes as f64 / (1u64 << 30) as f64;
-        println!(
-            "{:<6} {:>9} {:>10} {:>12.2} {:>12.3} {:>14.2}",
-            r.mode,
-            r.size,
-            r.bytes >> 20,
-            gib / r.wall,
-            r.cpu / gib,
-            gib / (r.virt_ns as f64 / 1e9)
-        );
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        None => net::compare(
+            &RunOpts {
+                sizes: None,
+                duration: 2.0,
+                json: false,
+                plot: None,
+                tests: "both".into(),
+            },
+            None,
+        ),
+        Some(Cmd::Compare { run, only }) => net::compare(&run, only),
+        Some(Cmd::Server { addr, print_addr }) => net::server(&addr, print_addr),
+        Some(Cmd::Client { addr, run, mode }) => net::client(&addr, &run, &mode),
+        Some(Cmd::Engine { mib }) => {
+            engine::run(mib);
+            Ok(())
+        }
+    };
+    if let Err(e) = r {
+        eprintln!("sdp-bench: {e}");
+        std::process::exit(1);
     }
 }

@@ -134,7 +134,7 @@ impl SdpListener {
                     *l,
                     Wait {
                         nonblocking: true,
-                        timeout: None,
+                        ..Wait::default()
                     },
                 ) {
                     Ok(id) => {

@@ -59,6 +59,8 @@ const ZREAD_MIN: usize = 16 * 1024;
 pub(crate) struct Wait {
     pub nonblocking: bool,
     pub timeout: Option<Duration>,
+    /// Large blocking reads and writes may go by zero copy.
+    pub zcopy: bool,
 }
 
 /// A registered memory region of some provider, type-erased.
@@ -491,8 +493,8 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         };
         let r = self.block_on(
             Wait {
-                nonblocking: false,
                 timeout,
+                ..Wait::default()
             },
             |g, _| {
                 let c = g.driver.conn(id)?;
@@ -637,6 +639,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             return Ok(0);
         }
         if !w.nonblocking
+            && w.zcopy
             && buf.len() >= self.zcopy_threshold().max(1)
             && buf.len() <= u32::MAX as usize
             && self.sh.user_zcopy.load(Ordering::Relaxed)

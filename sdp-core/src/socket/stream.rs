@@ -21,6 +21,7 @@ pub(crate) struct Core {
     pub(crate) stack: Stack,
     pub(crate) id: ConnId,
     nonblocking: AtomicBool,
+    zcopy: AtomicBool,
     read_timeout: Mutex<Option<Duration>>,
     write_timeout: Mutex<Option<Duration>>,
 }
@@ -37,6 +38,7 @@ impl Core {
             stack,
             id,
             nonblocking: AtomicBool::new(false),
+            zcopy: AtomicBool::new(true),
             read_timeout: Mutex::new(None),
             write_timeout: Mutex::new(None),
         }
@@ -45,6 +47,7 @@ impl Core {
         Wait {
             nonblocking: self.nonblocking.load(Ordering::Relaxed),
             timeout,
+            zcopy: self.zcopy.load(Ordering::Relaxed),
         }
     }
 }
@@ -213,6 +216,14 @@ impl SdpStream {
                 Ok(())
             }
             Inner::Tcp(s) => s.set_nonblocking(on),
+        }
+    }
+
+    /// Whether large blocking reads and writes may go by zero copy (the default). Off, every
+    /// byte goes through the connection's registered buffers (BCopy).
+    pub fn set_zero_copy(&self, on: bool) {
+        if let Inner::Sdp(c) = &self.inner {
+            c.zcopy.store(on, Ordering::Relaxed);
         }
     }
 
