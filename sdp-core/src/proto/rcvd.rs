@@ -200,6 +200,7 @@ impl<S: BufStore> Conn<S> {
             self.tx_pool.trim(&mut self.store, 0);
             self.ctrl_pool.trim(&mut self.store, 1);
             self.advts.bounce_pool.trim(&mut self.store, 0);
+            self.rx_pool.trim(&mut self.store, 0);
         }
         self.idle_check_at = Some(now + self.cfg.idle_shrink);
     }

@@ -137,8 +137,11 @@ impl<S: BufStore> Conn<S> {
                 sge: buf.sge(buf.size),
             }));
         }
-        // Idle buffers beyond what the target needs are given back.
-        let keep = (self.rx_target as usize).saturating_sub(self.rx_posted.len());
+        // Keep up to a target's worth of idle buffers: a buffer the application just read
+        // is the one the next arrival's re-post needs, so under load no buffer is registered
+        // and deregistered per message. The rest (after an idle shrink lowered the target)
+        // is given back.
+        let keep = self.rx_target as usize;
         self.rx_pool.trim(&mut self.store, keep);
         Ok(())
     }

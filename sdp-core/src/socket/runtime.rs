@@ -213,10 +213,10 @@ impl<P: Provider + 'static> Runtime<P> {
             stop: AtomicBool::new(false),
             user_zcopy: AtomicBool::new(true),
         });
-        let weak = Arc::downgrade(&sh);
+        let thread_sh = sh.clone();
         std::thread::Builder::new()
             .name("sdp-progress".into())
-            .spawn(move || progress_thread(weak, notify))?;
+            .spawn(move || progress_thread(thread_sh, notify))?;
         Ok(Arc::new(Runtime { sh }))
     }
 
@@ -437,14 +437,22 @@ fn refresh_sock<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut Sock) {
     }
 }
 
-fn progress_thread<P: Provider + 'static>(weak: std::sync::Weak<Shared<P>>, notify: Option<RawFd>) {
+/// Longest a stopped runtime keeps running so its closing connections finish in order.
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+
+fn progress_thread<P: Provider + 'static>(sh: Arc<Shared<P>>, notify: Option<RawFd>) {
+    let mut stopped_at: Option<std::time::Instant> = None;
     loop {
-        let Some(sh) = weak.upgrade() else { return };
-        if sh.stop.load(Ordering::SeqCst) {
-            return;
-        }
         let deadline = {
             let mut g = sh.inner.lock();
+            if sh.stop.load(Ordering::SeqCst) {
+                // Every handle is gone; connections closed by the application may still be
+                // sending their last bytes and DisConn. Finish them, then go.
+                let t = *stopped_at.get_or_insert_with(std::time::Instant::now);
+                if g.driver.conn_count() == 0 || t.elapsed() > DRAIN_LIMIT {
+                    return;
+                }
+            }
             let _ = g.driver.provider().arm();
             if sh.step(&mut g) > 0 {
                 sh.cond.notify_all();
@@ -454,23 +462,20 @@ fn progress_thread<P: Provider + 'static>(weak: std::sync::Weak<Shared<P>>, noti
             g.driver.next_deadline()
         };
         let now = sh.now();
-        let cap = if notify.is_some() {
+        let cap = if notify.is_some() && stopped_at.is_none() {
             Duration::from_secs(1)
         } else {
-            // Nothing to sleep on (the simulator): poll often.
+            // Nothing to sleep on (the simulator), or draining: look often.
             Duration::from_micros(200)
         };
         let timeout = deadline.map_or(cap, |d| d.saturating_since(now).min(cap));
-        let wake = sh.wake.as_raw_fd();
-        drop(sh);
-        let mut fds = vec![(wake, libc::POLLIN)];
+        let mut fds = vec![(sh.wake.as_raw_fd(), libc::POLLIN)];
         if let Some(fd) = notify {
             fds.push((fd, libc::POLLIN));
         }
         if sys::poll(&fds, Some(timeout)).is_err() {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let Some(sh) = weak.upgrade() else { return };
         sys::eventfd_drain(&sh.wake);
     }
 }
