@@ -1,0 +1,235 @@
+//! A peer process for the socket API tests (tests/tests/socket.rs): the other end of a
+//! connection in another process, so the tests exercise SDP between real processes.
+//!
+//! * `duplex ADDR MODE SEED_TX SEED_RX BYTES`: connect, send BYTES of the seeded stream SEED_TX
+//!   in random sizes while reading and checking BYTES of the seeded stream SEED_RX; then EOF.
+//! * `flood ADDR`: connect and write until killed.
+//! * `connect ADDR CHOICE`: connect (auto | sdp), print the transport or the errno, exit.
+//! * `fork ADDR`: the fork() checks (parent keeps its stream, child opens a new one, the
+//!   child's inherited copy fails and does not disturb the parent), exec leaves no fd behind.
+
+use std::io::{Read, Write};
+use std::net::Shutdown;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use sdp_core::socket::{Options, SdpStream};
+
+fn die(msg: String) -> ! {
+    eprintln!("sdp-peer: {msg}");
+    std::process::exit(2)
+}
+
+/// The seeded byte stream both sides agree on.
+pub struct Pattern(ChaCha8Rng);
+impl Pattern {
+    fn new(seed: u64) -> Pattern {
+        Pattern(ChaCha8Rng::seed_from_u64(seed))
+    }
+    fn fill(&mut self, b: &mut [u8]) {
+        self.0.fill(b);
+    }
+}
+
+fn connect(addr: &str, mode: &str) -> SdpStream {
+    let opts = match mode {
+        "tcp" => Options::tcp_only(),
+        "auto" => Options::auto(),
+        _ => Options::sdp_only(),
+    };
+    let s = SdpStream::connect_with(addr, &opts).unwrap_or_else(|e| die(format!("connect: {e}")));
+    s.set_zero_copy(mode != "bcopy");
+    s
+}
+
+/// Send `bytes` of pattern `tx` in random sizes; read and check `bytes` of pattern `rx`.
+pub fn duplex(s: SdpStream, mode: &str, tx: u64, rx: u64, bytes: u64) -> Result<(), String> {
+    let w = s.try_clone().map_err(|e| e.to_string())?;
+    let registered = mode == "zcopy";
+    let writer = std::thread::spawn(move || -> Result<(), String> {
+        let mut p = Pattern::new(tx);
+        let mut sizes = ChaCha8Rng::seed_from_u64(tx ^ 0x55);
+        let mut rb = if registered {
+            Some(w.register(1 << 20).map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
+        let mut buf = vec![0u8; 1 << 20];
+        let mut left = bytes;
+        while left > 0 {
+            let n = (sizes.random_range(1..=1usize << 20) as u64).min(left) as usize;
+            match rb.as_mut() {
+                Some(rb) => {
+                    p.fill(&mut rb.as_mut_slice()[..n]);
+                    let sent = w.send_registered(rb, 0..n).map_err(|e| e.to_string())?;
+                    if sent != n {
+                        return Err(format!("send_registered sent {sent} of {n}"));
+                    }
+                }
+                None => {
+                    p.fill(&mut buf[..n]);
+                    (&w).write_all(&buf[..n]).map_err(|e| e.to_string())?;
+                }
+            }
+            left -= n as u64;
+        }
+        w.shutdown(Shutdown::Write).map_err(|e| e.to_string())
+    });
+    let mut p = Pattern::new(rx);
+    let mut sizes = ChaCha8Rng::seed_from_u64(rx ^ 0xaa);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut want = vec![0u8; 1 << 20];
+    let mut rb = if registered {
+        Some(s.register(1 << 20).map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    let mut got = 0u64;
+    loop {
+        let cap = sizes.random_range(1..=1usize << 20);
+        let n = match rb.as_mut() {
+            Some(rb) => {
+                let n = s.recv_registered(rb, 0..cap).map_err(|e| e.to_string())?;
+                buf[..n].copy_from_slice(&rb.as_slice()[..n]);
+                n
+            }
+            None => (&s).read(&mut buf[..cap]).map_err(|e| e.to_string())?,
+        };
+        if n == 0 {
+            break;
+        }
+        p.fill(&mut want[..n]);
+        if buf[..n] != want[..n] {
+            let i = (0..n).find(|&i| buf[i] != want[i]).unwrap_or(0);
+            return Err(format!("byte {} differs", got + i as u64));
+        }
+        got += n as u64;
+    }
+    if got != bytes {
+        return Err(format!("EOF after {got} of {bytes} bytes"));
+    }
+    writer.join().map_err(|_| "writer panicked".to_string())?
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize| {
+        args.get(i)
+            .cloned()
+            .unwrap_or_else(|| die(format!("missing argument {i}")))
+    };
+    match arg(0).as_str() {
+        "duplex" => {
+            let mode = arg(2);
+            let s = connect(&arg(1), &mode);
+            let n = |i| {
+                arg(i)
+                    .parse::<u64>()
+                    .unwrap_or_else(|e| die(format!("{e}")))
+            };
+            match duplex(s, &mode, n(3), n(4), n(5)) {
+                Ok(()) => println!("ok"),
+                Err(e) => die(e),
+            }
+        }
+        "flood" => {
+            let mut s = connect(&arg(1), "sdp");
+            println!("{}", s.transport());
+            let _ = std::io::stdout().flush();
+            let buf = vec![7u8; 64 << 10];
+            loop {
+                if let Err(e) = s.write_all(&buf) {
+                    die(format!("write: {e}"));
+                }
+            }
+        }
+        "connect" => {
+            let opts = if arg(2) == "auto" {
+                Options::auto()
+            } else {
+                Options::sdp_only()
+            };
+            match SdpStream::connect_with(arg(1).as_str(), &opts) {
+                Ok(mut s) => {
+                    let _ = s.write_all(b"hi");
+                    println!("{}", s.transport());
+                }
+                Err(e) => println!("errno {}", e.raw_os_error().unwrap_or(-1)),
+            }
+        }
+        "fork" => fork_checks(&arg(1)),
+        other => die(format!("unknown command {other}")),
+    }
+}
+
+/// fork(): the parent's stream keeps working, the child's inherited copy fails without
+/// touching the connection, the child opens a stream of its own; exec leaves no fd behind.
+fn fork_checks(addr: &str) {
+    let mut s = connect(addr, "sdp");
+    s.write_all(b"parent-1")
+        .unwrap_or_else(|e| die(format!("write before fork: {e}")));
+    // SAFETY: the child only makes new streams (a new runtime), reads /proc and exits or
+    // execs; it never touches locks another thread of the parent might hold, except through
+    // the socket layer, which makes a fresh runtime after fork.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        die("fork failed".into());
+    }
+    if pid == 0 {
+        let code = (|| -> Result<(), String> {
+            // The inherited stream belongs to the parent.
+            if (&s).write(b"x").is_ok() {
+                return Err("inherited stream worked in the child".into());
+            }
+            let mut c = connect(addr, "sdp");
+            c.write_all(b"child").map_err(|e| e.to_string())?;
+            c.shutdown(Shutdown::Write).map_err(|e| e.to_string())?;
+            let mut rest = Vec::new();
+            c.read_to_end(&mut rest).map_err(|e| e.to_string())?;
+            if rest != b"child" {
+                return Err(format!("child echo {rest:?}"));
+            }
+            Ok(())
+        })();
+        let code = match code {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("sdp-peer child: {e}");
+                3
+            }
+        };
+        // SAFETY: leave at once, without running the parent's destructors in the child.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child we just forked.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        die(format!("child failed: status {status:#x}"));
+    }
+    // The parent's stream still works.
+    s.write_all(b"parent-2")
+        .unwrap_or_else(|e| die(format!("write after fork: {e}")));
+    // exec: every fd the socket layer made is close-on-exec.
+    let out = std::process::Command::new("/bin/ls")
+        .arg("/proc/self/fd")
+        .output()
+        .unwrap_or_else(|e| die(format!("exec ls: {e}")));
+    let fds: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    // 0, 1, 2 and the directory ls reads; Command adds nothing else.
+    if fds.len() > 4 {
+        die(format!("fds left open across exec: {fds:?}"));
+    }
+    s.shutdown(Shutdown::Write)
+        .unwrap_or_else(|e| die(format!("shutdown: {e}")));
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest)
+        .unwrap_or_else(|e| die(format!("read: {e}")));
+    if rest != b"parent-1parent-2" {
+        die(format!("parent echo {:?}", String::from_utf8_lossy(&rest)));
+    }
+    println!("ok");
+}

@@ -1,0 +1,509 @@
+//! The socket API between real processes on this host (the shm transport), checked against
+//! kernel TCP wherever TCP defines the behaviour: the same scenario runs over both and must
+//! give the same observable result.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sdp_core::socket::{Options, SdpListener, SdpStream, Transport};
+
+const PEER: &str = env!("CARGO_BIN_EXE_sdp-peer");
+
+fn listen(opts: &Options) -> SdpListener {
+    SdpListener::bind_with("127.0.0.1:0", opts).expect("bind")
+}
+
+/// A connected pair in this process over the transport `opts` chooses.
+fn pair(opts: &Options) -> (SdpStream, SdpStream) {
+    let l = listen(opts);
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || l.accept().unwrap().0);
+    let c = SdpStream::connect_with(addr, opts).unwrap();
+    (c, t.join().unwrap())
+}
+
+fn both() -> [(Options, Transport); 2] {
+    [
+        (Options::tcp_only(), Transport::Tcp),
+        (Options::sdp_only(), Transport::Shm),
+    ]
+}
+
+#[test]
+fn integrity_both_directions_at_once_between_processes_in_every_mode() {
+    for (i, mode) in ["auto", "bcopy", "zcopy"].into_iter().enumerate() {
+        let l = listen(&Options::sdp_only());
+        let addr = l.local_addr().unwrap().to_string();
+        let bytes: u64 = 48 << 20;
+        let (a, b) = (100 + i as u64, 200 + i as u64);
+        let child = Command::new(PEER)
+            .args([
+                "duplex",
+                &addr,
+                mode,
+                &a.to_string(),
+                &b.to_string(),
+                &bytes.to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (s, _) = l.accept().unwrap();
+        assert_eq!(s.transport(), Transport::Shm);
+        s.set_zero_copy(mode != "bcopy");
+        sdp_peer_duplex(s, mode, b, a, bytes).unwrap_or_else(|e| panic!("{mode}: {e}"));
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{mode}: peer failed");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    }
+}
+
+// The peer's duplex routine, compiled into the test too.
+#[path = "../src/bin/sdp-peer.rs"]
+#[allow(dead_code)]
+mod peer;
+use peer::duplex as sdp_peer_duplex;
+
+#[test]
+fn nonblocking_through_poll_same_as_tcp() {
+    for (opts, transport) in both() {
+        let (c, s) = pair(&opts);
+        assert_eq!(c.transport(), transport);
+        c.set_nonblocking(true).unwrap();
+        s.set_nonblocking(true).unwrap();
+        // Nothing to read: WouldBlock, and the fd does not poll readable.
+        let mut b = [0u8; 16];
+        assert_eq!((&s).read(&mut b).unwrap_err().kind(), ErrorKind::WouldBlock);
+        let total = 6 << 20;
+        let data: Vec<u8> = (0..total).map(|i| (i % 253) as u8).collect();
+        let (mut sent, mut got) = (0usize, Vec::with_capacity(total));
+        let (cfd, sfd) = (c.as_raw_fd(), s.as_raw_fd());
+        let start = Instant::now();
+        let mut buf = vec![0u8; 256 << 10];
+        while got.len() < total {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{transport}: stuck"
+            );
+            let mut p = [
+                libc::pollfd {
+                    fd: cfd,
+                    events: if sent < total { libc::POLLOUT } else { 0 },
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: sfd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: a live array of two pollfds.
+            let n = unsafe { libc::poll(p.as_mut_ptr(), 2, 5000) };
+            assert!(
+                n > 0,
+                "{transport}: poll timed out with {sent} sent, {} read",
+                got.len()
+            );
+            if p[0].revents & libc::POLLOUT != 0 {
+                match (&c).write(&data[sent..(sent + (1 << 20)).min(total)]) {
+                    Ok(k) => sent += k,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("{transport}: write {e}"),
+                }
+            }
+            if p[1].revents & libc::POLLIN != 0 {
+                match (&s).read(&mut buf) {
+                    Ok(0) => panic!("{transport}: early EOF"),
+                    Ok(k) => got.extend_from_slice(&buf[..k]),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("{transport}: read {e}"),
+                }
+            }
+        }
+        assert!(got == data, "{transport}: data differs");
+        // EOF polls readable and reads 0; then the fd stays readable.
+        c.shutdown(Shutdown::Write).unwrap();
+        let mut p = libc::pollfd {
+            fd: sfd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd.
+        assert_eq!(unsafe { libc::poll(&mut p, 1, 5000) }, 1, "{transport}");
+        assert_eq!((&s).read(&mut buf).unwrap(), 0, "{transport}");
+    }
+}
+
+#[test]
+fn timeouts_same_as_tcp() {
+    for (opts, transport) in both() {
+        let (c, s) = pair(&opts);
+        s.set_read_timeout(Some(Duration::from_millis(80))).unwrap();
+        assert_eq!(s.read_timeout().unwrap(), Some(Duration::from_millis(80)));
+        let t = Instant::now();
+        let e = (&s).read(&mut [0u8; 8]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WouldBlock, "{transport}");
+        assert!(t.elapsed() >= Duration::from_millis(75), "{transport}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{transport}");
+        // Zero is refused, as by std.
+        assert_eq!(
+            s.set_read_timeout(Some(Duration::ZERO)).unwrap_err().kind(),
+            ErrorKind::InvalidInput
+        );
+        // A write into a peer that never reads times out once the send buffer is full.
+        c.set_send_buffer_size(256 << 10).unwrap();
+        c.set_write_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let chunk = vec![1u8; 64 << 10];
+        let t = Instant::now();
+        let err = loop {
+            match (&c).write(&chunk) {
+                Ok(_) => assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "{transport}: never full"
+                ),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.kind(), ErrorKind::WouldBlock, "{transport}");
+    }
+}
+
+#[test]
+fn half_close_with_data_in_flight_same_as_tcp() {
+    for (opts, transport) in both() {
+        let (mut c, mut s) = pair(&opts);
+        let data: Vec<u8> = (0..(8 << 20)).map(|i| (i * 31 % 256) as u8).collect();
+        c.write_all(&data).unwrap();
+        c.shutdown(Shutdown::Write).unwrap();
+        // Writing after our own shutdown fails with EPIPE.
+        assert_eq!(
+            c.write(b"late").unwrap_err().kind(),
+            ErrorKind::BrokenPipe,
+            "{transport}"
+        );
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        assert!(got == data, "{transport}");
+        // The other half still works both ways.
+        s.write_all(b"reply").unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+        let mut r = Vec::new();
+        c.read_to_end(&mut r).unwrap();
+        assert_eq!(r, b"reply", "{transport}");
+    }
+}
+
+#[test]
+fn peer_killed_mid_transfer_ends_in_eof_or_reset_within_seconds() {
+    let l = listen(&Options::sdp_only());
+    let addr = l.local_addr().unwrap().to_string();
+    let mut child = Command::new(PEER)
+        .args(["flood", &addr])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = 0;
+    while got < 32 << 20 {
+        got += s.read(&mut buf).unwrap();
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t = Instant::now();
+    let end = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break "eof",
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => break "reset",
+            Err(e) => panic!("unexpected error {e}"),
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "no end seen");
+    };
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "{end} after {:?}",
+        t.elapsed()
+    );
+}
+
+fn raise_fd_limit() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: get/setrlimit on a live struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+        r.rlim_cur = r.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+    }
+}
+
+fn rss_bytes() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = s
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+#[test]
+fn a_thousand_connections_in_one_process_with_bounded_memory() {
+    raise_fd_limit();
+    let l = listen(&Options::sdp_only());
+    let addr = l.local_addr().unwrap();
+    let n = 1000;
+    let rss0 = rss_bytes();
+    let acceptor = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        for _ in 0..n {
+            v.push(l.accept().unwrap().0);
+        }
+        v
+    });
+    let clients: Vec<SdpStream> = (0..n)
+        .map(|_| SdpStream::connect_with(addr, &Options::sdp_only()).unwrap())
+        .collect();
+    let servers = acceptor.join().unwrap();
+    for (i, c) in clients.iter().enumerate() {
+        (&*c).write_all(&(i as u32).to_be_bytes()).unwrap();
+    }
+    let mut seen = vec![false; n];
+    for s in &servers {
+        let mut b = [0u8; 4];
+        (&*s).read_exact(&mut b).unwrap();
+        let i = u32::from_be_bytes(b) as usize;
+        assert!(!seen[i]);
+        seen[i] = true;
+        (&*s).write_all(&b).unwrap();
+    }
+    for (i, c) in clients.iter().enumerate() {
+        let mut b = [0u8; 4];
+        (&*c).read_exact(&mut b).unwrap();
+        assert_eq!(u32::from_be_bytes(b) as usize, i);
+    }
+    let stack = sdp_core::socket::Stack::shm().unwrap();
+    let reg = stack.registered_bytes();
+    let rss = rss_bytes().saturating_sub(rss0);
+    eprintln!(
+        "{} connections (both ends): registered {} KiB each, RSS growth {} KiB each",
+        2 * n,
+        reg / 2 / n / 1024,
+        rss / 2 / n as u64 / 1024
+    );
+    // Idle connections stay cheap: a few receive buffers each, not the full window.
+    assert!(reg / (2 * n) <= 256 << 10, "registered {reg}");
+    assert!(rss < 4 << 30, "RSS grew by {rss}");
+    drop(clients);
+    drop(servers);
+    let t = Instant::now();
+    while stack.conn_count() > 0 && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(stack.conn_count(), 0, "connections not freed after close");
+}
+
+#[test]
+fn another_users_peer_is_refused_and_falls_back_to_tcp() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: cannot run a peer as another user here; CI runs as root");
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let l = SdpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let acceptor = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 2];
+        s.read_exact(&mut b).unwrap();
+        s.transport()
+    });
+    let run = |choice: &str| {
+        let out = Command::new(PEER)
+            .args(["connect", &addr, choice])
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    // SDP only: refused, as TCP refuses a port nobody listens on.
+    assert_eq!(run("sdp"), format!("errno {}", libc::ECONNREFUSED));
+    // Automatic: falls back to kernel TCP, which the listener also accepts.
+    assert_eq!(run("auto"), "tcp");
+    assert_eq!(acceptor.join().unwrap(), Transport::Tcp);
+}
+
+#[test]
+fn automatic_mode_falls_back_to_tcp_and_accepts_tcp_clients() {
+    // A plain kernel TCP server: the SDP connector falls back and says so.
+    let tl = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tl.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = tl.accept().unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+    });
+    let mut c = SdpStream::connect(addr).unwrap();
+    assert_eq!(c.transport(), Transport::Tcp);
+    c.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ping");
+    t.join().unwrap();
+    // SDP-only refuses instead.
+    let tl = TcpListener::bind("127.0.0.1:0").unwrap();
+    let e = SdpStream::connect_with(tl.local_addr().unwrap(), &Options::sdp_only()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED));
+
+    // An automatic listener takes a plain TCP client and an SDP client on one port.
+    let l = SdpListener::bind("127.0.0.1:0").unwrap();
+    assert_eq!(l.sdp_status(), Ok(Transport::Shm));
+    let addr: SocketAddr = l.local_addr().unwrap();
+    let mut k = TcpStream::connect(addr).unwrap();
+    let (mut a, _) = l.accept().unwrap();
+    assert_eq!(a.transport(), Transport::Tcp);
+    k.write_all(b"kern").unwrap();
+    a.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"kern");
+    let mut sd = SdpStream::connect(addr).unwrap();
+    let (mut a2, _) = l.accept().unwrap();
+    assert_eq!(
+        (sd.transport(), a2.transport()),
+        (Transport::Shm, Transport::Shm)
+    );
+    sd.write_all(b"sdp!").unwrap();
+    a2.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"sdp!");
+}
+
+#[test]
+fn connecting_where_nobody_listens_is_refused_like_tcp() {
+    let port = {
+        let t = TcpListener::bind("127.0.0.1:0").unwrap();
+        t.local_addr().unwrap().port()
+    };
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    for (opts, transport) in both() {
+        let t = Instant::now();
+        let e = SdpStream::connect_with(addr, &opts).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED), "{transport}");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "{transport}: {:?}",
+            t.elapsed()
+        );
+    }
+}
+
+#[test]
+fn peer_close_then_write_fails_like_tcp() {
+    for (opts, transport) in both() {
+        let (mut c, s) = pair(&opts);
+        drop(s);
+        let mut b = [0u8; 4];
+        assert_eq!(
+            c.read(&mut b).unwrap(),
+            0,
+            "{transport}: EOF after the peer closed"
+        );
+        // Writes into a closed peer fail within a few tries (EPIPE or ECONNRESET).
+        let t = Instant::now();
+        let err = loop {
+            match c.write(&[0u8; 4096]) {
+                Ok(_) => {
+                    assert!(
+                        t.elapsed() < Duration::from_secs(5),
+                        "{transport}: writes keep working"
+                    );
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            matches!(
+                err.kind(),
+                ErrorKind::BrokenPipe | ErrorKind::ConnectionReset
+            ),
+            "{transport}: {err}"
+        );
+    }
+}
+
+#[test]
+fn one_thread_reads_while_another_writes() {
+    let (c, s) = pair(&Options::sdp_only());
+    let c2 = c.try_clone().unwrap();
+    let n = 32 << 20;
+    let w = std::thread::spawn(move || {
+        let buf = vec![9u8; 1 << 16];
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(buf.len());
+            (&c2).write_all(&buf[..k]).unwrap();
+            left -= k;
+        }
+    });
+    // The server echoes on its own threads; the client reads the echo while it writes.
+    let s2 = s.try_clone().unwrap();
+    let e = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 16];
+        let mut left = n;
+        while left > 0 {
+            let k = (&s2).read(&mut buf).unwrap();
+            assert!(k > 0);
+            (&s2).write_all(&buf[..k]).unwrap();
+            left -= k;
+        }
+    });
+    let mut buf = vec![0u8; 1 << 16];
+    let mut got = 0;
+    while got < n {
+        let k = (&c).read(&mut buf).unwrap();
+        assert!(k > 0 && buf[..k].iter().all(|&b| b == 9));
+        got += k;
+    }
+    w.join().unwrap();
+    e.join().unwrap();
+}
+
+#[test]
+fn fork_and_exec() {
+    // An echo server for the peer's parent and child streams.
+    let l = listen(&Options::sdp_only());
+    let addr = l.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        for _ in 0..2 {
+            let (s, _) = l.accept().unwrap();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                loop {
+                    match (&s).read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => (&s).write_all(&buf[..k]).unwrap(),
+                    }
+                }
+                let _ = s.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    let out = Command::new(PEER).args(["fork", &addr]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    server.join().unwrap();
+}
