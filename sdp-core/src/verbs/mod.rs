@@ -5,7 +5,7 @@
 //!
 //! * [`sim`]: deterministic, in-memory, virtual time, fault injection (tests).
 //! * `rdma`: librdmacm + libibverbs through rdma-sys (real fabrics; see TODO.md).
-//! * `shm`: two processes on one host (see TODO.md).
+//! * [`shm`]: two processes (or threads) on one host, through shared memory (Linux).
 //!
 //! The model follows the RDMA CM: a [`Provider`] is opened once per process; the connection manager
 //! creates endpoints ([`Provider::Endpoint`]), each bundling a CM id, an RC queue pair and its
@@ -13,6 +13,8 @@
 //! domain ([`Provider::reg_mr`]). Work requests and completions are plain data ([`SendWr`],
 //! [`RecvWr`], [`Completion`]) so the sans-IO engine in `proto` can produce and consume them.
 
+#[cfg(target_os = "linux")]
+pub mod shm;
 pub mod sim;
 
 use std::net::SocketAddr;

@@ -1,0 +1,1689 @@
+//! The `shm` provider: RDMA RC semantics between processes (or threads) of one host, without
+//! RDMA hardware. See `docs/providers.md` ("shm") for the design; in brief:
+//!
+//! * **Rendezvous.** A listener binds an abstract Unix seqpacket socket named after its address
+//!   and port (`sdp-shm/0.0.0.0:5000`); a connector tries the exact address, then the wildcard
+//!   listeners of the port. The socket stays open for the life of the connection: the CM
+//!   messages (REQ, ACC, REJ, RTU, DISC) travel on it, and its hang-up tells a peer died.
+//! * **Credentials.** `SO_PEERCRED` on both sides: only the same uid is served.
+//! * **Queues.** Each side owns an *inbox*, a sealed memfd shared with the peer through
+//!   SCM_RIGHTS: a ring of receive slots (posted by the owner, filled by the peer) and the
+//!   owner's state and wake flag. A SEND is executed by the sender: small payloads go inline in
+//!   the slot, larger ones straight into the posted receive buffer with `process_vm_writev`.
+//! * **RDMA Read/Write.** The initiator checks the peer's key table (a sealed memfd shared
+//!   read-only: rkey → address, length, access, seqlock) and copies once with
+//!   `process_vm_readv`/`process_vm_writev`.
+//! * **Notification.** [`Provider::notify_fd`] is an epoll fd holding the provider's eventfd,
+//!   the connection sockets and the listeners; [`Provider::arm`] sets the wake flag of every
+//!   inbox, and a peer writes the eventfd only when it finds the flag set.
+
+mod sys;
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+
+use self::sys::{Mapping, RawBuf, Recv};
+use super::{
+    Access, CmEvent, Completion, Endpoint, Listener, MemoryRegion, Provider, QpCaps, RecvWr,
+    SendOp, SendWr, Sge, VerbsError, WcOpcode, WcStatus,
+};
+
+/// `IBV_WC_REM_INV_REQ_ERR`: the SEND was longer than the receive buffer.
+pub const WC_REM_INV_REQ_ERR: u32 = 9;
+/// `IBV_WC_REM_OP_ERR`: the peer's receive buffer was unusable.
+pub const WC_REM_OP_ERR: u32 = 11;
+
+/// Largest private data of a connect request, accept and reject (as the RDMA CM under
+/// `RDMA_PS_TCP`).
+pub const MAX_PD_CONNECT: usize = 56;
+pub const MAX_PD_ACCEPT: usize = 196;
+pub const MAX_PD_REJECT: usize = 148;
+
+// Inbox layout: a header page, then the receive slots.
+const HDR: usize = 4096;
+const INBOX_MAGIC: u32 = 0x5344_5049;
+const OFF_MAGIC: usize = 0;
+const OFF_NSLOTS: usize = 4;
+/// Receives posted (owner writes).
+const OFF_HEAD: usize = 64;
+/// Receives consumed (peer writes).
+const OFF_TAIL: usize = 128;
+/// Owner's state: 0 open, 1 closed.
+const OFF_STATE: usize = 192;
+/// Owner wants an eventfd write at the peer's next change.
+const OFF_WAKE: usize = 256;
+const SLOT: usize = 512;
+const S_ADDR: usize = 0;
+const S_LEN: usize = 8;
+/// 1: the owner posted a receive that is not valid local memory.
+const S_BAD: usize = 12;
+const S_RESULT: usize = 16;
+const S_STATUS: usize = 20;
+const S_INLINE: usize = 64;
+/// Largest SEND carried inline in the slot.
+pub const INLINE_MAX: usize = SLOT - S_INLINE;
+const MAX_SLOTS: u32 = 1 << 14;
+const ST_OK: u32 = 1;
+const ST_INLINE: u32 = 2;
+const ST_LEN_ERR: u32 = 3;
+const ST_REM_OP: u32 = 4;
+
+// Key table layout: a header page, then 32-byte entries indexed by the low 16 bits of a key.
+const KT_HDR: usize = 4096;
+const KT_ENTRY: usize = 32;
+const KT_SLOTS: usize = 1 << 16;
+const KT_LEN: usize = KT_HDR + KT_SLOTS * KT_ENTRY;
+const E_SEQ: usize = 0;
+const E_RKEY: usize = 4;
+const E_ACCESS: usize = 8;
+const E_ADDR: usize = 16;
+const E_LEN: usize = 24;
+
+// Handshake messages on the rendezvous socket.
+const M_REQ: u8 = 1;
+const M_ACC: u8 = 2;
+const M_REJ: u8 = 3;
+const M_RTU: u8 = 4;
+const M_DISC: u8 = 5;
+const M_VERSION: u8 = 1;
+const M_HDR: usize = 40;
+
+const TOKEN_EVFD: u64 = 0;
+const TOKEN_TIMER: u64 = 1;
+const TOKEN_BASE: u64 = 2;
+
+/// Tunables of a [`ShmProvider`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmConfig {
+    /// A SEND that finds no receive posted is retried this long, then fails with
+    /// `RnrRetryExceeded`.
+    pub rnr_timeout: Duration,
+    /// A connection's socket is checked for a hang-up at least this often while polled
+    /// (besides every wakeup through the notify fd).
+    pub liveness_interval: Duration,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig {
+            rnr_timeout: Duration::from_secs(4),
+            liveness_interval: Duration::from_millis(100),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Reg {
+    lkey: u32,
+    rkey: u32,
+    addr: u64,
+    len: u64,
+    access: Access,
+}
+
+struct Regs {
+    slots: Vec<Option<Reg>>,
+    gens: Vec<u16>,
+    free: Vec<u32>,
+    salt: u16,
+}
+
+impl Regs {
+    /// The registration covering `sge` with at least `need`, by lkey.
+    fn check(&self, sge: &Sge, need: Access) -> bool {
+        let idx = (sge.lkey & 0xffff) as usize;
+        let Some(Some(r)) = self.slots.get(idx) else {
+            return false;
+        };
+        r.lkey == sge.lkey
+            && r.access.contains(need)
+            && sge.addr >= r.addr
+            && sge
+                .addr
+                .checked_add(u64::from(sge.len))
+                .is_some_and(|e| e <= r.addr + r.len)
+    }
+}
+
+/// What an endpoint or listener shares with the provider for [`Provider::arm`].
+struct Ctl {
+    /// Set when epoll reported activity on the owner's socket.
+    hint: AtomicBool,
+    /// The endpoint's inbox, whose wake flag `arm` sets.
+    inbox: Option<Arc<Mapping>>,
+}
+
+struct Inner {
+    cfg: ShmConfig,
+    uid: u32,
+    epoll: OwnedFd,
+    evfd: OwnedFd,
+    timer: OwnedFd,
+    keys: Mapping,
+    _keys_fd: OwnedFd,
+    keys_ro: OwnedFd,
+    regs: RwLock<Regs>,
+    ctls: Mutex<slab::Slab<Weak<Ctl>>>,
+    rnr_waiting: AtomicUsize,
+    next_port: AtomicU32,
+    refused_uid: AtomicU64,
+}
+
+fn os(e: std::io::Error) -> VerbsError {
+    VerbsError::Os(e.to_string())
+}
+
+impl Inner {
+    fn add_ctl(&self, ctl: &Arc<Ctl>, fd: Option<(RawFd, bool)>) -> Result<usize, VerbsError> {
+        let token = self.ctls.lock().insert(Arc::downgrade(ctl));
+        if let Some((fd, edge)) = fd {
+            if let Err(e) = sys::epoll_add(self.epoll.as_fd(), fd, token as u64 + TOKEN_BASE, edge)
+            {
+                self.ctls.lock().remove(token);
+                return Err(os(e));
+            }
+        }
+        Ok(token)
+    }
+
+    fn add_fd(&self, token: usize, fd: RawFd, edge: bool) {
+        let _ = sys::epoll_add(self.epoll.as_fd(), fd, token as u64 + TOKEN_BASE, edge);
+    }
+
+    fn remove_ctl(&self, token: usize) {
+        self.ctls.lock().try_remove(token);
+    }
+
+    fn write_entry(&self, idx: usize, rkey: u32, access: Access, addr: u64, len: u64) {
+        let off = KT_HDR + idx * KT_ENTRY;
+        let seq = self.keys.u32(off + E_SEQ);
+        let s = seq.load(Ordering::Relaxed);
+        seq.store(s.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        self.keys.u32(off + E_RKEY).store(rkey, Ordering::Relaxed);
+        self.keys
+            .u32(off + E_ACCESS)
+            .store(access.bits(), Ordering::Relaxed);
+        self.keys.u64(off + E_ADDR).store(addr, Ordering::Relaxed);
+        self.keys.u64(off + E_LEN).store(len, Ordering::Relaxed);
+        seq.store(s.wrapping_add(2), Ordering::Release);
+    }
+
+    fn register(&self, addr: u64, len: usize, access: Access) -> Result<Reg, VerbsError> {
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(VerbsError::Invalid("REMOTE_WRITE needs LOCAL_WRITE"));
+        }
+        let mut regs = self.regs.write();
+        let idx = match regs.free.pop() {
+            Some(i) => i as usize,
+            None => {
+                if regs.slots.len() >= KT_SLOTS {
+                    return Err(VerbsError::NoResources("memory regions"));
+                }
+                regs.slots.push(None);
+                regs.gens.push(0);
+                regs.slots.len() - 1
+            }
+        };
+        let gen = regs.gens[idx].wrapping_add(1) & 0x7fff;
+        regs.gens[idx] = gen;
+        let g = u32::from((gen ^ regs.salt) & 0x7fff);
+        let lkey = idx as u32 | (g << 16);
+        let rkey = lkey | 0x8000_0000;
+        let r = Reg {
+            lkey,
+            rkey,
+            addr,
+            len: len as u64,
+            access,
+        };
+        regs.slots[idx] = Some(r);
+        self.write_entry(idx, rkey, access, addr, len as u64);
+        Ok(r)
+    }
+
+    fn deregister(&self, lkey: u32) {
+        let mut regs = self.regs.write();
+        let idx = (lkey & 0xffff) as usize;
+        if regs.slots.get(idx).copied().flatten().is_some_and(|r| r.lkey == lkey) {
+            regs.slots[idx] = None;
+            regs.free.push(idx as u32);
+            self.write_entry(idx, 0, Access::empty(), 0, 0);
+        }
+    }
+
+    fn set_access(&self, lkey: u32, access: Access) -> Result<(), VerbsError> {
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(VerbsError::Invalid("REMOTE_WRITE needs LOCAL_WRITE"));
+        }
+        let mut regs = self.regs.write();
+        let idx = (lkey & 0xffff) as usize;
+        match regs.slots.get_mut(idx) {
+            Some(Some(r)) if r.lkey == lkey => {
+                r.access = access;
+                let r = *r;
+                self.write_entry(idx, r.rkey, access, r.addr, r.len);
+                Ok(())
+            }
+            _ => Err(VerbsError::Invalid("memory region not registered")),
+        }
+    }
+}
+
+/// A device context for intra-host connections. Clones share the protection domain, the key
+/// table and the notify fd.
+#[derive(Clone)]
+pub struct ShmProvider {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ShmProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmProvider").finish_non_exhaustive()
+    }
+}
+
+impl ShmProvider {
+    pub fn new() -> Result<ShmProvider, VerbsError> {
+        ShmProvider::with_config(ShmConfig::default())
+    }
+
+    pub fn with_config(cfg: ShmConfig) -> Result<ShmProvider, VerbsError> {
+        let keys_fd = sys::memfd_sealed("sdp-shm-keys", KT_LEN).map_err(os)?;
+        let keys = Mapping::map(keys_fd.as_fd(), KT_LEN, true).map_err(os)?;
+        let keys_ro = sys::reopen_readonly(keys_fd.as_fd()).map_err(os)?;
+        let epoll = sys::epoll_create().map_err(os)?;
+        let evfd = sys::eventfd().map_err(os)?;
+        let timer = sys::timerfd().map_err(os)?;
+        sys::epoll_add(epoll.as_fd(), evfd.as_raw_fd(), TOKEN_EVFD, false).map_err(os)?;
+        sys::epoll_add(epoll.as_fd(), timer.as_raw_fd(), TOKEN_TIMER, false).map_err(os)?;
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let salt = (t
+            ^ u64::from(sys::getpid() as u32).wrapping_mul(0x9e37_79b9)
+            ^ (&keys as *const Mapping as u64)) as u16;
+        Ok(ShmProvider {
+            inner: Arc::new(Inner {
+                cfg,
+                uid: sys::getuid(),
+                epoll,
+                evfd,
+                timer,
+                keys,
+                _keys_fd: keys_fd,
+                keys_ro,
+                regs: RwLock::new(Regs {
+                    slots: vec![None],
+                    gens: vec![0],
+                    free: Vec::new(),
+                    salt,
+                }),
+                ctls: Mutex::new(slab::Slab::new()),
+                rnr_waiting: AtomicUsize::new(0),
+                next_port: AtomicU32::new(sys::getpid() as u32),
+                refused_uid: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    pub fn config(&self) -> ShmConfig {
+        self.inner.cfg
+    }
+
+    /// Connect requests refused because the peer ran as another user, by any listener of
+    /// this provider.
+    pub fn refused_uid_count(&self) -> u64 {
+        self.inner.refused_uid.load(Ordering::Relaxed)
+    }
+
+    /// Regions registered now.
+    pub fn registered_regions(&self) -> usize {
+        self.inner.regs.read().slots.iter().flatten().count()
+    }
+
+    /// Wait up to `timeout_ms` for the notify fd to be readable (a helper for simple loops).
+    pub fn wait(&self, timeout_ms: i32) -> bool {
+        sys::poll_readable(self.inner.epoll.as_raw_fd(), timeout_ms)
+    }
+}
+
+fn normalize(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => ip,
+        },
+        v4 => v4,
+    }
+}
+
+fn is_local(ip: IpAddr) -> bool {
+    ip.is_loopback() || ip.is_unspecified() || sys::local_addrs().contains(&ip)
+}
+
+fn rendezvous_name(addr: SocketAddr) -> Vec<u8> {
+    format!("sdp-shm/{addr}").into_bytes()
+}
+
+/// Create our inbox: a sealed memfd with `nslots` receive slots.
+fn new_inbox(max_recv_wr: u32) -> Result<(OwnedFd, Arc<Mapping>, u32), VerbsError> {
+    let nslots = max_recv_wr.max(1).next_power_of_two().min(MAX_SLOTS);
+    let len = HDR + nslots as usize * SLOT;
+    let fd = sys::memfd_sealed("sdp-shm-inbox", len).map_err(os)?;
+    let m = Mapping::map(fd.as_fd(), len, true).map_err(os)?;
+    m.u32(OFF_MAGIC).store(INBOX_MAGIC, Ordering::Relaxed);
+    m.u32(OFF_NSLOTS).store(nslots, Ordering::Relaxed);
+    Ok((fd, Arc::new(m), nslots))
+}
+
+/// What we know of the other side once it sent its REQ or ACC.
+struct Peer {
+    pid: i32,
+    inbox: Mapping,
+    nslots: u32,
+    keys: Mapping,
+    evfd: OwnedFd,
+}
+
+impl Peer {
+    fn attach(pid: i32, nslots: u32, probe: u64, fds: Vec<OwnedFd>) -> Result<Peer, String> {
+        let [inbox_fd, evfd, keys_fd]: [OwnedFd; 3] = fds
+            .try_into()
+            .map_err(|_| "SDP shm: bad handshake (fds)".to_string())?;
+        if nslots == 0 || nslots > MAX_SLOTS {
+            return Err("SDP shm: bad handshake (ring size)".into());
+        }
+        let len = HDR + nslots as usize * SLOT;
+        match sys::sealed_size(inbox_fd.as_fd()) {
+            Ok((sz, true)) if sz >= len => {}
+            _ => return Err("SDP shm: bad handshake (inbox not a sealed memfd)".into()),
+        }
+        match sys::sealed_size(keys_fd.as_fd()) {
+            Ok((sz, true)) if sz >= KT_LEN => {}
+            _ => return Err("SDP shm: bad handshake (key table not a sealed memfd)".into()),
+        }
+        let inbox = Mapping::map(inbox_fd.as_fd(), len, true)
+            .map_err(|e| format!("SDP shm: cannot map the peer's inbox: {e}"))?;
+        if inbox.u32(OFF_MAGIC).load(Ordering::Relaxed) != INBOX_MAGIC {
+            return Err("SDP shm: bad handshake (inbox magic)".into());
+        }
+        let keys = Mapping::map(keys_fd.as_fd(), KT_LEN, false)
+            .map_err(|e| format!("SDP shm: cannot map the peer's key table: {e}"))?;
+        sys::set_nonblocking(evfd.as_fd())
+            .map_err(|e| format!("SDP shm: bad handshake (eventfd): {e}"))?;
+        match sys::probe(pid, probe) {
+            Ok(true) => {}
+            Ok(false) => return Err("SDP shm: peer memory probe mismatch".into()),
+            Err(e) => {
+                return Err(format!(
+                    "SDP shm: cannot access peer memory ({e}; see kernel.yama.ptrace_scope)"
+                ))
+            }
+        }
+        Ok(Peer {
+            pid,
+            inbox,
+            nslots,
+            keys,
+            evfd,
+        })
+    }
+
+    /// Look `rkey` up in the peer's key table: (addr, len, access).
+    fn lookup(&self, rkey: u32) -> Option<(u64, u64, Access)> {
+        let idx = (rkey & 0xffff) as usize;
+        if idx == 0 {
+            return None;
+        }
+        let off = KT_HDR + idx * KT_ENTRY;
+        let k = &self.keys;
+        for _ in 0..1000 {
+            let s1 = k.u32(off + E_SEQ).load(Ordering::Acquire);
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let key = k.u32(off + E_RKEY).load(Ordering::Relaxed);
+            let access = k.u32(off + E_ACCESS).load(Ordering::Relaxed);
+            let addr = k.u64(off + E_ADDR).load(Ordering::Relaxed);
+            let len = k.u64(off + E_LEN).load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if k.u32(off + E_SEQ).load(Ordering::Relaxed) != s1 {
+                continue;
+            }
+            return (key == rkey).then(|| (addr, len, Access::from_bits_truncate(access)));
+        }
+        None
+    }
+
+    fn closed(&self) -> bool {
+        self.inbox.u32(OFF_STATE).load(Ordering::Acquire) != 0
+    }
+
+    /// Write the peer's eventfd if it asked to be woken.
+    fn wake(&self) {
+        fence(Ordering::SeqCst);
+        let w = self.inbox.u32(OFF_WAKE);
+        if w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::AcqRel) != 0 {
+            sys::eventfd_signal(self.evfd.as_fd());
+        }
+    }
+}
+
+struct Msg<'a> {
+    kind: u8,
+    consumer: bool,
+    nslots: u32,
+    probe: u64,
+    addr: SocketAddr,
+    pd: &'a [u8],
+}
+
+fn encode(m: &Msg<'_>) -> Vec<u8> {
+    let mut b = vec![0u8; M_HDR + m.pd.len()];
+    b[0] = m.kind;
+    b[1] = M_VERSION;
+    b[2] = m.consumer as u8;
+    b[4..8].copy_from_slice(&m.nslots.to_le_bytes());
+    b[8..16].copy_from_slice(&m.probe.to_le_bytes());
+    let (ip, v4) = match m.addr.ip() {
+        IpAddr::V4(a) => (a.to_ipv6_mapped().octets(), 1),
+        IpAddr::V6(a) => (a.octets(), 0),
+    };
+    b[16..32].copy_from_slice(&ip);
+    b[32..34].copy_from_slice(&m.addr.port().to_le_bytes());
+    b[34] = v4;
+    b[36..38].copy_from_slice(&(m.pd.len() as u16).to_le_bytes());
+    b[M_HDR..].copy_from_slice(m.pd);
+    b
+}
+
+fn decode(b: &[u8]) -> Option<Msg<'_>> {
+    if b.len() < M_HDR || b[1] != M_VERSION {
+        return None;
+    }
+    let pd_len = u16::from_le_bytes([b[36], b[37]]) as usize;
+    let pd = b.get(M_HDR..M_HDR + pd_len)?;
+    let ip6 = Ipv6Addr::from(<[u8; 16]>::try_from(&b[16..32]).ok()?);
+    let ip = if b[34] == 1 {
+        IpAddr::V4(ip6.to_ipv4_mapped()?)
+    } else {
+        IpAddr::V6(ip6)
+    };
+    Some(Msg {
+        kind: b[0],
+        consumer: b[2] != 0,
+        nslots: u32::from_le_bytes(b[4..8].try_into().ok()?),
+        probe: u64::from_le_bytes(b[8..16].try_into().ok()?),
+        addr: SocketAddr::new(ip, u16::from_le_bytes([b[32], b[33]])),
+        pd,
+    })
+}
+
+fn send_simple(sock: &OwnedFd, kind: u8, consumer: bool, pd: &[u8]) {
+    let m = encode(&Msg {
+        kind,
+        consumer,
+        nslots: 0,
+        probe: 0,
+        addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+        pd,
+    });
+    let _ = sys::send_msg(sock.as_fd(), &m, &[]);
+}
+
+impl Provider for ShmProvider {
+    type Mr = ShmMr;
+    type Endpoint = ShmEndpoint;
+    type Listener = ShmListener;
+
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+
+    fn reg_mr(&self, len: usize, access: Access) -> Result<ShmMr, VerbsError> {
+        let map = Mapping::anon(len).map_err(|_| VerbsError::NoResources("memory"))?;
+        // SAFETY: the mapping is at least `len` bytes and lives in the ShmMr with the RawBuf.
+        let mem = unsafe { RawBuf::new(map.ptr(), len) };
+        let reg = self
+            .inner
+            .register(map.ptr().as_ptr() as u64, len, access)?;
+        Ok(ShmMr {
+            inner: self.inner.clone(),
+            reg,
+            mem,
+            _map: Some(map),
+        })
+    }
+
+    unsafe fn reg_mr_at(
+        &self,
+        addr: NonNull<u8>,
+        len: usize,
+        access: Access,
+    ) -> Result<ShmMr, VerbsError> {
+        // SAFETY: the caller keeps `addr..addr + len` allocated for the region's life.
+        let mem = unsafe { RawBuf::new(addr, len) };
+        let reg = self.inner.register(addr.as_ptr() as u64, len, access)?;
+        Ok(ShmMr {
+            inner: self.inner.clone(),
+            reg,
+            mem,
+            _map: None,
+        })
+    }
+
+    fn listen(
+        &self,
+        addr: SocketAddr,
+        backlog: u32,
+        caps: QpCaps,
+    ) -> Result<ShmListener, VerbsError> {
+        let ip = normalize(addr.ip());
+        if !ip.is_unspecified() && !is_local(ip) {
+            return Err(VerbsError::AddrNotAvailable);
+        }
+        let (sock, port, tcp) = if addr.port() == 0 {
+            let mut tries = 0;
+            loop {
+                let (tcp, port) = sys::tcp_reserve(SocketAddr::new(ip, 0)).map_err(|e| {
+                    if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) {
+                        VerbsError::AddrNotAvailable
+                    } else {
+                        os(e)
+                    }
+                })?;
+                match sys::seqpacket_listen(&rendezvous_name(SocketAddr::new(ip, port)), backlog)
+                {
+                    Ok(s) => break (s, port, Some(tcp)),
+                    Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && tries < 16 => {
+                        tries += 1;
+                    }
+                    Err(e) => return Err(os(e)),
+                }
+            }
+        } else {
+            let s = sys::seqpacket_listen(&rendezvous_name(SocketAddr::new(ip, addr.port())), backlog)
+                .map_err(|e| {
+                    if e.raw_os_error() == Some(libc::EADDRINUSE) {
+                        VerbsError::AddrInUse
+                    } else {
+                        os(e)
+                    }
+                })?;
+            (s, addr.port(), None)
+        };
+        let ctl = Arc::new(Ctl {
+            hint: AtomicBool::new(false),
+            inbox: None,
+        });
+        let token = self.inner.add_ctl(&ctl, Some((sock.as_raw_fd(), false)))?;
+        Ok(ShmListener {
+            inner: self.inner.clone(),
+            _ctl: ctl,
+            token,
+            sock,
+            addr: SocketAddr::new(ip, port),
+            caps,
+            tcp,
+            half: VecDeque::new(),
+            backlog: backlog.clamp(1, 4096) as usize,
+        })
+    }
+
+    fn connect(
+        &self,
+        dst: SocketAddr,
+        src: Option<SocketAddr>,
+        caps: QpCaps,
+        private_data: &[u8],
+    ) -> Result<ShmEndpoint, VerbsError> {
+        if private_data.len() > MAX_PD_CONNECT {
+            return Err(VerbsError::Invalid("private data too long"));
+        }
+        let mut ip = normalize(dst.ip());
+        if ip.is_unspecified() {
+            ip = if ip.is_ipv4() {
+                IpAddr::V4(Ipv4Addr::LOCALHOST)
+            } else {
+                IpAddr::V6(Ipv6Addr::LOCALHOST)
+            };
+        }
+        if !is_local(ip) {
+            return Err(VerbsError::NoDevice(format!(
+                "{dst}: shm connects only to addresses of this host"
+            )));
+        }
+        let port = dst.port();
+        let mut names = vec![SocketAddr::new(ip, port)];
+        if ip.is_ipv4() {
+            names.push(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port));
+        }
+        names.push(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port));
+        let mut sock = None;
+        for n in &names {
+            match sys::seqpacket_connect(&rendezvous_name(*n)) {
+                Ok(s) => {
+                    sock = Some(s);
+                    break;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break, // backlog full
+                Err(_) => continue,
+            }
+        }
+        let local = src.filter(|s| s.port() != 0).unwrap_or_else(|| {
+            let p = self.inner.next_port.fetch_add(1, Ordering::Relaxed);
+            SocketAddr::new(ip, 32768 + (p % 28232) as u16)
+        });
+        let (inbox_fd, inbox, nslots) = new_inbox(caps.max_recv_wr)?;
+        let mut ep = ShmEndpoint::new(
+            self.inner.clone(),
+            None,
+            inbox,
+            Some(inbox_fd),
+            nslots,
+            caps,
+            local,
+            SocketAddr::new(ip, port),
+            true,
+        )?;
+        let Some(sock) = sock else {
+            ep.state = QpState::Error;
+            ep.cm.push_back(CmEvent::Rejected {
+                private_data: Vec::new(),
+                consumer: false,
+            });
+            return Ok(ep);
+        };
+        match sys::peer_cred(sock.as_fd()) {
+            Ok((pid, uid)) if uid == self.inner.uid => ep.peer_pid = pid,
+            Ok((_, uid)) => {
+                ep.state = QpState::Error;
+                ep.cm.push_back(CmEvent::Rejected {
+                    private_data: format!("SDP shm: peer uid {uid} refused").into_bytes(),
+                    consumer: true,
+                });
+                return Ok(ep);
+            }
+            Err(e) => return Err(os(e)),
+        }
+        let m = encode(&Msg {
+            kind: M_REQ,
+            consumer: false,
+            nslots,
+            probe: sys::probe_addr(),
+            addr: local,
+            pd: private_data,
+        });
+        let fds = [
+            ep.inbox_fd.as_ref().expect("inbox fd").as_fd(),
+            self.inner.evfd.as_fd(),
+            self.inner.keys_ro.as_fd(),
+        ];
+        if sys::send_msg(sock.as_fd(), &m, &fds).is_err() {
+            ep.state = QpState::Error;
+            ep.cm.push_back(CmEvent::Rejected {
+                private_data: Vec::new(),
+                consumer: false,
+            });
+            return Ok(ep);
+        }
+        self.inner.add_fd(ep.token, sock.as_raw_fd(), true);
+        ep.sock = Some(sock);
+        Ok(ep)
+    }
+
+    fn notify_fd(&self) -> Option<RawFd> {
+        Some(self.inner.epoll.as_raw_fd())
+    }
+
+    fn arm(&self) -> Result<(), VerbsError> {
+        let inner = &self.inner;
+        sys::drain_counter(inner.evfd.as_fd());
+        let ctls = inner.ctls.lock();
+        sys::epoll_drain(inner.epoll.as_fd(), |tok| match tok {
+            TOKEN_EVFD => sys::drain_counter(inner.evfd.as_fd()),
+            TOKEN_TIMER => sys::drain_counter(inner.timer.as_fd()),
+            t => {
+                if let Some(c) = ctls.get((t - TOKEN_BASE) as usize).and_then(Weak::upgrade) {
+                    c.hint.store(true, Ordering::Relaxed);
+                }
+            }
+        });
+        for (_, w) in ctls.iter() {
+            if let Some(c) = w.upgrade() {
+                if let Some(ib) = &c.inbox {
+                    ib.u32(OFF_WAKE).store(1, Ordering::Relaxed);
+                }
+            }
+        }
+        drop(ctls);
+        fence(Ordering::SeqCst);
+        if inner.rnr_waiting.load(Ordering::Relaxed) > 0 {
+            sys::timerfd_set(inner.timer.as_fd(), 10_000_000);
+        }
+        Ok(())
+    }
+}
+
+/// A registered region: memory we allocated (`reg_mr`) or the caller's (`reg_mr_at`).
+pub struct ShmMr {
+    inner: Arc<Inner>,
+    reg: Reg,
+    mem: RawBuf,
+    _map: Option<Mapping>,
+}
+
+impl std::fmt::Debug for ShmMr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmMr")
+            .field("lkey", &self.reg.lkey)
+            .field("rkey", &self.reg.rkey)
+            .field("addr", &format_args!("{:#x}", self.reg.addr))
+            .field("len", &self.reg.len)
+            .field("access", &self.reg.access)
+            .finish()
+    }
+}
+
+impl MemoryRegion for ShmMr {
+    fn lkey(&self) -> u32 {
+        self.reg.lkey
+    }
+    fn rkey(&self) -> u32 {
+        self.reg.rkey
+    }
+    fn addr(&self) -> u64 {
+        self.reg.addr
+    }
+    fn len(&self) -> usize {
+        self.reg.len as usize
+    }
+    fn access(&self) -> Access {
+        self.reg.access
+    }
+    fn host_ptr(&self) -> Option<NonNull<u8>> {
+        Some(self.mem.ptr())
+    }
+    fn set_access(&mut self, access: Access) -> Result<(), VerbsError> {
+        self.inner.set_access(self.reg.lkey, access)?;
+        self.reg.access = access;
+        Ok(())
+    }
+    fn read(&self, off: usize, dst: &mut [u8]) {
+        self.mem.read(off, dst);
+    }
+    fn write(&mut self, off: usize, src: &[u8]) {
+        self.mem.write(off, src);
+    }
+}
+
+impl Drop for ShmMr {
+    fn drop(&mut self) {
+        // Deregister (under the write lock) before the memory goes away.
+        self.inner.deregister(self.reg.lkey);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QpState {
+    /// Active side waiting for the ACC.
+    Connecting,
+    /// Passive side, neither accepted nor rejected.
+    Pending,
+    Ready,
+    Error,
+}
+
+/// One connection: CM id, RC queue pair and completion queue.
+pub struct ShmEndpoint {
+    inner: Arc<Inner>,
+    ctl: Arc<Ctl>,
+    token: usize,
+    sock: Option<OwnedFd>,
+    state: QpState,
+    /// Passive side accepted, waiting for the RTU.
+    await_rtu: bool,
+    active: bool,
+    caps: QpCaps,
+    local: SocketAddr,
+    peer_addr: SocketAddr,
+    peer_pid: i32,
+    inbox: Arc<Mapping>,
+    inbox_fd: Option<OwnedFd>,
+    nslots: u32,
+    peer: Option<Peer>,
+    recvs: VecDeque<RecvWr>,
+    rq_head: u32,
+    rq_done: u32,
+    sq_tail: u32,
+    pending: VecDeque<SendWr>,
+    rnr_since: Option<Instant>,
+    rnr_counted: bool,
+    cq: VecDeque<Completion>,
+    cm: VecDeque<CmEvent>,
+    last_check: Instant,
+}
+
+impl std::fmt::Debug for ShmEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmEndpoint")
+            .field("local", &self.local)
+            .field("peer", &self.peer_addr)
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+fn opcode(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send => WcOpcode::Send,
+        SendOp::Write(_) => WcOpcode::RdmaWrite,
+        SendOp::Read(_) => WcOpcode::RdmaRead,
+    }
+}
+
+fn wc(wr: &SendWr, status: WcStatus) -> Completion {
+    Completion {
+        wr_id: wr.wr_id,
+        status,
+        opcode: opcode(&wr.op),
+        byte_len: 0,
+    }
+}
+
+enum Exec {
+    Done(Option<Completion>),
+    Rnr,
+    Fail(Completion),
+}
+
+impl ShmEndpoint {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        inner: Arc<Inner>,
+        peer: Option<Peer>,
+        inbox: Arc<Mapping>,
+        inbox_fd: Option<OwnedFd>,
+        nslots: u32,
+        caps: QpCaps,
+        local: SocketAddr,
+        peer_addr: SocketAddr,
+        active: bool,
+    ) -> Result<ShmEndpoint, VerbsError> {
+        let ctl = Arc::new(Ctl {
+            hint: AtomicBool::new(false),
+            inbox: Some(inbox.clone()),
+        });
+        let token = inner.add_ctl(&ctl, None)?;
+        Ok(ShmEndpoint {
+            inner,
+            ctl,
+            token,
+            sock: None,
+            state: if active {
+                QpState::Connecting
+            } else {
+                QpState::Pending
+            },
+            await_rtu: false,
+            active,
+            caps,
+            local,
+            peer_addr,
+            peer_pid: peer.as_ref().map_or(0, |p| p.pid),
+            inbox,
+            inbox_fd,
+            nslots,
+            peer,
+            recvs: VecDeque::new(),
+            rq_head: 0,
+            rq_done: 0,
+            sq_tail: 0,
+            pending: VecDeque::new(),
+            rnr_since: None,
+            rnr_counted: false,
+            cq: VecDeque::new(),
+            cm: VecDeque::new(),
+            last_check: Instant::now(),
+        })
+    }
+
+    /// Whether the queue pair is connected and usable.
+    pub fn is_ready(&self) -> bool {
+        self.state == QpState::Ready
+    }
+
+    /// Receives posted and not yet consumed.
+    pub fn posted_recvs(&self) -> usize {
+        self.recvs.len()
+    }
+
+    /// The peer's process id (0 before the connection is set up).
+    pub fn peer_pid(&self) -> i32 {
+        self.peer_pid
+    }
+
+    /// Execute one send-queue WR now if possible.
+    fn exec(&mut self, wr: &SendWr) -> Exec {
+        let Some(peer) = self.peer.as_ref() else {
+            return Exec::Fail(wc(wr, WcStatus::Flushed));
+        };
+        if peer.closed() {
+            return Exec::Fail(wc(wr, WcStatus::Flushed));
+        }
+        let len = wr.sge.map_or(0, |s| s.len);
+        let regs = self.inner.regs.read();
+        let local_ok = |need: Access| match &wr.sge {
+            Some(s) if s.len > 0 => regs.check(s, need),
+            _ => true,
+        };
+        let done = |byte_len: u32| {
+            Exec::Done(wr.signaled.then_some(Completion {
+                wr_id: wr.wr_id,
+                status: WcStatus::Success,
+                opcode: opcode(&wr.op),
+                byte_len,
+            }))
+        };
+        match wr.op {
+            SendOp::Send => {
+                if !local_ok(Access::empty()) {
+                    return Exec::Fail(wc(wr, WcStatus::LocalProtection));
+                }
+                let head = peer.inbox.u32(OFF_HEAD).load(Ordering::Acquire);
+                let avail = head.wrapping_sub(self.sq_tail);
+                if avail == 0 {
+                    return Exec::Rnr;
+                }
+                if avail > peer.nslots {
+                    return Exec::Fail(wc(wr, WcStatus::Other(WC_REM_OP_ERR)));
+                }
+                let base = HDR + (self.sq_tail % peer.nslots) as usize * SLOT;
+                let ib = &peer.inbox;
+                let raddr = ib.u64(base + S_ADDR).load(Ordering::Relaxed);
+                let rlen = ib.u32(base + S_LEN).load(Ordering::Relaxed);
+                let bad = ib.u32(base + S_BAD).load(Ordering::Relaxed) != 0;
+                let (status, ret) = if bad {
+                    (ST_REM_OP, Err(WcStatus::Other(WC_REM_OP_ERR)))
+                } else if len > rlen {
+                    (ST_LEN_ERR, Err(WcStatus::Other(WC_REM_INV_REQ_ERR)))
+                } else if len as usize <= INLINE_MAX {
+                    let mut tmp = [0u8; INLINE_MAX];
+                    if let Some(s) = wr.sge.filter(|s| s.len > 0) {
+                        // SAFETY: `s` lies inside a live registration (checked above under
+                        // the read lock we still hold; deregistration takes the write lock).
+                        unsafe { sys::copy_from_addr(s.addr, &mut tmp[..len as usize]) };
+                    }
+                    ib.write_bytes(base + S_INLINE, &tmp[..len as usize]);
+                    (ST_INLINE, Ok(()))
+                } else {
+                    let s = wr.sge.expect("len > 0 has an sge");
+                    // SAFETY: the local range is inside a live registration (read lock held).
+                    match unsafe { sys::vm_write(peer.pid, s.addr, raddr, len as usize) } {
+                        Ok(()) => (ST_OK, Ok(())),
+                        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                            (ST_REM_OP, Err(WcStatus::RetryExceeded))
+                        }
+                        Err(_) => (ST_REM_OP, Err(WcStatus::Other(WC_REM_OP_ERR))),
+                    }
+                };
+                ib.u32(base + S_RESULT).store(len, Ordering::Relaxed);
+                ib.u32(base + S_STATUS).store(status, Ordering::Relaxed);
+                self.sq_tail = self.sq_tail.wrapping_add(1);
+                ib.u32(OFF_TAIL).store(self.sq_tail, Ordering::Release);
+                peer.wake();
+                match ret {
+                    Ok(()) => done(len),
+                    Err(st) => Exec::Fail(wc(wr, st)),
+                }
+            }
+            SendOp::Write(rb) | SendOp::Read(rb) => {
+                let is_read = matches!(wr.op, SendOp::Read(_));
+                let need_local = if is_read {
+                    Access::LOCAL_WRITE
+                } else {
+                    Access::empty()
+                };
+                if !local_ok(need_local) {
+                    return Exec::Fail(wc(wr, WcStatus::LocalProtection));
+                }
+                if len == 0 {
+                    return done(0);
+                }
+                let need = if is_read {
+                    Access::REMOTE_READ
+                } else {
+                    Access::REMOTE_WRITE
+                };
+                let ok = peer.lookup(rb.rkey).is_some_and(|(a, l, acc)| {
+                    acc.contains(need)
+                        && rb.addr >= a
+                        && rb
+                            .addr
+                            .checked_add(u64::from(len))
+                            .is_some_and(|e| e <= a.saturating_add(l))
+                });
+                if !ok {
+                    return Exec::Fail(wc(wr, WcStatus::RemoteAccess));
+                }
+                let s = wr.sge.expect("len > 0 has an sge");
+                // SAFETY: the local range is inside a live registration (read lock held),
+                // with LOCAL_WRITE for a Read.
+                let r = unsafe {
+                    if is_read {
+                        sys::vm_read(peer.pid, s.addr, rb.addr, len as usize)
+                    } else {
+                        sys::vm_write(peer.pid, s.addr, rb.addr, len as usize)
+                    }
+                };
+                match r {
+                    Ok(()) => done(len),
+                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                        Exec::Fail(wc(wr, WcStatus::RetryExceeded))
+                    }
+                    Err(_) => Exec::Fail(wc(wr, WcStatus::RemoteAccess)),
+                }
+            }
+        }
+    }
+
+    /// Run queued sends in order until one must wait for a receive.
+    fn run_sends(&mut self) {
+        while let Some(wr) = self.pending.front().copied() {
+            if self.state != QpState::Ready {
+                break;
+            }
+            match self.exec(&wr) {
+                Exec::Done(c) => {
+                    self.pending.pop_front();
+                    self.rnr_since = None;
+                    if let Some(c) = c {
+                        self.cq.push_back(c);
+                    }
+                }
+                Exec::Rnr => {
+                    let since = *self.rnr_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= self.inner.cfg.rnr_timeout {
+                        self.pending.pop_front();
+                        self.fail(Some(wc(&wr, WcStatus::RnrRetryExceeded)));
+                    }
+                    break;
+                }
+                Exec::Fail(c) => {
+                    self.pending.pop_front();
+                    if self.peer.as_ref().is_some_and(|p| p.closed()) {
+                        // The peer went away: like a QP error from the other side.
+                        self.pending.push_front(wr);
+                        self.peer_closed();
+                    } else {
+                        self.fail(Some(c));
+                    }
+                    break;
+                }
+            }
+        }
+        let waiting = !self.pending.is_empty() && self.state == QpState::Ready;
+        if waiting != self.rnr_counted {
+            self.rnr_counted = waiting;
+            if waiting {
+                self.inner.rnr_waiting.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.inner.rnr_waiting.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Turn receives the peer filled into completions. `Err` if the peer broke the protocol
+    /// or a receive failed (the QP must go to error).
+    fn harvest(&mut self) -> Result<(), ()> {
+        let tail = self.inbox.u32(OFF_TAIL).load(Ordering::Acquire);
+        let n = tail.wrapping_sub(self.rq_done);
+        if n == 0 {
+            return Ok(());
+        }
+        if n > self.rq_head.wrapping_sub(self.rq_done) {
+            return Err(());
+        }
+        let regs = self.inner.regs.read();
+        for _ in 0..n {
+            let base = HDR + (self.rq_done % self.nslots) as usize * SLOT;
+            let status = self.inbox.u32(base + S_STATUS).load(Ordering::Relaxed);
+            let result = self.inbox.u32(base + S_RESULT).load(Ordering::Relaxed);
+            let Some(wr) = self.recvs.pop_front() else {
+                return Err(());
+            };
+            self.rq_done = self.rq_done.wrapping_add(1);
+            let mut c = Completion {
+                wr_id: wr.wr_id,
+                status: WcStatus::Success,
+                opcode: WcOpcode::Recv,
+                byte_len: result,
+            };
+            let ok = match status {
+                ST_OK => result <= wr.sge.len,
+                ST_INLINE => {
+                    let n = result as usize;
+                    if n <= INLINE_MAX
+                        && result <= wr.sge.len
+                        && regs.check(&wr.sge, Access::LOCAL_WRITE)
+                    {
+                        let mut tmp = [0u8; INLINE_MAX];
+                        self.inbox.read_bytes(base + S_INLINE, &mut tmp[..n]);
+                        // SAFETY: the receive buffer is inside a live registration with
+                        // LOCAL_WRITE (checked under the read lock we hold).
+                        unsafe { sys::copy_to_addr(wr.sge.addr, &tmp[..n]) };
+                        true
+                    } else {
+                        false
+                    }
+                }
+                _ => false,
+            };
+            if !ok {
+                c.status = WcStatus::LocalProtection;
+                c.byte_len = 0;
+                self.cq.push_back(c);
+                return Err(());
+            }
+            self.cq.push_back(c);
+        }
+        Ok(())
+    }
+
+    /// Move to the error state: report `first`, flush everything else, tell the peer.
+    fn fail(&mut self, first: Option<Completion>) {
+        if self.state == QpState::Error {
+            if let Some(c) = first {
+                self.cq.push_back(c);
+            }
+            return;
+        }
+        let was = self.state;
+        if let Some(c) = first {
+            self.cq.push_back(c);
+        }
+        self.state = QpState::Error;
+        for wr in std::mem::take(&mut self.pending) {
+            self.cq.push_back(wc(&wr, WcStatus::Flushed));
+        }
+        for wr in std::mem::take(&mut self.recvs) {
+            self.cq.push_back(Completion {
+                wr_id: wr.wr_id,
+                status: WcStatus::Flushed,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+            });
+        }
+        if self.rnr_counted {
+            self.rnr_counted = false;
+            self.inner.rnr_waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.inbox.u32(OFF_STATE).store(1, Ordering::Release);
+        if let Some(s) = &self.sock {
+            send_simple(s, M_DISC, false, &[]);
+        }
+        if let Some(p) = &self.peer {
+            p.wake();
+        }
+        if was == QpState::Ready {
+            if self.await_rtu {
+                self.await_rtu = false;
+                self.cm.push_back(CmEvent::ConnectError);
+            } else {
+                self.cm.push_back(CmEvent::Disconnected);
+            }
+        }
+    }
+
+    /// The peer closed or died: deliver what it completed, then error and flush.
+    fn peer_closed(&mut self) {
+        if self.harvest().is_err() {
+            // Reported by harvest; fall through to flush the rest.
+        }
+        self.fail(None);
+    }
+
+    fn progress(&mut self) {
+        if self.state == QpState::Error {
+            return;
+        }
+        if self.harvest().is_err() {
+            self.fail(None);
+            return;
+        }
+        if !self.pending.is_empty() {
+            self.run_sends();
+        }
+    }
+
+    /// Look at the socket: handshake messages, DISC, hang-up.
+    fn check_socket(&mut self) {
+        let mut buf = [0u8; 512];
+        loop {
+            let Some(sock) = self.sock.as_ref() else {
+                return;
+            };
+            match sys::recv_msg(sock.as_fd(), &mut buf) {
+                Recv::Empty => return,
+                Recv::Eof => {
+                    self.sock = None;
+                    match self.state {
+                        QpState::Connecting => {
+                            self.state = QpState::Error;
+                            self.cm.push_back(CmEvent::Rejected {
+                                private_data: Vec::new(),
+                                consumer: false,
+                            });
+                        }
+                        QpState::Pending => {
+                            self.state = QpState::Error;
+                            self.cm.push_back(CmEvent::ConnectError);
+                        }
+                        QpState::Ready => self.peer_closed(),
+                        QpState::Error => {}
+                    }
+                    return;
+                }
+                Recv::Msg(n, fds) => {
+                    let Some(m) = decode(&buf[..n]) else {
+                        continue;
+                    };
+                    match (self.state, m.kind) {
+                        (QpState::Connecting, M_ACC) => {
+                            if m.pd.len() > MAX_PD_ACCEPT {
+                                self.abort_connect();
+                                return;
+                            }
+                            match Peer::attach(self.peer_pid, m.nslots, m.probe, fds) {
+                                Ok(p) => {
+                                    self.peer = Some(p);
+                                    self.inbox_fd = None;
+                                    self.state = QpState::Ready;
+                                    if let Some(s) = &self.sock {
+                                        send_simple(s, M_RTU, false, &[]);
+                                    }
+                                    self.cm.push_back(CmEvent::Established {
+                                        private_data: m.pd.to_vec(),
+                                    });
+                                }
+                                Err(_) => {
+                                    self.abort_connect();
+                                    return;
+                                }
+                            }
+                        }
+                        (QpState::Connecting, M_REJ) => {
+                            self.state = QpState::Error;
+                            self.sock = None;
+                            let pd = &m.pd[..m.pd.len().min(MAX_PD_REJECT)];
+                            self.cm.push_back(CmEvent::Rejected {
+                                private_data: pd.to_vec(),
+                                consumer: m.consumer,
+                            });
+                            return;
+                        }
+                        (QpState::Ready, M_RTU) if self.await_rtu => {
+                            self.await_rtu = false;
+                            self.cm.push_back(CmEvent::Established {
+                                private_data: Vec::new(),
+                            });
+                        }
+                        (QpState::Ready, M_DISC) => self.peer_closed(),
+                        (QpState::Pending, M_DISC) => {
+                            self.state = QpState::Error;
+                            self.cm.push_back(CmEvent::ConnectError);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// The ACC was unusable: tell the acceptor and fail the connect.
+    fn abort_connect(&mut self) {
+        if let Some(s) = self.sock.take() {
+            send_simple(&s, M_DISC, false, &[]);
+        }
+        self.state = QpState::Error;
+        self.cm.push_back(CmEvent::ConnectError);
+    }
+}
+
+impl Endpoint for ShmEndpoint {
+    fn post_recv(&mut self, wr: &RecvWr) -> Result<(), VerbsError> {
+        if self.state == QpState::Error {
+            self.cq.push_back(Completion {
+                wr_id: wr.wr_id,
+                status: WcStatus::Flushed,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+            });
+            return Ok(());
+        }
+        if self.recvs.len() >= self.caps.max_recv_wr.max(1) as usize
+            || self.rq_head.wrapping_sub(self.rq_done) >= self.nslots
+        {
+            return Err(VerbsError::QueueFull("receive queue"));
+        }
+        let valid = self.inner.regs.read().check(&wr.sge, Access::LOCAL_WRITE);
+        let base = HDR + (self.rq_head % self.nslots) as usize * SLOT;
+        let ib = &self.inbox;
+        ib.u64(base + S_ADDR).store(wr.sge.addr, Ordering::Relaxed);
+        ib.u32(base + S_LEN).store(wr.sge.len, Ordering::Relaxed);
+        ib.u32(base + S_BAD)
+            .store(u32::from(!valid), Ordering::Relaxed);
+        ib.u32(base + S_STATUS).store(0, Ordering::Relaxed);
+        self.rq_head = self.rq_head.wrapping_add(1);
+        ib.u32(OFF_HEAD).store(self.rq_head, Ordering::Release);
+        self.recvs.push_back(*wr);
+        if let Some(p) = &self.peer {
+            p.wake();
+        }
+        Ok(())
+    }
+
+    fn post_send(&mut self, wr: &SendWr) -> Result<(), VerbsError> {
+        match self.state {
+            QpState::Connecting | QpState::Pending => return Err(VerbsError::NotConnected),
+            QpState::Error => {
+                self.cq.push_back(wc(wr, WcStatus::Flushed));
+                return Ok(());
+            }
+            QpState::Ready => {}
+        }
+        if self.pending.len() >= self.caps.max_send_wr.max(1) as usize {
+            return Err(VerbsError::QueueFull("send queue"));
+        }
+        self.pending.push_back(*wr);
+        self.run_sends();
+        Ok(())
+    }
+
+    fn poll_cq(&mut self, out: &mut [Completion]) -> usize {
+        self.progress();
+        let n = out.len().min(self.cq.len());
+        for (slot, c) in out.iter_mut().zip(self.cq.drain(..n)) {
+            *slot = c;
+        }
+        n
+    }
+
+    fn poll_cm(&mut self) -> Option<CmEvent> {
+        if let Some(ev) = self.cm.pop_front() {
+            return Some(ev);
+        }
+        if self.state == QpState::Ready && self.peer.as_ref().is_some_and(|p| p.closed()) {
+            self.peer_closed();
+        }
+        if self.sock.is_some() {
+            let hint = self.ctl.hint.swap(false, Ordering::Relaxed);
+            let now = Instant::now();
+            if hint
+                || self.await_rtu
+                || self.state == QpState::Connecting
+                || now.duration_since(self.last_check) >= self.inner.cfg.liveness_interval
+            {
+                self.last_check = now;
+                self.check_socket();
+            }
+        }
+        self.cm.pop_front()
+    }
+
+    fn accept(&mut self, private_data: &[u8]) -> Result<(), VerbsError> {
+        if self.state != QpState::Pending {
+            return Err(VerbsError::Invalid("endpoint is not a pending connect request"));
+        }
+        if private_data.len() > MAX_PD_ACCEPT {
+            return Err(VerbsError::Invalid("private data too long"));
+        }
+        let (Some(sock), Some(inbox_fd)) = (self.sock.as_ref(), self.inbox_fd.as_ref()) else {
+            return Err(VerbsError::NotConnected);
+        };
+        let m = encode(&Msg {
+            kind: M_ACC,
+            consumer: false,
+            nslots: self.nslots,
+            probe: sys::probe_addr(),
+            addr: self.local,
+            pd: private_data,
+        });
+        let fds = [
+            inbox_fd.as_fd(),
+            self.inner.evfd.as_fd(),
+            self.inner.keys_ro.as_fd(),
+        ];
+        sys::send_msg(sock.as_fd(), &m, &fds).map_err(|_| VerbsError::NotConnected)?;
+        self.inbox_fd = None;
+        self.state = QpState::Ready;
+        self.await_rtu = true;
+        Ok(())
+    }
+
+    fn reject(&mut self, private_data: &[u8]) -> Result<(), VerbsError> {
+        if self.state != QpState::Pending {
+            return Err(VerbsError::Invalid("endpoint is not a pending connect request"));
+        }
+        if private_data.len() > MAX_PD_REJECT {
+            return Err(VerbsError::Invalid("private data too long"));
+        }
+        if let Some(s) = self.sock.take() {
+            send_simple(&s, M_REJ, true, private_data);
+        }
+        self.state = QpState::Error;
+        Ok(())
+    }
+
+    fn disconnect(&mut self) -> Result<(), VerbsError> {
+        match self.state {
+            QpState::Ready => {
+                let _ = self.harvest();
+                self.fail(None);
+                Ok(())
+            }
+            QpState::Error => Ok(()),
+            QpState::Connecting | QpState::Pending => Err(VerbsError::NotConnected),
+        }
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    fn peer_addr(&self) -> SocketAddr {
+        self.peer_addr
+    }
+}
+
+impl Drop for ShmEndpoint {
+    fn drop(&mut self) {
+        match self.state {
+            QpState::Pending => {
+                if let Some(s) = &self.sock {
+                    send_simple(s, M_REJ, false, &[]);
+                }
+            }
+            QpState::Ready | QpState::Connecting => {
+                self.inbox.u32(OFF_STATE).store(1, Ordering::Release);
+                if let Some(s) = &self.sock {
+                    send_simple(s, M_DISC, false, &[]);
+                }
+                if let Some(p) = &self.peer {
+                    p.wake();
+                }
+            }
+            QpState::Error => {}
+        }
+        if self.rnr_counted {
+            self.inner.rnr_waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.inner.remove_ctl(self.token);
+        let _ = self.active;
+    }
+}
+
+struct Half {
+    sock: OwnedFd,
+    pid: i32,
+    since: Instant,
+}
+
+/// A listening endpoint: an abstract Unix socket named after the address and port.
+pub struct ShmListener {
+    inner: Arc<Inner>,
+    _ctl: Arc<Ctl>,
+    token: usize,
+    sock: OwnedFd,
+    addr: SocketAddr,
+    caps: QpCaps,
+    tcp: Option<OwnedFd>,
+    half: VecDeque<Half>,
+    backlog: usize,
+}
+
+impl std::fmt::Debug for ShmListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmListener")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl ShmListener {
+    /// The kernel TCP socket bound (not listening) to reserve an ephemeral port, if listen
+    /// picked the port. The socket layer may take it (e.g. to listen for TCP fallback on the
+    /// same port).
+    pub fn take_reserved_tcp_socket(&mut self) -> Option<OwnedFd> {
+        self.tcp.take()
+    }
+
+    /// Requests refused because the peer runs as another user (provider-wide).
+    pub fn refused_uid_count(&self) -> u64 {
+        self.inner.refused_uid.load(Ordering::Relaxed)
+    }
+
+    fn take_new(&mut self) {
+        while self.half.len() < self.backlog {
+            let s = match sys::accept(self.sock.as_fd()) {
+                Ok(Some(s)) => s,
+                _ => return,
+            };
+            match sys::peer_cred(s.as_fd()) {
+                Ok((pid, uid)) if uid == self.inner.uid => {
+                    self.inner.add_fd(self.token, s.as_raw_fd(), true);
+                    self.half.push_back(Half {
+                        sock: s,
+                        pid,
+                        since: Instant::now(),
+                    });
+                }
+                Ok((_, uid)) => {
+                    self.inner.refused_uid.fetch_add(1, Ordering::Relaxed);
+                    let reason = format!("SDP shm: peer uid {uid} refused");
+                    send_simple(&s, M_REJ, true, reason.as_bytes());
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    fn endpoint_for(&self, h: Half, n: usize, buf: &[u8], fds: Vec<OwnedFd>) -> Option<(ShmEndpoint, Vec<u8>)> {
+        let refuse = |why: &str| {
+            send_simple(&h.sock, M_REJ, true, &why.as_bytes()[..why.len().min(MAX_PD_REJECT)]);
+            None
+        };
+        let Some(m) = decode(&buf[..n]) else {
+            return refuse("SDP shm: bad connect request");
+        };
+        if m.kind != M_REQ || m.pd.len() > MAX_PD_CONNECT {
+            return refuse("SDP shm: bad connect request");
+        }
+        let peer = match Peer::attach(h.pid, m.nslots, m.probe, fds) {
+            Ok(p) => p,
+            Err(why) => return refuse(&why),
+        };
+        let Ok((inbox_fd, inbox, nslots)) = new_inbox(self.caps.max_recv_wr) else {
+            return refuse("SDP shm: out of resources");
+        };
+        let mut local = self.addr;
+        if local.ip().is_unspecified() {
+            local.set_ip(if m.addr.is_ipv4() {
+                IpAddr::V4(Ipv4Addr::LOCALHOST)
+            } else {
+                IpAddr::V6(Ipv6Addr::LOCALHOST)
+            });
+        }
+        let pd = m.pd.to_vec();
+        let mut ep = match ShmEndpoint::new(
+            self.inner.clone(),
+            Some(peer),
+            inbox,
+            Some(inbox_fd),
+            nslots,
+            self.caps,
+            local,
+            m.addr,
+            false,
+        ) {
+            Ok(ep) => ep,
+            Err(_) => return refuse("SDP shm: out of resources"),
+        };
+        // Re-register the socket under the endpoint's token.
+        let sock = h.sock;
+        sys::epoll_del(self.inner.epoll.as_fd(), sock.as_raw_fd());
+        self.inner.add_fd(ep.token, sock.as_raw_fd(), true);
+        ep.sock = Some(sock);
+        Some((ep, pd))
+    }
+}
+
+impl Listener for ShmListener {
+    type Endpoint = ShmEndpoint;
+
+    fn poll_request(&mut self) -> Option<(ShmEndpoint, Vec<u8>)> {
+        self.take_new();
+        let mut buf = [0u8; 512];
+        let mut i = 0;
+        while i < self.half.len() {
+            match sys::recv_msg(self.half[i].sock.as_fd(), &mut buf) {
+                Recv::Empty => {
+                    if self.half[i].since.elapsed() > Duration::from_secs(10) {
+                        self.half.remove(i);
+                    } else {
+                        i += 1;
+                    }
+                }
+                Recv::Eof => {
+                    self.half.remove(i);
+                }
+                Recv::Msg(n, fds) => {
+                    let h = self.half.remove(i).expect("index in range");
+                    if let Some(r) = self.endpoint_for(h, n, &buf, fds) {
+                        return Some(r);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for ShmListener {
+    fn drop(&mut self) {
+        self.inner.remove_ctl(self.token);
+    }
+}
