@@ -174,6 +174,7 @@ struct Inner {
     rnr_waiting: AtomicUsize,
     next_port: AtomicU32,
     refused_uid: AtomicU64,
+    wakeups: Arc<AtomicU64>,
 }
 
 fn os(e: std::io::Error) -> VerbsError {
@@ -330,6 +331,7 @@ impl ShmProvider {
                 rnr_waiting: AtomicUsize::new(0),
                 next_port: AtomicU32::new(sys::getpid() as u32),
                 refused_uid: AtomicU64::new(0),
+                wakeups: Arc::new(AtomicU64::new(0)),
             }),
         })
     }
@@ -342,6 +344,11 @@ impl ShmProvider {
     /// this provider.
     pub fn refused_uid_count(&self) -> u64 {
         self.inner.refused_uid.load(Ordering::Relaxed)
+    }
+
+    /// Eventfd writes this provider made to wake peers (a busy peer gets none).
+    pub fn wakeups_sent(&self) -> u64 {
+        self.inner.wakeups.load(Ordering::Relaxed)
     }
 
     /// Regions registered now.
@@ -391,10 +398,17 @@ struct Peer {
     nslots: u32,
     keys: Mapping,
     evfd: OwnedFd,
+    wakeups: Arc<AtomicU64>,
 }
 
 impl Peer {
-    fn attach(pid: i32, nslots: u32, probe: u64, fds: Vec<OwnedFd>) -> Result<Peer, String> {
+    fn attach(
+        inner: &Inner,
+        pid: i32,
+        nslots: u32,
+        probe: u64,
+        fds: Vec<OwnedFd>,
+    ) -> Result<Peer, String> {
         let [inbox_fd, evfd, keys_fd]: [OwnedFd; 3] = fds
             .try_into()
             .map_err(|_| "SDP shm: bad handshake (fds)".to_string())?;
@@ -434,6 +448,7 @@ impl Peer {
             nslots,
             keys,
             evfd,
+            wakeups: inner.wakeups.clone(),
         })
     }
 
@@ -474,6 +489,7 @@ impl Peer {
         let w = self.inbox.u32(OFF_WAKE);
         if w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::AcqRel) != 0 {
             sys::eventfd_signal(self.evfd.as_fd());
+            self.wakeups.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -1303,7 +1319,7 @@ impl ShmEndpoint {
                                 self.abort_connect();
                                 return;
                             }
-                            match Peer::attach(self.peer_pid, m.nslots, m.probe, fds) {
+                            match Peer::attach(&self.inner, self.peer_pid, m.nslots, m.probe, fds) {
                                 Ok(p) => {
                                     self.peer = Some(p);
                                     self.inbox_fd = None;
@@ -1608,7 +1624,7 @@ impl ShmListener {
         if m.kind != M_REQ || m.pd.len() > MAX_PD_CONNECT {
             return refuse("SDP shm: bad connect request");
         }
-        let peer = match Peer::attach(h.pid, m.nslots, m.probe, fds) {
+        let peer = match Peer::attach(&self.inner, h.pid, m.nslots, m.probe, fds) {
             Ok(p) => p,
             Err(why) => return refuse(&why),
         };
