@@ -768,3 +768,107 @@ fn other_uid_is_refused() {
     }
     assert_eq!(b.refused_uid_count(), 1);
 }
+
+#[path = "common/stream.rs"]
+mod stream;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use sdp_core::driver::{Driver, ListenerId};
+use sdp_core::proto::table::ConnId;
+use sdp_core::proto::Config;
+use stream::{App, Mode};
+
+/// One side of an engine transfer on its own thread, with a real clock and the notify-fd
+/// waiting protocol when nothing moves.
+fn drive_side(
+    d: &mut Driver<ShmProvider>,
+    l: Option<ListenerId>,
+    mut id: Option<ConnId>,
+    app: &mut App<ShmProvider>,
+    done: &AtomicUsize,
+) {
+    let t0 = Instant::now();
+    let clock = || sdp_core::proto::Instant(t0.elapsed().as_nanos() as u64);
+    let mut finished = false;
+    let mut idle = 0u32;
+    let end = Instant::now() + Duration::from_secs(240);
+    loop {
+        let now = clock();
+        d.poll(now);
+        if id.is_none() {
+            id = l.and_then(|l| d.accept(l));
+        }
+        let before = (app.sent, app.received);
+        if let Some(id) = id {
+            app.pump(d, now, id);
+            assert!(app.errors.is_empty(), "calls failed: {:?}", app.errors);
+            if let Some(e) = app.events.iter().find_map(|e| match e {
+                sdp_core::proto::Event::Closed(Some(err)) => Some(err.clone()),
+                _ => None,
+            }) {
+                panic!("connection failed: {e:?}");
+            }
+        }
+        if !finished && app.eof && app.done_sending() {
+            finished = true;
+            done.fetch_add(1, Ordering::SeqCst);
+        }
+        if done.load(Ordering::SeqCst) == 2 {
+            return;
+        }
+        assert!(Instant::now() < end, "transfer stalled: sent {} received {}", app.sent, app.received);
+        if (app.sent, app.received) == before {
+            idle += 1;
+        } else {
+            idle = 0;
+        }
+        if idle > 64 {
+            idle = 0;
+            d.provider().arm().unwrap();
+            d.poll(clock());
+            if let Some(id) = id {
+                app.pump(d, clock(), id);
+            }
+            if (app.sent, app.received) == before {
+                d.provider().wait(1);
+            }
+        }
+    }
+}
+
+fn engine_transfer(mode: Mode, bytes: u64, max_msg: usize) {
+    let cfg = Config::default();
+    let done = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let done_b = done.clone();
+    let cfg_b = cfg.clone();
+    let hb = std::thread::spawn(move || {
+        let mut d = Driver::new(prov(), cfg_b);
+        let l = d.listen(localhost(0), 16).unwrap();
+        tx.send(d.listener_addr(l).unwrap().port()).unwrap();
+        let mut app = App::new(mode, bytes, 2, 1, max_msg);
+        drive_side(&mut d, Some(l), None, &mut app, &done_b);
+        (app.sent, app.received)
+    });
+    let port = rx.recv().unwrap();
+    let mut d = Driver::new(prov(), cfg);
+    let id = d
+        .connect(sdp_core::proto::Instant(0), localhost(port), None)
+        .unwrap();
+    let mut app = App::new(mode, bytes, 1, 2, max_msg);
+    drive_side(&mut d, None, Some(id), &mut app, &done);
+    let (bs, br) = hb.join().unwrap();
+    assert_eq!((app.sent, app.received, bs, br), (bytes, bytes, bytes, bytes));
+}
+
+#[test]
+fn engine_bcopy_64mib_both_ways() {
+    engine_transfer(Mode::BCopy, 64 << 20, 256 * 1024);
+}
+
+#[test]
+fn engine_zcopy_64mib_both_ways() {
+    engine_transfer(Mode::Both, 64 << 20, 1 << 20);
+}
