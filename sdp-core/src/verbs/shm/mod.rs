@@ -988,6 +988,16 @@ impl ShmEndpoint {
         self.peer_pid
     }
 
+    /// Completions or events appeared locally (not through the peer): if the owner armed,
+    /// make the notify fd readable, so the arm-poll-sleep protocol loses nothing.
+    fn self_notify(&self) {
+        fence(Ordering::SeqCst);
+        let w = self.inbox.u32(OFF_WAKE);
+        if w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::AcqRel) != 0 {
+            sys::eventfd_signal(self.inner.evfd.as_fd());
+        }
+    }
+
     /// Execute one send-queue WR now if possible.
     fn exec(&mut self, wr: &SendWr) -> Exec {
         let Some(peer) = self.peer.as_ref() else {
@@ -1384,6 +1394,7 @@ impl Endpoint for ShmEndpoint {
                 opcode: WcOpcode::Recv,
                 byte_len: 0,
             });
+            self.self_notify();
             return Ok(());
         }
         if self.recvs.len() >= self.caps.max_recv_wr.max(1) as usize
@@ -1413,6 +1424,7 @@ impl Endpoint for ShmEndpoint {
             QpState::Connecting | QpState::Pending => return Err(VerbsError::NotConnected),
             QpState::Error => {
                 self.cq.push_back(wc(wr, WcStatus::Flushed));
+                self.self_notify();
                 return Ok(());
             }
             QpState::Ready => {}
@@ -1422,6 +1434,9 @@ impl Endpoint for ShmEndpoint {
         }
         self.pending.push_back(*wr);
         self.run_sends();
+        if !self.cq.is_empty() || !self.cm.is_empty() {
+            self.self_notify();
+        }
         Ok(())
     }
 
@@ -1505,6 +1520,7 @@ impl Endpoint for ShmEndpoint {
             QpState::Ready => {
                 let _ = self.harvest();
                 self.fail(None);
+                self.self_notify();
                 Ok(())
             }
             QpState::Error => Ok(()),
