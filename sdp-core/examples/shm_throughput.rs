@@ -47,7 +47,11 @@ fn clock(t0: Instant) -> sdp_core::proto::Instant {
 }
 
 /// Poll until `f` says done; arm and sleep on the notify fd when nothing moves.
-fn run(d: &mut Driver<ShmProvider>, t0: Instant, mut f: impl FnMut(&mut Driver<ShmProvider>) -> (bool, bool)) {
+fn run(
+    d: &mut Driver<ShmProvider>,
+    t0: Instant,
+    mut f: impl FnMut(&mut Driver<ShmProvider>) -> (bool, bool),
+) {
     let mut idle = 0;
     loop {
         d.poll(clock(t0));

@@ -237,10 +237,18 @@ fn addressing() {
     drop(tcp);
     // A listener on 127.0.0.1 is not reachable at 127.0.0.2.
     let mut x = a
-        .connect("127.0.0.2:0".parse::<SocketAddr>().map(|mut s| {
-            s.set_port(port);
-            s
-        }).unwrap(), None, QpCaps::default(), b"")
+        .connect(
+            "127.0.0.2:0"
+                .parse::<SocketAddr>()
+                .map(|mut s| {
+                    s.set_port(port);
+                    s
+                })
+                .unwrap(),
+            None,
+            QpCaps::default(),
+            b"",
+        )
         .unwrap();
     assert!(matches!(
         wait_cm(&mut x, T),
@@ -322,7 +330,12 @@ fn send_recv_order_and_byte_len() {
     for (i, c) in rc.iter().enumerate() {
         assert_eq!(
             (c.wr_id, c.status, c.opcode, c.byte_len),
-            (100 + i as u64, WcStatus::Success, WcOpcode::Recv, sizes[i] as u32)
+            (
+                100 + i as u64,
+                WcStatus::Success,
+                WcOpcode::Recv,
+                sizes[i] as u32
+            )
         );
         let mut want = vec![0u8; sizes[i]];
         sbufs[i].read(0, &mut want);
@@ -416,7 +429,12 @@ fn rdma_write_and_read() {
 
 /// Post a bad RDMA op: RemoteAccess, the WRs after it and the receives flushed, both sides
 /// Disconnected.
-fn expect_remote_access(a: &ShmProvider, b: &ShmProvider, op: impl Fn(&ShmMr) -> SendOp, mr: &ShmMr) {
+fn expect_remote_access(
+    a: &ShmProvider,
+    b: &ShmProvider,
+    op: impl Fn(&ShmMr) -> SendOp,
+    mr: &ShmMr,
+) {
     let (mut x, mut y) = pair(a, b);
     let local = a.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
     x.post_recv(&RecvWr {
@@ -451,34 +469,114 @@ fn rdma_access_violations() {
         .reg_mr(8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .unwrap();
     // Bad rkey (the lkey is not an rkey).
-    expect_remote_access(&a, &b, |m| SendOp::Write(RemoteBuf { addr: m.addr(), rkey: m.lkey() }), &mr);
-    expect_remote_access(&a, &b, |m| SendOp::Write(RemoteBuf { addr: m.addr(), rkey: m.rkey() ^ 0x10000 }), &mr);
+    expect_remote_access(
+        &a,
+        &b,
+        |m| {
+            SendOp::Write(RemoteBuf {
+                addr: m.addr(),
+                rkey: m.lkey(),
+            })
+        },
+        &mr,
+    );
+    expect_remote_access(
+        &a,
+        &b,
+        |m| {
+            SendOp::Write(RemoteBuf {
+                addr: m.addr(),
+                rkey: m.rkey() ^ 0x10000,
+            })
+        },
+        &mr,
+    );
     // Out of bounds.
-    expect_remote_access(&a, &b, |m| SendOp::Write(RemoteBuf { addr: m.addr() + 4097, rkey: m.rkey() }), &mr);
-    expect_remote_access(&a, &b, |m| SendOp::Write(RemoteBuf { addr: m.addr() - 1, rkey: m.rkey() }), &mr);
+    expect_remote_access(
+        &a,
+        &b,
+        |m| {
+            SendOp::Write(RemoteBuf {
+                addr: m.addr() + 4097,
+                rkey: m.rkey(),
+            })
+        },
+        &mr,
+    );
+    expect_remote_access(
+        &a,
+        &b,
+        |m| {
+            SendOp::Write(RemoteBuf {
+                addr: m.addr() - 1,
+                rkey: m.rkey(),
+            })
+        },
+        &mr,
+    );
     // Access: a write region cannot be read.
-    expect_remote_access(&a, &b, |m| SendOp::Read(RemoteBuf { addr: m.addr(), rkey: m.rkey() }), &mr);
+    expect_remote_access(
+        &a,
+        &b,
+        |m| {
+            SendOp::Read(RemoteBuf {
+                addr: m.addr(),
+                rkey: m.rkey(),
+            })
+        },
+        &mr,
+    );
     // Revoked.
     mr.set_access(Access::LOCAL_WRITE).unwrap();
-    expect_remote_access(&a, &b, |m| SendOp::Write(RemoteBuf { addr: m.addr(), rkey: m.rkey() }), &mr);
+    expect_remote_access(
+        &a,
+        &b,
+        |m| {
+            SendOp::Write(RemoteBuf {
+                addr: m.addr(),
+                rkey: m.rkey(),
+            })
+        },
+        &mr,
+    );
     // Granted again: works.
-    mr.set_access(Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    mr.set_access(Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
     let (mut x, _y) = pair(&a, &b);
     let src = a.reg_mr(4096, Access::empty()).unwrap();
-    x.post_send(&send_wr(1, SendOp::Write(RemoteBuf { addr: mr.addr(), rkey: mr.rkey() }), Some(src.sge(0, 4096))))
-        .unwrap();
+    x.post_send(&send_wr(
+        1,
+        SendOp::Write(RemoteBuf {
+            addr: mr.addr(),
+            rkey: mr.rkey(),
+        }),
+        Some(src.sge(0, 4096)),
+    ))
+    .unwrap();
     assert_eq!(poll_n(&mut x, 1, T)[0].status, WcStatus::Success);
     // Deregistered.
     let (addr, rkey) = (mr.addr(), mr.rkey());
     drop(mr);
     let dummy = b.reg_mr(1, Access::empty()).unwrap();
-    expect_remote_access(&a, &b, move |_| SendOp::Write(RemoteBuf { addr, rkey }), &dummy);
+    expect_remote_access(
+        &a,
+        &b,
+        move |_| SendOp::Write(RemoteBuf { addr, rkey }),
+        &dummy,
+    );
     // Local protection: an RDMA Read into memory without LOCAL_WRITE.
     let (mut x, _y) = pair(&a, &b);
     let rs = b.reg_mr(64, Access::REMOTE_READ).unwrap();
     let ro = a.reg_mr(64, Access::empty()).unwrap();
-    x.post_send(&send_wr(1, SendOp::Read(RemoteBuf { addr: rs.addr(), rkey: rs.rkey() }), Some(ro.sge(0, 64))))
-        .unwrap();
+    x.post_send(&send_wr(
+        1,
+        SendOp::Read(RemoteBuf {
+            addr: rs.addr(),
+            rkey: rs.rkey(),
+        }),
+        Some(ro.sge(0, 64)),
+    ))
+    .unwrap();
     assert_eq!(poll_n(&mut x, 1, T)[0].status, WcStatus::LocalProtection);
 }
 
@@ -510,10 +608,16 @@ fn rnr_waits_then_succeeds_or_times_out() {
     let c = poll_n(&mut x, 1, T);
     let waited = t0.elapsed();
     assert_eq!((c[0].wr_id, c[0].status), (2, WcStatus::RnrRetryExceeded));
-    assert!(waited >= Duration::from_millis(150) && waited < Duration::from_secs(3), "{waited:?}");
+    assert!(
+        waited >= Duration::from_millis(150) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
     assert_eq!(wait_cm(&mut x, T), Some(CmEvent::Disconnected));
     let c = poll_n(&mut y, 1, T);
-    assert_eq!((c[0].wr_id, c[0].status, c[0].byte_len), (9, WcStatus::Success, 1000));
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].byte_len),
+        (9, WcStatus::Success, 1000)
+    );
     assert_eq!(wait_cm(&mut y, T), Some(CmEvent::Disconnected));
 }
 
@@ -525,9 +629,21 @@ fn disconnect_either_side() {
         let (mut x, mut y) = pair(&a, &b);
         let r = a.reg_mr(64, Access::LOCAL_WRITE).unwrap();
         let r2 = b.reg_mr(64, Access::LOCAL_WRITE).unwrap();
-        x.post_recv(&RecvWr { wr_id: 1, sge: r.sge(0, 64) }).unwrap();
-        y.post_recv(&RecvWr { wr_id: 2, sge: r2.sge(0, 64) }).unwrap();
-        let (first, second) = if active_first { (&mut x, &mut y) } else { (&mut y, &mut x) };
+        x.post_recv(&RecvWr {
+            wr_id: 1,
+            sge: r.sge(0, 64),
+        })
+        .unwrap();
+        y.post_recv(&RecvWr {
+            wr_id: 2,
+            sge: r2.sge(0, 64),
+        })
+        .unwrap();
+        let (first, second) = if active_first {
+            (&mut x, &mut y)
+        } else {
+            (&mut y, &mut x)
+        };
         first.disconnect().unwrap();
         assert_eq!(wait_cm(first, T), Some(CmEvent::Disconnected));
         assert_eq!(wait_cm(second, T), Some(CmEvent::Disconnected));
@@ -564,12 +680,20 @@ fn notify_fd_after_arm() {
     let r = b.reg_mr(64, Access::LOCAL_WRITE).unwrap();
     let s = a.reg_mr(64, Access::empty()).unwrap();
     for round in 0..3u64 {
-        y.post_recv(&RecvWr { wr_id: round, sge: r.sge(0, 64) }).unwrap();
+        y.post_recv(&RecvWr {
+            wr_id: round,
+            sge: r.sge(0, 64),
+        })
+        .unwrap();
         b.arm().unwrap();
         assert!(poll_n(&mut y, 1, Duration::ZERO).is_empty());
         while y.poll_cm().is_some() {}
-        assert!(!readable(fd, 20), "readable with nothing new (round {round})");
-        x.post_send(&send_wr(round, SendOp::Send, Some(s.sge(0, 64)))).unwrap();
+        assert!(
+            !readable(fd, 20),
+            "readable with nothing new (round {round})"
+        );
+        x.post_send(&send_wr(round, SendOp::Send, Some(s.sge(0, 64))))
+            .unwrap();
         assert!(readable(fd, 2000), "no wakeup after a send (round {round})");
         b.arm().unwrap();
         assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, round);
@@ -578,8 +702,13 @@ fn notify_fd_after_arm() {
     // Once the wakeup is written, a busy peer sends without system calls until we arm again.
     let before = a.wakeups_sent();
     for i in 0..10 {
-        y.post_recv(&RecvWr { wr_id: 10 + i, sge: r.sge(0, 64) }).unwrap();
-        x.post_send(&send_wr(10 + i, SendOp::Send, Some(s.sge(0, 64)))).unwrap();
+        y.post_recv(&RecvWr {
+            wr_id: 10 + i,
+            sge: r.sge(0, 64),
+        })
+        .unwrap();
+        x.post_send(&send_wr(10 + i, SendOp::Send, Some(s.sge(0, 64))))
+            .unwrap();
     }
     assert!(a.wakeups_sent() - before <= 1);
     assert_eq!(poll_n(&mut y, 10, T).len(), 10);
@@ -621,7 +750,9 @@ fn many_connections() {
     for (i, x) in xs.iter_mut().enumerate() {
         assert_eq!(
             wait_cm(x, T),
-            Some(CmEvent::Established { private_data: vec![i as u8] })
+            Some(CmEvent::Established {
+                private_data: vec![i as u8]
+            })
         );
     }
     let ra = a.reg_mr(n * 8, Access::LOCAL_WRITE).unwrap();
@@ -631,15 +762,34 @@ fn many_connections() {
     for i in 0..n {
         sa.write(i * 8, &(i as u64).to_le_bytes());
         sb.write(i * 8, &(1000 + i as u64).to_le_bytes());
-        xs[i].post_recv(&RecvWr { wr_id: i as u64, sge: ra.sge(i * 8, 8) }).unwrap();
-        ys[i].post_recv(&RecvWr { wr_id: i as u64, sge: rb.sge(i * 8, 8) }).unwrap();
+        xs[i]
+            .post_recv(&RecvWr {
+                wr_id: i as u64,
+                sge: ra.sge(i * 8, 8),
+            })
+            .unwrap();
+        ys[i]
+            .post_recv(&RecvWr {
+                wr_id: i as u64,
+                sge: rb.sge(i * 8, 8),
+            })
+            .unwrap();
     }
     for i in 0..n {
-        xs[i].post_send(&send_wr(i as u64, SendOp::Send, Some(sa.sge(i * 8, 8)))).unwrap();
-        ys[i].post_send(&send_wr(i as u64, SendOp::Send, Some(sb.sge(i * 8, 8)))).unwrap();
+        xs[i]
+            .post_send(&send_wr(i as u64, SendOp::Send, Some(sa.sge(i * 8, 8))))
+            .unwrap();
+        ys[i]
+            .post_send(&send_wr(i as u64, SendOp::Send, Some(sb.sge(i * 8, 8))))
+            .unwrap();
     }
     for i in 0..n {
-        assert!(wait_cm(&mut ys[i], Duration::ZERO) == Some(CmEvent::Established { private_data: vec![] }));
+        assert!(
+            wait_cm(&mut ys[i], Duration::ZERO)
+                == Some(CmEvent::Established {
+                    private_data: vec![]
+                })
+        );
         assert_eq!(poll_n(&mut xs[i], 2, T).len(), 2);
         assert_eq!(poll_n(&mut ys[i], 2, T).len(), 2);
         let mut v = [0u8; 8];
@@ -666,20 +816,28 @@ fn child_entry() {
     match mode {
         "hold" => {
             let r = a.reg_mr(64, Access::LOCAL_WRITE).unwrap();
-            x.post_recv(&RecvWr { wr_id: 1, sge: r.sge(0, 64) }).unwrap();
+            x.post_recv(&RecvWr {
+                wr_id: 1,
+                sge: r.sge(0, 64),
+            })
+            .unwrap();
             println!("CHILD {ev:?}");
             loop {
                 std::thread::sleep(Duration::from_secs(1));
             }
         }
-        _ => {
-            match ev {
-                Some(CmEvent::Rejected { private_data, consumer }) => {
-                    println!("CHILD rejected consumer={consumer} reason={}", String::from_utf8_lossy(&private_data));
-                }
-                other => println!("CHILD {other:?}"),
+        _ => match ev {
+            Some(CmEvent::Rejected {
+                private_data,
+                consumer,
+            }) => {
+                println!(
+                    "CHILD rejected consumer={consumer} reason={}",
+                    String::from_utf8_lossy(&private_data)
+                );
             }
-        }
+            other => println!("CHILD {other:?}"),
+        },
     }
 }
 
@@ -708,7 +866,11 @@ fn peer_killed_is_noticed() {
     assert_eq!(y.peer_pid(), child.id() as i32);
     y.accept(b"ok").unwrap();
     let r = b.reg_mr(64, Access::LOCAL_WRITE).unwrap();
-    y.post_recv(&RecvWr { wr_id: 3, sge: r.sge(0, 64) }).unwrap();
+    y.post_recv(&RecvWr {
+        wr_id: 3,
+        sge: r.sge(0, 64),
+    })
+    .unwrap();
     let mut line = String::new();
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
     // Skip the harness's own lines until the child's.
@@ -717,7 +879,12 @@ fn peer_killed_is_noticed() {
         assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
     }
     assert!(line.contains("Established"), "{line}");
-    assert_eq!(wait_cm(&mut y, T), Some(CmEvent::Established { private_data: vec![] }));
+    assert_eq!(
+        wait_cm(&mut y, T),
+        Some(CmEvent::Established {
+            private_data: vec![]
+        })
+    );
     // Sleep on the notify fd like a progress loop would.
     let fd = b.notify_fd().unwrap();
     b.arm().unwrap();
@@ -726,7 +893,10 @@ fn peer_killed_is_noticed() {
     let t0 = Instant::now();
     assert!(readable(fd, 3000), "no wakeup on the peer's death");
     b.arm().unwrap();
-    assert_eq!(wait_cm(&mut y, Duration::from_secs(3)), Some(CmEvent::Disconnected));
+    assert_eq!(
+        wait_cm(&mut y, Duration::from_secs(3)),
+        Some(CmEvent::Disconnected)
+    );
     assert!(t0.elapsed() < Duration::from_secs(3));
     let c = poll_n(&mut y, 1, T);
     assert_eq!((c[0].wr_id, c[0].status), (3, WcStatus::Flushed));
@@ -747,7 +917,10 @@ fn other_uid_is_refused() {
     let mut child = spawn_child("once", port, Some(65534));
     let end = Instant::now() + T;
     loop {
-        assert!(l.poll_request().is_none(), "another user's request was offered");
+        assert!(
+            l.poll_request().is_none(),
+            "another user's request was offered"
+        );
         if child.try_wait().unwrap().is_some() {
             break;
         }
@@ -755,7 +928,12 @@ fn other_uid_is_refused() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let mut out = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
     assert!(
         out.contains("CHILD rejected consumer=true reason=SDP shm: peer uid"),
         "child said: {out}"
@@ -818,7 +996,12 @@ fn drive_side(
         if done.load(Ordering::SeqCst) == 2 {
             return;
         }
-        assert!(Instant::now() < end, "transfer stalled: sent {} received {}", app.sent, app.received);
+        assert!(
+            Instant::now() < end,
+            "transfer stalled: sent {} received {}",
+            app.sent,
+            app.received
+        );
         if (app.sent, app.received) == before {
             idle += 1;
         } else {
@@ -860,7 +1043,10 @@ fn engine_transfer(mode: Mode, bytes: u64, max_msg: usize) {
     let mut app = App::new(mode, bytes, 1, 2, max_msg);
     drive_side(&mut d, None, Some(id), &mut app, &done);
     let (bs, br) = hb.join().unwrap();
-    assert_eq!((app.sent, app.received, bs, br), (bytes, bytes, bytes, bytes));
+    assert_eq!(
+        (app.sent, app.received, bs, br),
+        (bytes, bytes, bytes, bytes)
+    );
 }
 
 #[test]

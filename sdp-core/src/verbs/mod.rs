@@ -281,7 +281,9 @@ pub trait Provider: Send + Sync {
         access: Access,
     ) -> Result<Self::Mr, VerbsError> {
         let _ = (addr, len, access);
-        Err(VerbsError::Invalid("this provider cannot register caller memory"))
+        Err(VerbsError::Invalid(
+            "this provider cannot register caller memory",
+        ))
     }
     /// Listen on `addr` (port 0 picks one); endpoints for incoming requests get `caps`.
     fn listen(

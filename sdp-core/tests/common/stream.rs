@@ -299,4 +299,3 @@ impl<P: Provider> App<P> {
         }
     }
 }
-

@@ -253,7 +253,13 @@ impl Inner {
     fn deregister(&self, lkey: u32) {
         let mut regs = self.regs.write();
         let idx = (lkey & 0xffff) as usize;
-        if regs.slots.get(idx).copied().flatten().is_some_and(|r| r.lkey == lkey) {
+        if regs
+            .slots
+            .get(idx)
+            .copied()
+            .flatten()
+            .is_some_and(|r| r.lkey == lkey)
+        {
             regs.slots[idx] = None;
             regs.free.push(idx as u32);
             self.write_entry(idx, 0, Access::empty(), 0, 0);
@@ -617,8 +623,7 @@ impl Provider for ShmProvider {
                         os(e)
                     }
                 })?;
-                match sys::seqpacket_listen(&rendezvous_name(SocketAddr::new(ip, port)), backlog)
-                {
+                match sys::seqpacket_listen(&rendezvous_name(SocketAddr::new(ip, port)), backlog) {
                     Ok(s) => break (s, port, Some(tcp)),
                     Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && tries < 16 => {
                         tries += 1;
@@ -627,14 +632,15 @@ impl Provider for ShmProvider {
                 }
             }
         } else {
-            let s = sys::seqpacket_listen(&rendezvous_name(SocketAddr::new(ip, addr.port())), backlog)
-                .map_err(|e| {
-                    if e.raw_os_error() == Some(libc::EADDRINUSE) {
-                        VerbsError::AddrInUse
-                    } else {
-                        os(e)
-                    }
-                })?;
+            let s =
+                sys::seqpacket_listen(&rendezvous_name(SocketAddr::new(ip, addr.port())), backlog)
+                    .map_err(|e| {
+                        if e.raw_os_error() == Some(libc::EADDRINUSE) {
+                            VerbsError::AddrInUse
+                        } else {
+                            os(e)
+                        }
+                    })?;
             (s, addr.port(), None)
         };
         let ctl = Arc::new(Ctl {
@@ -1473,7 +1479,9 @@ impl Endpoint for ShmEndpoint {
 
     fn accept(&mut self, private_data: &[u8]) -> Result<(), VerbsError> {
         if self.state != QpState::Pending {
-            return Err(VerbsError::Invalid("endpoint is not a pending connect request"));
+            return Err(VerbsError::Invalid(
+                "endpoint is not a pending connect request",
+            ));
         }
         if private_data.len() > MAX_PD_ACCEPT {
             return Err(VerbsError::Invalid("private data too long"));
@@ -1503,7 +1511,9 @@ impl Endpoint for ShmEndpoint {
 
     fn reject(&mut self, private_data: &[u8]) -> Result<(), VerbsError> {
         if self.state != QpState::Pending {
-            return Err(VerbsError::Invalid("endpoint is not a pending connect request"));
+            return Err(VerbsError::Invalid(
+                "endpoint is not a pending connect request",
+            ));
         }
         if private_data.len() > MAX_PD_REJECT {
             return Err(VerbsError::Invalid("private data too long"));
@@ -1629,9 +1639,20 @@ impl ShmListener {
         }
     }
 
-    fn endpoint_for(&self, h: Half, n: usize, buf: &[u8], fds: Vec<OwnedFd>) -> Option<(ShmEndpoint, Vec<u8>)> {
+    fn endpoint_for(
+        &self,
+        h: Half,
+        n: usize,
+        buf: &[u8],
+        fds: Vec<OwnedFd>,
+    ) -> Option<(ShmEndpoint, Vec<u8>)> {
         let refuse = |why: &str| {
-            send_simple(&h.sock, M_REJ, true, &why.as_bytes()[..why.len().min(MAX_PD_REJECT)]);
+            send_simple(
+                &h.sock,
+                M_REJ,
+                true,
+                &why.as_bytes()[..why.len().min(MAX_PD_REJECT)],
+            );
             None
         };
         let Some(m) = decode(&buf[..n]) else {
