@@ -174,6 +174,7 @@ struct Inner {
     rnr_waiting: AtomicUsize,
     next_port: AtomicU32,
     refused_uid: AtomicU64,
+    wakeups: Arc<AtomicU64>,
 }
 
 fn os(e: std::io::Error) -> VerbsError {
@@ -252,7 +253,13 @@ impl Inner {
     fn deregister(&self, lkey: u32) {
         let mut regs = self.regs.write();
         let idx = (lkey & 0xffff) as usize;
-        if regs.slots.get(idx).copied().flatten().is_some_and(|r| r.lkey == lkey) {
+        if regs
+            .slots
+            .get(idx)
+            .copied()
+            .flatten()
+            .is_some_and(|r| r.lkey == lkey)
+        {
             regs.slots[idx] = None;
             regs.free.push(idx as u32);
             self.write_entry(idx, 0, Access::empty(), 0, 0);
@@ -330,6 +337,7 @@ impl ShmProvider {
                 rnr_waiting: AtomicUsize::new(0),
                 next_port: AtomicU32::new(sys::getpid() as u32),
                 refused_uid: AtomicU64::new(0),
+                wakeups: Arc::new(AtomicU64::new(0)),
             }),
         })
     }
@@ -342,6 +350,11 @@ impl ShmProvider {
     /// this provider.
     pub fn refused_uid_count(&self) -> u64 {
         self.inner.refused_uid.load(Ordering::Relaxed)
+    }
+
+    /// Eventfd writes this provider made to wake peers (a busy peer gets none).
+    pub fn wakeups_sent(&self) -> u64 {
+        self.inner.wakeups.load(Ordering::Relaxed)
     }
 
     /// Regions registered now.
@@ -391,10 +404,17 @@ struct Peer {
     nslots: u32,
     keys: Mapping,
     evfd: OwnedFd,
+    wakeups: Arc<AtomicU64>,
 }
 
 impl Peer {
-    fn attach(pid: i32, nslots: u32, probe: u64, fds: Vec<OwnedFd>) -> Result<Peer, String> {
+    fn attach(
+        inner: &Inner,
+        pid: i32,
+        nslots: u32,
+        probe: u64,
+        fds: Vec<OwnedFd>,
+    ) -> Result<Peer, String> {
         let [inbox_fd, evfd, keys_fd]: [OwnedFd; 3] = fds
             .try_into()
             .map_err(|_| "SDP shm: bad handshake (fds)".to_string())?;
@@ -434,6 +454,7 @@ impl Peer {
             nslots,
             keys,
             evfd,
+            wakeups: inner.wakeups.clone(),
         })
     }
 
@@ -474,6 +495,7 @@ impl Peer {
         let w = self.inbox.u32(OFF_WAKE);
         if w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::AcqRel) != 0 {
             sys::eventfd_signal(self.evfd.as_fd());
+            self.wakeups.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -601,8 +623,7 @@ impl Provider for ShmProvider {
                         os(e)
                     }
                 })?;
-                match sys::seqpacket_listen(&rendezvous_name(SocketAddr::new(ip, port)), backlog)
-                {
+                match sys::seqpacket_listen(&rendezvous_name(SocketAddr::new(ip, port)), backlog) {
                     Ok(s) => break (s, port, Some(tcp)),
                     Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && tries < 16 => {
                         tries += 1;
@@ -611,14 +632,15 @@ impl Provider for ShmProvider {
                 }
             }
         } else {
-            let s = sys::seqpacket_listen(&rendezvous_name(SocketAddr::new(ip, addr.port())), backlog)
-                .map_err(|e| {
-                    if e.raw_os_error() == Some(libc::EADDRINUSE) {
-                        VerbsError::AddrInUse
-                    } else {
-                        os(e)
-                    }
-                })?;
+            let s =
+                sys::seqpacket_listen(&rendezvous_name(SocketAddr::new(ip, addr.port())), backlog)
+                    .map_err(|e| {
+                        if e.raw_os_error() == Some(libc::EADDRINUSE) {
+                            VerbsError::AddrInUse
+                        } else {
+                            os(e)
+                        }
+                    })?;
             (s, addr.port(), None)
         };
         let ctl = Arc::new(Ctl {
@@ -972,6 +994,16 @@ impl ShmEndpoint {
         self.peer_pid
     }
 
+    /// Completions or events appeared locally (not through the peer): if the owner armed,
+    /// make the notify fd readable, so the arm-poll-sleep protocol loses nothing.
+    fn self_notify(&self) {
+        fence(Ordering::SeqCst);
+        let w = self.inbox.u32(OFF_WAKE);
+        if w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::AcqRel) != 0 {
+            sys::eventfd_signal(self.inner.evfd.as_fd());
+        }
+    }
+
     /// Execute one send-queue WR now if possible.
     fn exec(&mut self, wr: &SendWr) -> Exec {
         let Some(peer) = self.peer.as_ref() else {
@@ -1303,7 +1335,7 @@ impl ShmEndpoint {
                                 self.abort_connect();
                                 return;
                             }
-                            match Peer::attach(self.peer_pid, m.nslots, m.probe, fds) {
+                            match Peer::attach(&self.inner, self.peer_pid, m.nslots, m.probe, fds) {
                                 Ok(p) => {
                                     self.peer = Some(p);
                                     self.inbox_fd = None;
@@ -1368,6 +1400,7 @@ impl Endpoint for ShmEndpoint {
                 opcode: WcOpcode::Recv,
                 byte_len: 0,
             });
+            self.self_notify();
             return Ok(());
         }
         if self.recvs.len() >= self.caps.max_recv_wr.max(1) as usize
@@ -1397,6 +1430,7 @@ impl Endpoint for ShmEndpoint {
             QpState::Connecting | QpState::Pending => return Err(VerbsError::NotConnected),
             QpState::Error => {
                 self.cq.push_back(wc(wr, WcStatus::Flushed));
+                self.self_notify();
                 return Ok(());
             }
             QpState::Ready => {}
@@ -1406,6 +1440,9 @@ impl Endpoint for ShmEndpoint {
         }
         self.pending.push_back(*wr);
         self.run_sends();
+        if !self.cq.is_empty() || !self.cm.is_empty() {
+            self.self_notify();
+        }
         Ok(())
     }
 
@@ -1442,7 +1479,9 @@ impl Endpoint for ShmEndpoint {
 
     fn accept(&mut self, private_data: &[u8]) -> Result<(), VerbsError> {
         if self.state != QpState::Pending {
-            return Err(VerbsError::Invalid("endpoint is not a pending connect request"));
+            return Err(VerbsError::Invalid(
+                "endpoint is not a pending connect request",
+            ));
         }
         if private_data.len() > MAX_PD_ACCEPT {
             return Err(VerbsError::Invalid("private data too long"));
@@ -1472,7 +1511,9 @@ impl Endpoint for ShmEndpoint {
 
     fn reject(&mut self, private_data: &[u8]) -> Result<(), VerbsError> {
         if self.state != QpState::Pending {
-            return Err(VerbsError::Invalid("endpoint is not a pending connect request"));
+            return Err(VerbsError::Invalid(
+                "endpoint is not a pending connect request",
+            ));
         }
         if private_data.len() > MAX_PD_REJECT {
             return Err(VerbsError::Invalid("private data too long"));
@@ -1489,6 +1530,7 @@ impl Endpoint for ShmEndpoint {
             QpState::Ready => {
                 let _ = self.harvest();
                 self.fail(None);
+                self.self_notify();
                 Ok(())
             }
             QpState::Error => Ok(()),
@@ -1597,9 +1639,20 @@ impl ShmListener {
         }
     }
 
-    fn endpoint_for(&self, h: Half, n: usize, buf: &[u8], fds: Vec<OwnedFd>) -> Option<(ShmEndpoint, Vec<u8>)> {
+    fn endpoint_for(
+        &self,
+        h: Half,
+        n: usize,
+        buf: &[u8],
+        fds: Vec<OwnedFd>,
+    ) -> Option<(ShmEndpoint, Vec<u8>)> {
         let refuse = |why: &str| {
-            send_simple(&h.sock, M_REJ, true, &why.as_bytes()[..why.len().min(MAX_PD_REJECT)]);
+            send_simple(
+                &h.sock,
+                M_REJ,
+                true,
+                &why.as_bytes()[..why.len().min(MAX_PD_REJECT)],
+            );
             None
         };
         let Some(m) = decode(&buf[..n]) else {
@@ -1608,7 +1661,7 @@ impl ShmListener {
         if m.kind != M_REQ || m.pd.len() > MAX_PD_CONNECT {
             return refuse("SDP shm: bad connect request");
         }
-        let peer = match Peer::attach(h.pid, m.nslots, m.probe, fds) {
+        let peer = match Peer::attach(&self.inner, h.pid, m.nslots, m.probe, fds) {
             Ok(p) => p,
             Err(why) => return refuse(&why),
         };

@@ -111,7 +111,10 @@ impl Mapping {
 
     /// The `u32` at byte offset `off` (our own layout constant; checked).
     pub fn u32(&self, off: usize) -> &AtomicU32 {
-        assert!(off % 4 == 0 && off + 4 <= self.len, "u32 at {off} outside mapping");
+        assert!(
+            off & 3 == 0 && off + 4 <= self.len,
+            "u32 at {off} outside mapping"
+        );
         // SAFETY: in bounds and aligned (the mapping is page aligned); AtomicU32 has the layout
         // of u32 and tolerates concurrent access from the peer.
         unsafe { &*(self.ptr.as_ptr().add(off) as *const AtomicU32) }
@@ -119,7 +122,10 @@ impl Mapping {
 
     /// The `u64` at byte offset `off` (checked).
     pub fn u64(&self, off: usize) -> &AtomicU64 {
-        assert!(off % 8 == 0 && off + 8 <= self.len, "u64 at {off} outside mapping");
+        assert!(
+            off & 7 == 0 && off + 8 <= self.len,
+            "u64 at {off} outside mapping"
+        );
         // SAFETY: as for `u32`.
         unsafe { &*(self.ptr.as_ptr().add(off) as *const AtomicU64) }
     }
@@ -251,12 +257,7 @@ pub fn epoll_add(ep: BorrowedFd<'_>, fd: RawFd, token: u64, edge: bool) -> io::R
     }
     let mut ev = libc::epoll_event { events, u64: token };
     // SAFETY: `ev` is a live epoll_event.
-    syscall!(epoll_ctl(
-        ep.as_raw_fd(),
-        libc::EPOLL_CTL_ADD,
-        fd,
-        &mut ev
-    ))?;
+    syscall!(epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev))?;
     Ok(())
 }
 
@@ -647,9 +648,13 @@ pub fn tcp_reserve(addr: SocketAddr) -> io::Result<(OwnedFd, u16)> {
     ))?;
     let port = match addr {
         // SAFETY: the kernel wrote a sockaddr of our family.
-        SocketAddr::V4(_) => u16::from_be(unsafe { (*(&ss as *const _ as *const libc::sockaddr_in)).sin_port }),
+        SocketAddr::V4(_) => {
+            u16::from_be(unsafe { (*(&ss as *const _ as *const libc::sockaddr_in)).sin_port })
+        }
         // SAFETY: as above.
-        SocketAddr::V6(_) => u16::from_be(unsafe { (*(&ss as *const _ as *const libc::sockaddr_in6)).sin6_port }),
+        SocketAddr::V6(_) => {
+            u16::from_be(unsafe { (*(&ss as *const _ as *const libc::sockaddr_in6)).sin6_port })
+        }
     };
     Ok((fd, port))
 }

@@ -1,0 +1,301 @@
+//! A generic copy of `tests/stream.rs`'s application stand-in (crate sdp-tests), for any
+//! provider: a seeded random byte stream written in random sizes, read back and checked, each
+//! optionally through zero copy.
+#![allow(dead_code)]
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use sdp_core::driver::Driver;
+use sdp_core::proto::conn::CallError;
+use sdp_core::proto::iocb::{ZSink, ZSrc};
+use sdp_core::proto::read::ZRecv;
+use sdp_core::proto::table::ConnId;
+use sdp_core::proto::{Event, Instant, Shutdown};
+use sdp_core::verbs::{Access, MemoryRegion, Provider};
+
+/// How the application moves bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Plain `write`/`read`: everything by copy through send and receive buffers.
+    BCopy,
+    /// Large writes offer registered sources (SrcAvail; the peer RDMA-Reads them).
+    ZcopySrc,
+    /// Large reads offer registered sinks (SinkAvail; the peer RDMA-Writes into them, or reads
+    /// a SrcAvail straight into them).
+    ZcopySink,
+    /// Both of the above.
+    Both,
+}
+
+impl Mode {
+    fn src(self) -> bool {
+        matches!(self, Mode::ZcopySrc | Mode::Both)
+    }
+    fn sink(self) -> bool {
+        matches!(self, Mode::ZcopySink | Mode::Both)
+    }
+}
+
+/// A seeded byte stream, the same bytes however it is cut into pieces (each 8-byte block is a
+/// splitmix64 of the seed and the block number).
+pub struct Bytes {
+    seed: u64,
+    pos: u64,
+}
+
+impl Bytes {
+    pub fn new(seed: u64) -> Bytes {
+        Bytes { seed, pos: 0 }
+    }
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for b in buf.iter_mut() {
+            let block = splitmix64(self.seed ^ (self.pos / 8).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            *b = block.to_le_bytes()[(self.pos % 8) as usize];
+            self.pos += 1;
+        }
+    }
+}
+
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// One side's application: writes one stream and reads the other.
+pub struct App<P: Provider> {
+    pub mode: Mode,
+    /// Bytes to send in all; after the last one the write half is shut.
+    pub to_send: u64,
+    pub sent: u64,
+    pub received: u64,
+    pub eof: bool,
+    pub shut: bool,
+    /// Largest message size the writer uses.
+    pub max_msg: usize,
+    out: Bytes,
+    expect: Bytes,
+    sizes: ChaCha8Rng,
+    pending: Vec<u8>,
+    next_token: u64,
+    src: Option<(u64, P::Mr, Vec<u8>)>,
+    sink: Option<(u64, P::Mr)>,
+    /// Errors reported by calls or events (the test decides whether they are expected).
+    pub errors: Vec<CallError>,
+    pub events: Vec<Event>,
+    /// Don't read (a stalled reader).
+    pub paused_reader: bool,
+    pub zcopy_min: usize,
+    /// Don't shut the write half after the last byte.
+    pub keep_open: bool,
+}
+
+impl<P: Provider> App<P> {
+    /// `out_seed` seeds what we send; `in_seed` what we expect from the peer.
+    pub fn new(mode: Mode, to_send: u64, out_seed: u64, in_seed: u64, max_msg: usize) -> App<P> {
+        App {
+            mode,
+            to_send,
+            sent: 0,
+            received: 0,
+            eof: false,
+            shut: false,
+            max_msg,
+            out: Bytes::new(out_seed),
+            expect: Bytes::new(in_seed),
+            sizes: ChaCha8Rng::seed_from_u64(out_seed ^ 0x5eed),
+            pending: Vec::new(),
+            next_token: 1,
+            src: None,
+            sink: None,
+            errors: Vec::new(),
+            events: Vec::new(),
+            paused_reader: false,
+            zcopy_min: 64 * 1024,
+            keep_open: false,
+        }
+    }
+
+    pub fn done_sending(&self) -> bool {
+        self.sent == self.to_send && self.shut
+    }
+
+    /// Take the connection's events and make as much progress as the engine allows.
+    pub fn pump(&mut self, d: &mut Driver<P>, now: Instant, id: ConnId) {
+        let evs = d.take_events(id);
+        for ev in &evs {
+            match *ev {
+                Event::ZcopySent { token, bytes } => self.on_sent(token, bytes),
+                Event::ZcopyReceived { token, bytes } => self.on_received(token, bytes),
+                _ => {}
+            }
+        }
+        self.events.extend(evs);
+        self.write_some(d, now, id);
+        if !self.paused_reader {
+            self.read_some(d, now, id);
+        }
+    }
+
+    fn on_sent(&mut self, token: u64, bytes: usize) {
+        let Some((t, _mr, data)) = self.src.take() else {
+            panic!("ZcopySent without a source")
+        };
+        assert_eq!(t, token, "ZcopySent for another token");
+        assert!(bytes <= data.len());
+        self.sent += bytes as u64;
+        // The rest goes again, first (a short write).
+        let mut rest = data[bytes..].to_vec();
+        rest.extend_from_slice(&self.pending);
+        self.pending = rest;
+    }
+
+    fn on_received(&mut self, token: u64, bytes: usize) {
+        let Some((t, mr)) = self.sink.take() else {
+            panic!("ZcopyReceived without a sink")
+        };
+        assert_eq!(t, token);
+        assert!(bytes <= mr.len());
+        let mut got = vec![0u8; bytes];
+        mr.read(0, &mut got);
+        self.check(&got);
+    }
+
+    fn check(&mut self, got: &[u8]) {
+        let mut want = vec![0u8; got.len()];
+        self.expect.fill(&mut want);
+        if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
+            let end = (i + 16).min(got.len());
+            panic!(
+                "stream corrupted at byte {} (piece of {} bytes): got {:02x?}, want {:02x?}",
+                self.received + i as u64,
+                got.len(),
+                &got[i..end],
+                &want[i..end]
+            );
+        }
+        self.received += got.len() as u64;
+    }
+
+    fn write_some(&mut self, d: &mut Driver<P>, now: Instant, id: ConnId) {
+        loop {
+            if self.src.is_some() {
+                return;
+            }
+            let generated = self.sent + self.pending.len() as u64;
+            if self.pending.is_empty() {
+                if generated >= self.to_send {
+                    if !self.shut && !self.keep_open {
+                        match d.shutdown(now, id, Shutdown::Write) {
+                            Ok(()) => self.shut = true,
+                            Err(e) => {
+                                self.errors.push(e);
+                                self.shut = true;
+                            }
+                        }
+                    }
+                    return;
+                }
+                let n = (self.sizes.random_range(1..=self.max_msg) as u64)
+                    .min(self.to_send - generated);
+                self.pending.resize(n as usize, 0);
+                self.out.fill(&mut self.pending);
+            }
+            if self.mode.src() && self.pending.len() >= self.zcopy_min {
+                let p = d.provider().clone();
+                let mut mr = p
+                    .reg_mr(
+                        self.pending.len(),
+                        Access::LOCAL_WRITE | Access::REMOTE_READ,
+                    )
+                    .expect("reg");
+                mr.write(0, &self.pending);
+                let src = ZSrc {
+                    addr: mr.addr(),
+                    len: self.pending.len() as u32,
+                    lkey: mr.lkey(),
+                    rkey: mr.rkey(),
+                };
+                let token = self.next_token;
+                match d.write_zcopy(now, id, src, token) {
+                    Ok(()) => {
+                        self.next_token += 1;
+                        let data = std::mem::take(&mut self.pending);
+                        self.src = Some((token, mr, data));
+                        return;
+                    }
+                    Err(CallError::WouldBlock) => return,
+                    Err(e) => {
+                        self.errors.push(e);
+                        return;
+                    }
+                }
+            }
+            match d.write(now, id, &self.pending) {
+                Ok(n) => {
+                    self.pending.drain(..n);
+                    self.sent += n as u64;
+                }
+                Err(CallError::WouldBlock) => return,
+                Err(e) => {
+                    self.errors.push(e);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn read_some(&mut self, d: &mut Driver<P>, now: Instant, id: ConnId) {
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            if self.eof || self.sink.is_some() {
+                return;
+            }
+            if self.mode.sink() && self.sizes.random_bool(0.5) {
+                let len = self.sizes.random_range(self.zcopy_min..=4 * self.zcopy_min);
+                let p = d.provider().clone();
+                let mr = p
+                    .reg_mr(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                    .expect("reg");
+                let sink = ZSink {
+                    addr: mr.addr(),
+                    len: len as u32,
+                    lkey: mr.lkey(),
+                    rkey: mr.rkey(),
+                };
+                let token = self.next_token;
+                match d.read_zcopy(now, id, sink, token) {
+                    Ok(ZRecv::Pending) => {
+                        self.next_token += 1;
+                        self.sink = Some((token, mr));
+                        return;
+                    }
+                    Ok(ZRecv::Copy) => {}
+                    Err(CallError::WouldBlock) => return,
+                    Err(e) => {
+                        self.errors.push(e);
+                        return;
+                    }
+                }
+            }
+            let n = self.sizes.random_range(1..=buf.len());
+            match d.read(now, id, &mut buf[..n]) {
+                Ok(0) => {
+                    self.eof = true;
+                    return;
+                }
+                Ok(k) => {
+                    let got = buf[..k].to_vec();
+                    self.check(&got);
+                }
+                Err(CallError::WouldBlock) => return,
+                Err(e) => {
+                    self.errors.push(e);
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,1060 @@
+//! The shm provider against the verbs semantics (mirrors sim_provider.rs where it applies),
+//! plus what only a real intra-host transport has: other processes, other users, kill -9,
+//! the notify fd, and the SDP engine driven over it with a real clock.
+#![cfg(target_os = "linux")]
+
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::RawFd;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sdp_core::verbs::shm::{ShmConfig, ShmEndpoint, ShmProvider, WC_REM_INV_REQ_ERR};
+use sdp_core::verbs::*;
+
+const T: Duration = Duration::from_secs(5);
+
+fn prov() -> ShmProvider {
+    ShmProvider::new().expect("provider")
+}
+
+fn localhost(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+fn wait_cm(ep: &mut ShmEndpoint, limit: Duration) -> Option<CmEvent> {
+    let end = Instant::now() + limit;
+    loop {
+        let _ = ep.poll_cq(&mut []);
+        if let Some(ev) = ep.poll_cm() {
+            return Some(ev);
+        }
+        if Instant::now() > end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn wait_request(l: &mut impl Listener<Endpoint = ShmEndpoint>) -> (ShmEndpoint, Vec<u8>) {
+    let end = Instant::now() + T;
+    loop {
+        if let Some(r) = l.poll_request() {
+            return r;
+        }
+        assert!(Instant::now() < end, "no connect request");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn poll_n(ep: &mut ShmEndpoint, n: usize, limit: Duration) -> Vec<Completion> {
+    let end = Instant::now() + limit;
+    let mut out = Vec::new();
+    let mut buf = [Completion {
+        wr_id: 0,
+        status: WcStatus::Flushed,
+        opcode: WcOpcode::Recv,
+        byte_len: 0,
+    }; 16];
+    while out.len() < n {
+        let k = ep.poll_cq(&mut buf);
+        out.extend_from_slice(&buf[..k]);
+        if k == 0 {
+            if Instant::now() > end {
+                break;
+            }
+            std::thread::yield_now();
+        }
+    }
+    out
+}
+
+/// A connected pair: (active, passive).
+fn pair(a: &ShmProvider, b: &ShmProvider) -> (ShmEndpoint, ShmEndpoint) {
+    let mut l = b
+        .listen(localhost(0), 16, QpCaps::default())
+        .expect("listen");
+    let port = l.local_addr().port();
+    pair_on(a, &mut l, port)
+}
+
+fn pair_on(
+    a: &ShmProvider,
+    l: &mut impl Listener<Endpoint = ShmEndpoint>,
+    port: u16,
+) -> (ShmEndpoint, ShmEndpoint) {
+    let mut x = a
+        .connect(localhost(port), None, QpCaps::default(), b"hello")
+        .expect("connect");
+    let (mut y, pd) = wait_request(l);
+    assert_eq!(pd, b"hello");
+    y.accept(b"welcome").unwrap();
+    assert_eq!(
+        wait_cm(&mut x, T),
+        Some(CmEvent::Established {
+            private_data: b"welcome".to_vec()
+        })
+    );
+    assert_eq!(
+        wait_cm(&mut y, T),
+        Some(CmEvent::Established {
+            private_data: vec![]
+        })
+    );
+    (x, y)
+}
+
+fn send_wr(wr_id: u64, op: SendOp, sge: Option<Sge>) -> SendWr {
+    SendWr {
+        wr_id,
+        op,
+        sge,
+        signaled: true,
+    }
+}
+
+#[test]
+fn listen_connect_accept_with_private_data() {
+    let a = prov();
+    let b = prov();
+    let mut l = b
+        .listen("0.0.0.0:0".parse().unwrap(), 8, QpCaps::default())
+        .unwrap();
+    let port = l.local_addr().port();
+    assert_ne!(port, 0);
+    // The port is reserved as a kernel TCP port too.
+    assert!(TcpListener::bind(("0.0.0.0", port)).is_err());
+    let (x, y) = pair_on(&a, &mut l, port);
+    assert_eq!(x.peer_addr().port(), port);
+    assert_eq!(y.local_addr().port(), port);
+    assert_eq!(x.peer_pid(), std::process::id() as i32);
+}
+
+#[test]
+fn reject_with_private_data() {
+    let a = prov();
+    let b = prov();
+    let mut l = b.listen(localhost(0), 8, QpCaps::default()).unwrap();
+    let port = l.local_addr().port();
+    let mut x = a
+        .connect(localhost(port), None, QpCaps::default(), b"hi")
+        .unwrap();
+    let (mut y, _) = wait_request(&mut l);
+    y.reject(b"go away").unwrap();
+    assert_eq!(
+        wait_cm(&mut x, T),
+        Some(CmEvent::Rejected {
+            private_data: b"go away".to_vec(),
+            consumer: true
+        })
+    );
+}
+
+#[test]
+fn refused_port_is_prompt() {
+    let a = prov();
+    // A port nobody shm-listens on.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let t0 = Instant::now();
+    let mut x = a
+        .connect(localhost(port), None, QpCaps::default(), b"hi")
+        .unwrap();
+    assert_eq!(
+        wait_cm(&mut x, T),
+        Some(CmEvent::Rejected {
+            private_data: vec![],
+            consumer: false
+        })
+    );
+    assert!(t0.elapsed() < Duration::from_millis(200));
+}
+
+#[test]
+fn dropped_listener_and_dropped_request_refuse() {
+    let a = prov();
+    let b = prov();
+    let mut l = b.listen(localhost(0), 8, QpCaps::default()).unwrap();
+    let port = l.local_addr().port();
+    let mut x = a
+        .connect(localhost(port), None, QpCaps::default(), b"hi")
+        .unwrap();
+    let (y, _) = wait_request(&mut l);
+    drop(y);
+    assert_eq!(
+        wait_cm(&mut x, T),
+        Some(CmEvent::Rejected {
+            private_data: vec![],
+            consumer: false
+        })
+    );
+    let mut x = a
+        .connect(localhost(port), None, QpCaps::default(), b"hi")
+        .unwrap();
+    drop(l);
+    assert_eq!(
+        wait_cm(&mut x, T),
+        Some(CmEvent::Rejected {
+            private_data: vec![],
+            consumer: false
+        })
+    );
+}
+
+#[test]
+fn addressing() {
+    let a = prov();
+    let b = prov();
+    // Not an address of this host.
+    assert!(matches!(
+        a.connect(
+            "203.0.113.7:80".parse().unwrap(),
+            None,
+            QpCaps::default(),
+            b""
+        ),
+        Err(VerbsError::NoDevice(_))
+    ));
+    assert!(matches!(
+        b.listen("203.0.113.7:80".parse().unwrap(), 8, QpCaps::default()),
+        Err(VerbsError::AddrNotAvailable)
+    ));
+    // An explicit port: a second listener on the same key is refused, and no TCP socket is held.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut l = b.listen(localhost(port), 8, QpCaps::default()).unwrap();
+    assert_eq!(l.local_addr(), localhost(port));
+    assert!(matches!(
+        b.listen(localhost(port), 8, QpCaps::default()),
+        Err(VerbsError::AddrInUse)
+    ));
+    let tcp = TcpListener::bind(localhost(port)).expect("TCP may share the port");
+    drop(tcp);
+    // A listener on 127.0.0.1 is not reachable at 127.0.0.2.
+    let mut x = a
+        .connect(
+            "127.0.0.2:0"
+                .parse::<SocketAddr>()
+                .map(|mut s| {
+                    s.set_port(port);
+                    s
+                })
+                .unwrap(),
+            None,
+            QpCaps::default(),
+            b"",
+        )
+        .unwrap();
+    assert!(matches!(
+        wait_cm(&mut x, T),
+        Some(CmEvent::Rejected {
+            consumer: false,
+            ..
+        })
+    ));
+    // But it is at 127.0.0.1; and a wildcard listener is reachable at 127.0.0.2 and [::1].
+    pair_on(&a, &mut l, port);
+    let mut w = b
+        .listen("[::]:0".parse().unwrap(), 8, QpCaps::default())
+        .unwrap();
+    let wport = w.local_addr().port();
+    for dst in [
+        format!("127.0.0.2:{wport}"),
+        format!("[::1]:{wport}"),
+        format!("127.0.0.1:{wport}"),
+    ] {
+        let mut x = a
+            .connect(dst.parse().unwrap(), None, QpCaps::default(), b"x")
+            .unwrap();
+        let (mut y, _) = wait_request(&mut w);
+        y.accept(b"").unwrap();
+        assert!(matches!(
+            wait_cm(&mut x, T),
+            Some(CmEvent::Established { .. })
+        ));
+    }
+    // Private data limits as the RDMA CM.
+    assert!(matches!(
+        a.connect(localhost(port), None, QpCaps::default(), &[0; 57]),
+        Err(VerbsError::Invalid(_))
+    ));
+}
+
+fn fill(mr: &mut ShmMr, seed: u8) {
+    let v: Vec<u8> = (0..mr.len())
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
+    mr.write(0, &v);
+}
+
+use sdp_core::verbs::shm::ShmMr;
+
+#[test]
+fn send_recv_order_and_byte_len() {
+    let a = prov();
+    let b = prov();
+    let (mut x, mut y) = pair(&a, &b);
+    let sizes = [1usize, 100, 448, 449, 4096, 65536, 1 << 20, 0, 7];
+    let mut rbufs = Vec::new();
+    for (i, _) in sizes.iter().enumerate() {
+        let mr = b.reg_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
+        y.post_recv(&RecvWr {
+            wr_id: 100 + i as u64,
+            sge: mr.sge(0, 1 << 20),
+        })
+        .unwrap();
+        rbufs.push(mr);
+    }
+    let mut sbufs = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let mut mr = a.reg_mr(n.max(1), Access::empty()).unwrap();
+        fill(&mut mr, i as u8);
+        x.post_send(&send_wr(i as u64, SendOp::Send, Some(mr.sge(0, n as u32))))
+            .unwrap();
+        sbufs.push(mr);
+    }
+    let sc = poll_n(&mut x, sizes.len(), T);
+    for (i, c) in sc.iter().enumerate() {
+        assert_eq!(
+            (c.wr_id, c.status, c.opcode, c.byte_len),
+            (i as u64, WcStatus::Success, WcOpcode::Send, sizes[i] as u32)
+        );
+    }
+    let rc = poll_n(&mut y, sizes.len(), T);
+    assert_eq!(rc.len(), sizes.len());
+    for (i, c) in rc.iter().enumerate() {
+        assert_eq!(
+            (c.wr_id, c.status, c.opcode, c.byte_len),
+            (
+                100 + i as u64,
+                WcStatus::Success,
+                WcOpcode::Recv,
+                sizes[i] as u32
+            )
+        );
+        let mut want = vec![0u8; sizes[i]];
+        sbufs[i].read(0, &mut want);
+        let mut got = vec![0u8; sizes[i]];
+        rbufs[i].read(0, &mut got);
+        assert!(got == want, "payload {i} differs");
+    }
+}
+
+#[test]
+fn send_longer_than_receive_errors_both() {
+    let a = prov();
+    let b = prov();
+    let (mut x, mut y) = pair(&a, &b);
+    let r = b.reg_mr(16, Access::LOCAL_WRITE).unwrap();
+    y.post_recv(&RecvWr {
+        wr_id: 1,
+        sge: r.sge(0, 16),
+    })
+    .unwrap();
+    y.post_recv(&RecvWr {
+        wr_id: 2,
+        sge: r.sge(0, 16),
+    })
+    .unwrap();
+    let s = a.reg_mr(32, Access::empty()).unwrap();
+    x.post_send(&send_wr(7, SendOp::Send, Some(s.sge(0, 32))))
+        .unwrap();
+    let c = poll_n(&mut x, 1, T);
+    assert_eq!(c[0].status, WcStatus::Other(WC_REM_INV_REQ_ERR));
+    assert_eq!(wait_cm(&mut x, T), Some(CmEvent::Disconnected));
+    let c = poll_n(&mut y, 2, T);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::LocalProtection), (2, WcStatus::Flushed)]
+    );
+    assert_eq!(wait_cm(&mut y, T), Some(CmEvent::Disconnected));
+}
+
+#[test]
+fn rdma_write_and_read() {
+    let a = prov();
+    let b = prov();
+    let (mut x, _y) = pair(&a, &b);
+    let n = 3 << 20;
+    let mut src = a.reg_mr(n, Access::empty()).unwrap();
+    fill(&mut src, 9);
+    let dst = b
+        .reg_mr(n + 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let rb = RemoteBuf {
+        addr: dst.addr() + 4096,
+        rkey: dst.rkey(),
+    };
+    x.post_send(&send_wr(1, SendOp::Write(rb), Some(src.sge(0, n as u32))))
+        .unwrap();
+    // Zero-length write: the keepalive probe.
+    x.post_send(&send_wr(2, SendOp::Write(rb), None)).unwrap();
+    let c = poll_n(&mut x, 2, T);
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].opcode, c[0].byte_len),
+        (1, WcStatus::Success, WcOpcode::RdmaWrite, n as u32)
+    );
+    assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::Success));
+    let mut got = vec![0u8; n];
+    dst.read(4096, &mut got);
+    let mut want = vec![0u8; n];
+    src.read(0, &mut want);
+    assert!(got == want);
+
+    let mut rsrc = b.reg_mr(n, Access::REMOTE_READ).unwrap();
+    fill(&mut rsrc, 77);
+    let sink = a.reg_mr(n, Access::LOCAL_WRITE).unwrap();
+    let rb = RemoteBuf {
+        addr: rsrc.addr(),
+        rkey: rsrc.rkey(),
+    };
+    x.post_send(&send_wr(3, SendOp::Read(rb), Some(sink.sge(0, n as u32))))
+        .unwrap();
+    let c = poll_n(&mut x, 1, T);
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].opcode, c[0].byte_len),
+        (3, WcStatus::Success, WcOpcode::RdmaRead, n as u32)
+    );
+    let mut got = vec![0u8; n];
+    sink.read(0, &mut got);
+    let mut want = vec![0u8; n];
+    rsrc.read(0, &mut want);
+    assert!(got == want);
+}
+
+/// Post a bad RDMA op: RemoteAccess, the WRs after it and the receives flushed, both sides
+/// Disconnected.
+fn expect_remote_access(
+    a: &ShmProvider,
+    b: &ShmProvider,
+    op: impl Fn(&ShmMr) -> SendOp,
+    mr: &ShmMr,
+) {
+    let (mut x, mut y) = pair(a, b);
+    let local = a.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
+    x.post_recv(&RecvWr {
+        wr_id: 50,
+        sge: local.sge(0, 64),
+    })
+    .unwrap();
+    x.post_send(&send_wr(1, op(mr), Some(local.sge(0, 4096))))
+        .unwrap();
+    x.post_send(&send_wr(2, SendOp::Send, Some(local.sge(0, 8))))
+        .unwrap();
+    let c = poll_n(&mut x, 3, T);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        // The failing WR executes at once, so the QP is in error by the time WR 2 is
+        // posted: it flushes at post time, after the receive flushed by the error.
+        vec![
+            (1, WcStatus::RemoteAccess),
+            (50, WcStatus::Flushed),
+            (2, WcStatus::Flushed)
+        ]
+    );
+    assert_eq!(wait_cm(&mut x, T), Some(CmEvent::Disconnected));
+    assert_eq!(wait_cm(&mut y, T), Some(CmEvent::Disconnected));
+}
+
+#[test]
+fn rdma_access_violations() {
+    let a = prov();
+    let b = prov();
+    let mut mr = b
+        .reg_mr(8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    // Bad rkey (the lkey is not an rkey).
+    expect_remote_access(
+        &a,
+        &b,
+        |m| {
+            SendOp::Write(RemoteBuf {
+                addr: m.addr(),
+                rkey: m.lkey(),
+            })
+        },
+        &mr,
+    );
+    expect_remote_access(
+        &a,
+        &b,
+        |m| {
+            SendOp::Write(RemoteBuf {
+                addr: m.addr(),
+                rkey: m.rkey() ^ 0x10000,
+            })
+        },
+        &mr,
+    );
+    // Out of bounds.
+    expect_remote_access(
+        &a,
+        &b,
+        |m| {
+            SendOp::Write(RemoteBuf {
+                addr: m.addr() + 4097,
+                rkey: m.rkey(),
+            })
+        },
+        &mr,
+    );
+    expect_remote_access(
+        &a,
+        &b,
+        |m| {
+            SendOp::Write(RemoteBuf {
+                addr: m.addr() - 1,
+                rkey: m.rkey(),
+            })
+        },
+        &mr,
+    );
+    // Access: a write region cannot be read.
+    expect_remote_access(
+        &a,
+        &b,
+        |m| {
+            SendOp::Read(RemoteBuf {
+                addr: m.addr(),
+                rkey: m.rkey(),
+            })
+        },
+        &mr,
+    );
+    // Revoked.
+    mr.set_access(Access::LOCAL_WRITE).unwrap();
+    expect_remote_access(
+        &a,
+        &b,
+        |m| {
+            SendOp::Write(RemoteBuf {
+                addr: m.addr(),
+                rkey: m.rkey(),
+            })
+        },
+        &mr,
+    );
+    // Granted again: works.
+    mr.set_access(Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let (mut x, _y) = pair(&a, &b);
+    let src = a.reg_mr(4096, Access::empty()).unwrap();
+    x.post_send(&send_wr(
+        1,
+        SendOp::Write(RemoteBuf {
+            addr: mr.addr(),
+            rkey: mr.rkey(),
+        }),
+        Some(src.sge(0, 4096)),
+    ))
+    .unwrap();
+    assert_eq!(poll_n(&mut x, 1, T)[0].status, WcStatus::Success);
+    // Deregistered.
+    let (addr, rkey) = (mr.addr(), mr.rkey());
+    drop(mr);
+    let dummy = b.reg_mr(1, Access::empty()).unwrap();
+    expect_remote_access(
+        &a,
+        &b,
+        move |_| SendOp::Write(RemoteBuf { addr, rkey }),
+        &dummy,
+    );
+    // Local protection: an RDMA Read into memory without LOCAL_WRITE.
+    let (mut x, _y) = pair(&a, &b);
+    let rs = b.reg_mr(64, Access::REMOTE_READ).unwrap();
+    let ro = a.reg_mr(64, Access::empty()).unwrap();
+    x.post_send(&send_wr(
+        1,
+        SendOp::Read(RemoteBuf {
+            addr: rs.addr(),
+            rkey: rs.rkey(),
+        }),
+        Some(ro.sge(0, 64)),
+    ))
+    .unwrap();
+    assert_eq!(poll_n(&mut x, 1, T)[0].status, WcStatus::LocalProtection);
+}
+
+#[test]
+fn rnr_waits_then_succeeds_or_times_out() {
+    let cfg = ShmConfig {
+        rnr_timeout: Duration::from_millis(300),
+        ..ShmConfig::default()
+    };
+    let a = ShmProvider::with_config(cfg).unwrap();
+    let b = prov();
+    let (mut x, mut y) = pair(&a, &b);
+    let s = a.reg_mr(1000, Access::empty()).unwrap();
+    x.post_send(&send_wr(1, SendOp::Send, Some(s.sge(0, 1000))))
+        .unwrap();
+    x.post_send(&send_wr(2, SendOp::Send, Some(s.sge(0, 10))))
+        .unwrap();
+    assert!(poll_n(&mut x, 1, Duration::from_millis(100)).is_empty());
+    let r = b.reg_mr(1000, Access::LOCAL_WRITE).unwrap();
+    y.post_recv(&RecvWr {
+        wr_id: 9,
+        sge: r.sge(0, 1000),
+    })
+    .unwrap();
+    let c = poll_n(&mut x, 1, T);
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::Success));
+    // The second waits for another receive, then gives up.
+    let t0 = Instant::now();
+    let c = poll_n(&mut x, 1, T);
+    let waited = t0.elapsed();
+    assert_eq!((c[0].wr_id, c[0].status), (2, WcStatus::RnrRetryExceeded));
+    assert!(
+        waited >= Duration::from_millis(150) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    assert_eq!(wait_cm(&mut x, T), Some(CmEvent::Disconnected));
+    let c = poll_n(&mut y, 1, T);
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].byte_len),
+        (9, WcStatus::Success, 1000)
+    );
+    assert_eq!(wait_cm(&mut y, T), Some(CmEvent::Disconnected));
+}
+
+#[test]
+fn disconnect_either_side() {
+    let a = prov();
+    let b = prov();
+    for active_first in [true, false] {
+        let (mut x, mut y) = pair(&a, &b);
+        let r = a.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+        let r2 = b.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+        x.post_recv(&RecvWr {
+            wr_id: 1,
+            sge: r.sge(0, 64),
+        })
+        .unwrap();
+        y.post_recv(&RecvWr {
+            wr_id: 2,
+            sge: r2.sge(0, 64),
+        })
+        .unwrap();
+        let (first, second) = if active_first {
+            (&mut x, &mut y)
+        } else {
+            (&mut y, &mut x)
+        };
+        first.disconnect().unwrap();
+        assert_eq!(wait_cm(first, T), Some(CmEvent::Disconnected));
+        assert_eq!(wait_cm(second, T), Some(CmEvent::Disconnected));
+        for ep in [&mut x, &mut y] {
+            let c = poll_n(ep, 1, T);
+            assert_eq!(c[0].status, WcStatus::Flushed);
+            // Later posts flush at once.
+            ep.post_send(&send_wr(5, SendOp::Send, None)).unwrap();
+            assert_eq!(poll_n(ep, 1, T)[0].status, WcStatus::Flushed);
+        }
+    }
+    // Dropping a connected endpoint disconnects the peer.
+    let (x, mut y) = pair(&a, &b);
+    drop(x);
+    assert_eq!(wait_cm(&mut y, T), Some(CmEvent::Disconnected));
+}
+
+fn readable(fd: RawFd, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    unsafe { libc::poll(&mut p, 1, ms) > 0 }
+}
+
+#[test]
+fn notify_fd_after_arm() {
+    let a = prov();
+    let b = prov();
+    let (mut x, mut y) = pair(&a, &b);
+    let fd = b.notify_fd().expect("fd");
+    let r = b.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let s = a.reg_mr(64, Access::empty()).unwrap();
+    for round in 0..3u64 {
+        y.post_recv(&RecvWr {
+            wr_id: round,
+            sge: r.sge(0, 64),
+        })
+        .unwrap();
+        b.arm().unwrap();
+        assert!(poll_n(&mut y, 1, Duration::ZERO).is_empty());
+        while y.poll_cm().is_some() {}
+        assert!(
+            !readable(fd, 20),
+            "readable with nothing new (round {round})"
+        );
+        x.post_send(&send_wr(round, SendOp::Send, Some(s.sge(0, 64))))
+            .unwrap();
+        assert!(readable(fd, 2000), "no wakeup after a send (round {round})");
+        b.arm().unwrap();
+        assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, round);
+        assert_eq!(poll_n(&mut x, 1, T)[0].wr_id, round);
+    }
+    // Once the wakeup is written, a busy peer sends without system calls until we arm again.
+    let before = a.wakeups_sent();
+    for i in 0..10 {
+        y.post_recv(&RecvWr {
+            wr_id: 10 + i,
+            sge: r.sge(0, 64),
+        })
+        .unwrap();
+        x.post_send(&send_wr(10 + i, SendOp::Send, Some(s.sge(0, 64))))
+            .unwrap();
+    }
+    assert!(a.wakeups_sent() - before <= 1);
+    assert_eq!(poll_n(&mut y, 10, T).len(), 10);
+    // A disconnect wakes us through the socket.
+    b.arm().unwrap();
+    x.disconnect().unwrap();
+    assert!(readable(fd, 2000));
+    b.arm().unwrap();
+    assert_eq!(wait_cm(&mut y, Duration::ZERO), Some(CmEvent::Disconnected));
+}
+
+#[test]
+fn many_connections() {
+    let a = prov();
+    let b = prov();
+    let mut l = b.listen(localhost(0), 1024, QpCaps::default()).unwrap();
+    let port = l.local_addr().port();
+    let n = 200;
+    let mut xs: Vec<ShmEndpoint> = (0..n)
+        .map(|i| {
+            a.connect(localhost(port), None, QpCaps::default(), &[i as u8])
+                .unwrap()
+        })
+        .collect();
+    let mut ys: Vec<Option<ShmEndpoint>> = (0..n).map(|_| None).collect();
+    let mut got = 0;
+    let end = Instant::now() + Duration::from_secs(20);
+    while got < n {
+        if let Some((mut y, pd)) = l.poll_request() {
+            y.accept(&pd).unwrap();
+            ys[pd[0] as usize] = Some(y);
+            got += 1;
+        } else {
+            assert!(Instant::now() < end, "only {got} requests");
+            std::thread::yield_now();
+        }
+    }
+    let mut ys: Vec<ShmEndpoint> = ys.into_iter().map(Option::unwrap).collect();
+    for (i, x) in xs.iter_mut().enumerate() {
+        assert_eq!(
+            wait_cm(x, T),
+            Some(CmEvent::Established {
+                private_data: vec![i as u8]
+            })
+        );
+    }
+    let ra = a.reg_mr(n * 8, Access::LOCAL_WRITE).unwrap();
+    let rb = b.reg_mr(n * 8, Access::LOCAL_WRITE).unwrap();
+    let mut sa = a.reg_mr(n * 8, Access::empty()).unwrap();
+    let mut sb = b.reg_mr(n * 8, Access::empty()).unwrap();
+    for i in 0..n {
+        sa.write(i * 8, &(i as u64).to_le_bytes());
+        sb.write(i * 8, &(1000 + i as u64).to_le_bytes());
+        xs[i]
+            .post_recv(&RecvWr {
+                wr_id: i as u64,
+                sge: ra.sge(i * 8, 8),
+            })
+            .unwrap();
+        ys[i]
+            .post_recv(&RecvWr {
+                wr_id: i as u64,
+                sge: rb.sge(i * 8, 8),
+            })
+            .unwrap();
+    }
+    for i in 0..n {
+        xs[i]
+            .post_send(&send_wr(i as u64, SendOp::Send, Some(sa.sge(i * 8, 8))))
+            .unwrap();
+        ys[i]
+            .post_send(&send_wr(i as u64, SendOp::Send, Some(sb.sge(i * 8, 8))))
+            .unwrap();
+    }
+    for i in 0..n {
+        assert!(
+            wait_cm(&mut ys[i], Duration::ZERO)
+                == Some(CmEvent::Established {
+                    private_data: vec![]
+                })
+        );
+        assert_eq!(poll_n(&mut xs[i], 2, T).len(), 2);
+        assert_eq!(poll_n(&mut ys[i], 2, T).len(), 2);
+        let mut v = [0u8; 8];
+        ra.read(i * 8, &mut v);
+        assert_eq!(u64::from_le_bytes(v), 1000 + i as u64);
+        rb.read(i * 8, &mut v);
+        assert_eq!(u64::from_le_bytes(v), i as u64);
+    }
+}
+
+/// The entry point of child processes spawned by the tests below (a no-op in a normal run).
+#[test]
+fn child_entry() {
+    let Ok(what) = std::env::var("SDP_SHM_CHILD") else {
+        return;
+    };
+    let (mode, port) = what.split_once(':').unwrap();
+    let port: u16 = port.parse().unwrap();
+    let a = prov();
+    let mut x = a
+        .connect(localhost(port), None, QpCaps::default(), b"child")
+        .unwrap();
+    let ev = wait_cm(&mut x, T);
+    match mode {
+        "hold" => {
+            let r = a.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+            x.post_recv(&RecvWr {
+                wr_id: 1,
+                sge: r.sge(0, 64),
+            })
+            .unwrap();
+            println!("CHILD {ev:?}");
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        _ => match ev {
+            Some(CmEvent::Rejected {
+                private_data,
+                consumer,
+            }) => {
+                println!(
+                    "CHILD rejected consumer={consumer} reason={}",
+                    String::from_utf8_lossy(&private_data)
+                );
+            }
+            other => println!("CHILD {other:?}"),
+        },
+    }
+}
+
+fn spawn_child(mode: &str, port: u16, uid: Option<u32>) -> std::process::Child {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env("SDP_SHM_CHILD", format!("{mode}:{port}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if let Some(uid) = uid {
+        use std::os::unix::process::CommandExt;
+        c.uid(uid).gid(uid);
+    }
+    c.spawn().expect("spawn child")
+}
+
+#[test]
+fn peer_killed_is_noticed() {
+    use std::io::BufRead;
+    let b = prov();
+    let mut l = b.listen(localhost(0), 8, QpCaps::default()).unwrap();
+    let port = l.local_addr().port();
+    let mut child = spawn_child("hold", port, None);
+    let (mut y, pd) = wait_request(&mut l);
+    assert_eq!(pd, b"child");
+    assert_eq!(y.peer_pid(), child.id() as i32);
+    y.accept(b"ok").unwrap();
+    let r = b.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    y.post_recv(&RecvWr {
+        wr_id: 3,
+        sge: r.sge(0, 64),
+    })
+    .unwrap();
+    let mut line = String::new();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    // Skip the harness's own lines until the child's.
+    while !line.contains("CHILD") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
+    }
+    assert!(line.contains("Established"), "{line}");
+    assert_eq!(
+        wait_cm(&mut y, T),
+        Some(CmEvent::Established {
+            private_data: vec![]
+        })
+    );
+    // Sleep on the notify fd like a progress loop would.
+    let fd = b.notify_fd().unwrap();
+    b.arm().unwrap();
+    assert_eq!(y.poll_cm(), None);
+    child.kill().unwrap();
+    let t0 = Instant::now();
+    assert!(readable(fd, 3000), "no wakeup on the peer's death");
+    b.arm().unwrap();
+    assert_eq!(
+        wait_cm(&mut y, Duration::from_secs(3)),
+        Some(CmEvent::Disconnected)
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    let c = poll_n(&mut y, 1, T);
+    assert_eq!((c[0].wr_id, c[0].status), (3, WcStatus::Flushed));
+    let _ = child.wait();
+}
+
+#[test]
+fn other_uid_is_refused() {
+    use std::io::Read;
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!("skipped: needs root to run a child as nobody");
+        return;
+    }
+    let b = prov();
+    let mut l = b.listen(localhost(0), 8, QpCaps::default()).unwrap();
+    let port = l.local_addr().port();
+    let mut child = spawn_child("once", port, Some(65534));
+    let end = Instant::now() + T;
+    loop {
+        assert!(
+            l.poll_request().is_none(),
+            "another user's request was offered"
+        );
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(Instant::now() < end, "child hangs");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(
+        out.contains("CHILD rejected consumer=true reason=SDP shm: peer uid"),
+        "child said: {out}"
+    );
+    // Let the listener see the connection, if it has not yet.
+    let end = Instant::now() + T;
+    while b.refused_uid_count() == 0 && Instant::now() < end {
+        assert!(l.poll_request().is_none());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(b.refused_uid_count(), 1);
+}
+
+#[path = "common/stream.rs"]
+mod stream;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use sdp_core::driver::{Driver, ListenerId};
+use sdp_core::proto::table::ConnId;
+use sdp_core::proto::Config;
+use stream::{App, Mode};
+
+/// One side of an engine transfer on its own thread, with a real clock and the notify-fd
+/// waiting protocol when nothing moves.
+fn drive_side(
+    d: &mut Driver<ShmProvider>,
+    l: Option<ListenerId>,
+    mut id: Option<ConnId>,
+    app: &mut App<ShmProvider>,
+    done: &AtomicUsize,
+) {
+    let t0 = Instant::now();
+    let clock = || sdp_core::proto::Instant(t0.elapsed().as_nanos() as u64);
+    let mut finished = false;
+    let mut idle = 0u32;
+    let end = Instant::now() + Duration::from_secs(240);
+    loop {
+        let now = clock();
+        d.poll(now);
+        if id.is_none() {
+            id = l.and_then(|l| d.accept(l));
+        }
+        let before = (app.sent, app.received);
+        if let Some(id) = id {
+            app.pump(d, now, id);
+            assert!(app.errors.is_empty(), "calls failed: {:?}", app.errors);
+            if let Some(e) = app.events.iter().find_map(|e| match e {
+                sdp_core::proto::Event::Closed(Some(err)) => Some(err.clone()),
+                _ => None,
+            }) {
+                panic!("connection failed: {e:?}");
+            }
+        }
+        if !finished && app.eof && app.done_sending() {
+            finished = true;
+            done.fetch_add(1, Ordering::SeqCst);
+        }
+        if done.load(Ordering::SeqCst) == 2 {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "transfer stalled: sent {} received {}",
+            app.sent,
+            app.received
+        );
+        if (app.sent, app.received) == before {
+            idle += 1;
+        } else {
+            idle = 0;
+        }
+        if idle > 64 {
+            idle = 0;
+            d.provider().arm().unwrap();
+            d.poll(clock());
+            if let Some(id) = id {
+                app.pump(d, clock(), id);
+            }
+            if (app.sent, app.received) == before {
+                d.provider().wait(1);
+            }
+        }
+    }
+}
+
+fn engine_transfer(mode: Mode, bytes: u64, max_msg: usize) {
+    let cfg = Config::default();
+    let done = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let done_b = done.clone();
+    let cfg_b = cfg.clone();
+    let hb = std::thread::spawn(move || {
+        let mut d = Driver::new(prov(), cfg_b);
+        let l = d.listen(localhost(0), 16).unwrap();
+        tx.send(d.listener_addr(l).unwrap().port()).unwrap();
+        let mut app = App::new(mode, bytes, 2, 1, max_msg);
+        drive_side(&mut d, Some(l), None, &mut app, &done_b);
+        (app.sent, app.received)
+    });
+    let port = rx.recv().unwrap();
+    let mut d = Driver::new(prov(), cfg);
+    let id = d
+        .connect(sdp_core::proto::Instant(0), localhost(port), None)
+        .unwrap();
+    let mut app = App::new(mode, bytes, 1, 2, max_msg);
+    drive_side(&mut d, None, Some(id), &mut app, &done);
+    let (bs, br) = hb.join().unwrap();
+    assert_eq!(
+        (app.sent, app.received, bs, br),
+        (bytes, bytes, bytes, bytes)
+    );
+}
+
+#[test]
+fn engine_bcopy_64mib_both_ways() {
+    engine_transfer(Mode::BCopy, 64 << 20, 256 * 1024);
+}
+
+#[test]
+fn engine_zcopy_64mib_both_ways() {
+    engine_transfer(Mode::Both, 64 << 20, 1 << 20);
+}
