@@ -106,6 +106,13 @@ impl<S: BufStore> Conn<S> {
             self.urgent = Some(b[0]);
             self.events.push_back(Event::Urgent);
         }
+        if len > 0 && self.app_closed {
+            // Data for a socket the application closed: nobody will read it. TCP answers
+            // with a reset, so the writer learns at once; so do we (AbortConn).
+            self.rx_pool.put(&mut self.store, buf);
+            self.abort_with(now, super::conn::ConnError::Aborted);
+            return Ok(());
+        }
         if len == 0 || self.shut_rd {
             self.rx_pool.put(&mut self.store, buf);
             return Ok(());

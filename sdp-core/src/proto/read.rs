@@ -276,6 +276,11 @@ impl<S: BufStore> Conn<S> {
             cancelled: false,
             send_sm_due: false,
         });
+        if self.app_closed {
+            self.refuse_src(id);
+            self.abort_with(now, super::conn::ConnError::Aborted);
+            return Ok(());
+        }
         if self.shut_rd {
             self.refuse_src(id);
             return Ok(());

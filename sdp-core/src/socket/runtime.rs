@@ -643,8 +643,11 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         if buf.is_empty() {
             return Ok(0);
         }
+        // Zero copy holds the caller until the peer has the bytes, so only blocking writes
+        // without a timeout use it.
         if !w.nonblocking
             && w.zcopy
+            && w.timeout.is_none()
             && buf.len() >= self.zcopy_threshold().max(1)
             && buf.len() <= u32::MAX as usize
             && self.sh.user_zcopy.load(Ordering::Relaxed)

@@ -137,8 +137,7 @@ impl Options {
 }
 
 fn shm_stack() -> io::Result<Stack> {
-    Err(io::Error::new(
-        io::ErrorKind::Unsupported,
-        "shm provider not available yet",
-    ))
+    let p = crate::verbs::shm::ShmProvider::new()
+        .map_err(|e| io::Error::other(format!("shm provider: {e}")))?;
+    Stack::with_provider(p, Config::default())
 }
