@@ -4,7 +4,7 @@
 //! these traits, and each provider supplies the device-specific parts:
 //!
 //! * [`sim`]: deterministic, in-memory, virtual time, fault injection (tests).
-//! * `rdma`: librdmacm + libibverbs through rdma-sys (real fabrics; see TODO.md).
+//! * `rdma` (cargo feature `rdma`): librdmacm + libibverbs through rdma-sys (real fabrics).
 //! * `shm`: two processes on one host (see TODO.md).
 //!
 //! The model follows the RDMA CM: a [`Provider`] is opened once per process; the connection manager
@@ -13,6 +13,8 @@
 //! domain ([`Provider::reg_mr`]). Work requests and completions are plain data ([`SendWr`],
 //! [`RecvWr`], [`Completion`]) so the sans-IO engine in `proto` can produce and consume them.
 
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod sim;
 
 use std::net::SocketAddr;
