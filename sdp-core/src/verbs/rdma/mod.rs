@@ -759,6 +759,20 @@ impl RdmaProvider {
         self.sh.local_ip
     }
 
+    /// Sleep until [`Provider::notify_fd`] is readable or `timeout` passes (the last step of
+    /// the waiting protocol, after `arm` and one more poll). True if the fd is readable.
+    pub fn wait(&self, timeout: std::time::Duration) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.sh.epfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // Round up, so a deadline a few microseconds away is not a busy loop.
+        let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
+    }
+
     /// Whether the device is iWARP (its RDMA Read sinks need remote write access).
     pub fn is_iwarp(&self) -> bool {
         self.sh.transport == Transport::Iwarp
