@@ -20,6 +20,10 @@ sdp_survivor() {
   i=0
   while [ $i -lt 150 ] && ! grep -q '^connected' "$LOGD/$name.cli"; do sleep 0.1; i=$((i + 1)); done
   sleep 2   # data in flight
+  # the counters before the action (rxe1 is deleted and made anew by linkdel, which resets its own)
+  deltas "$s0"
+  crossed || why="${why}packet counters did not all increase; "
+  P=$(pkts)
   tk=$(now)
   case $action in
     kill)
@@ -40,16 +44,14 @@ sdp_survivor() {
       while [ $i -lt 100 ] && ! grep -q ACTIVE /sys/class/infiniband/rxe1/ports/1/state 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
       grep -q ACTIVE /sys/class/infiniband/rxe1/ports/1/state 2>/dev/null || why="${why}rxe1 not ACTIVE again; " ;;
   esac
-  deltas "$s0"
-  crossed || why="${why}packet counters did not all increase; "
   if [ -z "$why" ]; then
     show "$LOGD/$name.srv" | grep -E 'moved|closed' | tail -2
     [ "$action" = linkdel ] && show "$LOGD/$name.cli" | grep -E 'moved' | tail -1
-    pass "$name" "all sides done ${took}s after the $action; $(pkts)"
+    pass "$name" "all sides done ${took}s after the $action; before it: $P"
   else
     echo "  server:"; show "$LOGD/$name.srv" | tail -10
     echo "  client:"; show "$LOGD/$name.cli" | tail -10
-    fail "$name" "${why%; } ($(since "$t0")s; $(pkts))"
+    fail "$name" "${why%; } ($(since "$t0")s; before the $action: $P)"
   fi
 }
 

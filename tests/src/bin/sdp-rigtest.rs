@@ -284,13 +284,20 @@ fn server(sc: &str, addr: SocketAddr) -> Res<()> {
             // Read everything to EOF (the peer shut its write half with data in flight) ...
             let mut app = App::new(Mode::BCopy, 0, 2, 1, 1);
             app.keep_open = true;
-            run_apps(&mut rt, &mut [(id, &mut app)], Duration::from_secs(60)).or_else(|e| {
-                if app.eof {
-                    Ok(())
+            let r = rt.run(Duration::from_secs(60), |d, now| {
+                let before = app.received;
+                app.pump(d, now, id);
+                if let Some(e) = app.errors.first() {
+                    Step::Done(Err(format!("{e}")))
+                } else if app.eof {
+                    Step::Done(Ok(()))
+                } else if app.received != before {
+                    Step::Busy
                 } else {
-                    Err(e)
+                    Step::Idle
                 }
-            })?;
+            });
+            r.unwrap_or_else(|| Err(format!("no EOF within 60 s ({} bytes)", app.received)))?;
             println!("read {} bytes, then EOF", app.received);
             if app.received != DUPLEX_BYTES {
                 return Err(format!("got {} of {DUPLEX_BYTES} bytes", app.received));
