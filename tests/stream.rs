@@ -210,7 +210,8 @@ impl<P: Provider> App<P> {
                 // data (set_access may change the keys: they are taken after it).
                 let mut mr = p.reg_mr(self.pending.len(), Access::empty()).expect("reg");
                 mr.write(0, &self.pending);
-                mr.set_access(Access::REMOTE_READ).expect("grant remote read");
+                mr.set_access(Access::REMOTE_READ)
+                    .expect("grant remote read");
                 let src = ZSrc {
                     addr: mr.addr(),
                     len: self.pending.len() as u32,

@@ -27,7 +27,7 @@ use sdp_core::proto::conn::CallError;
 use sdp_core::proto::iocb::{ZSink, ZSrc};
 use sdp_core::proto::read::ZRecv;
 use sdp_core::proto::table::ConnId;
-use sdp_core::proto::{Config, ConnError, Conn, Event, Instant, Shutdown, State};
+use sdp_core::proto::{Config, Conn, ConnError, Event, Instant, Shutdown, State};
 use sdp_core::verbs::rdma::RdmaProvider;
 use sdp_core::verbs::{
     Access, CmEvent, Completion, Endpoint, MemoryRegion, Provider, QpCaps, SendOp, SendWr,
@@ -196,7 +196,11 @@ fn run_apps(
             if let Some(e) = app.errors.first() {
                 return Step::Done(Err(format!("call failed: {e}")));
             }
-            if let Some(Event::Closed(Some(e))) = app.events.iter().find(|e| matches!(e, Event::Closed(Some(_)))) {
+            if let Some(Event::Closed(Some(e))) = app
+                .events
+                .iter()
+                .find(|e| matches!(e, Event::Closed(Some(_))))
+            {
                 return Step::Done(Err(format!("connection failed: {e}")));
             }
             all &= app.eof && app.done_sending();
@@ -269,10 +273,9 @@ fn duplex(rt: &mut Rt, id: ConnId, mode: Mode, bytes: u64, server: bool) -> Res<
 
 fn server(sc: &str, addr: SocketAddr) -> Res<()> {
     let mut rt = Rt::new(addr.ip(), Config::default())?;
-    let l = rt
-        .d
-        .listen(addr, 64)
-        .map_err(|e| format!("listen {addr}: {e}"))?;
+    let l =
+        rt.d.listen(addr, 64)
+            .map_err(|e| format!("listen {addr}: {e}"))?;
     println!("listening on {addr}");
     match sc {
         "bcopy" | "zcopy" => {
@@ -304,10 +307,9 @@ fn server(sc: &str, addr: SocketAddr) -> Res<()> {
             }
             // ... then the half-open connection still carries our answer.
             let now = rt.now();
-            let n = rt
-                .d
-                .write(now, id, &app.received.to_le_bytes())
-                .map_err(|e| format!("answer after the peer's shutdown: {e}"))?;
+            let n =
+                rt.d.write(now, id, &app.received.to_le_bytes())
+                    .map_err(|e| format!("answer after the peer's shutdown: {e}"))?;
             if n != 8 {
                 return Err(format!("short answer write {n}"));
             }
@@ -323,14 +325,16 @@ fn server(sc: &str, addr: SocketAddr) -> Res<()> {
             let t = StdInstant::now();
             let mut buf = vec![0u8; 65536];
             let mut got = 0u64;
-            let r = rt.run(Duration::from_secs(20), |d, now| match d.read(now, id, &mut buf) {
-                Ok(0) => Step::Done(Err("orderly EOF instead of a reset".to_string())),
-                Ok(n) => {
-                    got += n as u64;
-                    Step::Busy
+            let r = rt.run(Duration::from_secs(20), |d, now| {
+                match d.read(now, id, &mut buf) {
+                    Ok(0) => Step::Done(Err("orderly EOF instead of a reset".to_string())),
+                    Ok(n) => {
+                        got += n as u64;
+                        Step::Busy
+                    }
+                    Err(CallError::WouldBlock) => Step::Idle,
+                    Err(e) => Step::Done(Ok(e)),
                 }
-                Err(CallError::WouldBlock) => Step::Idle,
-                Err(e) => Step::Done(Ok(e)),
             });
             match r {
                 Some(Ok(e)) => {
@@ -361,10 +365,7 @@ fn server(sc: &str, addr: SocketAddr) -> Res<()> {
             if sc == "junk-after-hello" {
                 let bad = rt.accept(l, Duration::from_secs(30))?;
                 let err = rt.wait_closed(bad, Duration::from_secs(20))?;
-                println!(
-                    "bad connection closed after {:.1} ms: {err:?}",
-                    ms(t)
-                );
+                println!("bad connection closed after {:.1} ms: {err:?}", ms(t));
                 if !matches!(err, Some(ConnError::Protocol(_))) {
                     return Err(format!("expected a protocol error, got {err:?}"));
                 }
@@ -475,14 +476,16 @@ fn client(sc: &str, dst: SocketAddr, src: IpAddr) -> Res<()> {
             // The peer reads it all, then answers on its still-open half.
             let mut answer = Vec::new();
             let mut buf = [0u8; 64];
-            let r = rt.run(Duration::from_secs(60), |d, now| match d.read(now, id, &mut buf) {
-                Ok(0) => Step::Done(Ok(())),
-                Ok(n) => {
-                    answer.extend_from_slice(&buf[..n]);
-                    Step::Busy
+            let r = rt.run(Duration::from_secs(60), |d, now| {
+                match d.read(now, id, &mut buf) {
+                    Ok(0) => Step::Done(Ok(())),
+                    Ok(n) => {
+                        answer.extend_from_slice(&buf[..n]);
+                        Step::Busy
+                    }
+                    Err(CallError::WouldBlock) => Step::Idle,
+                    Err(e) => Step::Done(Err(format!("reading the answer: {e}"))),
                 }
-                Err(CallError::WouldBlock) => Step::Idle,
-                Err(e) => Step::Done(Err(format!("reading the answer: {e}"))),
             });
             r.unwrap_or_else(|| Err("no answer and EOF within 60 s".into()))?;
             let got = <[u8; 8]>::try_from(answer.as_slice())
@@ -587,10 +590,15 @@ fn garbage_hello(rt: &Rt, dst: SocketAddr) -> Res<()> {
             private_data,
             consumer: true,
         }) if private_data.starts_with(b"SDP:") => {
-            println!("rejected by the listener: {:?}", String::from_utf8_lossy(&private_data));
+            println!(
+                "rejected by the listener: {:?}",
+                String::from_utf8_lossy(&private_data)
+            );
             Ok(())
         }
-        other => Err(format!("expected a consumer reject with a reason, got {other:?}")),
+        other => Err(format!(
+            "expected a consumer reject with a reason, got {other:?}"
+        )),
     }
 }
 
@@ -662,10 +670,9 @@ fn junk_after_hello(rt: &Rt, dst: SocketAddr) -> Res<()> {
 fn refused(dst: SocketAddr, src: IpAddr) -> Res<()> {
     let mut rt = Rt::new(src, Config::default())?;
     let t = StdInstant::now();
-    let id = rt
-        .d
-        .connect(rt.now(), dst, None)
-        .map_err(|e| format!("connect: {e}"))?;
+    let id =
+        rt.d.connect(rt.now(), dst, None)
+            .map_err(|e| format!("connect: {e}"))?;
     let err = rt.wait_closed(id, Duration::from_secs(15))?;
     let took = ms(t);
     println!("connect to {dst}: {err:?} after {took:.1} ms");
@@ -674,7 +681,9 @@ fn refused(dst: SocketAddr, src: IpAddr) -> Res<()> {
             println!("ECONNREFUSED in {took:.1} ms");
             Ok(())
         }
-        Some(e) if e.errno() == libc::ECONNREFUSED => Err(format!("refused, but slowly: {took:.0} ms")),
+        Some(e) if e.errno() == libc::ECONNREFUSED => {
+            Err(format!("refused, but slowly: {took:.0} ms"))
+        }
         other => Err(format!("expected ECONNREFUSED, got {other:?}")),
     }
 }
