@@ -692,7 +692,8 @@ fn refused(dst: SocketAddr, src: IpAddr) -> Res<()> {
 // Benchmark: one-way stream of BYTES in SIZE-byte messages, then an 8-byte answer.
 // ---------------------------------------------------------------------------------------------
 
-fn cpu_secs() -> f64 {
+/// (user, system) CPU seconds of this process.
+fn cpu_split() -> (f64, f64) {
     // SAFETY: getrusage fills the rusage struct we pass; an all-zero rusage is a valid value.
     let ru = unsafe {
         let mut ru: libc::rusage = std::mem::zeroed();
@@ -700,14 +701,19 @@ fn cpu_secs() -> f64 {
         ru
     };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    (tv(ru.ru_utime), tv(ru.ru_stime))
 }
 
-fn bench_cfg(size: u64) -> Config {
+fn cpu_secs() -> f64 {
+    let (u, s) = cpu_split();
+    u + s
+}
+
+/// Bulk-transfer tuning (like a large SO_RCVBUF): 256 KiB receive buffers whatever the message
+/// size (BCopy is a byte stream: writes coalesce into full buffers), zero copy from 64 KiB.
+fn bench_cfg(_size: u64) -> Config {
     Config {
-        // Large receive buffers for large messages (the engine moves at most rcv_size per
-        // SEND); zero copy from 64 KiB.
-        rcv_size: (size as u32).clamp(32 * 1024, 256 * 1024),
+        rcv_size: 256 * 1024,
         max_rcv_size: 256 * 1024,
         ..Config::default()
     }
@@ -720,6 +726,7 @@ fn bench_server(addr: SocketAddr, mode: &str, size: u64, bytes: u64) -> Res<()> 
     println!("listening on {addr}");
     let id = rt.accept(l, Duration::from_secs(30))?;
     let cpu0 = cpu_secs();
+    let (ucpu0, scpu0) = cpu_split();
     let t = StdInstant::now();
     let p = rt.d.provider().clone();
     let mut sink = if zc {
@@ -799,7 +806,9 @@ fn bench_server(addr: SocketAddr, mode: &str, size: u64, bytes: u64) -> Res<()> 
         .map_err(|e| format!("shutdown: {e}"))?;
     let _ = rt.wait_closed(id, Duration::from_secs(10));
     println!(
-        "BENCH-SERVER bytes={got} secs={secs:.3} cpu_secs={cpu:.3} zcopy_bytes={zc_bytes} cpu_s_per_gib={:.3}",
+        "BENCH-SERVER bytes={got} secs={secs:.3} cpu_secs={cpu:.3} (user+sys {:.3}+{:.3}) zcopy_bytes={zc_bytes} cpu_s_per_gib={:.3}",
+        cpu_split().0 - ucpu0,
+        cpu_split().1 - scpu0,
         cpu / (got as f64 / (1u64 << 30) as f64)
     );
     Ok(())
@@ -826,6 +835,7 @@ fn bench_client(dst: SocketAddr, src: IpAddr, mode: &str, size: u64, bytes: u64)
     }
     let mut free: Vec<usize> = (0..srcs.len()).collect();
     let cpu0 = cpu_secs();
+    let (ucpu0, scpu0) = cpu_split();
     let t = StdInstant::now();
     let mut queued = 0u64; // handed to the engine
     let mut done = 0u64; // acknowledged (zcopy) or accepted (bcopy)
@@ -922,8 +932,10 @@ fn bench_client(dst: SocketAddr, src: IpAddr, mode: &str, size: u64, bytes: u64)
     }
     let s = rt.d.conn(id).map(|c| c.stats.clone()).unwrap_or_default();
     println!(
-        "BENCH-CLIENT bytes={bytes} secs={secs:.3} bytes_per_sec={:.0} cpu_secs={cpu:.3} cpu_s_per_gib={:.3} srcavail={} zcopy_write_bytes={}",
+        "BENCH-CLIENT bytes={bytes} secs={secs:.3} bytes_per_sec={:.0} cpu_secs={cpu:.3} (user+sys {:.3}+{:.3}) cpu_s_per_gib={:.3} srcavail={} zcopy_write_bytes={}",
         bytes as f64 / secs,
+        cpu_split().0 - ucpu0,
+        cpu_split().1 - scpu0,
         cpu / (bytes as f64 / (1u64 << 30) as f64),
         s.srcavail_sent,
         s.zcopy_write_bytes
