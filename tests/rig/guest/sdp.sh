@@ -62,6 +62,7 @@ rdma_pair  sdp-zcopy              "$SDP server zcopy $B:7472"              "$SDP
 rdma_pair  sdp-halfclose          "$SDP server halfclose $B:7473"          "$SDP client halfclose $B:7473 $A"
 rdma_pair  sdp-abort              "$SDP server abort $B:7474"              "$SDP client abort $B:7474 $A"
 run_check  sdp-refused            $SDP refused $B:7479 $A
+run_check  sdp-devices            $SDP devices $A $B
 rdma_pair  sdp-garbage-hello      "$SDP server garbage-hello $B:7475"      "$SDP client garbage-hello $B:7475 $A"
 rdma_pair  sdp-junk-after-hello   "$SDP server junk-after-hello $B:7476"   "$SDP client junk-after-hello $B:7476 $A"
 sdp_survivor sdp-kill9    kill    7477

@@ -7,6 +7,7 @@
 //! sdp-rigtest server SCENARIO LISTEN_ADDR:PORT
 //! sdp-rigtest client SCENARIO DST:PORT SRC_IP
 //! sdp-rigtest refused DST:PORT SRC_IP           (nobody listens on DST:PORT)
+//! sdp-rigtest devices IP_A IP_B                 (device selection, one process)
 //! sdp-rigtest bench-server LISTEN_ADDR:PORT MODE SIZE BYTES
 //! sdp-rigtest bench-client DST:PORT SRC_IP MODE SIZE BYTES
 //! ```
@@ -28,10 +29,10 @@ use sdp_core::proto::iocb::{ZSink, ZSrc};
 use sdp_core::proto::read::ZRecv;
 use sdp_core::proto::table::ConnId;
 use sdp_core::proto::{Config, Conn, ConnError, Event, Instant, Shutdown, State};
-use sdp_core::verbs::rdma::RdmaProvider;
+use sdp_core::verbs::rdma::{RdmaProvider, WRONG_DEVICE_REJECT};
 use sdp_core::verbs::{
-    Access, CmEvent, Completion, Endpoint, MemoryRegion, Provider, QpCaps, SendOp, SendWr,
-    WcOpcode, WcStatus, WorkRequest,
+    Access, CmEvent, Completion, Endpoint, Listener, MemoryRegion, Provider, QpCaps, SendOp,
+    SendWr, VerbsError, WcOpcode, WcStatus, WorkRequest,
 };
 use sdp_tests::stream::{App, Mode};
 
@@ -44,6 +45,7 @@ fn main() {
         ["server", sc, addr] => server(sc, parse(addr)),
         ["client", sc, dst, src] => client(sc, parse(dst), parse_ip(src)),
         ["refused", dst, src] => refused(parse(dst), parse_ip(src)),
+        ["devices", a, b] => devices(parse_ip(a), parse_ip(b)),
         ["bench-server", addr, mode, size, bytes] => {
             bench_server(parse(addr), mode, num(size), num(bytes))
         }
@@ -84,15 +86,22 @@ enum Step<R> {
 struct Rt {
     d: Driver<RdmaProvider>,
     t0: StdInstant,
+    /// How long to keep polling after `arm` before sleeping (SDP_SPIN_US, default 0).
+    spin: Duration,
 }
 
 impl Rt {
     fn new(ip: IpAddr, cfg: Config) -> Res<Rt> {
         let p = RdmaProvider::for_local_addr(ip).map_err(|e| format!("provider for {ip}: {e}"))?;
         println!("provider: device {} for {ip}", p.device_name());
+        let spin = std::env::var("SDP_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(Duration::ZERO, Duration::from_micros);
         Ok(Rt {
             d: Driver::new(p, cfg),
             t0: StdInstant::now(),
+            spin,
         })
     }
 
@@ -126,6 +135,23 @@ impl Rt {
                 Step::Done(r) => return Some(r),
                 Step::Busy => continue,
                 Step::Idle => {}
+            }
+            // Spin a little before sleeping: a wakeup costs more than a few polls.
+            if !self.spin.is_zero() {
+                let spin_end = StdInstant::now() + self.spin;
+                let mut moved = None;
+                while moved.is_none() && StdInstant::now() < spin_end {
+                    let now = self.now();
+                    self.d.poll(now);
+                    match f(&mut self.d, now) {
+                        Step::Done(r) => return Some(r),
+                        Step::Busy => moved = Some(()),
+                        Step::Idle => {}
+                    }
+                }
+                if moved.is_some() {
+                    continue;
+                }
             }
             let mut t = end.saturating_duration_since(StdInstant::now());
             if let Some(dl) = self.d.next_deadline() {
@@ -664,6 +690,109 @@ fn junk_after_hello(rt: &Rt, dst: SocketAddr) -> Res<()> {
         Some(Err(e)) => Err(e),
         None => Err("the listener did not disconnect us within 20 s".into()),
     }
+}
+
+/// Device selection through the CM: each address names its own device; addresses of another
+/// device are refused; a listener on 0.0.0.0 rejects requests arriving on another device;
+/// set_access keeps the region usable and reports its current keys.
+fn devices(a: IpAddr, b: IpAddr) -> Res<()> {
+    let check = |ok: bool, what: String| -> Res<()> {
+        println!("{} {what}", if ok { "ok:  " } else { "BAD: " });
+        if ok {
+            Ok(())
+        } else {
+            Err(what)
+        }
+    };
+    let pa = RdmaProvider::for_local_addr(a).map_err(|e| format!("{a}: {e}"))?;
+    let pb = RdmaProvider::for_local_addr(b).map_err(|e| format!("{b}: {e}"))?;
+    check(
+        pa.device_name() != pb.device_name(),
+        format!("{a} -> {}, {b} -> {}", pa.device_name(), pb.device_name()),
+    )?;
+    let r = RdmaProvider::for_local_addr("0.0.0.0".parse().unwrap());
+    check(matches!(r, Err(VerbsError::Invalid(_))), format!("0.0.0.0 names no device: {r:?}"))?;
+    let r = RdmaProvider::for_local_addr("10.255.0.9".parse().unwrap());
+    check(matches!(r, Err(VerbsError::NoDevice(_))), format!("a foreign address: {r:?}"))?;
+    let caps = QpCaps::default();
+    let r = pa.listen(SocketAddr::new(b, 7480), 8, caps);
+    check(
+        matches!(r, Err(VerbsError::NoDevice(_))),
+        format!("listen on {b} with {}'s provider: {r:?}", pa.device_name()),
+    )?;
+    let r = pa.connect(SocketAddr::new(b, 7481), Some(SocketAddr::new(b, 0)), caps, b"x");
+    check(
+        matches!(r, Err(VerbsError::NoDevice(_))),
+        format!("connect from {b} with {}'s provider: {:?}", pa.device_name(), r.err()),
+    )?;
+    // A wildcard listener of pa's device; the request to b arrives on b's device: rejected.
+    let mut la = pa
+        .listen("0.0.0.0:7482".parse().unwrap(), 8, caps)
+        .map_err(|e| format!("listen 0.0.0.0: {e}"))?;
+    let mut ep = pa
+        .connect(SocketAddr::new(b, 7482), None, caps, b"hello?")
+        .map_err(|e| format!("connect: {e}"))?;
+    let ev = raw_wait(&pa, &mut ep, Duration::from_secs(10), |_, ev| ev);
+    let _ = la.poll_request();
+    check(
+        ev == Some(CmEvent::Rejected {
+            private_data: WRONG_DEVICE_REJECT.to_vec(),
+            consumer: true,
+        }) && la.wrong_device_rejects() == 1,
+        format!(
+            "0.0.0.0 listener of {} got a request on {}: {ev:?}, wrong-device rejects {}",
+            pa.device_name(),
+            pb.device_name(),
+            la.wrong_device_rejects()
+        ),
+    )?;
+    drop(ep);
+    // The same through b's own wildcard listener: the request is delivered.
+    let mut lb = pb
+        .listen("0.0.0.0:7483".parse().unwrap(), 8, caps)
+        .map_err(|e| format!("listen 0.0.0.0: {e}"))?;
+    let _ep = pa
+        .connect(SocketAddr::new(b, 7483), None, caps, b"hello!")
+        .map_err(|e| format!("connect: {e}"))?;
+    let end = StdInstant::now() + Duration::from_secs(10);
+    let mut req = None;
+    while req.is_none() && StdInstant::now() < end {
+        req = lb.poll_request();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (mut pep, pd) = req.ok_or("no request at b's wildcard listener")?;
+    check(
+        pd == b"hello!" && pep.local_addr().ip() == b && pep.peer_addr().ip() == a,
+        format!(
+            "b's wildcard listener: request {:?} from {} to {}",
+            String::from_utf8_lossy(&pd),
+            pep.peer_addr(),
+            pep.local_addr()
+        ),
+    )?;
+    let _ = pep.reject(b"bye");
+    // for_peer: the device the CM routes to b through, and the source it picks.
+    match RdmaProvider::for_peer(SocketAddr::new(b, 7483)) {
+        Ok(p) => println!("ok:   for_peer({b}) -> {} from {}", p.device_name(), p.local_ip()),
+        Err(e) => return Err(format!("for_peer({b}): {e}")),
+    }
+    // set_access: keys after the change are the ones to use (rxe re-registers: new keys).
+    let mut mr = pa.reg_mr(8192, Access::empty()).map_err(|e| format!("{e}"))?;
+    let before = (mr.lkey(), mr.rkey());
+    mr.set_access(Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .map_err(|e| format!("set_access: {e}"))?;
+    let after = (mr.lkey(), mr.rkey());
+    check(
+        mr.access() == Access::LOCAL_WRITE | Access::REMOTE_WRITE
+            && mr.host_ptr().map(|p| p.as_ptr() as u64) == Some(mr.addr())
+            && mr.addr() % 4096 == 0,
+        format!("set_access: keys {before:x?} -> {after:x?} (changed: {})", before != after),
+    )?;
+    let r = pa.reg_mr(4096, Access::REMOTE_WRITE);
+    check(
+        matches!(r, Err(VerbsError::Invalid(_))),
+        format!("remote write without local write: {:?}", r.err()),
+    )
 }
 
 /// Connecting to a port nobody listens on must fail fast with ECONNREFUSED.
