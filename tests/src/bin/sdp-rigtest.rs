@@ -128,7 +128,8 @@ impl Rt {
                 return None;
             }
             // Nothing moved: arm, look once more, then sleep.
-            self.d.provider().arm().expect("arm");
+            // If the device is gone, arming may fail: then poll every millisecond.
+            let armed = self.d.provider().arm().is_ok();
             let now = self.now();
             self.d.poll(now);
             match f(&mut self.d, now) {
@@ -156,6 +157,9 @@ impl Rt {
             let mut t = end.saturating_duration_since(StdInstant::now());
             if let Some(dl) = self.d.next_deadline() {
                 t = t.min(dl.saturating_since(self.now()));
+            }
+            if !armed {
+                t = t.min(Duration::from_millis(1));
             }
             self.d.provider().wait(t);
         }
@@ -589,14 +593,15 @@ fn raw_wait<E: Endpoint, R>(
         if left.is_zero() {
             return None;
         }
-        p.arm().expect("arm");
+        let armed = p.arm().is_ok();
         let ev = ep.poll_cm();
         let got = ev.is_some();
         if let Some(r) = f(ep, ev) {
             return Some(r);
         }
         if !got {
-            p.wait(left.min(Duration::from_millis(200)));
+            let cap = if armed { 200 } else { 1 };
+            p.wait(left.min(Duration::from_millis(cap)));
         }
     }
 }
@@ -711,19 +716,34 @@ fn devices(a: IpAddr, b: IpAddr) -> Res<()> {
         format!("{a} -> {}, {b} -> {}", pa.device_name(), pb.device_name()),
     )?;
     let r = RdmaProvider::for_local_addr("0.0.0.0".parse().unwrap());
-    check(matches!(r, Err(VerbsError::Invalid(_))), format!("0.0.0.0 names no device: {r:?}"))?;
+    check(
+        matches!(r, Err(VerbsError::Invalid(_))),
+        format!("0.0.0.0 names no device: {r:?}"),
+    )?;
     let r = RdmaProvider::for_local_addr("10.255.0.9".parse().unwrap());
-    check(matches!(r, Err(VerbsError::NoDevice(_))), format!("a foreign address: {r:?}"))?;
+    check(
+        matches!(r, Err(VerbsError::NoDevice(_))),
+        format!("a foreign address: {r:?}"),
+    )?;
     let caps = QpCaps::default();
     let r = pa.listen(SocketAddr::new(b, 7480), 8, caps);
     check(
         matches!(r, Err(VerbsError::NoDevice(_))),
         format!("listen on {b} with {}'s provider: {r:?}", pa.device_name()),
     )?;
-    let r = pa.connect(SocketAddr::new(b, 7481), Some(SocketAddr::new(b, 0)), caps, b"x");
+    let r = pa.connect(
+        SocketAddr::new(b, 7481),
+        Some(SocketAddr::new(b, 0)),
+        caps,
+        b"x",
+    );
     check(
         matches!(r, Err(VerbsError::NoDevice(_))),
-        format!("connect from {b} with {}'s provider: {:?}", pa.device_name(), r.err()),
+        format!(
+            "connect from {b} with {}'s provider: {:?}",
+            pa.device_name(),
+            r.err()
+        ),
     )?;
     // A wildcard listener of pa's device; the request to b arrives on b's device: rejected.
     let mut la = pa
@@ -751,12 +771,14 @@ fn devices(a: IpAddr, b: IpAddr) -> Res<()> {
     let mut lb = pb
         .listen("0.0.0.0:7483".parse().unwrap(), 8, caps)
         .map_err(|e| format!("listen 0.0.0.0: {e}"))?;
-    let _ep = pa
+    let mut ep = pa
         .connect(SocketAddr::new(b, 7483), None, caps, b"hello!")
         .map_err(|e| format!("connect: {e}"))?;
     let end = StdInstant::now() + Duration::from_secs(10);
     let mut req = None;
     while req.is_none() && StdInstant::now() < end {
+        // The active side's resolution steps run when its provider is polled.
+        let _ = ep.poll_cm();
         req = lb.poll_request();
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -773,11 +795,17 @@ fn devices(a: IpAddr, b: IpAddr) -> Res<()> {
     let _ = pep.reject(b"bye");
     // for_peer: the device the CM routes to b through, and the source it picks.
     match RdmaProvider::for_peer(SocketAddr::new(b, 7483)) {
-        Ok(p) => println!("ok:   for_peer({b}) -> {} from {}", p.device_name(), p.local_ip()),
+        Ok(p) => println!(
+            "ok:   for_peer({b}) -> {} from {}",
+            p.device_name(),
+            p.local_ip()
+        ),
         Err(e) => return Err(format!("for_peer({b}): {e}")),
     }
     // set_access: keys after the change are the ones to use (rxe re-registers: new keys).
-    let mut mr = pa.reg_mr(8192, Access::empty()).map_err(|e| format!("{e}"))?;
+    let mut mr = pa
+        .reg_mr(8192, Access::empty())
+        .map_err(|e| format!("{e}"))?;
     let before = (mr.lkey(), mr.rkey());
     mr.set_access(Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .map_err(|e| format!("set_access: {e}"))?;
@@ -786,7 +814,10 @@ fn devices(a: IpAddr, b: IpAddr) -> Res<()> {
         mr.access() == Access::LOCAL_WRITE | Access::REMOTE_WRITE
             && mr.host_ptr().map(|p| p.as_ptr() as u64) == Some(mr.addr())
             && mr.addr() % 4096 == 0,
-        format!("set_access: keys {before:x?} -> {after:x?} (changed: {})", before != after),
+        format!(
+            "set_access: keys {before:x?} -> {after:x?} (changed: {})",
+            before != after
+        ),
     )?;
     let r = pa.reg_mr(4096, Access::REMOTE_WRITE);
     check(

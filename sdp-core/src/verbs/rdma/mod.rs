@@ -967,13 +967,16 @@ impl Provider for RdmaProvider {
             // SAFETY: one event of cq was received above.
             unsafe { rs::ibv_ack_cq_events(cq, 1) };
         }
+        // Arm every CQ even if one fails (a CQ of a removed device); report the first error.
+        let mut res = Ok(());
         for &cq in &st.cqs {
             // SAFETY: the registry holds live CQs only (removed before destruction).
-            if unsafe { rs::ibv_req_notify_cq(cq as *mut rs::ibv_cq, 0) } != 0 {
-                return Err(map::errno_error(errno(), "ibv_req_notify_cq"));
+            let rc = unsafe { rs::ibv_req_notify_cq(cq as *mut rs::ibv_cq, 0) };
+            if rc != 0 && res.is_ok() {
+                res = Err(map::errno_error(rc, "ibv_req_notify_cq"));
             }
         }
-        Ok(())
+        res
     }
 }
 
