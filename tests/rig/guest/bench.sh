@@ -70,7 +70,7 @@ bench_sdp() {   # SIZE RUN
       cc=$(sed -n 's/^BENCH-CLIENT .*cpu_s_per_gib=\([0-9.]*\).*/\1/p' "$LOGD/$name.cli")
       sc=$(sed -n 's/^BENCH-SERVER .*cpu_s_per_gib=\([0-9.]*\).*/\1/p' "$LOGD/$name.srv")
       if [ -n "$bps" ] && [ -n "$cc" ] && [ -n "$sc" ]; then
-        show "$LOGD/$name.cli" "$LOGD/$name.srv" | grep -E 'BENCH-(CLIENT|SERVER)|^loop:'
+        show "$LOGD/$name.cli" "$LOGD/$name.srv" | grep -E 'BENCH-(CLIENT|SERVER)|loop:'
         bench_row "sdp-$mode" "$1" "$2" "$bps" "\"cpu_s_per_gib_client\":$cc,\"cpu_s_per_gib_server\":$sc"
         pass "$name" "$(awk -v b="$bps" 'BEGIN{printf "%.1f MB/s", b/1e6}'), CPU s/GiB client $cc server $sc"
         continue
