@@ -11,7 +11,7 @@ use sdp_core::proto::iocb::{ZSink, ZSrc};
 use sdp_core::proto::read::ZRecv;
 use sdp_core::proto::table::ConnId;
 use sdp_core::proto::{Event, Instant, Shutdown};
-use sdp_core::verbs::sim::{SimMr, SimProvider};
+use sdp_core::verbs::sim::SimProvider;
 use sdp_core::verbs::{Access, MemoryRegion, Provider};
 
 /// How the application moves bytes.
@@ -64,8 +64,9 @@ fn splitmix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// One side's application: writes one stream and reads the other.
-pub struct App {
+/// One side's application: writes one stream and reads the other, over any provider (the
+/// simulator in the Pair tests, real devices in the rig's `sdp-rigtest`).
+pub struct App<P: Provider = SimProvider> {
     pub mode: Mode,
     /// Bytes to send in all; after the last one the write half is shut.
     pub to_send: u64,
@@ -80,8 +81,8 @@ pub struct App {
     sizes: ChaCha8Rng,
     pending: Vec<u8>,
     next_token: u64,
-    src: Option<(u64, SimMr, Vec<u8>)>,
-    sink: Option<(u64, SimMr)>,
+    src: Option<(u64, P::Mr, Vec<u8>)>,
+    sink: Option<(u64, P::Mr)>,
     /// Errors reported by calls or events (the test decides whether they are expected).
     pub errors: Vec<CallError>,
     pub events: Vec<Event>,
@@ -92,9 +93,9 @@ pub struct App {
     pub keep_open: bool,
 }
 
-impl App {
+impl<P: Provider> App<P> {
     /// `out_seed` seeds what we send; `in_seed` what we expect from the peer.
-    pub fn new(mode: Mode, to_send: u64, out_seed: u64, in_seed: u64, max_msg: usize) -> App {
+    pub fn new(mode: Mode, to_send: u64, out_seed: u64, in_seed: u64, max_msg: usize) -> App<P> {
         App {
             mode,
             to_send,
@@ -123,7 +124,7 @@ impl App {
     }
 
     /// Take the connection's events and make as much progress as the engine allows.
-    pub fn pump(&mut self, d: &mut Driver<SimProvider>, now: Instant, id: ConnId) {
+    pub fn pump(&mut self, d: &mut Driver<P>, now: Instant, id: ConnId) {
         let evs = d.take_events(id);
         for ev in &evs {
             match *ev {
@@ -179,7 +180,7 @@ impl App {
         self.received += got.len() as u64;
     }
 
-    fn write_some(&mut self, d: &mut Driver<SimProvider>, now: Instant, id: ConnId) {
+    fn write_some(&mut self, d: &mut Driver<P>, now: Instant, id: ConnId) {
         loop {
             if self.src.is_some() {
                 return;
@@ -205,13 +206,12 @@ impl App {
             }
             if self.mode.src() && self.pending.len() >= self.zcopy_min {
                 let p = d.provider().clone();
-                let mut mr = p
-                    .reg_mr(
-                        self.pending.len(),
-                        Access::LOCAL_WRITE | Access::REMOTE_READ,
-                    )
-                    .expect("reg");
+                // Least access: the source is readable by the peer only once it holds the
+                // data (set_access may change the keys: they are taken after it).
+                let mut mr = p.reg_mr(self.pending.len(), Access::empty()).expect("reg");
                 mr.write(0, &self.pending);
+                mr.set_access(Access::REMOTE_READ)
+                    .expect("grant remote read");
                 let src = ZSrc {
                     addr: mr.addr(),
                     len: self.pending.len() as u32,
@@ -247,7 +247,7 @@ impl App {
         }
     }
 
-    fn read_some(&mut self, d: &mut Driver<SimProvider>, now: Instant, id: ConnId) {
+    fn read_some(&mut self, d: &mut Driver<P>, now: Instant, id: ConnId) {
         let mut buf = vec![0u8; 256 * 1024];
         loop {
             if self.eof || self.sink.is_some() {
@@ -256,9 +256,9 @@ impl App {
             if self.mode.sink() && self.sizes.random_bool(0.5) {
                 let len = self.sizes.random_range(self.zcopy_min..=4 * self.zcopy_min);
                 let p = d.provider().clone();
-                let mr = p
-                    .reg_mr(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-                    .expect("reg");
+                let mut mr = p.reg_mr(len, Access::LOCAL_WRITE).expect("reg");
+                mr.set_access(Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                    .expect("grant remote write");
                 let sink = ZSink {
                     addr: mr.addr(),
                     len: len as u32,
@@ -305,8 +305,8 @@ impl App {
 pub fn run_duplex(
     p: &mut crate::pair::Pair,
     ids: (ConnId, ConnId),
-    x: &mut App,
-    y: &mut App,
+    x: &mut App<SimProvider>,
+    y: &mut App<SimProvider>,
     limit_ns: u64,
 ) -> bool {
     p.run_until(limit_ns, |p| {

@@ -261,20 +261,13 @@ impl<P: Provider> Driver<P> {
         if let Some(ep) = e.ep.as_mut() {
             // Completions first: they happened before any disconnect the CM reports now, and
             // an error completion says more about why than the disconnect does.
-            if e.conn.state() != State::Connecting {
-                loop {
-                    let n = ep.poll_cq(&mut self.scratch);
-                    activity += n;
-                    for wc in &self.scratch[..n] {
-                        e.conn.handle_completion(now, wc);
-                    }
-                    if n < self.scratch.len() {
-                        break;
-                    }
-                }
-            }
+            activity += drain_cq(&mut e.conn, ep, &mut self.scratch, now);
             while let Some(ev) = ep.poll_cm() {
                 activity += 1;
+                // On a real device a CM event can be read before completions that happened
+                // before it (the peer's last messages, then its DREQ): look at the CQ again
+                // after taking the event, so the engine sees them first.
+                activity += drain_cq(&mut e.conn, ep, &mut self.scratch, now);
                 e.conn.handle_cm(now, ev);
             }
         }
@@ -435,6 +428,29 @@ impl<P: Provider> Driver<P> {
     }
     pub fn peer_addr(&self, id: ConnId) -> Option<SocketAddr> {
         self.conns.get(id)?.ep.as_ref().map(|ep| ep.peer_addr())
+    }
+}
+
+/// Feed the engine every completion waiting in the endpoint's CQ (none while connecting).
+fn drain_cq<S: BufStore, E: Endpoint>(
+    conn: &mut Conn<S>,
+    ep: &mut E,
+    scratch: &mut [Completion],
+    now: Instant,
+) -> usize {
+    if conn.state() == State::Connecting {
+        return 0;
+    }
+    let mut total = 0;
+    loop {
+        let n = ep.poll_cq(scratch);
+        total += n;
+        for wc in &scratch[..n] {
+            conn.handle_completion(now, wc);
+        }
+        if n < scratch.len() {
+            return total;
+        }
     }
 }
 

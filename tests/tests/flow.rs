@@ -285,3 +285,74 @@ fn zcopy_write_path_places_bytes_in_the_readers_sink() {
     assert!(p.fabric.stats(A_IP).rdma_write_bytes as usize >= placed);
     assert!(placed >= 8 * 200_000, "placed {placed}");
 }
+
+/// Found by the rig's zcopy benchmark: a source that goes whole into the reader's sink waits
+/// for its RDMA Write completions at the front of the source queue; the next source must not be
+/// advertised before it is done (the engine used to advertise the finished one again, with a
+/// zero length, and panic building the SrcAvail).
+#[test]
+fn source_after_one_that_filled_the_sink_is_advertised_after_it() {
+    use sdp_core::proto::iocb::{ZSink, ZSrc};
+    use sdp_core::proto::read::ZRecv;
+    use sdp_core::proto::Event;
+    use sdp_core::verbs::{Access, MemoryRegion, Provider};
+    const N: usize = 64 * 1024;
+    let mut p = Pair::new(57, Config::default());
+    let (a, b) = p.connect();
+    let sink_mr =
+        p.b.provider()
+            .reg_mr(N, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let sink = ZSink {
+        addr: sink_mr.addr(),
+        len: N as u32,
+        lkey: sink_mr.lkey(),
+        rkey: sink_mr.rkey(),
+    };
+    let now = p.now();
+    assert_eq!(p.b.read_zcopy(now, b, sink, 100), Ok(ZRecv::Pending));
+    p.run_for(SEC / 1000);
+    // Two sources of exactly the sink's size, back to back.
+    let pa = p.a.provider().clone();
+    let mut srcs = Vec::new();
+    for (token, byte) in [(1u64, 0x11u8), (2, 0x22)] {
+        let mut mr = pa.reg_mr(N, Access::REMOTE_READ).unwrap();
+        mr.write(0, &vec![byte; N]);
+        let src = ZSrc {
+            addr: mr.addr(),
+            len: N as u32,
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+        };
+        let now = p.now();
+        assert_eq!(p.a.write_zcopy(now, a, src, token), Ok(()));
+        srcs.push(mr);
+    }
+    let mut sent = Vec::new();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; N];
+    assert!(p.run_until(SEC, |p| {
+        for e in p.a.take_events(a) {
+            if let Event::ZcopySent { token, bytes } = e {
+                sent.push((token, bytes));
+            }
+        }
+        for e in p.b.take_events(b) {
+            if let Event::ZcopyReceived { bytes, .. } = e {
+                let mut v = vec![0u8; bytes];
+                sink_mr.read(0, &mut v);
+                got.extend_from_slice(&v);
+            }
+        }
+        let now = p.now();
+        while let Ok(k) = p.b.read(now, b, &mut buf) {
+            if k == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..k]);
+        }
+        got.len() == 2 * N && sent.len() == 2
+    }));
+    assert_eq!(sent, vec![(1, N), (2, N)]);
+    assert!(got[..N].iter().all(|&x| x == 0x11) && got[N..].iter().all(|&x| x == 0x22));
+}

@@ -249,6 +249,12 @@ impl<S: BufStore> Conn<S> {
                         }
                         continue;
                     }
+                    if self.iocbs.srcs.front().is_some_and(|s| s.token != token) {
+                        // An earlier source went whole into the peer's sink and waits for its
+                        // RDMA Write completions; the advertised source must be the first one
+                        // (RdmaRdCompl, SendSm and the timeout refer to the front).
+                        return;
+                    }
                     if self.tx_credits < 2 {
                         return;
                     }

@@ -4,7 +4,7 @@
 //! these traits, and each provider supplies the device-specific parts:
 //!
 //! * [`sim`]: deterministic, in-memory, virtual time, fault injection (tests).
-//! * `rdma`: librdmacm + libibverbs through rdma-sys (real fabrics; see TODO.md).
+//! * `rdma` (cargo feature `rdma`): librdmacm + libibverbs through rdma-sys (real fabrics).
 //! * [`shm`]: two processes (or threads) on one host, through shared memory (Linux).
 //!
 //! The model follows the RDMA CM: a [`Provider`] is opened once per process; the connection manager
@@ -15,6 +15,8 @@
 
 #[cfg(target_os = "linux")]
 pub mod shm;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod sim;
 
 use std::net::SocketAddr;

@@ -54,11 +54,31 @@ bench_rstream() {   # SIZE RUN
   pair_logs "$name" rstream rstream; fail "$name" "$PAIR_WHY"
 }
 
-# sdp-bench goes here: run the project's benchmark (e.g. /extra/sdp-bench, brought with --extra) for
-# SIZE, then call `bench_row sdp-<mode> SIZE RUN BYTES_PER_SEC` for each figure it reports.
+# SDP over the project's rdma provider (tests/src/bin/sdp-rigtest): the client streams $BENCH_BYTES in
+# SIZE-byte messages to the server, which answers with the byte count after EOF; bytes_per_sec is the
+# client's figure from connected to the answer.  bcopy: write()/read() through the engine's buffers;
+# zcopy: write_zcopy from registered sources (SrcAvail, the server RDMA-Reads them) and read_zcopy
+# into a registered sink.  Each side reports its CPU seconds (getrusage) per GiB moved.
+SDP=/rig/bin/sdp-rigtest
 bench_sdp() {   # SIZE RUN
-  [ -x /extra/sdp-bench ] || return 0
-  : # not wired yet: sdp-bench has no rig mode so far
+  [ -x $SDP ] || return 0
+  for mode in bcopy zcopy; do
+    name=bench-sdp-$mode-$1-$2
+    if bench_pair "$name" "$SDP bench-server $B:7490 $mode $1 $BENCH_BYTES" \
+                          "$SDP bench-client $B:7490 $A $mode $1 $BENCH_BYTES"; then
+      bps=$(sed -n 's/^BENCH-CLIENT .*bytes_per_sec=\([0-9]*\).*/\1/p' "$LOGD/$name.cli")
+      cc=$(sed -n 's/^BENCH-CLIENT .*cpu_s_per_gib=\([0-9.]*\).*/\1/p' "$LOGD/$name.cli")
+      sc=$(sed -n 's/^BENCH-SERVER .*cpu_s_per_gib=\([0-9.]*\).*/\1/p' "$LOGD/$name.srv")
+      if [ -n "$bps" ] && [ -n "$cc" ] && [ -n "$sc" ]; then
+        show "$LOGD/$name.cli" "$LOGD/$name.srv" | grep -E 'BENCH-(CLIENT|SERVER)|loop:'
+        bench_row "sdp-$mode" "$1" "$2" "$bps" "\"cpu_s_per_gib_client\":$cc,\"cpu_s_per_gib_server\":$sc"
+        pass "$name" "$(awk -v b="$bps" 'BEGIN{printf "%.1f MB/s", b/1e6}'), CPU s/GiB client $cc server $sc"
+        continue
+      fi
+      PAIR_WHY="no BENCH-CLIENT/BENCH-SERVER figures in the output"
+    fi
+    pair_logs "$name" sdp-rigtest sdp-rigtest; fail "$name" "$PAIR_WHY"
+  done
 }
 
 section "benchmarks: $RIG_RUNS runs, sizes $BENCH_SIZES, $((BENCH_BYTES / 1048576)) MiB each"

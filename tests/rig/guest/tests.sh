@@ -36,6 +36,9 @@ rdma_pair  ibv_rc_pingpong  "ibv_rc_pingpong -d rxe1 -g $G1 -n $N_PP"           
 rdma_pair  rstream          "rstream -b $B -S 65536 -C $N_RS -T v"                  "rstream -b $A -s $B -S 65536 -C $N_RS -T v"
 rdma_pair  ib_write_bw_cm   "ib_write_bw -R -d rxe1 -s 65536 -n $N_BW -F"            "$CM_SRC_A ib_write_bw -R -d rxe0 -s 65536 -n $N_BW -F $B"
 
+# SDP over the project's rdma provider (the binary tests/rig/run builds and puts in /rig/bin)
+if [ -x /rig/bin/sdp-rigtest ]; then . /rig/sdp.sh; else section "sdp"; echo "  (no /rig/bin/sdp-rigtest: tests/rig/run --no-sdp)"; fi
+
 section "project tests"
 # the project's own guest test binary, when tests/rig/run --extra DIR brought one
 if [ -x /extra/sdp-rig-tests ]; then run_suite sdp-rig-tests /extra/sdp-rig-tests; else echo "  (no /extra/sdp-rig-tests)"; fi

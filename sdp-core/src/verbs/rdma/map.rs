@@ -1,0 +1,432 @@
+//! Pure translations between the verbs/CM C values and the provider layer's types. No FFI calls
+//! and no device: everything here is unit-tested on the host.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use crate::verbs::{Access, CmEvent, VerbsError, WcOpcode, WcStatus};
+
+// ibv_wc_status values (verbs.h); spelled out so the mapping is testable without bindings.
+pub(crate) const WC_SUCCESS: u32 = 0;
+pub(crate) const WC_LOC_LEN_ERR: u32 = 1;
+pub(crate) const WC_LOC_QP_OP_ERR: u32 = 2;
+pub(crate) const WC_LOC_PROT_ERR: u32 = 4;
+pub(crate) const WC_WR_FLUSH_ERR: u32 = 5;
+pub(crate) const WC_LOC_ACCESS_ERR: u32 = 8;
+pub(crate) const WC_REM_ACCESS_ERR: u32 = 10;
+pub(crate) const WC_RETRY_EXC_ERR: u32 = 12;
+pub(crate) const WC_RNR_RETRY_EXC_ERR: u32 = 13;
+
+// ibv_wc_opcode values.
+pub(crate) const WC_OP_SEND: u32 = 0;
+pub(crate) const WC_OP_RDMA_WRITE: u32 = 1;
+pub(crate) const WC_OP_RDMA_READ: u32 = 2;
+pub(crate) const WC_OP_RECV: u32 = 128;
+
+// ibv_access_flags values.
+pub(crate) const ACCESS_LOCAL_WRITE: u32 = 1;
+pub(crate) const ACCESS_REMOTE_WRITE: u32 = 2;
+pub(crate) const ACCESS_REMOTE_READ: u32 = 4;
+
+// rdma_cm_event_type values (rdma_cma.h).
+pub(crate) const EV_ADDR_RESOLVED: u32 = 0;
+pub(crate) const EV_ADDR_ERROR: u32 = 1;
+pub(crate) const EV_ROUTE_RESOLVED: u32 = 2;
+pub(crate) const EV_ROUTE_ERROR: u32 = 3;
+pub(crate) const EV_CONNECT_REQUEST: u32 = 4;
+pub(crate) const EV_CONNECT_RESPONSE: u32 = 5;
+pub(crate) const EV_CONNECT_ERROR: u32 = 6;
+pub(crate) const EV_UNREACHABLE: u32 = 7;
+pub(crate) const EV_REJECTED: u32 = 8;
+pub(crate) const EV_ESTABLISHED: u32 = 9;
+pub(crate) const EV_DISCONNECTED: u32 = 10;
+pub(crate) const EV_DEVICE_REMOVAL: u32 = 11;
+pub(crate) const EV_ADDR_CHANGE: u32 = 14;
+pub(crate) const EV_TIMEWAIT_EXIT: u32 = 15;
+
+/// IB CM reject reason "consumer defined" (`IB_CM_REJ_CONSUMER_DEFINED`): the peer's application
+/// called `rdma_reject`. Other reasons (8 = invalid service id, i.e. nobody listens on the
+/// port; timeouts; stale connections) come from the CM itself.
+pub(crate) const IB_CM_REJ_CONSUMER_DEFINED: i32 = 28;
+
+/// The device's transport, as far as the provider must tell them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// InfiniBand and RoCE (both use the IB CM and its reject reasons).
+    Ib,
+    /// iWARP (TCP-based CM: MPA rejects, and RDMA Read sinks need remote-write access).
+    Iwarp,
+}
+
+/// `ibv_wc_status` folded onto [`WcStatus`].
+pub(crate) fn wc_status(status: u32) -> WcStatus {
+    match status {
+        WC_SUCCESS => WcStatus::Success,
+        WC_WR_FLUSH_ERR => WcStatus::Flushed,
+        WC_LOC_LEN_ERR | WC_LOC_QP_OP_ERR | WC_LOC_PROT_ERR | WC_LOC_ACCESS_ERR => {
+            WcStatus::LocalProtection
+        }
+        WC_REM_ACCESS_ERR => WcStatus::RemoteAccess,
+        WC_RNR_RETRY_EXC_ERR => WcStatus::RnrRetryExceeded,
+        WC_RETRY_EXC_ERR => WcStatus::RetryExceeded,
+        other => WcStatus::Other(other),
+    }
+}
+
+/// `ibv_wc_opcode` of a successful completion. Verbs leaves the opcode of an error completion
+/// undefined; the engine routes completions by `wr_id`, so `fallback` is reported then.
+pub(crate) fn wc_opcode(opcode: u32, fallback: WcOpcode) -> WcOpcode {
+    match opcode {
+        WC_OP_SEND => WcOpcode::Send,
+        WC_OP_RDMA_WRITE => WcOpcode::RdmaWrite,
+        WC_OP_RDMA_READ => WcOpcode::RdmaRead,
+        WC_OP_RECV => WcOpcode::Recv,
+        _ => fallback,
+    }
+}
+
+/// The `ibv_access_flags` for a region that needs `access`. Remote write without local write
+/// is refused, as `ibv_reg_mr` does. On iWARP an RDMA Read places its data with what the
+/// standard models as a remote write, so any locally writable region (which may be an RDMA
+/// Read sink) also gets remote write there.
+pub(crate) fn access_flags(access: Access, transport: Transport) -> Result<u32, VerbsError> {
+    if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+        return Err(VerbsError::Invalid("REMOTE_WRITE needs LOCAL_WRITE"));
+    }
+    let mut f = 0;
+    if access.contains(Access::LOCAL_WRITE) {
+        f |= ACCESS_LOCAL_WRITE;
+        if transport == Transport::Iwarp {
+            f |= ACCESS_REMOTE_WRITE;
+        }
+    }
+    if access.contains(Access::REMOTE_WRITE) {
+        f |= ACCESS_REMOTE_WRITE;
+    }
+    if access.contains(Access::REMOTE_READ) {
+        f |= ACCESS_REMOTE_READ;
+    }
+    Ok(f)
+}
+
+/// Whether a REJECTED event came from the peer's application (`rdma_reject`) rather than from
+/// the CM (nobody listening, a timeout). IB/RoCE say so in the status (the IB CM reject
+/// reason). iWARP reports `-ECONNREFUSED` for both a peer's MPA reject and a TCP reset, so
+/// there only a reject carrying private data counts as the consumer's.
+pub(crate) fn reject_is_consumer(status: i32, private_data: &[u8], transport: Transport) -> bool {
+    match transport {
+        Transport::Ib => status == IB_CM_REJ_CONSUMER_DEFINED,
+        Transport::Iwarp => private_data.iter().any(|&b| b != 0),
+    }
+}
+
+/// IB pads reject private data with zeros to 148 bytes; the padding is not the peer's.
+pub(crate) fn trim_padding(data: &[u8]) -> &[u8] {
+    let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    &data[..end]
+}
+
+/// What an endpoint's CM event means for the engine, for the events that map one to one.
+/// `ADDR_RESOLVED`, `ROUTE_RESOLVED` and `CONNECT_REQUEST` are steps the provider takes
+/// itself (`None` here); so are `CONNECT_RESPONSE` (never produced when the id has a QP, as
+/// ours always do) and multicast events (unused).
+pub(crate) fn cm_event(
+    event: u32,
+    status: i32,
+    private_data: &[u8],
+    transport: Transport,
+) -> Option<CmEvent> {
+    Some(match event {
+        EV_ADDR_ERROR => CmEvent::AddrError,
+        EV_ROUTE_ERROR => CmEvent::RouteError,
+        EV_UNREACHABLE => CmEvent::Unreachable,
+        EV_REJECTED => CmEvent::Rejected {
+            consumer: reject_is_consumer(status, private_data, transport),
+            private_data: trim_padding(private_data).to_vec(),
+        },
+        EV_CONNECT_ERROR => CmEvent::ConnectError,
+        EV_ESTABLISHED => CmEvent::Established {
+            private_data: private_data.to_vec(),
+        },
+        EV_DISCONNECTED => CmEvent::Disconnected,
+        EV_DEVICE_REMOVAL => CmEvent::DeviceRemoval,
+        EV_ADDR_CHANGE => CmEvent::AddrChange,
+        EV_TIMEWAIT_EXIT => CmEvent::TimewaitExit,
+        _ => return None,
+    })
+}
+
+/// A readable name of a CM event type, for error messages.
+pub(crate) fn cm_event_name(event: u32) -> &'static str {
+    match event {
+        EV_ADDR_RESOLVED => "ADDR_RESOLVED",
+        EV_ADDR_ERROR => "ADDR_ERROR",
+        EV_ROUTE_RESOLVED => "ROUTE_RESOLVED",
+        EV_ROUTE_ERROR => "ROUTE_ERROR",
+        EV_CONNECT_REQUEST => "CONNECT_REQUEST",
+        EV_CONNECT_RESPONSE => "CONNECT_RESPONSE",
+        EV_CONNECT_ERROR => "CONNECT_ERROR",
+        EV_UNREACHABLE => "UNREACHABLE",
+        EV_REJECTED => "REJECTED",
+        EV_ESTABLISHED => "ESTABLISHED",
+        EV_DISCONNECTED => "DISCONNECTED",
+        EV_DEVICE_REMOVAL => "DEVICE_REMOVAL",
+        EV_ADDR_CHANGE => "ADDR_CHANGE",
+        EV_TIMEWAIT_EXIT => "TIMEWAIT_EXIT",
+        _ => "other",
+    }
+}
+
+/// An errno from a librdmacm/libibverbs call as a [`VerbsError`].
+pub(crate) fn errno_error(errno: i32, what: &'static str) -> VerbsError {
+    match errno {
+        libc::EADDRINUSE => VerbsError::AddrInUse,
+        libc::EADDRNOTAVAIL => VerbsError::AddrNotAvailable,
+        libc::ENOMEM => VerbsError::QueueFull(what),
+        libc::EINVAL => VerbsError::Invalid(what),
+        libc::ENODEV | libc::ENXIO => VerbsError::NoDevice(format!("{what}: device gone")),
+        e => VerbsError::Os(format!("{what}: {}", std::io::Error::from_raw_os_error(e))),
+    }
+}
+
+/// A socket address as `sockaddr_storage` (for the CM's bind/resolve calls).
+pub(crate) fn to_sockaddr(addr: SocketAddr) -> libc::sockaddr_storage {
+    // An all-zero sockaddr_storage is a valid (AF_UNSPEC) value; we fill in one family.
+    let mut ss = zeroed_storage();
+    match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            write_into(&mut ss, &sin);
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            write_into(&mut ss, &sin6);
+        }
+    }
+    ss
+}
+
+/// The socket address in the first bytes of `raw` (a `sockaddr_in` or `sockaddr_in6` as the
+/// CM stores them), or `None` for another family.
+pub(crate) fn from_sockaddr_bytes(raw: &[u8]) -> Option<SocketAddr> {
+    let family = u16::from_ne_bytes([*raw.first()?, *raw.get(1)?]) as i32;
+    let port = u16::from_be_bytes([*raw.get(2)?, *raw.get(3)?]);
+    match family {
+        libc::AF_INET => {
+            let o: [u8; 4] = raw.get(4..8)?.try_into().ok()?;
+            Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::from(o)), port))
+        }
+        libc::AF_INET6 => {
+            let o: [u8; 16] = raw.get(8..24)?.try_into().ok()?;
+            Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::from(o)), port))
+        }
+        _ => None,
+    }
+}
+
+pub(crate) fn zeroed_storage() -> libc::sockaddr_storage {
+    let ss = std::mem::MaybeUninit::<libc::sockaddr_storage>::zeroed();
+    // SAFETY: every field of sockaddr_storage is an integer or an array of integers, for which
+    // all-zero bytes are a valid value.
+    unsafe { ss.assume_init() }
+}
+
+fn write_into<T: Copy>(ss: &mut libc::sockaddr_storage, v: &T) {
+    assert!(std::mem::size_of::<T>() <= std::mem::size_of::<libc::sockaddr_storage>());
+    // SAFETY: T (sockaddr_in/sockaddr_in6) is smaller than sockaddr_storage, which is aligned
+    // for every socket address type; both are plain old data.
+    unsafe { std::ptr::write(ss as *mut libc::sockaddr_storage as *mut T, *v) }
+}
+
+/// The bytes of a `sockaddr_storage` (for [`from_sockaddr_bytes`]).
+pub(crate) fn storage_bytes(ss: &libc::sockaddr_storage) -> &[u8] {
+    // SAFETY: sockaddr_storage is plain old data of size_of bytes, fully initialized.
+    unsafe {
+        std::slice::from_raw_parts(
+            ss as *const libc::sockaddr_storage as *const u8,
+            std::mem::size_of::<libc::sockaddr_storage>(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wc_status_mapping() {
+        assert_eq!(wc_status(0), WcStatus::Success);
+        assert_eq!(wc_status(5), WcStatus::Flushed);
+        assert_eq!(wc_status(4), WcStatus::LocalProtection);
+        assert_eq!(wc_status(1), WcStatus::LocalProtection);
+        assert_eq!(wc_status(10), WcStatus::RemoteAccess);
+        assert_eq!(wc_status(12), WcStatus::RetryExceeded);
+        assert_eq!(wc_status(13), WcStatus::RnrRetryExceeded);
+        // Remote invalid request and remote operation errors keep their number (the simulator
+        // reports the same values for the same failures).
+        assert_eq!(
+            wc_status(9),
+            WcStatus::Other(crate::verbs::sim::WC_REM_INV_REQ_ERR)
+        );
+        assert_eq!(
+            wc_status(11),
+            WcStatus::Other(crate::verbs::sim::WC_REM_OP_ERR)
+        );
+        assert_eq!(wc_status(21), WcStatus::Other(21));
+    }
+
+    #[test]
+    fn wc_opcode_mapping() {
+        assert_eq!(wc_opcode(0, WcOpcode::Recv), WcOpcode::Send);
+        assert_eq!(wc_opcode(1, WcOpcode::Recv), WcOpcode::RdmaWrite);
+        assert_eq!(wc_opcode(2, WcOpcode::Recv), WcOpcode::RdmaRead);
+        assert_eq!(wc_opcode(128, WcOpcode::Send), WcOpcode::Recv);
+        assert_eq!(wc_opcode(77, WcOpcode::RdmaRead), WcOpcode::RdmaRead);
+    }
+
+    #[test]
+    fn access_least_privilege() {
+        let ib = Transport::Ib;
+        assert_eq!(access_flags(Access::empty(), ib), Ok(0));
+        assert_eq!(access_flags(Access::LOCAL_WRITE, ib), Ok(1));
+        assert_eq!(
+            access_flags(Access::LOCAL_WRITE | Access::REMOTE_WRITE, ib),
+            Ok(3)
+        );
+        assert_eq!(access_flags(Access::REMOTE_READ, ib), Ok(4));
+        assert!(access_flags(Access::REMOTE_WRITE, ib).is_err());
+        // iWARP: locally writable regions may be RDMA Read sinks, which need remote write.
+        let iw = Transport::Iwarp;
+        assert_eq!(access_flags(Access::LOCAL_WRITE, iw), Ok(3));
+        assert_eq!(access_flags(Access::REMOTE_READ, iw), Ok(4));
+        assert_eq!(access_flags(Access::empty(), iw), Ok(0));
+    }
+
+    #[test]
+    fn reject_reasons() {
+        let ib = Transport::Ib;
+        // rdma_reject by the peer's application
+        assert!(reject_is_consumer(28, b"SDP: bad hello", ib));
+        // nobody listens (IB_CM_REJ_INVALID_SERVICE_ID), or a CM timeout
+        assert!(!reject_is_consumer(8, &[0; 148], ib));
+        assert!(!reject_is_consumer(1, &[], ib));
+        let iw = Transport::Iwarp;
+        assert!(reject_is_consumer(-libc::ECONNREFUSED, b"why", iw));
+        assert!(!reject_is_consumer(-libc::ECONNREFUSED, &[], iw));
+        assert!(!reject_is_consumer(-libc::ECONNREFUSED, &[0, 0], iw));
+    }
+
+    #[test]
+    fn cm_events() {
+        let ib = Transport::Ib;
+        let mut padded = b"SDP: no".to_vec();
+        padded.resize(148, 0);
+        assert_eq!(
+            cm_event(EV_REJECTED, 28, &padded, ib),
+            Some(CmEvent::Rejected {
+                private_data: b"SDP: no".to_vec(),
+                consumer: true
+            })
+        );
+        assert_eq!(
+            cm_event(EV_REJECTED, 8, &[0; 148], ib),
+            Some(CmEvent::Rejected {
+                private_data: vec![],
+                consumer: false
+            })
+        );
+        assert_eq!(
+            cm_event(EV_ESTABLISHED, 0, b"ack\0\0", ib),
+            Some(CmEvent::Established {
+                private_data: b"ack\0\0".to_vec()
+            })
+        );
+        assert_eq!(
+            cm_event(EV_ADDR_ERROR, -110, &[], ib),
+            Some(CmEvent::AddrError)
+        );
+        assert_eq!(
+            cm_event(EV_ROUTE_ERROR, -110, &[], ib),
+            Some(CmEvent::RouteError)
+        );
+        assert_eq!(
+            cm_event(EV_UNREACHABLE, -110, &[], ib),
+            Some(CmEvent::Unreachable)
+        );
+        assert_eq!(
+            cm_event(EV_CONNECT_ERROR, -1, &[], ib),
+            Some(CmEvent::ConnectError)
+        );
+        assert_eq!(
+            cm_event(EV_DISCONNECTED, 0, &[], ib),
+            Some(CmEvent::Disconnected)
+        );
+        assert_eq!(
+            cm_event(EV_DEVICE_REMOVAL, 0, &[], ib),
+            Some(CmEvent::DeviceRemoval)
+        );
+        assert_eq!(
+            cm_event(EV_ADDR_CHANGE, 0, &[], ib),
+            Some(CmEvent::AddrChange)
+        );
+        assert_eq!(
+            cm_event(EV_TIMEWAIT_EXIT, 0, &[], ib),
+            Some(CmEvent::TimewaitExit)
+        );
+        for internal in [
+            EV_ADDR_RESOLVED,
+            EV_ROUTE_RESOLVED,
+            EV_CONNECT_REQUEST,
+            EV_CONNECT_RESPONSE,
+            12,
+            13,
+        ] {
+            assert_eq!(cm_event(internal, 0, &[], ib), None, "{internal}");
+        }
+        assert_eq!(cm_event_name(EV_REJECTED), "REJECTED");
+    }
+
+    #[test]
+    fn sockaddr_round_trip() {
+        for s in [
+            "192.168.77.2:7471",
+            "0.0.0.0:0",
+            "[fe80::1]:9",
+            "[::]:65535",
+        ] {
+            let a: SocketAddr = s.parse().unwrap();
+            let ss = to_sockaddr(a);
+            assert_eq!(from_sockaddr_bytes(storage_bytes(&ss)), Some(a), "{s}");
+        }
+        assert_eq!(from_sockaddr_bytes(&[0; 16]), None);
+        assert_eq!(from_sockaddr_bytes(&[2]), None);
+    }
+
+    #[test]
+    fn errno_mapping() {
+        assert_eq!(errno_error(libc::EADDRINUSE, "bind"), VerbsError::AddrInUse);
+        assert_eq!(
+            errno_error(libc::EADDRNOTAVAIL, "bind"),
+            VerbsError::AddrNotAvailable
+        );
+        assert_eq!(
+            errno_error(libc::ENOMEM, "post"),
+            VerbsError::QueueFull("post")
+        );
+        assert!(matches!(errno_error(libc::EIO, "x"), VerbsError::Os(m) if m.starts_with("x: ")));
+    }
+}

@@ -1,0 +1,69 @@
+# shellcheck shell=sh
+# SDP over the project's real `rdma` provider (sourced by tests.sh when /rig/bin/sdp-rigtest exists;
+# tests/rig/run builds it with `cargo build --release -p sdp-tests --features rdma`).
+# Every scenario is a server on rxe1 ($B) and a client on rxe0 ($A), one RIG-CHECK line each; see the
+# header of tests/src/bin/sdp-rigtest.rs for what each side asserts.
+SDP=/rig/bin/sdp-rigtest
+
+# sdp_survivor NAME SCENARIO PORT: server and client stream both ways; once the client is connected and
+# data flows, ACTION breaks the connection (kill -9 of the client, or deleting rxe1).  The surviving
+# side(s) must report an error, in time, and exit 0.
+sdp_survivor() {
+  name=$1 action=$2 port=$3
+  rm -f "$LOGD/$name.srv" "$LOGD/$name.cli"
+  s0=$(snap); t0=$(now); base=$(listeners); why=""
+  timeout 120 $SDP server "$action" "$B:$port" >"$LOGD/$name.srv" 2>&1 &
+  spid=$!
+  wait_listen "$base" "$spid" || why="server not listening; "
+  timeout 120 $SDP client "$action" "$B:$port" "$A" >"$LOGD/$name.cli" 2>&1 &
+  cpid=$!
+  i=0
+  while [ $i -lt 150 ] && ! grep -q '^connected' "$LOGD/$name.cli"; do sleep 0.1; i=$((i + 1)); done
+  sleep 2   # data in flight
+  # the counters before the action (rxe1 is deleted and made anew by linkdel, which resets its own)
+  deltas "$s0"
+  crossed || why="${why}packet counters did not all increase; "
+  P=$(pkts)
+  tk=$(now)
+  case $action in
+    kill)
+      kill -9 "$cpid"; wait "$cpid" 2>/dev/null
+      wait "$spid"; src=$?; crc=0
+      took=$(since "$tk")
+      [ $src = 0 ] || why="${why}server exit $src; " ;;
+    linkdel)
+      timeout 60 rdma link delete rxe1; lrc=$?
+      [ $lrc = 0 ] || why="${why}rdma link delete rxe1: exit $lrc; "
+      wait "$spid"; src=$?; wait "$cpid"; crc=$?
+      took=$(since "$tk")
+      [ $src = 0 ] || why="${why}server exit $src; "
+      [ $crc = 0 ] || why="${why}client exit $crc; "
+      # bring rxe1 back, so later checks and benchmarks still have it
+      rdma link add rxe1 type rxe netdev veth1 || why="${why}rdma link add rxe1 failed; "
+      i=0
+      while [ $i -lt 100 ] && ! grep -q ACTIVE /sys/class/infiniband/rxe1/ports/1/state 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+      grep -q ACTIVE /sys/class/infiniband/rxe1/ports/1/state 2>/dev/null || why="${why}rxe1 not ACTIVE again; " ;;
+  esac
+  if [ -z "$why" ]; then
+    show "$LOGD/$name.srv" | grep -E 'moved|closed' | tail -2
+    [ "$action" = linkdel ] && show "$LOGD/$name.cli" | grep -E 'moved' | tail -1
+    pass "$name" "all sides done ${took}s after the $action; before it: $P"
+  else
+    echo "  server:"; show "$LOGD/$name.srv" | tail -10
+    echo "  client:"; show "$LOGD/$name.cli" | tail -10
+    fail "$name" "${why%; } ($(since "$t0")s; before the $action: $P)"
+  fi
+}
+
+section "sdp: SDP over the rdma provider (client rxe0 $A, server rxe1 $B)"
+#          name                   server                                   client
+rdma_pair  sdp-bcopy              "$SDP server bcopy $B:7471"              "$SDP client bcopy $B:7471 $A"
+rdma_pair  sdp-zcopy              "$SDP server zcopy $B:7472"              "$SDP client zcopy $B:7472 $A"
+rdma_pair  sdp-halfclose          "$SDP server halfclose $B:7473"          "$SDP client halfclose $B:7473 $A"
+rdma_pair  sdp-abort              "$SDP server abort $B:7474"              "$SDP client abort $B:7474 $A"
+run_check  sdp-refused            $SDP refused $B:7479 $A
+run_check  sdp-devices            $SDP devices $A $B
+rdma_pair  sdp-garbage-hello      "$SDP server garbage-hello $B:7475"      "$SDP client garbage-hello $B:7475 $A"
+rdma_pair  sdp-junk-after-hello   "$SDP server junk-after-hello $B:7476"   "$SDP client junk-after-hello $B:7476 $A"
+sdp_survivor sdp-kill9    kill    7477
+sdp_survivor sdp-linkdel  linkdel 7478   # last: it deletes rxe1 (and adds it back)

@@ -1,0 +1,1129 @@
+//! `sdp-rigtest`: SDP engines over the real `rdma` provider, for the Soft-RoCE rig
+//! (`tests/rig`, see its README). Every scenario is a server process and a client process; the
+//! guest script `tests/rig/guest/sdp.sh` starts them (on rxe1 / 192.168.77.2 and rxe0 /
+//! 192.168.77.1), and each exits 0 only if it saw what the scenario requires.
+//!
+//! ```text
+//! sdp-rigtest server SCENARIO LISTEN_ADDR:PORT
+//! sdp-rigtest client SCENARIO DST:PORT SRC_IP
+//! sdp-rigtest refused DST:PORT SRC_IP           (nobody listens on DST:PORT)
+//! sdp-rigtest devices IP_A IP_B                 (device selection, one process)
+//! sdp-rigtest bench-server LISTEN_ADDR:PORT MODE SIZE BYTES
+//! sdp-rigtest bench-client DST:PORT SRC_IP MODE SIZE BYTES
+//! ```
+//! Scenarios: `bcopy`, `zcopy` (random-size duplex transfers, every byte checked), `halfclose`,
+//! `abort`, `kill` (the shell kills the client with SIGKILL), `linkdel` (the shell deletes rxe1),
+//! `garbage-hello`, `junk-after-hello`. MODE: `bcopy` or `zcopy`.
+//!
+//! The progress loop follows the provider's waiting protocol: poll the driver and run the
+//! application; when nothing moved, `arm()`, poll and run once more, and only if that moved
+//! nothing either, sleep on the notify fd until the next engine deadline.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant as StdInstant};
+
+use sdp_core::driver::{Driver, ListenerId, MrStore};
+use sdp_core::proto::conn::CallError;
+use sdp_core::proto::iocb::{ZSink, ZSrc};
+use sdp_core::proto::read::ZRecv;
+use sdp_core::proto::table::ConnId;
+use sdp_core::proto::{Config, Conn, ConnError, Event, Instant, Shutdown, State};
+use sdp_core::verbs::rdma::{RdmaProvider, WRONG_DEVICE_REJECT};
+use sdp_core::verbs::{
+    Access, CmEvent, Completion, Endpoint, Listener, MemoryRegion, Provider, QpCaps, SendOp,
+    SendWr, VerbsError, WcOpcode, WcStatus, WorkRequest,
+};
+use sdp_tests::stream::{App, Mode};
+
+type Res<T> = Result<T, String>;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let r = match a.as_slice() {
+        ["server", sc, addr] => server(sc, parse(addr)),
+        ["client", sc, dst, src] => client(sc, parse(dst), parse_ip(src)),
+        ["refused", dst, src] => refused(parse(dst), parse_ip(src)),
+        ["devices", a, b] => devices(parse_ip(a), parse_ip(b)),
+        ["bench-server", addr, mode, size, bytes] => {
+            bench_server(parse(addr), mode, num(size), num(bytes))
+        }
+        ["bench-client", dst, src, mode, size, bytes] => {
+            bench_client(parse(dst), parse_ip(src), mode, num(size), num(bytes))
+        }
+        _ => Err("usage: see the header of tests/src/bin/sdp-rigtest.rs".into()),
+    };
+    match r {
+        Ok(()) => println!("OK"),
+        Err(e) => {
+            println!("FAILED: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn parse(s: &str) -> SocketAddr {
+    s.parse()
+        .unwrap_or_else(|_| panic!("not an address:port: {s}"))
+}
+fn parse_ip(s: &str) -> IpAddr {
+    s.parse().unwrap_or_else(|_| panic!("not an IP: {s}"))
+}
+fn num(s: &str) -> u64 {
+    s.parse().unwrap_or_else(|_| panic!("not a number: {s}"))
+}
+
+/// What one round of the application did.
+#[derive(PartialEq, Eq)]
+enum Step<R> {
+    Done(R),
+    Busy,
+    Idle,
+}
+
+/// A driver over one real device, with a monotonic clock.
+struct Rt {
+    d: Driver<RdmaProvider>,
+    t0: StdInstant,
+    /// How long to keep polling after `arm` before sleeping (SDP_SPIN_US, default 0).
+    spin: Duration,
+    /// Progress loop counters: driver polls, arms, sleeps.
+    polls: u64,
+    arms: u64,
+    sleeps: u64,
+}
+
+impl Rt {
+    fn new(ip: IpAddr, cfg: Config) -> Res<Rt> {
+        let p = RdmaProvider::for_local_addr(ip).map_err(|e| format!("provider for {ip}: {e}"))?;
+        println!("provider: device {} for {ip}", p.device_name());
+        let spin = std::env::var("SDP_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(Duration::ZERO, Duration::from_micros);
+        Ok(Rt {
+            d: Driver::new(p, cfg),
+            t0: StdInstant::now(),
+            spin,
+            polls: 0,
+            arms: 0,
+            sleeps: 0,
+        })
+    }
+
+    fn now(&self) -> Instant {
+        Instant::from_nanos(self.t0.elapsed().as_nanos() as u64)
+    }
+
+    /// Run `f` after every poll until it is done or `limit` passes.
+    fn run<R>(
+        &mut self,
+        limit: Duration,
+        mut f: impl FnMut(&mut Driver<RdmaProvider>, Instant) -> Step<R>,
+    ) -> Option<R> {
+        let end = StdInstant::now() + limit;
+        loop {
+            let now = self.now();
+            self.d.poll(now);
+            self.polls += 1;
+            match f(&mut self.d, now) {
+                Step::Done(r) => return Some(r),
+                Step::Busy => continue,
+                Step::Idle => {}
+            }
+            if StdInstant::now() >= end {
+                return None;
+            }
+            // Nothing moved: arm, look once more, then sleep.
+            // If the device is gone, arming may fail: then poll every millisecond.
+            let armed = self.d.provider().arm().is_ok();
+            self.arms += 1;
+            let now = self.now();
+            self.d.poll(now);
+            match f(&mut self.d, now) {
+                Step::Done(r) => return Some(r),
+                Step::Busy => continue,
+                Step::Idle => {}
+            }
+            // Spin a little before sleeping: a wakeup costs more than a few polls.
+            if !self.spin.is_zero() {
+                let spin_end = StdInstant::now() + self.spin;
+                let mut moved = None;
+                while moved.is_none() && StdInstant::now() < spin_end {
+                    let now = self.now();
+                    self.d.poll(now);
+                    match f(&mut self.d, now) {
+                        Step::Done(r) => return Some(r),
+                        Step::Busy => moved = Some(()),
+                        Step::Idle => {}
+                    }
+                }
+                if moved.is_some() {
+                    continue;
+                }
+            }
+            let mut t = end.saturating_duration_since(StdInstant::now());
+            if let Some(dl) = self.d.next_deadline() {
+                t = t.min(dl.saturating_since(self.now()));
+            }
+            if !armed {
+                t = t.min(Duration::from_millis(1));
+            }
+            self.sleeps += 1;
+            self.d.provider().wait(t);
+        }
+    }
+
+    fn connect(&mut self, dst: SocketAddr) -> Res<ConnId> {
+        let t = StdInstant::now();
+        let id = self
+            .d
+            .connect(self.now(), dst, None)
+            .map_err(|e| format!("connect {dst}: {e}"))?;
+        let r = self.run(Duration::from_secs(15), |d, _| match d.conn(id) {
+            Some(c) if c.state() == State::Established => Step::Done(Ok(())),
+            Some(c) if c.state() == State::Closed => Step::Done(Err(c.error().cloned())),
+            None => Step::Done(Err(None)),
+            _ => Step::Idle,
+        });
+        match r {
+            Some(Ok(())) => {
+                println!("connected to {dst} in {:.1} ms", ms(t));
+                Ok(id)
+            }
+            Some(Err(e)) => Err(format!("connect {dst} failed after {:.1} ms: {e:?}", ms(t))),
+            None => Err(format!("connect {dst}: no outcome within 15 s")),
+        }
+    }
+
+    fn accept(&mut self, l: ListenerId, limit: Duration) -> Res<ConnId> {
+        self.run(limit, |d, _| match d.accept(l) {
+            Some(id) => Step::Done(id),
+            None => Step::Idle,
+        })
+        .ok_or_else(|| format!("no connection accepted within {limit:?}"))
+    }
+
+    /// Wait until the connection is closed; its error, if any.
+    fn wait_closed(&mut self, id: ConnId, limit: Duration) -> Res<Option<ConnError>> {
+        self.run(limit, |d, _| match d.conn(id) {
+            Some(c) if c.state() == State::Closed => Step::Done(c.error().cloned()),
+            None => Step::Done(None),
+            _ => Step::Idle,
+        })
+        .ok_or_else(|| format!("connection not closed within {limit:?}"))
+    }
+}
+
+fn ms(t: StdInstant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+/// Pump the applications until each has sent everything and read the peer's stream to EOF.
+fn run_apps(
+    rt: &mut Rt,
+    apps: &mut [(ConnId, &mut App<RdmaProvider>)],
+    limit: Duration,
+) -> Res<()> {
+    let r = rt.run(limit, |d, now| {
+        let mut moved = false;
+        let mut all = true;
+        for (id, app) in apps.iter_mut() {
+            let before = (app.sent, app.received);
+            app.pump(d, now, *id);
+            moved |= before != (app.sent, app.received);
+            if let Some(e) = app.errors.first() {
+                return Step::Done(Err(format!("call failed: {e}")));
+            }
+            if let Some(Event::Closed(Some(e))) = app
+                .events
+                .iter()
+                .find(|e| matches!(e, Event::Closed(Some(_))))
+            {
+                return Step::Done(Err(format!("connection failed: {e}")));
+            }
+            all &= app.eof && app.done_sending();
+        }
+        if all {
+            Step::Done(Ok(()))
+        } else if moved {
+            Step::Busy
+        } else {
+            Step::Idle
+        }
+    });
+    r.unwrap_or_else(|| {
+        let st: Vec<String> = apps
+            .iter()
+            .map(|(id, a)| {
+                format!(
+                    "sent {} got {} eof {}: {}",
+                    a.sent,
+                    a.received,
+                    a.eof,
+                    rt.d.conn(*id).map(|c| c.debug_state()).unwrap_or_default()
+                )
+            })
+            .collect();
+        Err(format!("transfer stalled after {limit:?}: {st:?}"))
+    })
+}
+
+fn mode_of(sc: &str) -> Mode {
+    if sc == "zcopy" {
+        Mode::Both
+    } else {
+        Mode::BCopy
+    }
+}
+
+const DUPLEX_BYTES: u64 = 16 << 20;
+const SMALL_BYTES: u64 = 1 << 20;
+
+/// A duplex transfer on `id` with both streams checked, then an orderly close.
+fn duplex(rt: &mut Rt, id: ConnId, mode: Mode, bytes: u64, server: bool) -> Res<()> {
+    let (mine, theirs) = if server { (2, 1) } else { (1, 2) };
+    let mut app = App::new(mode, bytes, mine, theirs, 256 * 1024);
+    let t = StdInstant::now();
+    run_apps(rt, &mut [(id, &mut app)], Duration::from_secs(120))?;
+    let secs = t.elapsed().as_secs_f64();
+    let s = rt.d.conn(id).map(|c| c.stats.clone()).unwrap_or_default();
+    println!(
+        "duplex {mode:?}: sent {} and received {} bytes, every byte checked, in {secs:.2} s ({:.1} MB/s each way); srcavail sent {}, sinkavail sent {}, zcopy read {} B, zcopy write {} B",
+        app.sent,
+        app.received,
+        app.received as f64 / secs / 1e6,
+        s.srcavail_sent,
+        s.sinkavail_sent,
+        s.zcopy_read_bytes,
+        s.zcopy_write_bytes
+    );
+    if app.received != bytes || app.sent != bytes {
+        return Err(format!("moved {} / {} of {bytes}", app.sent, app.received));
+    }
+    if mode != Mode::BCopy && s.zcopy_read_bytes + s.zcopy_write_bytes == 0 {
+        return Err("zero-copy mode moved no byte by RDMA Read or Write".into());
+    }
+    match rt.wait_closed(id, Duration::from_secs(10))? {
+        None => Ok(()),
+        Some(e) => Err(format!("close after the transfer: {e}")),
+    }
+}
+
+fn server(sc: &str, addr: SocketAddr) -> Res<()> {
+    let mut rt = Rt::new(addr.ip(), Config::default())?;
+    let l =
+        rt.d.listen(addr, 64)
+            .map_err(|e| format!("listen {addr}: {e}"))?;
+    println!("listening on {addr}");
+    match sc {
+        "bcopy" | "zcopy" => {
+            let id = rt.accept(l, Duration::from_secs(30))?;
+            duplex(&mut rt, id, mode_of(sc), DUPLEX_BYTES, true)
+        }
+        "halfclose" => {
+            let id = rt.accept(l, Duration::from_secs(30))?;
+            // Read everything to EOF (the peer shut its write half with data in flight) ...
+            let mut app = App::new(Mode::BCopy, 0, 2, 1, 1);
+            app.keep_open = true;
+            let r = rt.run(Duration::from_secs(60), |d, now| {
+                let before = app.received;
+                app.pump(d, now, id);
+                if let Some(e) = app.errors.first() {
+                    Step::Done(Err(format!("{e}")))
+                } else if app.eof {
+                    Step::Done(Ok(()))
+                } else if app.received != before {
+                    Step::Busy
+                } else {
+                    Step::Idle
+                }
+            });
+            r.unwrap_or_else(|| Err(format!("no EOF within 60 s ({} bytes)", app.received)))?;
+            println!("read {} bytes, then EOF", app.received);
+            if app.received != DUPLEX_BYTES {
+                return Err(format!("got {} of {DUPLEX_BYTES} bytes", app.received));
+            }
+            // ... then the half-open connection still carries our answer.
+            let now = rt.now();
+            let n =
+                rt.d.write(now, id, &app.received.to_le_bytes())
+                    .map_err(|e| format!("answer after the peer's shutdown: {e}"))?;
+            if n != 8 {
+                return Err(format!("short answer write {n}"));
+            }
+            rt.d.shutdown(now, id, Shutdown::Write)
+                .map_err(|e| format!("shutdown: {e}"))?;
+            match rt.wait_closed(id, Duration::from_secs(10))? {
+                None => Ok(()),
+                Some(e) => Err(format!("close: {e}")),
+            }
+        }
+        "abort" => {
+            let id = rt.accept(l, Duration::from_secs(30))?;
+            let t = StdInstant::now();
+            let mut buf = vec![0u8; 65536];
+            let mut got = 0u64;
+            let r = rt.run(Duration::from_secs(20), |d, now| {
+                match d.read(now, id, &mut buf) {
+                    Ok(0) => Step::Done(Err("orderly EOF instead of a reset".to_string())),
+                    Ok(n) => {
+                        got += n as u64;
+                        Step::Busy
+                    }
+                    Err(CallError::WouldBlock) => Step::Idle,
+                    Err(e) => Step::Done(Ok(e)),
+                }
+            });
+            match r {
+                Some(Ok(e)) => {
+                    println!(
+                        "read {got} bytes, then {e} (errno {}) after {:.1} ms",
+                        e.errno(),
+                        ms(t)
+                    );
+                    if e.errno() == libc::ECONNRESET {
+                        Ok(())
+                    } else {
+                        Err(format!("expected ECONNRESET, got {e}"))
+                    }
+                }
+                Some(Err(e)) => Err(e),
+                None => Err("no error within 20 s of the peer's abort".into()),
+            }
+        }
+        "kill" | "linkdel" => {
+            // Stream both ways until the transfer breaks: the client process is killed (kill)
+            // or our device is deleted (linkdel). Pass if it breaks with an error, in time.
+            let id = rt.accept(l, Duration::from_secs(30))?;
+            survive(&mut rt, id, true)
+        }
+        "garbage-hello" | "junk-after-hello" => {
+            // The bad connection first: refused (garbage Hello) or aborted (junk message).
+            let t = StdInstant::now();
+            if sc == "junk-after-hello" {
+                let bad = rt.accept(l, Duration::from_secs(30))?;
+                let err = rt.wait_closed(bad, Duration::from_secs(20))?;
+                println!("bad connection closed after {:.1} ms: {err:?}", ms(t));
+                if !matches!(err, Some(ConnError::Protocol(_))) {
+                    return Err(format!("expected a protocol error, got {err:?}"));
+                }
+                rt.d.release(rt.now(), bad);
+            } else {
+                let r = rt.run(Duration::from_secs(30), |d, _| {
+                    if d.refused(l).is_empty() {
+                        Step::Idle
+                    } else {
+                        Step::Done(())
+                    }
+                });
+                if r.is_none() {
+                    return Err("no request refused within 30 s".into());
+                }
+                println!("refused: {:?}", rt.d.refused(l));
+            }
+            // ... and the listener keeps serving.
+            let id = rt.accept(l, Duration::from_secs(30))?;
+            duplex(&mut rt, id, Mode::BCopy, SMALL_BYTES, true)
+        }
+        _ => Err(format!("unknown scenario {sc}")),
+    }
+}
+
+/// Stream both ways (endlessly) until the connection fails; pass on an error within the time
+/// limit, fail on an orderly end or a hang.
+fn survive(rt: &mut Rt, id: ConnId, server: bool) -> Res<()> {
+    let (mine, theirs) = if server { (2, 1) } else { (1, 2) };
+    let mut app = App::new(Mode::BCopy, u64::MAX / 2, mine, theirs, 128 * 1024);
+    let mut last_progress = StdInstant::now();
+    let r = rt.run(Duration::from_secs(90), |d, now| {
+        let before = (app.sent, app.received);
+        app.pump(d, now, id);
+        if let Some(e) = app.errors.first() {
+            return Step::Done(Ok(format!("call error {e} (errno {})", e.errno())));
+        }
+        if let Some(Event::Closed(e)) = app.events.iter().find(|e| matches!(e, Event::Closed(_))) {
+            return match e {
+                Some(e) => Step::Done(Ok(format!("closed: {e} (errno {})", e.errno()))),
+                None => Step::Done(Err("orderly close instead of an error".to_string())),
+            };
+        }
+        if app.eof {
+            return Step::Done(Err("orderly EOF instead of an error".to_string()));
+        }
+        if before != (app.sent, app.received) {
+            last_progress = StdInstant::now();
+            Step::Busy
+        } else {
+            Step::Idle
+        }
+    });
+    match r {
+        Some(Ok(why)) => {
+            let stalled = last_progress.elapsed().as_secs_f64();
+            println!(
+                "moved {} / {} bytes, then {why}, {stalled:.2} s after the last progress",
+                app.sent, app.received
+            );
+            if app.received < 1 << 20 {
+                return Err("less than 1 MiB moved before the failure".into());
+            }
+            if stalled > 20.0 {
+                return Err(format!("the error took {stalled:.1} s"));
+            }
+            Ok(())
+        }
+        Some(Err(e)) => Err(e),
+        None => Err(format!(
+            "no error within 90 s (moved {} / {})",
+            app.sent, app.received
+        )),
+    }
+}
+
+fn client(sc: &str, dst: SocketAddr, src: IpAddr) -> Res<()> {
+    let mut rt = Rt::new(src, Config::default())?;
+    match sc {
+        "bcopy" | "zcopy" => {
+            let id = rt.connect(dst)?;
+            duplex(&mut rt, id, mode_of(sc), DUPLEX_BYTES, false)
+        }
+        "halfclose" => {
+            let id = rt.connect(dst)?;
+            let mut app = App::new(Mode::BCopy, DUPLEX_BYTES, 1, 2, 256 * 1024);
+            app.paused_reader = true;
+            // Write everything; App shuts the write half right after the last write.
+            let mut queued_at_shut = None;
+            let r = rt.run(Duration::from_secs(60), |d, now| {
+                app.pump(d, now, id);
+                if let Some(e) = app.errors.first() {
+                    return Step::Done(Err(format!("{e}")));
+                }
+                if app.shut {
+                    let q = d.conn(id).map_or(0, |c| c.tx_queued_bytes());
+                    queued_at_shut = Some(q);
+                    return Step::Done(Ok(()));
+                }
+                Step::Busy
+            });
+            r.unwrap_or_else(|| Err("writes did not finish in 60 s".into()))?;
+            let q = queued_at_shut.unwrap_or(0);
+            println!("shut the write half with {q} bytes still queued");
+            if q == 0 {
+                return Err("no data in flight at shutdown: the scenario tested nothing".into());
+            }
+            // The peer reads it all, then answers on its still-open half.
+            let mut answer = Vec::new();
+            let mut buf = [0u8; 64];
+            let r = rt.run(Duration::from_secs(60), |d, now| {
+                match d.read(now, id, &mut buf) {
+                    Ok(0) => Step::Done(Ok(())),
+                    Ok(n) => {
+                        answer.extend_from_slice(&buf[..n]);
+                        Step::Busy
+                    }
+                    Err(CallError::WouldBlock) => Step::Idle,
+                    Err(e) => Step::Done(Err(format!("reading the answer: {e}"))),
+                }
+            });
+            r.unwrap_or_else(|| Err("no answer and EOF within 60 s".into()))?;
+            let got = <[u8; 8]>::try_from(answer.as_slice())
+                .map(u64::from_le_bytes)
+                .map_err(|_| format!("answer of {} bytes", answer.len()))?;
+            println!("peer read {got} bytes before our EOF, answered, then EOF");
+            if got != DUPLEX_BYTES {
+                return Err(format!("peer read {got} of {DUPLEX_BYTES}"));
+            }
+            match rt.wait_closed(id, Duration::from_secs(10))? {
+                None => Ok(()),
+                Some(e) => Err(format!("close: {e}")),
+            }
+        }
+        "abort" => {
+            let id = rt.connect(dst)?;
+            let data = vec![7u8; 1 << 20];
+            let mut sent = 0;
+            rt.run(Duration::from_secs(10), |d, now| {
+                match d.write(now, id, &data[sent..]) {
+                    Ok(n) => sent += n,
+                    Err(CallError::WouldBlock) => {}
+                    Err(e) => return Step::Done(Err(format!("{e}"))),
+                }
+                if sent == data.len() {
+                    Step::Done(Ok(()))
+                } else {
+                    Step::Idle
+                }
+            })
+            .unwrap_or_else(|| Err("could not write 1 MiB in 10 s".into()))?;
+            let now = rt.now();
+            rt.d.abort(now, id);
+            println!("wrote {sent} bytes, aborted");
+            let e = rt.wait_closed(id, Duration::from_secs(10))?;
+            println!("our side closed: {e:?}");
+            Ok(())
+        }
+        "kill" | "linkdel" => {
+            let id = rt.connect(dst)?;
+            survive(&mut rt, id, false)
+        }
+        "garbage-hello" => {
+            garbage_hello(&rt, dst)?;
+            let id = rt.connect(dst)?;
+            duplex(&mut rt, id, Mode::BCopy, SMALL_BYTES, false)
+        }
+        "junk-after-hello" => {
+            junk_after_hello(&rt, dst)?;
+            let id = rt.connect(dst)?;
+            duplex(&mut rt, id, Mode::BCopy, SMALL_BYTES, false)
+        }
+        _ => Err(format!("unknown scenario {sc}")),
+    }
+}
+
+/// Wait on a raw endpoint's CM events (provider only, no engine) until `f` says done.
+fn raw_wait<E: Endpoint, R>(
+    p: &RdmaProvider,
+    ep: &mut E,
+    limit: Duration,
+    mut f: impl FnMut(&mut E, Option<CmEvent>) -> Option<R>,
+) -> Option<R> {
+    let end = StdInstant::now() + limit;
+    loop {
+        let ev = ep.poll_cm();
+        let got = ev.is_some();
+        if let Some(r) = f(ep, ev) {
+            return Some(r);
+        }
+        if got {
+            continue;
+        }
+        let left = end.saturating_duration_since(StdInstant::now());
+        if left.is_zero() {
+            return None;
+        }
+        let armed = p.arm().is_ok();
+        let ev = ep.poll_cm();
+        let got = ev.is_some();
+        if let Some(r) = f(ep, ev) {
+            return Some(r);
+        }
+        if !got {
+            let cap = if armed { 200 } else { 1 };
+            p.wait(left.min(Duration::from_millis(cap)));
+        }
+    }
+}
+
+/// A connect request whose private data is no Hello: the listener must reject it.
+fn garbage_hello(rt: &Rt, dst: SocketAddr) -> Res<()> {
+    let p = rt.d.provider().as_ref().clone();
+    let garbage: Vec<u8> = (0..56u8).map(|i| i.wrapping_mul(37) ^ 0xa5).collect();
+    let mut ep = p
+        .connect(dst, None, QpCaps::default(), &garbage)
+        .map_err(|e| format!("raw connect: {e}"))?;
+    let t = StdInstant::now();
+    let r = raw_wait(&p, &mut ep, Duration::from_secs(15), |_, ev| ev);
+    println!("garbage Hello: {r:?} after {:.1} ms", ms(t));
+    match r {
+        Some(CmEvent::Rejected {
+            private_data,
+            consumer: true,
+        }) if private_data.starts_with(b"SDP:") => {
+            println!(
+                "rejected by the listener: {:?}",
+                String::from_utf8_lossy(&private_data)
+            );
+            Ok(())
+        }
+        other => Err(format!(
+            "expected a consumer reject with a reason, got {other:?}"
+        )),
+    }
+}
+
+/// A valid Hello, then a SEND of junk: the listener's engine must abort the connection.
+fn junk_after_hello(rt: &Rt, dst: SocketAddr) -> Res<()> {
+    let p = rt.d.provider().as_ref().clone();
+    let store = MrStore::new(Arc::new(p.clone()));
+    let (mut conn, hello) = Conn::connect(Config::default(), store, Instant::default(), 0, false)
+        .map_err(|e| format!("building a Hello: {e}"))?;
+    let mut ep = p
+        .connect(dst, None, QpCaps::default(), &hello)
+        .map_err(|e| format!("raw connect: {e}"))?;
+    while let Some(wr) = conn.poll_wr() {
+        if let WorkRequest::Recv(r) = wr {
+            ep.post_recv(&r).map_err(|e| format!("post_recv: {e}"))?;
+        }
+    }
+    let up = raw_wait(&p, &mut ep, Duration::from_secs(15), |_, ev| ev);
+    match &up {
+        Some(CmEvent::Established { .. }) => println!("valid Hello accepted"),
+        other => return Err(format!("expected Established, got {other:?}")),
+    }
+    // A BSDH with an undefined message id and a length beyond the message: junk.
+    let mut junk = p
+        .reg_mr(64, Access::empty())
+        .map_err(|e| format!("reg_mr: {e}"))?;
+    junk.write(0, &[0xee; 64]);
+    let wr = SendWr {
+        wr_id: 0x4a554e4b,
+        op: SendOp::Send,
+        sge: Some(junk.sge(0, 64)),
+        signaled: true,
+    };
+    ep.post_send(&wr).map_err(|e| format!("post_send: {e}"))?;
+    let t = StdInstant::now();
+    let mut wcs = [Completion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+    }; 16];
+    let mut sent_ok = false;
+    let r = raw_wait(&p, &mut ep, Duration::from_secs(20), |ep, ev| {
+        let n = ep.poll_cq(&mut wcs);
+        for wc in &wcs[..n] {
+            if wc.wr_id == wr.wr_id && wc.status == WcStatus::Success {
+                sent_ok = true;
+            }
+        }
+        match ev {
+            Some(CmEvent::Disconnected) => Some(Ok(())),
+            Some(other) => Some(Err(format!("unexpected {other:?}"))),
+            None => None,
+        }
+    });
+    println!(
+        "junk SEND delivered: {sent_ok}; peer's reaction after {:.1} ms: {r:?}",
+        ms(t)
+    );
+    match r {
+        Some(Ok(())) if sent_ok => Ok(()),
+        Some(Ok(())) => Err("disconnected, but the junk SEND never completed".into()),
+        Some(Err(e)) => Err(e),
+        None => Err("the listener did not disconnect us within 20 s".into()),
+    }
+}
+
+/// Device selection through the CM: each address names its own device; addresses of another
+/// device are refused; a listener on 0.0.0.0 rejects requests arriving on another device;
+/// set_access keeps the region usable and reports its current keys.
+fn devices(a: IpAddr, b: IpAddr) -> Res<()> {
+    let check = |ok: bool, what: String| -> Res<()> {
+        println!("{} {what}", if ok { "ok:  " } else { "BAD: " });
+        if ok {
+            Ok(())
+        } else {
+            Err(what)
+        }
+    };
+    let pa = RdmaProvider::for_local_addr(a).map_err(|e| format!("{a}: {e}"))?;
+    let pb = RdmaProvider::for_local_addr(b).map_err(|e| format!("{b}: {e}"))?;
+    check(
+        pa.device_name() != pb.device_name(),
+        format!("{a} -> {}, {b} -> {}", pa.device_name(), pb.device_name()),
+    )?;
+    let r = RdmaProvider::for_local_addr("0.0.0.0".parse().unwrap());
+    check(
+        matches!(r, Err(VerbsError::Invalid(_))),
+        format!("0.0.0.0 names no device: {r:?}"),
+    )?;
+    let r = RdmaProvider::for_local_addr("10.255.0.9".parse().unwrap());
+    check(
+        matches!(r, Err(VerbsError::NoDevice(_))),
+        format!("a foreign address: {r:?}"),
+    )?;
+    let caps = QpCaps::default();
+    let r = pa.listen(SocketAddr::new(b, 7480), 8, caps);
+    check(
+        matches!(r, Err(VerbsError::NoDevice(_))),
+        format!("listen on {b} with {}'s provider: {r:?}", pa.device_name()),
+    )?;
+    let r = pa.connect(
+        SocketAddr::new(b, 7481),
+        Some(SocketAddr::new(b, 0)),
+        caps,
+        b"x",
+    );
+    check(
+        matches!(r, Err(VerbsError::NoDevice(_))),
+        format!(
+            "connect from {b} with {}'s provider: {:?}",
+            pa.device_name(),
+            r.err()
+        ),
+    )?;
+    // A wildcard listener of pa's device; the request to b arrives on b's device: rejected.
+    let mut la = pa
+        .listen("0.0.0.0:7482".parse().unwrap(), 8, caps)
+        .map_err(|e| format!("listen 0.0.0.0: {e}"))?;
+    let mut ep = pa
+        .connect(SocketAddr::new(b, 7482), None, caps, b"hello?")
+        .map_err(|e| format!("connect: {e}"))?;
+    let ev = raw_wait(&pa, &mut ep, Duration::from_secs(10), |_, ev| ev);
+    let _ = la.poll_request();
+    check(
+        ev == Some(CmEvent::Rejected {
+            private_data: WRONG_DEVICE_REJECT.to_vec(),
+            consumer: true,
+        }) && la.wrong_device_rejects() == 1,
+        format!(
+            "0.0.0.0 listener of {} got a request on {}: {ev:?}, wrong-device rejects {}",
+            pa.device_name(),
+            pb.device_name(),
+            la.wrong_device_rejects()
+        ),
+    )?;
+    drop(ep);
+    // The same through b's own wildcard listener: the request is delivered.
+    let mut lb = pb
+        .listen("0.0.0.0:7483".parse().unwrap(), 8, caps)
+        .map_err(|e| format!("listen 0.0.0.0: {e}"))?;
+    let mut ep = pa
+        .connect(SocketAddr::new(b, 7483), None, caps, b"hello!")
+        .map_err(|e| format!("connect: {e}"))?;
+    let end = StdInstant::now() + Duration::from_secs(10);
+    let mut req = None;
+    while req.is_none() && StdInstant::now() < end {
+        // The active side's resolution steps run when its provider is polled.
+        let _ = ep.poll_cm();
+        req = lb.poll_request();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (mut pep, pd) = req.ok_or("no request at b's wildcard listener")?;
+    check(
+        // IB pads REQ private data with zeros to its fixed 56 bytes.
+        pd.len() >= 6
+            && pd.starts_with(b"hello!")
+            && pd[6..].iter().all(|&x| x == 0)
+            && pep.local_addr().ip() == b
+            && pep.peer_addr().ip() == a,
+        format!(
+            "b's wildcard listener: request {:?} ({} bytes) from {} to {}",
+            String::from_utf8_lossy(&pd).trim_end_matches('\0'),
+            pd.len(),
+            pep.peer_addr(),
+            pep.local_addr()
+        ),
+    )?;
+    let _ = pep.reject(b"bye");
+    // for_peer: the device the CM routes to b through, and the source it picks.
+    match RdmaProvider::for_peer(SocketAddr::new(b, 7483)) {
+        Ok(p) => println!(
+            "ok:   for_peer({b}) -> {} from {}",
+            p.device_name(),
+            p.local_ip()
+        ),
+        Err(e) => return Err(format!("for_peer({b}): {e}")),
+    }
+    // set_access: keys after the change are the ones to use (rxe re-registers: new keys).
+    let mut mr = pa
+        .reg_mr(8192, Access::empty())
+        .map_err(|e| format!("{e}"))?;
+    let before = (mr.lkey(), mr.rkey());
+    mr.set_access(Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .map_err(|e| format!("set_access: {e}"))?;
+    let after = (mr.lkey(), mr.rkey());
+    check(
+        mr.access() == Access::LOCAL_WRITE | Access::REMOTE_WRITE
+            && mr.host_ptr().map(|p| p.as_ptr() as u64) == Some(mr.addr())
+            && mr.addr() % 4096 == 0,
+        format!(
+            "set_access: keys {before:x?} -> {after:x?} (changed: {})",
+            before != after
+        ),
+    )?;
+    let r = pa.reg_mr(4096, Access::REMOTE_WRITE);
+    check(
+        matches!(r, Err(VerbsError::Invalid(_))),
+        format!("remote write without local write: {:?}", r.err()),
+    )
+}
+
+/// Connecting to a port nobody listens on must fail fast with ECONNREFUSED.
+fn refused(dst: SocketAddr, src: IpAddr) -> Res<()> {
+    let mut rt = Rt::new(src, Config::default())?;
+    let t = StdInstant::now();
+    let id =
+        rt.d.connect(rt.now(), dst, None)
+            .map_err(|e| format!("connect: {e}"))?;
+    let err = rt.wait_closed(id, Duration::from_secs(15))?;
+    let took = ms(t);
+    println!("connect to {dst}: {err:?} after {took:.1} ms");
+    match err {
+        Some(e) if e.errno() == libc::ECONNREFUSED && took < 3000.0 => {
+            println!("ECONNREFUSED in {took:.1} ms");
+            Ok(())
+        }
+        Some(e) if e.errno() == libc::ECONNREFUSED => {
+            Err(format!("refused, but slowly: {took:.0} ms"))
+        }
+        other => Err(format!("expected ECONNREFUSED, got {other:?}")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmark: one-way stream of BYTES in SIZE-byte messages, then an 8-byte answer.
+// ---------------------------------------------------------------------------------------------
+
+/// (user, system) CPU seconds of this process.
+fn cpu_split() -> (f64, f64) {
+    // SAFETY: getrusage fills the rusage struct we pass; an all-zero rusage is a valid value.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (tv(ru.ru_utime), tv(ru.ru_stime))
+}
+
+fn cpu_secs() -> f64 {
+    let (u, s) = cpu_split();
+    u + s
+}
+
+/// Bulk-transfer tuning (like a large SO_RCVBUF): 256 KiB receive buffers whatever the message
+/// size (BCopy is a byte stream: writes coalesce into full buffers), zero copy from 64 KiB.
+fn bench_cfg(_size: u64) -> Config {
+    Config {
+        rcv_size: 256 * 1024,
+        max_rcv_size: 256 * 1024,
+        ..Config::default()
+    }
+}
+
+fn bench_server(addr: SocketAddr, mode: &str, size: u64, bytes: u64) -> Res<()> {
+    let zc = mode == "zcopy";
+    let mut rt = Rt::new(addr.ip(), bench_cfg(size))?;
+    let l = rt.d.listen(addr, 8).map_err(|e| format!("listen: {e}"))?;
+    println!("listening on {addr}");
+    let id = rt.accept(l, Duration::from_secs(30))?;
+    let cpu0 = cpu_secs();
+    let (ucpu0, scpu0) = cpu_split();
+    let t = StdInstant::now();
+    let p = rt.d.provider().clone();
+    let mut sink = if zc {
+        let mut mr = p
+            .reg_mr(size as usize, Access::LOCAL_WRITE)
+            .map_err(|e| format!("reg_mr: {e}"))?;
+        mr.set_access(Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .map_err(|e| format!("set_access: {e}"))?;
+        Some(mr)
+    } else {
+        None
+    };
+    let mut sink_busy = false;
+    let mut buf = vec![0u8; size as usize];
+    let mut got = 0u64;
+    let mut zc_bytes = 0u64;
+    let r = rt.run(Duration::from_secs(600), |d, now| {
+        let mut moved = false;
+        for ev in d.take_events(id) {
+            match ev {
+                Event::ZcopyReceived { bytes, .. } => {
+                    sink_busy = false;
+                    got += bytes as u64;
+                    zc_bytes += bytes as u64;
+                    moved = true;
+                }
+                Event::Closed(Some(e)) => return Step::Done(Err(format!("{e}"))),
+                _ => {}
+            }
+        }
+        loop {
+            if sink_busy {
+                break;
+            }
+            if let Some(mr) = sink.as_mut() {
+                let z = ZSink {
+                    addr: mr.addr(),
+                    len: mr.len() as u32,
+                    lkey: mr.lkey(),
+                    rkey: mr.rkey(),
+                };
+                match d.read_zcopy(now, id, z, 1) {
+                    Ok(ZRecv::Pending) => {
+                        sink_busy = true;
+                        break;
+                    }
+                    Ok(ZRecv::Copy) | Err(CallError::WouldBlock) => {}
+                    Err(e) => return Step::Done(Err(format!("read_zcopy: {e}"))),
+                }
+            }
+            match d.read(now, id, &mut buf) {
+                Ok(0) => return Step::Done(Ok(())),
+                Ok(n) => {
+                    got += n as u64;
+                    moved = true;
+                }
+                Err(CallError::WouldBlock) => break,
+                Err(e) => return Step::Done(Err(format!("read: {e}"))),
+            }
+        }
+        if moved {
+            Step::Busy
+        } else {
+            Step::Idle
+        }
+    });
+    r.unwrap_or_else(|| Err("bench transfer did not finish in 600 s".into()))?;
+    let secs = t.elapsed().as_secs_f64();
+    let cpu = cpu_secs() - cpu0;
+    if got != bytes {
+        return Err(format!("received {got} of {bytes} bytes"));
+    }
+    let now = rt.now();
+    rt.d.write(now, id, &got.to_le_bytes())
+        .map_err(|e| format!("answer: {e}"))?;
+    rt.d.shutdown(now, id, Shutdown::Write)
+        .map_err(|e| format!("shutdown: {e}"))?;
+    let (polls, arms, sleeps) = (rt.polls, rt.arms, rt.sleeps);
+    let _ = rt.wait_closed(id, Duration::from_secs(10));
+    println!("loop: {polls} polls, {arms} arms, {sleeps} sleeps");
+    println!(
+        "BENCH-SERVER bytes={got} secs={secs:.3} cpu_secs={cpu:.3} (user+sys {:.3}+{:.3}) zcopy_bytes={zc_bytes} cpu_s_per_gib={:.3}",
+        cpu_split().0 - ucpu0,
+        cpu_split().1 - scpu0,
+        cpu / (got as f64 / (1u64 << 30) as f64)
+    );
+    Ok(())
+}
+
+fn bench_client(dst: SocketAddr, src: IpAddr, mode: &str, size: u64, bytes: u64) -> Res<()> {
+    let zc = mode == "zcopy";
+    let mut rt = Rt::new(src, bench_cfg(size))?;
+    let id = rt.connect(dst)?;
+    let p = rt.d.provider().clone();
+    let data: Vec<u8> = (0..size).map(|i| (i * 131 % 251) as u8).collect();
+    // Zero copy: a few registered sources, each granted remote read once, reused round robin.
+    let mut srcs = Vec::new();
+    if zc {
+        for _ in 0..4 {
+            let mut mr = p
+                .reg_mr(size as usize, Access::empty())
+                .map_err(|e| format!("reg_mr: {e}"))?;
+            mr.write(0, &data);
+            mr.set_access(Access::REMOTE_READ)
+                .map_err(|e| format!("set_access: {e}"))?;
+            srcs.push(mr);
+        }
+    }
+    let mut free: Vec<usize> = (0..srcs.len()).collect();
+    let cpu0 = cpu_secs();
+    let (ucpu0, scpu0) = cpu_split();
+    let t = StdInstant::now();
+    let mut queued = 0u64; // handed to the engine
+    let mut done = 0u64; // acknowledged (zcopy) or accepted (bcopy)
+    let mut off = 0usize; // into the current bcopy message
+    let mut shut = false;
+    let mut answer = Vec::new();
+    let mut rbuf = [0u8; 64];
+    let r = rt.run(Duration::from_secs(600), |d, now| {
+        let mut moved = false;
+        for ev in d.take_events(id) {
+            match ev {
+                Event::ZcopySent { token, bytes: n } => {
+                    moved = true;
+                    done += n as u64;
+                    free.push(token as usize);
+                    if (n as u64) < size {
+                        // Cancelled part: send the rest by copy (never expected here).
+                        queued -= size - n as u64;
+                    }
+                }
+                Event::Closed(Some(e)) => return Step::Done(Err(format!("{e}"))),
+                _ => {}
+            }
+        }
+        while queued < bytes {
+            let n = size.min(bytes - queued);
+            if zc && n == size && off == 0 {
+                let Some(i) = free.pop() else { break };
+                let mr = &srcs[i];
+                let z = ZSrc {
+                    addr: mr.addr(),
+                    len: n as u32,
+                    lkey: mr.lkey(),
+                    rkey: mr.rkey(),
+                };
+                match d.write_zcopy(now, id, z, i as u64) {
+                    Ok(()) => {
+                        queued += n;
+                        moved = true;
+                    }
+                    Err(CallError::WouldBlock) => {
+                        free.push(i);
+                        break;
+                    }
+                    Err(e) => return Step::Done(Err(format!("write_zcopy: {e}"))),
+                }
+            } else {
+                match d.write(now, id, &data[off..n as usize]) {
+                    Ok(k) => {
+                        off += k;
+                        moved = true;
+                        if off == n as usize {
+                            off = 0;
+                            queued += n;
+                            done += n;
+                        }
+                    }
+                    Err(CallError::WouldBlock) => break,
+                    Err(e) => return Step::Done(Err(format!("write: {e}"))),
+                }
+            }
+        }
+        if queued == bytes && done == bytes && !shut {
+            if let Err(e) = d.shutdown(now, id, Shutdown::Write) {
+                return Step::Done(Err(format!("shutdown: {e}")));
+            }
+            shut = true;
+        }
+        if shut {
+            match d.read(now, id, &mut rbuf) {
+                Ok(0) => return Step::Done(Ok(())),
+                Ok(k) => {
+                    answer.extend_from_slice(&rbuf[..k]);
+                    moved = true;
+                }
+                Err(CallError::WouldBlock) => {}
+                Err(e) => return Step::Done(Err(format!("reading the answer: {e}"))),
+            }
+        }
+        if moved {
+            Step::Busy
+        } else {
+            Step::Idle
+        }
+    });
+    r.unwrap_or_else(|| Err("bench transfer did not finish in 600 s".into()))?;
+    let secs = t.elapsed().as_secs_f64();
+    let cpu = cpu_secs() - cpu0;
+    let got = <[u8; 8]>::try_from(answer.as_slice())
+        .map(u64::from_le_bytes)
+        .map_err(|_| format!("answer of {} bytes", answer.len()))?;
+    if got != bytes {
+        return Err(format!("server received {got} of {bytes}"));
+    }
+    let s = rt.d.conn(id).map(|c| c.stats.clone()).unwrap_or_default();
+    println!(
+        "loop: {} polls, {} arms, {} sleeps; {} messages sent, {} credit updates, {} stalls without credit",
+        rt.polls, rt.arms, rt.sleeps, s.msgs_sent, s.credit_updates_sent, s.stalls_no_credit
+    );
+    println!(
+        "BENCH-CLIENT bytes={bytes} secs={secs:.3} bytes_per_sec={:.0} cpu_secs={cpu:.3} (user+sys {:.3}+{:.3}) cpu_s_per_gib={:.3} srcavail={} zcopy_write_bytes={}",
+        bytes as f64 / secs,
+        cpu_split().0 - ucpu0,
+        cpu_split().1 - scpu0,
+        cpu / (bytes as f64 / (1u64 << 30) as f64),
+        s.srcavail_sent,
+        s.zcopy_write_bytes
+    );
+    if zc && s.srcavail_sent == 0 {
+        return Err("zcopy mode sent no SrcAvail".into());
+    }
+    Ok(())
+}
