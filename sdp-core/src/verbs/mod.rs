@@ -13,10 +13,10 @@
 //! domain ([`Provider::reg_mr`]). Work requests and completions are plain data ([`SendWr`],
 //! [`RecvWr`], [`Completion`]) so the sans-IO engine in `proto` can produce and consume them.
 
-#[cfg(target_os = "linux")]
-pub mod shm;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+#[cfg(target_os = "linux")]
+pub mod shm;
 pub mod sim;
 
 use std::net::SocketAddr;
