@@ -15,7 +15,8 @@ use crate::driver::ListenerId;
 
 /// A listening socket.
 pub struct SdpListener {
-    sdp: Option<(Stack, ListenerId)>,
+    /// SDP listeners on the same address: shm, and an RDMA device.
+    sdp: Vec<(Stack, ListenerId)>,
     tcp: Option<TcpListener>,
     local: SocketAddr,
     nonblocking: AtomicBool,
@@ -29,7 +30,10 @@ impl std::fmt::Debug for SdpListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SdpListener")
             .field("local", &self.local)
-            .field("sdp", &self.sdp.as_ref().map(|s| s.0.transport()))
+            .field(
+                "sdp",
+                &self.sdp.iter().map(|s| s.0.transport()).collect::<Vec<_>>(),
+            )
             .field("tcp", &self.tcp.is_some())
             .finish()
     }
@@ -37,7 +41,7 @@ impl std::fmt::Debug for SdpListener {
 
 impl Drop for SdpListener {
     fn drop(&mut self) {
-        if let Some((stack, l)) = &self.sdp {
+        for (stack, l) in &self.sdp {
             stack.0.close_listener(*l);
         }
     }
@@ -81,21 +85,36 @@ impl SdpListener {
             Some(t) => t.local_addr()?,
             None => a,
         };
-        let mut sdp = None;
+        let mut sdp = Vec::new();
         let mut sdp_error = None;
         if !matches!(opts.choice, Choice::Tcp) {
-            let r = opts
-                .listen_stack(local)
-                .and_then(|s| s.0.listen(local, 128).map(|l| (s, l)));
-            match r {
-                Ok((s, l)) => {
-                    if let Some(la) = s.0.listener_addr(l) {
-                        local = la;
+            let mut errs = Vec::new();
+            match opts.listen_stacks(local) {
+                Ok(stacks) => {
+                    for s in stacks {
+                        // The first listener fixes the port (port 0 without TCP); the others
+                        // listen on the same one.
+                        match s.0.listen(local, 128) {
+                            Ok(l) => {
+                                if let Some(la) = s.0.listener_addr(l) {
+                                    local = la;
+                                }
+                                sdp.push((s, l));
+                            }
+                            Err(e) => errs.push(format!("{}: {e}", s.transport().name())),
+                        }
                     }
-                    sdp = Some((s, l));
                 }
-                Err(e) if matches!(opts.choice, Choice::Auto) => sdp_error = Some(e.to_string()),
-                Err(e) => return Err(e),
+                Err(e) => errs.push(e.to_string()),
+            }
+            if sdp.is_empty() {
+                let msg = errs.join("; ");
+                match opts.choice {
+                    Choice::Auto => sdp_error = Some(msg),
+                    _ => return Err(io::Error::other(msg)),
+                }
+            } else if !errs.is_empty() {
+                sdp_error = Some(errs.join("; "));
             }
         }
         Ok(SdpListener {
@@ -112,13 +131,23 @@ impl SdpListener {
         Ok(self.local)
     }
 
-    /// Whether SDP clients are accepted, and if not why (automatic mode keeps serving TCP).
+    /// Whether SDP clients are accepted (the first SDP transport listening), and if not why
+    /// (automatic mode keeps serving TCP).
     pub fn sdp_status(&self) -> Result<super::Transport, String> {
-        match (&self.sdp, &self.sdp_error) {
+        match (self.sdp.first(), &self.sdp_error) {
             (Some((s, _)), _) => Ok(s.transport()),
             (None, Some(e)) => Err(e.clone()),
             (None, None) => Err("SDP not requested".into()),
         }
+    }
+
+    /// Every SDP transport this listener accepts clients on (shm, RDMA), and why others are
+    /// missing, if any were tried and failed.
+    pub fn sdp_transports(&self) -> (Vec<super::Transport>, Option<String>) {
+        (
+            self.sdp.iter().map(|(s, _)| s.transport()).collect(),
+            self.sdp_error.clone(),
+        )
     }
 
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
@@ -129,7 +158,7 @@ impl SdpListener {
     /// Accept the next client, SDP or TCP.
     pub fn accept(&self) -> io::Result<(SdpStream, SocketAddr)> {
         loop {
-            if let Some((stack, l)) = &self.sdp {
+            for (stack, l) in &self.sdp {
                 match stack.0.accept(
                     *l,
                     Wait {
@@ -159,8 +188,8 @@ impl SdpListener {
             if self.nonblocking.load(Ordering::Relaxed) {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            let mut fds = Vec::with_capacity(2);
-            if let Some((stack, l)) = &self.sdp {
+            let mut fds = Vec::with_capacity(3);
+            for (stack, l) in &self.sdp {
                 fds.push((stack.0.listener_fd(*l)?, libc::POLLIN));
             }
             if let Some(t) = &self.tcp {
@@ -186,16 +215,20 @@ impl SdpListener {
 
 impl AsRawFd for SdpListener {
     /// An fd that polls readable when `accept` would not block: the SDP listener's readiness
-    /// fd, the TCP socket, or (both listening) an epoll set holding both.
+    /// fd, the TCP socket, or (several listening) an epoll set holding them all.
     fn as_raw_fd(&self) -> RawFd {
-        match (&self.sdp, &self.tcp) {
-            (Some((s, l)), None) => s.0.listener_fd(*l).unwrap_or(-1),
-            (None, Some(t)) => t.as_raw_fd(),
-            (None, None) => -1,
-            (Some((s, l)), Some(t)) => {
+        match (self.sdp.as_slice(), &self.tcp) {
+            ([(s, l)], None) => s.0.listener_fd(*l).unwrap_or(-1),
+            ([], Some(t)) => t.as_raw_fd(),
+            ([], None) => -1,
+            (sdp, tcp) => {
                 let ep = self.ready.get_or_init(|| {
-                    let sfd = s.0.listener_fd(*l).ok()?;
-                    sys::epoll_of(&[sfd, t.as_raw_fd()]).ok()
+                    let mut fds = Vec::with_capacity(sdp.len() + 1);
+                    for (s, l) in sdp {
+                        fds.push(s.0.listener_fd(*l).ok()?);
+                    }
+                    fds.extend(tcp.as_ref().map(|t| t.as_raw_fd()));
+                    sys::epoll_of(&fds).ok()
                 });
                 ep.as_ref().map_or(-1, |e| e.as_raw_fd())
             }

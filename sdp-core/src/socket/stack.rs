@@ -89,10 +89,14 @@ pub enum Choice {
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     pub choice: Choice,
-    /// The SDP stack to use; by default the one that fits the address (shm for this host).
+    /// The SDP stack to use; by default the one that fits the address (see
+    /// [`Options::stack_for`]).
     pub stack: Option<Stack>,
     /// Connect timeout (`None`: the engine's default, 10 s).
     pub connect_timeout: Option<Duration>,
+    /// Source address of an SDP connection over RDMA (its device carries the connection);
+    /// `None`: the one the route to the peer picks.
+    pub source_ip: Option<IpAddr>,
 }
 
 impl Options {
@@ -115,29 +119,155 @@ impl Options {
         self.stack = Some(stack);
         self
     }
+    pub fn with_source_ip(mut self, ip: IpAddr) -> Options {
+        self.source_ip = Some(ip);
+        self
+    }
 
-    /// The SDP stack for a peer at `ip`, if any: the one given, else shm for this host's
-    /// addresses. (RDMA devices: see TODO.md.)
+    /// The SDP stack for a peer at `ip`, if any: the one given; else, in the order of
+    /// [`providers`], shm for this host's own addresses and the RDMA device the route to `ip`
+    /// (or [`Options::source_ip`]) leaves through.
     pub(crate) fn stack_for(&self, ip: IpAddr) -> io::Result<Option<Stack>> {
         if let Some(s) = &self.stack {
             return Ok(Some(s.clone()));
         }
-        if sys::is_local_ip(ip) {
-            return Stack::shm().map(Some);
+        let mut last = None;
+        for p in providers() {
+            let r = match p {
+                Prov::Shm if sys::is_local_ip(ip) && self.source_ip.is_none() => Stack::shm(),
+                Prov::Shm => continue,
+                Prov::Rdma => rdma_stack(Some(ip), self.source_ip),
+            };
+            match r {
+                Ok(s) => return Ok(Some(s)),
+                Err(e) => last = Some(e),
+            }
         }
-        Ok(None)
+        match last {
+            // Only the shm stack itself can fail outright; an RDMA miss means "no route".
+            Some(e) if e.raw_os_error().is_none() && e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(None),
+        }
     }
 
-    pub(crate) fn listen_stack(&self, _addr: SocketAddr) -> io::Result<Stack> {
-        match &self.stack {
-            Some(s) => Ok(s.clone()),
-            None => Stack::shm(),
+    /// The SDP stacks a listener on `addr` listens on: the one given, else shm and (for a
+    /// device address, or 0.0.0.0) the RDMA device, as [`providers`] allows. Errors only if
+    /// there is none.
+    pub(crate) fn listen_stacks(&self, addr: SocketAddr) -> io::Result<Vec<Stack>> {
+        if let Some(s) = &self.stack {
+            return Ok(vec![s.clone()]);
+        }
+        let mut out = Vec::new();
+        let mut errs = Vec::new();
+        for p in providers() {
+            let r = match p {
+                Prov::Shm => Stack::shm(),
+                Prov::Rdma => {
+                    let ip = addr.ip();
+                    if ip.is_loopback() {
+                        continue;
+                    }
+                    rdma_stack(None, (!ip.is_unspecified()).then_some(ip))
+                }
+            };
+            match r {
+                Ok(s) => out.push(s),
+                Err(e) => errs.push(e.to_string()),
+            }
+        }
+        if out.is_empty() {
+            return Err(io::Error::other(if errs.is_empty() {
+                "no SDP provider allowed (SDP_PROVIDERS)".to_string()
+            } else {
+                errs.join("; ")
+            }));
+        }
+        Ok(out)
+    }
+}
+
+/// An SDP provider kind the automatic choice may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Prov {
+    Shm,
+    Rdma,
+}
+
+/// The providers automatic choice tries, in order: `SDP_PROVIDERS` (a comma list of `shm`
+/// and `rdma`), by default `shm,rdma` (`rdma` only in builds with the `rdma` feature). A peer
+/// on this host is reached over shm unless `SDP_PROVIDERS` leaves it out.
+fn providers() -> Vec<Prov> {
+    let list = std::env::var("SDP_PROVIDERS").unwrap_or_else(|_| "shm,rdma".into());
+    let mut v = Vec::new();
+    for name in list.split(',').map(str::trim) {
+        let p = match name {
+            "shm" => Prov::Shm,
+            "rdma" if cfg!(feature = "rdma") => Prov::Rdma,
+            _ => continue,
+        };
+        if !v.contains(&p) {
+            v.push(p);
         }
     }
+    v
 }
 
 fn shm_stack() -> io::Result<Stack> {
     let p = crate::verbs::shm::ShmProvider::new()
         .map_err(|e| io::Error::other(format!("shm provider: {e}")))?;
     Stack::with_provider(p, Config::default())
+}
+
+/// The process's RDMA stacks, one per (device, local address), made afresh after fork().
+#[cfg(feature = "rdma")]
+static RDMA: Mutex<Vec<(String, IpAddr, Stack)>> = Mutex::new(Vec::new());
+
+/// The RDMA stack for a connection to `peer` (the device the route picks) or from `local`
+/// (the device owning that address), or for a wildcard listener (`None, None`: the first
+/// device with an address). `NotFound` if there is no device or route.
+#[cfg(feature = "rdma")]
+fn rdma_stack(peer: Option<IpAddr>, local: Option<IpAddr>) -> io::Result<Stack> {
+    use crate::verbs::rdma::RdmaProvider;
+    let not_found =
+        |e: &dyn std::fmt::Display| io::Error::new(io::ErrorKind::NotFound, e.to_string());
+    let p = match (local, peer) {
+        (Some(ip), _) => RdmaProvider::for_local_addr(ip).map_err(|e| not_found(&e))?,
+        (None, Some(ip)) => {
+            RdmaProvider::for_peer(SocketAddr::new(ip, 1)).map_err(|e| not_found(&e))?
+        }
+        (None, None) => {
+            let mut found = None;
+            let mut why = String::from("no RDMA device has an address");
+            for ip in sys::local_ips() {
+                if ip.is_loopback() {
+                    continue;
+                }
+                match RdmaProvider::for_local_addr(ip) {
+                    Ok(p) => {
+                        found = Some(p);
+                        break;
+                    }
+                    Err(e) => why = e.to_string(),
+                }
+            }
+            found.ok_or_else(|| not_found(&why))?
+        }
+    };
+    let (dev, ip) = (p.device_name().to_string(), p.local_ip());
+    let mut g = RDMA.lock();
+    g.retain(|(_, _, s)| s.0.alive());
+    if let Some((_, _, s)) = g.iter().find(|(d, i, _)| *d == dev && *i == ip) {
+        return Ok(s.clone());
+    }
+    let s = Stack::with_provider(p, Config::default())?;
+    g.push((dev, ip, s.clone()));
+    Ok(s)
+}
+
+#[cfg(not(feature = "rdma"))]
+fn rdma_stack(_peer: Option<IpAddr>, _local: Option<IpAddr>) -> io::Result<Stack> {
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        "built without the rdma feature",
+    ))
 }

@@ -162,3 +162,9 @@ pub(crate) fn epoll_of(fds: &[RawFd]) -> io::Result<OwnedFd> {
     }
     Ok(ep)
 }
+
+/// This host's interface addresses.
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+pub(crate) fn local_ips() -> Vec<std::net::IpAddr> {
+    crate::verbs::shm::sys::local_addrs()
+}

@@ -55,6 +55,27 @@ sdp_survivor() {
   fi
 }
 
+# sock_pair NAME SERVER_ENV MODE CLIENT_ENV WANT_LISTEN WANT: the socket API (SdpListener/SdpStream in
+# sdp-peer, automatic mode) between rxe1 ($B, server) and rxe0 ($A, client source address): a checksummed
+# duplex exchange; the server must listen on WANT_LISTEN and both ends must report transport WANT.
+PEER=/rig/bin/sdp-peer
+SOCK_BYTES=8388608
+sock_pair() {
+  name=$1 senv=$2 mode=$3 cenv=$4 wl=$5 want=$6 port=$7
+  rdma_pair "$name" "env $senv $PEER serve $B:$port $mode 11 22 $SOCK_BYTES" \
+    "env $cenv SDP_PEER_SRC=$A SDP_PEER_SHOW=1 $PEER duplex $B:$port $mode 22 11 $SOCK_BYTES"
+  why=""
+  grep -q "^listening $wl " "$LOGD/$name.srv" || why="server not listening on $wl; "
+  grep -q "^accepted $want\$" "$LOGD/$name.srv" || why="${why}server stream not $want; "
+  grep -q "^transport $want\$" "$LOGD/$name.cli" || why="${why}client stream not $want; "
+  if [ -n "$why" ]; then
+    show "$LOGD/$name.srv" | head -5; show "$LOGD/$name.cli" | head -5
+    fail "$name-transport" "${why%; }"
+  else
+    pass "$name-transport" "listening $wl, both ends $want"
+  fi
+}
+
 section "sdp: SDP over the rdma provider (client rxe0 $A, server rxe1 $B)"
 #          name                   server                                   client
 rdma_pair  sdp-bcopy              "$SDP server bcopy $B:7471"              "$SDP client bcopy $B:7471 $A"
@@ -65,5 +86,14 @@ run_check  sdp-refused            $SDP refused $B:7479 $A
 run_check  sdp-devices            $SDP devices $A $B
 rdma_pair  sdp-garbage-hello      "$SDP server garbage-hello $B:7475"      "$SDP client garbage-hello $B:7475 $A"
 rdma_pair  sdp-junk-after-hello   "$SDP server junk-after-hello $B:7476"   "$SDP client junk-after-hello $B:7476 $A"
+if [ -x $PEER ]; then
+  section "sdp: the socket API picks RDMA by itself (SdpListener/SdpStream, automatic mode)"
+  #         name              server env             mode   client env            listens   stream
+  sock_pair sock-auto-rdma    "SDP_X=1"              auto   "SDP_X=1"             shm,rdma  rdma  7480
+  sock_pair sock-registered   "SDP_PROVIDERS=rdma"   zcopy  "SDP_PROVIDERS=rdma"  rdma      rdma  7481
+  sock_pair sock-bcopy        "SDP_PROVIDERS=rdma"   bcopy  "SDP_X=1"             rdma      rdma  7482
+  # a kernel-TCP-only server: the automatic connector falls back to TCP
+  sock_pair sock-tcp-fallback "SDP_PROVIDERS=none"   auto   "SDP_PROVIDERS=rdma"  ""        tcp   7483
+fi
 sdp_survivor sdp-kill9    kill    7477
 sdp_survivor sdp-linkdel  linkdel 7478   # last: it deletes rxe1 (and adds it back)

@@ -5,15 +5,22 @@
 //!   in random sizes while reading and checking BYTES of the seeded stream SEED_RX; then EOF.
 //! * `flood ADDR`: connect and write until killed.
 //! * `connect ADDR CHOICE`: connect (auto | sdp), print the transport or the errno, exit.
+//! * `serve ADDR MODE SEED_TX SEED_RX BYTES`: listen (automatic mode) on ADDR, print
+//!   `listening T1,T2 (why others are missing)`, accept one client, print `accepted T`, then
+//!   the duplex exchange as above (the rig runs this against `duplex` over RDMA).
 //! * `fork ADDR`: the fork() checks (parent keeps its stream, child opens a new one, the
 //!   child's inherited copy fails and does not disturb the parent), exec leaves no fd behind.
+//!
+//! `SDP_PEER_SRC=IP` sets the connector's source address (`Options::source_ip`), so over RDMA
+//! the connection leaves through that address's device; `SDP_PEER_SHOW=1` makes `duplex`
+//! print the stream's transport before `ok`.
 
 use std::io::{Read, Write};
 use std::net::Shutdown;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use sdp_core::socket::{Options, SdpStream};
+use sdp_core::socket::{Options, SdpListener, SdpStream};
 
 fn die(msg: String) -> ! {
     eprintln!("sdp-peer: {msg}");
@@ -49,12 +56,23 @@ impl Pattern {
     }
 }
 
-fn connect(addr: &str, mode: &str) -> SdpStream {
-    let opts = match mode {
+fn options(choice: &str) -> Options {
+    let opts = match choice {
         "tcp" => Options::tcp_only(),
         "auto" => Options::auto(),
         _ => Options::sdp_only(),
     };
+    match std::env::var("SDP_PEER_SRC") {
+        Ok(ip) => opts.with_source_ip(
+            ip.parse()
+                .unwrap_or_else(|e| die(format!("SDP_PEER_SRC {ip:?}: {e}"))),
+        ),
+        Err(_) => opts,
+    }
+}
+
+fn connect(addr: &str, mode: &str) -> SdpStream {
+    let opts = options(mode);
     let s = SdpStream::connect_with(addr, &opts).unwrap_or_else(|e| die(format!("connect: {e}")));
     s.set_zero_copy(mode != "bcopy");
     s
@@ -145,6 +163,35 @@ fn main() {
                     .parse::<u64>()
                     .unwrap_or_else(|e| die(format!("{e}")))
             };
+            if std::env::var_os("SDP_PEER_SHOW").is_some() {
+                println!("transport {}", s.transport());
+            }
+            match duplex(s, &mode, n(3), n(4), n(5)) {
+                Ok(()) => println!("ok"),
+                Err(e) => die(e),
+            }
+        }
+        "serve" => {
+            let mode = arg(2);
+            let n = |i| {
+                arg(i)
+                    .parse::<u64>()
+                    .unwrap_or_else(|e| die(format!("{e}")))
+            };
+            let l =
+                SdpListener::bind(arg(1).as_str()).unwrap_or_else(|e| die(format!("bind: {e}")));
+            let (ts, why) = l.sdp_transports();
+            let names: Vec<String> = ts.iter().map(|t| t.to_string()).collect();
+            println!(
+                "listening {} ({})",
+                names.join(","),
+                why.unwrap_or_else(|| "all SDP providers listening".into())
+            );
+            let _ = std::io::stdout().flush();
+            let (s, _) = l.accept().unwrap_or_else(|e| die(format!("accept: {e}")));
+            println!("accepted {}", s.transport());
+            let _ = std::io::stdout().flush();
+            s.set_zero_copy(mode != "bcopy");
             match duplex(s, &mode, n(3), n(4), n(5)) {
                 Ok(()) => println!("ok"),
                 Err(e) => die(e),
@@ -162,11 +209,7 @@ fn main() {
             }
         }
         "connect" => {
-            let opts = if arg(2) == "auto" {
-                Options::auto()
-            } else {
-                Options::sdp_only()
-            };
+            let opts = options(if arg(2) == "auto" { "auto" } else { "sdp" });
             match SdpStream::connect_with(arg(1).as_str(), &opts) {
                 Ok(mut s) => {
                     let _ = s.write_all(b"hi");

@@ -17,7 +17,7 @@
 //!   the connection sockets and the listeners; [`Provider::arm`] sets the wake flag of every
 //!   inbox, and a peer writes the eventfd only when it finds the flag set.
 
-mod sys;
+pub(crate) mod sys;
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
