@@ -35,9 +35,10 @@
 //! and hung-up exactly when the stream is, so SDP streams work with `poll`, `epoll`, mio and
 //! tokio's `AsyncFd`. Use it in nonblocking mode, as with any socket.
 //!
-//! **Zero copy.** Blocking writes of at least the zero-copy threshold (64 KiB by default) are
-//! sent without copying: the reader's side reads them straight out of the writer's buffer,
-//! and the write returns once the peer has the bytes. [`SdpStream::register`] gives a
+//! **Zero copy.** Blocking writes of at least 128 KiB over shm and 1 MiB over RDMA
+//! (`SDP_ZCOPY_MIN` sets it; below, a copy beats a round trip per write) are sent without
+//! copying: the reader's side reads them straight out of the writer's buffer, and the write
+//! returns once the peer has the bytes. [`SdpStream::register`] gives a
 //! [`RegisteredBuf`] to send from and receive into without per-call registration.
 //!
 //! **fork().** Streams keep working in the parent. In the child, streams inherited from the

@@ -143,6 +143,8 @@ struct Shared<P: Provider> {
     stop: AtomicBool,
     /// The provider can register application memory (cleared at its first refusal).
     user_zcopy: AtomicBool,
+    /// The provider's name ("shm", "rdma", "sim").
+    name: &'static str,
 }
 
 /// A runtime over one provider. Dropping the last handle stops the progress thread.
@@ -198,6 +200,7 @@ impl<P: Provider + 'static> Runtime<P> {
     /// Start a runtime and its progress thread.
     pub(crate) fn start(provider: P, cfg: Config, tick: Option<Tick>) -> io::Result<Arc<Self>> {
         let notify = provider.notify_fd();
+        let name = provider.name();
         let sh = Arc::new(Shared {
             inner: Mutex::new(Inner {
                 driver: Driver::new(provider, cfg),
@@ -212,6 +215,7 @@ impl<P: Provider + 'static> Runtime<P> {
             tick,
             stop: AtomicBool::new(false),
             user_zcopy: AtomicBool::new(true),
+            name,
         });
         let thread_sh = sh.clone();
         std::thread::Builder::new()
@@ -648,7 +652,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         if !w.nonblocking
             && w.zcopy
             && w.timeout.is_none()
-            && buf.len() >= self.zcopy_threshold().max(1)
+            && buf.len() >= self.user_zcopy_min()
             && buf.len() <= u32::MAX as usize
             && self.sh.user_zcopy.load(Ordering::Relaxed)
         {
@@ -918,4 +922,34 @@ impl<P: Provider + 'static> Runtime<P> {
     pub(crate) fn zcopy_threshold(&self) -> usize {
         self.sh.inner.lock().driver.config().zcopy_threshold
     }
+
+    /// Plain blocking writes at least this big go by zero copy. Each such write costs a
+    /// registration and a round trip (the call returns when the peer has the bytes), which a
+    /// copy beats for smaller writes: `SDP_ZCOPY_MIN` (bytes, `k`/`m` suffixes), by default
+    /// [`USER_ZCOPY_MIN_SHM`] / [`USER_ZCOPY_MIN_RDMA`], never below the engine's threshold.
+    pub(crate) fn user_zcopy_min(&self) -> usize {
+        let floor = self.zcopy_threshold().max(1);
+        let v = env_size("SDP_ZCOPY_MIN").unwrap_or(match self.sh.name {
+            "rdma" => USER_ZCOPY_MIN_RDMA,
+            _ => USER_ZCOPY_MIN_SHM,
+        });
+        v.max(floor)
+    }
+}
+
+/// Default smallest plain write sent by zero copy over shm (measured crossover, README).
+pub(crate) const USER_ZCOPY_MIN_SHM: usize = 128 * 1024;
+/// Default smallest plain write sent by zero copy over RDMA (registration is costly there).
+pub(crate) const USER_ZCOPY_MIN_RDMA: usize = 1024 * 1024;
+
+/// A byte count from the environment: digits with an optional `k`/`m` suffix (binary units).
+fn env_size(name: &str) -> Option<usize> {
+    let v = std::env::var(name).ok()?;
+    let v = v.trim().to_ascii_lowercase();
+    let (num, mul) = match v.as_bytes().last()? {
+        b'k' => (&v[..v.len() - 1], 1024),
+        b'm' => (&v[..v.len() - 1], 1024 * 1024),
+        _ => (&v[..], 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(mul)
 }
