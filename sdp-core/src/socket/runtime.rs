@@ -38,17 +38,72 @@ use crate::proto::table::ConnId;
 use crate::proto::{Config, ConnError, Event, Instant, Shutdown, State};
 use crate::verbs::{Access, MemoryRegion, Provider, VerbsError};
 
-/// How long a blocking call polls by itself before it sleeps.
-fn spin_time() -> Duration {
-    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+/// `SDP_SPIN_US` if set: a fixed time a blocking call polls by itself before it sleeps.
+fn spin_fixed() -> Option<Duration> {
+    static SPIN: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
     *SPIN.get_or_init(|| {
-        let us = std::env::var("SDP_SPIN_US")
+        std::env::var("SDP_SPIN_US")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(50u64);
-        Duration::from_micros(us)
+            .map(Duration::from_micros)
     })
 }
+
+/// The least a blocking call polls before it sleeps (`SDP_SPIN_US` if set).
+fn spin_time() -> Duration {
+    spin_fixed().unwrap_or(SPIN_BASE)
+}
+
+/// The adaptive poll time starts here and never goes below it.
+const SPIN_BASE: Duration = Duration::from_micros(50);
+/// The adaptive poll time never goes above this.
+const SPIN_MAX: Duration = Duration::from_micros(500);
+
+/// How long blocking calls poll before they sleep, learnt from how long recent waits took
+/// (like an adaptive mutex): waits that end within a millisecond raise it towards 1.5 times
+/// their length (at most [`SPIN_MAX`]), so a peer that answers quickly is caught without a
+/// sleep and a wakeup, which cost more than the poll; longer waits bring it back to
+/// [`SPIN_BASE`], so an idle connection does not burn CPU. A fixed `SDP_SPIN_US` turns it off.
+#[derive(Debug)]
+struct AdaptiveSpin {
+    ns: std::sync::atomic::AtomicU64,
+}
+
+impl AdaptiveSpin {
+    fn new() -> AdaptiveSpin {
+        AdaptiveSpin {
+            ns: std::sync::atomic::AtomicU64::new(spin_time().as_nanos() as u64),
+        }
+    }
+    fn get(&self) -> Duration {
+        match spin_fixed() {
+            Some(d) => d,
+            None => Duration::from_nanos(self.ns.load(Ordering::Relaxed)),
+        }
+    }
+    /// A blocking call's wait ended after `waited`.
+    fn record(&self, waited: Duration) {
+        if spin_fixed().is_some() {
+            return;
+        }
+        let base = SPIN_BASE.as_nanos() as u64;
+        let max = SPIN_MAX.as_nanos() as u64;
+        let w = waited.as_nanos() as u64;
+        let target = if w < 1_000_000 {
+            (w + w / 2).clamp(base, max)
+        } else {
+            base
+        };
+        let old = self.ns.load(Ordering::Relaxed);
+        self.ns.store((old * 3 + target) / 4, Ordering::Relaxed);
+    }
+}
+
+/// Bytes per nanosecond a peer is assumed to copy a zero-copy transfer at (sizing the poll
+/// before a zero-copy wait sleeps).
+const COPY_RATE: usize = 8;
+/// The longest a zero-copy wait polls before it sleeps.
+const MAX_ZCOPY_SPIN: Duration = Duration::from_millis(1);
 
 /// Reads at least this big may take a peer's zero-copy source straight into the caller's
 /// buffer.
@@ -61,6 +116,8 @@ pub(crate) struct Wait {
     pub timeout: Option<Duration>,
     /// Large blocking reads and writes may go by zero copy.
     pub zcopy: bool,
+    /// Poll this long before sleeping (`None`: `SDP_SPIN_US`).
+    pub spin: Option<Duration>,
 }
 
 /// A registered memory region of some provider, type-erased.
@@ -145,6 +202,7 @@ struct Shared<P: Provider> {
     user_zcopy: AtomicBool,
     /// The provider's name ("shm", "rdma", "sim").
     name: &'static str,
+    spin: AdaptiveSpin,
 }
 
 /// A runtime over one provider. Dropping the last handle stops the progress thread.
@@ -216,6 +274,7 @@ impl<P: Provider + 'static> Runtime<P> {
             stop: AtomicBool::new(false),
             user_zcopy: AtomicBool::new(true),
             name,
+            spin: AdaptiveSpin::new(),
         });
         let thread_sh = sh.clone();
         std::thread::Builder::new()
@@ -244,15 +303,23 @@ impl<P: Provider + 'static> Runtime<P> {
         let start = std::time::Instant::now();
         let mut g = self.lock()?;
         let mut woke_progress = false;
+        let spin = w.spin.unwrap_or_else(|| self.sh.spin.get());
+        let mut waited = false;
         loop {
             let now = self.now();
             if let Some(r) = f(&mut g, now) {
+                if waited && w.spin.is_none() {
+                    self.sh.spin.record(start.elapsed());
+                }
                 return r;
             }
             // Move things along ourselves, then look again.
             if self.sh.step(&mut g) > 0 {
                 self.sh.cond.notify_all();
                 if let Some(r) = f(&mut g, self.now()) {
+                    if waited && w.spin.is_none() {
+                        self.sh.spin.record(start.elapsed());
+                    }
                     return r;
                 }
             }
@@ -265,7 +332,8 @@ impl<P: Provider + 'static> Runtime<P> {
                 Some(t) => t - elapsed,
                 None => Duration::from_secs(3600),
             };
-            if elapsed < spin_time() {
+            waited = true;
+            if elapsed < spin {
                 MutexGuard::unlocked(&mut g, std::hint::spin_loop);
                 continue;
             }
@@ -290,9 +358,22 @@ impl<P: Provider + 'static> Runtime<P> {
     }
 
     fn zcopy_wait(&self, id: ConnId, token: u64) -> io::Result<usize> {
+        self.zcopy_wait_for(id, token, 0)
+    }
+
+    /// Wait for the zero-copy transfer `token` of `len` bytes. The peer must copy all of them
+    /// before it answers, so the caller polls for about that long (at [`COPY_RATE`]) on top
+    /// of the usual spin before it sleeps: a sleep and a wakeup cost more than the wait they
+    /// would save, and the reply usually comes within it.
+    fn zcopy_wait_for(&self, id: ConnId, token: u64, len: usize) -> io::Result<usize> {
+        let copy = Duration::from_nanos((len / COPY_RATE) as u64);
+        let w = Wait {
+            spin: Some((spin_time() + copy).min(MAX_ZCOPY_SPIN)),
+            ..Wait::default()
+        };
         // No timeout: the peer may be reading or writing the memory until the engine says it
         // is done, which it always does (finished, cancelled, or the connection failed).
-        self.block_on(Wait::default(), |g, _| {
+        self.block_on(w, |g, _| {
             let s = g.socks.get_mut(&id)?;
             let i = s.zdone.iter().position(|&(t, _)| t == token)?;
             Some(Ok(s.zdone.swap_remove(i).1))
@@ -320,7 +401,7 @@ impl<P: Provider + 'static> Runtime<P> {
                 Err(e) => Some(Err(io_err(e))),
             }
         })?;
-        self.zcopy_wait(id, token)
+        self.zcopy_wait_for(id, token, len)
     }
 
     /// Receive the next bytes straight into registered memory when they are a peer's zero-copy

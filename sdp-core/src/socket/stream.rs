@@ -48,6 +48,7 @@ impl Core {
             nonblocking: self.nonblocking.load(Ordering::Relaxed),
             timeout,
             zcopy: self.zcopy.load(Ordering::Relaxed),
+            spin: None,
         }
     }
 }
