@@ -1034,3 +1034,42 @@ fn env_size(name: &str) -> Option<usize> {
     };
     num.parse::<usize>().ok()?.checked_mul(mul)
 }
+
+#[cfg(test)]
+mod spin_tests {
+    use super::*;
+
+    #[test]
+    fn adaptive_spin_follows_short_waits_and_falls_back_after_long_ones() {
+        if spin_fixed().is_some() {
+            // SDP_SPIN_US fixes the poll time: nothing adapts.
+            let s = AdaptiveSpin::new();
+            s.record(Duration::from_micros(300));
+            assert_eq!(s.get(), spin_fixed().unwrap());
+            return;
+        }
+        let s = AdaptiveSpin::new();
+        assert_eq!(s.get(), SPIN_BASE);
+        // Replies that come after ~200 us: the poll grows towards 300 us, never past it.
+        for _ in 0..50 {
+            s.record(Duration::from_micros(200));
+        }
+        let grown = s.get();
+        assert!(grown > Duration::from_micros(280) && grown <= Duration::from_micros(300));
+        // Very short waits never push it under the base.
+        for _ in 0..50 {
+            s.record(Duration::from_micros(1));
+        }
+        assert_eq!(s.get(), SPIN_BASE);
+        // Waits near a millisecond are capped at SPIN_MAX.
+        for _ in 0..50 {
+            s.record(Duration::from_micros(900));
+        }
+        assert!(s.get() <= SPIN_MAX && s.get() > SPIN_MAX - Duration::from_micros(5));
+        // An idle connection (long waits) brings it back to the base.
+        for _ in 0..50 {
+            s.record(Duration::from_secs(2));
+        }
+        assert!(s.get() < SPIN_BASE + Duration::from_micros(1));
+    }
+}
