@@ -1615,6 +1615,11 @@ impl ShmListener {
     }
 
     fn take_new(&mut self) {
+        // A nonblocking accept(2) that finds nobody still allocates and frees a socket file:
+        // ask poll(2) first, which costs little, since this runs at every progress round.
+        if self.half.len() >= self.backlog || !sys::poll_readable(self.sock.as_raw_fd(), 0) {
+            return;
+        }
         while self.half.len() < self.backlog {
             let s = match sys::accept(self.sock.as_fd()) {
                 Ok(Some(s)) => s,
