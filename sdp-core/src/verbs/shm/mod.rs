@@ -95,6 +95,10 @@ const M_DISC: u8 = 5;
 const M_VERSION: u8 = 1;
 const M_HDR: usize = 40;
 
+/// A busy listener looks for new connections at least this often (epoll's hint brings them at
+/// once to an idle one).
+const LISTEN_CHECK: Duration = Duration::from_micros(200);
+
 const TOKEN_EVFD: u64 = 0;
 const TOKEN_TIMER: u64 = 1;
 const TOKEN_BASE: u64 = 2;
@@ -658,6 +662,7 @@ impl Provider for ShmProvider {
             tcp,
             half: VecDeque::new(),
             backlog: backlog.clamp(1, 4096) as usize,
+            last_check: Instant::now(),
         })
     }
 
@@ -1591,6 +1596,8 @@ pub struct ShmListener {
     tcp: Option<OwnedFd>,
     half: VecDeque<Half>,
     backlog: usize,
+    /// When the rendezvous socket was last looked at.
+    last_check: Instant,
 }
 
 impl std::fmt::Debug for ShmListener {
@@ -1615,9 +1622,19 @@ impl ShmListener {
     }
 
     fn take_new(&mut self) {
-        // A nonblocking accept(2) that finds nobody still allocates and frees a socket file:
-        // ask poll(2) first, which costs little, since this runs at every progress round.
-        if self.half.len() >= self.backlog || !sys::poll_readable(self.sock.as_raw_fd(), 0) {
+        // This runs at every progress round, and a caller spinning for a reply makes many: look
+        // at the socket when epoll reported it (the hint), else at most every LISTEN_CHECK.
+        // And ask poll(2) first: a nonblocking accept(2) that finds nobody still allocates and
+        // frees a socket file.
+        let hint = self._ctl.hint.swap(false, Ordering::Relaxed);
+        let now = Instant::now();
+        if self.half.len() >= self.backlog
+            || (!hint && now.duration_since(self.last_check) < LISTEN_CHECK)
+        {
+            return;
+        }
+        self.last_check = now;
+        if !sys::poll_readable(self.sock.as_raw_fd(), 0) {
             return;
         }
         while self.half.len() < self.backlog {
