@@ -104,3 +104,47 @@ fn read_timeout() {
     assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
     assert!(t.elapsed() >= Duration::from_millis(50));
 }
+
+/// `Options::source_ip` on a kernel TCP connection (chosen, or the automatic fallback when no
+/// SDP provider reaches the source address) binds it like `bind()` before `connect()`; errors
+/// are TCP's.
+#[test]
+fn source_ip_binds_the_tcp_connection() {
+    let src = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut opts = vec![Options::tcp_only().with_source_ip(src)];
+    if !cfg!(feature = "rdma") {
+        // Without RDMA nothing carries SDP from a chosen source address: TCP it is.
+        opts.push(Options::auto().with_source_ip(src));
+    }
+    for o in opts {
+        let mut c = SdpStream::connect_with(addr, &o).unwrap();
+        assert_eq!(c.transport(), Transport::Tcp);
+        let (mut s, peer) = l.accept().unwrap();
+        assert_eq!(peer.ip(), src);
+        assert_eq!(c.local_addr().unwrap().ip(), src);
+        c.write_all(b"from .2").unwrap();
+        let mut b = [0u8; 7];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"from .2");
+    }
+    // Nobody listening: the same error as std's connect, with and without a timeout.
+    drop(l);
+    let want = std::net::TcpStream::connect(addr).unwrap_err().kind();
+    for t in [None, Some(Duration::from_secs(2))] {
+        let o = Options {
+            connect_timeout: t,
+            ..Options::tcp_only().with_source_ip(src)
+        };
+        let e = SdpStream::connect_with(addr, &o).unwrap_err();
+        assert_eq!(e.kind(), want);
+    }
+    // A source address that is not this host's: bind's EADDRNOTAVAIL, as for a TCP socket.
+    let e = SdpStream::connect_with(
+        addr,
+        &Options::tcp_only().with_source_ip(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1))),
+    )
+    .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EADDRNOTAVAIL));
+}

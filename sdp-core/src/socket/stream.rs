@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 
 use super::runtime::{DynMr, Wait};
 use super::stack::{Choice, Options, Stack};
+use super::sys;
 use super::Transport;
 use crate::proto::table::ConnId;
 use crate::proto::Shutdown;
@@ -154,9 +155,10 @@ impl SdpStream {
                 Err(e) => return Err(e),
             }
         }
-        let s = match opts.connect_timeout {
-            Some(t) => TcpStream::connect_timeout(&a, t)?,
-            None => TcpStream::connect(a)?,
+        let s = match (opts.source_ip, opts.connect_timeout) {
+            (Some(src), t) => sys::tcp_connect_from(src, a, t)?,
+            (None, Some(t)) => TcpStream::connect_timeout(&a, t)?,
+            (None, None) => TcpStream::connect(a)?,
         };
         Ok(SdpStream::from_tcp(s))
     }

@@ -168,3 +168,97 @@ pub(crate) fn epoll_of(fds: &[RawFd]) -> io::Result<OwnedFd> {
 pub(crate) fn local_ips() -> Vec<std::net::IpAddr> {
     crate::verbs::shm::sys::local_addrs()
 }
+
+/// `sockaddr_storage` for `a`, and its length.
+fn sockaddr_of(a: std::net::SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data; all zeroes is a valid (unspecified) value.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        std::net::SocketAddr::V4(v4) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for any sockaddr.
+            let sin = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = v4.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        std::net::SocketAddr::V6(v6) => {
+            // SAFETY: as above.
+            let sin6 = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = v6.port().to_be();
+            sin6.sin6_addr.s6_addr = v6.ip().octets();
+            sin6.sin6_flowinfo = v6.flowinfo();
+            sin6.sin6_scope_id = v6.scope_id();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// A kernel TCP connection to `dst` leaving from `src` (port chosen by the kernel), within
+/// `timeout` if given: what `TcpStream::connect(_timeout)` does, with a bind first.
+pub(crate) fn tcp_connect_from(
+    src: std::net::IpAddr,
+    dst: std::net::SocketAddr,
+    timeout: Option<Duration>,
+) -> io::Result<std::net::TcpStream> {
+    let family = if dst.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    let fd = syscall!(socket(
+        family,
+        libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+        0
+    ))?;
+    // SAFETY: the fd was just returned by socket() and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let (sa, len) = sockaddr_of(std::net::SocketAddr::new(src, 0));
+    // SAFETY: `sa` is a valid sockaddr of `len` bytes for the socket's family.
+    syscall!(bind(
+        fd.as_raw_fd(),
+        &sa as *const _ as *const libc::sockaddr,
+        len
+    ))?;
+    let (da, dlen) = sockaddr_of(dst);
+    // SAFETY: as above, for the destination.
+    match syscall!(connect(
+        fd.as_raw_fd(),
+        &da as *const _ as *const libc::sockaddr,
+        dlen
+    )) {
+        Ok(_) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
+            let deadline = timeout.map(|t| std::time::Instant::now() + t);
+            loop {
+                let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+                if left.is_some_and(|l| l.is_zero()) {
+                    return Err(io::Error::from(io::ErrorKind::TimedOut));
+                }
+                let r = poll(&[(fd.as_raw_fd(), libc::POLLOUT)], left)?;
+                if r.first().is_some_and(|&ev| ev != 0) {
+                    break;
+                }
+            }
+            let mut err: libc::c_int = 0;
+            let mut elen = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: `err` and `elen` are live and sized for SO_ERROR's int.
+            syscall!(getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ERROR,
+                &mut err as *mut _ as *mut libc::c_void,
+                &mut elen
+            ))?;
+            if err != 0 {
+                return Err(io::Error::from_raw_os_error(err));
+            }
+        }
+        Err(e) => return Err(e),
+    }
+    let s = std::net::TcpStream::from(fd);
+    s.set_nonblocking(false)?;
+    Ok(s)
+}
