@@ -81,7 +81,12 @@ pub struct App<P: Provider = SimProvider> {
     sizes: ChaCha8Rng,
     pending: Vec<u8>,
     next_token: u64,
-    src: Option<(u64, P::Mr, Vec<u8>)>,
+    /// Zero-copy sends outstanding, oldest first.
+    src: std::collections::VecDeque<(u64, P::Mr, Vec<u8>)>,
+    /// Bytes of short zero-copy completions to send again (before `pending`).
+    redo: Vec<u8>,
+    /// Zero-copy sends kept outstanding at once (pipelined zero copy); 1 by default.
+    pub src_window: usize,
     sink: Option<(u64, P::Mr)>,
     /// Errors reported by calls or events (the test decides whether they are expected).
     pub errors: Vec<CallError>,
@@ -109,7 +114,9 @@ impl<P: Provider> App<P> {
             sizes: ChaCha8Rng::seed_from_u64(out_seed ^ 0x5eed),
             pending: Vec::new(),
             next_token: 1,
-            src: None,
+            src: std::collections::VecDeque::new(),
+            redo: Vec::new(),
+            src_window: 1,
             sink: None,
             errors: Vec::new(),
             events: Vec::new(),
@@ -141,16 +148,24 @@ impl<P: Provider> App<P> {
     }
 
     fn on_sent(&mut self, token: u64, bytes: usize) {
-        let Some((t, _mr, data)) = self.src.take() else {
+        let Some((t, _mr, data)) = self.src.pop_front() else {
             panic!("ZcopySent without a source")
         };
-        assert_eq!(t, token, "ZcopySent for another token");
+        assert_eq!(t, token, "ZcopySent out of order");
         assert!(bytes <= data.len());
+        assert!(
+            self.redo.is_empty() || bytes == 0,
+            "a source after a short one reported {bytes} bytes sent"
+        );
         self.sent += bytes as u64;
-        // The rest goes again, first (a short write).
-        let mut rest = data[bytes..].to_vec();
-        rest.extend_from_slice(&self.pending);
-        self.pending = rest;
+        // The rest goes again, first (a short write), and so does every later source (they
+        // complete with 0 after a short one).
+        self.redo.extend_from_slice(&data[bytes..]);
+        if self.src.is_empty() && !self.redo.is_empty() {
+            let mut rest = std::mem::take(&mut self.redo);
+            rest.extend_from_slice(&self.pending);
+            self.pending = rest;
+        }
     }
 
     fn on_received(&mut self, token: u64, bytes: usize) {
@@ -182,13 +197,16 @@ impl<P: Provider> App<P> {
 
     fn write_some(&mut self, d: &mut Driver<P>, now: Instant, id: ConnId) {
         loop {
-            if self.src.is_some() {
+            if self.src.len() >= self.src_window.max(1) || !self.redo.is_empty() {
                 return;
             }
-            let generated = self.sent + self.pending.len() as u64;
+            let generated = self.sent
+                + self.pending.len() as u64
+                + self.src.iter().map(|s| s.2.len() as u64).sum::<u64>();
             if self.pending.is_empty() {
                 if generated >= self.to_send {
-                    if !self.shut && !self.keep_open {
+                    // Shut only once every zero-copy send is done (a short one sends again).
+                    if !self.shut && !self.keep_open && self.src.is_empty() {
                         match d.shutdown(now, id, Shutdown::Write) {
                             Ok(()) => self.shut = true,
                             Err(e) => {
@@ -223,8 +241,8 @@ impl<P: Provider> App<P> {
                     Ok(()) => {
                         self.next_token += 1;
                         let data = std::mem::take(&mut self.pending);
-                        self.src = Some((token, mr, data));
-                        return;
+                        self.src.push_back((token, mr, data));
+                        continue;
                     }
                     Err(CallError::WouldBlock) => return,
                     Err(e) => {

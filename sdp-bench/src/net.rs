@@ -14,6 +14,9 @@ use crate::RunOpts;
 const MAGIC: u32 = 0x5344_5042; // "SDPB"
 const STREAM: u32 = 1;
 const PINGPONG: u32 = 2;
+/// Zero-copy sends the client keeps in flight (sdp-zcopy stream mode).
+const ZCOPY_DEPTH: usize = 4;
+
 /// Flags: the client sends from registered buffers (the server receives into one).
 const F_REGISTERED: u32 = 1;
 /// Flags: no zero copy at all (BCopy only).
@@ -255,10 +258,30 @@ fn run_stream(addr: &str, mode: Mode, size: usize, dur: Duration) -> io::Result<
     let t0 = Instant::now();
     let mut sent = 0u64;
     if mode == Mode::SdpZcopy {
-        let mut rb = s.register(size)?;
-        rb.as_mut_slice().fill(0x5a);
+        // A window of registered buffers in flight, like ib_write_bw's transmit depth: the
+        // peer reads one while the next ones are advertised.
+        let mut inflight = std::collections::VecDeque::with_capacity(ZCOPY_DEPTH);
+        let mut free = Vec::with_capacity(ZCOPY_DEPTH);
+        for _ in 0..ZCOPY_DEPTH {
+            let mut rb = s.register(size)?;
+            rb.as_mut_slice().fill(0x5a);
+            free.push(rb);
+        }
         while t0.elapsed() < dur {
-            sent += s.send_registered(&mut rb, 0..size)? as u64;
+            let rb = match free.pop() {
+                Some(rb) => rb,
+                None => {
+                    let p: sdp_core::socket::PendingSend =
+                        inflight.pop_front().expect("window is full");
+                    let (rb, n) = p.wait()?;
+                    sent += n as u64;
+                    rb
+                }
+            };
+            inflight.push_back(s.send_registered_async(rb, 0..size)?);
+        }
+        for p in inflight {
+            sent += p.wait()?.1 as u64;
         }
     } else {
         let buf = vec![0x5au8; size];

@@ -22,8 +22,6 @@ pub(crate) struct SrcAdvt {
     pub reads_inflight: u32,
     /// The peer cancelled (SrcAvailCancel) or we refused: no further reads.
     pub cancelled: bool,
-    /// SendSm still owed to the peer once reads in flight finish.
-    pub send_sm_due: bool,
 }
 
 /// A SinkAvail received and judged current.
@@ -43,6 +41,12 @@ pub struct Advts {
     /// see it is stale.
     pub(crate) last_stream_mseq: u32,
     pub(crate) bounce_pool: Pool,
+    /// A SendSm is owed to the peer once every RDMA Read in flight finished.
+    pub(crate) send_sm_due: bool,
+    /// A SendSm is queued and not sent yet.
+    pub(crate) send_sm_queued: bool,
+    /// mseq of the last SendSm we sent.
+    pub(crate) send_sm_mseq: Option<u32>,
 }
 
 impl Default for Advts {
@@ -52,6 +56,9 @@ impl Default for Advts {
             sink: None,
             last_stream_mseq: 0,
             bounce_pool: Pool::new(BOUNCE_SIZE),
+            send_sm_due: false,
+            send_sm_queued: false,
+            send_sm_mseq: None,
         }
     }
 }
@@ -69,22 +76,34 @@ impl Advts {
             .get(id)
             .is_none_or(|a| a.reads_inflight == 0 && (a.done == a.len || a.cancelled))
     }
-    /// We will not read this advertisement: true if SendSm should go out now.
-    pub(crate) fn refuse_src(&mut self, id: usize) -> bool {
+    /// We will read no more of this advertisement than was requested (a refusal or the peer's
+    /// cancel). True if that cut it short (the peer must then be told with SendSm). An
+    /// advertisement with no reads in flight is dropped at once.
+    pub(crate) fn cut_src(&mut self, id: usize) -> bool {
         let Some(a) = self.srcs.get_mut(id) else {
             return false;
         };
-        if a.cancelled {
-            return false;
-        }
+        let cut = !a.cancelled && a.requested < a.len;
         a.cancelled = true;
+        a.len = a.requested;
         if a.reads_inflight == 0 {
             self.srcs.remove(id);
-            true
-        } else {
-            a.send_sm_due = true;
-            false
         }
+        cut
+    }
+    /// RDMA Reads in flight on any advertisement.
+    pub(crate) fn reads_inflight(&self) -> bool {
+        self.srcs.iter().any(|(_, a)| a.reads_inflight > 0)
+    }
+    /// A SrcAvail whose BSDH acknowledged `mseq_ack` was sent before the peer saw our last
+    /// SendSm (or one still owed or queued): the SendSm ended it on the peer's side, so it is
+    /// void and must not be read.
+    pub(crate) fn src_void(&self, mseq_ack: u32) -> bool {
+        self.send_sm_due
+            || self.send_sm_queued
+            || self
+                .send_sm_mseq
+                .is_some_and(|m| (mseq_ack.wrapping_sub(m) as i32) < 0)
     }
     /// The peer's sink can take our bytes.
     pub(crate) fn sink_usable(&self) -> bool {

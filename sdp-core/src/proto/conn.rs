@@ -41,6 +41,11 @@ pub struct Config {
     pub nodelay: bool,
     /// Peer advertisements (SrcAvail/SinkAvail) we accept outstanding at once.
     pub max_adverts: u8,
+    /// Our SrcAvails outstanding at once (pipelined zero copy): the data source advertises the
+    /// next queued zero-copy send while the peer still reads earlier ones. Bounded further by
+    /// `max_adverts` and by the peer's `max_adverts` from its Hello/HelloAck. 1 waits for each
+    /// advertisement to finish before the next (a round trip per zero-copy send).
+    pub max_srcavail_inflight: u8,
     /// Idle time before keepalive probes start; `None` disables keepalive.
     pub keepalive_idle: Option<Duration>,
     /// Interval between keepalive probes.
@@ -72,6 +77,7 @@ impl Default for Config {
             zcopy_threshold: 64 * 1024,
             nodelay: false,
             max_adverts: 8,
+            max_srcavail_inflight: 4,
             keepalive_idle: None,
             keepalive_interval: Duration::from_secs(1),
             keepalive_probes: 3,
@@ -105,6 +111,12 @@ impl Config {
         }
         if self.zcopy_threshold == 0 {
             return Err("zcopy_threshold");
+        }
+        if self.max_adverts == 0 {
+            return Err("max_adverts");
+        }
+        if self.max_srcavail_inflight == 0 {
+            return Err("max_srcavail_inflight");
         }
         Ok(())
     }

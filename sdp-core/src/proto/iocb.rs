@@ -54,6 +54,17 @@ pub(crate) struct SrcIocb {
     pub deadline: Option<Instant>,
 }
 
+impl SrcIocb {
+    /// Advertised and not finished.
+    pub(crate) fn outstanding(&self) -> bool {
+        matches!(self.state, SrcState::Advertised | SrcState::Cancelling)
+    }
+    /// Bytes of the source the peer has not acknowledged (read or written).
+    pub(crate) fn unacked(&self) -> u32 {
+        self.src.len - self.acked - self.written
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct SinkIocb {
     pub token: u64,
@@ -61,9 +72,15 @@ pub(crate) struct SinkIocb {
 }
 
 /// A connection's outstanding zero-copy blocks.
+///
+/// Sources are kept in stream order, and their states follow that order: first sources written
+/// whole into a peer's sink and waiting for their RDMA Write completions (`Written`), then
+/// sources advertised with SrcAvail (`Advertised`, or `Cancelling` once SrcAvailCancel went),
+/// then sources not advertised yet (`Queued`). Several may be advertised at once (pipelined
+/// zero copy, see [`super::write`] for the rules).
 #[derive(Debug, Default)]
 pub struct Iocbs {
-    /// Sources in stream order; only the first can be advertised.
+    /// Sources in stream order.
     pub(crate) srcs: VecDeque<SrcIocb>,
     /// Our advertised sink, if any.
     pub(crate) sink: Option<SinkIocb>,
@@ -87,20 +104,32 @@ impl Iocbs {
     pub(crate) fn src_queued(&self) -> usize {
         self.srcs.len()
     }
-    /// A SrcAvail is out and not finished: nothing else in the stream may pass it.
+    /// A SrcAvail is out and not finished: no data or DisConn may pass it (only further
+    /// SrcAvails, within the window, and replies to the peer).
     pub(crate) fn src_advertised(&self) -> bool {
-        self.srcs
-            .front()
-            .is_some_and(|s| matches!(s.state, SrcState::Advertised | SrcState::Cancelling))
+        self.srcs.iter().any(SrcIocb::outstanding)
     }
+    /// SrcAvails out and not finished.
+    pub(crate) fn src_inflight(&self) -> usize {
+        self.srcs.iter().filter(|s| s.outstanding()).count()
+    }
+    /// A SrcAvailCancel is out: nothing more is advertised until the peer's SendSm (or the
+    /// last RdmaRdCompl) ends every advertisement.
+    pub(crate) fn src_cancelling(&self) -> bool {
+        self.srcs.iter().any(|s| s.state == SrcState::Cancelling)
+    }
+    /// A source went whole into the peer's sink and waits for its RDMA Write completions.
+    pub(crate) fn src_writing(&self) -> bool {
+        self.srcs.iter().any(|s| s.state == SrcState::Written)
+    }
+    /// When the advertised sources time out (the earliest deadline: every deadline moves on
+    /// when the peer makes progress).
     pub(crate) fn src_deadline(&self) -> Option<Instant> {
-        self.srcs.front().and_then(|s| {
-            if s.state == SrcState::Advertised {
-                s.deadline
-            } else {
-                None
-            }
-        })
+        self.srcs
+            .iter()
+            .filter(|s| s.state == SrcState::Advertised)
+            .filter_map(|s| s.deadline)
+            .min()
     }
     pub(crate) fn find_src(&mut self, token: u64) -> Option<&mut SrcIocb> {
         self.srcs.iter_mut().find(|s| s.token == token)

@@ -154,7 +154,9 @@ impl<S: BufStore> Conn<S> {
                     context: "not supported",
                 }),
             },
-            Ext::SrcAvail { len, rkey, vaddr } => self.on_src_avail(now, len, rkey, vaddr),
+            Ext::SrcAvail { len, rkey, vaddr } => {
+                self.on_src_avail(now, h.bsdh.mseq_ack, len, rkey, vaddr)
+            }
             Ext::SinkAvail {
                 len, rkey, vaddr, ..
             } => self.on_sink_avail(now, h.bsdh.mseq_ack, len, rkey, vaddr),

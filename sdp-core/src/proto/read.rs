@@ -136,19 +136,45 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// A plain read found a SrcAvail at the head of the stream: read it into bounce buffers.
-    pub(crate) fn start_bounce_reads(&mut self, _now: Instant, advt: usize) {
-        loop {
-            let Some(a) = self.advts.srcs.get(advt) else {
-                return;
-            };
-            if a.cancelled || a.requested >= a.len || a.reads_inflight >= BOUNCE_WINDOW {
-                return;
+    /// Once an advertisement is fully requested, reads of the next one (when it follows at
+    /// once in the stream) start too, up to [`BOUNCE_WINDOW`] reads in flight in all. RDMA Read
+    /// completions come back in the order posted (RC send queue), so the RdmaRdCompls go out in
+    /// stream order, as the data source attributes them.
+    pub(crate) fn start_bounce_reads(&mut self, _now: Instant) {
+        let ids: Vec<usize> = self
+            .rx_queue
+            .iter()
+            .map_while(|i| match i {
+                RxItem::Src { advt } => Some(*advt),
+                RxItem::Data { .. } => None,
+            })
+            .collect();
+        let mut inflight: u32 = ids
+            .iter()
+            .filter_map(|id| self.advts.srcs.get(*id))
+            .map(|a| a.reads_inflight)
+            .sum();
+        for advt in ids {
+            loop {
+                let Some(a) = self.advts.srcs.get(advt) else {
+                    return;
+                };
+                if a.cancelled {
+                    return;
+                }
+                if a.requested >= a.len {
+                    break;
+                }
+                if inflight >= BOUNCE_WINDOW {
+                    return;
+                }
+                let n = (a.len - a.requested).min(self.advts.bounce_pool.size());
+                let Some(buf) = self.advts.bounce_pool.get(&mut self.store) else {
+                    return;
+                };
+                self.post_read(advt, buf.sge(n), n, Some(buf), None);
+                inflight += 1;
             }
-            let n = (a.len - a.requested).min(self.advts.bounce_pool.size());
-            let Some(buf) = self.advts.bounce_pool.get(&mut self.store) else {
-                return;
-            };
-            self.post_read(advt, buf.sge(n), n, Some(buf), None);
         }
     }
 
@@ -222,13 +248,6 @@ impl<S: BufStore> Conn<S> {
 
     /// Drop a finished advertisement from the stream, and answer a cancel once reads are done.
     fn after_src_progress(&mut self, advt: usize) {
-        let Some(a) = self.advts.srcs.get(advt) else {
-            return;
-        };
-        if a.reads_inflight == 0 && a.send_sm_due {
-            self.advts.srcs[advt].send_sm_due = false;
-            self.queue_ctrl_front(Mid::SendSm, Ext::None);
-        }
         if self.advts.src_exhausted(advt) {
             if let Some(pos) = self
                 .rx_queue
@@ -239,6 +258,17 @@ impl<S: BufStore> Conn<S> {
             }
             self.src_consumed(advt);
         }
+        self.maybe_send_sm();
+    }
+
+    /// Send the SendSm owed once no RDMA Read is in flight (every byte read is acknowledged
+    /// before it, so the peer sees exactly what we took).
+    pub(crate) fn maybe_send_sm(&mut self) {
+        if self.advts.send_sm_due && !self.advts.reads_inflight() {
+            self.advts.send_sm_due = false;
+            self.advts.send_sm_queued = true;
+            self.queue_ctrl_front(Mid::SendSm, Ext::None);
+        }
     }
 
     /// The stream moved past an advertisement.
@@ -246,17 +276,16 @@ impl<S: BufStore> Conn<S> {
         self.advts.srcs.try_remove(advt);
     }
 
-    /// SrcAvail received: the peer's bytes come next in the stream.
+    /// SrcAvail received: the peer's bytes come next in the stream (unless it is void: sent
+    /// before the peer saw our SendSm, which ended it).
     pub(crate) fn on_src_avail(
         &mut self,
         now: Instant,
+        mseq_ack: u32,
         len: u32,
         rkey: u32,
         vaddr: u64,
     ) -> Result<(), ProtocolError> {
-        if self.advts.srcs.len() >= self.cfg.max_adverts as usize {
-            return Err(ProtocolError::TooManyAdverts(self.cfg.max_adverts));
-        }
         if vaddr.checked_add(len as u64).is_none() {
             return Err(ProtocolError::Unexpected {
                 mid: Mid::SrcAvail,
@@ -266,6 +295,12 @@ impl<S: BufStore> Conn<S> {
         if self.iocbs.sink_active() {
             self.cancel_sink(now);
         }
+        if self.advts.src_void(mseq_ack) {
+            return Ok(());
+        }
+        if self.advts.srcs.len() >= self.cfg.max_adverts as usize {
+            return Err(ProtocolError::TooManyAdverts(self.cfg.max_adverts));
+        }
         let id = self.advts.srcs.insert(SrcAdvt {
             len,
             rkey,
@@ -274,7 +309,6 @@ impl<S: BufStore> Conn<S> {
             done: 0,
             reads_inflight: 0,
             cancelled: false,
-            send_sm_due: false,
         });
         if self.app_closed {
             self.refuse_src(id);
@@ -290,26 +324,32 @@ impl<S: BufStore> Conn<S> {
         Ok(())
     }
 
-    /// SrcAvailCancel received: read no more of the peer's source; SendSm once reads finish.
+    /// SrcAvailCancel received: it covers every advertisement of the peer's we still have. Read
+    /// no more of them; SendSm once the reads in flight finish (none if nothing was cut short:
+    /// the messages crossed, and our RdmaRdCompls finish the peer's sources).
     pub(crate) fn on_src_cancel(&mut self, _now: Instant) -> Result<(), ProtocolError> {
-        // The cancel is for the oldest advertisement still in the stream, if any (it may have
-        // finished already: the messages crossed).
-        let id = self.rx_queue.iter().find_map(|i| match i {
-            RxItem::Src { advt } => Some(*advt),
-            _ => None,
-        });
-        let Some(id) = id else {
-            return Ok(());
-        };
-        let a = &mut self.advts.srcs[id];
-        if a.done == a.len && a.reads_inflight == 0 {
-            return Ok(());
+        let ids: Vec<usize> = self
+            .rx_queue
+            .iter()
+            .filter_map(|i| match i {
+                RxItem::Src { advt } => Some(*advt),
+                _ => None,
+            })
+            .collect();
+        let mut cut = false;
+        for id in ids {
+            if let Some(a) = self.advts.srcs.get_mut(id) {
+                cut |= !a.cancelled && a.requested < a.len;
+                a.cancelled = true;
+                a.len = a.requested;
+            }
+            self.after_src_progress(id);
         }
-        self.stats.srcavail_cancelled += 1;
-        a.cancelled = true;
-        a.len = a.requested;
-        a.send_sm_due = true;
-        self.after_src_progress(id);
+        if cut {
+            self.stats.srcavail_cancelled += 1;
+            self.advts.send_sm_due = true;
+            self.maybe_send_sm();
+        }
         Ok(())
     }
 

@@ -3,7 +3,6 @@
 
 use super::buff::{Buf, BufStore};
 use super::conn::{wrid, CallError, Conn, ConnError, State};
-use super::msgs::{Ext, Mid};
 use super::Instant;
 use crate::verbs::{RecvWr, WorkRequest};
 
@@ -77,7 +76,7 @@ impl<S: BufStore> Conn<S> {
                         continue;
                     }
                     // Bring the next part in by RDMA Read into bounce buffers.
-                    self.start_bounce_reads(now, advt);
+                    self.start_bounce_reads(now);
                     break;
                 }
             }
@@ -152,17 +151,23 @@ impl<S: BufStore> Conn<S> {
             match item {
                 RxItem::Data { buf, bounce, .. } => self.give_back_rx(buf, bounce),
                 RxItem::Src { advt } => {
-                    self.refuse_src(advt);
+                    if self.advts.cut_src(advt) {
+                        self.advts.send_sm_due = true;
+                    }
                 }
             }
         }
         self.rx_bytes = 0;
+        // One SendSm for every advertisement refused (it ends all of them on the peer's side).
+        self.maybe_send_sm();
     }
 
-    /// Tell the peer we will not read its SrcAvail (SendSm): it sends the rest by copy.
+    /// Tell the peer we will not read (the rest of) its SrcAvail (SendSm, once reads in flight
+    /// finish): it sends the rest by copy.
     pub(crate) fn refuse_src(&mut self, advt: usize) {
-        if self.advts.refuse_src(advt) {
-            self.queue_ctrl_front(Mid::SendSm, Ext::None);
+        if self.advts.cut_src(advt) {
+            self.advts.send_sm_due = true;
         }
+        self.maybe_send_sm();
     }
 }

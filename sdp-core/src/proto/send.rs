@@ -171,20 +171,18 @@ impl<S: BufStore> Conn<S> {
         self.tx_queue.insert(pos, TxItem::Ctrl { mid, ext });
     }
 
-    /// Post what the credits allow, in stream order.
+    /// Post what the credits allow, in stream order. While SrcAvails are outstanding only
+    /// further sources (within [`Conn::src_window`]) and replies to the peer go out; data and
+    /// DisConn wait until every outstanding source is finished (see [`super::write`]).
     pub(crate) fn push_tx(&mut self, now: Instant) {
         loop {
-            if self.iocbs.src_advertised() {
-                // Nothing may pass an outstanding SrcAvail, except replies to the peer.
-                if !matches!(self.tx_queue.front(), Some(TxItem::Ctrl { mid, .. }) if is_reply(*mid))
-                {
-                    return;
-                }
-            }
             let Some(front) = self.tx_queue.front() else {
                 return;
             };
+            let outstanding = self.iocbs.src_advertised();
             match front {
+                TxItem::Data { .. } if outstanding => return,
+                TxItem::Ctrl { mid, .. } if outstanding && !is_reply(*mid) => return,
                 TxItem::Data { len, flags, .. } => {
                     if self.advts.sink_usable() && flags.is_empty() {
                         if !self.fill_sink(now) {
@@ -244,15 +242,23 @@ impl<S: BufStore> Conn<S> {
                 TxItem::Src { token } => {
                     let token = *token;
                     if self.advts.sink_usable() {
+                        if outstanding {
+                            // The peer offered its sink after consuming every advertisement
+                            // it had seen: those finish soon; fill the sink after them.
+                            return;
+                        }
                         if !self.fill_sink(now) {
                             return;
                         }
                         continue;
                     }
-                    if self.iocbs.srcs.front().is_some_and(|s| s.token != token) {
+                    if self.iocbs.src_writing() {
                         // An earlier source went whole into the peer's sink and waits for its
-                        // RDMA Write completions; the advertised source must be the first one
-                        // (RdmaRdCompl, SendSm and the timeout refer to the front).
+                        // RDMA Write completions: sources finish in stream order.
+                        return;
+                    }
+                    if self.iocbs.src_cancelling() || self.iocbs.src_inflight() >= self.src_window()
+                    {
                         return;
                     }
                     if self.tx_credits < 2 {
@@ -261,8 +267,9 @@ impl<S: BufStore> Conn<S> {
                     if !self.advertise_src(now, token) {
                         return;
                     }
-                    // The SrcAvail stays at the front until the peer is done with it.
-                    return;
+                    // The source stays in `iocbs` until the peer is done with it; the stream
+                    // moves on to the next item (only another source may go before it ends).
+                    self.tx_queue.pop_front();
                 }
             }
         }
@@ -300,6 +307,11 @@ impl<S: BufStore> Conn<S> {
         self.store.write(&buf, 0, &hdr[..n]);
         if mid == Mid::RdmaWrCompl {
             self.advts.note_data_sent(h.bsdh.mseq);
+        }
+        if mid == Mid::SendSm {
+            // SrcAvails the peer sends before it sees this are void (see `Advts::src_void`).
+            self.advts.send_sm_queued = false;
+            self.advts.send_sm_mseq = Some(h.bsdh.mseq);
         }
         let key = self.tx_inflight.insert(Inflight::Msg {
             buf,

@@ -1,6 +1,41 @@
 //! RDMA Write path and the sending side of zero copy: SrcAvail advertisement of our sources
 //! and its completion (RdmaRdCompl), cancel (SrcAvailCancel / SendSm); RDMA Writes into a
 //! peer's SinkAvail followed by RdmaWrCompl; and the keepalive probe (a zero-byte RDMA Write).
+//!
+//! # Pipelined zero copy (several SrcAvails outstanding)
+//!
+//! The data source may have up to [`Conn::src_window`] SrcAvails outstanding at once (our
+//! `max_srcavail_inflight` and `max_adverts`, and the `max_adverts` the peer announced in its
+//! Hello/HelloAck; the IBTA Annex A4 pipelined mode). The rules:
+//!
+//! * **Order.** Sources are advertised in stream order, each only after every earlier stream
+//!   item went out. Plain data (Data messages, RDMA Writes into a sink) and DisConn never pass
+//!   an unfinished source: [`Conn::write`] returns WouldBlock while any zero-copy send is queued
+//!   or outstanding, so a short completion behaves like a short write. Replies (RdmaRdCompl,
+//!   SendSm, SinkCancelAck, ChRcvBuf(Ack), credit updates, ...) carry no stream bytes and may
+//!   pass. A source is not advertised while an earlier one, written whole into the peer's sink,
+//!   waits for its RDMA Write completions, nor while a cancel is out.
+//! * **Acknowledgement.** The data sink reads advertisements in stream order and a read never
+//!   spans two of them, so RdmaRdCompl lengths are attributed in stream order: to the oldest
+//!   advertised source not fully acknowledged, the excess to the next. An acknowledgement
+//!   beyond every byte advertised is [`ProtocolError::BadComplLength`] (the connection aborts).
+//!   A source is finished ([`Event::ZcopySent`] with its full length) when every byte is
+//!   acknowledged.
+//! * **Cancel.** A cancel (the application's [`Conn::cancel_write_zcopy`] of an advertised
+//!   source, or `srcavail_timeout` without progress) covers every outstanding advertisement:
+//!   one SrcAvailCancel goes out, and nothing is advertised until the sink's SendSm (or its last
+//!   RdmaRdCompl, when the messages crossed) ends them. The timeout restarts whenever the peer
+//!   acknowledges bytes.
+//! * **SendSm** (the answer to a cancel, or a sink refusing zero copy) ends every advertisement
+//!   the source made before it received the SendSm. The sink sends it only once the reads it
+//!   has in flight finished and were acknowledged, so when it arrives the acknowledged bytes are
+//!   a prefix of the advertised ones: the oldest unfinished source completes with the bytes
+//!   acknowledged, every later source (advertised or queued) with 0 (plus what went into a
+//!   sink), and the application sends the rest again, in order. The sink in turn ignores every
+//!   SrcAvail sent before the source saw its SendSm (its `mseq_ack` is older than the SendSm),
+//!   so an advertisement that crossed the SendSm is void on both sides.
+//! * A peer's SinkAvail is filled only while none of our sources is outstanding (the sink was
+//!   offered after the peer consumed every advertisement it had seen, so those finish soon).
 
 use super::advt::SinkAdvt;
 use super::buff::BufStore;
@@ -16,13 +51,26 @@ use crate::verbs::{Completion, RemoteBuf, SendOp, SendWr, Sge, WcStatus, WorkReq
 pub(crate) const PERSIST: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl<S: BufStore> Conn<S> {
-    /// Send SrcAvail for the source at the head of the queue (the caller checked the credit).
+    /// How many of our SrcAvails may be outstanding at once (at least 1).
+    pub fn src_window(&self) -> usize {
+        let peer = self.peer_max_adverts.max(1);
+        self.cfg
+            .max_srcavail_inflight
+            .min(self.cfg.max_adverts)
+            .min(peer)
+            .max(1) as usize
+    }
+
+    /// Send SrcAvail for a queued source (the caller checked the credit, the window and that
+    /// every earlier stream item went out).
     pub(crate) fn advertise_src(&mut self, now: Instant, token: u64) -> bool {
         let timeout = self.cfg.srcavail_timeout;
-        let Some(s) = self.iocbs.srcs.front_mut() else {
+        let Some(s) = self.iocbs.find_src(token) else {
             return false;
         };
-        debug_assert_eq!(s.token, token);
+        if s.state != SrcState::Queued || s.written >= s.src.len {
+            return false;
+        }
         let off = s.written;
         let ext = Ext::SrcAvail {
             len: s.src.len - off,
@@ -32,7 +80,7 @@ impl<S: BufStore> Conn<S> {
         s.state = SrcState::Advertised;
         s.deadline = Some(now + timeout);
         if !self.post_ctrl(Mid::SrcAvail, ext) {
-            if let Some(s) = self.iocbs.srcs.front_mut() {
+            if let Some(s) = self.iocbs.find_src(token) {
                 s.state = SrcState::Queued;
                 s.deadline = None;
             }
@@ -44,16 +92,14 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Give up a queued or advertised zero-copy send. [`Event::ZcopySent`] reports how many
-    /// bytes the peer got; the rest (and every later zero-copy send) must be sent again.
+    /// bytes the peer got; the rest (and every later zero-copy send) must be sent again. An
+    /// advertised source cancels every outstanding advertisement (one SrcAvailCancel).
     pub fn cancel_write_zcopy(&mut self, now: Instant, token: u64) {
         let Some(s) = self.iocbs.find_src(token) else {
             return;
         };
         match s.state {
-            SrcState::Advertised => {
-                s.state = SrcState::Cancelling;
-                self.queue_ctrl_front(Mid::SrcAvailCancel, Ext::None);
-            }
+            SrcState::Advertised => self.cancel_advertised(),
             SrcState::Queued => {
                 self.complete_srcs_from(token, 0);
             }
@@ -62,61 +108,81 @@ impl<S: BufStore> Conn<S> {
         self.flush(now);
     }
 
-    /// The peer read `len` more bytes of our advertised source.
+    /// Send SrcAvailCancel for every outstanding advertisement (once).
+    fn cancel_advertised(&mut self) {
+        if self.iocbs.src_cancelling() {
+            return;
+        }
+        let mut any = false;
+        for s in self.iocbs.srcs.iter_mut() {
+            if s.state == SrcState::Advertised {
+                s.state = SrcState::Cancelling;
+                s.deadline = None;
+                any = true;
+            }
+        }
+        if any {
+            self.queue_ctrl_front(Mid::SrcAvailCancel, Ext::None);
+        }
+    }
+
+    /// The peer read `len` more bytes of our advertised sources, attributed in stream order.
     pub(crate) fn on_rd_compl(&mut self, now: Instant, len: u32) -> Result<(), ProtocolError> {
         let timeout = self.cfg.srcavail_timeout;
-        let Some(s) = self.iocbs.srcs.front_mut() else {
-            return Err(ProtocolError::Unexpected {
-                mid: Mid::RdmaRdCompl,
-                context: "no SrcAvail outstanding",
-            });
-        };
-        if !matches!(s.state, SrcState::Advertised | SrcState::Cancelling) {
+        if !self.iocbs.src_advertised() {
             return Err(ProtocolError::Unexpected {
                 mid: Mid::RdmaRdCompl,
                 context: "no SrcAvail outstanding",
             });
         }
-        let total = s.acked as u64 + s.written as u64 + len as u64;
-        if total > s.src.len as u64 {
+        let advertised: u64 = self
+            .iocbs
+            .srcs
+            .iter()
+            .filter(|s| s.outstanding())
+            .map(|s| s.unacked() as u64)
+            .sum();
+        if len as u64 > advertised {
             return Err(ProtocolError::BadComplLength {
-                got: total,
-                want: s.src.len as u64,
+                got: len as u64,
+                want: advertised,
             });
         }
-        s.acked += len;
-        s.deadline = Some(now + timeout);
+        let mut left = len;
+        let mut finished = Vec::new();
+        for s in self.iocbs.srcs.iter_mut().filter(|s| s.outstanding()) {
+            let n = left.min(s.unacked());
+            s.acked += n;
+            left -= n;
+            if s.unacked() == 0 {
+                finished.push((s.token, s.src.len as usize));
+            } else if s.state == SrcState::Advertised {
+                // Progress: the timeout starts over for what is still outstanding.
+                s.deadline = Some(now + timeout);
+            }
+        }
         self.last_activity = now;
-        if s.acked + s.written == s.src.len {
-            let (token, bytes) = (s.token, s.src.len as usize);
+        for (token, bytes) in finished {
             self.finish_src(token, bytes);
         }
         Ok(())
     }
 
-    /// SendSm received: the peer will read no more of our SrcAvail (its answer to our cancel,
-    /// or a refusal). The source completes with what the peer acknowledged.
+    /// SendSm received: the peer will read no more of any SrcAvail we sent before this arrived
+    /// (its answer to our cancel, or a refusal). The oldest unfinished source completes with
+    /// what the peer acknowledged, every later one with 0.
     pub(crate) fn on_send_sm(&mut self, _now: Instant) -> Result<(), ProtocolError> {
-        let Some(s) = self.iocbs.srcs.front() else {
+        let Some(s) = self.iocbs.srcs.iter().find(|s| s.outstanding()) else {
             return Ok(());
         };
-        if !matches!(s.state, SrcState::Advertised | SrcState::Cancelling) {
-            return Ok(());
-        }
         let (token, bytes) = (s.token, (s.acked + s.written) as usize);
-        if bytes == s.src.len as usize {
-            self.finish_src(token, bytes);
-        } else {
-            self.complete_srcs_from(token, bytes);
-        }
+        self.complete_srcs_from(token, bytes);
         Ok(())
     }
 
-    /// The advertised source timed out: cancel it.
-    pub(crate) fn srcavail_timed_out(&mut self, now: Instant) {
-        if let Some(token) = self.iocbs.srcs.front().map(|s| s.token) {
-            self.cancel_write_zcopy(now, token);
-        }
+    /// The advertised sources made no progress within `srcavail_timeout`: cancel them.
+    pub(crate) fn srcavail_timed_out(&mut self, _now: Instant) {
+        self.cancel_advertised();
     }
 
     /// A source is done in full: drop it from the queue and report it.
@@ -137,8 +203,8 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// A source ended short: it and every later source complete with what reached the peer
-    /// (0 for the later ones), so the application resends the rest in order, like after a
-    /// short write.
+    /// (0 for the later ones, or what went into a sink), so the application resends the rest
+    /// in order, like after a short write.
     fn complete_srcs_from(&mut self, token: u64, bytes: usize) {
         let Some(pos) = self.iocbs.srcs.iter().position(|s| s.token == token) else {
             return;
@@ -394,5 +460,10 @@ impl<S: BufStore> Conn<S> {
     /// A zero-copy send is still queued or outstanding (plain writes wait behind it).
     pub fn zcopy_outstanding(&self) -> bool {
         !self.iocbs.srcs.is_empty()
+    }
+
+    /// Our SrcAvails outstanding now (at most [`Conn::src_window`]).
+    pub fn srcavail_inflight(&self) -> usize {
+        self.iocbs.src_inflight()
     }
 }

@@ -54,7 +54,7 @@ pub(crate) mod sys;
 
 pub use listener::{Incoming, SdpListener};
 pub use stack::{Choice, Options, Stack};
-pub use stream::{RegisteredBuf, SdpStream};
+pub use stream::{PendingSend, RegisteredBuf, SdpStream};
 
 /// What carries a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -150,6 +150,18 @@ pub(crate) trait StackOps: Send + Sync {
         len: usize,
     ) -> io::Result<usize>;
     fn register(&self, len: usize) -> io::Result<DynMr>;
+    /// Start a zero-copy send of `mr[off..off + len]` that completes later
+    /// ([`StackOps::send_registered_poll`]); the runtime holds `mr` until then.
+    fn send_registered_async(&self, id: ConnId, mr: DynMr, off: usize, len: usize) -> ZStart;
+    /// The outcome of an asynchronous send, once it is done (waiting for it if `block`).
+    fn send_registered_poll(
+        &self,
+        id: ConnId,
+        ticket: u64,
+        block: bool,
+    ) -> io::Result<Option<(DynMr, io::Result<usize>)>>;
+    /// Whether an asynchronous send is done (without taking it).
+    fn send_registered_peek(&self, id: ConnId, ticket: u64) -> io::Result<bool>;
     fn shutdown(&self, id: ConnId, how: Shutdown) -> io::Result<()>;
     fn close(&self, id: ConnId);
     fn ready_fd(&self, id: ConnId) -> io::Result<RawFd>;
@@ -163,12 +175,37 @@ pub(crate) trait StackOps: Send + Sync {
     fn registered_bytes(&self) -> usize;
 }
 
+/// How [`StackOps::send_registered_async`] started.
+pub(crate) enum ZStart {
+    /// Outstanding under this ticket.
+    Pending(u64),
+    /// Finished already (small sends go by copy at once) or refused: the region back, and the
+    /// bytes sent or the error.
+    Done(DynMr, io::Result<usize>),
+}
+
+/// An asynchronous zero-copy send (see `send_registered_async`).
+struct ZSend {
+    token: u64,
+    mr: DynMr,
+    off: usize,
+    len: usize,
+    /// Set once the engine reported the source finished: what reached the peer by zero copy
+    /// (the rest went to `zbacklog`), or the error.
+    done: Option<io::Result<usize>>,
+}
+
 /// Per-socket state of the runtime (beyond the engine's).
 #[derive(Default)]
 struct Sock {
     ready: Option<ReadyFd>,
     /// Finished zero-copy transfers: token, bytes.
     zdone: Vec<(u64, usize)>,
+    /// Asynchronous zero-copy sends, in the order issued.
+    zsends: VecDeque<ZSend>,
+    /// Bytes of asynchronous sends that ended short (the peer cancelled, or a timeout), in
+    /// stream order: they go by copy before anything written after them.
+    zbacklog: VecDeque<u8>,
     /// The error reported by `take_error` (SO_ERROR) is taken once.
     error_taken: bool,
 }
@@ -391,6 +428,9 @@ impl<P: Provider + 'static> Runtime<P> {
         };
         let mut token = 0;
         self.block_on(Wait::default(), |g, now| {
+            if !Self::zsends_settled(g, now, id) {
+                return None;
+            }
             if token == 0 {
                 token = g.next_token;
                 g.next_token += 1;
@@ -442,6 +482,25 @@ impl<P: Provider + 'static> Runtime<P> {
             0 => Ok(None),
             n => Ok(Some(n)),
         }
+    }
+
+    /// Collect the socket's zero-copy events and settle its asynchronous sends; true when no
+    /// bytes of a short one wait to go (so a new write keeps stream order).
+    fn zsends_settled(g: &mut Inner<P>, now: Instant, id: ConnId) -> bool {
+        let Inner { driver, socks, .. } = g;
+        let Some(s) = socks.get_mut(&id) else {
+            return true;
+        };
+        if s.zsends.is_empty() && s.zbacklog.is_empty() {
+            return true;
+        }
+        for ev in driver.take_events(id) {
+            if let Event::ZcopySent { token, bytes } | Event::ZcopyReceived { token, bytes } = ev {
+                s.zdone.push((token, bytes));
+            }
+        }
+        settle_zsends(driver, now, id, s);
+        s.zbacklog.is_empty()
     }
 
     fn with_sock<R>(
@@ -503,9 +562,56 @@ impl<P: Provider + 'static> Shared<P> {
                     _ => {}
                 }
             }
+            settle_zsends(driver, now, id, s);
             refresh_sock(driver, id, s);
         }
         act
+    }
+}
+
+/// Collect finished asynchronous zero-copy sends of one socket: revoke the peer's access, and
+/// queue what did not reach the peer (the rest of a short one, all of each later one: the
+/// engine ends them together, in stream order) for sending by copy; then feed that backlog to
+/// the engine as room allows.
+fn settle_zsends<P: Provider>(driver: &mut Driver<P>, now: Instant, id: ConnId, s: &mut Sock) {
+    let Sock {
+        zdone,
+        zsends,
+        zbacklog,
+        ..
+    } = s;
+    for z in zsends.iter_mut().filter(|z| z.done.is_none()) {
+        let Some(i) = zdone.iter().position(|&(t, _)| t == z.token) else {
+            continue;
+        };
+        let bytes = zdone.swap_remove(i).1.min(z.len);
+        let revoke = z.mr.set_access(z.mr.access() - Access::REMOTE_READ);
+        let failed = driver.conn(id).and_then(|c| c.error().cloned());
+        z.done = Some(match (revoke, failed) {
+            (Err(e), _) => Err(verbs_err(e)),
+            (Ok(()), Some(e)) if bytes < z.len => Err(io::Error::from_raw_os_error(e.errno())),
+            (Ok(()), _) => {
+                if bytes < z.len {
+                    let mut rest = vec![0u8; z.len - bytes];
+                    z.mr.read(z.off + bytes, &mut rest);
+                    zbacklog.extend(rest);
+                }
+                Ok(z.len)
+            }
+        });
+    }
+    while !zbacklog.is_empty() {
+        let chunk = zbacklog.as_slices().0;
+        match driver.write(now, id, chunk) {
+            Ok(n) => {
+                zbacklog.drain(..n);
+            }
+            Err(CallError::WouldBlock) => break,
+            Err(_) => {
+                // The connection failed: the application's next call reports it.
+                zbacklog.clear();
+            }
+        }
     }
 }
 
@@ -810,6 +916,118 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         Ok(Box::new(mr))
     }
 
+    fn send_registered_async(&self, id: ConnId, mut mr: DynMr, off: usize, len: usize) -> ZStart {
+        if let Err(e) = check_range(&mr, off, len) {
+            return ZStart::Done(mr, Err(e));
+        }
+        let zmin = match self.lock() {
+            Ok(g) => g.driver.config().zcopy_threshold,
+            Err(e) => return ZStart::Done(mr, Err(e)),
+        };
+        if len < zmin.max(1) || len > u32::MAX as usize {
+            // Small (or too large for one source): the synchronous path copies or splits.
+            let r = self.send_registered(id, &mut mr, off, len);
+            return ZStart::Done(mr, r);
+        }
+        if let Err(e) = mr.set_access(mr.access() | Access::REMOTE_READ) {
+            return ZStart::Done(mr, Err(verbs_err(e)));
+        }
+        let src = ZSrc {
+            addr: mr.addr() + off as u64,
+            len: len as u32,
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+        };
+        let mut slot = Some(mr);
+        let mut token = 0;
+        let r = self.block_on(Wait::default(), |g, now| {
+            if !Self::zsends_settled(g, now, id) {
+                return None;
+            }
+            if token == 0 {
+                token = g.next_token;
+                g.next_token += 1;
+            }
+            match g.driver.write_zcopy(now, id, src, token) {
+                Ok(()) => {
+                    let Some(s) = g.socks.get_mut(&id) else {
+                        return Some(Err(io::Error::from_raw_os_error(libc::EBADF)));
+                    };
+                    let mr = slot.take().expect("taken once");
+                    s.zsends.push_back(ZSend {
+                        token,
+                        mr,
+                        off,
+                        len,
+                        done: None,
+                    });
+                    Some(Ok(()))
+                }
+                Err(CallError::WouldBlock) => None,
+                Err(e) => Some(Err(io_err(e))),
+            }
+        });
+        match (r, slot) {
+            (Ok(()), _) => ZStart::Pending(token),
+            (Err(e), Some(mut mr)) => {
+                // Never advertised: take the peer's access back.
+                let _ = mr.set_access(mr.access() - Access::REMOTE_READ);
+                ZStart::Done(mr, Err(e))
+            }
+            (Err(e), None) => {
+                // Queued in the engine yet the call failed: cannot happen (the push is the last
+                // step), but the region stays with the runtime until the engine ends it.
+                let _ = e;
+                ZStart::Pending(token)
+            }
+        }
+    }
+
+    fn send_registered_poll(
+        &self,
+        id: ConnId,
+        ticket: u64,
+        block: bool,
+    ) -> io::Result<Option<(DynMr, io::Result<usize>)>> {
+        let w = Wait {
+            nonblocking: !block,
+            ..Wait::default()
+        };
+        // No timeout when blocking: the peer may read the memory until the engine says it is
+        // done, which it always does (finished, cancelled, or the connection failed).
+        let r = self.block_on(w, |g, now| {
+            Self::zsends_settled(g, now, id);
+            let Some(s) = g.socks.get_mut(&id) else {
+                return Some(Err(io::Error::from_raw_os_error(libc::EBADF)));
+            };
+            let i = s.zsends.iter().position(|z| z.token == ticket)?;
+            s.zsends[i].done.as_ref()?;
+            let z = s.zsends.remove(i).expect("found");
+            Some(Ok((z.mr, z.done.expect("checked"))))
+        });
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if !block && e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn send_registered_peek(&self, id: ConnId, ticket: u64) -> io::Result<bool> {
+        let mut g = self.lock()?;
+        if self.sh.step(&mut g) > 0 {
+            self.sh.cond.notify_all();
+        }
+        let now = self.now();
+        Self::zsends_settled(&mut g, now, id);
+        let Some(s) = g.socks.get(&id) else {
+            return Ok(true);
+        };
+        Ok(s.zsends
+            .iter()
+            .find(|z| z.token == ticket)
+            .is_none_or(|z| z.done.is_some()))
+    }
+
     fn shutdown(&self, id: ConnId, how: Shutdown) -> io::Result<()> {
         self.with_sock(id, |g, now| g.driver.shutdown(now, id, how).map_err(io_err))
     }
@@ -979,6 +1197,9 @@ impl<P: Provider + 'static> Runtime<P> {
         // connection fails or the timeout passes after a part went.
         let mut done = 0;
         let r = self.block_on(w, |g, now| {
+            if !Self::zsends_settled(g, now, id) {
+                return None;
+            }
             let r = match g.driver.write(now, id, &buf[done..]) {
                 Ok(n) => {
                     done += n;

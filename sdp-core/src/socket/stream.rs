@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::runtime::{DynMr, Wait};
+use super::runtime::{DynMr, Wait, ZStart};
 use super::stack::{Choice, Options, Stack};
 use super::sys;
 use super::Transport;
@@ -378,6 +378,81 @@ impl SdpStream {
         }
     }
 
+    /// Start sending `buf[range]` without copying and return at once, so several zero-copy
+    /// sends can be in flight (the peer reads the next while we advertise more, like an RDMA
+    /// benchmark's transmit depth). The [`PendingSend`] owns the buffer until the peer has the
+    /// bytes: [`PendingSend::wait`] gives it back with the bytes sent (all of `range`; a part
+    /// the peer did not take by zero copy, after a cancel or timeout, is sent by copy, in order).
+    /// The peer may read the memory only while the send is pending (remote read is granted at
+    /// the start and revoked when the engine reports it done).
+    ///
+    /// Sends complete in the order issued, and bytes written afterwards (by `write` or another
+    /// send) follow them in the stream. Small ranges (below the zero-copy threshold) are sent by
+    /// copy before this returns. Over a TCP-fallback stream the bytes are written at once.
+    /// Dropping a `PendingSend` waits until the send is done, so the memory is never
+    /// reachable after it is freed. On an error at the start the buffer is dropped.
+    ///
+    /// ```no_run
+    /// # use sdp_core::socket::{SdpStream, PendingSend};
+    /// # fn main() -> std::io::Result<()> {
+    /// let s = SdpStream::connect("127.0.0.1:7000")?;
+    /// const SIZE: usize = 64 * 1024;
+    /// let mut inflight = std::collections::VecDeque::new();
+    /// for _ in 0..4 {
+    ///     let mut b = s.register(SIZE)?;
+    ///     b.as_mut_slice().fill(7);
+    ///     inflight.push_back(s.send_registered_async(b, 0..SIZE)?);
+    /// }
+    /// for _ in 0..100 {
+    ///     // Refill the oldest buffer once the peer has it, and send it again.
+    ///     let (mut b, _sent) = inflight.pop_front().unwrap().wait()?;
+    ///     b.as_mut_slice().fill(8);
+    ///     inflight.push_back(s.send_registered_async(b, 0..SIZE)?);
+    /// }
+    /// for p in inflight {
+    ///     p.wait()?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn send_registered_async(
+        &self,
+        mut buf: RegisteredBuf,
+        range: std::ops::Range<usize>,
+    ) -> io::Result<PendingSend> {
+        let len = range
+            .end
+            .checked_sub(range.start)
+            .ok_or_else(|| invalid("bad range"))?;
+        match &self.inner {
+            Inner::Sdp(c) => {
+                buf.check_stack(&c.stack)?;
+                let RegisteredBuf { mr, stack } = buf;
+                match c.stack.0.send_registered_async(c.id, mr, range.start, len) {
+                    ZStart::Pending(ticket) => Ok(PendingSend {
+                        state: Some(PendingState::Sdp {
+                            core: c.clone(),
+                            ticket,
+                            stack,
+                        }),
+                    }),
+                    ZStart::Done(mr, r) => {
+                        let n = r?;
+                        Ok(PendingSend {
+                            state: Some(PendingState::Ready(RegisteredBuf { mr, stack }, n)),
+                        })
+                    }
+                }
+            }
+            Inner::Tcp(_) => {
+                let n = self.send_registered(&mut buf, range)?;
+                Ok(PendingSend {
+                    state: Some(PendingState::Ready(buf, n)),
+                })
+            }
+        }
+    }
+
     /// Receive into `buf[range]`: a peer's zero-copy send lands there directly. Returns the
     /// bytes received (0 at EOF).
     pub fn recv_registered(
@@ -527,6 +602,76 @@ impl RegisteredBuf {
         let p = self.mr.host_ptr().expect("checked at registration");
         // SAFETY: as in as_slice, and `&mut self` makes this the only reference.
         unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), self.mr.len()) }
+    }
+}
+
+/// A zero-copy send in flight ([`SdpStream::send_registered_async`]); it owns the buffer
+/// until the peer has the bytes. Dropping it waits for that.
+pub struct PendingSend {
+    state: Option<PendingState>,
+}
+
+enum PendingState {
+    /// Outstanding in the runtime, which holds the region. The stream's core is kept so the
+    /// connection is not closed under the send.
+    Sdp {
+        core: Arc<Core>,
+        ticket: u64,
+        stack: Option<Stack>,
+    },
+    /// Done already (copied, or over TCP).
+    Ready(RegisteredBuf, usize),
+}
+
+impl std::fmt::Debug for PendingSend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingSend")
+            .field("done", &self.is_done())
+            .finish()
+    }
+}
+
+impl PendingSend {
+    /// The peer has the bytes (or the send failed): [`PendingSend::wait`] returns at once.
+    pub fn is_done(&self) -> bool {
+        match &self.state {
+            Some(PendingState::Sdp { core, ticket, .. }) => core
+                .stack
+                .0
+                .send_registered_peek(core.id, *ticket)
+                .unwrap_or(true),
+            _ => true,
+        }
+    }
+
+    /// Wait until the peer has the bytes; the buffer back and the bytes sent.
+    pub fn wait(mut self) -> io::Result<(RegisteredBuf, usize)> {
+        match self.state.take() {
+            Some(PendingState::Sdp {
+                core,
+                ticket,
+                stack,
+            }) => {
+                let (mr, r) = core
+                    .stack
+                    .0
+                    .send_registered_poll(core.id, ticket, true)?
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::WouldBlock))?;
+                let n = r?;
+                Ok((RegisteredBuf { mr, stack }, n))
+            }
+            Some(PendingState::Ready(buf, n)) => Ok((buf, n)),
+            None => Err(invalid("send already taken")),
+        }
+    }
+}
+
+impl Drop for PendingSend {
+    fn drop(&mut self) {
+        if let Some(PendingState::Sdp { core, ticket, .. }) = self.state.take() {
+            // The region is freed only once the engine is done with it.
+            let _ = core.stack.0.send_registered_poll(core.id, ticket, true);
+        }
     }
 }
 

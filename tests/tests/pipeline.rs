@@ -1,0 +1,379 @@
+//! Pipelined zero copy: several SrcAvails outstanding at once. Every byte arrives intact and in
+//! order (mixed with plain writes), acknowledgements beyond what was advertised abort the
+//! connection, a cancel or timeout with several sources outstanding reports exact byte counts
+//! and the resent rest arrives in order, and a peer that accepts one advertisement still works.
+
+use std::time::Duration;
+
+use sdp_core::driver::Driver;
+use sdp_core::proto::conn::CallError;
+use sdp_core::proto::iocb::ZSrc;
+use sdp_core::proto::table::ConnId;
+use sdp_core::proto::{Config, ConnError, Event, ProtocolError, State};
+use sdp_core::verbs::sim::{SimConfig, SimMr, SimProvider};
+use sdp_core::verbs::{Access, MemoryRegion, Provider};
+use sdp_tests::pair::{Pair, A_IP, B_IP};
+use sdp_tests::stream::{run_duplex, App, Bytes, Mode};
+
+const SEC: u64 = 1_000_000_000;
+
+/// A registered source holding `data`, readable by the peer.
+fn source(d: &Driver<SimProvider>, data: &[u8]) -> (SimMr, ZSrc) {
+    let mut mr = d
+        .provider()
+        .reg_mr(data.len(), Access::empty())
+        .expect("reg");
+    mr.write(0, data);
+    mr.set_access(Access::REMOTE_READ).expect("grant");
+    let src = ZSrc {
+        addr: mr.addr(),
+        len: data.len() as u32,
+        lkey: mr.lkey(),
+        rkey: mr.rkey(),
+    };
+    (mr, src)
+}
+
+/// Everything B can read now.
+fn drain(p: &mut Pair, b: ConnId, into: &mut Vec<u8>) {
+    let now = p.now();
+    let mut buf = vec![0u8; 100_000];
+    while let Ok(n) = p.b.read(now, b, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        into.extend_from_slice(&buf[..n]);
+    }
+}
+
+fn zcopy_sent(events: &[Event]) -> Vec<(u64, usize)> {
+    events
+        .iter()
+        .filter_map(|e| match *e {
+            Event::ZcopySent { token, bytes } => Some((token, bytes)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Write all of `data` by copy (waiting for room as needed), reading on B meanwhile.
+fn write_all_copy(p: &mut Pair, a: ConnId, b: ConnId, data: &[u8], got: &mut Vec<u8>) {
+    let mut off = 0;
+    assert!(p.run_until(30 * SEC, |p| {
+        let now = p.now();
+        while off < data.len() {
+            match p.a.write(now, a, &data[off..]) {
+                Ok(n) => off += n,
+                Err(CallError::WouldBlock) => break,
+                Err(e) => panic!("write: {e}"),
+            }
+        }
+        drain(p, b, got);
+        off == data.len()
+    }));
+}
+
+#[test]
+fn several_sources_in_flight_arrive_in_order_between_plain_writes() {
+    const N: usize = 200_000;
+    let mut p = Pair::new(90, Config::default());
+    let (a, b) = p.connect();
+    assert_eq!(p.a.conn(a).unwrap().src_window(), 4);
+    let mut stream = Bytes::new(7);
+    let mut all = vec![0u8; 3000 + 6 * N + 5000];
+    stream.fill(&mut all);
+    let mut got = Vec::new();
+    // Plain bytes first, then six sources (more than the window), then plain bytes again.
+    let now = p.now();
+    assert_eq!(p.a.write(now, a, &all[..3000]), Ok(3000));
+    let mut mrs = Vec::new();
+    for i in 0..6 {
+        let (mr, src) = source(&p.a, &all[3000 + i * N..3000 + (i + 1) * N]);
+        let now = p.now();
+        assert_eq!(p.a.write_zcopy(now, a, src, i as u64 + 1), Ok(()));
+        mrs.push(mr);
+    }
+    // Plain bytes may not pass the sources.
+    let now = p.now();
+    assert_eq!(
+        p.a.write(now, a, &all[3000 + 6 * N..]),
+        Err(CallError::WouldBlock)
+    );
+    let mut most = 0;
+    let mut sent = Vec::new();
+    assert!(p.run_until(30 * SEC, |p| {
+        most = most.max(p.a.conn(a).unwrap().srcavail_inflight());
+        sent.extend(zcopy_sent(&p.a.take_events(a)));
+        drain(p, b, &mut got);
+        sent.len() == 6
+    }));
+    assert_eq!(
+        sent,
+        (1..=6).map(|t| (t, N)).collect::<Vec<_>>(),
+        "every source in full, in order"
+    );
+    assert_eq!(most, 4, "the window was used");
+    write_all_copy(&mut p, a, b, &all[3000 + 6 * N..], &mut got);
+    assert!(p.run_until(10 * SEC, |p| {
+        drain(p, b, &mut got);
+        got.len() == all.len()
+    }));
+    assert!(got == all, "stream intact");
+    let sa = p.a.conn(a).unwrap().stats.clone();
+    assert_eq!(sa.srcavail_sent, 6);
+    assert_eq!(sa.srcavail_cancelled, 0);
+    assert!(p.fabric.stats(B_IP).rdma_read_bytes >= 6 * N as u64);
+}
+
+/// Duplex transfers with a window of four sources, every mode, link jitter, several seeds.
+#[test]
+fn pipelined_duplex_sweep_with_jitter() {
+    for seed in 0..8u64 {
+        for mode in [Mode::ZcopySrc, Mode::Both] {
+            let sim = SimConfig {
+                latency_ns: 1_000 + seed * 1_777,
+                ..SimConfig::default()
+            };
+            let mut p = Pair::with(100 + seed, sim, Config::default(), Config::default());
+            p.fabric
+                .faults()
+                .set_delay(A_IP, B_IP, 0, 5_000 + seed * 3_000);
+            let (a, b) = p.connect();
+            let bytes = 6 << 20;
+            let mut x = App::new(mode, bytes, seed * 2 + 1, seed * 2 + 2, 512 * 1024);
+            let mut y = App::new(mode, bytes, seed * 2 + 2, seed * 2 + 1, 512 * 1024);
+            x.src_window = 4;
+            y.src_window = 4;
+            assert!(
+                run_duplex(&mut p, (a, b), &mut x, &mut y, 120 * SEC),
+                "seed {seed} {mode:?}: {}",
+                p.a.conn(a).unwrap().debug_state()
+            );
+            assert_eq!((x.received, y.received), (bytes, bytes));
+            assert!(p.a.conn(a).unwrap().stats.srcavail_sent > 0);
+        }
+    }
+}
+
+#[test]
+fn read_completion_beyond_the_advertised_bytes_aborts_the_connection() {
+    const N: usize = 100_000;
+    let mut p = Pair::new(91, Config::default());
+    let (a, b) = p.connect();
+    let data = vec![0x33u8; N];
+    let mut mrs = Vec::new();
+    for t in 1..=3u64 {
+        let (mr, src) = source(&p.a, &data);
+        let now = p.now();
+        assert_eq!(p.a.write_zcopy(now, a, src, t), Ok(()));
+        mrs.push(mr);
+    }
+    // B reads nothing; A's three SrcAvails arrive.
+    assert!(p.run_until(SEC, |p| p.a.conn(a).unwrap().srcavail_inflight() == 3));
+    p.run_for(SEC / 100);
+    // B's next message becomes an RdmaRdCompl for one byte more than the three sources hold.
+    let over = (3 * N + 1) as u32;
+    p.fabric
+        .faults()
+        .corrupt_next_send(B_IP, move |v: &mut Vec<u8>| {
+            v.truncate(16);
+            v[0] = 0x06;
+            v.extend_from_slice(&over.to_be_bytes());
+            let len = v.len() as u32;
+            v[4..8].copy_from_slice(&len.to_be_bytes());
+        });
+    let now = p.now();
+    p.b.write(now, b, b"x").unwrap();
+    assert!(p.run_until(5 * SEC, |p| {
+        p.a.conn(a).unwrap().state() == State::Closed
+            && p.b.conn(b).unwrap().state() == State::Closed
+    }));
+    assert_eq!(
+        p.a.conn(a).unwrap().error(),
+        Some(&ConnError::Protocol(ProtocolError::BadComplLength {
+            got: over as u64,
+            want: 3 * N as u64,
+        }))
+    );
+    assert_eq!(p.b.conn(b).unwrap().error(), Some(&ConnError::Reset));
+    // Every source is reported, none in full.
+    let sent = zcopy_sent(&p.a.take_events(a));
+    assert_eq!(sent, vec![(1, 0), (2, 0), (3, 0)]);
+}
+
+/// Three sources outstanding; B reads part of them into bounce buffers and stalls. The
+/// timeout cancels all three: the first completes with what B acknowledged, the later ones
+/// with 0; the application sends the rest by copy and B reads one intact stream.
+#[test]
+fn timeout_with_three_sources_outstanding_reports_exact_counts() {
+    const N: usize = 640 * 1024;
+    let cfg = Config {
+        srcavail_timeout: Duration::from_millis(100),
+        ..Config::default()
+    };
+    let mut p = Pair::new(92, cfg);
+    let (a, b) = p.connect();
+    let mut all = vec![0u8; 3 * N + 10_000];
+    Bytes::new(11).fill(&mut all);
+    let mut mrs = Vec::new();
+    for t in 0..3 {
+        let (mr, src) = source(&p.a, &all[t * N..(t + 1) * N]);
+        let now = p.now();
+        assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + 1), Ok(()));
+        mrs.push(mr);
+    }
+    assert!(p.run_until(SEC, |p| p.a.conn(a).unwrap().srcavail_inflight() == 3));
+    assert!(p.run_until(SEC, |p| p.b.conn(b).unwrap().next_is_zcopy().is_some()));
+    // One read starts the bounce reads of the first source; then B stalls.
+    let mut got = Vec::new();
+    let now = p.now();
+    let mut one = [0u8; 1];
+    assert_eq!(p.b.read(now, b, &mut one), Err(CallError::WouldBlock));
+    let mut sent = Vec::new();
+    assert!(p.run_until(5 * SEC, |p| {
+        sent.extend(zcopy_sent(&p.a.take_events(a)));
+        sent.len() == 3
+    }));
+    let acked = p.b.conn(b).unwrap().rx_queued_bytes();
+    assert!(
+        acked > 0 && acked < N,
+        "B read {acked} bytes of the first source"
+    );
+    assert_eq!(sent, vec![(1, acked), (2, 0), (3, 0)]);
+    assert!(p.a.conn(a).unwrap().stats.srcavail_cancelled >= 3);
+    assert!(p.b.conn(b).unwrap().stats.srcavail_cancelled > 0);
+    assert!(!p.a.conn(a).unwrap().zcopy_outstanding());
+    // The rest goes again by copy, then more bytes after it.
+    write_all_copy(&mut p, a, b, &all[acked..], &mut got);
+    assert!(p.run_until(30 * SEC, |p| {
+        drain(p, b, &mut got);
+        got.len() == all.len()
+    }));
+    assert!(got == all, "stream intact after the cancel");
+    assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
+}
+
+/// The application cancels the second of three outstanding sources: the cancel covers every
+/// outstanding advertisement. B has read none of them, so all complete with 0.
+#[test]
+fn application_cancel_covers_every_outstanding_source() {
+    const N: usize = 300_000;
+    let mut p = Pair::new(93, Config::default());
+    let (a, b) = p.connect();
+    let mut all = vec![0u8; 3 * N];
+    Bytes::new(12).fill(&mut all);
+    let mut mrs = Vec::new();
+    for t in 0..3 {
+        let (mr, src) = source(&p.a, &all[t * N..(t + 1) * N]);
+        let now = p.now();
+        assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + 1), Ok(()));
+        mrs.push(mr);
+    }
+    assert!(p.run_until(SEC, |p| p.a.conn(a).unwrap().srcavail_inflight() == 3));
+    let now = p.now();
+    p.a.with_conn(now, a, |c| c.cancel_write_zcopy(now, 2))
+        .unwrap();
+    let mut sent = Vec::new();
+    assert!(p.run_until(5 * SEC, |p| {
+        sent.extend(zcopy_sent(&p.a.take_events(a)));
+        sent.len() == 3
+    }));
+    assert_eq!(sent, vec![(1, 0), (2, 0), (3, 0)]);
+    // Nothing of the cancelled advertisements is left on B; the resent stream reads intact.
+    let mut got = Vec::new();
+    write_all_copy(&mut p, a, b, &all, &mut got);
+    assert!(p.run_until(30 * SEC, |p| {
+        drain(p, b, &mut got);
+        got.len() == all.len()
+    }));
+    assert!(got == all);
+}
+
+/// B refuses zero copy (shuts its read half) with three advertisements queued: one SendSm
+/// ends all of them; SrcAvails A sends before it sees the SendSm are void on both sides.
+#[test]
+fn refusal_with_several_advertisements_ends_all_of_them() {
+    const N: usize = 100_000;
+    let mut p = Pair::new(94, Config::default());
+    let (a, b) = p.connect();
+    let data = vec![0x44u8; N];
+    let mut mrs = Vec::new();
+    for t in 1..=6u64 {
+        let (mr, src) = source(&p.a, &data);
+        let now = p.now();
+        assert_eq!(p.a.write_zcopy(now, a, src, t), Ok(()));
+        mrs.push(mr);
+    }
+    assert!(p.run_until(SEC, |p| p.a.conn(a).unwrap().srcavail_inflight() == 4));
+    let now = p.now();
+    p.b.shutdown(now, b, sdp_core::proto::Shutdown::Read)
+        .unwrap();
+    let mut sent = Vec::new();
+    assert!(p.run_until(5 * SEC, |p| {
+        sent.extend(zcopy_sent(&p.a.take_events(a)));
+        sent.len() == 6
+    }));
+    assert_eq!(sent, (1..=6).map(|t| (t, 0)).collect::<Vec<_>>());
+    p.run_for(SEC / 10);
+    assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
+    assert_eq!(p.b.conn(b).unwrap().state(), State::Established);
+    assert_eq!(p.a.conn(a).unwrap().srcavail_inflight(), 0);
+}
+
+/// A peer that accepts one advertisement at a time (max_adverts 1 in its Hello): we never have
+/// more than one SrcAvail outstanding, and everything arrives.
+#[test]
+fn peer_with_max_adverts_one_gets_one_at_a_time() {
+    let cfg_b = Config {
+        max_adverts: 1,
+        ..Config::default()
+    };
+    let mut p = Pair::with(95, SimConfig::default(), Config::default(), cfg_b);
+    let (a, b) = p.connect();
+    assert_eq!(p.a.conn(a).unwrap().src_window(), 1);
+    let bytes = 8 << 20;
+    let mut x = App::new(Mode::ZcopySrc, bytes, 21, 22, 512 * 1024);
+    let mut y = App::new(Mode::BCopy, 0, 22, 21, 1);
+    x.src_window = 4;
+    let mut most = 0;
+    assert!(p.run_until(60 * SEC, |p| {
+        let now = p.now();
+        x.pump(&mut p.a, now, a);
+        y.pump(&mut p.b, now, b);
+        most = most.max(p.a.conn(a).unwrap().srcavail_inflight());
+        assert!(x.errors.is_empty() && y.errors.is_empty());
+        y.eof
+    }));
+    assert_eq!(y.received, bytes);
+    assert_eq!(most, 1);
+    assert!(p.a.conn(a).unwrap().stats.srcavail_sent > 1);
+}
+
+/// `max_srcavail_inflight: 1` is the old one-at-a-time behaviour; 0 is refused.
+#[test]
+fn max_srcavail_inflight_is_configurable_and_validated() {
+    let bad = Config {
+        max_srcavail_inflight: 0,
+        ..Config::default()
+    };
+    assert_eq!(bad.validate(), Err("max_srcavail_inflight"));
+    let one = Config {
+        max_srcavail_inflight: 1,
+        ..Config::default()
+    };
+    let mut p = Pair::new(96, one);
+    let (a, b) = p.connect();
+    let mut x = App::new(Mode::ZcopySrc, 4 << 20, 31, 32, 512 * 1024);
+    let mut y = App::new(Mode::BCopy, 0, 32, 31, 1);
+    x.src_window = 4;
+    let mut most = 0;
+    assert!(p.run_until(60 * SEC, |p| {
+        let now = p.now();
+        x.pump(&mut p.a, now, a);
+        y.pump(&mut p.b, now, b);
+        most = most.max(p.a.conn(a).unwrap().srcavail_inflight());
+        y.eof
+    }));
+    assert_eq!(y.received, 4 << 20);
+    assert_eq!(most, 1);
+}
