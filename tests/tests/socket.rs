@@ -261,7 +261,15 @@ fn rss_bytes() -> u64 {
 #[test]
 fn a_thousand_connections_in_one_process_with_bounded_memory() {
     raise_fd_limit();
-    let l = listen(&Options::sdp_only());
+    // A stack of its own: the process-wide shm stack also carries the connections of the
+    // tests running beside this one, which would blur the counts.
+    let stack = sdp_core::socket::Stack::with_provider(
+        sdp_core::verbs::shm::ShmProvider::new().unwrap(),
+        sdp_core::proto::Config::default(),
+    )
+    .unwrap();
+    let opts = Options::sdp_only().with_stack(stack.clone());
+    let l = listen(&opts);
     let addr = l.local_addr().unwrap();
     let n = 1000;
     let rss0 = rss_bytes();
@@ -273,7 +281,7 @@ fn a_thousand_connections_in_one_process_with_bounded_memory() {
         v
     });
     let clients: Vec<SdpStream> = (0..n)
-        .map(|_| SdpStream::connect_with(addr, &Options::sdp_only()).unwrap())
+        .map(|_| SdpStream::connect_with(addr, &opts).unwrap())
         .collect();
     let servers = acceptor.join().unwrap();
     for (i, c) in clients.iter().enumerate() {
@@ -293,7 +301,7 @@ fn a_thousand_connections_in_one_process_with_bounded_memory() {
         (&*c).read_exact(&mut b).unwrap();
         assert_eq!(u32::from_be_bytes(b) as usize, i);
     }
-    let stack = sdp_core::socket::Stack::shm().unwrap();
+    assert_eq!(stack.conn_count(), 2 * n);
     let reg = stack.registered_bytes();
     let rss = rss_bytes().saturating_sub(rss0);
     eprintln!(

@@ -239,6 +239,8 @@ struct Shared<P: Provider> {
     user_zcopy: AtomicBool,
     /// The provider's name ("shm", "rdma", "sim").
     name: &'static str,
+    /// The engine's zero-copy threshold (its configuration does not change).
+    zcopy_threshold: usize,
     spin: AdaptiveSpin,
 }
 
@@ -296,6 +298,7 @@ impl<P: Provider + 'static> Runtime<P> {
     pub(crate) fn start(provider: P, cfg: Config, tick: Option<Tick>) -> io::Result<Arc<Self>> {
         let notify = provider.notify_fd();
         let name = provider.name();
+        let zcopy_threshold = cfg.zcopy_threshold;
         let sh = Arc::new(Shared {
             inner: Mutex::new(Inner {
                 driver: Driver::new(provider, cfg),
@@ -311,6 +314,7 @@ impl<P: Provider + 'static> Runtime<P> {
             stop: AtomicBool::new(false),
             user_zcopy: AtomicBool::new(true),
             name,
+            zcopy_threshold,
             spin: AdaptiveSpin::new(),
         });
         let thread_sh = sh.clone();
@@ -673,7 +677,8 @@ fn progress_thread<P: Provider + 'static>(sh: Arc<Shared<P>>, notify: Option<Raw
 
 impl<P: Provider + 'static> StackOps for Runtime<P> {
     fn name(&self) -> &'static str {
-        self.sh.inner.lock().driver.provider().name()
+        // No lock: after fork() the child may ask, and the parent's lock may be held forever.
+        self.sh.name
     }
     fn alive(&self) -> bool {
         sys::getpid() == self.sh.pid
@@ -736,7 +741,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     }
 
     fn listener_addr(&self, l: ListenerId) -> Option<SocketAddr> {
-        self.sh.inner.lock().driver.listener_addr(l)
+        self.lock().ok()?.driver.listener_addr(l)
     }
 
     fn accept(&self, l: ListenerId, w: Wait) -> io::Result<ConnId> {
@@ -858,7 +863,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         len: usize,
     ) -> io::Result<usize> {
         check_range(mr, off, len)?;
-        let zmin = self.sh.inner.lock().driver.config().zcopy_threshold;
+        let zmin = self.sh.zcopy_threshold;
         if len < zmin.max(1) {
             // Small: a copy costs less than the round trip of an advertisement.
             let mut tmp = vec![0u8; len];
@@ -1106,10 +1111,10 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         })
     }
     fn conn_count(&self) -> usize {
-        self.sh.inner.lock().driver.conn_count()
+        self.lock().map_or(0, |g| g.driver.conn_count())
     }
     fn registered_bytes(&self) -> usize {
-        self.sh.inner.lock().driver.registered_bytes()
+        self.lock().map_or(0, |g| g.driver.registered_bytes())
     }
 }
 
@@ -1169,7 +1174,7 @@ impl<P: Provider + 'static> Runtime<P> {
                 return Ok(None);
             }
         }
-        let p = self.sh.inner.lock().driver.provider().clone();
+        let p = self.lock()?.driver.provider().clone();
         // SAFETY: as in write_user_zcopy: the region is dropped before return, and only after
         // the engine reported the RDMA Read into it finished or failed.
         let r = unsafe {
@@ -1222,7 +1227,9 @@ impl<P: Provider + 'static> Runtime<P> {
     }
 
     pub(crate) fn zcopy_threshold(&self) -> usize {
-        self.sh.inner.lock().driver.config().zcopy_threshold
+        // No lock: a forked child's write on an inherited stream asks before anything checks
+        // the process, and the parent's progress thread may have held the lock at fork().
+        self.sh.zcopy_threshold
     }
 
     /// Plain blocking writes at least this big go by zero copy. Each such write costs a
