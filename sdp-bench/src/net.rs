@@ -16,6 +16,8 @@ const STREAM: u32 = 1;
 const PINGPONG: u32 = 2;
 /// Zero-copy sends the client keeps in flight (sdp-zcopy stream mode).
 const ZCOPY_DEPTH: usize = 4;
+/// Bytes of zero-copy sends in flight at most (the window shrinks for large messages).
+const ZCOPY_WINDOW_BYTES: usize = 4 << 20;
 
 /// Flags: the client sends from registered buffers (the server receives into one).
 const F_REGISTERED: u32 = 1;
@@ -260,9 +262,12 @@ fn run_stream(addr: &str, mode: Mode, size: usize, dur: Duration) -> io::Result<
     if mode == Mode::SdpZcopy {
         // A window of registered buffers in flight, like ib_write_bw's transmit depth: the
         // peer reads one while the next ones are advertised.
-        let mut inflight = std::collections::VecDeque::with_capacity(ZCOPY_DEPTH);
-        let mut free = Vec::with_capacity(ZCOPY_DEPTH);
-        for _ in 0..ZCOPY_DEPTH {
+        // At most ZCOPY_WINDOW_BYTES in flight (at least one buffer): more buffers than the
+        // caches hold cost more than the round trips they hide.
+        let depth = (ZCOPY_WINDOW_BYTES / size.max(1)).clamp(1, ZCOPY_DEPTH);
+        let mut inflight = std::collections::VecDeque::with_capacity(depth);
+        let mut free = Vec::with_capacity(depth);
+        for _ in 0..depth {
             let mut rb = s.register(size)?;
             rb.as_mut_slice().fill(0x5a);
             free.push(rb);
