@@ -356,10 +356,7 @@ impl SdpStream {
         buf: &mut RegisteredBuf,
         range: std::ops::Range<usize>,
     ) -> io::Result<usize> {
-        let len = range
-            .end
-            .checked_sub(range.start)
-            .ok_or_else(|| invalid("bad range"))?;
+        let len = range_len(&range)?;
         match &self.inner {
             Inner::Sdp(c) => {
                 buf.check_stack(&c.stack)?;
@@ -420,10 +417,7 @@ impl SdpStream {
         mut buf: RegisteredBuf,
         range: std::ops::Range<usize>,
     ) -> io::Result<PendingSend> {
-        let len = range
-            .end
-            .checked_sub(range.start)
-            .ok_or_else(|| invalid("bad range"))?;
+        let len = range_len(&range)?;
         match &self.inner {
             Inner::Sdp(c) => {
                 buf.check_stack(&c.stack)?;
@@ -460,10 +454,7 @@ impl SdpStream {
         buf: &mut RegisteredBuf,
         range: std::ops::Range<usize>,
     ) -> io::Result<usize> {
-        let len = range
-            .end
-            .checked_sub(range.start)
-            .ok_or_else(|| invalid("bad range"))?;
+        let len = range_len(&range)?;
         match &self.inner {
             Inner::Sdp(c) => {
                 buf.check_stack(&c.stack)?;
@@ -740,4 +731,12 @@ impl crate::verbs::MemoryRegion for HeapMr {
     fn write(&mut self, off: usize, src: &[u8]) {
         self.bytes_mut()[off..off + src.len()].copy_from_slice(src);
     }
+}
+
+/// The length of a byte range a caller gave (EINVAL if it runs backwards).
+fn range_len(range: &std::ops::Range<usize>) -> io::Result<usize> {
+    range
+        .end
+        .checked_sub(range.start)
+        .ok_or_else(|| invalid("bad range"))
 }
