@@ -427,6 +427,76 @@ fn rdma_write_and_read() {
     assert!(got == want);
 }
 
+/// Large RDMA Reads and Writes are copied by both processes when the peer polls (`assist`):
+/// every byte arrives, odd lengths included, in both directions, and the peer did take part.
+#[test]
+fn shared_copies_with_a_polling_peer() {
+    use std::sync::atomic::AtomicBool;
+    let a = prov();
+    let b = prov();
+    let (mut x, mut y) = pair(&a, &b);
+    let n = (4 << 20) + 777;
+    let mut src = b.reg_mr(n, Access::REMOTE_READ).unwrap();
+    let sink = b
+        .reg_mr(n, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let mut local = a.reg_mr(n, Access::LOCAL_WRITE).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let helper = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = y.poll_cq(&mut []);
+            }
+            y
+        })
+    };
+    let mut got = vec![0u8; n];
+    let mut want = vec![0u8; n];
+    for round in 0..16u8 {
+        // Read: the peer's source into our buffer.
+        fill(&mut src, round);
+        let rb = RemoteBuf {
+            addr: src.addr(),
+            rkey: src.rkey(),
+        };
+        x.post_send(&send_wr(1, SendOp::Read(rb), Some(local.sge(0, n as u32))))
+            .unwrap();
+        let c = poll_n(&mut x, 1, T);
+        assert_eq!((c[0].status, c[0].byte_len), (WcStatus::Success, n as u32));
+        local.read(0, &mut got);
+        src.read(0, &mut want);
+        assert!(got == want, "read, round {round}");
+        // Write: our buffer into the peer's sink, at an offset.
+        fill(&mut local, round.wrapping_add(100));
+        let off = 4096 * usize::from(round % 3);
+        let len = n - off;
+        let rb = RemoteBuf {
+            addr: sink.addr() + off as u64,
+            rkey: sink.rkey(),
+        };
+        x.post_send(&send_wr(
+            2,
+            SendOp::Write(rb),
+            Some(local.sge(0, len as u32)),
+        ))
+        .unwrap();
+        let c = poll_n(&mut x, 1, T);
+        assert_eq!(
+            (c[0].status, c[0].byte_len),
+            (WcStatus::Success, len as u32)
+        );
+        sink.read(off, &mut got[..len]);
+        local.read(0, &mut want[..len]);
+        assert!(got[..len] == want[..len], "write, round {round}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _y = helper.join().unwrap();
+    // The peer polled all along: it copied chunks (a 4 MiB operation has 8 of them).
+    assert!(b.assisted_chunks() > 0);
+    assert_eq!(a.assisted_chunks(), 0);
+}
+
 /// Post a bad RDMA op: RemoteAccess, the WRs after it and the receives flushed, both sides
 /// Disconnected.
 fn expect_remote_access(

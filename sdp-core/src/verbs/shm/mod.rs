@@ -17,6 +17,7 @@
 //!   the connection sockets and the listeners; [`Provider::arm`] sets the wake flag of every
 //!   inbox, and a peer writes the eventfd only when it finds the flag set.
 
+mod assist;
 pub(crate) mod sys;
 
 use std::collections::VecDeque;
@@ -140,6 +141,17 @@ struct Regs {
 }
 
 impl Regs {
+    /// Whether our memory `addr..addr + len` lies in the registration `rkey` with `need`.
+    fn check_remote(&self, rkey: u32, addr: u64, len: u64, need: Access) -> bool {
+        let Some(Some(r)) = self.slots.get((rkey & 0xffff) as usize) else {
+            return false;
+        };
+        r.rkey == rkey
+            && r.access.contains(need)
+            && addr >= r.addr
+            && addr.checked_add(len).is_some_and(|e| e <= r.addr + r.len)
+    }
+
     /// The registration covering `sge` with at least `need`, by lkey.
     fn check(&self, sge: &Sge, need: Access) -> bool {
         let idx = (sge.lkey & 0xffff) as usize;
@@ -179,6 +191,8 @@ struct Inner {
     next_port: AtomicU32,
     refused_uid: AtomicU64,
     wakeups: Arc<AtomicU64>,
+    /// Chunks of peers' RDMA Reads and Writes this provider copied for them (`assist`).
+    assisted: AtomicU64,
 }
 
 fn os(e: std::io::Error) -> VerbsError {
@@ -342,6 +356,7 @@ impl ShmProvider {
                 next_port: AtomicU32::new(sys::getpid() as u32),
                 refused_uid: AtomicU64::new(0),
                 wakeups: Arc::new(AtomicU64::new(0)),
+                assisted: AtomicU64::new(0),
             }),
         })
     }
@@ -359,6 +374,12 @@ impl ShmProvider {
     /// Eventfd writes this provider made to wake peers (a busy peer gets none).
     pub fn wakeups_sent(&self) -> u64 {
         self.inner.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// Chunks of peers' large RDMA Reads and Writes this provider copied for them while
+    /// polling (see `assist`: both processes share such copies).
+    pub fn assisted_chunks(&self) -> u64 {
+        self.inner.assisted.load(Ordering::Relaxed)
     }
 
     /// Regions registered now.
@@ -898,6 +919,8 @@ pub struct ShmEndpoint {
     cq: VecDeque<Completion>,
     cm: VecDeque<CmEvent>,
     last_check: Instant,
+    /// Generation of our last shared copy (`assist`).
+    assist_gen: u32,
 }
 
 impl std::fmt::Debug for ShmEndpoint {
@@ -981,6 +1004,7 @@ impl ShmEndpoint {
             cq: VecDeque::new(),
             cm: VecDeque::new(),
             last_check: Instant::now(),
+            assist_gen: 0,
         })
     }
 
@@ -1116,7 +1140,19 @@ impl ShmEndpoint {
                 // SAFETY: the local range is inside a live registration (read lock held),
                 // with LOCAL_WRITE for a Read.
                 let r = unsafe {
-                    if is_read {
+                    if len as usize >= assist::ASSIST_MIN {
+                        assist::copy_shared(
+                            &self.inbox,
+                            &mut self.assist_gen,
+                            peer.pid,
+                            self.sock.as_ref().map(|s| s.as_fd()),
+                            is_read,
+                            rb.rkey,
+                            s.addr,
+                            rb.addr,
+                            len as usize,
+                        )
+                    } else if is_read {
                         sys::vm_read(peer.pid, s.addr, rb.addr, len as usize)
                     } else {
                         sys::vm_write(peer.pid, s.addr, rb.addr, len as usize)
@@ -1299,6 +1335,32 @@ impl ShmEndpoint {
         }
         if !self.pending.is_empty() {
             self.run_sends();
+        }
+        self.help_peer();
+    }
+
+    /// Take a share of the copy the peer is running against our memory, if any (`assist`).
+    fn help_peer(&self) {
+        let Some(peer) = self.peer.as_ref() else {
+            return;
+        };
+        if self.state != QpState::Ready || !assist::pending(&peer.inbox) {
+            return;
+        }
+        let regs = self.inner.regs.read();
+        let check = |rkey: u32, addr: u64, len: u64, read: bool| {
+            let need = if read {
+                Access::REMOTE_READ
+            } else {
+                Access::REMOTE_WRITE
+            };
+            regs.check_remote(rkey, addr, len, need)
+        };
+        let n = assist::help(&peer.inbox, peer.pid, &check);
+        if n > 0 {
+            self.inner
+                .assisted
+                .fetch_add(u64::from(n), Ordering::Relaxed);
         }
     }
 

@@ -299,6 +299,18 @@ pub fn poll_readable(fd: RawFd, timeout_ms: i32) -> bool {
     matches!(syscall!(poll(&mut p, 1, timeout_ms)), Ok(n) if n > 0)
 }
 
+/// Whether `fd` reports a hang-up (or an error) right now.
+pub fn hung_up(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: `p` is one live pollfd.
+    matches!(syscall!(poll(&mut p, 1, 0)), Ok(n) if n > 0)
+        && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
+}
+
 pub fn timerfd() -> io::Result<OwnedFd> {
     Ok(owned(syscall!(timerfd_create(
         libc::CLOCK_MONOTONIC,

@@ -1,0 +1,364 @@
+//! Shared copies: a large RDMA Read or Write is copied by both processes at once.
+//!
+//! A one-sided operation over shm is a cross-process copy (`process_vm_readv`/`writev`) that the
+//! initiator runs by itself, at the speed of one core. The other process is usually idle at that
+//! moment, spinning in a wait for exactly this transfer (the SDP source of a Read waits for the
+//! RdmaRdCompl, a Write's target for its sink to fill), so the initiator publishes the operation
+//! in its inbox as a row of chunks, and both sides take chunks until none are left:
+//!
+//! * the initiator claims chunks with `fetch_add` on the claim word and copies them;
+//! * the peer, whenever it polls the connection, claims chunks with a compare-and-swap (only of
+//!   the generation it read the descriptor under) and copies them the other way round:
+//!   `process_vm_writev` from its registered source into the initiator's buffer for a Read,
+//!   `process_vm_readv` from the initiator's buffer into its registered sink for a Write;
+//! * when every chunk is claimed, the initiator withdraws the descriptor, waits for the chunks
+//!   the peer claimed to be counted done, and completes the work request as before.
+//!
+//! The peer checks the operation against its own key table (rkey, range, REMOTE_READ or
+//! REMOTE_WRITE) exactly as the initiator does against the peer's, and holds its registrations'
+//! read lock while copying, so it only ever reads or writes memory it registered and
+//! advertised, for the time the operation lasts. A peer that never helps (busy, asleep, or an
+//! older build) costs nothing: the initiator copies every chunk itself.
+//!
+//! The descriptor is a seqlock whose sequence is the claim word: the initiator stores a
+//! withdrawn word, writes the fields, then publishes `(generation, 0)`; a helper reads the
+//! word, the fields, and claims with a compare-and-swap from the word it read, which fails if
+//! the fields changed in between.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
+
+use super::sys::{self, Mapping};
+
+/// Claim word: generation (high 32 bits) and next chunk (low 32 bits, `IDLE`: withdrawn).
+pub(super) const A_CLAIM: usize = 512;
+const A_OP: usize = 520;
+const A_RKEY: usize = 524;
+/// The helper's address (its registered source or sink).
+const A_RADDR: usize = 528;
+/// The initiator's address (its local buffer).
+const A_LADDR: usize = 536;
+const A_LEN: usize = 544;
+const A_CHUNK: usize = 552;
+/// Chunks the helper finished (its own cache line: the initiator polls it).
+const A_DONE: usize = 576;
+/// Set by the helper when one of its copies failed.
+const A_ERR: usize = 580;
+
+const IDLE: u32 = u32::MAX;
+const OP_READ: u32 = 1;
+const OP_WRITE: u32 = 2;
+
+/// Operations at least this long are shared.
+pub(super) const ASSIST_MIN: usize = 256 * 1024;
+const CHUNK_MIN: u64 = 64 * 1024;
+const CHUNK_MAX: u64 = 512 * 1024;
+const MAX_CHUNKS: u64 = 1 << 16;
+/// How long the initiator spins on the helper's last chunks before it also yields the CPU.
+const SPIN_BEFORE_YIELD: Duration = Duration::from_micros(200);
+
+fn chunk_for(len: u64) -> u64 {
+    ((len / 8).clamp(CHUNK_MIN, CHUNK_MAX) + 4095) & !4095
+}
+
+/// The initiator's side of one operation: copy `len` bytes between our `local` buffer and the
+/// peer's `remote` address (`read`: peer to us), sharing the chunks with the peer if it polls.
+/// `sock` is the connection's rendezvous socket, whose hang-up tells the peer is gone (its
+/// memory with it), the one case where we stop waiting for chunks it claimed.
+///
+/// # Safety
+/// `local..local + len` is valid memory of this process for the whole call (readable for a
+/// Write; writable and not referenced by Rust references for a Read), inside a registration
+/// that stays live until this returns.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn copy_shared(
+    inbox: &Mapping,
+    gen: &mut u32,
+    peer_pid: i32,
+    sock: Option<BorrowedFd<'_>>,
+    read: bool,
+    rkey: u32,
+    local: u64,
+    remote: u64,
+    len: usize,
+) -> io::Result<()> {
+    let len64 = len as u64;
+    let chunk = chunk_for(len64);
+    let n = len64.div_ceil(chunk);
+    *gen = gen.wrapping_add(1).max(1);
+    let g = *gen;
+    let claim = inbox.u64(A_CLAIM);
+    // Withdrawn (it already is, unless a peer scribbled on our inbox), then the fields.
+    claim.store(u64::from(g) << 32 | u64::from(IDLE), Ordering::Relaxed);
+    fence(Ordering::Release);
+    inbox
+        .u32(A_OP)
+        .store(if read { OP_READ } else { OP_WRITE }, Ordering::Relaxed);
+    inbox.u32(A_RKEY).store(rkey, Ordering::Relaxed);
+    inbox.u64(A_RADDR).store(remote, Ordering::Relaxed);
+    inbox.u64(A_LADDR).store(local, Ordering::Relaxed);
+    inbox.u64(A_LEN).store(len64, Ordering::Relaxed);
+    inbox.u64(A_CHUNK).store(chunk, Ordering::Relaxed);
+    inbox.u32(A_DONE).store(0, Ordering::Relaxed);
+    inbox.u32(A_ERR).store(0, Ordering::Relaxed);
+    claim.store(u64::from(g) << 32, Ordering::Release);
+
+    let mut mine = 0u64;
+    let mut res = Ok(());
+    loop {
+        let c = claim.fetch_add(1, Ordering::AcqRel);
+        let i = u64::from(c as u32);
+        if (c >> 32) as u32 != g || i >= n {
+            break;
+        }
+        mine += 1;
+        if res.is_err() {
+            continue; // claim the rest so the peer stops, but copy no more
+        }
+        let off = i * chunk;
+        let l = (len64 - off).min(chunk) as usize;
+        // SAFETY: a sub-range of the caller's buffer (see the function's contract); the
+        // remote range is the peer's, checked against its key table by the caller.
+        res = unsafe {
+            if read {
+                sys::vm_read(peer_pid, local + off, remote + off, l)
+            } else {
+                sys::vm_write(peer_pid, local + off, remote + off, l)
+            }
+        };
+    }
+    claim.store(u64::from(g) << 32 | u64::from(IDLE), Ordering::Release);
+
+    // The peer's chunks: it copies each one right after claiming it, so this is short unless
+    // it was preempted. Its copies may touch our buffer until counted, so we wait for them
+    // for as long as the peer exists.
+    let theirs = n - mine.min(n);
+    let done = inbox.u32(A_DONE);
+    let start = Instant::now();
+    let mut spins = 0u32;
+    while u64::from(done.load(Ordering::Acquire)) < theirs {
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(256) {
+            if sock.is_some_and(|s| sys::hung_up(s.as_raw_fd())) {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            if start.elapsed() > SPIN_BEFORE_YIELD {
+                std::thread::yield_now();
+            }
+        }
+        std::hint::spin_loop();
+    }
+    if theirs > 0 && inbox.u32(A_ERR).load(Ordering::Acquire) != 0 && res.is_ok() {
+        res = Err(io::Error::from_raw_os_error(libc::EFAULT));
+    }
+    res
+}
+
+/// What a helper checks before it copies: `check(rkey, addr, len, read)` is true if our memory
+/// `addr..addr + len` is inside our registration `rkey` with REMOTE_READ (`read`: the peer
+/// reads it) or REMOTE_WRITE access.
+pub(super) type CheckRange<'a> = &'a dyn Fn(u32, u64, u64, bool) -> bool;
+
+/// Whether the peer has an operation published (one load: this runs at every poll).
+pub(super) fn pending(peer_inbox: &Mapping) -> bool {
+    let c = peer_inbox.u64(A_CLAIM).load(Ordering::Relaxed);
+    c >> 32 != 0 && c as u32 != IDLE
+}
+
+/// The helper's side: take and copy chunks of the peer's published operation, if any.
+/// `peer_inbox` is the peer's inbox; the caller keeps what `check` says true (holds the
+/// registrations' lock) until this returns. Returns the chunks copied.
+pub(super) fn help(peer_inbox: &Mapping, peer_pid: i32, check: CheckRange<'_>) -> u32 {
+    let claim = peer_inbox.u64(A_CLAIM);
+    let mut c = claim.load(Ordering::Acquire);
+    let g = (c >> 32) as u32;
+    if g == 0 || c as u32 == IDLE {
+        return 0;
+    }
+    let op = peer_inbox.u32(A_OP).load(Ordering::Relaxed);
+    let rkey = peer_inbox.u32(A_RKEY).load(Ordering::Relaxed);
+    let raddr = peer_inbox.u64(A_RADDR).load(Ordering::Relaxed);
+    let laddr = peer_inbox.u64(A_LADDR).load(Ordering::Relaxed);
+    let len = peer_inbox.u64(A_LEN).load(Ordering::Relaxed);
+    let chunk = peer_inbox.u64(A_CHUNK).load(Ordering::Relaxed);
+    fence(Ordering::Acquire);
+    // A torn or hostile descriptor is simply not helped with (the initiator copies alone).
+    let read = match op {
+        OP_READ => true,
+        OP_WRITE => false,
+        _ => return 0,
+    };
+    if chunk < 4096
+        || len == 0
+        || len.div_ceil(chunk) > MAX_CHUNKS
+        || !check(rkey, raddr, len, read)
+    {
+        return 0;
+    }
+    let n = len.div_ceil(chunk);
+    let mut copied = 0;
+    loop {
+        if (c >> 32) as u32 != g || u64::from(c as u32) >= n {
+            return copied;
+        }
+        match claim.compare_exchange_weak(c, c + 1, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                let off = u64::from(c as u32) * chunk;
+                let l = (len - off).min(chunk) as usize;
+                // SAFETY: `raddr + off .. + l` is inside our registration `rkey` (checked
+                // above, kept live by the caller); the kernel checks the peer's range.
+                let r = unsafe {
+                    if read {
+                        sys::vm_write(peer_pid, raddr + off, laddr.wrapping_add(off), l)
+                    } else {
+                        sys::vm_read(peer_pid, raddr + off, laddr.wrapping_add(off), l)
+                    }
+                };
+                if r.is_err() {
+                    peer_inbox.u32(A_ERR).store(1, Ordering::Relaxed);
+                }
+                peer_inbox.u32(A_DONE).fetch_add(1, Ordering::Release);
+                copied += 1;
+                c = claim.load(Ordering::Acquire);
+            }
+            Err(now) => c = now,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU32};
+    use std::sync::Arc;
+
+    /// Both sides of a shared copy in one process (the "peer" is a thread polling our inbox):
+    /// every byte arrives in both directions, and the helper's chunks are counted.
+    #[test]
+    fn shared_copy_with_a_helper_thread() {
+        let inbox = Arc::new(Mapping::anon(8192).unwrap());
+        let n = (3 << 20) + 4321;
+        let theirs: Vec<u8> = (0..n).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let theirs_addr = theirs.as_ptr() as u64;
+        let stop = Arc::new(AtomicBool::new(false));
+        let helped = Arc::new(AtomicU32::new(0));
+        let h = {
+            let (inbox, stop, helped) = (inbox.clone(), stop.clone(), helped.clone());
+            std::thread::spawn(move || {
+                let pid = sys::getpid();
+                // The helper's only registration: `theirs`, rkey 7.
+                let check = |rkey: u32, addr: u64, len: u64, _read: bool| {
+                    rkey == 7 && addr >= theirs_addr && addr + len <= theirs_addr + n as u64
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    helped.fetch_add(help(&inbox, pid, &check), Ordering::Relaxed);
+                }
+            })
+        };
+        let mut gen = 0;
+        let mut mine = vec![0u8; n];
+        for round in 0..20 {
+            mine.iter_mut().for_each(|b| *b = round);
+            // SAFETY: `mine` is live and not borrowed across the call; `theirs` is only read.
+            let r = unsafe {
+                copy_shared(
+                    &inbox,
+                    &mut gen,
+                    sys::getpid(),
+                    None,
+                    true,
+                    7,
+                    mine.as_mut_ptr() as u64,
+                    theirs_addr,
+                    n,
+                )
+            };
+            r.unwrap();
+            assert!(mine == theirs, "round {round}");
+        }
+        stop.store(true, Ordering::Relaxed);
+        h.join().unwrap();
+        assert!(helped.load(Ordering::Relaxed) > 0);
+    }
+
+    /// Random descriptors in a peer's inbox never make the helper panic, never copy without
+    /// the check passing, and every chunk it claims is counted done.
+    #[test]
+    fn garbage_descriptors_are_survived() {
+        let inbox = Mapping::anon(8192).unwrap();
+        let buf = vec![0u8; 1 << 20];
+        let base = buf.as_ptr() as u64;
+        // Writes go to a child process that does nothing with its memory.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut copied = 0;
+        for i in 0..20_000u64 {
+            let pick = |v: u64, good: u64| if v.is_multiple_of(3) { good } else { v };
+            let c = pick(next(), (i + 1) << 32 | (next() % 4));
+            inbox.u64(A_CLAIM).store(c, Ordering::Relaxed);
+            inbox
+                .u32(A_OP)
+                .store(pick(next(), 1 + next() % 2) as u32, Ordering::Relaxed);
+            inbox
+                .u32(A_RKEY)
+                .store(pick(next(), 7) as u32, Ordering::Relaxed);
+            inbox
+                .u64(A_RADDR)
+                .store(pick(next(), base + next() % 4096), Ordering::Relaxed);
+            inbox.u64(A_LADDR).store(next(), Ordering::Relaxed);
+            inbox
+                .u64(A_LEN)
+                .store(pick(next(), next() % (1 << 19)), Ordering::Relaxed);
+            inbox
+                .u64(A_CHUNK)
+                .store(pick(next(), 4096 << (next() % 6)), Ordering::Relaxed);
+            inbox.u32(A_DONE).store(0, Ordering::Relaxed);
+            let checked = std::cell::Cell::new(false);
+            let check = |rkey: u32, addr: u64, len: u64, _read: bool| {
+                let ok = rkey == 7
+                    && addr >= base
+                    && addr
+                        .checked_add(len)
+                        .is_some_and(|e| e <= base + buf.len() as u64);
+                checked.set(checked.get() || ok);
+                ok
+            };
+            let n = help(&inbox, pid, &check);
+            assert!(n == 0 || checked.get());
+            assert_eq!(inbox.u32(A_DONE).load(Ordering::Relaxed), n);
+            copied += n;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        // Some descriptors were well formed: the helper did copy (into the child).
+        assert!(copied > 0);
+    }
+
+    #[test]
+    fn chunks_are_page_multiples_within_bounds() {
+        for len in [
+            ASSIST_MIN as u64,
+            1 << 20,
+            3 << 20,
+            64 << 20,
+            (1 << 20) + 12345,
+        ] {
+            let c = chunk_for(len);
+            assert_eq!(c % 4096, 0);
+            assert!((CHUNK_MIN..=CHUNK_MAX).contains(&c), "{len}: {c}");
+            assert!(len.div_ceil(c) <= MAX_CHUNKS);
+        }
+    }
+}
