@@ -429,6 +429,7 @@ fn rdma_write_and_read() {
 
 /// Large RDMA Reads and Writes are copied by both processes when the peer polls (`assist`):
 /// every byte arrives, odd lengths included, in both directions, and the peer did take part.
+/// Large SENDs likewise, into the receives the peer posted.
 #[test]
 fn shared_copies_with_a_polling_peer() {
     use std::sync::atomic::AtomicBool;
@@ -441,6 +442,16 @@ fn shared_copies_with_a_polling_peer() {
         .reg_mr(n, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .unwrap();
     let mut local = a.reg_mr(n, Access::LOCAL_WRITE).unwrap();
+    // Receives for the SENDs, at odd offsets inside one region.
+    let rsize = 160 * 1024;
+    let rbuf = b.reg_mr(16 * rsize, Access::LOCAL_WRITE).unwrap();
+    for i in 0..16 {
+        y.post_recv(&RecvWr {
+            wr_id: 200 + i as u64,
+            sge: rbuf.sge(i * rsize + 8, (rsize - 8) as u32),
+        })
+        .unwrap();
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let helper = {
         let stop = stop.clone();
@@ -490,8 +501,37 @@ fn shared_copies_with_a_polling_peer() {
         local.read(0, &mut want[..len]);
         assert!(got[..len] == want[..len], "write, round {round}");
     }
+    // SENDs of 32 KiB and more are shared too: every byte lands in its receive.
+    let sizes: Vec<usize> = (0..16).map(|i| 32 * 1024 + i * 8191).collect();
+    for (i, &len) in sizes.iter().enumerate() {
+        fill(&mut local, i as u8 ^ 0x5a);
+        x.post_send(&send_wr(
+            300 + i as u64,
+            SendOp::Send,
+            Some(local.sge(0, len as u32)),
+        ))
+        .unwrap();
+        let c = poll_n(&mut x, 1, T);
+        assert_eq!(
+            (c[0].wr_id, c[0].status),
+            (300 + i as u64, WcStatus::Success)
+        );
+    }
     stop.store(true, Ordering::Relaxed);
-    let _y = helper.join().unwrap();
+    let mut y = helper.join().unwrap();
+    let c = poll_n(&mut y, 16, T);
+    assert_eq!(c.len(), 16);
+    for (i, (c, &len)) in c.iter().zip(&sizes).enumerate() {
+        assert_eq!(
+            (c.wr_id, c.status, c.byte_len),
+            (200 + i as u64, WcStatus::Success, len as u32)
+        );
+        let want: Vec<u8> = (0..len)
+            .map(|k| (k as u8).wrapping_mul(31).wrapping_add(i as u8 ^ 0x5a))
+            .collect();
+        rbuf.read(i * rsize + 8, &mut got[..len]);
+        assert!(got[..len] == want[..], "send {i}");
+    }
     // The peer polled all along: it copied chunks (a 4 MiB operation has 8 of them).
     assert!(b.assisted_chunks() > 0);
     assert_eq!(a.assisted_chunks(), 0);

@@ -48,23 +48,48 @@ const A_DONE: usize = 576;
 const A_ERR: usize = 580;
 
 const IDLE: u32 = u32::MAX;
-const OP_READ: u32 = 1;
-const OP_WRITE: u32 = 2;
+/// What is being copied, which decides the direction and what the helper checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Op {
+    /// RDMA Read: the helper's registered source (REMOTE_READ) into the initiator's buffer.
+    Read = 1,
+    /// RDMA Write: the initiator's buffer into the helper's registered sink (REMOTE_WRITE).
+    Write = 2,
+    /// SEND: the initiator's buffer into a receive the helper posted.
+    Send = 3,
+}
 
-/// Operations at least this long are shared.
+impl Op {
+    fn from_u32(v: u32) -> Option<Op> {
+        match v {
+            1 => Some(Op::Read),
+            2 => Some(Op::Write),
+            3 => Some(Op::Send),
+            _ => None,
+        }
+    }
+}
+
+/// RDMA Reads and Writes at least this long are shared.
 pub(super) const ASSIST_MIN: usize = 256 * 1024;
-const CHUNK_MIN: u64 = 64 * 1024;
+/// SENDs at least this long are shared.
+pub(super) const ASSIST_MIN_SEND: usize = 32 * 1024;
+const CHUNK_MIN: u64 = 16 * 1024;
 const CHUNK_MAX: u64 = 512 * 1024;
 const MAX_CHUNKS: u64 = 1 << 16;
 /// How long the initiator spins on the helper's last chunks before it also yields the CPU.
 const SPIN_BEFORE_YIELD: Duration = Duration::from_micros(200);
 
-fn chunk_for(len: u64) -> u64 {
-    ((len / 8).clamp(CHUNK_MIN, CHUNK_MAX) + 4095) & !4095
+/// Chunks for an operation of `len` bytes: SENDs in halves (they are short and the receiver
+/// may be busy), one-sided operations in eighths; whole pages, within bounds.
+fn chunk_for(op: Op, len: u64) -> u64 {
+    let parts = if op == Op::Send { 2 } else { 8 };
+    ((len.div_ceil(parts)).clamp(CHUNK_MIN, CHUNK_MAX) + 4095) & !4095
 }
 
 /// The initiator's side of one operation: copy `len` bytes between our `local` buffer and the
-/// peer's `remote` address (`read`: peer to us), sharing the chunks with the peer if it polls.
+/// peer's `remote` address (a Read: peer to us), sharing the chunks with the peer if it polls.
+/// `rkey` is the peer's key of the remote range (unused for a SEND).
 /// `sock` is the connection's rendezvous socket, whose hang-up tells the peer is gone (its
 /// memory with it), the one case where we stop waiting for chunks it claimed.
 ///
@@ -78,14 +103,15 @@ pub(super) unsafe fn copy_shared(
     gen: &mut u32,
     peer_pid: i32,
     sock: Option<BorrowedFd<'_>>,
-    read: bool,
+    op: Op,
     rkey: u32,
     local: u64,
     remote: u64,
     len: usize,
 ) -> io::Result<()> {
     let len64 = len as u64;
-    let chunk = chunk_for(len64);
+    let read = op == Op::Read;
+    let chunk = chunk_for(op, len64);
     let n = len64.div_ceil(chunk);
     *gen = gen.wrapping_add(1).max(1);
     let g = *gen;
@@ -93,9 +119,7 @@ pub(super) unsafe fn copy_shared(
     // Withdrawn (it already is, unless a peer scribbled on our inbox), then the fields.
     claim.store(u64::from(g) << 32 | u64::from(IDLE), Ordering::Relaxed);
     fence(Ordering::Release);
-    inbox
-        .u32(A_OP)
-        .store(if read { OP_READ } else { OP_WRITE }, Ordering::Relaxed);
+    inbox.u32(A_OP).store(op as u32, Ordering::Relaxed);
     inbox.u32(A_RKEY).store(rkey, Ordering::Relaxed);
     inbox.u64(A_RADDR).store(remote, Ordering::Relaxed);
     inbox.u64(A_LADDR).store(local, Ordering::Relaxed);
@@ -156,10 +180,10 @@ pub(super) unsafe fn copy_shared(
     res
 }
 
-/// What a helper checks before it copies: `check(rkey, addr, len, read)` is true if our memory
-/// `addr..addr + len` is inside our registration `rkey` with REMOTE_READ (`read`: the peer
-/// reads it) or REMOTE_WRITE access.
-pub(super) type CheckRange<'a> = &'a dyn Fn(u32, u64, u64, bool) -> bool;
+/// What a helper checks before it copies: `check(op, rkey, addr, len)` is true if our memory
+/// `addr..addr + len` is inside our registration `rkey` with REMOTE_READ (a Read) or
+/// REMOTE_WRITE (a Write), or inside a receive we posted (a SEND).
+pub(super) type CheckRange<'a> = &'a dyn Fn(Op, u32, u64, u64) -> bool;
 
 /// Whether the peer has an operation published (one load: this runs at every poll).
 pub(super) fn pending(peer_inbox: &Mapping) -> bool {
@@ -185,15 +209,11 @@ pub(super) fn help(peer_inbox: &Mapping, peer_pid: i32, check: CheckRange<'_>) -
     let chunk = peer_inbox.u64(A_CHUNK).load(Ordering::Relaxed);
     fence(Ordering::Acquire);
     // A torn or hostile descriptor is simply not helped with (the initiator copies alone).
-    let read = match op {
-        OP_READ => true,
-        OP_WRITE => false,
-        _ => return 0,
+    let Some(op) = Op::from_u32(op) else {
+        return 0;
     };
-    if chunk < 4096
-        || len == 0
-        || len.div_ceil(chunk) > MAX_CHUNKS
-        || !check(rkey, raddr, len, read)
+    let read = op == Op::Read;
+    if chunk < 4096 || len == 0 || len.div_ceil(chunk) > MAX_CHUNKS || !check(op, rkey, raddr, len)
     {
         return 0;
     }
@@ -249,7 +269,7 @@ mod tests {
             std::thread::spawn(move || {
                 let pid = sys::getpid();
                 // The helper's only registration: `theirs`, rkey 7.
-                let check = |rkey: u32, addr: u64, len: u64, _read: bool| {
+                let check = |_op: Op, rkey: u32, addr: u64, len: u64| {
                     rkey == 7 && addr >= theirs_addr && addr + len <= theirs_addr + n as u64
                 };
                 while !stop.load(Ordering::Relaxed) {
@@ -268,7 +288,7 @@ mod tests {
                     &mut gen,
                     sys::getpid(),
                     None,
-                    true,
+                    Op::Read,
                     7,
                     mine.as_mut_ptr() as u64,
                     theirs_addr,
@@ -310,7 +330,7 @@ mod tests {
             inbox.u64(A_CLAIM).store(c, Ordering::Relaxed);
             inbox
                 .u32(A_OP)
-                .store(pick(next(), 1 + next() % 2) as u32, Ordering::Relaxed);
+                .store(pick(next(), 1 + next() % 3) as u32, Ordering::Relaxed);
             inbox
                 .u32(A_RKEY)
                 .store(pick(next(), 7) as u32, Ordering::Relaxed);
@@ -326,7 +346,7 @@ mod tests {
                 .store(pick(next(), 4096 << (next() % 6)), Ordering::Relaxed);
             inbox.u32(A_DONE).store(0, Ordering::Relaxed);
             let checked = std::cell::Cell::new(false);
-            let check = |rkey: u32, addr: u64, len: u64, _read: bool| {
+            let check = |_op: Op, rkey: u32, addr: u64, len: u64| {
                 let ok = rkey == 7
                     && addr >= base
                     && addr
@@ -348,14 +368,12 @@ mod tests {
 
     #[test]
     fn chunks_are_page_multiples_within_bounds() {
-        for len in [
-            ASSIST_MIN as u64,
-            1 << 20,
-            3 << 20,
-            64 << 20,
-            (1 << 20) + 12345,
-        ] {
-            let c = chunk_for(len);
+        let lens = [ASSIST_MIN_SEND as u64, 1 << 20, 3 << 20, 64 << 20, 12345];
+        for (op, len) in [Op::Read, Op::Write, Op::Send]
+            .into_iter()
+            .flat_map(|op| lens.map(|l| (op, l)))
+        {
+            let c = chunk_for(op, len);
             assert_eq!(c % 4096, 0);
             assert!((CHUNK_MIN..=CHUNK_MAX).contains(&c), "{len}: {c}");
             assert!(len.div_ceil(c) <= MAX_CHUNKS);

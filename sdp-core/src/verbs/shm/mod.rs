@@ -1089,7 +1089,24 @@ impl ShmEndpoint {
                 } else {
                     let s = wr.sge.expect("len > 0 has an sge");
                     // SAFETY: the local range is inside a live registration (read lock held).
-                    match unsafe { sys::vm_write(peer.pid, s.addr, raddr, len as usize) } {
+                    let r = unsafe {
+                        if len as usize >= assist::ASSIST_MIN_SEND {
+                            assist::copy_shared(
+                                &self.inbox,
+                                &mut self.assist_gen,
+                                peer.pid,
+                                self.sock.as_ref().map(|s| s.as_fd()),
+                                assist::Op::Send,
+                                0,
+                                s.addr,
+                                raddr,
+                                len as usize,
+                            )
+                        } else {
+                            sys::vm_write(peer.pid, s.addr, raddr, len as usize)
+                        }
+                    };
+                    match r {
                         Ok(()) => (ST_OK, Ok(())),
                         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
                             (ST_REM_OP, Err(WcStatus::RetryExceeded))
@@ -1146,7 +1163,11 @@ impl ShmEndpoint {
                             &mut self.assist_gen,
                             peer.pid,
                             self.sock.as_ref().map(|s| s.as_fd()),
-                            is_read,
+                            if is_read {
+                                assist::Op::Read
+                            } else {
+                                assist::Op::Write
+                            },
                             rb.rkey,
                             s.addr,
                             rb.addr,
@@ -1348,13 +1369,17 @@ impl ShmEndpoint {
             return;
         }
         let regs = self.inner.regs.read();
-        let check = |rkey: u32, addr: u64, len: u64, read: bool| {
-            let need = if read {
-                Access::REMOTE_READ
-            } else {
-                Access::REMOTE_WRITE
-            };
-            regs.check_remote(rkey, addr, len, need)
+        let check = |op: assist::Op, rkey: u32, addr: u64, len: u64| match op {
+            assist::Op::Read => regs.check_remote(rkey, addr, len, Access::REMOTE_READ),
+            assist::Op::Write => regs.check_remote(rkey, addr, len, Access::REMOTE_WRITE),
+            // A SEND lands in one of our posted receives (the peer's next slot).
+            assist::Op::Send => self.recvs.iter().any(|r| {
+                addr >= r.sge.addr
+                    && addr
+                        .checked_add(len)
+                        .is_some_and(|e| e <= r.sge.addr + u64::from(r.sge.len))
+                    && regs.check(&r.sge, Access::LOCAL_WRITE)
+            }),
         };
         let n = assist::help(&peer.inbox, peer.pid, &check);
         if n > 0 {
