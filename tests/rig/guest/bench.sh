@@ -5,15 +5,55 @@
 # Everything is emulated (TCG): absolute figures mean little; compare tools within one boot.
 BENCH_BYTES=$((64 * 1048576))    # data per measurement and direction
 [ "${RIG_QUICK:-0}" = 1 ] && BENCH_BYTES=$((16 * 1048576))
-BENCH_SIZES="65536 1048576"
+BENCH_SIZES=${RIG_BENCH_SIZES:-65536 1048576}
+BENCH_TOOLS=${RIG_BENCH_TOOLS:-ib_write_bw rstream sdp-bcopy sdp-zcopy}
+want_tool() { case " $BENCH_TOOLS " in *" $1 "*) return 0 ;; esac; return 1; }
+
+# Guest CPU use during a measurement, from /proc/stat: busy (non-idle) percent of each vCPU, and
+# how the busy time splits into user / system / softirq (percent of all vCPUs' time).
+cpu_snap() { awk '/^cpu / {print $2+$3, $4, $7, $8, $5+$6}' /proc/stat; }
+cpu_delta() {   # cpu_delta "$SNAP_BEFORE": sets CPU_JSON and CPU_TXT
+  # shellcheck disable=SC2086,SC2046
+  set -- $1 $(cpu_snap)
+  CPU_TXT=$(awk -v u="$(($6 - $1))" -v s="$(($7 - $2))" -v i="$(($8 - $3))" -v q="$(($9 - $4))" -v d="$((${10} - $5))" \
+    'BEGIN { t = u + s + i + q + d; if (t <= 0) t = 1
+             printf "user %.0f%% sys %.0f%% irq %.0f%% softirq %.0f%% idle %.0f%%", 100*u/t, 100*s/t, 100*i/t, 100*q/t, 100*d/t }')
+  CPU_JSON=$(echo "$CPU_TXT" | awk '{ gsub("%", ""); printf "\"guest_cpu_pct\":{\"user\":%s,\"sys\":%s,\"irq\":%s,\"softirq\":%s,\"idle\":%s}", $2, $4, $6, $8, $10 }')
+}
 
 bench_row() {   # bench_row TOOL SIZE RUN BYTES_PER_SEC [EXTRA JSON FIELDS]
-  echo "RIG-BENCH: {\"tool\":\"$1\",\"size_bytes\":$2,\"run\":$3,\"bytes_per_sec\":$4,\"mtu\":$RIG_MTU,\"pair_secs\":$PAIR_T${5:+,$5}}"
+  echo "RIG-BENCH: {\"tool\":\"$1\",\"size_bytes\":$2,\"run\":$3,\"bytes_per_sec\":$4,\"mtu\":$RIG_MTU,\"pair_secs\":$PAIR_T${5:+,$5},$CPU_JSON}"
+  echo "  guest CPU during $1 $2: $CPU_TXT (over ${PAIR_T}s, both vCPUs)"
+}
+
+# Every rxe hw counter of both devices, as "dev:name=value" words (retries, sequence errors, RNR NAKs...).
+hw_snap() {
+  for d in rxe0 rxe1; do
+    for f in /sys/class/infiniband/$d/ports/1/hw_counters/*; do echo "$d:${f##*/}=$(cat "$f" 2>/dev/null || echo 0)"; done
+  done
+}
+hw_delta() {   # hw_delta "$SNAP_BEFORE": the counters that moved, other than the packet counts
+  echo "$1" >/tmp/hw0; hw_snap >/tmp/hw1
+  awk -F= 'NR == FNR {a[$1] = $2; next} $2 != a[$1] && $1 !~ /(sent|rcvd)_pkts$/ {printf " %s+%d", $1, $2 - a[$1]}' /tmp/hw0 /tmp/hw1
+}
+
+# Per-vCPU busy time, softirq counts and ksoftirqd CPU time (jiffies / counts), as "name=value" words.
+diag_snap() {
+  awk '/^cpu[0-9]/ {print $1 "_busy=" $2+$3+$4+$7+$8; print $1 "_softirq=" $8}' /proc/stat
+  awk '$1 ~ /^(NET_RX|TASKLET|TIMER|SCHED):$/ {for (i = 2; i <= NF; i++) print $1 "cpu" i-2 "=" $i}' /proc/softirqs
+  for p in /proc/[0-9]*; do
+    read -r c <"$p/comm" 2>/dev/null || continue
+    case $c in ksoftirqd/*) awk -v n="$c" '{print n "=" $14+$15}' "$p/stat" ;; esac
+  done
 }
 
 bench_pair() {   # run_pair, and the traffic must have crossed the veth pair (both devices sent/received)
-  bs0=$(snap)
+  bs0=$(snap); cs0=$(cpu_snap); hs0=$(hw_snap); ds0=$(diag_snap)
   run_pair "$@" || return 1
+  cpu_delta "$cs0"
+  echo "  rxe counters that moved:$(hw_delta "$hs0")"
+  echo "$ds0" >/tmp/d0; diag_snap >/tmp/d1
+  echo "  diag:$(awk -F= 'NR == FNR {a[$1] = $2; next} $2 != a[$1] {printf " %s+%d", $1, $2 - a[$1]}' /tmp/d0 /tmp/d1)"
   deltas "$bs0"
   crossed || { PAIR_WHY="packet counters did not all increase ($(pkts))"; return 1; }
 }
@@ -60,33 +100,46 @@ bench_rstream() {   # SIZE RUN
 # zcopy: write_zcopy from registered sources (SrcAvail, the server RDMA-Reads them) and read_zcopy
 # into a registered sink.  Each side reports its CPU seconds (getrusage) per GiB moved.
 SDP=/rig/bin/sdp-rigtest
+# tests/rig/run --sdp-variant NAME=ENV: the same SDP rows again with ENV in the environment of both
+# ends, as tools sdp-MODE+NAME (one line "NAME=ENV" each in /rig/sdp-variants).
 bench_sdp() {   # SIZE RUN
   [ -x $SDP ] || return 0
   for mode in bcopy zcopy; do
-    name=bench-sdp-$mode-$1-$2
-    if bench_pair "$name" "$SDP bench-server $B:7490 $mode $1 $BENCH_BYTES" \
-                          "$SDP bench-client $B:7490 $A $mode $1 $BENCH_BYTES"; then
-      bps=$(sed -n 's/^BENCH-CLIENT .*bytes_per_sec=\([0-9]*\).*/\1/p' "$LOGD/$name.cli")
-      cc=$(sed -n 's/^BENCH-CLIENT .*cpu_s_per_gib=\([0-9.]*\).*/\1/p' "$LOGD/$name.cli")
-      sc=$(sed -n 's/^BENCH-SERVER .*cpu_s_per_gib=\([0-9.]*\).*/\1/p' "$LOGD/$name.srv")
-      if [ -n "$bps" ] && [ -n "$cc" ] && [ -n "$sc" ]; then
-        show "$LOGD/$name.cli" "$LOGD/$name.srv" | grep -E 'BENCH-(CLIENT|SERVER)|loop:'
-        bench_row "sdp-$mode" "$1" "$2" "$bps" "\"cpu_s_per_gib_client\":$cc,\"cpu_s_per_gib_server\":$sc"
-        pass "$name" "$(awk -v b="$bps" 'BEGIN{printf "%.1f MB/s", b/1e6}'), CPU s/GiB client $cc server $sc"
-        continue
-      fi
-      PAIR_WHY="no BENCH-CLIENT/BENCH-SERVER figures in the output"
+    want_tool "sdp-$mode" || continue
+    bench_sdp1 "$1" "$2" "$mode" "sdp-$mode" ""
+    if [ -s /rig/sdp-variants ]; then
+      while IFS= read -r v; do
+        [ -n "$v" ] || continue
+        bench_sdp1 "$1" "$2" "$mode" "sdp-$mode+${v%%=*}" "env ${v#*=} "
+      done </rig/sdp-variants
     fi
-    pair_logs "$name" sdp-rigtest sdp-rigtest; fail "$name" "$PAIR_WHY"
   done
 }
+bench_sdp1() {   # SIZE RUN MODE TOOL ENVPREFIX
+  name=bench-$4-$1-$2
+  if bench_pair "$name" "$5$SDP bench-server $B:7490 $3 $1 $BENCH_BYTES" \
+                        "$5$SDP bench-client $B:7490 $A $3 $1 $BENCH_BYTES"; then
+    bps=$(sed -n 's/^BENCH-CLIENT .*bytes_per_sec=\([0-9]*\).*/\1/p' "$LOGD/$name.cli")
+    cc=$(sed -n 's/^BENCH-CLIENT .*cpu_s_per_gib=\([0-9.]*\).*/\1/p' "$LOGD/$name.cli")
+    sc=$(sed -n 's/^BENCH-SERVER .*cpu_s_per_gib=\([0-9.]*\).*/\1/p' "$LOGD/$name.srv")
+    if [ -n "$bps" ] && [ -n "$cc" ] && [ -n "$sc" ]; then
+      show "$LOGD/$name.cli" "$LOGD/$name.srv" | grep -E 'BENCH-(CLIENT|SERVER)|loop:'
+      bench_row "$4" "$1" "$2" "$bps" "\"cpu_s_per_gib_client\":$cc,\"cpu_s_per_gib_server\":$sc"
+      pass "$name" "$(awk -v b="$bps" 'BEGIN{printf "%.1f MB/s", b/1e6}'), CPU s/GiB client $cc server $sc"
+      return
+    fi
+    PAIR_WHY="no BENCH-CLIENT/BENCH-SERVER figures in the output"
+  fi
+  pair_logs "$name" sdp-rigtest sdp-rigtest; fail "$name" "$PAIR_WHY"
+}
 
-section "benchmarks: $RIG_RUNS runs, sizes $BENCH_SIZES, $((BENCH_BYTES / 1048576)) MiB each"
+section "benchmarks: $RIG_RUNS runs, sizes $BENCH_SIZES, tools $BENCH_TOOLS, $((BENCH_BYTES / 1048576)) MiB each"
+[ ! -s /rig/sdp-variants ] || { echo "  SDP variants:"; sed 's/^/    /' /rig/sdp-variants; }
 run=1
 while [ $run -le "$RIG_RUNS" ]; do
   for size in $BENCH_SIZES; do
-    bench_ib_write_bw "$size" "$run"
-    bench_rstream "$size" "$run"
+    if want_tool ib_write_bw; then bench_ib_write_bw "$size" "$run"; fi
+    if want_tool rstream; then bench_rstream "$size" "$run"; fi
     bench_sdp "$size" "$run"
   done
   run=$((run + 1))

@@ -29,6 +29,13 @@ topology_ok() {
 }
 run_check topology topology_ok
 
+if [ "${RIG_BENCH_ONLY:-0}" = 1 ]; then
+  section "checks skipped (tests/rig/run --bench-only)"
+  . /rig/bench.sh
+  finish
+  exit 0
+fi
+
 section "smoke: real RDMA between rxe0 and rxe1"
 #          name             server command                                          client command
 rdma_pair  rping            "rping -s -a $B -C $N_PING -S 64 -V"                    "rping -c -I $A -a $B -C $N_PING -S 64 -V"

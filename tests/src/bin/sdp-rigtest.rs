@@ -888,15 +888,74 @@ fn cpu_secs() -> f64 {
 /// Bulk-transfer tuning (like a large SO_RCVBUF): 256 KiB receive buffers whatever the message
 /// size (BCopy is a byte stream: writes coalesce into full buffers), zero copy from 64 KiB.
 /// Zero-copy sends the benchmark keeps in flight (ib_write_bw keeps many Writes posted too).
+/// Environment overrides for experiments: SDP_BENCH_ZWINDOW (sends in flight), SDP_BENCH_RCV_KIB
+/// (receive buffer size), SDP_BENCH_RX_BUFS (receive buffers at most).
 const BENCH_ZWINDOW: usize = 8;
 
-fn bench_cfg(_size: u64) -> Config {
-    Config {
-        rcv_size: 256 * 1024,
-        max_rcv_size: 256 * 1024,
-        max_srcavail_inflight: BENCH_ZWINDOW as u8,
-        ..Config::default()
+fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn bench_zwindow() -> usize {
+    env_num("SDP_BENCH_ZWINDOW", BENCH_ZWINDOW as u64).clamp(1, 64) as usize
+}
+
+/// SDP_BENCH_CPU=N: run this process on vCPU N only (scheduling experiments).
+fn bench_pin() {
+    if let Ok(n) = std::env::var("SDP_BENCH_CPU") {
+        if let Ok(n) = n.parse::<usize>() {
+            // SAFETY: cpu_set_t is plain old data; CPU_SET and sched_setaffinity get a valid set.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(n, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+        }
     }
+}
+
+fn bench_cfg(_size: u64) -> Config {
+    bench_pin();
+    let rcv = env_num("SDP_BENCH_RCV_KIB", 256) as u32 * 1024;
+    let d = Config::default();
+    Config {
+        rcv_size: rcv,
+        max_rcv_size: rcv,
+        max_rx_bufs: env_num("SDP_BENCH_RX_BUFS", d.max_rx_bufs as u64) as u32,
+        max_srcavail_inflight: bench_zwindow() as u8,
+        max_adverts: d.max_adverts.max(bench_zwindow() as u8),
+        ..d
+    }
+}
+
+/// Scheduler facts about this process (CPU it is on, migrations), for the bench logs.
+fn sched_note() -> String {
+    // SAFETY: sched_getcpu takes no arguments.
+    let cpu = unsafe { libc::sched_getcpu() };
+    let mig = std::fs::read_to_string("/proc/self/sched")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("se.nr_migrations"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    format!("on cpu {cpu}, {mig} migrations")
+}
+
+/// Voluntary and involuntary context switches of this process so far.
+fn ctx_switches() -> (i64, i64) {
+    // SAFETY: getrusage fills the rusage struct we pass; an all-zero rusage is a valid value.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    (ru.ru_nvcsw, ru.ru_nivcsw)
 }
 
 fn bench_server(addr: SocketAddr, mode: &str, size: u64, bytes: u64) -> Res<()> {
@@ -907,6 +966,7 @@ fn bench_server(addr: SocketAddr, mode: &str, size: u64, bytes: u64) -> Res<()> 
     let id = rt.accept(l, Duration::from_secs(30))?;
     let cpu0 = cpu_secs();
     let (ucpu0, scpu0) = cpu_split();
+    let cs0 = ctx_switches();
     let t = StdInstant::now();
     let p = rt.d.provider().clone();
     let mut sink = if zc {
@@ -985,8 +1045,13 @@ fn bench_server(addr: SocketAddr, mode: &str, size: u64, bytes: u64) -> Res<()> 
     rt.d.shutdown(now, id, Shutdown::Write)
         .map_err(|e| format!("shutdown: {e}"))?;
     let (polls, arms, sleeps) = (rt.polls, rt.arms, rt.sleeps);
+    let (vcs, ics) = ctx_switches();
+    let s = rt.d.conn(id).map(|c| c.stats.clone()).unwrap_or_default();
     let _ = rt.wait_closed(id, Duration::from_secs(10));
-    println!("loop: {polls} polls, {arms} arms, {sleeps} sleeps");
+    println!(
+        "loop: {polls} polls, {arms} arms, {sleeps} sleeps; {} messages sent, {} credit updates; context switches {} voluntary, {} involuntary; {}",
+        s.msgs_sent, s.credit_updates_sent, vcs - cs0.0, ics - cs0.1, sched_note()
+    );
     println!(
         "BENCH-SERVER bytes={got} secs={secs:.3} cpu_secs={cpu:.3} (user+sys {:.3}+{:.3}) zcopy_bytes={zc_bytes} cpu_s_per_gib={:.3}",
         cpu_split().0 - ucpu0,
@@ -1005,7 +1070,7 @@ fn bench_client(dst: SocketAddr, src: IpAddr, mode: &str, size: u64, bytes: u64)
     // Zero copy: a few registered sources, each granted remote read once, reused round robin.
     let mut srcs = Vec::new();
     if zc {
-        for _ in 0..BENCH_ZWINDOW {
+        for _ in 0..bench_zwindow() {
             let mut mr = p
                 .reg_mr(size as usize, Access::empty())
                 .map_err(|e| format!("reg_mr: {e}"))?;
@@ -1018,6 +1083,7 @@ fn bench_client(dst: SocketAddr, src: IpAddr, mode: &str, size: u64, bytes: u64)
     let mut free: Vec<usize> = (0..srcs.len()).collect();
     let cpu0 = cpu_secs();
     let (ucpu0, scpu0) = cpu_split();
+    let cs0 = ctx_switches();
     let t = StdInstant::now();
     let mut queued = 0u64; // handed to the engine
     let mut done = 0u64; // acknowledged (zcopy) or accepted (bcopy)
@@ -1113,9 +1179,10 @@ fn bench_client(dst: SocketAddr, src: IpAddr, mode: &str, size: u64, bytes: u64)
         return Err(format!("server received {got} of {bytes}"));
     }
     let s = rt.d.conn(id).map(|c| c.stats.clone()).unwrap_or_default();
+    let (vcs, ics) = ctx_switches();
     println!(
-        "loop: {} polls, {} arms, {} sleeps; {} messages sent, {} credit updates, {} stalls without credit",
-        rt.polls, rt.arms, rt.sleeps, s.msgs_sent, s.credit_updates_sent, s.stalls_no_credit
+        "loop: {} polls, {} arms, {} sleeps; {} messages sent, {} credit updates, {} stalls without credit; context switches {} voluntary, {} involuntary; {}",
+        rt.polls, rt.arms, rt.sleeps, s.msgs_sent, s.credit_updates_sent, s.stalls_no_credit, vcs - cs0.0, ics - cs0.1, sched_note()
     );
     println!(
         "BENCH-CLIENT bytes={bytes} secs={secs:.3} bytes_per_sec={:.0} cpu_secs={cpu:.3} (user+sys {:.3}+{:.3}) cpu_s_per_gib={:.3} srcavail={} zcopy_write_bytes={}",
