@@ -20,7 +20,8 @@ use crate::proto::read::ZRecv;
 use crate::proto::table::{ConnId, Table};
 use crate::proto::{Config, Conn, ConnError, Event, Instant, Shutdown, State};
 use crate::verbs::{
-    Access, Completion, Endpoint, Listener, MemoryRegion, Provider, QpCaps, VerbsError, WorkRequest,
+    Access, Completion, Endpoint, Listener, MemoryRegion, Provider, QpCaps, SendWr, VerbsError,
+    WorkRequest,
 };
 
 /// A [`BufStore`] of memory regions registered on a provider, one region per buffer.
@@ -104,6 +105,8 @@ pub struct Driver<P: Provider> {
     conns: Table<Entry<P>>,
     listeners: Table<ListenEntry<P>>,
     scratch: Vec<Completion>,
+    /// Send work requests gathered for one `post_sends`.
+    sends: Vec<SendWr>,
 }
 
 /// Errors of driver calls.
@@ -120,7 +123,11 @@ pub enum DriverError {
 }
 
 impl<P: Provider> Driver<P> {
-    pub fn new(provider: P, cfg: Config) -> Driver<P> {
+    pub fn new(provider: P, mut cfg: Config) -> Driver<P> {
+        cfg.zcopy_by_send = Some(
+            cfg.zcopy_by_send
+                .unwrap_or_else(|| provider.prefers_send_gather()),
+        );
         let caps = QpCaps {
             max_send_wr: 4 * cfg.max_rx_bufs + 64,
             max_recv_wr: cfg.max_rx_bufs + 8,
@@ -141,6 +148,7 @@ impl<P: Provider> Driver<P> {
                 };
                 64
             ],
+            sends: Vec::with_capacity(POST_BATCH),
         }
     }
 
@@ -227,7 +235,7 @@ impl<P: Provider> Driver<P> {
                             events: Vec::new(),
                             released: false,
                         };
-                        let posted = post_all(&mut entry.conn, &mut ep);
+                        let posted = post_all(&mut entry.conn, &mut ep, &mut self.sends);
                         if posted.is_err() || ep.accept(&ack).is_err() {
                             le.refused.push(ConnError::NoMemory);
                             let _ = ep.reject(b"SDP: out of resources");
@@ -285,12 +293,12 @@ impl<P: Provider> Driver<P> {
             return;
         };
         if let Some(ep) = e.ep.as_mut() {
-            if let Err(err) = post_all(&mut e.conn, ep) {
+            if let Err(err) = post_all(&mut e.conn, ep, &mut self.sends) {
                 // The engine never posts beyond the caps it sized; a refusal means the
                 // endpoint is unusable.
                 let _ = err;
                 e.conn.abort(now);
-                let _ = post_all(&mut e.conn, ep);
+                let _ = post_all(&mut e.conn, ep, &mut self.sends);
             }
             while let Some(crate::proto::CmAction::Disconnect) = e.conn.poll_cm() {
                 let _ = ep.disconnect();
@@ -445,21 +453,40 @@ fn drain_cq<S: BufStore, E: Endpoint>(
     loop {
         let n = ep.poll_cq(scratch);
         total += n;
-        for wc in &scratch[..n] {
-            conn.handle_completion(now, wc);
-        }
+        conn.handle_completions(now, &scratch[..n]);
         if n < scratch.len() {
             return total;
         }
     }
 }
 
-fn post_all<S: BufStore, E: Endpoint>(conn: &mut Conn<S>, ep: &mut E) -> Result<(), VerbsError> {
+/// Send-queue work requests posted with one call (one doorbell) at most.
+const POST_BATCH: usize = 16;
+
+/// Post what the engine queued. Receives go at once; sends are gathered in `sends` and posted
+/// in order with one `post_sends` per batch. A send that tells the peer about receives comes
+/// after them in the engine's order, and gathering only delays sends, so it still follows them.
+fn post_all<S: BufStore, E: Endpoint>(
+    conn: &mut Conn<S>,
+    ep: &mut E,
+    sends: &mut Vec<SendWr>,
+) -> Result<(), VerbsError> {
+    sends.clear();
     while let Some(wr) = conn.poll_wr() {
         match wr {
             WorkRequest::Recv(r) => ep.post_recv(&r)?,
-            WorkRequest::Send(s) => ep.post_send(&s)?,
+            WorkRequest::Send(s) => {
+                sends.push(s);
+                if sends.len() == POST_BATCH {
+                    ep.post_sends(sends)?;
+                    sends.clear();
+                }
+            }
         }
+    }
+    if !sends.is_empty() {
+        ep.post_sends(sends)?;
+        sends.clear();
     }
     Ok(())
 }

@@ -83,6 +83,7 @@ fn send(wr_id: u64, mr: &SimMr, off: usize, len: u32) -> SendWr {
         op: SendOp::Send,
         sge: Some(mr.sge(off, len)),
         signaled: true,
+        payload: None,
     }
 }
 
@@ -92,6 +93,7 @@ fn write(wr_id: u64, mr: &SimMr, off: usize, len: u32, to: RemoteBuf) -> SendWr 
         op: SendOp::Write(to),
         sge: Some(mr.sge(off, len)),
         signaled: true,
+        payload: None,
     }
 }
 
@@ -101,6 +103,7 @@ fn read(wr_id: u64, mr: &SimMr, off: usize, len: u32, from: RemoteBuf) -> SendWr
         op: SendOp::Read(from),
         sge: Some(mr.sge(off, len)),
         signaled: true,
+        payload: None,
     }
 }
 
@@ -555,6 +558,7 @@ fn send_recv_in_order_with_byte_len() {
         op: SendOp::Send,
         sge: None,
         signaled: true,
+        payload: None,
     })
     .unwrap();
     assert_eq!(p.a.outstanding_sends(), 3);
@@ -1140,6 +1144,7 @@ fn zero_length_write_is_a_probe() {
         op: SendOp::Write(to),
         sge: None,
         signaled: true,
+        payload: None,
     };
     let t0 = p.f.now();
     p.a.post_send(&probe(1, rb(&target, 0))).unwrap();
@@ -1295,6 +1300,7 @@ fn broken_link_loses_messages_and_times_out() {
         op: SendOp::Write(rb(&amr, 0)),
         sge: None,
         signaled: false,
+        payload: None,
     })
     .unwrap();
     run(&p.f);
@@ -1762,4 +1768,63 @@ fn passive_data_never_overtakes_the_accept() {
         assert_eq!(cq(&mut b), vec![ok(2, WcOpcode::Send, 8)], "seed {seed}");
         assert_eq!(cq(&mut a), vec![ok(1, WcOpcode::Recv, 8)], "seed {seed}");
     }
+}
+
+/// A SEND gathers its payload SGE after the first one (header and payload from different
+/// registrations): the receiver gets them as one message; a payload outside any registration
+/// or on an RDMA Write is a local protection error.
+#[test]
+fn gathered_send_concatenates_and_checks_both_sges() {
+    let mut p = pair();
+    let mut hdr = p.pa.reg_mr(64, Access::empty()).unwrap();
+    hdr.write(0, b"HEAD");
+    let mut body = p.pa.reg_mr(4096, Access::empty()).unwrap();
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
+    body.write(100, &data);
+    let bmr = p.pb.reg_mr(8192, RW).unwrap();
+    p.b.post_recv(&recv(9, &bmr, 0, 8192)).unwrap();
+    let wr = SendWr {
+        payload: Some(body.sge(100, 3000)),
+        ..send(1, &hdr, 0, 4)
+    };
+    p.a.post_send(&wr).unwrap();
+    run(&p.f);
+    assert_eq!(cq(&mut p.b), vec![ok(9, WcOpcode::Recv, 3004)]);
+    assert_eq!(cq(&mut p.a), vec![ok(1, WcOpcode::Send, 3004)]);
+    let got = bmr.to_vec();
+    assert_eq!(&got[..4], b"HEAD");
+    assert_eq!(&got[4..3004], &data[..]);
+    assert_eq!(p.f.stats(ip(1)).send_bytes, 3004);
+
+    // The payload's lkey names nothing registered.
+    let mut p = pair();
+    let hdr = p.pa.reg_mr(64, Access::empty()).unwrap();
+    let body = p.pa.reg_mr(64, Access::empty()).unwrap();
+    let mut bad = body.sge(0, 8);
+    bad.lkey ^= 0x5555;
+    p.a.post_send(&SendWr {
+        payload: Some(bad),
+        ..send(1, &hdr, 0, 4)
+    })
+    .unwrap();
+    run(&p.f);
+    assert_eq!(
+        cq(&mut p.a),
+        vec![wc(1, WcStatus::LocalProtection, WcOpcode::Send)]
+    );
+
+    // A gathered payload is for SENDs only.
+    let mut p = pair();
+    let amr = p.pa.reg_mr(64, RW).unwrap();
+    let target = p.pb.reg_mr(64, RW | Access::REMOTE_WRITE).unwrap();
+    p.a.post_send(&SendWr {
+        payload: Some(amr.sge(8, 8)),
+        ..write(1, &amr, 0, 8, rb(&target, 0))
+    })
+    .unwrap();
+    run(&p.f);
+    assert_eq!(
+        cq(&mut p.a),
+        vec![wc(1, WcStatus::LocalProtection, WcOpcode::RdmaWrite)]
+    );
 }

@@ -377,3 +377,51 @@ fn max_srcavail_inflight_is_configurable_and_validated() {
     assert_eq!(y.received, 4 << 20);
     assert_eq!(most, 1);
 }
+
+/// Sources sent as gathered Data messages (`zcopy_by_send`): B reads nothing, so the first
+/// source stops part way when B's receive buffers are full. Cancelling it reports exactly the
+/// bytes that went (only after their sends completed), the source queued behind it completes
+/// with 0, and the resent rest arrives in order behind the part that went.
+#[test]
+fn cancel_of_a_partly_gathered_source_reports_what_went() {
+    const N: usize = 4 << 20;
+    let cfg = Config {
+        zcopy_by_send: Some(true),
+        ..Config::default()
+    };
+    let mut p = Pair::new(97, cfg);
+    let (a, b) = p.connect();
+    let mut all = vec![0u8; 2 * N];
+    Bytes::new(21).fill(&mut all);
+    let mut mrs = Vec::new();
+    for t in 0..2 {
+        let (mr, src) = source(&p.a, &all[t * N..(t + 1) * N]);
+        let now = p.now();
+        assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + 1), Ok(()));
+        mrs.push(mr);
+    }
+    // A stalls without credits once B's buffers are full.
+    p.run_for(SEC);
+    let gathered = p.a.conn(a).unwrap().stats.zcopy_send_bytes as usize;
+    assert!(gathered > 0 && gathered < N, "gathered {gathered}");
+    assert!(zcopy_sent(&p.a.take_events(a)).is_empty());
+    let now = p.now();
+    p.a.with_conn(now, a, |c| c.cancel_write_zcopy(now, 1))
+        .unwrap();
+    let mut sent = Vec::new();
+    assert!(p.run_until(5 * SEC, |p| {
+        sent.extend(zcopy_sent(&p.a.take_events(a)));
+        sent.len() == 2
+    }));
+    assert_eq!(sent, vec![(1, gathered), (2, 0)]);
+    assert_eq!(p.a.conn(a).unwrap().send_room(), Config::default().sndbuf);
+    // B gets exactly the part that went, then the rest A sends again by copy.
+    let mut got = Vec::new();
+    write_all_copy(&mut p, a, b, &all[gathered..], &mut got);
+    assert!(p.run_until(30 * SEC, |p| {
+        drain(p, b, &mut got);
+        got.len() == all.len()
+    }));
+    assert!(got == all, "stream intact after the cancel");
+    assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
+}

@@ -37,6 +37,12 @@ pub struct Config {
     /// Sends of at least this many bytes go by zero copy (SrcAvail) when the caller offers
     /// registered memory.
     pub zcopy_threshold: usize,
+    /// How a zero-copy send travels: `Some(true)` as Data messages whose payload the HCA
+    /// gathers straight from the registered source (no copy here, the peer copies out of its
+    /// receive buffers, no round trip), `Some(false)` by SrcAvail + the peer's RDMA Read (no
+    /// copy at either end). `None`: the provider decides (`Provider::prefers_send_gather`;
+    /// the driver fills it in). A peer's SinkAvail is filled by RDMA Write either way.
+    pub zcopy_by_send: Option<bool>,
     /// Disable coalescing of small writes while a send is outstanding (TCP_NODELAY).
     pub nodelay: bool,
     /// Peer advertisements (SrcAvail/SinkAvail) we accept outstanding at once.
@@ -75,6 +81,7 @@ impl Default for Config {
             max_rx_bufs: 64,
             sndbuf: 4 << 20,
             zcopy_threshold: 64 * 1024,
+            zcopy_by_send: None,
             nodelay: false,
             max_adverts: 8,
             max_srcavail_inflight: 4,
@@ -282,6 +289,8 @@ pub struct ConnStats {
     pub credit_updates_sent: u64,
     pub zcopy_read_bytes: u64,
     pub zcopy_write_bytes: u64,
+    /// Zero-copy source bytes sent as Data messages gathered from the source.
+    pub zcopy_send_bytes: u64,
     pub srcavail_sent: u64,
     pub srcavail_cancelled: u64,
     pub sinkavail_sent: u64,
@@ -757,9 +766,25 @@ impl<S: BufStore> Conn<S> {
 
     /// Handle a work completion from this connection's CQ.
     pub fn handle_completion(&mut self, now: Instant, wc: &Completion) {
-        if self.state == State::Closed {
+        self.handle_completions(now, std::slice::from_ref(wc));
+    }
+
+    /// Handle a batch of completions from one CQ poll, in order, then move everything along
+    /// once (the work requests they lead to are posted together).
+    pub fn handle_completions(&mut self, now: Instant, wcs: &[Completion]) {
+        if wcs.is_empty() {
             return;
         }
+        for wc in wcs {
+            if self.state == State::Closed {
+                return;
+            }
+            self.dispatch_completion(now, wc);
+        }
+        self.flush(now);
+    }
+
+    fn dispatch_completion(&mut self, now: Instant, wc: &Completion) {
         let idx = (wc.wr_id & wrid::INDEX_MASK) as usize;
         match wc.wr_id & wrid::KIND_MASK {
             wrid::RECV => self.on_recv_completion(now, idx, wc),
@@ -768,7 +793,6 @@ impl<S: BufStore> Conn<S> {
             wrid::KEEPALIVE => self.on_keepalive_completion(now, idx, wc),
             _ => {}
         }
-        self.flush(now);
     }
 
     /// A completion with an error status: flushes after we are already going down are expected;

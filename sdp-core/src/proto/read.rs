@@ -132,6 +132,7 @@ impl<S: BufStore> Conn<S> {
             op: SendOp::Read(remote),
             sge: Some(local),
             signaled: true,
+            payload: None,
         }));
     }
 

@@ -3,11 +3,11 @@
 
 use super::buff::{Buf, BufStore};
 use super::conn::{wrid, CallError, Conn, ConnError, Event, State};
-use super::iocb::ZSrc;
+use super::iocb::{SrcState, ZSrc};
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 use super::sent::Inflight;
 use super::Instant;
-use crate::verbs::{SendOp, SendWr, WorkRequest};
+use crate::verbs::{SendOp, SendWr, Sge, WorkRequest};
 
 /// Something queued for sending, in stream order.
 #[derive(Debug)]
@@ -252,6 +252,13 @@ impl<S: BufStore> Conn<S> {
                         }
                         continue;
                     }
+                    if self.cfg.zcopy_by_send == Some(true) {
+                        // As Data messages: after every advertised source, like plain data.
+                        if outstanding || !self.send_src(now, token) {
+                            return;
+                        }
+                        continue;
+                    }
                     if self.iocbs.src_writing() {
                         // An earlier source went whole into the peer's sink and waits for its
                         // RDMA Write completions: sources finish in stream order.
@@ -293,7 +300,73 @@ impl<S: BufStore> Conn<S> {
             op: SendOp::Send,
             sge: Some(buf.sge(BSDH_LEN as u32 + len)),
             signaled: true,
+            payload: None,
         }));
+    }
+
+    /// Send the queued source at the head of the queue as Data messages whose payload the HCA
+    /// gathers straight from the registered memory (a header from the control pool, then up
+    /// to a receive buffer's worth of the source). Each takes a credit like any Data message.
+    /// True when every byte is posted (the item leaves the queue; the source finishes when
+    /// the last send completes), false while it waits for credits or a header buffer.
+    pub(crate) fn send_src(&mut self, now: Instant, token: u64) -> bool {
+        let cap = self.send_size - BSDH_LEN as u32;
+        loop {
+            let Some(s) = self.iocbs.find_src(token) else {
+                return false;
+            };
+            if s.state != SrcState::Queued {
+                return false;
+            }
+            if s.written == s.src.len {
+                // Nothing left (a source is never empty; kept for robustness).
+                s.state = SrcState::Written;
+                self.tx_queue.pop_front();
+                return true;
+            }
+            if self.tx_credits < 2 {
+                self.stats.stalls_no_credit += 1;
+                return false;
+            }
+            let Some(hdr) = self.ctrl_pool.get(&mut self.store) else {
+                return false;
+            };
+            let s = self.iocbs.find_src(token).expect("found above");
+            let n = (s.src.len - s.written).min(cap);
+            let payload = Sge {
+                addr: s.src.addr + u64::from(s.written),
+                len: n,
+                lkey: s.src.lkey,
+            };
+            s.written += n;
+            s.writes_inflight += 1;
+            let done = s.written == s.src.len;
+            if done {
+                s.state = SrcState::Written;
+            }
+            let h = self.next_header(Mid::Data, Ext::None, BsdhFlags::empty(), n as usize);
+            let mut bytes = [0u8; BSDH_LEN];
+            h.emit(&mut bytes).expect("BSDH fits");
+            self.store.write(&hdr, 0, &bytes);
+            self.advts.note_data_sent(h.bsdh.mseq);
+            self.tx_data_outstanding += 1;
+            self.stats.zcopy_send_bytes += u64::from(n);
+            self.last_activity = now;
+            let key = self
+                .tx_inflight
+                .insert(Inflight::SendSrc { hdr, token, len: n });
+            self.wrs.push_back(WorkRequest::Send(SendWr {
+                wr_id: wrid::SEND | key as u64,
+                op: SendOp::Send,
+                sge: Some(hdr.sge(BSDH_LEN as u32)),
+                payload: Some(payload),
+                signaled: true,
+            }));
+            if done {
+                self.tx_queue.pop_front();
+                return true;
+            }
+        }
     }
 
     /// Post a control message now (the caller checked the credit). False if no buffer.
@@ -323,6 +396,7 @@ impl<S: BufStore> Conn<S> {
             op: SendOp::Send,
             sge: Some(buf.sge(n as u32)),
             signaled: true,
+            payload: None,
         }));
         true
     }

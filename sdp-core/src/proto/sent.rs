@@ -15,6 +15,9 @@ pub(crate) enum Inflight {
     WriteData { buf: Buf, data: u32 },
     /// RDMA Write of part of a zero-copy source into the peer's sink.
     WriteSrc { token: u64, len: u32 },
+    /// A Data message: header from a control buffer, `len` payload bytes gathered from a
+    /// zero-copy source.
+    SendSrc { hdr: Buf, token: u64, len: u32 },
     /// RDMA Read of a peer's source: into a bounce buffer, or into the application's sink.
     Read(super::read::ReadReq),
     /// Zero-byte RDMA Write keepalive probe.
@@ -24,7 +27,9 @@ pub(crate) enum Inflight {
 impl Inflight {
     pub(crate) fn release(self, store: &mut impl BufStore) {
         match self {
-            Inflight::Msg { buf, .. } | Inflight::WriteData { buf, .. } => store.free(buf),
+            Inflight::Msg { buf, .. }
+            | Inflight::WriteData { buf, .. }
+            | Inflight::SendSrc { hdr: buf, .. } => store.free(buf),
             Inflight::Read(r) => {
                 if let Some(b) = r.bounce {
                     store.free(b);
@@ -57,6 +62,12 @@ impl<S: BufStore> Conn<S> {
                 self.wake_writer();
             }
             Inflight::WriteSrc { token, len } => {
+                self.tx_bytes -= len as usize;
+                self.src_written(now, token, len, wc.status == WcStatus::Success);
+            }
+            Inflight::SendSrc { hdr, token, len } => {
+                self.ctrl_pool.put(&mut self.store, hdr);
+                self.tx_data_outstanding -= 1;
                 self.tx_bytes -= len as usize;
                 self.src_written(now, token, len, wc.status == WcStatus::Success);
             }

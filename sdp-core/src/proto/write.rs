@@ -100,6 +100,35 @@ impl<S: BufStore> Conn<S> {
         };
         match s.state {
             SrcState::Advertised => self.cancel_advertised(),
+            SrcState::Queued if s.written > 0 => {
+                // Part of it went already (by SEND or into the peer's sink): it ends there,
+                // once those work requests complete (the memory is in use until then).
+                let (len, written, inflight) = (s.src.len, s.written, s.writes_inflight);
+                s.src.len = written;
+                s.state = SrcState::Written;
+                self.tx_bytes -= (len - written) as usize;
+                if let Some(p) = self
+                    .tx_queue
+                    .iter()
+                    .position(|i| matches!(i, TxItem::Src { token: t } if *t == token))
+                {
+                    self.tx_queue.remove(p);
+                }
+                self.stats.srcavail_cancelled += 1;
+                let next = self
+                    .iocbs
+                    .srcs
+                    .iter()
+                    .skip_while(|s| s.token != token)
+                    .nth(1)
+                    .map(|s| s.token);
+                if inflight == 0 {
+                    self.finish_src(token, written as usize);
+                }
+                if let Some(next) = next {
+                    self.complete_srcs_from(next, 0);
+                }
+            }
             SrcState::Queued => {
                 self.complete_srcs_from(token, 0);
             }
@@ -361,6 +390,7 @@ impl<S: BufStore> Conn<S> {
             op: SendOp::Write(remote),
             sge: Some(local),
             signaled: true,
+            payload: None,
         }));
     }
 
@@ -401,6 +431,7 @@ impl<S: BufStore> Conn<S> {
             op: SendOp::Write(RemoteBuf { addr: 0, rkey: 0 }),
             sge: None,
             signaled: true,
+            payload: None,
         }));
         self.keepalive_at = Some(now + self.cfg.keepalive_interval);
     }

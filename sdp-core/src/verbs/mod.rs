@@ -70,6 +70,9 @@ pub struct SendWr {
     pub op: SendOp,
     /// Local memory; `None` only for zero-length RDMA Writes.
     pub sge: Option<Sge>,
+    /// SEND only: more local memory gathered after `sge` into the same message (a header
+    /// from one registration, the payload from another, without copying them together).
+    pub payload: Option<Sge>,
     /// Ask for a completion even on success (SDP signals every send it needs to account for).
     pub signaled: bool,
 }
@@ -237,6 +240,12 @@ pub trait Endpoint: Send {
     fn post_recv(&mut self, wr: &RecvWr) -> Result<(), VerbsError>;
     /// Post a SEND, RDMA Write or RDMA Read.
     fn post_send(&mut self, wr: &SendWr) -> Result<(), VerbsError>;
+    /// Post several send-queue work requests in order. A provider whose doorbell costs a
+    /// system call (Soft-RoCE) rings it once for the whole list. On error, the requests
+    /// before the failing one may have been posted.
+    fn post_sends(&mut self, wrs: &[SendWr]) -> Result<(), VerbsError> {
+        wrs.iter().try_for_each(|wr| self.post_send(wr))
+    }
     /// Poll up to `out.len()` completions; returns how many were written.
     fn poll_cq(&mut self, out: &mut [Completion]) -> usize;
     /// The next CM event on this endpoint, if any.
@@ -267,6 +276,15 @@ pub trait Provider: Send + Sync {
 
     /// A short name ("sim", "rdma", "shm").
     fn name(&self) -> &'static str;
+    /// Whether a zero-copy send should go as SENDs whose payload is gathered straight from
+    /// the registered source (the receiver copies it out of its receive buffers) rather than
+    /// SrcAvail + RDMA Read. True for software RDMA devices (Soft-RoCE, siw): their kernel
+    /// copies every byte into packets anyway, so an RDMA Read saves no copy, costs a round
+    /// trip and puts all the packet work on the reader's CPU, while a SEND splits the work
+    /// between the two ends. `Config::zcopy_by_send` overrides it.
+    fn prefers_send_gather(&self) -> bool {
+        false
+    }
     /// Register `len` zeroed bytes with the given access.
     fn reg_mr(&self, len: usize, access: Access) -> Result<Self::Mr, VerbsError>;
     /// Register memory the caller owns (`ibv_reg_mr` on an existing buffer), for zero-copy

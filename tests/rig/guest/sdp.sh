@@ -80,6 +80,7 @@ section "sdp: SDP over the rdma provider (client rxe0 $A, server rxe1 $B)"
 #          name                   server                                   client
 rdma_pair  sdp-bcopy              "$SDP server bcopy $B:7471"              "$SDP client bcopy $B:7471 $A"
 rdma_pair  sdp-zcopy              "$SDP server zcopy $B:7472"              "$SDP client zcopy $B:7472 $A"
+rdma_pair  sdp-zsend              "$SDP server zsend $B:7470"              "$SDP client zsend $B:7470 $A"
 rdma_pair  sdp-halfclose          "$SDP server halfclose $B:7473"          "$SDP client halfclose $B:7473 $A"
 rdma_pair  sdp-abort              "$SDP server abort $B:7474"              "$SDP client abort $B:7474 $A"
 run_check  sdp-refused            $SDP refused $B:7479 $A

@@ -11,7 +11,9 @@
 //! sdp-rigtest bench-server LISTEN_ADDR:PORT MODE SIZE BYTES
 //! sdp-rigtest bench-client DST:PORT SRC_IP MODE SIZE BYTES
 //! ```
-//! Scenarios: `bcopy`, `zcopy` (random-size duplex transfers, every byte checked), `halfclose`,
+//! Scenarios: `bcopy`, `zcopy` (random-size duplex transfers, every byte checked; `zcopy`
+//! forces SrcAvail + RDMA Read and sinks filled by RDMA Write), `zsend` (the same with the
+//! provider's default for zero-copy sources: on Soft-RoCE, SENDs gathered from them), `halfclose`,
 //! `abort`, `kill` (the shell kills the client with SIGKILL), `linkdel` (the shell deletes rxe1),
 //! `garbage-hello`, `junk-after-hello`. MODE: `bcopy` or `zcopy`.
 //!
@@ -271,10 +273,19 @@ fn run_apps(
 }
 
 fn mode_of(sc: &str) -> Mode {
-    if sc == "zcopy" {
+    if sc == "zcopy" || sc == "zsend" {
         Mode::Both
     } else {
         Mode::BCopy
+    }
+}
+
+/// The engine settings of a scenario: `zcopy` pins the RDMA Read/Write zero-copy path, the
+/// others keep the provider's defaults.
+fn scenario_cfg(sc: &str) -> Config {
+    Config {
+        zcopy_by_send: (sc == "zcopy").then_some(false),
+        ..Config::default()
     }
 }
 
@@ -282,7 +293,8 @@ const DUPLEX_BYTES: u64 = 16 << 20;
 const SMALL_BYTES: u64 = 1 << 20;
 
 /// A duplex transfer on `id` with both streams checked, then an orderly close.
-fn duplex(rt: &mut Rt, id: ConnId, mode: Mode, bytes: u64, server: bool) -> Res<()> {
+fn duplex(rt: &mut Rt, id: ConnId, sc: &str, bytes: u64, server: bool) -> Res<()> {
+    let mode = mode_of(sc);
     let (mine, theirs) = if server { (2, 1) } else { (1, 2) };
     let mut app = App::new(mode, bytes, mine, theirs, 256 * 1024);
     let t = StdInstant::now();
@@ -290,20 +302,24 @@ fn duplex(rt: &mut Rt, id: ConnId, mode: Mode, bytes: u64, server: bool) -> Res<
     let secs = t.elapsed().as_secs_f64();
     let s = rt.d.conn(id).map(|c| c.stats.clone()).unwrap_or_default();
     println!(
-        "duplex {mode:?}: sent {} and received {} bytes, every byte checked, in {secs:.2} s ({:.1} MB/s each way); srcavail sent {}, sinkavail sent {}, zcopy read {} B, zcopy write {} B",
+        "duplex {mode:?}: sent {} and received {} bytes, every byte checked, in {secs:.2} s ({:.1} MB/s each way); srcavail sent {}, sinkavail sent {}, zcopy read {} B, zcopy write {} B, gathered from sources {} B",
         app.sent,
         app.received,
         app.received as f64 / secs / 1e6,
         s.srcavail_sent,
         s.sinkavail_sent,
         s.zcopy_read_bytes,
-        s.zcopy_write_bytes
+        s.zcopy_write_bytes,
+        s.zcopy_send_bytes
     );
     if app.received != bytes || app.sent != bytes {
         return Err(format!("moved {} / {} of {bytes}", app.sent, app.received));
     }
-    if mode != Mode::BCopy && s.zcopy_read_bytes + s.zcopy_write_bytes == 0 {
+    if sc == "zcopy" && s.zcopy_read_bytes + s.zcopy_write_bytes == 0 {
         return Err("zero-copy mode moved no byte by RDMA Read or Write".into());
+    }
+    if sc == "zsend" && s.zcopy_send_bytes == 0 {
+        return Err("no byte was sent by SENDs gathered from zero-copy sources".into());
     }
     match rt.wait_closed(id, Duration::from_secs(10))? {
         None => Ok(()),
@@ -312,15 +328,15 @@ fn duplex(rt: &mut Rt, id: ConnId, mode: Mode, bytes: u64, server: bool) -> Res<
 }
 
 fn server(sc: &str, addr: SocketAddr) -> Res<()> {
-    let mut rt = Rt::new(addr.ip(), Config::default())?;
+    let mut rt = Rt::new(addr.ip(), scenario_cfg(sc))?;
     let l =
         rt.d.listen(addr, 64)
             .map_err(|e| format!("listen {addr}: {e}"))?;
     println!("listening on {addr}");
     match sc {
-        "bcopy" | "zcopy" => {
+        "bcopy" | "zcopy" | "zsend" => {
             let id = rt.accept(l, Duration::from_secs(30))?;
-            duplex(&mut rt, id, mode_of(sc), DUPLEX_BYTES, true)
+            duplex(&mut rt, id, sc, DUPLEX_BYTES, true)
         }
         "halfclose" => {
             let id = rt.accept(l, Duration::from_secs(30))?;
@@ -425,7 +441,7 @@ fn server(sc: &str, addr: SocketAddr) -> Res<()> {
             }
             // ... and the listener keeps serving.
             let id = rt.accept(l, Duration::from_secs(30))?;
-            duplex(&mut rt, id, Mode::BCopy, SMALL_BYTES, true)
+            duplex(&mut rt, id, "bcopy", SMALL_BYTES, true)
         }
         _ => Err(format!("unknown scenario {sc}")),
     }
@@ -483,11 +499,11 @@ fn survive(rt: &mut Rt, id: ConnId, server: bool) -> Res<()> {
 }
 
 fn client(sc: &str, dst: SocketAddr, src: IpAddr) -> Res<()> {
-    let mut rt = Rt::new(src, Config::default())?;
+    let mut rt = Rt::new(src, scenario_cfg(sc))?;
     match sc {
-        "bcopy" | "zcopy" => {
+        "bcopy" | "zcopy" | "zsend" => {
             let id = rt.connect(dst)?;
-            duplex(&mut rt, id, mode_of(sc), DUPLEX_BYTES, false)
+            duplex(&mut rt, id, sc, DUPLEX_BYTES, false)
         }
         "halfclose" => {
             let id = rt.connect(dst)?;
@@ -571,12 +587,12 @@ fn client(sc: &str, dst: SocketAddr, src: IpAddr) -> Res<()> {
         "garbage-hello" => {
             garbage_hello(&rt, dst)?;
             let id = rt.connect(dst)?;
-            duplex(&mut rt, id, Mode::BCopy, SMALL_BYTES, false)
+            duplex(&mut rt, id, "bcopy", SMALL_BYTES, false)
         }
         "junk-after-hello" => {
             junk_after_hello(&rt, dst)?;
             let id = rt.connect(dst)?;
-            duplex(&mut rt, id, Mode::BCopy, SMALL_BYTES, false)
+            duplex(&mut rt, id, "bcopy", SMALL_BYTES, false)
         }
         _ => Err(format!("unknown scenario {sc}")),
     }
@@ -672,6 +688,7 @@ fn junk_after_hello(rt: &Rt, dst: SocketAddr) -> Res<()> {
         op: SendOp::Send,
         sge: Some(junk.sge(0, 64)),
         signaled: true,
+        payload: None,
     };
     ep.post_send(&wr).map_err(|e| format!("post_send: {e}"))?;
     let t = StdInstant::now();
@@ -724,6 +741,14 @@ fn devices(a: IpAddr, b: IpAddr) -> Res<()> {
     check(
         pa.device_name() != pb.device_name(),
         format!("{a} -> {}, {b} -> {}", pa.device_name(), pb.device_name()),
+    )?;
+    check(
+        pa.prefers_send_gather() && pb.prefers_send_gather(),
+        format!(
+            "Soft-RoCE is recognized as a software device (zero copy by gathered SENDs): {} {}",
+            pa.prefers_send_gather(),
+            pb.prefers_send_gather()
+        ),
     )?;
     let r = RdmaProvider::for_local_addr("0.0.0.0".parse().unwrap());
     check(
@@ -889,7 +914,9 @@ fn cpu_secs() -> f64 {
 /// size (BCopy is a byte stream: writes coalesce into full buffers), zero copy from 64 KiB.
 /// Zero-copy sends the benchmark keeps in flight (ib_write_bw keeps many Writes posted too).
 /// Environment overrides for experiments: SDP_BENCH_ZWINDOW (sends in flight), SDP_BENCH_RCV_KIB
-/// (receive buffer size), SDP_BENCH_RX_BUFS (receive buffers at most).
+/// (receive buffer size), SDP_BENCH_RX_BUFS (receive buffers at most), SDP_BENCH_ZSEND (1: zero
+/// copy by SENDs gathered from the sources, 0: by SrcAvail + RDMA Read; unset: the provider's
+/// default, gathered SENDs on Soft-RoCE).
 const BENCH_ZWINDOW: usize = 8;
 
 fn env_num(name: &str, default: u64) -> u64 {
@@ -927,6 +954,11 @@ fn bench_cfg(_size: u64) -> Config {
         max_rx_bufs: env_num("SDP_BENCH_RX_BUFS", d.max_rx_bufs as u64) as u32,
         max_srcavail_inflight: bench_zwindow() as u8,
         max_adverts: d.max_adverts.max(bench_zwindow() as u8),
+        zcopy_by_send: match std::env::var("SDP_BENCH_ZSEND").as_deref() {
+            Ok("0") => Some(false),
+            Ok("1") => Some(true),
+            _ => None,
+        },
         ..d
     }
 }
@@ -1185,16 +1217,17 @@ fn bench_client(dst: SocketAddr, src: IpAddr, mode: &str, size: u64, bytes: u64)
         rt.polls, rt.arms, rt.sleeps, s.msgs_sent, s.credit_updates_sent, s.stalls_no_credit, vcs - cs0.0, ics - cs0.1, sched_note()
     );
     println!(
-        "BENCH-CLIENT bytes={bytes} secs={secs:.3} bytes_per_sec={:.0} cpu_secs={cpu:.3} (user+sys {:.3}+{:.3}) cpu_s_per_gib={:.3} srcavail={} zcopy_write_bytes={}",
+        "BENCH-CLIENT bytes={bytes} secs={secs:.3} bytes_per_sec={:.0} cpu_secs={cpu:.3} (user+sys {:.3}+{:.3}) cpu_s_per_gib={:.3} srcavail={} zcopy_write_bytes={} zcopy_send_bytes={}",
         bytes as f64 / secs,
         cpu_split().0 - ucpu0,
         cpu_split().1 - scpu0,
         cpu / (bytes as f64 / (1u64 << 30) as f64),
         s.srcavail_sent,
-        s.zcopy_write_bytes
+        s.zcopy_write_bytes,
+        s.zcopy_send_bytes
     );
-    if zc && s.srcavail_sent == 0 {
-        return Err("zcopy mode sent no SrcAvail".into());
+    if zc && s.srcavail_sent + s.zcopy_send_bytes + s.zcopy_write_bytes == 0 {
+        return Err("zcopy mode sent nothing by zero copy".into());
     }
     Ok(())
 }

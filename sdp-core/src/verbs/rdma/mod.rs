@@ -136,8 +136,15 @@ struct Shared {
     max_cqe: u32,
     init_depth: u8,
     resp_res: u8,
+    /// The QPs gather two SGEs per send (header + payload).
+    gather: bool,
+    /// A software device (Soft-RoCE, siw): the kernel builds every packet on the CPU.
+    software: bool,
     st: Mutex<State>,
 }
+
+/// `vendor_id` of Soft-RoCE (rdma_rxe) and of siw (soft iWARP).
+const SOFTWARE_VENDORS: [u32; 2] = [0x00ff_ffff, 0x0062_6d74];
 
 // SAFETY: the verbs and CM objects behind the pointers may be used from any thread (libibverbs
 // and librdmacm lock internally); the provider's own mutable bookkeeping is behind `st`, and
@@ -285,6 +292,8 @@ impl Shared {
                 max_cqe: attr.max_cqe.max(1) as u32,
                 init_depth: attr.max_qp_init_rd_atom.clamp(1, 16) as u8,
                 resp_res: attr.max_qp_rd_atom.clamp(1, 16) as u8,
+                gather: attr.max_sge >= 2,
+                software: SOFTWARE_VENDORS.contains(&attr.vendor_id),
                 st: Mutex::new(State::default()),
             })
         }
@@ -500,7 +509,7 @@ impl Shared {
         attr.sq_sig_all = 0;
         attr.cap.max_send_wr = caps.max_send_wr.clamp(1, self.max_qp_wr);
         attr.cap.max_recv_wr = caps.max_recv_wr.clamp(1, self.max_qp_wr);
-        attr.cap.max_send_sge = 1;
+        attr.cap.max_send_sge = if self.gather { 2 } else { 1 };
         attr.cap.max_recv_sge = 1;
         attr.cap.max_inline_data = caps.max_inline;
         // SAFETY: id is live and bound to self.ctx (checked by the callers), pd belongs to it.
@@ -786,6 +795,10 @@ impl Provider for RdmaProvider {
 
     fn name(&self) -> &'static str {
         "rdma"
+    }
+
+    fn prefers_send_gather(&self) -> bool {
+        self.sh.software && self.sh.gather
     }
 
     fn reg_mr(&self, len: usize, access: Access) -> Result<RdmaMr, VerbsError> {
@@ -1139,6 +1152,47 @@ fn post_recv(qp: *mut rs::ibv_qp, wr: &RecvWr) -> Result<(), VerbsError> {
     Ok(())
 }
 
+/// Fill one send work request (not linked, `sg_list` not set: the caller points it at `sge`
+/// once the arrays are in place).
+fn fill_send_wr(swr: &mut rs::ibv_send_wr, sge: &mut [rs::ibv_sge; 2], wr: &SendWr) {
+    let ib = |s: crate::verbs::Sge| rs::ibv_sge {
+        addr: s.addr,
+        length: s.len,
+        lkey: s.lkey,
+    };
+    swr.wr_id = wr.wr_id;
+    swr.next = ptr::null_mut();
+    swr.sg_list = ptr::null_mut();
+    swr.num_sge = 0;
+    if let Some(s) = wr.sge {
+        if s.len > 0 || wr.op == SendOp::Send {
+            sge[0] = ib(s);
+            swr.num_sge = 1;
+            if let (Some(p), SendOp::Send) = (wr.payload, wr.op) {
+                sge[1] = ib(p);
+                swr.num_sge = 2;
+            }
+        }
+    }
+    let (opcode, remote) = match wr.op {
+        SendOp::Send => (rs::ibv_wr_opcode::IBV_WR_SEND, None),
+        SendOp::Write(r) => (rs::ibv_wr_opcode::IBV_WR_RDMA_WRITE, Some(r)),
+        SendOp::Read(r) => (rs::ibv_wr_opcode::IBV_WR_RDMA_READ, Some(r)),
+    };
+    swr.opcode = opcode;
+    if let Some(r) = remote {
+        swr.wr.rdma = rs::rdma_t {
+            remote_addr: r.addr,
+            rkey: r.rkey,
+        };
+    }
+    swr.send_flags = if wr.signaled {
+        rs::ibv_send_flags::IBV_SEND_SIGNALED.0
+    } else {
+        0
+    };
+}
+
 /// One connection: CM id, RC QP and its CQ.
 pub struct RdmaEndpoint {
     sh: Arc<Shared>,
@@ -1212,51 +1266,52 @@ impl Endpoint for RdmaEndpoint {
     }
 
     fn post_send(&mut self, wr: &SendWr) -> Result<(), VerbsError> {
+        self.post_sends(std::slice::from_ref(wr))
+    }
+
+    fn post_sends(&mut self, wrs: &[SendWr]) -> Result<(), VerbsError> {
+        const CHAIN: usize = 16;
         let Some(qp) = self.qp_or_queue(None)? else {
             return Err(VerbsError::NotConnected);
         };
-        let mut sge = wr.sge.map(|s| rs::ibv_sge {
-            addr: s.addr,
-            length: s.len,
-            lkey: s.lkey,
-        });
-        // SAFETY: ibv_send_wr is plain old data (integers, pointers, unions of them); zero is
-        // a valid value for every field.
-        let mut swr: rs::ibv_send_wr = unsafe { std::mem::zeroed() };
-        swr.wr_id = wr.wr_id;
-        swr.next = ptr::null_mut();
-        match sge.as_mut() {
-            Some(s) if s.length > 0 || wr.op == SendOp::Send => {
-                swr.sg_list = s;
-                swr.num_sge = 1;
-            }
-            _ => {
-                swr.sg_list = ptr::null_mut();
-                swr.num_sge = 0;
-            }
+        if !self.sh.gather && wrs.iter().any(|w| w.payload.is_some()) {
+            return Err(VerbsError::Invalid("the device gathers one SGE per send"));
         }
-        let (opcode, remote) = match wr.op {
-            SendOp::Send => (rs::ibv_wr_opcode::IBV_WR_SEND, None),
-            SendOp::Write(r) => (rs::ibv_wr_opcode::IBV_WR_RDMA_WRITE, Some(r)),
-            SendOp::Read(r) => (rs::ibv_wr_opcode::IBV_WR_RDMA_READ, Some(r)),
-        };
-        swr.opcode = opcode;
-        if let Some(r) = remote {
-            swr.wr.rdma = rs::rdma_t {
-                remote_addr: r.addr,
-                rkey: r.rkey,
+        for part in wrs.chunks(CHAIN) {
+            let zero = rs::ibv_sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
             };
-        }
-        swr.send_flags = if wr.signaled {
-            rs::ibv_send_flags::IBV_SEND_SIGNALED.0
-        } else {
-            0
-        };
-        let mut bad = ptr::null_mut();
-        // SAFETY: qp is live; swr and sge live across the call (the provider copies them).
-        let rc = unsafe { rs::ibv_post_send(qp, &mut swr, &mut bad) };
-        if rc != 0 {
-            return Err(map::errno_error(rc, "send queue"));
+            let mut sges = [[zero; 2]; CHAIN];
+            // SAFETY: ibv_send_wr is plain old data (integers, pointers, unions of them); zero
+            // is a valid value for every field.
+            let mut swrs: [rs::ibv_send_wr; CHAIN] = unsafe { std::mem::zeroed() };
+            for (i, wr) in part.iter().enumerate() {
+                fill_send_wr(&mut swrs[i], &mut sges[i], wr);
+            }
+            // Link the list only now: the array does not move while the provider reads it.
+            let base = swrs.as_mut_ptr();
+            for i in 0..part.len() {
+                let sw = &mut swrs[i];
+                if sw.num_sge > 0 {
+                    sw.sg_list = sges[i].as_mut_ptr();
+                }
+                sw.next = if i + 1 < part.len() {
+                    // SAFETY: i + 1 < part.len() <= CHAIN, so the pointer stays in the array.
+                    unsafe { base.add(i + 1) }
+                } else {
+                    ptr::null_mut()
+                };
+            }
+            let mut bad = ptr::null_mut();
+            // SAFETY: qp is live; swrs[..part.len()] form a null-terminated list whose
+            // sg_list pointers point into `sges`; both arrays live across the call (the
+            // provider copies them).
+            let rc = unsafe { rs::ibv_post_send(qp, base, &mut bad) };
+            if rc != 0 {
+                return Err(map::errno_error(rc, "send queue"));
+            }
         }
         Ok(())
     }

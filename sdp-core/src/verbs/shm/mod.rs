@@ -1041,11 +1041,17 @@ impl ShmEndpoint {
         if peer.closed() {
             return Exec::Fail(wc(wr, WcStatus::Flushed));
         }
-        let len = wr.sge.map_or(0, |s| s.len);
+        let len = wr.sge.map_or(0, |s| s.len) + wr.payload.map_or(0, |s| s.len);
+        if wr.payload.is_some() && (wr.sge.is_none() || wr.op != SendOp::Send) {
+            // A gathered payload is for SENDs only, after a first SGE.
+            return Exec::Fail(wc(wr, WcStatus::LocalProtection));
+        }
         let regs = self.inner.regs.read();
-        let local_ok = |need: Access| match &wr.sge {
-            Some(s) if s.len > 0 => regs.check(s, need),
-            _ => true,
+        let local_ok = |need: Access| {
+            [wr.sge, wr.payload]
+                .iter()
+                .flatten()
+                .all(|s| s.len == 0 || regs.check(s, need))
         };
         let done = |byte_len: u32| {
             Exec::Done(wr.signaled.then_some(Completion {
@@ -1079,18 +1085,31 @@ impl ShmEndpoint {
                     (ST_LEN_ERR, Err(WcStatus::Other(WC_REM_INV_REQ_ERR)))
                 } else if len as usize <= INLINE_MAX {
                     let mut tmp = [0u8; INLINE_MAX];
-                    if let Some(s) = wr.sge.filter(|s| s.len > 0) {
+                    let mut at = 0;
+                    for s in [wr.sge, wr.payload].into_iter().flatten() {
+                        let n = s.len as usize;
                         // SAFETY: `s` lies inside a live registration (checked above under
                         // the read lock we still hold; deregistration takes the write lock).
-                        unsafe { sys::copy_from_addr(s.addr, &mut tmp[..len as usize]) };
+                        unsafe { sys::copy_from_addr(s.addr, &mut tmp[at..at + n]) };
+                        at += n;
                     }
                     ib.write_bytes(base + S_INLINE, &tmp[..len as usize]);
                     (ST_INLINE, Ok(()))
                 } else {
                     let s = wr.sge.expect("len > 0 has an sge");
-                    // SAFETY: the local range is inside a live registration (read lock held).
+                    // SAFETY: the local ranges are inside live registrations (read lock held).
                     let r = unsafe {
-                        if len as usize >= assist::ASSIST_MIN_SEND {
+                        if let Some(p) = wr.payload {
+                            // Gathered: header, then payload right after it (plain copies).
+                            sys::vm_write(peer.pid, s.addr, raddr, s.len as usize).and_then(|()| {
+                                sys::vm_write(
+                                    peer.pid,
+                                    p.addr,
+                                    raddr + u64::from(s.len),
+                                    p.len as usize,
+                                )
+                            })
+                        } else if len as usize >= assist::ASSIST_MIN_SEND {
                             assist::copy_shared(
                                 &self.inbox,
                                 &mut self.assist_gen,

@@ -277,7 +277,7 @@ fn opcode(op: &SendOp) -> WcOpcode {
 }
 
 fn wr_len(wr: &SendWr) -> u32 {
-    wr.sge.map_or(0, |s| s.len)
+    wr.sge.map_or(0, |s| s.len) + wr.payload.map_or(0, |s| s.len)
 }
 
 /// The host a destination address names, seen from `me`: loopback and unspecified mean `me`.
@@ -1266,11 +1266,19 @@ impl World {
             _ => Access::empty(),
         };
         let mut data = Vec::new();
-        if let Some(sge) = wr.sge.filter(|s| s.len > 0) {
+        if wr.payload.is_some() && (wr.sge.is_none() || wr.op != SendOp::Send) {
+            // A gathered payload is for SENDs only, after a first SGE.
+            self.qp_error(id, Some((seq, WcStatus::LocalProtection)), true);
+            return;
+        }
+        for sge in [wr.sge, wr.payload].into_iter().flatten() {
+            if sge.len == 0 {
+                continue;
+            }
             match self.resolve_local(host, &sge, need) {
                 Some((mr, off)) => {
                     if !matches!(wr.op, SendOp::Read(_)) {
-                        data = self.mr_bytes(mr, off, sge.len as usize);
+                        data.extend(self.mr_bytes(mr, off, sge.len as usize));
                     }
                 }
                 None => {
