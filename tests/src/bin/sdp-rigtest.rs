@@ -926,12 +926,12 @@ fn cpu_secs() -> f64 {
 /// default, gathered SENDs on Soft-RoCE).
 const BENCH_ZWINDOW: usize = 8;
 
-/// The benchmark polls (unarmed) up to this long before it sleeps, like perftest, which polls
-/// its CQ all the time: a streaming receiver then never arms its CQ, and the device raises no
-/// completion event per message (on Soft-RoCE that event and the wakeup it causes cost the
-/// sender's CPU, which runs the receiving side's packet work). `SDP_SPIN_US=0` is the
-/// event-driven mode.
-const BENCH_SPIN: Duration = Duration::from_millis(20);
+/// How long the benchmark polls (unarmed) before it arms its CQ and sleeps: 0, event-driven
+/// like the scenario checks. `SDP_SPIN_US=20000` makes a streaming receiver poll all the time,
+/// as perftest does, so the device raises no completion event per message; in the rig that
+/// was +8% at 64 KiB in one boot and -2% (64 KiB) / -32% (1 MiB) in another (both vCPUs busy
+/// leave the 2-core host no room for qemu's own threads), at 3x the receiver's CPU.
+const BENCH_SPIN: Duration = Duration::ZERO;
 
 fn env_num(name: &str, default: u64) -> u64 {
     std::env::var(name)
