@@ -1,8 +1,10 @@
 //! Data integrity: both sides send seeded random streams at once, in random message sizes,
 //! through every path (BCopy, ZCopy read, ZCopy write), and every byte is checked.
 
+use sdp_core::proto::table::ConnId;
 use sdp_core::proto::{Config, State};
-use sdp_tests::pair::Pair;
+use sdp_core::verbs::sim::SimConfig;
+use sdp_tests::pair::{Pair, A_IP, B_IP};
 use sdp_tests::stream::{run_duplex, App, Mode};
 
 /// Both directions at once; returns the pair for further checks.
@@ -66,12 +68,28 @@ fn zcopy_both_duplex() {
     duplex(5, Config::default(), Mode::Both, 16 << 20, 1 << 20);
 }
 
+/// A connected pair for seed `seed`: link latency and jitter that depend on the seed, and two
+/// applications streaming about 2 MiB at each other in `mode`.
+fn jittered(seed: u64, mode: Mode, cfg: Config) -> (Pair, ConnId, ConnId, u64, App, App) {
+    let sim = SimConfig {
+        latency_ns: 1_000 + seed * 997,
+        ..SimConfig::default()
+    };
+    let mut p = Pair::with(seed, sim, cfg.clone(), cfg);
+    p.fabric
+        .faults()
+        .set_delay(A_IP, B_IP, 0, 5_000 + seed * 300);
+    let (a, b) = p.connect();
+    let total = (2 << 20) + seed * 77_777;
+    let x = App::new(mode, total, seed * 2 + 1, seed * 2 + 2, 300_000);
+    let y = App::new(mode, total, seed * 2 + 2, seed * 2 + 1, 300_000);
+    (p, a, b, total, x, y)
+}
+
 /// Many seeds, every mode, smaller transfers with random delays and jitter on the link: the
 /// interleavings differ each time, the stream never does.
 #[test]
 fn seed_sweep_every_mode_with_jitter() {
-    use sdp_core::verbs::sim::SimConfig;
-    use sdp_tests::pair::{A_IP, B_IP};
     let seeds: u64 = std::env::var("SDP_SWEEP_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -79,18 +97,7 @@ fn seed_sweep_every_mode_with_jitter() {
     for seed in 0..seeds {
         let mode = [Mode::BCopy, Mode::ZcopySrc, Mode::ZcopySink, Mode::Both][(seed % 4) as usize];
         eprintln!("seed {seed} mode {mode:?}");
-        let sim = SimConfig {
-            latency_ns: 1_000 + seed * 997,
-            ..SimConfig::default()
-        };
-        let mut p = Pair::with(seed, sim, Config::default(), Config::default());
-        p.fabric
-            .faults()
-            .set_delay(A_IP, B_IP, 0, 5_000 + seed * 300);
-        let (a, b) = p.connect();
-        let total = (2 << 20) + seed * 77_777;
-        let mut x = App::new(mode, total, seed * 2 + 1, seed * 2 + 2, 300_000);
-        let mut y = App::new(mode, total, seed * 2 + 2, seed * 2 + 1, 300_000);
+        let (mut p, a, b, total, mut x, mut y) = jittered(seed, mode, Config::default());
         let ok = run_duplex(&mut p, (a, b), &mut x, &mut y, 600_000_000_000);
         assert!(
             ok,
@@ -107,7 +114,6 @@ fn seed_sweep_every_mode_with_jitter() {
 /// no RDMA Read at all, and the gathered path really carried the sources.
 #[test]
 fn zcopy_by_send_duplex() {
-    use sdp_tests::pair::{A_IP, B_IP};
     let cfg = Config {
         zcopy_by_send: Some(true),
         ..Config::default()
@@ -135,26 +141,13 @@ fn zcopy_by_send_duplex() {
 /// fills by RDMA Write) and with jitter on the link: the stream stays intact for many seeds.
 #[test]
 fn zcopy_by_send_with_sinks_and_jitter() {
-    use sdp_core::verbs::sim::SimConfig;
-    use sdp_tests::pair::{A_IP, B_IP};
     let cfg = Config {
         zcopy_by_send: Some(true),
         ..Config::default()
     };
     for seed in 0..16u64 {
         let mode = [Mode::ZcopySrc, Mode::Both][(seed % 2) as usize];
-        let sim = SimConfig {
-            latency_ns: 1_000 + seed * 997,
-            ..SimConfig::default()
-        };
-        let mut p = Pair::with(seed, sim, cfg.clone(), cfg.clone());
-        p.fabric
-            .faults()
-            .set_delay(A_IP, B_IP, 0, 5_000 + seed * 300);
-        let (a, b) = p.connect();
-        let total = (2 << 20) + seed * 77_777;
-        let mut x = App::new(mode, total, seed * 2 + 1, seed * 2 + 2, 300_000);
-        let mut y = App::new(mode, total, seed * 2 + 2, seed * 2 + 1, 300_000);
+        let (mut p, a, b, total, mut x, mut y) = jittered(seed, mode, cfg.clone());
         assert!(
             run_duplex(&mut p, (a, b), &mut x, &mut y, 600_000_000_000),
             "seed {seed} stalled:\nA: {}\nB: {}",

@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 
 use super::buff::BufStore;
 use super::Instant;
+use crate::verbs::Sge;
 
 /// Registered memory to send from without copying (remote read granted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -62,6 +63,24 @@ impl SrcIocb {
     /// Bytes of the source the peer has not acknowledged (read or written).
     pub(crate) fn unacked(&self) -> u32 {
         self.src.len - self.acked - self.written
+    }
+    /// Take the next at most `max` bytes not yet sent (by RDMA Write or gathered SEND) as the
+    /// local SGE of one work request, counted in flight. True if they were the last: the source
+    /// is then `Written` and finishes when its work requests complete.
+    pub(crate) fn take(&mut self, max: u32) -> (Sge, bool) {
+        let n = (self.src.len - self.written).min(max);
+        let sge = Sge {
+            addr: self.src.addr + u64::from(self.written),
+            len: n,
+            lkey: self.src.lkey,
+        };
+        self.written += n;
+        self.writes_inflight += 1;
+        let done = self.written == self.src.len;
+        if done {
+            self.state = SrcState::Written;
+        }
+        (sge, done)
     }
 }
 

@@ -7,7 +7,7 @@ use super::iocb::{SrcState, ZSrc};
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 use super::sent::Inflight;
 use super::Instant;
-use crate::verbs::{SendOp, SendWr, Sge, WorkRequest};
+use crate::verbs::{SendOp, SendWr, WorkRequest};
 
 /// Something queued for sending, in stream order.
 #[derive(Debug)]
@@ -332,18 +332,8 @@ impl<S: BufStore> Conn<S> {
                 return false;
             };
             let s = self.iocbs.find_src(token).expect("found above");
-            let n = (s.src.len - s.written).min(cap);
-            let payload = Sge {
-                addr: s.src.addr + u64::from(s.written),
-                len: n,
-                lkey: s.src.lkey,
-            };
-            s.written += n;
-            s.writes_inflight += 1;
-            let done = s.written == s.src.len;
-            if done {
-                s.state = SrcState::Written;
-            }
+            let (payload, done) = s.take(cap);
+            let n = payload.len;
             let h = self.next_header(Mid::Data, Ext::None, BsdhFlags::empty(), n as usize);
             let mut bytes = [0u8; BSDH_LEN];
             h.emit(&mut bytes).expect("BSDH fits");

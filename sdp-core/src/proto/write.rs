@@ -353,17 +353,9 @@ impl<S: BufStore> Conn<S> {
                     if s.state != SrcState::Queued {
                         break;
                     }
-                    let n = (s.src.len - s.written).min(room);
-                    let local = Sge {
-                        addr: s.src.addr + s.written as u64,
-                        len: n,
-                        lkey: s.src.lkey,
-                    };
-                    s.written += n;
-                    s.writes_inflight += 1;
-                    let done = s.written == s.src.len;
+                    let (local, done) = s.take(room);
+                    let n = local.len;
                     if done {
-                        s.state = SrcState::Written;
                         self.tx_queue.pop_front();
                     }
                     self.post_write(Inflight::WriteSrc { token, len: n }, remote, local);
