@@ -356,3 +356,88 @@ fn source_after_one_that_filled_the_sink_is_advertised_after_it() {
     assert_eq!(sent, vec![(1, N), (2, N)]);
     assert!(got[..N].iter().all(|&x| x == 0x11) && got[N..].iter().all(|&x| x == 0x22));
 }
+
+/// A reader offers its sink while the writer's Data is already on the way: the Data proves the
+/// writer had not seen the SinkAvail, and the writer drops it as stale when it arrives. The
+/// sink ends empty at once (no SinkAvailCancel round trip, which used to hold the reader), no
+/// byte goes into it, the stream is intact, and the next sink is used normally.
+#[test]
+fn sink_overtaken_by_data_ends_empty_at_once_without_a_cancel() {
+    use sdp_core::proto::iocb::ZSink;
+    use sdp_core::proto::read::ZRecv;
+    use sdp_core::proto::Event;
+    use sdp_core::verbs::{Access, MemoryRegion, Provider};
+    const N: usize = 300_000;
+    let mut p = Pair::new(58, Config::default());
+    let (a, b) = p.connect();
+    let mr =
+        p.b.provider()
+            .reg_mr(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let sink = ZSink {
+        addr: mr.addr(),
+        len: 1 << 20,
+        lkey: mr.lkey(),
+        rkey: mr.rkey(),
+    };
+    // Both at the same instant: A's Data and B's SinkAvail cross on the link.
+    let first: Vec<u8> = (0..N).map(|i| (i % 251) as u8).collect();
+    let now = p.now();
+    assert_eq!(p.a.write(now, a, &first), Ok(N));
+    assert_eq!(p.b.read_zcopy(now, b, sink, 7), Ok(ZRecv::Pending));
+    let mut done = None;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    assert!(p.run_until(SEC, |p| {
+        for e in p.b.take_events(b) {
+            if let Event::ZcopyReceived { token, bytes } = e {
+                assert_eq!(token, 7);
+                done = Some(bytes);
+            }
+        }
+        if done.is_some() {
+            let now = p.now();
+            while let Ok(k) = p.b.read(now, b, &mut buf) {
+                got.extend_from_slice(&buf[..k]);
+            }
+        }
+        got.len() == N
+    }));
+    assert_eq!(done, Some(0), "the sink ended empty");
+    assert!(got == first, "stream intact");
+    let sb = p.b.conn(b).unwrap().stats.clone();
+    assert_eq!((sb.sinkavail_sent, sb.sinkavail_stale), (1, 1));
+    assert_eq!(sb.sinkavail_cancelled, 0, "no cancel round trip");
+    assert_eq!(
+        p.fabric.stats(A_IP).rdma_write_bytes,
+        0,
+        "A dropped the stale sink"
+    );
+    let mut v = vec![0xffu8; 1 << 20];
+    mr.read(0, &mut v);
+    assert!(
+        v.iter().all(|&x| x == 0),
+        "nothing was written into the sink"
+    );
+    // The next sink, offered on a quiet stream, is filled by RDMA Write.
+    p.run_for(SEC / 1000);
+    let now = p.now();
+    assert_eq!(p.b.read_zcopy(now, b, sink, 8), Ok(ZRecv::Pending));
+    p.run_for(SEC / 1000);
+    let second = vec![0x5au8; N];
+    let now = p.now();
+    assert_eq!(p.a.write(now, a, &second), Ok(N));
+    let mut placed = None;
+    assert!(p.run_until(SEC, |p| {
+        for e in p.b.take_events(b) {
+            if let Event::ZcopyReceived { token: 8, bytes } = e {
+                placed = Some(bytes);
+            }
+        }
+        placed.is_some()
+    }));
+    let n = placed.unwrap();
+    assert!(n > 0 && p.fabric.stats(A_IP).rdma_write_bytes >= n as u64);
+    mr.read(0, &mut v[..n]);
+    assert!(v[..n].iter().all(|&x| x == 0x5a));
+}

@@ -295,6 +295,8 @@ pub struct ConnStats {
     pub srcavail_cancelled: u64,
     pub sinkavail_sent: u64,
     pub sinkavail_cancelled: u64,
+    /// SinkAvails overtaken by the peer's Data (it drops them as stale): done empty at once.
+    pub sinkavail_stale: u64,
     pub keepalives_sent: u64,
     pub resizes: u64,
     pub stalls_no_credit: u64,

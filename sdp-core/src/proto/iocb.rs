@@ -88,6 +88,8 @@ impl SrcIocb {
 pub(crate) struct SinkIocb {
     pub token: u64,
     pub sink: ZSink,
+    /// Its SinkAvail went out (it is not waiting in the send queue).
+    pub posted: bool,
 }
 
 /// A connection's outstanding zero-copy blocks.

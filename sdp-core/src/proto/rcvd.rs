@@ -95,9 +95,9 @@ impl<S: BufStore> Conn<S> {
     ) -> Result<(), ProtocolError> {
         self.slow_start_grow();
         self.stats.data_bytes_rcvd += len as u64;
-        if self.iocbs.sink_active() {
-            // The peer sent data past our SinkAvail (it had not seen it): cancel the sink.
-            self.cancel_sink(now);
+        if self.iocbs.sink_active() && len > 0 {
+            // The peer sent data past our SinkAvail (it had not seen it).
+            self.sink_overtaken(now, !flags.is_empty());
         }
         if flags.contains(BsdhFlags::OOB_PRES) {
             let mut b = [0u8; 1];

@@ -81,7 +81,11 @@ impl<S: BufStore> Conn<S> {
         if self.iocbs.sink.is_some() || self.iocbs.sink_cancel_pending {
             return Err(CallError::WouldBlock);
         }
-        self.iocbs.sink = Some(SinkIocb { token, sink });
+        self.iocbs.sink = Some(SinkIocb {
+            token,
+            sink,
+            posted: false,
+        });
         self.stats.sinkavail_sent += 1;
         self.queue_ctrl_front(
             Mid::SinkAvail,
@@ -352,6 +356,28 @@ impl<S: BufStore> Conn<S> {
             self.maybe_send_sm();
         }
         Ok(())
+    }
+
+    /// The peer sent a Data message with stream bytes while our SinkAvail is out. The peer sent
+    /// it before it saw the SinkAvail: a source fills a sink it accepted before it sends any
+    /// more stream bytes by SEND (only urgent data may go by SEND meanwhile), so when the
+    /// SinkAvail reaches it, its `mseq_ack` is behind the stream and the peer drops it as stale
+    /// (see `on_sink_avail`). The sink is done, empty, at once: no SinkAvailCancel round trip,
+    /// during which a reader waiting for the sink would leave the new bytes unread. Urgent data
+    /// still asks for the sink back.
+    pub(crate) fn sink_overtaken(&mut self, now: Instant, urgent: bool) {
+        let posted = self.iocbs.sink.as_ref().is_some_and(|s| s.posted);
+        if !self.iocbs.sink_active() || !posted || urgent {
+            self.cancel_sink(now);
+            return;
+        }
+        self.stats.sinkavail_stale += 1;
+        if let Some(s) = self.iocbs.sink.take() {
+            self.events.push_back(Event::ZcopyReceived {
+                token: s.token,
+                bytes: 0,
+            });
+        }
     }
 
     /// The peer sent stream bytes past our SinkAvail: ask for the sink back.

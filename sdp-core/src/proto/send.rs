@@ -238,6 +238,11 @@ impl<S: BufStore> Conn<S> {
                         self.tx_queue.push_front(TxItem::Ctrl { mid, ext });
                         return;
                     }
+                    if mid == Mid::SinkAvail {
+                        if let Some(s) = self.iocbs.sink.as_mut() {
+                            s.posted = true;
+                        }
+                    }
                 }
                 TxItem::Src { token } => {
                     let token = *token;

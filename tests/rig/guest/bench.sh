@@ -62,22 +62,27 @@ bench_pair() {   # run_pair, and the traffic must have crossed the veth pair (bo
 # perftest's "BW average[MB/sec]" uses MB = 2^20 bytes.  perftest converts TSC cycles with a CPU clock it
 # calibrates at start-up by busy-waiting; on a loaded host that calibration can fail ("Correlation
 # coefficient r^2 < 0.9"), and the result is printed as 0.00: such a measurement is repeated (3 tries).
-bench_ib_write_bw() {   # SIZE RUN
-  n=$((BENCH_BYTES / $1)); name=bench-ib_write_bw-$1-$2; try=1
+bench_ib_write_bw() { bench_perftest ib_write_bw "$@"; }
+# ib_send_bw (two-sided SENDs into posted receives, like SDP's Data messages): not in the default set,
+# it shows what rxe's SEND path costs against its RDMA Write path in the same boot.
+bench_ib_send_bw() { bench_perftest ib_send_bw "$@"; }
+bench_perftest() {   # TOOL SIZE RUN
+  t=$1; shift
+  n=$((BENCH_BYTES / $1)); name=bench-$t-$1-$2; try=1
   while [ $try -le 3 ]; do
-    if bench_pair "$name" "ib_write_bw -R -d rxe1 -s $1 -n $n -F" \
-                          "$CM_SRC_A ib_write_bw -R -d rxe0 -s $1 -n $n -F $B"; then
+    if bench_pair "$name" "$t -R -d rxe1 -s $1 -n $n -F" \
+                          "$CM_SRC_A $t -R -d rxe0 -s $1 -n $n -F $B"; then
       bw=$(awk '/#bytes/ {getline; print $4; exit}' "$LOGD/$name.cli")
       bps=$(awk -v m="$bw" 'BEGIN{ if (m + 0 > 0) printf "%.0f", m * 1048576 }')
       if [ -n "$bps" ]; then
-        bench_row ib_write_bw "$1" "$2" "$bps" "\"iters\":$n,\"tries\":$try"; pass "$name" "${bw} MiB/s"; return
+        bench_row "$t" "$1" "$2" "$bps" "\"iters\":$n,\"tries\":$try"; pass "$name" "${bw} MiB/s"; return
       fi
       PAIR_WHY="BW average '${bw}' (clock calibration: $(grep -h -m1 -i 'correlation\|conflicting' "$LOGD/$name.cli" "$LOGD/$name.srv"))"
     fi
     echo "  $name try $try: $PAIR_WHY"
     try=$((try + 1))
   done
-  pair_logs "$name" ib_write_bw ib_write_bw; fail "$name" "$PAIR_WHY"
+  pair_logs "$name" "$t" "$t"; fail "$name" "$PAIR_WHY"
 }
 
 # rstream (rsockets): the client sends COUNT messages, then the server sends COUNT back; rstream's own
@@ -139,6 +144,7 @@ run=1
 while [ $run -le "$RIG_RUNS" ]; do
   for size in $BENCH_SIZES; do
     if want_tool ib_write_bw; then bench_ib_write_bw "$size" "$run"; fi
+    if want_tool ib_send_bw; then bench_ib_send_bw "$size" "$run"; fi
     if want_tool rstream; then bench_rstream "$size" "$run"; fi
     bench_sdp "$size" "$run"
   done

@@ -91,6 +91,10 @@ struct Rt {
     /// How long to keep polling, unarmed, before arming and sleeping (SDP_SPIN_US; default 0,
     /// and [`BENCH_SPIN`] for the benchmark).
     spin: Duration,
+    /// Experiment (SDP_NAP_US, SDP_NAPS): when idle, sleep this long unarmed, up to `naps`
+    /// times in a row, before arming: the CQ raises no event per message while data streams.
+    nap: Duration,
+    naps: u32,
     /// Progress loop counters: driver polls, arms, sleeps.
     polls: u64,
     arms: u64,
@@ -113,6 +117,8 @@ impl Rt {
             d: Driver::new(p, cfg),
             t0: StdInstant::now(),
             spin,
+            nap: Duration::from_micros(env_num("SDP_NAP_US", 0)),
+            naps: env_num("SDP_NAPS", 4) as u32,
             polls: 0,
             arms: 0,
             sleeps: 0,
@@ -130,18 +136,29 @@ impl Rt {
         mut f: impl FnMut(&mut Driver<RdmaProvider>, Instant) -> Step<R>,
     ) -> Option<R> {
         let end = StdInstant::now() + limit;
+        let mut napped = 0;
         loop {
             let now = self.now();
             self.d.poll(now);
             self.polls += 1;
             match f(&mut self.d, now) {
                 Step::Done(r) => return Some(r),
-                Step::Busy => continue,
+                Step::Busy => {
+                    napped = 0;
+                    continue;
+                }
                 Step::Idle => {}
             }
             if StdInstant::now() >= end {
                 return None;
             }
+            if !self.nap.is_zero() && napped < self.naps {
+                napped += 1;
+                self.sleeps += 1;
+                std::thread::sleep(self.nap);
+                continue;
+            }
+            napped = 0;
             // Nothing moved. Poll a little longer before arming (SDP_SPIN_US): an armed CQ
             // makes the device raise an event per completion, and a wakeup costs more than a
             // few polls. Then arm, look once more, and sleep.
@@ -1095,8 +1112,8 @@ fn bench_server(addr: SocketAddr, mode: &str, size: u64, bytes: u64) -> Res<()> 
     let s = rt.d.conn(id).map(|c| c.stats.clone()).unwrap_or_default();
     let _ = rt.wait_closed(id, Duration::from_secs(10));
     println!(
-        "loop: {polls} polls, {arms} arms, {sleeps} sleeps; {} messages sent, {} credit updates; context switches {} voluntary, {} involuntary; {}",
-        s.msgs_sent, s.credit_updates_sent, vcs - cs0.0, ics - cs0.1, sched_note()
+        "loop: {polls} polls, {arms} arms, {sleeps} sleeps; {} messages sent, {} credit updates; sinks {} offered, {} overtaken, {} cancelled; context switches {} voluntary, {} involuntary; {}",
+        s.msgs_sent, s.credit_updates_sent, s.sinkavail_sent, s.sinkavail_stale, s.sinkavail_cancelled, vcs - cs0.0, ics - cs0.1, sched_note()
     );
     println!(
         "BENCH-SERVER bytes={got} secs={secs:.3} cpu_secs={cpu:.3} (user+sys {:.3}+{:.3}) zcopy_bytes={zc_bytes} cpu_s_per_gib={:.3}",
