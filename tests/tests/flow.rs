@@ -419,9 +419,11 @@ fn sink_overtaken_by_data_ends_empty_at_once_without_a_cancel() {
         v.iter().all(|&x| x == 0),
         "nothing was written into the sink"
     );
-    // The next sink, offered on a quiet stream, is filled by RDMA Write.
+    // One overtaken sink: the next offer is skipped (the peer may still be streaming), the one
+    // after is made on the quiet stream and filled by RDMA Write.
     p.run_for(SEC / 1000);
     let now = p.now();
+    assert_eq!(p.b.read_zcopy(now, b, sink, 8), Ok(ZRecv::Copy));
     assert_eq!(p.b.read_zcopy(now, b, sink, 8), Ok(ZRecv::Pending));
     p.run_for(SEC / 1000);
     let second = vec![0x5au8; N];
@@ -440,4 +442,99 @@ fn sink_overtaken_by_data_ends_empty_at_once_without_a_cancel() {
     assert!(n > 0 && p.fabric.stats(A_IP).rdma_write_bytes >= n as u64);
     mr.read(0, &mut v[..n]);
     assert!(v[..n].iter().all(|&x| x == 0x5a));
+}
+
+/// A reader that offers its sink whenever it has nothing to read, against a writer that streams
+/// by SEND: its offers are overtaken, and it backs off (at most one offer in 64 while the peer
+/// streams) instead of sending a SinkAvail the writer drops after every other message. Every
+/// byte arrives in order, and once the stream goes quiet an offer is filled by RDMA Write.
+#[test]
+fn reader_backs_off_sink_offers_while_the_peer_streams() {
+    use sdp_core::proto::iocb::ZSink;
+    use sdp_core::proto::read::ZRecv;
+    use sdp_core::proto::Event;
+    use sdp_core::verbs::{Access, MemoryRegion, Provider};
+    const TOTAL: usize = 16 << 20;
+    let mut p = Pair::new(59, Config::default());
+    let (a, b) = p.connect();
+    let mr =
+        p.b.provider()
+            .reg_mr(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let sink = ZSink {
+        addr: mr.addr(),
+        len: 1 << 20,
+        lkey: mr.lkey(),
+        rkey: mr.rkey(),
+    };
+    let data: Vec<u8> = (0..TOTAL).map(|i| (i * 7 % 253) as u8).collect();
+    let (mut off, mut got) = (0usize, Vec::new());
+    let (mut busy, mut tries, mut token) = (false, 0u64, 0u64);
+    let mut buf = vec![0u8; 64 << 10];
+    assert!(p.run_until(60 * SEC, |p| {
+        let now = p.now();
+        while off < TOTAL {
+            match p.a.write(now, a, &data[off..(off + (64 << 10)).min(TOTAL)]) {
+                Ok(n) => off += n,
+                Err(CallError::WouldBlock) => break,
+                Err(e) => panic!("write: {e}"),
+            }
+        }
+        for e in p.b.take_events(b) {
+            if let Event::ZcopyReceived { bytes, .. } = e {
+                let mut v = vec![0u8; bytes];
+                mr.read(0, &mut v);
+                got.extend_from_slice(&v);
+                busy = false;
+            }
+        }
+        while !busy {
+            if got.len() < TOTAL {
+                tries += 1;
+                token += 1;
+                match p.b.read_zcopy(now, b, sink, token) {
+                    Ok(ZRecv::Pending) => {
+                        busy = true;
+                        break;
+                    }
+                    Ok(ZRecv::Copy) | Err(CallError::WouldBlock) => {}
+                    Err(e) => panic!("read_zcopy: {e}"),
+                }
+            }
+            match p.b.read(now, b, &mut buf) {
+                Ok(k) => got.extend_from_slice(&buf[..k]),
+                Err(CallError::WouldBlock) => break,
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+        got.len() == TOTAL
+    }));
+    assert!(got == data, "stream intact");
+    let s = p.b.conn(b).unwrap().stats.clone();
+    assert!(s.sinkavail_stale >= 3, "{s:?}");
+    assert!(
+        s.sinkavail_sent * 8 < tries,
+        "{} offers in {tries} tries: {s:?}",
+        s.sinkavail_sent
+    );
+    // Quiet now: offers resume after the skipped ones, and one is filled by RDMA Write.
+    let mut placed = None;
+    for round in 0..200u64 {
+        let now = p.now();
+        if let Ok(ZRecv::Pending) = p.b.read_zcopy(now, b, sink, 1000 + round) {
+            p.run_for(SEC / 1000);
+            let now = p.now();
+            assert_eq!(p.a.write(now, a, &[0x77u8; 100_000]), Ok(100_000));
+            assert!(p.run_until(SEC, |p| {
+                for e in p.b.take_events(b) {
+                    if let Event::ZcopyReceived { bytes, .. } = e {
+                        placed = Some(bytes);
+                    }
+                }
+                placed.is_some()
+            }));
+            break;
+        }
+    }
+    assert_eq!(placed, Some(100_000), "a quiet stream's sink is filled");
 }

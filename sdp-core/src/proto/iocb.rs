@@ -107,6 +107,11 @@ pub struct Iocbs {
     pub(crate) sink: Option<SinkIocb>,
     /// We sent SinkAvailCancel and wait for SinkCancelAck.
     pub(crate) sink_cancel_pending: bool,
+    /// Sinks in a row that the peer's Data overtook (it streams by SEND faster than we read).
+    pub(crate) sinks_overtaken: u8,
+    /// Sink offers still to skip after that: 2^`sinks_overtaken` - 1, so a streaming peer is
+    /// not sent a SinkAvail it will drop after every other message.
+    pub(crate) sink_skip: u32,
 }
 
 impl Iocbs {

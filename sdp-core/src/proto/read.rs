@@ -14,6 +14,10 @@ use super::sent::Inflight;
 use super::Instant;
 use crate::verbs::{Completion, RemoteBuf, SendOp, SendWr, Sge, WcStatus, WorkRequest};
 
+/// After this many sinks in a row overtaken by the peer's Data, at most one offer in
+/// 2^`MAX_SINK_BACKOFF` is made while the peer keeps streaming.
+const MAX_SINK_BACKOFF: u8 = 6;
+
 /// An RDMA Read in flight.
 #[derive(Debug)]
 pub(crate) struct ReadReq {
@@ -30,7 +34,8 @@ pub(crate) struct ReadReq {
 pub enum ZRecv {
     /// The transfer is under way; [`Event::ZcopyReceived`] reports it.
     Pending,
-    /// Data (or EOF) is already queued, or the sink is too small: use [`Conn::read`].
+    /// Data (or EOF) is already queued, the sink is too small, or the peer streams by SEND
+    /// (its Data overtook our recent offers, so this one is not made): use [`Conn::read`].
     Copy,
 }
 
@@ -80,6 +85,11 @@ impl<S: BufStore> Conn<S> {
         }
         if self.iocbs.sink.is_some() || self.iocbs.sink_cancel_pending {
             return Err(CallError::WouldBlock);
+        }
+        if self.iocbs.sink_skip > 0 {
+            // The peer streams by SEND: its Data would overtake this offer too.
+            self.iocbs.sink_skip -= 1;
+            return Ok(ZRecv::Copy);
         }
         self.iocbs.sink = Some(SinkIocb {
             token,
@@ -372,6 +382,8 @@ impl<S: BufStore> Conn<S> {
             return;
         }
         self.stats.sinkavail_stale += 1;
+        self.iocbs.sinks_overtaken = (self.iocbs.sinks_overtaken + 1).min(MAX_SINK_BACKOFF);
+        self.iocbs.sink_skip = (1 << self.iocbs.sinks_overtaken) - 1;
         if let Some(s) = self.iocbs.sink.take() {
             self.events.push_back(Event::ZcopyReceived {
                 token: s.token,
@@ -423,6 +435,9 @@ impl<S: BufStore> Conn<S> {
                 got: len as u64,
                 want: s.sink.len as u64,
             });
+        }
+        if len > 0 {
+            self.iocbs.sinks_overtaken = 0;
         }
         self.stats.zcopy_write_bytes += len as u64;
         self.stats.data_bytes_rcvd += len as u64;
