@@ -357,29 +357,35 @@ fn source_after_one_that_filled_the_sink_is_advertised_after_it() {
     assert!(got[..N].iter().all(|&x| x == 0x11) && got[N..].iter().all(|&x| x == 0x22));
 }
 
+/// A 1 MiB sink on B, writable by the peer.
+fn mib_sink(p: &Pair) -> (sdp_core::verbs::sim::SimMr, sdp_core::proto::iocb::ZSink) {
+    use sdp_core::verbs::{Access, MemoryRegion, Provider};
+    let mr =
+        p.b.provider()
+            .reg_mr(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let sink = sdp_core::proto::iocb::ZSink {
+        addr: mr.addr(),
+        len: 1 << 20,
+        lkey: mr.lkey(),
+        rkey: mr.rkey(),
+    };
+    (mr, sink)
+}
+
 /// A reader offers its sink while the writer's Data is already on the way: the Data proves the
 /// writer had not seen the SinkAvail, and the writer drops it as stale when it arrives. The
 /// sink ends empty at once (no SinkAvailCancel round trip, which used to hold the reader), no
 /// byte goes into it, the stream is intact, and the next sink is used normally.
 #[test]
 fn sink_overtaken_by_data_ends_empty_at_once_without_a_cancel() {
-    use sdp_core::proto::iocb::ZSink;
     use sdp_core::proto::read::ZRecv;
     use sdp_core::proto::Event;
-    use sdp_core::verbs::{Access, MemoryRegion, Provider};
+    use sdp_core::verbs::MemoryRegion;
     const N: usize = 300_000;
     let mut p = Pair::new(58, Config::default());
     let (a, b) = p.connect();
-    let mr =
-        p.b.provider()
-            .reg_mr(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-            .unwrap();
-    let sink = ZSink {
-        addr: mr.addr(),
-        len: 1 << 20,
-        lkey: mr.lkey(),
-        rkey: mr.rkey(),
-    };
+    let (mr, sink) = mib_sink(&p);
     // Both at the same instant: A's Data and B's SinkAvail cross on the link.
     let first: Vec<u8> = (0..N).map(|i| (i % 251) as u8).collect();
     let now = p.now();
@@ -450,23 +456,13 @@ fn sink_overtaken_by_data_ends_empty_at_once_without_a_cancel() {
 /// byte arrives in order, and once the stream goes quiet an offer is filled by RDMA Write.
 #[test]
 fn reader_backs_off_sink_offers_while_the_peer_streams() {
-    use sdp_core::proto::iocb::ZSink;
     use sdp_core::proto::read::ZRecv;
     use sdp_core::proto::Event;
-    use sdp_core::verbs::{Access, MemoryRegion, Provider};
+    use sdp_core::verbs::MemoryRegion;
     const TOTAL: usize = 16 << 20;
     let mut p = Pair::new(59, Config::default());
     let (a, b) = p.connect();
-    let mr =
-        p.b.provider()
-            .reg_mr(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-            .unwrap();
-    let sink = ZSink {
-        addr: mr.addr(),
-        len: 1 << 20,
-        lkey: mr.lkey(),
-        rkey: mr.rkey(),
-    };
+    let (mr, sink) = mib_sink(&p);
     let data: Vec<u8> = (0..TOTAL).map(|i| (i * 7 % 253) as u8).collect();
     let (mut off, mut got) = (0usize, Vec::new());
     let (mut busy, mut tries, mut token) = (false, 0u64, 0u64);
