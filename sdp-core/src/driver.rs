@@ -128,6 +128,7 @@ impl<P: Provider> Driver<P> {
             cfg.zcopy_by_send
                 .unwrap_or_else(|| provider.prefers_send_gather()),
         );
+        cfg.zcopy_split = Some(cfg.zcopy_split.unwrap_or(cfg.zcopy_by_send == Some(true)));
         let caps = QpCaps {
             max_send_wr: 4 * cfg.max_rx_bufs + 64,
             max_recv_wr: cfg.max_rx_bufs + 8,

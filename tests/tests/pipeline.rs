@@ -425,3 +425,105 @@ fn cancel_of_a_partly_gathered_source_reports_what_went() {
     assert!(got == all, "stream intact after the cancel");
     assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
 }
+
+/// Split zero copy (`zcopy_split`, software devices): the first of four 64 KiB sources goes by
+/// SrcAvail, the ones behind it as gathered SENDs at once, without waiting for it. B's
+/// application reads nothing, yet B's engine reads the advertisement into a bounce buffer at
+/// once, so all four complete, in stream order, and nothing is cancelled when the SrcAvail
+/// timeout passes. Then B reads the four intact and in order.
+#[test]
+fn split_source_is_read_at_once_and_sends_follow_it() {
+    const N: usize = 64 * 1024;
+    let cfg = Config {
+        zcopy_by_send: Some(true),
+        zcopy_split: Some(true),
+        rcv_size: 256 * 1024,
+        ..Config::default()
+    };
+    let mut p = Pair::new(98, cfg);
+    let (a, b) = p.connect();
+    let mut all = vec![0u8; 4 * N];
+    Bytes::new(22).fill(&mut all);
+    let mut mrs = Vec::new();
+    for t in 0..4 {
+        let (mr, src) = source(&p.a, &all[t * N..(t + 1) * N]);
+        let now = p.now();
+        assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + 1), Ok(()));
+        mrs.push(mr);
+    }
+    let mut sent = Vec::new();
+    assert!(p.run_until(SEC, |p| {
+        sent.extend(zcopy_sent(&p.a.take_events(a)));
+        sent.len() == 4
+    }));
+    assert_eq!(sent, (1..=4).map(|t| (t, N)).collect::<Vec<_>>());
+    p.run_for(3 * SEC);
+    let sa = p.a.conn(a).unwrap().stats.clone();
+    let sb = p.b.conn(b).unwrap().stats.clone();
+    // The first went by SrcAvail, the next ones by SEND behind it; the last may wait for a
+    // credit, and by then the advertisement is read and it is advertised in turn.
+    let by_read = sa.srcavail_sent;
+    assert!((1..=2).contains(&by_read), "{by_read} SrcAvails");
+    assert_eq!(sa.zcopy_send_bytes, (4 - by_read) * N as u64, "the rest by SEND");
+    assert_eq!(sa.srcavail_cancelled, 0);
+    assert_eq!(sb.zcopy_read_bytes, by_read * N as u64, "read without B's application");
+    assert_eq!(p.fabric.stats(B_IP).rdma_read_bytes, by_read * N as u64);
+    let mut got = Vec::new();
+    assert!(p.run_until(5 * SEC, |p| {
+        drain(p, b, &mut got);
+        got.len() == all.len()
+    }));
+    assert!(got == all, "stream intact");
+}
+
+/// A writer in split zero copy facing a reader that does not read advertisements ahead (its
+/// own `zcopy_split` off): the committed SrcAvail outlives the SrcAvail timeout without a
+/// cancel (bytes already follow it), the sources sent behind it wait to be reported until it
+/// is read, and once B reads, everything arrives in order and completes in order.
+#[test]
+fn committed_source_is_never_cancelled_and_reports_stay_in_order() {
+    const N: usize = 100 * 1024;
+    let base = Config {
+        zcopy_by_send: Some(true),
+        rcv_size: 256 * 1024,
+        ..Config::default()
+    };
+    let cfg_a = Config {
+        zcopy_split: Some(true),
+        ..base.clone()
+    };
+    let cfg_b = Config {
+        zcopy_split: Some(false),
+        ..base
+    };
+    let mut p = Pair::with(99, SimConfig::default(), cfg_a, cfg_b);
+    let (a, b) = p.connect();
+    let mut all = vec![0u8; 3 * N];
+    Bytes::new(23).fill(&mut all);
+    let mut mrs = Vec::new();
+    for t in 0..3 {
+        let (mr, src) = source(&p.a, &all[t * N..(t + 1) * N]);
+        let now = p.now();
+        assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + 10), Ok(()));
+        mrs.push(mr);
+    }
+    p.run_for(5 * SEC);
+    let st = p.a.conn(a).unwrap().stats.clone();
+    assert_eq!(st.srcavail_sent, 1);
+    assert_eq!(st.zcopy_send_bytes, 2 * N as u64, "sent behind the advertisement");
+    assert_eq!(st.srcavail_cancelled, 0, "no cancel after the timeout");
+    assert!(
+        zcopy_sent(&p.a.take_events(a)).is_empty(),
+        "nothing reported before the first source is read"
+    );
+    let mut got = Vec::new();
+    let mut sent = Vec::new();
+    assert!(p.run_until(5 * SEC, |p| {
+        drain(p, b, &mut got);
+        sent.extend(zcopy_sent(&p.a.take_events(a)));
+        got.len() == all.len() && sent.len() == 3
+    }));
+    assert!(got == all, "stream intact");
+    assert_eq!(sent, vec![(10, N), (11, N), (12, N)]);
+    assert_eq!(p.a.conn(a).unwrap().send_room(), Config::default().sndbuf);
+}

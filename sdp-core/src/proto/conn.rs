@@ -43,6 +43,14 @@ pub struct Config {
     /// copy at either end). `None`: the provider decides (`Provider::prefers_send_gather`;
     /// the driver fills it in). A peer's SinkAvail is filled by RDMA Write either way.
     pub zcopy_by_send: Option<bool>,
+    /// Split zero copy between the two ends (with `zcopy_by_send` only): a source that fits
+    /// one bounce buffer goes by SrcAvail + the peer's RDMA Read whenever no such advertisement
+    /// is outstanding, and the sources behind it go on as gathered SENDs at once. On a software
+    /// device the packet work of a SEND runs on the sender's CPU and that of an RDMA Read on the
+    /// reader's, so both CPUs work on one stream. The peer reads such an advertisement at once
+    /// and in full (into a bounce buffer), so it is never cancelled. `None`: as
+    /// `zcopy_by_send` (the driver fills it in).
+    pub zcopy_split: Option<bool>,
     /// Disable coalescing of small writes while a send is outstanding (TCP_NODELAY).
     pub nodelay: bool,
     /// Peer advertisements (SrcAvail/SinkAvail) we accept outstanding at once.
@@ -82,6 +90,7 @@ impl Default for Config {
             sndbuf: 4 << 20,
             zcopy_threshold: 64 * 1024,
             zcopy_by_send: None,
+            zcopy_split: None,
             nodelay: false,
             max_adverts: 8,
             max_srcavail_inflight: 4,

@@ -39,6 +39,9 @@ pub(crate) enum SrcState {
     Cancelling,
     /// Written into the peer's sink in full; waiting for the write completions.
     Written,
+    /// Finished (`done_bytes` went), reported once every earlier source is: a source sent by
+    /// SEND may finish before a committed advertisement ahead of it (split zero copy).
+    Done,
 }
 
 #[derive(Debug)]
@@ -53,6 +56,11 @@ pub(crate) struct SrcIocb {
     /// RDMA Writes from this source not yet completed.
     pub writes_inflight: u32,
     pub deadline: Option<Instant>,
+    /// Advertised in split zero copy: stream bytes may follow it at once, so it is never
+    /// cancelled (no timeout; the peer reads it in full).
+    pub committed: bool,
+    /// Bytes that went, once `Done`.
+    pub done_bytes: usize,
 }
 
 impl SrcIocb {
@@ -124,6 +132,8 @@ impl Iocbs {
             written: 0,
             writes_inflight: 0,
             deadline: None,
+            committed: false,
+            done_bytes: 0,
         });
     }
     /// Sources queued or outstanding.
@@ -143,6 +153,10 @@ impl Iocbs {
     /// last RdmaRdCompl) ends every advertisement.
     pub(crate) fn src_cancelling(&self) -> bool {
         self.srcs.iter().any(|s| s.state == SrcState::Cancelling)
+    }
+    /// A committed advertisement (split zero copy) is outstanding.
+    pub(crate) fn src_committed(&self) -> bool {
+        self.srcs.iter().any(|s| s.committed && s.outstanding())
     }
     /// A source went whole into the peer's sink and waits for its RDMA Write completions.
     pub(crate) fn src_writing(&self) -> bool {

@@ -258,7 +258,47 @@ impl<S: BufStore> Conn<S> {
             (None, None) => {}
         }
         self.after_src_progress(r.advt);
+        self.start_eager_reads();
         self.last_activity = now;
+    }
+
+    /// Split zero copy (`Config::zcopy_split`): read every advertisement that fits one bounce
+    /// buffer as soon as it arrives, without waiting for the application, as a SEND's bytes
+    /// land without it. The peer may have sent stream bytes behind such an advertisement and
+    /// never cancels it; our reads also put its packet work on this end's CPU while the peer
+    /// sends. Reads go out in stream order: a larger advertisement not fully requested yet
+    /// (read as the application reads) stops the scan, and so does the bounce window.
+    pub(crate) fn start_eager_reads(&mut self) {
+        if !self.split_zcopy() || self.shut_rd || self.app_closed {
+            return;
+        }
+        let mut inflight: u32 = self.advts.srcs.iter().map(|(_, a)| a.reads_inflight).sum();
+        let ids: Vec<usize> = self
+            .rx_queue
+            .iter()
+            .filter_map(|i| match i {
+                RxItem::Src { advt } => Some(*advt),
+                RxItem::Data { .. } => None,
+            })
+            .collect();
+        for advt in ids {
+            let Some(a) = self.advts.srcs.get(advt) else {
+                continue;
+            };
+            if a.cancelled || a.requested >= a.len {
+                continue;
+            }
+            if a.requested > 0 || a.len > self.advts.bounce_pool.size() || inflight >= BOUNCE_WINDOW
+            {
+                return;
+            }
+            let n = a.len;
+            let Some(buf) = self.advts.bounce_pool.get(&mut self.store) else {
+                return;
+            };
+            self.post_read(advt, buf.sge(n), n, Some(buf), None);
+            inflight += 1;
+        }
     }
 
     /// Drop a finished advertisement from the stream, and answer a cancel once reads are done.
@@ -336,6 +376,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.rx_queue.push_back(RxItem::Src { advt: id });
         self.events.push_back(Event::Readable);
+        self.start_eager_reads();
         Ok(())
     }
 

@@ -257,6 +257,30 @@ impl<S: BufStore> Conn<S> {
                         }
                         continue;
                     }
+                    if self.split_zcopy() {
+                        // Split zero copy: a source that fits a bounce buffer goes by SrcAvail
+                        // when none is outstanding (the peer's CPU does its packet work), the
+                        // rest as gathered SENDs, which may follow a committed advertisement.
+                        if !outstanding && self.split_candidate(token) {
+                            if self.tx_credits < 2 {
+                                self.stats.stalls_no_credit += 1;
+                                return;
+                            }
+                            if !self.advertise_src(now, token) {
+                                return;
+                            }
+                            if let Some(s) = self.iocbs.find_src(token) {
+                                s.committed = true;
+                                s.deadline = None;
+                            }
+                            self.tx_queue.pop_front();
+                            continue;
+                        }
+                        if !self.send_src(now, token) {
+                            return;
+                        }
+                        continue;
+                    }
                     if self.cfg.zcopy_by_send == Some(true) {
                         // As Data messages: after every advertised source, like plain data.
                         if outstanding || !self.send_src(now, token) {
@@ -285,6 +309,19 @@ impl<S: BufStore> Conn<S> {
                 }
             }
         }
+    }
+
+    /// Split zero copy is on (see `Config::zcopy_split`).
+    pub(crate) fn split_zcopy(&self) -> bool {
+        self.cfg.zcopy_by_send == Some(true) && self.cfg.zcopy_split == Some(true)
+    }
+
+    /// A queued source the peer can read whole into one bounce buffer, not started yet.
+    fn split_candidate(&mut self, token: u64) -> bool {
+        let cap = (self.send_size - BSDH_LEN as u32).min(super::advt::BOUNCE_SIZE);
+        self.iocbs
+            .find_src(token)
+            .is_some_and(|s| s.state == SrcState::Queued && s.written == 0 && s.src.len <= cap)
     }
 
     /// Post a Data message from a filled send buffer.

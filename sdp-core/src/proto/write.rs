@@ -139,7 +139,9 @@ impl<S: BufStore> Conn<S> {
 
     /// Send SrcAvailCancel for every outstanding advertisement (once).
     fn cancel_advertised(&mut self) {
-        if self.iocbs.src_cancelling() {
+        if self.iocbs.src_cancelling() || self.iocbs.src_committed() {
+            // A committed advertisement (split zero copy) may have stream bytes behind it:
+            // it cannot end short. The peer reads it in full.
             return;
         }
         let mut any = false;
@@ -215,10 +217,18 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// A source is done in full: drop it from the queue and report it.
+    /// Sources are reported in stream order: one that finishes before an earlier one (sent by
+    /// SEND behind a committed advertisement) waits as `Done`.
     fn finish_src(&mut self, token: u64, bytes: usize) {
-        if let Some(pos) = self.iocbs.srcs.iter().position(|s| s.token == token) {
-            let s = self.iocbs.srcs.remove(pos).expect("position found");
-            self.tx_bytes -= (s.src.len - s.written) as usize;
+        let mut found = false;
+        if let Some(s) = self.iocbs.find_src(token) {
+            found = true;
+            if s.state != SrcState::Done {
+                let unsent = (s.src.len - s.written) as usize;
+                s.state = SrcState::Done;
+                s.done_bytes = bytes;
+                self.tx_bytes -= unsent;
+            }
         }
         if let Some(pos) = self
             .tx_queue
@@ -227,7 +237,21 @@ impl<S: BufStore> Conn<S> {
         {
             self.tx_queue.remove(pos);
         }
-        self.events.push_back(Event::ZcopySent { token, bytes });
+        if !found {
+            self.events.push_back(Event::ZcopySent { token, bytes });
+        }
+        while self
+            .iocbs
+            .srcs
+            .front()
+            .is_some_and(|s| s.state == SrcState::Done)
+        {
+            let s = self.iocbs.srcs.pop_front().expect("front checked");
+            self.events.push_back(Event::ZcopySent {
+                token: s.token,
+                bytes: s.done_bytes,
+            });
+        }
         self.wake_writer();
     }
 
@@ -239,9 +263,11 @@ impl<S: BufStore> Conn<S> {
             return;
         };
         let rest: Vec<_> = self.iocbs.srcs.drain(pos..).collect();
-        for (i, s) in rest.into_iter().enumerate() {
-            self.tx_bytes -= (s.src.len - s.written) as usize;
-            let sent = if i == 0 { bytes } else { s.written as usize };
+        // Sources whose SENDs are still in flight (sent behind a committed advertisement, split
+        // zero copy) are kept until those complete; so is every source after the first of them,
+        // so the application still hears of them in stream order.
+        let mut keep = Vec::new();
+        for (i, mut s) in rest.into_iter().enumerate() {
             if let Some(p) = self
                 .tx_queue
                 .iter()
@@ -249,12 +275,41 @@ impl<S: BufStore> Conn<S> {
             {
                 self.tx_queue.remove(p);
             }
+            if s.state == SrcState::Done {
+                // Finished already (by SEND), waiting to be reported in order.
+                if keep.is_empty() {
+                    self.events.push_back(Event::ZcopySent {
+                        token: s.token,
+                        bytes: s.done_bytes,
+                    });
+                } else {
+                    keep.push(s);
+                }
+                continue;
+            }
+            self.tx_bytes -= (s.src.len - s.written) as usize;
+            let sent = if i == 0 { bytes } else { s.written as usize };
+            if i > 0 && s.writes_inflight > 0 {
+                // Its memory is in use until its sends complete: it ends at the bytes that
+                // went, then.
+                s.src.len = s.written;
+                s.state = SrcState::Written;
+                keep.push(s);
+                continue;
+            }
             self.stats.srcavail_cancelled += 1;
-            self.events.push_back(Event::ZcopySent {
-                token: s.token,
-                bytes: sent,
-            });
+            if keep.is_empty() {
+                self.events.push_back(Event::ZcopySent {
+                    token: s.token,
+                    bytes: sent,
+                });
+            } else {
+                s.state = SrcState::Done;
+                s.done_bytes = sent;
+                keep.push(s);
+            }
         }
+        self.iocbs.srcs.extend(keep);
         self.wake_writer();
     }
 

@@ -940,7 +940,8 @@ fn cpu_secs() -> f64 {
 /// Environment overrides for experiments: SDP_BENCH_ZWINDOW (sends in flight), SDP_BENCH_RCV_KIB
 /// (receive buffer size), SDP_BENCH_RX_BUFS (receive buffers at most), SDP_BENCH_ZSEND (1: zero
 /// copy by SENDs gathered from the sources, 0: by SrcAvail + RDMA Read; unset: the provider's
-/// default, gathered SENDs on Soft-RoCE).
+/// default, gathered SENDs on Soft-RoCE), SDP_BENCH_SPLIT (1/0: split zero copy on/off; unset: on
+/// with gathered SENDs).
 const BENCH_ZWINDOW: usize = 8;
 
 /// How long the benchmark polls (unarmed) before it arms its CQ and sleeps: 0, event-driven
@@ -986,6 +987,11 @@ fn bench_cfg(_size: u64) -> Config {
         max_srcavail_inflight: bench_zwindow() as u8,
         max_adverts: d.max_adverts.max(bench_zwindow() as u8),
         zcopy_by_send: match std::env::var("SDP_BENCH_ZSEND").as_deref() {
+            Ok("0") => Some(false),
+            Ok("1") => Some(true),
+            _ => None,
+        },
+        zcopy_split: match std::env::var("SDP_BENCH_SPLIT").as_deref() {
             Ok("0") => Some(false),
             Ok("1") => Some(true),
             _ => None,
