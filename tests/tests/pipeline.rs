@@ -437,6 +437,7 @@ fn split_source_is_read_at_once_and_sends_follow_it() {
     let cfg = Config {
         zcopy_by_send: Some(true),
         zcopy_split: Some(true),
+        zcopy_split_reads: 1,
         rcv_size: 256 * 1024,
         ..Config::default()
     };

@@ -51,6 +51,9 @@ pub struct Config {
     /// and in full (into a bounce buffer), so it is never cancelled. `None`: as
     /// `zcopy_by_send` (the driver fills it in).
     pub zcopy_split: Option<bool>,
+    /// Split zero copy: committed advertisements outstanding at once (at least 1; also bounded
+    /// by the SrcAvail window). More hands the reader's CPU a larger share of the stream.
+    pub zcopy_split_reads: u8,
     /// Disable coalescing of small writes while a send is outstanding (TCP_NODELAY).
     pub nodelay: bool,
     /// Peer advertisements (SrcAvail/SinkAvail) we accept outstanding at once.
@@ -91,6 +94,7 @@ impl Default for Config {
             zcopy_threshold: 64 * 1024,
             zcopy_by_send: None,
             zcopy_split: None,
+            zcopy_split_reads: 2,
             nodelay: false,
             max_adverts: 8,
             max_srcavail_inflight: 4,

@@ -158,6 +158,13 @@ impl Iocbs {
     pub(crate) fn src_committed(&self) -> bool {
         self.srcs.iter().any(|s| s.committed && s.outstanding())
     }
+    /// Committed advertisements outstanding.
+    pub(crate) fn src_committed_inflight(&self) -> usize {
+        self.srcs
+            .iter()
+            .filter(|s| s.committed && s.outstanding())
+            .count()
+    }
     /// A source went whole into the peer's sink and waits for its RDMA Write completions.
     pub(crate) fn src_writing(&self) -> bool {
         self.srcs.iter().any(|s| s.state == SrcState::Written)

@@ -259,9 +259,15 @@ impl<S: BufStore> Conn<S> {
                     }
                     if self.split_zcopy() {
                         // Split zero copy: a source that fits a bounce buffer goes by SrcAvail
-                        // when none is outstanding (the peer's CPU does its packet work), the
-                        // rest as gathered SENDs, which may follow a committed advertisement.
-                        if !outstanding && self.split_candidate(token) {
+                        // while fewer than `zcopy_split_reads` are outstanding (the peer's CPU
+                        // does its packet work), the rest as gathered SENDs, which may follow a
+                        // committed advertisement.
+                        let reads = (self.cfg.zcopy_split_reads.max(1) as usize)
+                            .min(self.src_window());
+                        if self.iocbs.src_committed_inflight() < reads
+                            && !self.iocbs.src_cancelling()
+                            && self.split_candidate(token)
+                        {
                             if self.tx_credits < 2 {
                                 self.stats.stalls_no_credit += 1;
                                 return;

@@ -34,6 +34,10 @@
 //!   sink), and the application sends the rest again, in order. The sink in turn ignores every
 //!   SrcAvail sent before the source saw its SendSm (its `mseq_ack` is older than the SendSm),
 //!   so an advertisement that crossed the SendSm is void on both sides.
+//! * **Split zero copy** (`Config::zcopy_split`, with gathered SENDs): an advertisement is
+//!   *committed*: gathered SENDs of later sources follow it at once, it is never cancelled, and
+//!   the peer reads it in full without waiting for its application. Sources are still reported
+//!   in stream order (a later one finished by SEND waits as `Done`).
 //! * A peer's SinkAvail is filled only while none of our sources is outstanding (the sink was
 //!   offered after the peer consumed every advertisement it had seen, so those finish soon).
 

@@ -941,7 +941,7 @@ fn cpu_secs() -> f64 {
 /// (receive buffer size), SDP_BENCH_RX_BUFS (receive buffers at most), SDP_BENCH_ZSEND (1: zero
 /// copy by SENDs gathered from the sources, 0: by SrcAvail + RDMA Read; unset: the provider's
 /// default, gathered SENDs on Soft-RoCE), SDP_BENCH_SPLIT (1/0: split zero copy on/off; unset: on
-/// with gathered SENDs).
+/// with gathered SENDs), SDP_BENCH_SPLIT_READS (committed SrcAvails outstanding).
 const BENCH_ZWINDOW: usize = 8;
 
 /// How long the benchmark polls (unarmed) before it arms its CQ and sleeps: 0, event-driven
@@ -991,6 +991,7 @@ fn bench_cfg(_size: u64) -> Config {
             Ok("1") => Some(true),
             _ => None,
         },
+        zcopy_split_reads: env_num("SDP_BENCH_SPLIT_READS", d.zcopy_split_reads as u64) as u8,
         zcopy_split: match std::env::var("SDP_BENCH_SPLIT").as_deref() {
             Ok("0") => Some(false),
             Ok("1") => Some(true),
