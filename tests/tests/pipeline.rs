@@ -465,9 +465,17 @@ fn split_source_is_read_at_once_and_sends_follow_it() {
     // credit, and by then the advertisement is read and it is advertised in turn.
     let by_read = sa.srcavail_sent;
     assert!((1..=2).contains(&by_read), "{by_read} SrcAvails");
-    assert_eq!(sa.zcopy_send_bytes, (4 - by_read) * N as u64, "the rest by SEND");
+    assert_eq!(
+        sa.zcopy_send_bytes,
+        (4 - by_read) * N as u64,
+        "the rest by SEND"
+    );
     assert_eq!(sa.srcavail_cancelled, 0);
-    assert_eq!(sb.zcopy_read_bytes, by_read * N as u64, "read without B's application");
+    assert_eq!(
+        sb.zcopy_read_bytes,
+        by_read * N as u64,
+        "read without B's application"
+    );
     assert_eq!(p.fabric.stats(B_IP).rdma_read_bytes, by_read * N as u64);
     let mut got = Vec::new();
     assert!(p.run_until(5 * SEC, |p| {
@@ -491,6 +499,7 @@ fn committed_source_is_never_cancelled_and_reports_stay_in_order() {
     };
     let cfg_a = Config {
         zcopy_split: Some(true),
+        zcopy_split_reads: 1,
         ..base.clone()
     };
     let cfg_b = Config {
@@ -511,7 +520,11 @@ fn committed_source_is_never_cancelled_and_reports_stay_in_order() {
     p.run_for(5 * SEC);
     let st = p.a.conn(a).unwrap().stats.clone();
     assert_eq!(st.srcavail_sent, 1);
-    assert_eq!(st.zcopy_send_bytes, 2 * N as u64, "sent behind the advertisement");
+    assert_eq!(
+        st.zcopy_send_bytes,
+        2 * N as u64,
+        "sent behind the advertisement"
+    );
     assert_eq!(st.srcavail_cancelled, 0, "no cancel after the timeout");
     assert!(
         zcopy_sent(&p.a.take_events(a)).is_empty(),

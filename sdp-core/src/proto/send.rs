@@ -262,8 +262,8 @@ impl<S: BufStore> Conn<S> {
                         // while fewer than `zcopy_split_reads` are outstanding (the peer's CPU
                         // does its packet work), the rest as gathered SENDs, which may follow a
                         // committed advertisement.
-                        let reads = (self.cfg.zcopy_split_reads.max(1) as usize)
-                            .min(self.src_window());
+                        let reads =
+                            (self.cfg.zcopy_split_reads.max(1) as usize).min(self.src_window());
                         if self.iocbs.src_committed_inflight() < reads
                             && !self.iocbs.src_cancelling()
                             && self.split_candidate(token)

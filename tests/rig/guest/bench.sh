@@ -88,12 +88,13 @@ bench_perftest() {   # TOOL SIZE RUN
 # rstream (rsockets): the client sends COUNT messages, then the server sends COUNT back; rstream's own
 # figure counts both directions over the whole time, i.e. the one-way streaming rate.
 bench_rstream() {   # SIZE RUN
-  c=$((BENCH_BYTES / $1)); name=bench-rstream-$1-$2
-  if bench_pair "$name" "rstream -b $B -S $1 -C $c" "rstream -b $A -s $B -S $1 -C $c"; then
+  # (rs_xfers: bench_pair's helpers use $c for their own loops)
+  rs_xfers=$((BENCH_BYTES / $1)); name=bench-rstream-$1-$2
+  if bench_pair "$name" "rstream -b $B -S $1 -C $rs_xfers" "rstream -b $A -s $B -S $1 -C $rs_xfers"; then
     # columns: name bytes xfers iters total time Gb/sec usec/xfer
     usx=$(awk 'NF == 8 && $8 + 0 > 0 {v = $8} END {print v}' "$LOGD/$name.cli")
     bps=$(awk -v s="$1" -v u="$usx" 'BEGIN{ if (u + 0 > 0) printf "%.0f", s * 1e6 / u }')
-    if [ -n "$bps" ]; then bench_row rstream "$1" "$2" "$bps" "\"xfers\":$c"; pass "$name" "$usx usec/xfer"; return; fi
+    if [ -n "$bps" ]; then bench_row rstream "$1" "$2" "$bps" "\"xfers\":$rs_xfers"; pass "$name" "$usx usec/xfer"; return; fi
     PAIR_WHY="no usec/xfer in the output"
   fi
   pair_logs "$name" rstream rstream; fail "$name" "$PAIR_WHY"
