@@ -387,6 +387,7 @@ fn cancel_of_a_partly_gathered_source_reports_what_went() {
     const N: usize = 4 << 20;
     let cfg = Config {
         zcopy_by_send: Some(true),
+        zcopy_split: Some(false),
         ..Config::default()
     };
     let mut p = Pair::new(97, cfg);
@@ -540,4 +541,167 @@ fn committed_source_is_never_cancelled_and_reports_stay_in_order() {
     assert!(got == all, "stream intact");
     assert_eq!(sent, vec![(10, N), (11, N), (12, N)]);
     assert_eq!(p.a.conn(a).unwrap().send_room(), Config::default().sndbuf);
+}
+
+/// Split zero copy cuts a source larger than a bounce buffer into pieces, each read by the
+/// peer's engine or sent by SEND on its own. Two 1 MiB sources with B's application reading
+/// nothing: B's engine reads ahead at most its eager bounce budget, so the sources stall part
+/// way with nothing reported; then B reads and each source is reported once, whole, in order,
+/// both paths carried pieces, and the stream is intact.
+#[test]
+fn split_pieces_of_a_large_source_are_reported_once_in_order() {
+    const N: usize = 1 << 20;
+    let cfg = Config {
+        zcopy_by_send: Some(true),
+        zcopy_split: Some(true),
+        rcv_size: 64 * 1024,
+        max_rx_bufs: 4,
+        ..Config::default()
+    };
+    let mut p = Pair::new(100, cfg);
+    let (a, b) = p.connect();
+    let mut all = vec![0u8; 2 * N];
+    Bytes::new(24).fill(&mut all);
+    let mut mrs = Vec::new();
+    for t in 0..2 {
+        let (mr, src) = source(&p.a, &all[t * N..(t + 1) * N]);
+        let now = p.now();
+        assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + 1), Ok(()));
+        mrs.push(mr);
+    }
+    p.run_for(3 * SEC);
+    assert!(
+        zcopy_sent(&p.a.take_events(a)).is_empty(),
+        "nothing reported while B reads nothing"
+    );
+    let read_ahead = p.b.conn(b).unwrap().stats.zcopy_read_bytes;
+    assert!(read_ahead > 0, "B's engine read ahead");
+    assert!(
+        read_ahead <= 1 << 20,
+        "eager reads stay within their budget: {read_ahead}"
+    );
+    assert_eq!(p.a.conn(a).unwrap().stats.srcavail_cancelled, 0);
+    let mut got = Vec::new();
+    let mut sent = Vec::new();
+    assert!(p.run_until(10 * SEC, |p| {
+        drain(p, b, &mut got);
+        sent.extend(zcopy_sent(&p.a.take_events(a)));
+        got.len() == all.len() && sent.len() == 2
+    }));
+    assert!(got == all, "stream intact");
+    assert_eq!(sent, vec![(1, N), (2, N)]);
+    let sa = p.a.conn(a).unwrap().stats.clone();
+    let sb = p.b.conn(b).unwrap().stats.clone();
+    assert!(
+        sa.srcavail_sent >= 2,
+        "{} pieces advertised",
+        sa.srcavail_sent
+    );
+    assert!(sa.zcopy_send_bytes > 0, "pieces sent by SEND");
+    assert_eq!(
+        sa.zcopy_send_bytes + sb.zcopy_read_bytes,
+        2 * N as u64,
+        "every piece went one way or the other"
+    );
+    assert_eq!(p.a.conn(a).unwrap().send_room(), Config::default().sndbuf);
+}
+
+/// Cancelling a split source part way: the pieces ahead that went (committed advertisements,
+/// pieces sent by SEND) finish, the rest of the source and the source behind it end, and the
+/// report is exactly the prefix B gets: the rest, sent again by copy, follows it intact.
+#[test]
+fn cancel_of_a_split_source_reports_the_prefix_that_went() {
+    const N: usize = 4 << 20;
+    let cfg = Config {
+        zcopy_by_send: Some(true),
+        zcopy_split: Some(true),
+        rcv_size: 256 * 1024,
+        max_rx_bufs: 8,
+        ..Config::default()
+    };
+    let mut p = Pair::new(101, cfg);
+    let (a, b) = p.connect();
+    let mut all = vec![0u8; 2 * N];
+    Bytes::new(25).fill(&mut all);
+    let mut mrs = Vec::new();
+    for t in 0..2 {
+        let (mr, src) = source(&p.a, &all[t * N..(t + 1) * N]);
+        let now = p.now();
+        assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + 1), Ok(()));
+        mrs.push(mr);
+    }
+    // A stalls once B's receive buffers and eager bounce budget are full.
+    p.run_for(SEC);
+    let went = p.a.conn(a).unwrap().stats.zcopy_send_bytes;
+    assert!(went > 0 && (went as usize) < N, "gathered {went}");
+    let now = p.now();
+    p.a.with_conn(now, a, |c| c.cancel_write_zcopy(now, 1))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut sent = Vec::new();
+    assert!(p.run_until(10 * SEC, |p| {
+        drain(p, b, &mut got);
+        sent.extend(zcopy_sent(&p.a.take_events(a)));
+        sent.len() == 2
+    }));
+    let reported = sent[0].1;
+    assert!(reported > 0 && reported < N, "reported {reported}");
+    assert_eq!(sent, vec![(1, reported), (2, 0)]);
+    assert_eq!(p.a.conn(a).unwrap().send_room(), Config::default().sndbuf);
+    write_all_copy(&mut p, a, b, &all[reported..], &mut got);
+    assert!(p.run_until(30 * SEC, |p| {
+        drain(p, b, &mut got);
+        got.len() == all.len()
+    }));
+    assert!(got == all, "stream intact after the cancel");
+    assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
+}
+
+/// A reader in split zero copy reads small advertisements ahead of its application, but holds
+/// at most its eager bounce budget (1 MiB): a writer that advertises every source (its own
+/// split off, pipelined SrcAvails) against an application that reads nothing gets no further
+/// than that and the advertisements outstanding. Once B reads, the stream completes intact.
+#[test]
+fn eager_reads_stay_within_the_bounce_budget() {
+    let base = Config {
+        rcv_size: 64 * 1024,
+        max_rx_bufs: 4,
+        srcavail_timeout: Duration::from_secs(30),
+        ..Config::default()
+    };
+    let cfg_a = Config {
+        zcopy_by_send: Some(false),
+        zcopy_split: Some(false),
+        zcopy_threshold: 1,
+        ..base.clone()
+    };
+    let cfg_b = Config {
+        zcopy_by_send: Some(true),
+        zcopy_split: Some(true),
+        ..base
+    };
+    let mut p = Pair::with(102, SimConfig::default(), cfg_a, cfg_b);
+    let (a, b) = p.connect();
+    let total = 8u64 << 20;
+    let mut x = App::new(Mode::ZcopySrc, total, 60, 61, 128 * 1024);
+    // Every write is a source: nothing blocks A but B's reads.
+    x.zcopy_min = 1;
+    x.src_window = 8;
+    let mut y = App::new(Mode::BCopy, 0, 61, 60, 1);
+    y.paused_reader = true;
+    let mut most = 0u64;
+    p.run_until(5 * SEC, |p| {
+        let now = p.now();
+        x.pump(&mut p.a, now, a);
+        y.pump(&mut p.b, now, b);
+        most = most.max(p.b.conn(b).unwrap().stats.zcopy_read_bytes);
+        false
+    });
+    assert!(most > 0, "B read ahead");
+    // Read ahead: the eager budget; beyond it only what the source advertised is pending.
+    assert!(most <= 1 << 20, "B's engine read {most} bytes ahead");
+    assert!(x.errors.is_empty(), "{:?}", x.errors);
+    y.paused_reader = false;
+    assert!(run_duplex(&mut p, (a, b), &mut x, &mut y, 60 * SEC));
+    assert_eq!(y.received, total);
 }

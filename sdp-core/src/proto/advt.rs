@@ -8,6 +8,9 @@ use super::buff::{BufStore, Pool};
 pub(crate) const BOUNCE_SIZE: u32 = 128 * 1024;
 /// RDMA Reads into bounce buffers in flight at once per connection.
 pub(crate) const BOUNCE_WINDOW: u32 = 4;
+/// Bounce buffers split zero copy's eager reads may hold per connection (1 MiB): what the
+/// peer's engine reads ahead of the application, beside the receive buffers.
+pub(crate) const EAGER_BOUNCE_BUFS: usize = 8;
 
 /// A SrcAvail received.
 #[derive(Debug)]

@@ -46,7 +46,16 @@ pub(crate) enum SrcState {
 
 #[derive(Debug)]
 pub(crate) struct SrcIocb {
+    /// The engine's name for this source or piece (the send queue and work requests use it).
+    pub key: u64,
+    /// The application's token ([`super::Event::ZcopySent`]).
     pub token: u64,
+    /// The last piece of the application's source. Split zero copy cuts a source larger than
+    /// a bounce buffer into pieces, each read or sent on its own; the application hears of the
+    /// source once, when its last piece is reported. A source not cut is one last piece.
+    pub last: bool,
+    /// The piece's length as queued (`src.len` shrinks when a send ends short).
+    pub full: u32,
     pub src: ZSrc,
     pub state: SrcState,
     /// Bytes the peer reported read (RdmaRdCompl).
@@ -120,12 +129,24 @@ pub struct Iocbs {
     /// Sink offers still to skip after that: 2^`sinks_overtaken` - 1, so a streaming peer is
     /// not sent a SinkAvail it will drop after every other message.
     pub(crate) sink_skip: u32,
+    /// Next [`SrcIocb::key`].
+    pub(crate) next_key: u64,
+    /// Bytes of the pieces reported so far of the source being reported.
+    pub(crate) report_bytes: usize,
+    /// One of those pieces ended short: later pieces add nothing (the peer got a prefix).
+    pub(crate) report_short: bool,
 }
 
 impl Iocbs {
-    pub(crate) fn add_src(&mut self, token: u64, src: ZSrc) {
+    /// Queue a source (or a piece of one: `last` false); returns its key.
+    pub(crate) fn add_src(&mut self, token: u64, src: ZSrc, last: bool) -> u64 {
+        let key = self.next_key;
+        self.next_key += 1;
         self.srcs.push_back(SrcIocb {
+            key,
             token,
+            last,
+            full: src.len,
             src,
             state: SrcState::Queued,
             acked: 0,
@@ -135,10 +156,11 @@ impl Iocbs {
             committed: false,
             done_bytes: 0,
         });
+        key
     }
-    /// Sources queued or outstanding.
+    /// The application's sources queued or outstanding.
     pub(crate) fn src_queued(&self) -> usize {
-        self.srcs.len()
+        self.srcs.iter().filter(|s| s.last).count()
     }
     /// A SrcAvail is out and not finished: no data or DisConn may pass it (only further
     /// SrcAvails, within the window, and replies to the peer).
@@ -178,8 +200,22 @@ impl Iocbs {
             .filter_map(|s| s.deadline)
             .min()
     }
-    pub(crate) fn find_src(&mut self, token: u64) -> Option<&mut SrcIocb> {
-        self.srcs.iter_mut().find(|s| s.token == token)
+    pub(crate) fn find_src(&mut self, key: u64) -> Option<&mut SrcIocb> {
+        self.srcs.iter_mut().find(|s| s.key == key)
+    }
+    /// Account a finished piece, in stream order: the bytes of the application's source once
+    /// its last piece is in, else None.
+    pub(crate) fn report(&mut self, s: &SrcIocb) -> Option<usize> {
+        if !self.report_short {
+            self.report_bytes += s.done_bytes;
+            self.report_short = s.done_bytes < s.full as usize;
+        }
+        if !s.last {
+            return None;
+        }
+        let bytes = std::mem::take(&mut self.report_bytes);
+        self.report_short = false;
+        Some(bytes)
     }
     /// Our sink is out and no cancel is under way.
     pub(crate) fn sink_active(&self) -> bool {

@@ -3,7 +3,7 @@
 //! buffers; each finished read is acknowledged with RdmaRdCompl. Also our own SinkAvail (the
 //! write path's receiving side): advertise, cancel, complete.
 
-use super::advt::{SrcAdvt, BOUNCE_WINDOW};
+use super::advt::{SrcAdvt, BOUNCE_WINDOW, EAGER_BOUNCE_BUFS};
 use super::buff::{Buf, BufStore};
 use super::conn::{wrid, CallError, Conn, Event, ProtocolError, State};
 use super::iocb::{SinkIocb, ZSink};
@@ -267,7 +267,10 @@ impl<S: BufStore> Conn<S> {
     /// land without it. The peer may have sent stream bytes behind such an advertisement and
     /// never cancels it; our reads also put its packet work on this end's CPU while the peer
     /// sends. Reads go out in stream order: a larger advertisement not fully requested yet
-    /// (read as the application reads) stops the scan, and so does the bounce window.
+    /// (read as the application reads) stops the scan, and so does the bounce window. At most
+    /// [`EAGER_BOUNCE_BUFS`] bounce buffers are held (read and not yet taken by the
+    /// application, or in flight): past that the advertisements wait for the application,
+    /// as plain ones do.
     pub(crate) fn start_eager_reads(&mut self) {
         if !self.split_zcopy() || self.shut_rd || self.app_closed {
             return;
@@ -288,7 +291,10 @@ impl<S: BufStore> Conn<S> {
             if a.cancelled || a.requested >= a.len {
                 continue;
             }
-            if a.requested > 0 || a.len > self.advts.bounce_pool.size() || inflight >= BOUNCE_WINDOW
+            if a.requested > 0
+                || a.len > self.advts.bounce_pool.size()
+                || inflight >= BOUNCE_WINDOW
+                || self.advts.bounce_pool.in_use() >= EAGER_BOUNCE_BUFS
             {
                 return;
             }

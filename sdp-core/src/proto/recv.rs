@@ -108,6 +108,8 @@ impl<S: BufStore> Conn<S> {
             self.store.free(buf);
         } else if bounce {
             self.advts.bounce_pool.put(&mut self.store, buf);
+            // Room for eager reads again (split zero copy).
+            self.start_eager_reads();
         } else {
             self.rx_held -= 1;
             self.rx_pool.put(&mut self.store, buf);

@@ -20,8 +20,9 @@ pub(crate) enum TxItem {
     },
     /// A control message without payload.
     Ctrl { mid: Mid, ext: Ext },
-    /// A zero-copy source (by token in [`super::iocb::Iocbs`]) to advertise with SrcAvail.
-    Src { token: u64 },
+    /// A zero-copy source or piece (by key in [`super::iocb::Iocbs`]) to advertise with
+    /// SrcAvail or send by gathered SENDs.
+    Src { key: u64 },
 }
 
 impl TxItem {
@@ -112,8 +113,27 @@ impl<S: BufStore> Conn<S> {
         if self.iocbs.src_queued() >= self.cfg.max_adverts as usize {
             return Err(CallError::WouldBlock);
         }
-        self.iocbs.add_src(token, src);
-        self.tx_queue.push_back(TxItem::Src { token });
+        // Split zero copy reads or sends each piece on its own: cut a source larger than a
+        // bounce buffer into even pieces that fit one.
+        let piece = if self.split_zcopy() {
+            self.split_cap()
+        } else {
+            src.len
+        };
+        let n = src.len.div_ceil(piece);
+        let size = src.len.div_ceil(n);
+        let mut off = 0;
+        while off < src.len {
+            let len = size.min(src.len - off);
+            let part = ZSrc {
+                addr: src.addr + u64::from(off),
+                len,
+                ..src
+            };
+            off += len;
+            let key = self.iocbs.add_src(token, part, off == src.len);
+            self.tx_queue.push_back(TxItem::Src { key });
+        }
         self.tx_bytes += src.len as usize;
         self.stats.data_bytes_sent += src.len as u64;
         self.last_activity = now;
@@ -244,8 +264,8 @@ impl<S: BufStore> Conn<S> {
                         }
                     }
                 }
-                TxItem::Src { token } => {
-                    let token = *token;
+                TxItem::Src { key } => {
+                    let key = *key;
                     if self.advts.sink_usable() {
                         if outstanding {
                             // The peer offered its sink after consuming every advertisement
@@ -266,30 +286,30 @@ impl<S: BufStore> Conn<S> {
                             (self.cfg.zcopy_split_reads.max(1) as usize).min(self.src_window());
                         if self.iocbs.src_committed_inflight() < reads
                             && !self.iocbs.src_cancelling()
-                            && self.split_candidate(token)
+                            && self.split_candidate(key)
                         {
                             if self.tx_credits < 2 {
                                 self.stats.stalls_no_credit += 1;
                                 return;
                             }
-                            if !self.advertise_src(now, token) {
+                            if !self.advertise_src(now, key) {
                                 return;
                             }
-                            if let Some(s) = self.iocbs.find_src(token) {
+                            if let Some(s) = self.iocbs.find_src(key) {
                                 s.committed = true;
                                 s.deadline = None;
                             }
                             self.tx_queue.pop_front();
                             continue;
                         }
-                        if !self.send_src(now, token) {
+                        if !self.send_src(now, key) {
                             return;
                         }
                         continue;
                     }
                     if self.cfg.zcopy_by_send == Some(true) {
                         // As Data messages: after every advertised source, like plain data.
-                        if outstanding || !self.send_src(now, token) {
+                        if outstanding || !self.send_src(now, key) {
                             return;
                         }
                         continue;
@@ -306,7 +326,7 @@ impl<S: BufStore> Conn<S> {
                     if self.tx_credits < 2 {
                         return;
                     }
-                    if !self.advertise_src(now, token) {
+                    if !self.advertise_src(now, key) {
                         return;
                     }
                     // The source stays in `iocbs` until the peer is done with it; the stream
@@ -322,11 +342,17 @@ impl<S: BufStore> Conn<S> {
         self.cfg.zcopy_by_send == Some(true) && self.cfg.zcopy_split == Some(true)
     }
 
+    /// The largest source split zero copy advertises: one the peer reads whole into one
+    /// bounce buffer, and that one Data message could carry.
+    pub(crate) fn split_cap(&self) -> u32 {
+        (self.send_size - BSDH_LEN as u32).min(super::advt::BOUNCE_SIZE)
+    }
+
     /// A queued source the peer can read whole into one bounce buffer, not started yet.
-    fn split_candidate(&mut self, token: u64) -> bool {
-        let cap = (self.send_size - BSDH_LEN as u32).min(super::advt::BOUNCE_SIZE);
+    fn split_candidate(&mut self, key: u64) -> bool {
+        let cap = self.split_cap();
         self.iocbs
-            .find_src(token)
+            .find_src(key)
             .is_some_and(|s| s.state == SrcState::Queued && s.written == 0 && s.src.len <= cap)
     }
 
@@ -357,10 +383,10 @@ impl<S: BufStore> Conn<S> {
     /// to a receive buffer's worth of the source). Each takes a credit like any Data message.
     /// True when every byte is posted (the item leaves the queue; the source finishes when
     /// the last send completes), false while it waits for credits or a header buffer.
-    pub(crate) fn send_src(&mut self, now: Instant, token: u64) -> bool {
+    pub(crate) fn send_src(&mut self, now: Instant, key: u64) -> bool {
         let cap = self.send_size - BSDH_LEN as u32;
         loop {
-            let Some(s) = self.iocbs.find_src(token) else {
+            let Some(s) = self.iocbs.find_src(key) else {
                 return false;
             };
             if s.state != SrcState::Queued {
@@ -379,7 +405,7 @@ impl<S: BufStore> Conn<S> {
             let Some(hdr) = self.ctrl_pool.get(&mut self.store) else {
                 return false;
             };
-            let s = self.iocbs.find_src(token).expect("found above");
+            let s = self.iocbs.find_src(key).expect("found above");
             let (payload, done) = s.take(cap);
             let n = payload.len;
             let h = self.next_header(Mid::Data, Ext::None, BsdhFlags::empty(), n as usize);
@@ -392,7 +418,7 @@ impl<S: BufStore> Conn<S> {
             self.last_activity = now;
             let key = self
                 .tx_inflight
-                .insert(Inflight::SendSrc { hdr, token, len: n });
+                .insert(Inflight::SendSrc { hdr, key, len: n });
             self.wrs.push_back(WorkRequest::Send(SendWr {
                 wr_id: wrid::SEND | key as u64,
                 op: SendOp::Send,

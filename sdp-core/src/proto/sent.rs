@@ -14,10 +14,10 @@ pub(crate) enum Inflight {
     /// RDMA Write of queued bytes from a send buffer into the peer's sink.
     WriteData { buf: Buf, data: u32 },
     /// RDMA Write of part of a zero-copy source into the peer's sink.
-    WriteSrc { token: u64, len: u32 },
+    WriteSrc { key: u64, len: u32 },
     /// A Data message: header from a control buffer, `len` payload bytes gathered from a
     /// zero-copy source.
-    SendSrc { hdr: Buf, token: u64, len: u32 },
+    SendSrc { hdr: Buf, key: u64, len: u32 },
     /// RDMA Read of a peer's source: into a bounce buffer, or into the application's sink.
     Read(super::read::ReadReq),
     /// Zero-byte RDMA Write keepalive probe.
@@ -61,15 +61,15 @@ impl<S: BufStore> Conn<S> {
                 self.tx_bytes -= data as usize;
                 self.wake_writer();
             }
-            Inflight::WriteSrc { token, len } => {
+            Inflight::WriteSrc { key, len } => {
                 self.tx_bytes -= len as usize;
-                self.src_written(now, token, len, wc.status == WcStatus::Success);
+                self.src_written(now, key, len, wc.status == WcStatus::Success);
             }
-            Inflight::SendSrc { hdr, token, len } => {
+            Inflight::SendSrc { hdr, key, len } => {
                 self.ctrl_pool.put(&mut self.store, hdr);
                 self.tx_data_outstanding -= 1;
                 self.tx_bytes -= len as usize;
-                self.src_written(now, token, len, wc.status == WcStatus::Success);
+                self.src_written(now, key, len, wc.status == WcStatus::Success);
             }
             other @ (Inflight::Read(_) | Inflight::Keepalive) => {
                 // Posted under another work request kind; never happens, but keep the memory.

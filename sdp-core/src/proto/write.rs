@@ -67,9 +67,9 @@ impl<S: BufStore> Conn<S> {
 
     /// Send SrcAvail for a queued source (the caller checked the credit, the window and that
     /// every earlier stream item went out).
-    pub(crate) fn advertise_src(&mut self, now: Instant, token: u64) -> bool {
+    pub(crate) fn advertise_src(&mut self, now: Instant, key: u64) -> bool {
         let timeout = self.cfg.srcavail_timeout;
-        let Some(s) = self.iocbs.find_src(token) else {
+        let Some(s) = self.iocbs.find_src(key) else {
             return false;
         };
         if s.state != SrcState::Queued || s.written >= s.src.len {
@@ -84,7 +84,7 @@ impl<S: BufStore> Conn<S> {
         s.state = SrcState::Advertised;
         s.deadline = Some(now + timeout);
         if !self.post_ctrl(Mid::SrcAvail, ext) {
-            if let Some(s) = self.iocbs.find_src(token) {
+            if let Some(s) = self.iocbs.find_src(key) {
                 s.state = SrcState::Queued;
                 s.deadline = None;
             }
@@ -99,9 +99,20 @@ impl<S: BufStore> Conn<S> {
     /// bytes the peer got; the rest (and every later zero-copy send) must be sent again. An
     /// advertised source cancels every outstanding advertisement (one SrcAvailCancel).
     pub fn cancel_write_zcopy(&mut self, now: Instant, token: u64) {
-        let Some(s) = self.iocbs.find_src(token) else {
+        // The first piece of the source that can still end short (a source not cut is one
+        // piece): pieces ahead of it that are committed advertisements or already sent in full
+        // finish as they are, and the source ends after them.
+        let Some(s) = self.iocbs.srcs.iter_mut().find(|s| {
+            s.token == token
+                && match s.state {
+                    SrcState::Queued => true,
+                    SrcState::Advertised => !s.committed,
+                    _ => false,
+                }
+        }) else {
             return;
         };
+        let key = s.key;
         match s.state {
             SrcState::Advertised => self.cancel_advertised(),
             SrcState::Queued if s.written > 0 => {
@@ -111,30 +122,24 @@ impl<S: BufStore> Conn<S> {
                 s.src.len = written;
                 s.state = SrcState::Written;
                 self.tx_bytes -= (len - written) as usize;
-                if let Some(p) = self
-                    .tx_queue
-                    .iter()
-                    .position(|i| matches!(i, TxItem::Src { token: t } if *t == token))
-                {
-                    self.tx_queue.remove(p);
-                }
+                self.unqueue_src(key);
                 self.stats.srcavail_cancelled += 1;
                 let next = self
                     .iocbs
                     .srcs
                     .iter()
-                    .skip_while(|s| s.token != token)
+                    .skip_while(|s| s.key != key)
                     .nth(1)
-                    .map(|s| s.token);
+                    .map(|s| s.key);
                 if inflight == 0 {
-                    self.finish_src(token, written as usize);
+                    self.finish_src(key, written as usize);
                 }
                 if let Some(next) = next {
                     self.complete_srcs_from(next, 0);
                 }
             }
             SrcState::Queued => {
-                self.complete_srcs_from(token, 0);
+                self.complete_srcs_from(key, 0);
             }
             _ => {}
         }
@@ -190,15 +195,15 @@ impl<S: BufStore> Conn<S> {
             s.acked += n;
             left -= n;
             if s.unacked() == 0 {
-                finished.push((s.token, s.src.len as usize));
+                finished.push((s.key, s.src.len as usize));
             } else if s.state == SrcState::Advertised {
                 // Progress: the timeout starts over for what is still outstanding.
                 s.deadline = Some(now + timeout);
             }
         }
         self.last_activity = now;
-        for (token, bytes) in finished {
-            self.finish_src(token, bytes);
+        for (key, bytes) in finished {
+            self.finish_src(key, bytes);
         }
         Ok(())
     }
@@ -210,8 +215,8 @@ impl<S: BufStore> Conn<S> {
         let Some(s) = self.iocbs.srcs.iter().find(|s| s.outstanding()) else {
             return Ok(());
         };
-        let (token, bytes) = (s.token, (s.acked + s.written) as usize);
-        self.complete_srcs_from(token, bytes);
+        let (key, bytes) = (s.key, (s.acked + s.written) as usize);
+        self.complete_srcs_from(key, bytes);
         Ok(())
     }
 
@@ -220,13 +225,11 @@ impl<S: BufStore> Conn<S> {
         self.cancel_advertised();
     }
 
-    /// A source is done in full: drop it from the queue and report it.
+    /// A source (or piece) is done: drop it from the queue and report it.
     /// Sources are reported in stream order: one that finishes before an earlier one (sent by
     /// SEND behind a committed advertisement) waits as `Done`.
-    fn finish_src(&mut self, token: u64, bytes: usize) {
-        let mut found = false;
-        if let Some(s) = self.iocbs.find_src(token) {
-            found = true;
+    fn finish_src(&mut self, key: u64, bytes: usize) {
+        if let Some(s) = self.iocbs.find_src(key) {
             if s.state != SrcState::Done {
                 let unsent = (s.src.len - s.written) as usize;
                 s.state = SrcState::Done;
@@ -234,16 +237,25 @@ impl<S: BufStore> Conn<S> {
                 self.tx_bytes -= unsent;
             }
         }
+        self.unqueue_src(key);
+        self.report_done();
+        self.wake_writer();
+    }
+
+    /// Take a source's item out of the send queue (if still there).
+    fn unqueue_src(&mut self, key: u64) {
         if let Some(pos) = self
             .tx_queue
             .iter()
-            .position(|i| matches!(i, TxItem::Src { token: t } if *t == token))
+            .position(|i| matches!(i, TxItem::Src { key: k } if *k == key))
         {
             self.tx_queue.remove(pos);
         }
-        if !found {
-            self.events.push_back(Event::ZcopySent { token, bytes });
-        }
+    }
+
+    /// Report the finished sources at the front, in stream order ([`Event::ZcopySent`] once
+    /// per application source, when its last piece is in).
+    fn report_done(&mut self) {
         while self
             .iocbs
             .srcs
@@ -251,69 +263,50 @@ impl<S: BufStore> Conn<S> {
             .is_some_and(|s| s.state == SrcState::Done)
         {
             let s = self.iocbs.srcs.pop_front().expect("front checked");
-            self.events.push_back(Event::ZcopySent {
-                token: s.token,
-                bytes: s.done_bytes,
-            });
+            if let Some(bytes) = self.iocbs.report(&s) {
+                self.events.push_back(Event::ZcopySent {
+                    token: s.token,
+                    bytes,
+                });
+            }
         }
-        self.wake_writer();
     }
 
     /// A source ended short: it and every later source complete with what reached the peer
     /// (0 for the later ones, or what went into a sink), so the application resends the rest
-    /// in order, like after a short write.
-    fn complete_srcs_from(&mut self, token: u64, bytes: usize) {
-        let Some(pos) = self.iocbs.srcs.iter().position(|s| s.token == token) else {
+    /// in order, like after a short write. Sources whose work requests are still in flight
+    /// (SENDs behind a committed advertisement, split zero copy) end at the bytes that went
+    /// once those complete; reports keep stream order.
+    fn complete_srcs_from(&mut self, key: u64, bytes: usize) {
+        let Some(pos) = self.iocbs.srcs.iter().position(|s| s.key == key) else {
             return;
         };
-        let rest: Vec<_> = self.iocbs.srcs.drain(pos..).collect();
-        // Sources whose SENDs are still in flight (sent behind a committed advertisement, split
-        // zero copy) are kept until those complete; so is every source after the first of them,
-        // so the application still hears of them in stream order.
-        let mut keep = Vec::new();
-        for (i, mut s) in rest.into_iter().enumerate() {
-            if let Some(p) = self
-                .tx_queue
-                .iter()
-                .position(|it| matches!(it, TxItem::Src { token: t } if *t == s.token))
-            {
-                self.tx_queue.remove(p);
-            }
+        let keys: Vec<u64> = self.iocbs.srcs.iter().skip(pos).map(|s| s.key).collect();
+        for k in &keys {
+            self.unqueue_src(*k);
+        }
+        let mut unsent = 0;
+        let mut cancelled = 0;
+        for (i, s) in self.iocbs.srcs.iter_mut().skip(pos).enumerate() {
             if s.state == SrcState::Done {
                 // Finished already (by SEND), waiting to be reported in order.
-                if keep.is_empty() {
-                    self.events.push_back(Event::ZcopySent {
-                        token: s.token,
-                        bytes: s.done_bytes,
-                    });
-                } else {
-                    keep.push(s);
-                }
                 continue;
             }
-            self.tx_bytes -= (s.src.len - s.written) as usize;
-            let sent = if i == 0 { bytes } else { s.written as usize };
+            unsent += (s.src.len - s.written) as usize;
             if i > 0 && s.writes_inflight > 0 {
                 // Its memory is in use until its sends complete: it ends at the bytes that
                 // went, then.
                 s.src.len = s.written;
                 s.state = SrcState::Written;
-                keep.push(s);
                 continue;
             }
-            self.stats.srcavail_cancelled += 1;
-            if keep.is_empty() {
-                self.events.push_back(Event::ZcopySent {
-                    token: s.token,
-                    bytes: sent,
-                });
-            } else {
-                s.state = SrcState::Done;
-                s.done_bytes = sent;
-                keep.push(s);
-            }
+            cancelled += 1;
+            s.done_bytes = if i == 0 { bytes } else { s.written as usize };
+            s.state = SrcState::Done;
         }
-        self.iocbs.srcs.extend(keep);
+        self.tx_bytes -= unsent;
+        self.stats.srcavail_cancelled += cancelled;
+        self.report_done();
         self.wake_writer();
     }
 
@@ -404,9 +397,9 @@ impl<S: BufStore> Conn<S> {
                     );
                     placed += n;
                 }
-                Some(TxItem::Src { token }) => {
-                    let token = *token;
-                    let Some(s) = self.iocbs.find_src(token) else {
+                Some(TxItem::Src { key }) => {
+                    let key = *key;
+                    let Some(s) = self.iocbs.find_src(key) else {
                         break;
                     };
                     if s.state != SrcState::Queued {
@@ -417,7 +410,7 @@ impl<S: BufStore> Conn<S> {
                     if done {
                         self.tx_queue.pop_front();
                     }
-                    self.post_write(Inflight::WriteSrc { token, len: n }, remote, local);
+                    self.post_write(Inflight::WriteSrc { key, len: n }, remote, local);
                     placed += n;
                 }
                 _ => break,
@@ -446,8 +439,8 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// An RDMA Write from a zero-copy source completed.
-    pub(crate) fn src_written(&mut self, _now: Instant, token: u64, len: u32, ok: bool) {
-        let Some(s) = self.iocbs.find_src(token) else {
+    pub(crate) fn src_written(&mut self, _now: Instant, key: u64, len: u32, ok: bool) {
+        let Some(s) = self.iocbs.find_src(key) else {
             return;
         };
         s.writes_inflight -= 1;
@@ -456,7 +449,7 @@ impl<S: BufStore> Conn<S> {
             let bytes = s.src.len as usize;
             // tx_bytes was reduced per write completion; finish_src subtracts only the
             // unwritten part (zero here).
-            self.finish_src(token, bytes);
+            self.finish_src(key, bytes);
         }
     }
 
@@ -523,13 +516,13 @@ impl<S: BufStore> Conn<S> {
 
     /// Zero-copy work can never finish now: report what reached the peer.
     pub(crate) fn fail_pending_zcopy(&mut self) {
-        let srcs: Vec<_> = self.iocbs.srcs.drain(..).collect();
-        for s in srcs {
-            self.events.push_back(Event::ZcopySent {
-                token: s.token,
-                bytes: (s.acked + s.written) as usize,
-            });
+        for s in self.iocbs.srcs.iter_mut() {
+            if s.state != SrcState::Done {
+                s.done_bytes = (s.acked + s.written) as usize;
+                s.state = SrcState::Done;
+            }
         }
+        self.report_done();
         if let Some(s) = self.iocbs.sink.take() {
             self.events.push_back(Event::ZcopyReceived {
                 token: s.token,
