@@ -73,6 +73,22 @@ pub(crate) struct SrcIocb {
 }
 
 impl SrcIocb {
+    fn queued(key: u64, token: u64, last: bool, src: ZSrc) -> SrcIocb {
+        SrcIocb {
+            key,
+            token,
+            last,
+            full: src.len,
+            src,
+            state: SrcState::Queued,
+            acked: 0,
+            written: 0,
+            writes_inflight: 0,
+            deadline: None,
+            committed: false,
+            done_bytes: 0,
+        }
+    }
     /// Advertised and not finished.
     pub(crate) fn outstanding(&self) -> bool {
         matches!(self.state, SrcState::Advertised | SrcState::Cancelling)
@@ -138,25 +154,35 @@ pub struct Iocbs {
 }
 
 impl Iocbs {
-    /// Queue a source (or a piece of one: `last` false); returns its key.
-    pub(crate) fn add_src(&mut self, token: u64, src: ZSrc, last: bool) -> u64 {
+    /// Queue a source; returns its key.
+    pub(crate) fn add_src(&mut self, token: u64, src: ZSrc) -> u64 {
         let key = self.next_key;
         self.next_key += 1;
-        self.srcs.push_back(SrcIocb {
-            key,
-            token,
-            last,
-            full: src.len,
-            src,
-            state: SrcState::Queued,
-            acked: 0,
-            written: 0,
-            writes_inflight: 0,
-            deadline: None,
-            committed: false,
-            done_bytes: 0,
-        });
+        self.srcs.push_back(SrcIocb::queued(key, token, true, src));
         key
+    }
+    /// Cut the queued source `key` after its first `at` bytes: the rest becomes a new source
+    /// right behind it (same token; it is the last piece if the source was). Returns its key.
+    pub(crate) fn cut_src(&mut self, key: u64, at: u32) -> Option<u64> {
+        let pos = self.srcs.iter().position(|s| s.key == key)?;
+        let s = &mut self.srcs[pos];
+        if s.state != SrcState::Queued || s.written != 0 || at == 0 || at >= s.src.len {
+            return None;
+        }
+        let rest = ZSrc {
+            addr: s.src.addr + u64::from(at),
+            len: s.src.len - at,
+            ..s.src
+        };
+        let (token, last) = (s.token, s.last);
+        s.src.len = at;
+        s.full = at;
+        s.last = false;
+        let new = self.next_key;
+        self.next_key += 1;
+        self.srcs
+            .insert(pos + 1, SrcIocb::queued(new, token, last, rest));
+        Some(new)
     }
     /// The application's sources queued or outstanding.
     pub(crate) fn src_queued(&self) -> usize {

@@ -9,6 +9,10 @@ use super::sent::Inflight;
 use super::Instant;
 use crate::verbs::{SendOp, SendWr, WorkRequest};
 
+/// Split zero copy cuts no piece smaller than this: below it a source goes whole (its
+/// SrcAvail and RdmaRdCompl would cost more than the read saves the sender).
+const MIN_SPLIT_PIECE: u32 = 32 * 1024;
+
 /// Something queued for sending, in stream order.
 #[derive(Debug)]
 pub(crate) enum TxItem {
@@ -113,27 +117,8 @@ impl<S: BufStore> Conn<S> {
         if self.iocbs.src_queued() >= self.cfg.max_adverts as usize {
             return Err(CallError::WouldBlock);
         }
-        // Split zero copy reads or sends each piece on its own: cut a source larger than a
-        // bounce buffer into even pieces that fit one.
-        let piece = if self.split_zcopy() {
-            self.split_cap()
-        } else {
-            src.len
-        };
-        let n = src.len.div_ceil(piece);
-        let size = src.len.div_ceil(n);
-        let mut off = 0;
-        while off < src.len {
-            let len = size.min(src.len - off);
-            let part = ZSrc {
-                addr: src.addr + u64::from(off),
-                len,
-                ..src
-            };
-            off += len;
-            let key = self.iocbs.add_src(token, part, off == src.len);
-            self.tx_queue.push_back(TxItem::Src { key });
-        }
+        let key = self.iocbs.add_src(token, src);
+        self.tx_queue.push_back(TxItem::Src { key });
         self.tx_bytes += src.len as usize;
         self.stats.data_bytes_sent += src.len as u64;
         self.last_activity = now;
@@ -278,6 +263,7 @@ impl<S: BufStore> Conn<S> {
                         continue;
                     }
                     if self.split_zcopy() {
+                        self.cut_piece(key);
                         // Split zero copy: a source that fits a bounce buffer goes by SrcAvail
                         // while fewer than `zcopy_split_reads` are outstanding (the peer's CPU
                         // does its packet work), the rest as gathered SENDs, which may follow a
@@ -346,6 +332,28 @@ impl<S: BufStore> Conn<S> {
     /// bounce buffer, and that one Data message could carry.
     pub(crate) fn split_cap(&self) -> u32 {
         (self.send_size - BSDH_LEN as u32).min(super::advt::BOUNCE_SIZE)
+    }
+
+    /// Split zero copy: cut a queued source at the head of the send queue that is larger than
+    /// [`Conn::split_cap`] (and not started) into an even piece that fits and the rest, so each
+    /// piece is read or sent on its own. The rest stays queued right behind it and is cut in
+    /// turn. Not when pieces would be smaller than [`MIN_SPLIT_PIECE`] (the source goes whole).
+    fn cut_piece(&mut self, key: u64) {
+        let cap = self.split_cap();
+        if cap < MIN_SPLIT_PIECE {
+            return;
+        }
+        let Some(s) = self.iocbs.find_src(key) else {
+            return;
+        };
+        if s.state != SrcState::Queued || s.written != 0 || s.src.len <= cap {
+            return;
+        }
+        let n = s.src.len.div_ceil(cap);
+        let piece = s.src.len.div_ceil(n);
+        if let Some(rest) = self.iocbs.cut_src(key, piece) {
+            self.tx_queue.insert(1, TxItem::Src { key: rest });
+        }
     }
 
     /// A queued source the peer can read whole into one bounce buffer, not started yet.
