@@ -705,3 +705,55 @@ fn eager_reads_stay_within_the_bounce_budget() {
     assert!(run_duplex(&mut p, (a, b), &mut x, &mut y, 60 * SEC));
     assert_eq!(y.received, total);
 }
+
+/// Split zero copy with a bound on the SEND path (`zcopy_split_sends`): never more sources or
+/// pieces with SENDs in flight than the bound, so the pieces the sender would otherwise hand to
+/// SEND far ahead go to the reads as they free. With a bound of 1 the reads carry a larger
+/// share of the same stream than with no bound, and every byte arrives intact, in order.
+#[test]
+fn split_send_bound_shifts_pieces_to_the_reads() {
+    const N: usize = 1 << 20;
+    let run = |sends: u8| {
+        let cfg = Config {
+            zcopy_by_send: Some(true),
+            zcopy_split: Some(true),
+            zcopy_split_sends: sends,
+            rcv_size: 128 * 1024,
+            ..Config::default()
+        };
+        let mut p = Pair::new(103, cfg);
+        let (a, b) = p.connect();
+        let mut all = vec![0u8; 8 * N];
+        Bytes::new(26).fill(&mut all);
+        let mut mrs = Vec::new();
+        for t in 0..8 {
+            let (mr, src) = source(&p.a, &all[t * N..(t + 1) * N]);
+            let now = p.now();
+            assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + 1), Ok(()));
+            mrs.push(mr);
+        }
+        let mut got = Vec::new();
+        let mut sent = Vec::new();
+        let mut most = 0;
+        assert!(p.run_until(30 * SEC, |p| {
+            most = most.max(p.a.conn(a).unwrap().zcopy_sends_inflight());
+            drain(p, b, &mut got);
+            sent.extend(zcopy_sent(&p.a.take_events(a)));
+            got.len() == all.len() && sent.len() == 8
+        }));
+        assert!(got == all, "sends {sends}: stream intact");
+        assert_eq!(sent, (1..=8).map(|t| (t, N)).collect::<Vec<_>>());
+        let read = p.b.conn(b).unwrap().stats.zcopy_read_bytes;
+        let gathered = p.a.conn(a).unwrap().stats.zcopy_send_bytes;
+        assert_eq!(read + gathered, all.len() as u64, "sends {sends}");
+        (most, read)
+    };
+    let (most_free, read_free) = run(0);
+    let (most_one, read_one) = run(1);
+    assert!(most_free > 1, "no bound: {most_free} in flight");
+    assert_eq!(most_one, 1, "bound 1");
+    assert!(
+        read_one > read_free,
+        "bound 1 read {read_one} bytes, no bound {read_free}"
+    );
+}

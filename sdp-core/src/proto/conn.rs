@@ -54,6 +54,11 @@ pub struct Config {
     /// Split zero copy: committed advertisements outstanding at once (at least 1; also bounded
     /// by the SrcAvail window). More hands the reader's CPU a larger share of the stream.
     pub zcopy_split_reads: u8,
+    /// Split zero copy: sources (or pieces) sent by gathered SEND and not yet completed, at
+    /// most (0: no bound beyond the credits; default 2). A bound keeps the sender from handing every
+    /// queued piece to SEND while the reads are out, so the next piece goes to whichever path
+    /// frees first and the two ends' CPUs share the stream by their rates.
+    pub zcopy_split_sends: u8,
     /// Disable coalescing of small writes while a send is outstanding (TCP_NODELAY).
     pub nodelay: bool,
     /// Peer advertisements (SrcAvail/SinkAvail) we accept outstanding at once.
@@ -95,6 +100,7 @@ impl Default for Config {
             zcopy_by_send: None,
             zcopy_split: None,
             zcopy_split_reads: 2,
+            zcopy_split_sends: 2,
             nodelay: false,
             max_adverts: 8,
             max_srcavail_inflight: 4,

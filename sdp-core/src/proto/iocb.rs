@@ -213,6 +213,10 @@ impl Iocbs {
             .filter(|s| s.committed && s.outstanding())
             .count()
     }
+    /// Sources with sends (gathered SENDs or RDMA Writes) in flight.
+    pub(crate) fn src_sending(&self) -> usize {
+        self.srcs.iter().filter(|s| s.writes_inflight > 0).count()
+    }
     /// A source went whole into the peer's sink and waits for its RDMA Write completions.
     pub(crate) fn src_writing(&self) -> bool {
         self.srcs.iter().any(|s| s.state == SrcState::Written)

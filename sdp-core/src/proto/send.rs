@@ -288,6 +288,15 @@ impl<S: BufStore> Conn<S> {
                             self.tx_queue.pop_front();
                             continue;
                         }
+                        let sends = self.cfg.zcopy_split_sends as usize;
+                        if sends > 0
+                            && self.iocbs.src_sending() >= sends
+                            && self.iocbs.find_src(key).is_some_and(|s| s.written == 0)
+                        {
+                            // Enough on the SEND path: the next piece goes to whichever path
+                            // frees first.
+                            return;
+                        }
                         if !self.send_src(now, key) {
                             return;
                         }

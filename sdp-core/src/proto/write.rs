@@ -537,6 +537,12 @@ impl<S: BufStore> Conn<S> {
         !self.iocbs.srcs.is_empty()
     }
 
+    /// Zero-copy sources (or split pieces) with sends in flight now (gathered SENDs or RDMA
+    /// Writes; at most `Config::zcopy_split_sends` in split zero copy).
+    pub fn zcopy_sends_inflight(&self) -> usize {
+        self.iocbs.src_sending()
+    }
+
     /// Our SrcAvails outstanding now (at most [`Conn::src_window`]).
     pub fn srcavail_inflight(&self) -> usize {
         self.iocbs.src_inflight()

@@ -992,6 +992,7 @@ fn bench_cfg(_size: u64) -> Config {
             _ => None,
         },
         zcopy_split_reads: env_num("SDP_BENCH_SPLIT_READS", d.zcopy_split_reads as u64) as u8,
+        zcopy_split_sends: env_num("SDP_BENCH_SPLIT_SENDS", d.zcopy_split_sends as u64) as u8,
         zcopy_split: match std::env::var("SDP_BENCH_SPLIT").as_deref() {
             Ok("0") => Some(false),
             Ok("1") => Some(true),
