@@ -52,7 +52,7 @@ pub struct Config {
     /// `zcopy_by_send` (the driver fills it in).
     pub zcopy_split: Option<bool>,
     /// Split zero copy: committed advertisements outstanding at once (at least 1; also bounded
-    /// by the SrcAvail window). More hands the reader's CPU a larger share of the stream.
+    /// by the SrcAvail window; default 3). More hands the reader's CPU a larger share.
     pub zcopy_split_reads: u8,
     /// Split zero copy: sources (or pieces) sent by gathered SEND and not yet completed, at
     /// most (0: no bound beyond the credits; default 2). A bound keeps the sender from handing every
@@ -99,7 +99,7 @@ impl Default for Config {
             zcopy_threshold: 64 * 1024,
             zcopy_by_send: None,
             zcopy_split: None,
-            zcopy_split_reads: 2,
+            zcopy_split_reads: 3,
             zcopy_split_sends: 2,
             nodelay: false,
             max_adverts: 8,
