@@ -34,6 +34,29 @@ fn source(d: &Driver<SimProvider>, data: &[u8]) -> (SimMr, ZSrc) {
     (mr, src)
 }
 
+/// Queue `count` zero-copy sources of `n` bytes each on A (tokens `first`, `first` + 1, ...),
+/// holding one stream of seeded random bytes; returns the stream and the registrations (kept
+/// alive until the sources complete).
+fn write_sources(
+    p: &mut Pair,
+    a: ConnId,
+    seed: u64,
+    count: usize,
+    n: usize,
+    first: u64,
+) -> (Vec<u8>, Vec<SimMr>) {
+    let mut all = vec![0u8; count * n];
+    Bytes::new(seed).fill(&mut all);
+    let mut mrs = Vec::new();
+    for t in 0..count {
+        let (mr, src) = source(&p.a, &all[t * n..(t + 1) * n]);
+        let now = p.now();
+        assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + first), Ok(()));
+        mrs.push(mr);
+    }
+    (all, mrs)
+}
+
 /// Everything B can read now.
 fn drain(p: &mut Pair, b: ConnId, into: &mut Vec<u8>) {
     let now = p.now();
@@ -260,15 +283,7 @@ fn application_cancel_covers_every_outstanding_source() {
     const N: usize = 300_000;
     let mut p = Pair::new(93, Config::default());
     let (a, b) = p.connect();
-    let mut all = vec![0u8; 3 * N];
-    Bytes::new(12).fill(&mut all);
-    let mut mrs = Vec::new();
-    for t in 0..3 {
-        let (mr, src) = source(&p.a, &all[t * N..(t + 1) * N]);
-        let now = p.now();
-        assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + 1), Ok(()));
-        mrs.push(mr);
-    }
+    let (all, _mrs) = write_sources(&mut p, a, 12, 3, N, 1);
     assert!(p.run_until(SEC, |p| p.a.conn(a).unwrap().srcavail_inflight() == 3));
     let now = p.now();
     p.a.with_conn(now, a, |c| c.cancel_write_zcopy(now, 2))
@@ -392,15 +407,7 @@ fn cancel_of_a_partly_gathered_source_reports_what_went() {
     };
     let mut p = Pair::new(97, cfg);
     let (a, b) = p.connect();
-    let mut all = vec![0u8; 2 * N];
-    Bytes::new(21).fill(&mut all);
-    let mut mrs = Vec::new();
-    for t in 0..2 {
-        let (mr, src) = source(&p.a, &all[t * N..(t + 1) * N]);
-        let now = p.now();
-        assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + 1), Ok(()));
-        mrs.push(mr);
-    }
+    let (all, _mrs) = write_sources(&mut p, a, 21, 2, N, 1);
     // A stalls without credits once B's buffers are full.
     p.run_for(SEC);
     let gathered = p.a.conn(a).unwrap().stats.zcopy_send_bytes as usize;
@@ -444,15 +451,7 @@ fn split_source_is_read_at_once_and_sends_follow_it() {
     };
     let mut p = Pair::new(98, cfg);
     let (a, b) = p.connect();
-    let mut all = vec![0u8; 4 * N];
-    Bytes::new(22).fill(&mut all);
-    let mut mrs = Vec::new();
-    for t in 0..4 {
-        let (mr, src) = source(&p.a, &all[t * N..(t + 1) * N]);
-        let now = p.now();
-        assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + 1), Ok(()));
-        mrs.push(mr);
-    }
+    let (all, _mrs) = write_sources(&mut p, a, 22, 4, N, 1);
     let mut sent = Vec::new();
     assert!(p.run_until(SEC, |p| {
         sent.extend(zcopy_sent(&p.a.take_events(a)));
@@ -509,15 +508,7 @@ fn committed_source_is_never_cancelled_and_reports_stay_in_order() {
     };
     let mut p = Pair::with(99, SimConfig::default(), cfg_a, cfg_b);
     let (a, b) = p.connect();
-    let mut all = vec![0u8; 3 * N];
-    Bytes::new(23).fill(&mut all);
-    let mut mrs = Vec::new();
-    for t in 0..3 {
-        let (mr, src) = source(&p.a, &all[t * N..(t + 1) * N]);
-        let now = p.now();
-        assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + 10), Ok(()));
-        mrs.push(mr);
-    }
+    let (all, _mrs) = write_sources(&mut p, a, 23, 3, N, 10);
     p.run_for(5 * SEC);
     let st = p.a.conn(a).unwrap().stats.clone();
     assert_eq!(st.srcavail_sent, 1);
@@ -560,15 +551,7 @@ fn split_pieces_of_a_large_source_are_reported_once_in_order() {
     };
     let mut p = Pair::new(100, cfg);
     let (a, b) = p.connect();
-    let mut all = vec![0u8; 2 * N];
-    Bytes::new(24).fill(&mut all);
-    let mut mrs = Vec::new();
-    for t in 0..2 {
-        let (mr, src) = source(&p.a, &all[t * N..(t + 1) * N]);
-        let now = p.now();
-        assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + 1), Ok(()));
-        mrs.push(mr);
-    }
+    let (all, _mrs) = write_sources(&mut p, a, 24, 2, N, 1);
     p.run_for(3 * SEC);
     assert!(
         zcopy_sent(&p.a.take_events(a)).is_empty(),
@@ -621,15 +604,7 @@ fn cancel_of_a_split_source_reports_the_prefix_that_went() {
     };
     let mut p = Pair::new(101, cfg);
     let (a, b) = p.connect();
-    let mut all = vec![0u8; 2 * N];
-    Bytes::new(25).fill(&mut all);
-    let mut mrs = Vec::new();
-    for t in 0..2 {
-        let (mr, src) = source(&p.a, &all[t * N..(t + 1) * N]);
-        let now = p.now();
-        assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + 1), Ok(()));
-        mrs.push(mr);
-    }
+    let (all, _mrs) = write_sources(&mut p, a, 25, 2, N, 1);
     // A stalls once B's receive buffers and eager bounce budget are full.
     p.run_for(SEC);
     let went = p.a.conn(a).unwrap().stats.zcopy_send_bytes;
@@ -723,15 +698,7 @@ fn split_send_bound_shifts_pieces_to_the_reads() {
         };
         let mut p = Pair::new(103, cfg);
         let (a, b) = p.connect();
-        let mut all = vec![0u8; 8 * N];
-        Bytes::new(26).fill(&mut all);
-        let mut mrs = Vec::new();
-        for t in 0..8 {
-            let (mr, src) = source(&p.a, &all[t * N..(t + 1) * N]);
-            let now = p.now();
-            assert_eq!(p.a.write_zcopy(now, a, src, t as u64 + 1), Ok(()));
-            mrs.push(mr);
-        }
+        let (all, _mrs) = write_sources(&mut p, a, 26, 8, N, 1);
         let mut got = Vec::new();
         let mut sent = Vec::new();
         let mut most = 0;
