@@ -57,6 +57,18 @@ fn write_sources(
     (all, mrs)
 }
 
+/// After a cancel: A sends `all[from..]` again by copy; B, holding `got` already, must end
+/// with the whole stream intact, and the connection stays up.
+fn resend_rest(p: &mut Pair, (a, b): (ConnId, ConnId), all: &[u8], from: usize, got: &mut Vec<u8>) {
+    write_all_copy(p, a, b, &all[from..], got);
+    assert!(p.run_until(30 * SEC, |p| {
+        drain(p, b, got);
+        got.len() == all.len()
+    }));
+    assert!(got == all, "stream intact after the cancel");
+    assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
+}
+
 /// Everything B can read now.
 fn drain(p: &mut Pair, b: ConnId, into: &mut Vec<u8>) {
     let now = p.now();
@@ -267,13 +279,7 @@ fn timeout_with_three_sources_outstanding_reports_exact_counts() {
     assert!(p.b.conn(b).unwrap().stats.srcavail_cancelled > 0);
     assert!(!p.a.conn(a).unwrap().zcopy_outstanding());
     // The rest goes again by copy, then more bytes after it.
-    write_all_copy(&mut p, a, b, &all[acked..], &mut got);
-    assert!(p.run_until(30 * SEC, |p| {
-        drain(p, b, &mut got);
-        got.len() == all.len()
-    }));
-    assert!(got == all, "stream intact after the cancel");
-    assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
+    resend_rest(&mut p, (a, b), &all, acked, &mut got);
 }
 
 /// The application cancels the second of three outstanding sources: the cancel covers every
@@ -425,13 +431,7 @@ fn cancel_of_a_partly_gathered_source_reports_what_went() {
     assert_eq!(p.a.conn(a).unwrap().send_room(), Config::default().sndbuf);
     // B gets exactly the part that went, then the rest A sends again by copy.
     let mut got = Vec::new();
-    write_all_copy(&mut p, a, b, &all[gathered..], &mut got);
-    assert!(p.run_until(30 * SEC, |p| {
-        drain(p, b, &mut got);
-        got.len() == all.len()
-    }));
-    assert!(got == all, "stream intact after the cancel");
-    assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
+    resend_rest(&mut p, (a, b), &all, gathered, &mut got);
 }
 
 /// Split zero copy (`zcopy_split`, software devices): the first of four 64 KiB sources goes by
@@ -623,13 +623,7 @@ fn cancel_of_a_split_source_reports_the_prefix_that_went() {
     assert!(reported > 0 && reported < N, "reported {reported}");
     assert_eq!(sent, vec![(1, reported), (2, 0)]);
     assert_eq!(p.a.conn(a).unwrap().send_room(), Config::default().sndbuf);
-    write_all_copy(&mut p, a, b, &all[reported..], &mut got);
-    assert!(p.run_until(30 * SEC, |p| {
-        drain(p, b, &mut got);
-        got.len() == all.len()
-    }));
-    assert!(got == all, "stream intact after the cancel");
-    assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
+    resend_rest(&mut p, (a, b), &all, reported, &mut got);
 }
 
 /// A reader in split zero copy reads small advertisements ahead of its application, but holds
