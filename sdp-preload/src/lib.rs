@@ -1,1 +1,1023 @@
-//! LD_PRELOAD shim (next wave).
+//! LD_PRELOAD shim: the AF_INET/AF_INET6 stream sockets of an unmodified program go over SDP
+//! (shm between processes of one host, RDMA over a device), falling back to kernel TCP where
+//! the peer or the path cannot do SDP.
+//!
+//! `LD_PRELOAD=/path/to/libsdp_preload.so PROGRAM ARGS...`
+//!
+//! Design (see docs/preload.md):
+//! * `socket()` makes a kernel TCP socket, as without the shim. `connect()` tries SDP first; on
+//!   success the SDP stream's application fd (a real kernel file that polls exactly as the
+//!   stream, `sdp_core::socket::app`) replaces the TCP socket under the same fd number, with
+//!   its flags; otherwise the kernel TCP socket connects as usual. `listen()` listens on the
+//!   kernel TCP socket and, on the same address, over SDP; SDP clients are announced by
+//!   doorbells, so the listener's fd polls natively and `accept()` hands out SDP or TCP clients.
+//! * poll, select and epoll are not interposed: the kernel answers them on the real fds.
+//! * Each hook is a dispatch: a call on an fd the shim does not own costs one atomic load
+//!   before it goes to libc.
+//!
+//! Environment: `SDP_PRELOAD=0` turns the shim off (everything goes to libc); `SDP_LOG=1`
+//! reports each choice and fallback on stderr.
+
+#![allow(clippy::missing_safety_doc)]
+
+mod real;
+mod table;
+
+use std::cell::Cell;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{IntoRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
+use parking_lot::Mutex;
+use sdp_core::socket::app::{self, AppListener, AppStream, ReadFlags};
+use sdp_core::socket::Options;
+
+use table::{Opts, Sock};
+
+thread_local! {
+    /// Set while the shim itself runs (its calls into sdp-core, and sdp-core's own threads):
+    /// hooks then go straight to libc.
+    static INTERNAL: Cell<bool> = const { Cell::new(false) };
+}
+
+fn internal() -> bool {
+    INTERNAL.with(|c| c.get())
+}
+
+/// Marks the current thread as the shim's for the guard's life.
+struct Internal(bool);
+impl Internal {
+    fn enter() -> Internal {
+        Internal(INTERNAL.with(|c| c.replace(true)))
+    }
+}
+impl Drop for Internal {
+    fn drop(&mut self) {
+        let prev = self.0;
+        INTERNAL.with(|c| c.set(prev));
+    }
+}
+
+fn mark_thread_internal() {
+    INTERNAL.with(|c| c.set(true));
+}
+
+/// 0 unknown, 1 on, 2 off.
+static ENABLED: AtomicU8 = AtomicU8::new(0);
+static LOG: AtomicU8 = AtomicU8::new(0);
+
+fn enabled() -> bool {
+    match ENABLED.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let on = std::env::var("SDP_PRELOAD").map_or(true, |v| v != "0");
+            let log = std::env::var("SDP_LOG").is_ok_and(|v| !v.is_empty() && v != "0");
+            LOG.store(log as u8 + 1, Ordering::Relaxed);
+            app::set_thread_start_hook(mark_thread_internal);
+            ENABLED.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+            on
+        }
+    }
+}
+
+fn log(msg: std::fmt::Arguments<'_>) {
+    if LOG.load(Ordering::Relaxed) == 2 {
+        eprintln!("sdp-preload[{}]: {msg}", std::process::id());
+    }
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: errno is thread-local and always valid to write.
+    unsafe { *libc::__errno_location() = e };
+}
+
+fn errno_of(e: &io::Error) -> c_int {
+    e.raw_os_error().unwrap_or(match e.kind() {
+        io::ErrorKind::WouldBlock => libc::EAGAIN,
+        io::ErrorKind::InvalidInput => libc::EINVAL,
+        _ => libc::EIO,
+    })
+}
+
+/// -1 with errno set from `e`.
+fn fail<T: From<i8>>(e: &io::Error) -> T {
+    set_errno(errno_of(e));
+    T::from(-1)
+}
+
+fn fd_flags(fd: c_int) -> (bool, bool) {
+    // SAFETY: fcntl with integer arguments on the caller's fd.
+    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    // SAFETY: as above.
+    let fdf = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
+    (
+        fl >= 0 && fl & libc::O_NONBLOCK != 0,
+        fdf >= 0 && fdf & libc::FD_CLOEXEC != 0,
+    )
+}
+
+/// The socket address at `addr` (AF_INET / AF_INET6), if it is one.
+unsafe fn sockaddr_in(addr: *const sockaddr, len: socklen_t) -> Option<SocketAddr> {
+    if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sa_family_t>() {
+        return None;
+    }
+    // SAFETY: zeroed sockaddr_storage is valid; we copy at most its size from the caller's.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let n = (len as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
+    // SAFETY: the caller's buffer holds `len` bytes; `ss` holds at least `n`.
+    unsafe { std::ptr::copy_nonoverlapping(addr.cast::<u8>(), &mut ss as *mut _ as *mut u8, n) };
+    let need = match ss.ss_family as c_int {
+        libc::AF_INET => std::mem::size_of::<libc::sockaddr_in>(),
+        libc::AF_INET6 => std::mem::size_of::<libc::sockaddr_in6>(),
+        _ => return None,
+    };
+    if n < need {
+        return None;
+    }
+    app::from_sockaddr(&ss)
+}
+
+/// Write `a` to the caller's (addr, len) as the kernel does (truncating, len = full size).
+unsafe fn put_sockaddr(a: SocketAddr, addr: *mut sockaddr, len: *mut socklen_t) {
+    if addr.is_null() || len.is_null() {
+        return;
+    }
+    let (ss, full) = app::to_sockaddr(a);
+    // SAFETY: `len` is the caller's valid pointer.
+    let room = unsafe { *len } as usize;
+    let n = room.min(full as usize);
+    // SAFETY: the caller's buffer holds `room` bytes; we copy at most that many.
+    unsafe { std::ptr::copy_nonoverlapping(&ss as *const _ as *const u8, addr.cast::<u8>(), n) };
+    // SAFETY: as above.
+    unsafe { *len = full };
+}
+
+// ---------------------------------------------------------------------------------------------
+// socket, connect, listen, accept
+
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    // SAFETY: forwards the caller's arguments.
+    let fd = unsafe { real::socket(domain, ty, proto) };
+    let stream = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) == libc::SOCK_STREAM;
+    if fd >= 0
+        && stream
+        && (domain == libc::AF_INET || domain == libc::AF_INET6)
+        && (proto == 0 || proto == libc::IPPROTO_TCP)
+        && !internal()
+        && enabled()
+    {
+        table::insert(fd, Arc::new(Sock::Fresh));
+    }
+    fd
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if !table::owned(fd) || internal() {
+        // SAFETY: forwards the caller's arguments.
+        return unsafe { real::connect(fd, addr, len) };
+    }
+    let fresh = table::get(fd).is_some_and(|s| matches!(*s, Sock::Fresh));
+    // SAFETY: the caller's address of `len` bytes.
+    let dst = unsafe { sockaddr_in(addr, len) };
+    let (Some(dst), true) = (dst, fresh) else {
+        // SAFETY: forwards the caller's arguments.
+        return unsafe { real::connect(fd, addr, len) };
+    };
+    let (nonblocking, cloexec) = fd_flags(fd);
+    let r = {
+        let _g = Internal::enter();
+        AppStream::connect(dst, &Options::default(), nonblocking, cloexec)
+    };
+    match r {
+        Ok((s, user)) => {
+            log(format_args!(
+                "connect fd {fd} to {dst}: {} (sdp)",
+                s.transport()
+            ));
+            let opts = carry_options(fd, &s, &user);
+            if let Err(e) = replace_fd(user, fd, cloexec) {
+                log(format_args!(
+                    "connect fd {fd}: cannot take the fd over: {e}"
+                ));
+                table::remove(fd);
+                // SAFETY: forwards the caller's arguments.
+                return unsafe { real::connect(fd, addr, len) };
+            }
+            table::insert(fd, Arc::new(Sock::Stream(s, Mutex::new(opts))));
+            if nonblocking {
+                // As a nonblocking TCP connect: in progress, then writable with SO_ERROR 0.
+                set_errno(libc::EINPROGRESS);
+                -1
+            } else {
+                0
+            }
+        }
+        Err(e) => {
+            log(format_args!("connect fd {fd} to {dst}: kernel TCP ({e})"));
+            table::remove(fd);
+            // SAFETY: forwards the caller's arguments.
+            unsafe { real::connect(fd, addr, len) }
+        }
+    }
+}
+
+/// Put `user` under the number `fd` (replacing the TCP socket there), then close `user`'s own
+/// number.
+fn replace_fd(user: OwnedFd, fd: c_int, cloexec: bool) -> io::Result<()> {
+    let u = user.into_raw_fd();
+    let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+    // SAFETY: plain fd calls; `u` is ours and closed right after.
+    let r = unsafe { real::dup3(u, fd, flags) };
+    let e = io::Error::last_os_error();
+    // SAFETY: `u` is our own fd.
+    unsafe { real::close(u) };
+    if r < 0 {
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Options the application set on its TCP socket before connecting, carried to the SDP stream
+/// and its fd.
+fn carry_options(tcp: c_int, s: &AppStream, user: &OwnedFd) -> Opts {
+    use std::os::fd::AsRawFd;
+    let mut o = Opts::default();
+    for name in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+        let mut tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        };
+        let mut l = std::mem::size_of::<libc::timeval>() as socklen_t;
+        // SAFETY: a live timeval and its size.
+        let r = unsafe {
+            real::getsockopt(
+                tcp,
+                libc::SOL_SOCKET,
+                name,
+                (&mut tv as *mut libc::timeval).cast(),
+                &mut l,
+            )
+        };
+        if r == 0 && (tv.tv_sec != 0 || tv.tv_usec != 0) {
+            // SAFETY: as above.
+            unsafe {
+                real::setsockopt(
+                    user.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    name,
+                    (&tv as *const libc::timeval).cast(),
+                    l,
+                )
+            };
+        }
+    }
+    for (level, name) in [
+        (libc::IPPROTO_TCP, libc::TCP_NODELAY),
+        (libc::SOL_SOCKET, libc::SO_SNDBUF),
+        (libc::SOL_SOCKET, libc::SO_RCVBUF),
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+        (libc::SOL_SOCKET, libc::SO_REUSEADDR),
+    ] {
+        let mut v: c_int = 0;
+        let mut l = std::mem::size_of::<c_int>() as socklen_t;
+        // SAFETY: a live int and its size.
+        let r =
+            unsafe { real::getsockopt(tcp, level, name, (&mut v as *mut c_int).cast(), &mut l) };
+        if r == 0 {
+            o.stored.insert((level, name), v.to_ne_bytes().to_vec());
+        }
+    }
+    if o.stored
+        .get(&(libc::IPPROTO_TCP, libc::TCP_NODELAY))
+        .is_some_and(|v| v != &[0; 4])
+    {
+        let _g = Internal::enter();
+        let _ = s.set_nodelay(true);
+    }
+    o
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    // SAFETY: forwards the caller's arguments.
+    let r = unsafe { real::listen(fd, backlog) };
+    if r != 0 || !table::owned(fd) || internal() {
+        return r;
+    }
+    if !table::get(fd).is_some_and(|s| matches!(*s, Sock::Fresh)) {
+        return r;
+    }
+    let l = {
+        let _g = Internal::enter();
+        AppListener::new(fd, backlog.clamp(1, 4096) as u32, &Options::default())
+    };
+    match l {
+        Ok(l) => {
+            log(format_args!(
+                "listen fd {fd}: kernel TCP and {:?}",
+                l.transports()
+            ));
+            table::insert(fd, Arc::new(Sock::Listener(l)));
+        }
+        Err(e) => {
+            log(format_args!("listen fd {fd}: kernel TCP only ({e})"));
+            table::remove(fd);
+        }
+    }
+    r
+}
+
+unsafe fn accept_common(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    let l = match table::get(fd) {
+        Some(s) if !internal() && matches!(*s, Sock::Listener(_)) => s,
+        _ => {
+            // SAFETY: forwards the caller's arguments.
+            return unsafe { real::accept4(fd, addr, len, flags) };
+        }
+    };
+    let Sock::Listener(l) = &*l else {
+        unreachable!()
+    };
+    loop {
+        // SAFETY: zeroed storage is valid; the kernel fills in at most its size.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+        // SAFETY: our own storage and length.
+        let c = unsafe {
+            real::accept4(
+                fd,
+                (&mut ss as *mut libc::sockaddr_storage).cast(),
+                &mut sl,
+                flags,
+            )
+        };
+        if c < 0 {
+            return c;
+        }
+        let peer = app::from_sockaddr(&ss);
+        if peer.is_some_and(|p| l.is_doorbell(p)) {
+            // SAFETY: `c` was just returned by accept and is ours.
+            AppListener::close_doorbell(unsafe {
+                <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(c)
+            });
+            let taken = {
+                let _g = Internal::enter();
+                l.take(
+                    flags & libc::SOCK_NONBLOCK != 0,
+                    flags & libc::SOCK_CLOEXEC != 0,
+                )
+            };
+            match taken {
+                Some(Ok((s, user, peer))) => {
+                    let nfd = user.into_raw_fd();
+                    if !table::insert(nfd, Arc::new(Sock::Stream(s, Mutex::new(Opts::default())))) {
+                        // An fd number the table cannot hold: the stream cannot be served.
+                        // SAFETY: our own fd.
+                        unsafe { real::close(nfd) };
+                        continue;
+                    }
+                    log(format_args!("accept fd {fd}: {peer} over sdp as fd {nfd}"));
+                    // SAFETY: the caller's buffers.
+                    unsafe { put_sockaddr(peer, addr, len) };
+                    return nfd;
+                }
+                Some(Err(e)) => {
+                    log(format_args!(
+                        "accept fd {fd}: an SDP connection failed: {e}"
+                    ));
+                    continue;
+                }
+                None => continue,
+            }
+        }
+        if let Some(p) = peer {
+            // SAFETY: the caller's buffers.
+            unsafe { put_sockaddr(p, addr, len) };
+        }
+        return c;
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if !table::owned(fd) {
+        // SAFETY: forwards the caller's arguments.
+        return unsafe { real::accept(fd, addr, len) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { accept_common(fd, addr, len, 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    if !table::owned(fd) {
+        // SAFETY: forwards the caller's arguments.
+        return unsafe { real::accept4(fd, addr, len, flags) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { accept_common(fd, addr, len, flags) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// close and the dup family
+
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if table::owned(fd) && !internal() {
+        let s = table::remove(fd);
+        // SAFETY: forwards the caller's argument.
+        let r = unsafe { real::close(fd) };
+        // The connection ends when its last fd in this process is gone (the Arc's last clone).
+        let _g = Internal::enter();
+        drop(s);
+        return r;
+    }
+    // SAFETY: forwards the caller's argument.
+    unsafe { real::close(fd) }
+}
+
+/// After a dup of `old` to `new` succeeded: `new` refers to what `old` does.
+fn dup_entry(old: c_int, new: c_int) {
+    if new < 0 || new == old {
+        return;
+    }
+    let prev = table::remove(new);
+    if let Some(s) = table::get(old) {
+        table::insert(new, s);
+    }
+    let _g = Internal::enter();
+    drop(prev);
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: forwards the caller's argument.
+    let n = unsafe { real::dup(fd) };
+    if table::owned(fd) && n >= 0 {
+        dup_entry(fd, n);
+    }
+    n
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    // SAFETY: forwards the caller's arguments.
+    let n = unsafe { real::dup2(old, new) };
+    if n >= 0 && (table::owned(old) || table::owned(new)) {
+        dup_entry(old, n);
+    }
+    n
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    // SAFETY: forwards the caller's arguments.
+    let n = unsafe { real::dup3(old, new, flags) };
+    if n >= 0 && (table::owned(old) || table::owned(new)) {
+        dup_entry(old, n);
+    }
+    n
+}
+
+unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: usize, f64: bool) -> c_int {
+    // SAFETY: forwards the caller's arguments.
+    let r = unsafe {
+        if f64 {
+            real::fcntl64(fd, cmd, arg)
+        } else {
+            real::fcntl(fd, cmd, arg)
+        }
+    };
+    if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) && table::owned(fd) {
+        dup_entry(fd, r);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    // SAFETY: forwards the caller's arguments.
+    unsafe { fcntl_common(fd, cmd, arg, false) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    // SAFETY: forwards the caller's arguments.
+    unsafe { fcntl_common(fd, cmd, arg, true) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads and writes
+
+/// The SDP stream behind `fd`, if the shim serves calls on it.
+fn stream(fd: c_int) -> Option<Arc<Sock>> {
+    if internal() {
+        return None;
+    }
+    table::get(fd).filter(|s| matches!(**s, Sock::Stream(..)))
+}
+
+fn do_read(s: &Sock, fd: c_int, buf: &mut [u8], flags: c_int) -> ssize_t {
+    let Sock::Stream(st, _) = s else {
+        unreachable!()
+    };
+    if flags & libc::MSG_OOB != 0 {
+        // No urgent data is kept inline or out of band over SDP yet: as TCP with none.
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    let f = ReadFlags {
+        peek: flags & libc::MSG_PEEK != 0,
+        waitall: flags & libc::MSG_WAITALL != 0,
+        dontwait: flags & libc::MSG_DONTWAIT != 0,
+    };
+    let _g = Internal::enter();
+    match st.read(fd, buf, f) {
+        Ok(n) => n as ssize_t,
+        Err(e) => fail(&e),
+    }
+}
+
+fn do_write(s: &Sock, fd: c_int, buf: &[u8], flags: c_int) -> ssize_t {
+    let Sock::Stream(st, _) = s else {
+        unreachable!()
+    };
+    let r = {
+        let _g = Internal::enter();
+        st.write(fd, buf, flags & libc::MSG_DONTWAIT != 0)
+    };
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(e) => {
+            if errno_of(&e) == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+                // SAFETY: raising a signal in the calling thread, as the kernel does for TCP.
+                unsafe { libc::raise(libc::SIGPIPE) };
+            }
+            fail(&e)
+        }
+    }
+}
+
+/// Scatter reads over `iov` as readv/recvmsg do: later buffers only while data is there.
+unsafe fn read_iov(s: &Sock, fd: c_int, iov: *const iovec, cnt: c_int, flags: c_int) -> ssize_t {
+    if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    let iovs: &[iovec] = if cnt == 0 || iov.is_null() {
+        &[]
+    } else {
+        // SAFETY: the caller passes `cnt` iovecs.
+        unsafe { std::slice::from_raw_parts(iov, cnt as usize) }
+    };
+    let mut total: ssize_t = 0;
+    for v in iovs {
+        if v.iov_len == 0 {
+            continue;
+        }
+        // SAFETY: each iovec describes the caller's writable buffer.
+        let buf = unsafe { std::slice::from_raw_parts_mut(v.iov_base.cast::<u8>(), v.iov_len) };
+        let f = if total > 0 {
+            flags | libc::MSG_DONTWAIT
+        } else {
+            flags
+        };
+        let n = do_read(s, fd, buf, f);
+        if n < 0 {
+            return if total > 0 { total } else { n };
+        }
+        total += n;
+        if (n as usize) < v.iov_len || flags & libc::MSG_PEEK != 0 {
+            break;
+        }
+    }
+    total
+}
+
+/// Gather writes from `iov` in order, as writev/sendmsg do.
+unsafe fn write_iov(s: &Sock, fd: c_int, iov: *const iovec, cnt: c_int, flags: c_int) -> ssize_t {
+    if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    let iovs: &[iovec] = if cnt == 0 || iov.is_null() {
+        &[]
+    } else {
+        // SAFETY: the caller passes `cnt` iovecs.
+        unsafe { std::slice::from_raw_parts(iov, cnt as usize) }
+    };
+    let mut total: ssize_t = 0;
+    for v in iovs {
+        if v.iov_len == 0 {
+            continue;
+        }
+        // SAFETY: each iovec describes the caller's readable buffer.
+        let buf = unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) };
+        let n = do_write(
+            s,
+            fd,
+            buf,
+            flags | if total > 0 { libc::MSG_NOSIGNAL } else { 0 },
+        );
+        if n < 0 {
+            return if total > 0 { total } else { n };
+        }
+        total += n;
+        if (n as usize) < v.iov_len {
+            break;
+        }
+    }
+    total
+}
+
+/// The caller's buffer as a slice (EFAULT for a null pointer with a length, as the kernel).
+unsafe fn buf_mut<'a>(p: *mut c_void, n: size_t) -> Option<&'a mut [u8]> {
+    if n == 0 {
+        return Some(&mut []);
+    }
+    if p.is_null() {
+        set_errno(libc::EFAULT);
+        return None;
+    }
+    // SAFETY: the caller passes a writable buffer of `n` bytes.
+    Some(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), n) })
+}
+
+unsafe fn buf_ref<'a>(p: *const c_void, n: size_t) -> Option<&'a [u8]> {
+    if n == 0 {
+        return Some(&[]);
+    }
+    if p.is_null() {
+        set_errno(libc::EFAULT);
+        return None;
+    }
+    // SAFETY: the caller passes a readable buffer of `n` bytes.
+    Some(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), n) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        // SAFETY: the caller's buffer.
+        return match unsafe { buf_mut(buf, n) } {
+            Some(b) => do_read(&s, fd, b, 0),
+            None => -1,
+        };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::read(fd, buf, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+) -> ssize_t {
+    if n > buflen {
+        // SAFETY: the real checker reports the overflow.
+        return unsafe { real::__read_chk(fd, buf, n, buflen) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { read(fd, buf, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        // SAFETY: the caller's buffer.
+        return match unsafe { buf_mut(buf, n) } {
+            Some(b) => do_read(&s, fd, b, flags),
+            None => -1,
+        };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::recv(fd, buf, n, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
+    if n > buflen {
+        // SAFETY: the real checker reports the overflow.
+        return unsafe { real::__recv_chk(fd, buf, n, buflen, flags) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { recv(fd, buf, n, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        // SAFETY: the caller's buffer.
+        let r = match unsafe { buf_mut(buf, n) } {
+            Some(b) => do_read(&s, fd, b, flags),
+            None => -1,
+        };
+        if r >= 0 && !addr.is_null() && !len.is_null() {
+            // A connected stream socket reports no source address.
+            // SAFETY: the caller's length pointer.
+            unsafe { *len = 0 };
+        }
+        return r;
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::recvfrom(fd, buf, n, flags, addr, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    if n > buflen {
+        // SAFETY: the real checker reports the overflow.
+        return unsafe { real::__recvfrom_chk(fd, buf, n, buflen, flags, addr, len) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { recvfrom(fd, buf, n, flags, addr, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        // SAFETY: the caller's iovecs.
+        return unsafe { read_iov(&s, fd, iov, cnt, 0) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::readv(fd, iov, cnt) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        if msg.is_null() {
+            set_errno(libc::EFAULT);
+            return -1;
+        }
+        // SAFETY: the caller's msghdr.
+        let m = unsafe { &mut *msg };
+        // SAFETY: the caller's iovecs.
+        let r = unsafe { read_iov(&s, fd, m.msg_iov, m.msg_iovlen as c_int, flags) };
+        if r >= 0 {
+            m.msg_namelen = 0;
+            m.msg_controllen = 0;
+            m.msg_flags = 0;
+        }
+        return r;
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::recvmsg(fd, msg, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        // SAFETY: the caller's buffer.
+        return match unsafe { buf_ref(buf, n) } {
+            Some(b) => do_write(&s, fd, b, 0),
+            None => -1,
+        };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::write(fd, buf, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        // SAFETY: the caller's buffer.
+        return match unsafe { buf_ref(buf, n) } {
+            Some(b) => do_write(&s, fd, b, flags),
+            None => -1,
+        };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::send(fd, buf, n, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        // A connected stream socket ignores the address, as TCP does.
+        // SAFETY: the caller's buffer.
+        return match unsafe { buf_ref(buf, n) } {
+            Some(b) => do_write(&s, fd, b, flags),
+            None => -1,
+        };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::sendto(fd, buf, n, flags, addr, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        // SAFETY: the caller's iovecs.
+        return unsafe { write_iov(&s, fd, iov, cnt, 0) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::writev(fd, iov, cnt) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        if msg.is_null() {
+            set_errno(libc::EFAULT);
+            return -1;
+        }
+        // SAFETY: the caller's msghdr.
+        let m = unsafe { &*msg };
+        // SAFETY: the caller's iovecs.
+        return unsafe { write_iov(&s, fd, m.msg_iov, m.msg_iovlen as c_int, flags) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::sendmsg(fd, msg, flags) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// shutdown, names, options, ioctl
+
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        let Sock::Stream(st, _) = &*s else {
+            unreachable!()
+        };
+        let how = match how {
+            libc::SHUT_RD => std::net::Shutdown::Read,
+            libc::SHUT_WR => std::net::Shutdown::Write,
+            libc::SHUT_RDWR => std::net::Shutdown::Both,
+            _ => {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+        };
+        let _g = Internal::enter();
+        return match st.shutdown(fd, how) {
+            Ok(()) => 0,
+            Err(e) => fail(&e),
+        };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::shutdown(fd, how) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        let Sock::Stream(st, _) = &*s else {
+            unreachable!()
+        };
+        let _g = Internal::enter();
+        return match st.local_addr() {
+            Ok(a) => {
+                // SAFETY: the caller's buffers.
+                unsafe { put_sockaddr(a, addr, len) };
+                0
+            }
+            Err(e) => fail(&e),
+        };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::getsockname(fd, addr, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        let Sock::Stream(st, _) = &*s else {
+            unreachable!()
+        };
+        let _g = Internal::enter();
+        return match st.peer_addr() {
+            Ok(a) => {
+                // SAFETY: the caller's buffers.
+                unsafe { put_sockaddr(a, addr, len) };
+                0
+            }
+            Err(e) => fail(&e),
+        };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::getpeername(fd, addr, len) }
+}
+
+mod opts;
+
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        let _g = Internal::enter();
+        // SAFETY: the caller's buffers.
+        return unsafe { opts::get(&s, fd, level, name, val, len) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::getsockopt(fd, level, name, val, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        let _g = Internal::enter();
+        // SAFETY: the caller's buffers.
+        return unsafe { opts::set(&s, fd, level, name, val, len) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::setsockopt(fd, level, name, val, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {
+    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+        let Sock::Stream(st, _) = &*s else {
+            unreachable!()
+        };
+        let v = match req {
+            libc::FIONREAD => {
+                let _g = Internal::enter();
+                st.info().map(|i| i.rx_queued)
+            }
+            libc::TIOCOUTQ => {
+                let _g = Internal::enter();
+                st.info().map(|i| i.tx_queued)
+            }
+            SIOCATMARK => Ok(0),
+            // FIONBIO, FIOASYNC and the rest act on the kernel file natively.
+            // SAFETY: forwards the caller's arguments.
+            _ => return unsafe { real::ioctl(fd, req, arg) },
+        };
+        return match v {
+            Ok(n) => {
+                let p = arg as *mut c_int;
+                if p.is_null() {
+                    set_errno(libc::EFAULT);
+                    return -1;
+                }
+                // SAFETY: these requests take a pointer to an int.
+                unsafe { *p = n.min(c_int::MAX as usize) as c_int };
+                0
+            }
+            Err(e) => fail(&e),
+        };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::ioctl(fd, req, arg) }
+}
+
+/// `SIOCATMARK` (linux/sockios.h), which the libc crate does not export.
+const SIOCATMARK: libc::c_ulong = 0x8905;

@@ -93,6 +93,67 @@ impl<S: BufStore> Conn<S> {
         Err(CallError::WouldBlock)
     }
 
+    /// Copy received bytes into `dst` without consuming them (MSG_PEEK): stops at a peer's
+    /// SrcAvail whose bytes have not been fetched. `Ok(0)` is end of stream; an error comes
+    /// only when no data is left to peek.
+    pub fn peek(&self, dst: &mut [u8]) -> Result<usize, CallError> {
+        if matches!(self.state, State::Connecting | State::Accepting) {
+            return Err(CallError::WouldBlock);
+        }
+        let mut copied = 0;
+        for item in &self.rx_queue {
+            if copied == dst.len() {
+                break;
+            }
+            match item {
+                RxItem::Data { buf, off, len, .. } => {
+                    let n = (*len as usize).min(dst.len() - copied);
+                    self.store.read(buf, *off, &mut dst[copied..copied + n]);
+                    copied += n;
+                }
+                RxItem::Src { advt } => {
+                    if !self.advts.src_exhausted(*advt) {
+                        break;
+                    }
+                }
+            }
+        }
+        if copied > 0 || dst.is_empty() {
+            return Ok(copied);
+        }
+        if let Some(e) = &self.error {
+            return Err(CallError::Conn(e.clone()));
+        }
+        if self.read_closed() {
+            return Ok(0);
+        }
+        Err(CallError::WouldBlock)
+    }
+
+    /// A read would return at once with data, end of stream or an error (not merely start
+    /// fetching a peer's SrcAvail): what a readiness fd reports as readable.
+    pub fn read_ready(&self) -> bool {
+        match self.state {
+            State::Connecting | State::Accepting => return false,
+            State::Closed | State::Disconnecting => return true,
+            State::Established => {}
+        }
+        if self.error.is_some() {
+            return true;
+        }
+        for item in &self.rx_queue {
+            match item {
+                RxItem::Data { .. } => return true,
+                RxItem::Src { advt } => {
+                    if !self.advts.src_exhausted(*advt) {
+                        return false;
+                    }
+                }
+            }
+        }
+        self.disconn_rcvd || self.shut_rd
+    }
+
     /// Take the urgent byte (MSG_OOB), if one arrived and was not read yet.
     pub fn read_urgent(&mut self) -> Option<u8> {
         self.urgent.take()

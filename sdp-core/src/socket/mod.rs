@@ -45,6 +45,7 @@
 //! parent fail with an error and closing them does nothing to the parent's connections; the
 //! child can open new streams. Every fd the socket layer makes is close-on-exec.
 
+pub mod app;
 mod listener;
 mod ready;
 mod runtime;

@@ -87,6 +87,139 @@ impl ReadyFd {
     }
 }
 
+/// What an application fd should report, derived from the connection under the runtime's lock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct AppState {
+    /// A read returns at once (data, EOF or an error).
+    pub readable: bool,
+    /// Stream bytes received so far: each new arrival gives a new edge.
+    pub rx_total: u64,
+    /// A write would not block.
+    pub writable: bool,
+    /// The peer shut its write half (POLLRDHUP, reads return EOF after the data).
+    pub rdhup: bool,
+    /// Both halves are done (POLLHUP).
+    pub hup: bool,
+    /// The connection failed (POLLERR).
+    pub err: bool,
+}
+
+/// The readiness pair of a socket whose `user` end *is* the application's socket fd (the
+/// LD_PRELOAD shim's "app fd" mode): the runtime keeps only its own end, so the application's
+/// dups, forks and closes act on a real kernel file, and poll/select/epoll in every mode see
+/// the socket's state natively.
+///
+/// * readable: token bytes wait in the user end's receive queue. A new token is sent for every
+///   new arrival of data, so edge-triggered epoll sees an edge per arrival as with TCP; tokens
+///   are taken back (read from the user end) only by an application call on the user fd, under
+///   the runtime's lock, when the socket is not readable any more.
+/// * writable: the user end's send buffer has room; made unwritable by filling it from the user
+///   end (an application call), made writable by draining our end (anyone). One "primer" byte
+///   stays in our end's queue for good, so that closing our end resets the user end
+///   (ECONNRESET, POLLERR), which is how a failed connection is shown.
+/// * rdhup: our end's write half is shut (EOF and POLLRDHUP on the user end).
+/// * hup: both halves of our end are shut (POLLHUP).
+#[derive(Debug)]
+pub(crate) struct AppReady {
+    ours: Option<OwnedFd>,
+    tokens: bool,
+    rx_seen: u64,
+    writable: bool,
+    rdhup: bool,
+    hup: bool,
+}
+
+impl AppReady {
+    /// A new pair: the user end for the application (blocking unless `nonblocking`,
+    /// close-on-exec if `cloexec`), and the runtime's state.
+    pub(crate) fn new(nonblocking: bool, cloexec: bool) -> io::Result<(AppReady, OwnedFd)> {
+        let (user, ours) = sys::socketpair()?;
+        // A small send buffer, so a few writes fill it; room for the primer byte.
+        sys::setsockopt_int(user.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, 16384)?;
+        sys::send_nb(user.as_raw_fd(), &[0])?;
+        sys::set_fd_flags(user.as_raw_fd(), nonblocking, cloexec)?;
+        Ok((
+            AppReady {
+                ours: Some(ours),
+                tokens: false,
+                rx_seen: 0,
+                writable: true,
+                rdhup: false,
+                hup: false,
+            },
+            user,
+        ))
+    }
+
+    /// Bring the user end to `st`. `user` is the application's fd when an application call
+    /// holds it (needed to take tokens back and to fill the send buffer); the progress thread
+    /// passes `None` and only makes the fd *more* ready.
+    pub(crate) fn update(&mut self, st: AppState, user: Option<RawFd>) {
+        let Some(ours) = self.ours.as_ref().map(|o| o.as_raw_fd()) else {
+            return;
+        };
+        if st.err {
+            // Closing our end with the primer unread resets the user end.
+            self.ours = None;
+            return;
+        }
+        if st.hup && !self.hup {
+            self.hup = true;
+            let _ = sys::shutdown(ours, libc::SHUT_RDWR);
+            return;
+        }
+        if self.hup {
+            return;
+        }
+        if st.rdhup && !self.rdhup {
+            self.rdhup = true;
+            let _ = sys::shutdown(ours, libc::SHUT_WR);
+        }
+        if st.readable {
+            if !self.rdhup && (!self.tokens || st.rx_total != self.rx_seen) {
+                let _ = sys::send_nb(ours, &[1]);
+            }
+            self.tokens = true;
+            self.rx_seen = st.rx_total;
+        } else if self.tokens {
+            if let Some(u) = user {
+                let mut b = [0u8; 256];
+                while sys::recv_nb(u, &mut b).unwrap_or(0) > 0 {}
+                self.tokens = false;
+            }
+        }
+        if st.writable && !self.writable {
+            drain_keeping_one(ours);
+            self.writable = true;
+        } else if !st.writable && self.writable {
+            if let Some(u) = user {
+                let b = [0u8; 1024];
+                for _ in 0..4096 {
+                    if sys::send_nb(u, &b).unwrap_or(0) == 0 {
+                        break;
+                    }
+                }
+                self.writable = false;
+            }
+        }
+    }
+}
+
+/// Read everything queued on `fd` but its first byte (the primer).
+fn drain_keeping_one(fd: RawFd) {
+    let mut b = [0u8; 4096];
+    loop {
+        let queued = sys::inq(fd).unwrap_or(0);
+        if queued <= 1 {
+            return;
+        }
+        let n = (queued - 1).min(b.len());
+        if sys::recv_nb(fd, &mut b[..n]).unwrap_or(0) == 0 {
+            return;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

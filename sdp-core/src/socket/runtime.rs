@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use super::ready::ReadyFd;
+use super::ready::{AppReady, AppState, ReadyFd};
 use super::sys;
 use crate::driver::{Driver, ListenerId};
 use crate::proto::conn::CallError;
@@ -173,6 +173,22 @@ pub(crate) trait StackOps: Send + Sync {
     fn take_error(&self, id: ConnId) -> io::Result<Option<io::Error>>;
     fn conn_count(&self) -> usize;
     fn registered_bytes(&self) -> usize;
+
+    // The application-fd mode of the LD_PRELOAD shim (see `socket::app`). Each call is one
+    // nonblocking attempt; `user` is the application's fd (the readiness pair's user end).
+    /// Make the connection's readiness pair with the user end as the application's fd.
+    fn app_attach(&self, id: ConnId, nonblocking: bool, cloexec: bool) -> io::Result<OwnedFd>;
+    /// Read (or peek) without blocking; on WouldBlock the user fd is left unreadable.
+    fn app_read(&self, id: ConnId, user: RawFd, buf: &mut [u8], peek: bool) -> io::Result<usize>;
+    /// Write without blocking (partial writes allowed); on WouldBlock the user fd is left
+    /// unwritable.
+    fn app_write(&self, id: ConnId, user: RawFd, buf: &[u8]) -> io::Result<usize>;
+    /// Shut down a half and bring the user fd up to date.
+    fn app_shutdown(&self, id: ConnId, user: RawFd, how: Shutdown) -> io::Result<()>;
+    /// Counters and state for TCP_INFO, FIONREAD, SIOCOUTQ and reports.
+    fn app_info(&self, id: ConnId) -> io::Result<super::app::AppInfo>;
+    /// Ring `bell` with the number of connections ready to accept whenever it changes.
+    fn set_listener_bell(&self, l: ListenerId, bell: Bell) -> io::Result<()>;
 }
 
 /// How [`StackOps::send_registered_async`] started.
@@ -208,13 +224,21 @@ struct Sock {
     zbacklog: VecDeque<u8>,
     /// The error reported by `take_error` (SO_ERROR) is taken once.
     error_taken: bool,
+    /// The application's socket fd is our readiness pair's user end (LD_PRELOAD shim).
+    app: Option<AppReady>,
 }
 
 struct LSock {
     /// Connections the driver accepted and the application did not take yet.
     pending: VecDeque<ConnId>,
     ready: ReadyFd,
+    /// Told how many connections are ready to accept whenever that is recomputed (the shim's
+    /// doorbell for a listener whose application fd is a kernel TCP socket).
+    bell: Option<Bell>,
 }
+
+/// See [`LSock::bell`].
+pub(crate) type Bell = Arc<dyn Fn(usize) + Send + Sync>;
 
 struct Inner<P: Provider> {
     driver: Driver<P>,
@@ -550,12 +574,19 @@ impl<P: Provider + 'static> Shared<P> {
                 ls.pending.push_back(id);
                 socks.insert(id, Sock::default());
             }
-            let readable = ls.pending.iter().any(|&id| {
-                driver
-                    .conn(id)
-                    .is_some_and(|c| c.state() != State::Accepting)
-            });
-            ls.ready.set(readable, false, false);
+            let ready = ls
+                .pending
+                .iter()
+                .filter(|&&id| {
+                    driver
+                        .conn(id)
+                        .is_some_and(|c| c.state() != State::Accepting)
+                })
+                .count();
+            ls.ready.set(ready > 0, false, false);
+            if let Some(b) = &ls.bell {
+                b(ready);
+            }
         }
         for (&id, s) in socks.iter_mut() {
             for ev in driver.take_events(id) {
@@ -620,6 +651,7 @@ fn settle_zsends<P: Provider>(driver: &mut Driver<P>, now: Instant, id: ConnId, 
 }
 
 fn refresh_sock<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut Sock) {
+    refresh_app(driver, id, s, None);
     let Some(r) = s.ready.as_mut() else {
         return;
     };
@@ -632,10 +664,40 @@ fn refresh_sock<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut Sock) {
     }
 }
 
+/// What an application fd of the connection should report.
+fn app_state<P: Provider>(driver: &Driver<P>, id: ConnId) -> AppState {
+    match driver.conn(id) {
+        Some(c) => AppState {
+            readable: c.read_ready(),
+            rx_total: c.stats.data_bytes_rcvd,
+            writable: c.is_writable(),
+            rdhup: c.read_closed() || c.state() == State::Closed,
+            hup: c.state() == State::Closed && c.error().is_none()
+                || (c.read_closed() && c.write_closed()),
+            err: c.error().is_some() && c.read_closed(),
+        },
+        None => AppState {
+            readable: true,
+            writable: true,
+            rdhup: true,
+            hup: true,
+            ..AppState::default()
+        },
+    }
+}
+
+/// Bring a socket's application fd up to date; `user` when an application call holds it.
+fn refresh_app<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut Sock, user: Option<RawFd>) {
+    if let Some(a) = s.app.as_mut() {
+        a.update(app_state(driver, id), user);
+    }
+}
+
 /// Longest a stopped runtime keeps running so its closing connections finish in order.
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
 fn progress_thread<P: Provider + 'static>(sh: Arc<Shared<P>>, notify: Option<RawFd>) {
+    super::app::run_thread_start_hook();
     let mut stopped_at: Option<std::time::Instant> = None;
     loop {
         let deadline = {
@@ -731,6 +793,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             LSock {
                 pending: VecDeque::new(),
                 ready: ReadyFd::new()?,
+                bell: None,
             },
         );
         // Make the listener's readiness fd unwritable: only POLLIN means something.
@@ -1113,6 +1176,127 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     fn conn_count(&self) -> usize {
         self.lock().map_or(0, |g| g.driver.conn_count())
     }
+    fn app_attach(&self, id: ConnId, nonblocking: bool, cloexec: bool) -> io::Result<OwnedFd> {
+        let mut g = self.lock()?;
+        let Inner { driver, socks, .. } = &mut *g;
+        let s = socks
+            .get_mut(&id)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        if s.app.is_some() {
+            return Err(io::Error::from_raw_os_error(libc::EEXIST));
+        }
+        let (app, user) = AppReady::new(nonblocking, cloexec)?;
+        s.app = Some(app);
+        refresh_app(driver, id, s, Some(user.as_raw_fd()));
+        Ok(user)
+    }
+
+    fn app_read(&self, id: ConnId, user: RawFd, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+        let mut g = self.lock()?;
+        let mut stepped = false;
+        loop {
+            let now = self.now();
+            let Inner { driver, socks, .. } = &mut *g;
+            let s = socks
+                .get_mut(&id)
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+            let r = if peek {
+                match driver.conn(id) {
+                    Some(c) => c.peek(buf),
+                    None => Err(CallError::Conn(ConnError::Reset)),
+                }
+            } else {
+                driver.read(now, id, buf)
+            };
+            match r {
+                Err(CallError::WouldBlock) if !stepped => {
+                    stepped = true;
+                    if self.sh.step(&mut g) > 0 {
+                        self.sh.cond.notify_all();
+                    }
+                    continue;
+                }
+                r => {
+                    refresh_app(driver, id, s, Some(user));
+                    return r.map_err(io_err);
+                }
+            }
+        }
+    }
+
+    fn app_write(&self, id: ConnId, user: RawFd, buf: &[u8]) -> io::Result<usize> {
+        let mut g = self.lock()?;
+        let mut stepped = false;
+        loop {
+            let now = self.now();
+            if !Self::zsends_settled(&mut g, now, id) {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let Inner { driver, socks, .. } = &mut *g;
+            let s = socks
+                .get_mut(&id)
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+            match driver.write(now, id, buf) {
+                Err(CallError::WouldBlock) if !stepped => {
+                    stepped = true;
+                    if self.sh.step(&mut g) > 0 {
+                        self.sh.cond.notify_all();
+                    }
+                    continue;
+                }
+                r => {
+                    refresh_app(driver, id, s, Some(user));
+                    return r.map_err(io_err);
+                }
+            }
+        }
+    }
+
+    fn app_shutdown(&self, id: ConnId, user: RawFd, how: Shutdown) -> io::Result<()> {
+        let mut g = self.lock()?;
+        let now = self.now();
+        let Inner { driver, socks, .. } = &mut *g;
+        let s = socks
+            .get_mut(&id)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        let r = driver.shutdown(now, id, how).map_err(io_err);
+        refresh_app(driver, id, s, Some(user));
+        r
+    }
+
+    fn app_info(&self, id: ConnId) -> io::Result<super::app::AppInfo> {
+        let g = self.lock()?;
+        let c = g
+            .driver
+            .conn(id)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        Ok(super::app::AppInfo {
+            state: c.state(),
+            rx_queued: c.rx_queued_bytes(),
+            tx_queued: c.tx_queued_bytes(),
+            bytes_in: c.stats.data_bytes_rcvd,
+            bytes_out: c.stats.data_bytes_sent,
+            zcopy_bytes: c.stats.zcopy_read_bytes
+                + c.stats.zcopy_write_bytes
+                + c.stats.zcopy_send_bytes,
+            credits: c.tx_credits(),
+            send_size: c.send_size(),
+            read_closed: c.read_closed(),
+            write_closed: c.write_closed(),
+            error: c.error().map(|e| e.errno()),
+        })
+    }
+
+    fn set_listener_bell(&self, l: ListenerId, bell: Bell) -> io::Result<()> {
+        let mut g = self.lock()?;
+        let ls = g
+            .lsocks
+            .get_mut(&l)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        ls.bell = Some(bell);
+        Ok(())
+    }
+
     fn registered_bytes(&self) -> usize {
         self.lock().map_or(0, |g| g.driver.registered_bytes())
     }

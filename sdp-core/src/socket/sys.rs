@@ -170,7 +170,7 @@ pub(crate) fn local_ips() -> Vec<std::net::IpAddr> {
 }
 
 /// `sockaddr_storage` for `a`, and its length.
-fn sockaddr_of(a: std::net::SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+pub(crate) fn sockaddr_of(a: std::net::SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: sockaddr_storage is plain data; all zeroes is a valid (unspecified) value.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match a {
@@ -261,4 +261,145 @@ pub(crate) fn tcp_connect_from(
     let s = std::net::TcpStream::from(fd);
     s.set_nonblocking(false)?;
     Ok(s)
+}
+
+/// Set or clear O_NONBLOCK and FD_CLOEXEC on an fd.
+pub(crate) fn set_fd_flags(fd: RawFd, nonblocking: bool, cloexec: bool) -> io::Result<()> {
+    // SAFETY: fcntl on an fd the caller owns, with integer arguments only.
+    let fl = syscall!(fcntl(fd, libc::F_GETFL))?;
+    let want = if nonblocking {
+        fl | libc::O_NONBLOCK
+    } else {
+        fl & !libc::O_NONBLOCK
+    };
+    if want != fl {
+        // SAFETY: as above.
+        syscall!(fcntl(fd, libc::F_SETFL, want))?;
+    }
+    // SAFETY: as above.
+    syscall!(fcntl(
+        fd,
+        libc::F_SETFD,
+        if cloexec { libc::FD_CLOEXEC } else { 0 }
+    ))?;
+    Ok(())
+}
+
+/// Bytes queued for reading on a socket (SIOCINQ).
+pub(crate) fn inq(fd: RawFd) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer to a live local.
+    syscall!(ioctl(fd, libc::FIONREAD, &mut n as *mut libc::c_int))?;
+    Ok(n.max(0) as usize)
+}
+
+/// Block until `fd` (a socket) has a byte to read or is at EOF, honouring the file's
+/// O_NONBLOCK, SO_RCVTIMEO, signals and SA_RESTART exactly as a read on it would, without
+/// taking anything (MSG_PEEK). `extra` adds flags (MSG_DONTWAIT).
+pub(crate) fn wait_readable(fd: RawFd, extra: i32) -> io::Result<()> {
+    let mut b = [0u8; 1];
+    // SAFETY: receives at most one byte into a live local buffer.
+    syscall!(recv(fd, b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | extra))?;
+    Ok(())
+}
+
+/// Block until `fd` (a socket) has room to send, honouring O_NONBLOCK, SO_SNDTIMEO, signals
+/// and SA_RESTART as a write on it would: sends one filler byte once there is room.
+pub(crate) fn wait_writable(fd: RawFd, extra: i32) -> io::Result<()> {
+    let b = [0u8; 1];
+    // SAFETY: sends one byte from a live local buffer.
+    syscall!(send(fd, b.as_ptr().cast(), 1, libc::MSG_NOSIGNAL | extra))?;
+    Ok(())
+}
+
+/// A nonblocking, close-on-exec kernel TCP socket bound to `src`.
+pub(crate) fn tcp_socket_bound(src: std::net::SocketAddr) -> io::Result<OwnedFd> {
+    let family = if src.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    let fd = syscall!(socket(
+        family,
+        libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+        0
+    ))?;
+    // SAFETY: the fd was just returned by socket() and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let (sa, len) = sockaddr_of(src);
+    // SAFETY: `sa` is a valid sockaddr of `len` bytes for the socket's family.
+    syscall!(bind(
+        fd.as_raw_fd(),
+        &sa as *const _ as *const libc::sockaddr,
+        len
+    ))?;
+    Ok(fd)
+}
+
+/// Start a nonblocking connect (EINPROGRESS counts as started).
+pub(crate) fn connect_nb(fd: RawFd, dst: std::net::SocketAddr) -> io::Result<()> {
+    let (da, dlen) = sockaddr_of(dst);
+    // SAFETY: `da` is a valid sockaddr of `dlen` bytes.
+    match syscall!(connect(fd, &da as *const _ as *const libc::sockaddr, dlen)) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A socket's local address (getsockname).
+pub(crate) fn local_addr_of(fd: RawFd) -> io::Result<std::net::SocketAddr> {
+    // SAFETY: an all-zero sockaddr_storage is a valid value.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `ss` and `len` are live and describe the storage's size.
+    syscall!(getsockname(
+        fd,
+        &mut ss as *mut _ as *mut libc::sockaddr,
+        &mut len
+    ))?;
+    sockaddr_to(&ss).ok_or_else(|| io::Error::from_raw_os_error(libc::EAFNOSUPPORT))
+}
+
+/// A socket address from a sockaddr_storage (AF_INET / AF_INET6).
+pub(crate) fn sockaddr_to(ss: &libc::sockaddr_storage) -> Option<std::net::SocketAddr> {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+    match ss.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let a: &libc::sockaddr_in = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let a: &libc::sockaddr_in6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// SO_LINGER {on, 0}: close resets the connection instead of leaving TIME_WAIT.
+pub(crate) fn set_linger_zero(fd: RawFd) -> io::Result<()> {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: passes a live linger struct and its size.
+    syscall!(setsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_LINGER,
+        (&l as *const libc::linger).cast(),
+        std::mem::size_of::<libc::linger>() as libc::socklen_t
+    ))?;
+    Ok(())
 }

@@ -1,0 +1,421 @@
+//! Application-fd mode: SDP sockets whose file descriptor is a real kernel file, for the
+//! LD_PRELOAD shim (`sdp-preload`) and any program that wants TCP's fd semantics exactly.
+//!
+//! An [`AppStream`]'s fd is the user end of an AF_UNIX stream pair that the runtime drives to
+//! the connection's state (see `ready::AppReady`): readable when a read would return, writable
+//! when a write would not block, POLLRDHUP after the peer's FIN, POLLHUP when both halves are
+//! done, POLLERR (ECONNRESET) when the connection failed. So poll, select, epoll in every mode,
+//! dup, fork, fd passing, FD_CLOEXEC, O_NONBLOCK and F_SETOWN act on a kernel file natively.
+//! The stream's bytes do not pass through that file: reads and writes are made on the SDP
+//! connection by [`AppStream::read`] / [`AppStream::write`], which block *in the kernel* on the
+//! fd (a `MSG_PEEK` receive, a one-byte send) when they must wait, so O_NONBLOCK, SO_RCVTIMEO,
+//! SO_SNDTIMEO, signals and SA_RESTART behave as they do for a TCP socket.
+//!
+//! An [`AppListener`] serves a kernel TCP listening socket the application owns: SDP clients
+//! are accepted on the same address, and each one ready to be accepted is announced by a
+//! *doorbell*, a loopback TCP connection to the listener, so the listener's own fd polls
+//! readable; [`AppListener::take`] recognises a doorbell among accepted connections and hands
+//! out the SDP connection instead.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use super::stack::{Options, Stack};
+use super::sys;
+use super::Transport;
+use crate::driver::ListenerId;
+use crate::proto::table::ConnId;
+use crate::proto::{Shutdown, State};
+
+static THREAD_START: OnceLock<fn()> = OnceLock::new();
+
+/// Run `f` at the start of every thread the socket layer starts (its progress threads), before
+/// anything else there. The shim uses it to mark those threads as its own, so their system
+/// calls go straight to libc. Only the first call takes effect.
+pub fn set_thread_start_hook(f: fn()) {
+    let _ = THREAD_START.set(f);
+}
+
+pub(crate) fn run_thread_start_hook() {
+    if let Some(f) = THREAD_START.get() {
+        f();
+    }
+}
+
+/// A connection's state and counters (TCP_INFO, FIONREAD, SIOCOUTQ, reports).
+#[derive(Debug, Clone)]
+pub struct AppInfo {
+    pub state: State,
+    /// Bytes received and not read yet (FIONREAD).
+    pub rx_queued: usize,
+    /// Bytes written and not acknowledged yet (SIOCOUTQ).
+    pub tx_queued: usize,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// Bytes that went by zero copy (either way).
+    pub zcopy_bytes: u64,
+    /// Send credits (peer receive buffers) available now.
+    pub credits: u32,
+    /// The largest message the peer receives.
+    pub send_size: u32,
+    pub read_closed: bool,
+    pub write_closed: bool,
+    /// The connection's error, as errno.
+    pub error: Option<i32>,
+}
+
+/// Flags of a read: `MSG_PEEK`, `MSG_WAITALL`, `MSG_DONTWAIT`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReadFlags {
+    pub peek: bool,
+    pub waitall: bool,
+    pub dontwait: bool,
+}
+
+/// An SDP connection whose application fd is a kernel file (see the module docs). Dropping it
+/// closes the connection as `close(2)` closes a TCP socket.
+pub struct AppStream {
+    stack: Stack,
+    id: ConnId,
+}
+
+impl std::fmt::Debug for AppStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AppStream({}, {:?})", self.stack.transport(), self.id)
+    }
+}
+
+impl Drop for AppStream {
+    fn drop(&mut self) {
+        self.stack.0.close(self.id);
+    }
+}
+
+/// Errors after which a connector should use kernel TCP: the peer or the path does not do SDP
+/// (nobody listens over SDP there, no device or route, the peer refused us).
+pub fn falls_back(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ECONNREFUSED | libc::ENETUNREACH | libc::EHOSTUNREACH | libc::EADDRNOTAVAIL)
+    ) || e.raw_os_error().is_none()
+}
+
+/// `MSG_DONTWAIT` when asked.
+fn dontwait(on: bool) -> i32 {
+    if on {
+        libc::MSG_DONTWAIT
+    } else {
+        0
+    }
+}
+
+impl AppStream {
+    /// Connect over SDP (the stack [`Options`] picks for `addr`) and make the application fd.
+    /// Errors for which [`falls_back`] holds mean: use kernel TCP.
+    pub fn connect(
+        addr: SocketAddr,
+        opts: &Options,
+        nonblocking: bool,
+        cloexec: bool,
+    ) -> io::Result<(AppStream, OwnedFd)> {
+        let stack = match opts.stack_for(addr.ip())? {
+            Some(s) => s,
+            None => return Err(io::Error::from_raw_os_error(libc::ENETUNREACH)),
+        };
+        let id = stack.0.connect(addr, opts.connect_timeout)?;
+        let s = AppStream { stack, id };
+        let fd = s.stack.0.app_attach(id, nonblocking, cloexec)?;
+        Ok((s, fd))
+    }
+
+    pub(crate) fn accepted(
+        stack: Stack,
+        id: ConnId,
+        nonblocking: bool,
+        cloexec: bool,
+    ) -> io::Result<(AppStream, OwnedFd)> {
+        let s = AppStream { stack, id };
+        let fd = s.stack.0.app_attach(id, nonblocking, cloexec)?;
+        Ok((s, fd))
+    }
+
+    /// What carries the stream.
+    pub fn transport(&self) -> Transport {
+        self.stack.transport()
+    }
+
+    /// Read into `buf` as `recv(2)` on a TCP socket would; `fd` is the stream's application
+    /// fd (any dup of it), on which a blocking call waits.
+    pub fn read(&self, fd: RawFd, buf: &mut [u8], flags: ReadFlags) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let mut got = 0;
+        loop {
+            match self
+                .stack
+                .0
+                .app_read(self.id, fd, &mut buf[got..], flags.peek)
+            {
+                Ok(0) => return Ok(got),
+                Ok(n) => {
+                    got += n;
+                    if !flags.waitall || flags.peek || got == buf.len() {
+                        return Ok(got);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if let Err(e) = sys::wait_readable(fd, dontwait(flags.dontwait)) {
+                        if got > 0 {
+                            return Ok(got);
+                        }
+                        match e.raw_os_error() {
+                            // The runtime closed its end: the connection failed; its own
+                            // error (after any data) comes from the next attempt.
+                            Some(libc::ECONNRESET) => continue,
+                            _ => return Err(e),
+                        }
+                    }
+                }
+                Err(e) => return if got > 0 { Ok(got) } else { Err(e) },
+            }
+        }
+    }
+
+    /// Write `buf` as `send(2)` on a TCP socket would: a blocking call returns once every byte
+    /// is queued (or a signal or SO_SNDTIMEO cut it short after some went).
+    pub fn write(&self, fd: RawFd, buf: &[u8], dontwait_flag: bool) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let mut done = 0;
+        let mut waited_err = false;
+        loop {
+            match self.stack.0.app_write(self.id, fd, &buf[done..]) {
+                Ok(n) => {
+                    done += n;
+                    if done == buf.len() {
+                        return Ok(done);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if waited_err {
+                        return if done > 0 { Ok(done) } else { Err(e) };
+                    }
+                    if let Err(e) = sys::wait_writable(fd, dontwait(dontwait_flag)) {
+                        if done > 0 {
+                            return Ok(done);
+                        }
+                        match e.raw_os_error() {
+                            // Our end is gone (the connection failed): its error comes from
+                            // the next attempt.
+                            Some(libc::EPIPE | libc::ECONNRESET) => waited_err = true,
+                            _ => return Err(e),
+                        }
+                    }
+                }
+                Err(e) => return if done > 0 { Ok(done) } else { Err(e) },
+            }
+        }
+    }
+
+    pub fn shutdown(&self, fd: RawFd, how: std::net::Shutdown) -> io::Result<()> {
+        let how = match how {
+            std::net::Shutdown::Read => Shutdown::Read,
+            std::net::Shutdown::Write => Shutdown::Write,
+            std::net::Shutdown::Both => Shutdown::Both,
+        };
+        self.stack.0.app_shutdown(self.id, fd, how)
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.stack.0.addrs(self.id).map(|a| a.0)
+    }
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.stack.0.addrs(self.id).map(|a| a.1)
+    }
+    /// SO_ERROR: the connection's error, once.
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        self.stack.0.take_error(self.id)
+    }
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        self.stack.0.set_nodelay(self.id, on)
+    }
+    pub fn set_send_buffer_size(&self, bytes: usize) -> io::Result<()> {
+        self.stack.0.set_sndbuf(self.id, bytes.max(1))
+    }
+    pub fn send_buffer_size(&self) -> io::Result<usize> {
+        self.stack.0.sndbuf(self.id)
+    }
+    pub fn info(&self) -> io::Result<AppInfo> {
+        self.stack.0.app_info(self.id)
+    }
+}
+
+/// Doorbells rung and not yet taken, by their local address.
+#[derive(Default)]
+struct Bells {
+    rung: HashMap<SocketAddr, OwnedFd>,
+    /// Rung and not yet taken (or dropped).
+    outstanding: usize,
+}
+
+struct BellShared {
+    target: SocketAddr,
+    bells: Mutex<Bells>,
+}
+
+impl BellShared {
+    /// Make sure there are at least `ready` doorbells outstanding.
+    fn ring_to(&self, ready: usize) {
+        let mut b = self.bells.lock();
+        while b.outstanding < ready {
+            match ring(self.target) {
+                Ok((local, fd)) => {
+                    b.rung.insert(local, fd);
+                    b.outstanding += 1;
+                }
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// A nonblocking loopback connect to `target` from a bound local address.
+fn ring(target: SocketAddr) -> io::Result<(SocketAddr, OwnedFd)> {
+    let src = SocketAddr::new(target.ip(), 0);
+    let fd = sys::tcp_socket_bound(src)?;
+    let local = sys::local_addr_of(fd.as_raw_fd())?;
+    sys::connect_nb(fd.as_raw_fd(), target)?;
+    Ok((local, fd))
+}
+
+/// SDP listeners beside an application's kernel TCP listening socket (see the module docs).
+pub struct AppListener {
+    sdp: Vec<(Stack, ListenerId)>,
+    shared: Arc<BellShared>,
+}
+
+impl std::fmt::Debug for AppListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppListener")
+            .field("target", &self.shared.target)
+            .field(
+                "sdp",
+                &self.sdp.iter().map(|s| s.0.transport()).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Drop for AppListener {
+    fn drop(&mut self) {
+        for (stack, l) in &self.sdp {
+            stack.0.close_listener(*l);
+        }
+    }
+}
+
+impl AppListener {
+    /// Listen over SDP on the address of `tcp_fd`, a kernel TCP socket already listening.
+    pub fn new(tcp_fd: RawFd, backlog: u32, opts: &Options) -> io::Result<AppListener> {
+        let local = sys::local_addr_of(tcp_fd)?;
+        let target = match local.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() => {
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), local.port())
+            }
+            IpAddr::V6(ip) if ip.is_unspecified() => {
+                SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), local.port())
+            }
+            _ => local,
+        };
+        let shared = Arc::new(BellShared {
+            target,
+            bells: Mutex::new(Bells::default()),
+        });
+        let mut sdp = Vec::new();
+        let mut errs = Vec::new();
+        for s in opts.listen_stacks(local)? {
+            match s.0.listen(local, backlog.max(1)) {
+                Ok(l) => {
+                    let sh = shared.clone();
+                    s.0.set_listener_bell(l, Arc::new(move |n| sh.ring_to(n)))?;
+                    sdp.push((s, l));
+                }
+                Err(e) => errs.push(format!("{}: {e}", s.transport())),
+            }
+        }
+        if sdp.is_empty() {
+            return Err(io::Error::other(errs.join("; ")));
+        }
+        Ok(AppListener { sdp, shared })
+    }
+
+    /// The SDP transports listening.
+    pub fn transports(&self) -> Vec<Transport> {
+        self.sdp.iter().map(|(s, _)| s.transport()).collect()
+    }
+
+    /// Whether a connection accepted from the TCP listener, coming from `peer`, is one of our
+    /// doorbells. If so it is consumed: the caller closes the accepted fd (with
+    /// [`AppListener::close_doorbell`]) and calls [`AppListener::take`].
+    pub fn is_doorbell(&self, peer: SocketAddr) -> bool {
+        let mut b = self.shared.bells.lock();
+        if b.rung.remove(&peer).is_some() {
+            b.outstanding = b.outstanding.saturating_sub(1);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Close an accepted doorbell connection without leaving TIME_WAIT behind.
+    pub fn close_doorbell(fd: OwnedFd) {
+        let _ = sys::set_linger_zero(fd.as_raw_fd());
+        drop(fd);
+    }
+
+    /// Take an SDP connection that is ready to be accepted, if any, with its application fd.
+    pub fn take(
+        &self,
+        nonblocking: bool,
+        cloexec: bool,
+    ) -> Option<io::Result<(AppStream, OwnedFd, SocketAddr)>> {
+        for (stack, l) in &self.sdp {
+            let w = super::runtime::Wait {
+                nonblocking: true,
+                ..Default::default()
+            };
+            match stack.0.accept(*l, w) {
+                Ok(id) => {
+                    return Some(
+                        AppStream::accepted(stack.clone(), id, nonblocking, cloexec).and_then(
+                            |(s, fd)| {
+                                let peer = s.peer_addr()?;
+                                Ok((s, fd, peer))
+                            },
+                        ),
+                    );
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        None
+    }
+}
+
+/// `sockaddr_storage` for an address, and its length (for the shim's address arguments).
+pub fn to_sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    sys::sockaddr_of(a)
+}
+
+/// The address in a `sockaddr_storage` (AF_INET or AF_INET6 only).
+pub fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    sys::sockaddr_to(ss)
+}

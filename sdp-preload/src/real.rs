@@ -1,0 +1,82 @@
+//! The real libc functions, found with `dlsym(RTLD_NEXT)` on first use.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Look up `name` (NUL-terminated) in the libraries after this one.
+pub(crate) fn lookup(name: &[u8]) -> usize {
+    // SAFETY: `name` is a NUL-terminated symbol name; dlsym only reads it.
+    unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()) as usize }
+}
+
+/// Resolve once and cache in `slot`.
+#[inline]
+pub(crate) fn cached(slot: &AtomicUsize, name: &[u8]) -> usize {
+    let p = slot.load(Ordering::Relaxed);
+    if p != 0 {
+        return p;
+    }
+    let p = lookup(name);
+    if p == 0 {
+        // Without the real function nothing can work: say so and stop.
+        let msg = b"sdp-preload: a libc function is missing\n";
+        // SAFETY: writes a static buffer to stderr.
+        unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+        // SAFETY: abort never returns.
+        unsafe { libc::abort() };
+    }
+    slot.store(p, Ordering::Relaxed);
+    p
+}
+
+/// Declare `real::NAME(args) -> ret`, calling the next definition of the C function `NAME`.
+macro_rules! real_fns {
+    ($( fn $name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty; )*) => {
+        $(
+            #[allow(clippy::missing_safety_doc)]
+            #[inline]
+            pub(crate) unsafe fn $name($($arg: $ty),*) -> $ret {
+                static SLOT: AtomicUsize = AtomicUsize::new(0);
+                let p = cached(&SLOT, concat!(stringify!($name), "\0").as_bytes());
+                // SAFETY: `p` is the address of the C function of this name and signature.
+                let f: unsafe extern "C" fn($($ty),*) -> $ret = unsafe { std::mem::transmute(p) };
+                // SAFETY: the caller passes the arguments the C function expects.
+                unsafe { f($($arg),*) }
+            }
+        )*
+    };
+}
+
+use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
+
+real_fns! {
+    fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int;
+    fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+    fn listen(fd: c_int, backlog: c_int) -> c_int;
+    fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+    fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;
+    fn close(fd: c_int) -> c_int;
+    fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
+    fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
+    fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+    fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+    fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t;
+    fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
+    fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t;
+    fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t;
+    fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t;
+    fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t;
+    fn shutdown(fd: c_int, how: c_int) -> c_int;
+    fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+    fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+    fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
+    fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
+    fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int;
+    fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int;
+    fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int;
+    fn dup(fd: c_int) -> c_int;
+    fn dup2(old: c_int, new: c_int) -> c_int;
+    fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
+    fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t;
+    fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t;
+    fn __recvfrom_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
+}

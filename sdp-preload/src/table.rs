@@ -1,0 +1,75 @@
+//! The sockets the shim owns, by fd number. A call on any other fd costs one relaxed atomic
+//! load (no lock, no allocation) before it goes to libc.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use sdp_core::socket::app::{AppListener, AppStream};
+
+/// fds at or above this are never taken over (they stay kernel TCP).
+pub(crate) const MAX_FD: usize = 1 << 16;
+
+static OWNED: [AtomicBool; MAX_FD] = [const { AtomicBool::new(false) }; MAX_FD];
+static MAP: RwLock<Option<HashMap<i32, Arc<Sock>>>> = RwLock::new(None);
+
+/// Socket options of an SDP stream the kernel file cannot hold (it is an AF_UNIX socket),
+/// kept as TCP would report them.
+#[derive(Debug, Default)]
+pub(crate) struct Opts {
+    pub(crate) stored: HashMap<(i32, i32), Vec<u8>>,
+}
+
+/// What an fd the shim owns is.
+pub(crate) enum Sock {
+    /// A kernel TCP socket not yet connected or listening: SDP may take it over.
+    Fresh,
+    /// A kernel TCP listening socket with SDP listeners on the same address.
+    Listener(AppListener),
+    /// An SDP stream whose fd is its readiness pair's user end.
+    Stream(AppStream, Mutex<Opts>),
+}
+
+/// Whether the shim owns `fd` (fast path for everything else).
+#[inline]
+pub(crate) fn owned(fd: i32) -> bool {
+    (fd as u32 as usize) < MAX_FD && OWNED[fd as usize].load(Ordering::Relaxed)
+}
+
+pub(crate) fn get(fd: i32) -> Option<Arc<Sock>> {
+    if !owned(fd) {
+        return None;
+    }
+    MAP.read().as_ref()?.get(&fd).cloned()
+}
+
+pub(crate) fn insert(fd: i32, s: Arc<Sock>) -> bool {
+    if fd < 0 || fd as usize >= MAX_FD {
+        return false;
+    }
+    let mut m = MAP.write();
+    m.get_or_insert_with(HashMap::new).insert(fd, s);
+    OWNED[fd as usize].store(true, Ordering::Relaxed);
+    true
+}
+
+pub(crate) fn remove(fd: i32) -> Option<Arc<Sock>> {
+    if !owned(fd) {
+        return None;
+    }
+    let mut m = MAP.write();
+    OWNED[fd as usize].store(false, Ordering::Relaxed);
+    m.as_mut()?.remove(&fd)
+}
+
+/// Every SDP stream the process holds (for reports and exit).
+#[allow(dead_code)]
+pub(crate) fn streams() -> Vec<(i32, Arc<Sock>)> {
+    MAP.read().as_ref().map_or(Vec::new(), |m| {
+        m.iter()
+            .filter(|(_, s)| matches!(***s, Sock::Stream(..)))
+            .map(|(fd, s)| (*fd, s.clone()))
+            .collect()
+    })
+}
