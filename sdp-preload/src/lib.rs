@@ -21,6 +21,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod real;
+mod report;
 mod table;
 
 use std::cell::Cell;
@@ -78,10 +79,48 @@ fn enabled() -> bool {
             let log = std::env::var("SDP_LOG").is_ok_and(|v| !v.is_empty() && v != "0");
             LOG.store(log as u8 + 1, Ordering::Relaxed);
             app::set_thread_start_hook(mark_thread_internal);
+            // SAFETY: registers a plain function to run at exit.
+            unsafe { libc::atexit(at_exit) };
             ENABLED.store(if on { 1 } else { 2 }, Ordering::Relaxed);
             on
         }
     }
+}
+
+/// Exit-time work, once: the report of every socket handled.
+extern "C" fn at_exit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _g = Internal::enter();
+        if report::wanted() {
+            let live = table::streams()
+                .into_iter()
+                .filter_map(|(_, s)| match &*s {
+                    Sock::Stream(st, o) => Some(report::of_stream(o.lock().role, st)),
+                    _ => None,
+                })
+                .collect();
+            report::write(live);
+        }
+    });
+}
+
+/// `_exit` skips atexit handlers; the shim's exit work runs anyway.
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    if ENABLED.load(Ordering::Relaxed) == 1 && !internal() {
+        at_exit();
+    }
+    // SAFETY: ends the process as the caller asked.
+    unsafe { libc::syscall(libc::SYS_exit_group, status as libc::c_long) };
+    unreachable!("exit_group returned")
+}
+
+/// Same as `_exit`.
+#[no_mangle]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    // SAFETY: as `_exit`.
+    unsafe { _exit(status) }
 }
 
 fn log(msg: std::fmt::Arguments<'_>) {
@@ -182,7 +221,16 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::connect(fd, addr, len) };
     }
-    let fresh = table::get(fd).is_some_and(|s| matches!(*s, Sock::Fresh));
+    let entry = table::get(fd);
+    if entry
+        .as_ref()
+        .is_some_and(|s| matches!(**s, Sock::Stream(..)))
+    {
+        // Already connected, as a TCP socket would say.
+        set_errno(libc::EISCONN);
+        return -1;
+    }
+    let fresh = entry.is_some_and(|s| matches!(*s, Sock::Fresh));
     // SAFETY: the caller's address of `len` bytes.
     let dst = unsafe { sockaddr_in(addr, len) };
     let (Some(dst), true) = (dst, fresh) else {
@@ -220,6 +268,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         }
         Err(e) => {
             log(format_args!("connect fd {fd} to {dst}: kernel TCP ({e})"));
+            report::push(report::Record {
+                role: "client",
+                peer: Some(dst),
+                transport: "tcp".into(),
+                fallback: Some(e.to_string()),
+                ..Default::default()
+            });
             table::remove(fd);
             // SAFETY: forwards the caller's arguments.
             unsafe { real::connect(fd, addr, len) }
@@ -247,7 +302,10 @@ fn replace_fd(user: OwnedFd, fd: c_int, cloexec: bool) -> io::Result<()> {
 /// and its fd.
 fn carry_options(tcp: c_int, s: &AppStream, user: &OwnedFd) -> Opts {
     use std::os::fd::AsRawFd;
-    let mut o = Opts::default();
+    let mut o = Opts {
+        role: "client",
+        ..Opts::default()
+    };
     for name in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
         let mut tv = libc::timeval {
             tv_sec: 0,
@@ -381,7 +439,16 @@ unsafe fn accept_common(
             match taken {
                 Some(Ok((s, user, peer))) => {
                     let nfd = user.into_raw_fd();
-                    if !table::insert(nfd, Arc::new(Sock::Stream(s, Mutex::new(Opts::default())))) {
+                    if !table::insert(
+                        nfd,
+                        Arc::new(Sock::Stream(
+                            s,
+                            Mutex::new(Opts {
+                                role: "server",
+                                ..Opts::default()
+                            }),
+                        )),
+                    ) {
                         // An fd number the table cannot hold: the stream cannot be served.
                         // SAFETY: our own fd.
                         unsafe { real::close(nfd) };
@@ -405,6 +472,13 @@ unsafe fn accept_common(
             // SAFETY: the caller's buffers.
             unsafe { put_sockaddr(p, addr, len) };
         }
+        report::push(report::Record {
+            role: "server",
+            peer,
+            transport: "tcp".into(),
+            fallback: Some("the client connected over kernel TCP".into()),
+            ..Default::default()
+        });
         return c;
     }
 }

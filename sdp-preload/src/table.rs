@@ -19,6 +19,8 @@ static MAP: RwLock<Option<HashMap<i32, Arc<Sock>>>> = RwLock::new(None);
 #[derive(Debug, Default)]
 pub(crate) struct Opts {
     pub(crate) stored: HashMap<(i32, i32), Vec<u8>>,
+    /// "client" or "server", for reports.
+    pub(crate) role: &'static str,
 }
 
 /// What an fd the shim owns is.
@@ -29,6 +31,14 @@ pub(crate) enum Sock {
     Listener(AppListener),
     /// An SDP stream whose fd is its readiness pair's user end.
     Stream(AppStream, Mutex<Opts>),
+}
+
+impl Drop for Sock {
+    fn drop(&mut self) {
+        if let Sock::Stream(s, o) = self {
+            crate::report::push(crate::report::of_stream(o.lock().role, s));
+        }
+    }
 }
 
 /// Whether the shim owns `fd` (fast path for everything else).
@@ -64,7 +74,6 @@ pub(crate) fn remove(fd: i32) -> Option<Arc<Sock>> {
 }
 
 /// Every SDP stream the process holds (for reports and exit).
-#[allow(dead_code)]
 pub(crate) fn streams() -> Vec<(i32, Arc<Sock>)> {
     MAP.read().as_ref().map_or(Vec::new(), |m| {
         m.iter()

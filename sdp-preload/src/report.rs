@@ -1,0 +1,111 @@
+//! `SDP_REPORT=FILE`: at exit each process appends one JSON line per socket it handled (pid,
+//! program, local, peer, transport shm|rdma|tcp, bytes in/out, zero-copy bytes, fallback
+//! reason), so a run can prove which transport carried its bytes.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+use sdp_core::socket::app::AppStream;
+
+/// One socket's line.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Record {
+    pub(crate) role: &'static str,
+    pub(crate) local: Option<std::net::SocketAddr>,
+    pub(crate) peer: Option<std::net::SocketAddr>,
+    pub(crate) transport: String,
+    pub(crate) bytes_in: u64,
+    pub(crate) bytes_out: u64,
+    pub(crate) zcopy_bytes: u64,
+    pub(crate) fallback: Option<String>,
+}
+
+static DONE: Mutex<Vec<Record>> = Mutex::new(Vec::new());
+static WRITTEN: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn wanted() -> bool {
+    std::env::var_os("SDP_REPORT").is_some_and(|v| !v.is_empty())
+}
+
+/// A stream's record from its live state.
+pub(crate) fn of_stream(role: &'static str, s: &AppStream) -> Record {
+    let info = s.info().ok();
+    Record {
+        role,
+        local: s.local_addr().ok(),
+        peer: s.peer_addr().ok(),
+        transport: s.transport().to_string(),
+        bytes_in: info.as_ref().map_or(0, |i| i.bytes_in),
+        bytes_out: info.as_ref().map_or(0, |i| i.bytes_out),
+        zcopy_bytes: info.as_ref().map_or(0, |i| i.zcopy_bytes),
+        fallback: None,
+    }
+}
+
+/// Remember a finished socket for the report.
+pub(crate) fn push(r: Record) {
+    if wanted() {
+        DONE.lock().push(r);
+    }
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+fn opt_addr(a: Option<std::net::SocketAddr>) -> String {
+    a.map_or("null".into(), |a| json_str(&a.to_string()))
+}
+
+/// Append the lines (once per process), with `live` records of sockets still open.
+pub(crate) fn write(live: Vec<Record>) {
+    if !wanted() || WRITTEN.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let Some(path) = std::env::var_os("SDP_REPORT") else {
+        return;
+    };
+    let program = std::fs::read_to_string("/proc/self/comm")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let pid = std::process::id();
+    let mut lines = String::new();
+    let done = std::mem::take(&mut *DONE.lock());
+    for r in done.into_iter().chain(live) {
+        lines.push_str(&format!(
+            "{{\"pid\":{pid},\"program\":{},\"role\":{},\"local\":{},\"peer\":{},\"transport\":{},\"bytes_in\":{},\"bytes_out\":{},\"zcopy_bytes\":{},\"fallback\":{}}}\n",
+            json_str(&program),
+            json_str(r.role),
+            opt_addr(r.local),
+            opt_addr(r.peer),
+            json_str(&r.transport),
+            r.bytes_in,
+            r.bytes_out,
+            r.zcopy_bytes,
+            r.fallback.as_deref().map_or("null".into(), json_str),
+        ));
+    }
+    if lines.is_empty() {
+        return;
+    }
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        // One write, so lines of concurrent processes do not interleave.
+        let _ = f.write_all(lines.as_bytes());
+    }
+}

@@ -1,0 +1,109 @@
+//! The shim against kernel TCP, differentially: `tests/preload/corners.c` prints a transcript
+//! of TCP corner cases (epoll edges, ONESHOT, poll/select, MSG_PEEK/WAITALL, errno for misuse,
+//! nonblocking connect, accept4 flags, dup/dup2/F_DUPFD, SO_RCVTIMEO, F_SETOWN + SIGIO, data
+//! written before exit); it runs over kernel TCP and under the shim, and the transcripts must
+//! be the same, with the shim's report proving SDP carried the connections.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The shim library cargo built next to this test (target/<profile>/libsdp_preload.so).
+fn shim() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let so = dir.join("libsdp_preload.so");
+    assert!(so.exists(), "{} not built", so.display());
+    so
+}
+
+/// Compile a C test program of tests/preload into a temporary directory.
+fn build_c(name: &str, tag: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/preload")
+        .join(format!("{name}.c"));
+    let out = std::env::temp_dir().join(format!("sdp-preload-{name}-{tag}-{}", std::process::id()));
+    let st = Command::new("cc")
+        .args(["-O2", "-Wall", "-Werror", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("cc (a C compiler is needed to build the test program)");
+    assert!(st.success(), "compiling {}", src.display());
+    out
+}
+
+fn run(prog: &Path, case: Option<&str>, preload: bool, report: Option<&Path>) -> String {
+    let mut c = Command::new("timeout");
+    c.arg("120").arg(prog);
+    if let Some(case) = case {
+        c.arg(case);
+    }
+    if preload {
+        c.env("LD_PRELOAD", shim());
+    } else {
+        c.env_remove("LD_PRELOAD");
+    }
+    if let Some(r) = report {
+        c.env("SDP_REPORT", r);
+    }
+    let out = c.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{} (preload {preload}) failed: {:?}\n{text}\n{}",
+        prog.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+#[test]
+fn corner_cases_match_kernel_tcp() {
+    let prog = build_c("corners", "all");
+    let report = std::env::temp_dir().join(format!("sdp-report-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&report);
+    let tcp = run(&prog, None, false, None);
+    let sdp = run(&prog, None, true, Some(&report));
+    assert!(tcp.ends_with("done\n"), "{tcp}");
+    assert_eq!(tcp, sdp, "transcripts differ: kernel TCP first, shim second");
+    // Proof that SDP carried the connections: both ends of the cases report shm.
+    let lines = std::fs::read_to_string(&report).unwrap_or_default();
+    let shm_server = lines
+        .lines()
+        .filter(|l| l.contains("\"transport\":\"shm\"") && l.contains("\"role\":\"server\""))
+        .count();
+    let shm_client = lines
+        .lines()
+        .filter(|l| l.contains("\"transport\":\"shm\"") && l.contains("\"role\":\"client\""))
+        .count();
+    assert!(shm_server >= 8 && shm_client >= 8, "report:\n{lines}");
+    // The 4 MiB of the bulk case went over shm.
+    assert!(
+        lines
+            .lines()
+            .any(|l| l.contains("\"transport\":\"shm\"") && l.contains("\"bytes_in\":4194304")),
+        "report:\n{lines}"
+    );
+    let _ = std::fs::remove_file(&report);
+    let _ = std::fs::remove_file(&prog);
+}
+
+#[test]
+fn connection_refused_falls_back_to_tcp_and_reports_why() {
+    let prog = build_c("corners", "errors");
+    let report = std::env::temp_dir().join(format!("sdp-report-e-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&report);
+    let tcp = run(&prog, Some("errors"), false, None);
+    let sdp = run(&prog, Some("errors"), true, Some(&report));
+    assert_eq!(tcp, sdp);
+    let lines = std::fs::read_to_string(&report).unwrap_or_default();
+    assert!(
+        lines
+            .lines()
+            .any(|l| l.contains("\"transport\":\"tcp\"") && l.contains("refused")),
+        "report:\n{lines}"
+    );
+    let _ = std::fs::remove_file(&report);
+    let _ = std::fs::remove_file(&prog);
+}

@@ -1,0 +1,495 @@
+/* Corner cases of TCP socket semantics, printed as a transcript. The preload tests run this
+ * program over kernel TCP and under the SDP shim and require the same transcript, so every line
+ * is something TCP defines (no addresses, ports or timings). Each case forks a peer that
+ * connects to a fresh listener; pipes order the two sides where the case needs it. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void out(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void out(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    fflush(stdout);
+}
+
+
+#define CHECK(x)                                                                           \
+    do {                                                                                   \
+        if (!(x)) {                                                                        \
+            printf("FAILED %s:%d: %s (errno %s)\n", __FILE__, __LINE__, #x, strerror(errno)); \
+            fflush(stdout);                                                                \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+static const char *en(int e) {
+    switch (e) {
+    case 0: return "0";
+    case EAGAIN: return "EAGAIN";
+    case EPIPE: return "EPIPE";
+    case EBADF: return "EBADF";
+    case ENOTCONN: return "ENOTCONN";
+    case EISCONN: return "EISCONN";
+    case EINVAL: return "EINVAL";
+    case EADDRINUSE: return "EADDRINUSE";
+    case ECONNREFUSED: return "ECONNREFUSED";
+    case ECONNRESET: return "ECONNRESET";
+    case EINPROGRESS: return "EINPROGRESS";
+    case ENOTSOCK: return "ENOTSOCK";
+    case EFAULT: return "EFAULT";
+    case EINTR: return "EINTR";
+    default: {
+        static char b[32];
+        snprintf(b, sizeof b, "errno%d", e);
+        return b;
+    }
+    }
+}
+
+static int listener(struct sockaddr_in *a) {
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(l >= 0);
+    int one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    memset(a, 0, sizeof *a);
+    a->sin_family = AF_INET;
+    a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(bind(l, (struct sockaddr *)a, sizeof *a) == 0);
+    CHECK(listen(l, 16) == 0);
+    socklen_t len = sizeof *a;
+    CHECK(getsockname(l, (struct sockaddr *)a, &len) == 0);
+    return l;
+}
+
+static int dial(const struct sockaddr_in *a) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(s >= 0);
+    CHECK(connect(s, (const struct sockaddr *)a, sizeof *a) == 0);
+    return s;
+}
+
+/* Pipes between the case's two processes. */
+static int p2c[2], c2p[2];
+static void tell(int fd) { char c = 1; CHECK(write(fd, &c, 1) == 1); }
+static void await(int fd) { char c; CHECK(read(fd, &c, 1) == 1); }
+
+/* Fork the peer: it runs `peer(sock)` on a connected socket and exits. The parent gets the
+ * accepted socket. */
+static pid_t start(void (*peer)(int), int *accepted) {
+    struct sockaddr_in a;
+    int l = listener(&a);
+    CHECK(pipe(p2c) == 0 && pipe(c2p) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        close(l);
+        close(p2c[1]);
+        close(c2p[0]);
+        int s = dial(&a);
+        peer(s);
+        close(s);
+        _exit(0);
+    }
+    close(p2c[0]);
+    close(c2p[1]);
+    *accepted = accept(l, NULL, NULL);
+    CHECK(*accepted >= 0);
+    close(l);
+    return pid;
+}
+
+static void finish(pid_t pid, int s) {
+    close(s);
+    close(p2c[1]);
+    close(c2p[0]);
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+static void sleep_ms(int ms) { usleep(ms * 1000); }
+
+/* ---- cases ---- */
+
+static void peer_identity(int s) {
+    int v;
+    socklen_t l = sizeof v;
+    CHECK(getsockopt(s, SOL_SOCKET, SO_DOMAIN, &v, &l) == 0);
+    printf("peer SO_DOMAIN inet=%d\n", v == AF_INET);
+    struct sockaddr_in me, peer;
+    socklen_t ml = sizeof me, pl = sizeof peer;
+    CHECK(getsockname(s, (struct sockaddr *)&me, &ml) == 0);
+    CHECK(getpeername(s, (struct sockaddr *)&peer, &pl) == 0);
+    printf("peer names family=%d/%d len=%d/%d loopback=%d\n", me.sin_family == AF_INET,
+           peer.sin_family == AF_INET, ml == sizeof me, pl == sizeof peer,
+           peer.sin_addr.s_addr == htonl(INADDR_LOOPBACK));
+    fflush(stdout);
+    tell(c2p[1]);
+    await(p2c[0]);
+}
+
+static void case_identity(void) {
+    int s;
+    pid_t pid = start(peer_identity, &s);
+    await(c2p[0]);
+    int v;
+    socklen_t l = sizeof v;
+    CHECK(getsockopt(s, SOL_SOCKET, SO_TYPE, &v, &l) == 0);
+    out("identity SO_TYPE stream=%d", v == SOCK_STREAM);
+    l = sizeof v;
+    CHECK(getsockopt(s, SOL_SOCKET, SO_DOMAIN, &v, &l) == 0);
+    out("identity SO_DOMAIN inet=%d", v == AF_INET);
+    l = sizeof v;
+    CHECK(getsockopt(s, SOL_SOCKET, SO_PROTOCOL, &v, &l) == 0);
+    out("identity SO_PROTOCOL tcp=%d", v == IPPROTO_TCP);
+    l = sizeof v;
+    CHECK(getsockopt(s, SOL_SOCKET, SO_ACCEPTCONN, &v, &l) == 0);
+    out("identity SO_ACCEPTCONN %d", v);
+    l = sizeof v;
+    CHECK(getsockopt(s, SOL_SOCKET, SO_ERROR, &v, &l) == 0);
+    out("identity SO_ERROR %s", en(v));
+    v = 1;
+    CHECK(setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &v, sizeof v) == 0);
+    l = sizeof v;
+    CHECK(getsockopt(s, IPPROTO_TCP, TCP_NODELAY, &v, &l) == 0);
+    out("identity TCP_NODELAY %d", v);
+    struct tcp_info ti;
+    l = sizeof ti;
+    CHECK(getsockopt(s, IPPROTO_TCP, TCP_INFO, &ti, &l) == 0);
+    out("identity TCP_INFO established=%d", ti.tcpi_state == 1);
+    struct sockaddr_in me;
+    socklen_t ml = sizeof me;
+    CHECK(getsockname(s, (struct sockaddr *)&me, &ml) == 0);
+    out("identity getsockname inet=%d", me.sin_family == AF_INET);
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
+static void peer_two_arrivals(int s) {
+    CHECK(write(s, "a", 1) == 1);
+    await(p2c[0]);
+    CHECK(write(s, "b", 1) == 1);
+    await(p2c[0]);
+}
+
+static void case_epoll_et(void) {
+    int s;
+    pid_t pid = start(peer_two_arrivals, &s);
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET | EPOLLRDHUP, .data.fd = s};
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) == 0);
+    struct epoll_event got;
+    int n = epoll_wait(ep, &got, 1, 5000);
+    out("epoll-et first arrival n=%d in=%d", n, n == 1 && (got.events & EPOLLIN) != 0);
+    n = epoll_wait(ep, &got, 1, 100);
+    out("epoll-et no new arrival n=%d", n);
+    tell(p2c[1]);
+    n = epoll_wait(ep, &got, 1, 5000);
+    out("epoll-et second arrival (unread data before it) n=%d in=%d", n,
+        n == 1 && (got.events & EPOLLIN) != 0);
+    char b[8];
+    sleep_ms(20);
+    ssize_t r = read(s, b, sizeof b);
+    out("epoll-et read %zd %.*s", r, (int)(r > 0 ? r : 0), b);
+    tell(p2c[1]);
+    n = epoll_wait(ep, &got, 1, 5000);
+    out("epoll-et peer closed n=%d in=%d rdhup=%d", n, (got.events & EPOLLIN) != 0,
+        (got.events & EPOLLRDHUP) != 0);
+    r = read(s, b, sizeof b);
+    out("epoll-et read after close %zd", r);
+    close(ep);
+    finish(pid, s);
+}
+
+static void peer_write_then_wait(int s) {
+    CHECK(write(s, "hello", 5) == 5);
+    await(p2c[0]);
+}
+
+static void case_oneshot_and_level(void) {
+    int s;
+    pid_t pid = start(peer_write_then_wait, &s);
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.fd = s};
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) == 0);
+    struct epoll_event got;
+    int n = epoll_wait(ep, &got, 1, 5000);
+    out("oneshot first n=%d", n);
+    n = epoll_wait(ep, &got, 1, 50);
+    out("oneshot again without rearm n=%d", n);
+    CHECK(epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev) == 0);
+    n = epoll_wait(ep, &got, 1, 50);
+    out("oneshot rearmed, data unread n=%d", n);
+    struct pollfd pfd = {.fd = s, .events = POLLIN | POLLOUT};
+    n = poll(&pfd, 1, 1000);
+    out("poll level n=%d in=%d out=%d hup=%d", n, !!(pfd.revents & POLLIN), !!(pfd.revents & POLLOUT),
+        !!(pfd.revents & POLLHUP));
+    fd_set rs, ws;
+    FD_ZERO(&rs);
+    FD_ZERO(&ws);
+    FD_SET(s, &rs);
+    FD_SET(s, &ws);
+    struct timeval tv = {1, 0};
+    n = select(s + 1, &rs, &ws, NULL, &tv);
+    out("select n=%d r=%d w=%d", n, FD_ISSET(s, &rs) != 0, FD_ISSET(s, &ws) != 0);
+    int avail = -1;
+    CHECK(ioctl(s, FIONREAD, &avail) == 0);
+    out("FIONREAD %d", avail);
+    char b[16];
+    ssize_t r = recv(s, b, 3, MSG_PEEK);
+    out("peek %zd %.*s", r, (int)r, b);
+    r = recv(s, b, sizeof b, 0);
+    out("read %zd %.*s", r, (int)r, b);
+    r = recv(s, b, sizeof b, MSG_DONTWAIT);
+    out("read empty %zd %s", r, en(r < 0 ? errno : 0));
+    tell(p2c[1]);
+    close(ep);
+    finish(pid, s);
+}
+
+static void peer_two_writes(int s) {
+    CHECK(write(s, "abc", 3) == 3);
+    sleep_ms(30);
+    CHECK(write(s, "defgh", 5) == 5);
+    await(p2c[0]);
+}
+
+static void case_waitall(void) {
+    int s;
+    pid_t pid = start(peer_two_writes, &s);
+    char b[8];
+    ssize_t r = recv(s, b, 8, MSG_WAITALL);
+    out("waitall %zd %.*s", r, (int)r, b);
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
+static volatile sig_atomic_t sigpipes, sigios;
+static void on_pipe(int sig) { (void)sig; sigpipes++; }
+static void on_io(int sig) { (void)sig; sigios++; }
+
+static void peer_close_at_once(int s) { (void)s; }
+
+static void case_errors(void) {
+    int s;
+    pid_t pid = start(peer_close_at_once, &s);
+    signal(SIGPIPE, on_pipe);
+    CHECK(shutdown(s, SHUT_WR) == 0);
+    ssize_t r = send(s, "x", 1, MSG_NOSIGNAL);
+    out("send after SHUT_WR nosignal %zd %s sigpipes=%d", r, en(errno), (int)sigpipes);
+    r = write(s, "x", 1);
+    out("write after SHUT_WR %zd %s sigpipes=%d", r, en(errno), (int)sigpipes);
+    signal(SIGPIPE, SIG_DFL);
+    char b[4];
+    r = read(s, b, sizeof b);
+    out("read peer closed %zd", r);
+    struct sockaddr_in a;
+    socklen_t al = sizeof a;
+    CHECK(getpeername(s, (struct sockaddr *)&a, &al) == 0 || errno == ENOTCONN);
+    int fresh = socket(AF_INET, SOCK_STREAM, 0);
+    r = read(fresh, b, 1);
+    out("read unconnected %zd %s", r, en(errno));
+    r = send(fresh, "x", 1, MSG_NOSIGNAL);
+    out("send unconnected %zd %s", r, en(errno));
+    al = sizeof a;
+    int gr = getpeername(fresh, (struct sockaddr *)&a, &al);
+    out("getpeername unconnected %d %s", gr, en(errno));
+    close(fresh);
+    /* A port nobody listens on. */
+    struct sockaddr_in dead;
+    int l = listener(&dead);
+    close(l);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    int cr = connect(c, (struct sockaddr *)&dead, sizeof dead);
+    out("connect refused %d %s", cr, en(errno));
+    close(c);
+    /* A second connect on a connected socket. */
+    struct sockaddr_in la;
+    int l2 = listener(&la);
+    c = dial(&la);
+    cr = connect(c, (struct sockaddr *)&la, sizeof la);
+    out("connect again %d %s", cr, en(errno));
+    int acc = accept(l2, NULL, NULL);
+    close(acc);
+    close(c);
+    /* bind to a port in use */
+    int b2 = socket(AF_INET, SOCK_STREAM, 0);
+    int br = bind(b2, (struct sockaddr *)&la, sizeof la);
+    out("bind in use %d %s", br, en(errno));
+    close(b2);
+    close(l2);
+    int cl = close(-1);
+    out("close bad fd %d %s", cl, en(errno));
+    r = read(999, b, 1);
+    out("read closed fd %zd %s", r, en(errno));
+    finish(pid, s);
+}
+
+static void case_nonblocking_connect(void) {
+    struct sockaddr_in a;
+    int l = listener(&a);
+    int c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    int r = connect(c, (struct sockaddr *)&a, sizeof a);
+    out("nb connect %d %s", r, en(r < 0 ? errno : 0));
+    struct pollfd pfd = {.fd = c, .events = POLLOUT};
+    int n = poll(&pfd, 1, 5000);
+    out("nb connect poll n=%d out=%d", n, !!(pfd.revents & POLLOUT));
+    int err = -1;
+    socklen_t el = sizeof err;
+    CHECK(getsockopt(c, SOL_SOCKET, SO_ERROR, &err, &el) == 0);
+    out("nb connect SO_ERROR %s", en(err));
+    int fl = fcntl(c, F_GETFL);
+    out("nb flags nonblock=%d", !!(fl & O_NONBLOCK));
+    int acc = accept4(l, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    out("accept4 nonblock=%d cloexec=%d", !!(fcntl(acc, F_GETFL) & O_NONBLOCK),
+        !!(fcntl(acc, F_GETFD) & FD_CLOEXEC));
+    char b[4];
+    ssize_t rr = read(acc, b, sizeof b);
+    out("accept4 read empty %zd %s", rr, en(rr < 0 ? errno : 0));
+    CHECK(fcntl(l, F_SETFL, O_NONBLOCK) == 0);
+    int acc3 = accept(l, NULL, NULL);
+    out("accept none pending %d %s", acc3, en(errno));
+    close(acc);
+    close(c);
+    close(l);
+}
+
+static void peer_echo_until_eof(int s) {
+    char b[4096];
+    ssize_t r;
+    while ((r = read(s, b, sizeof b)) > 0)
+        CHECK(write(s, b, r) == r);
+}
+
+static void case_dup(void) {
+    int s;
+    pid_t pid = start(peer_echo_until_eof, &s);
+    int d = dup(s);
+    int spare = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(dup2(s, spare) == spare);
+    int fd3 = fcntl(s, F_DUPFD_CLOEXEC, 100);
+    out("dup3 cloexec=%d", !!(fcntl(fd3, F_GETFD) & FD_CLOEXEC));
+    CHECK(write(d, "12", 2) == 2);
+    CHECK(write(spare, "34", 2) == 2);
+    CHECK(write(fd3, "56", 2) == 2);
+    close(s);
+    char b[8];
+    size_t got = 0;
+    while (got < 6) {
+        ssize_t r = read(spare, b + got, sizeof b - got);
+        CHECK(r > 0);
+        got += r;
+    }
+    out("dup echo %.*s", (int)got, b);
+    close(d);
+    close(fd3);
+    CHECK(shutdown(spare, SHUT_WR) == 0);
+    ssize_t r = read(spare, b, sizeof b);
+    out("dup eof %zd", r);
+    finish(pid, spare);
+}
+
+static void peer_write_later(int s) {
+    await(p2c[0]);
+    CHECK(write(s, "z", 1) == 1);
+    await(p2c[0]);
+}
+
+static void case_sigio_and_timeout(void) {
+    int s;
+    pid_t pid = start(peer_write_later, &s);
+    struct timeval tv = {0, 100000};
+    CHECK(setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+    char b[4];
+    ssize_t r = read(s, b, sizeof b);
+    out("rcvtimeo %zd %s", r, en(errno));
+    signal(SIGIO, on_io);
+    CHECK(fcntl(s, F_SETOWN, getpid()) == 0);
+    CHECK(fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_ASYNC) == 0);
+    tell(p2c[1]);
+    for (int i = 0; i < 500 && !sigios; i++)
+        sleep_ms(10);
+    out("sigio %d", sigios > 0);
+    r = read(s, b, sizeof b);
+    out("read after sigio %zd", r);
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
+static void peer_big(int s) {
+    /* 4 MiB, then EOF; the parent checks a running sum. */
+    static char buf[65536];
+    unsigned sum = 0;
+    for (int i = 0; i < 64; i++) {
+        for (size_t j = 0; j < sizeof buf; j++) buf[j] = (char)(i * 7 + j * 13);
+        for (size_t j = 0; j < sizeof buf; j++) sum += (unsigned char)buf[j];
+        size_t off = 0;
+        while (off < sizeof buf) {
+            ssize_t w = write(s, buf + off, sizeof buf - off);
+            CHECK(w > 0);
+            off += w;
+        }
+    }
+    printf("peer sum %u\n", sum);
+    fflush(stdout);
+}
+
+static void case_bulk_then_exit(void) {
+    int s;
+    pid_t pid = start(peer_big, &s);
+    sleep_ms(100);
+    static char b[100000];
+    unsigned sum = 0;
+    size_t total = 0;
+    ssize_t r;
+    while ((r = read(s, b, sizeof b)) > 0) {
+        for (ssize_t i = 0; i < r; i++) sum += (unsigned char)b[i];
+        total += r;
+    }
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    out("bulk got %zu sum %u end %zd", total, sum, r);
+    close(s);
+    close(p2c[1]);
+    close(c2p[0]);
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *only = argc > 1 ? argv[1] : NULL;
+#define RUN(name)                                    \
+    if (!only || strcmp(only, #name) == 0) {         \
+        case_##name();                               \
+    }
+    RUN(identity);
+    RUN(epoll_et);
+    RUN(oneshot_and_level);
+    RUN(waitall);
+    RUN(errors);
+    RUN(nonblocking_connect);
+    RUN(dup);
+    RUN(sigio_and_timeout);
+    RUN(bulk_then_exit);
+    out("done");
+    return 0;
+}
