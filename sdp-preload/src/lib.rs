@@ -79,8 +79,11 @@ fn enabled() -> bool {
             let log = std::env::var("SDP_LOG").is_ok_and(|v| !v.is_empty() && v != "0");
             LOG.store(log as u8 + 1, Ordering::Relaxed);
             app::set_thread_start_hook(mark_thread_internal);
-            // SAFETY: registers a plain function to run at exit.
-            unsafe { libc::atexit(at_exit) };
+            // SAFETY: registers plain functions to run at exit and around fork().
+            unsafe {
+                libc::atexit(at_exit);
+                libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+            }
             ENABLED.store(if on { 1 } else { 2 }, Ordering::Relaxed);
             on
         }
@@ -103,6 +106,79 @@ extern "C" fn at_exit() {
             report::write(live);
         }
     });
+}
+
+extern "C" fn fork_prepare() {
+    table::lock_for_fork();
+}
+
+extern "C" fn fork_parent() {
+    let gone = table::unlock_after_fork();
+    if !gone.is_empty() {
+        log(format_args!(
+            "fork: {} listening socket(s) shared with the child now serve kernel TCP only",
+            gone.len()
+        ));
+    }
+    let _g = Internal::enter();
+    drop(gone);
+}
+
+extern "C" fn fork_child() {
+    let gone = table::unlock_after_fork();
+    let _g = Internal::enter();
+    drop(gone);
+    close_inherited_rendezvous();
+}
+
+/// Close the parent's SDP-over-shm rendezvous sockets (abstract `@sdp-shm/ADDR` listening
+/// sockets) that fork() copied into this child: the child cannot serve them, and holding them
+/// open would keep connects to the parent's closed listener waiting instead of refused.
+fn close_inherited_rendezvous() {
+    let Ok(unix) = std::fs::read_to_string("/proc/net/unix") else {
+        return;
+    };
+    let inodes: std::collections::HashSet<u64> = unix
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // Path "@sdp-shm/..." and state 01 (listening).
+            (f.len() >= 8 && f[7].starts_with("@sdp-shm/") && f[5] == "01")
+                .then(|| f[6].parse().ok())
+                .flatten()
+        })
+        .collect();
+    if inodes.is_empty() {
+        return;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let mut close = Vec::new();
+    for e in dir.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<c_int>().ok()) else {
+            continue;
+        };
+        let Ok(link) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        let link = link.to_string_lossy();
+        if let Some(ino) = link
+            .strip_prefix("socket:[")
+            .and_then(|r| r.strip_suffix(']'))
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            if inodes.contains(&ino) {
+                close.push(fd);
+            }
+        }
+    }
+    for fd in close {
+        // SAFETY: an fd of the dead parent runtime's listener, which nothing in this process
+        // uses any more.
+        unsafe { real::close(fd) };
+    }
 }
 
 /// `_exit` skips atexit handlers; the shim's exit work runs anyway.
@@ -1095,3 +1171,78 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_i
 
 /// `SIOCATMARK` (linux/sockios.h), which the libc crate does not export.
 const SIOCATMARK: libc::c_ulong = 0x8905;
+
+// ---------------------------------------------------------------------------------------------
+// sendfile: the kernel cannot move file pages into an SDP stream, so the shim reads the file
+// and writes the stream, with sendfile's semantics (offset or file position advanced by what
+// was sent).
+
+unsafe fn sendfile_common(out: c_int, inp: c_int, off: *mut i64, count: size_t) -> ssize_t {
+    let Some(s) = stream(out) else {
+        unreachable!("checked by the caller")
+    };
+    let mut buf = vec![0u8; count.clamp(1, 256 * 1024)];
+    let mut total: ssize_t = 0;
+    while (total as usize) < count {
+        let want = (count - total as usize).min(buf.len());
+        let n = if off.is_null() {
+            // SAFETY: reads into our own buffer.
+            unsafe { real::read(inp, buf.as_mut_ptr().cast(), want) }
+        } else {
+            // SAFETY: reads into our own buffer at the caller's offset.
+            unsafe { real::pread64(inp, buf.as_mut_ptr().cast(), want, *off + total as i64) }
+        };
+        if n < 0 {
+            return if total > 0 { total } else { -1 };
+        }
+        if n == 0 {
+            break;
+        }
+        let flags = if total > 0 { libc::MSG_DONTWAIT } else { 0 };
+        let w = do_write(&s, out, &buf[..n as usize], flags);
+        if w < 0 {
+            if off.is_null() {
+                // Give back what was read and not sent.
+                // SAFETY: moves the caller's file position back.
+                unsafe { real::lseek64(inp, -(n as i64), libc::SEEK_CUR) };
+            }
+            if total > 0 {
+                break;
+            }
+            return -1;
+        }
+        if off.is_null() && w < n {
+            // SAFETY: as above.
+            unsafe { real::lseek64(inp, -((n - w) as i64), libc::SEEK_CUR) };
+        }
+        total += w;
+        if w < n {
+            break;
+        }
+    }
+    if !off.is_null() {
+        // SAFETY: the caller's offset.
+        unsafe { *off += total as i64 };
+    }
+    total
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t) -> ssize_t {
+    if table::owned(out) && stream(out).is_some() {
+        // SAFETY: off_t is i64 on this target; the caller's pointers.
+        return unsafe { sendfile_common(out, inp, off.cast(), n) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::sendfile(out, inp, off, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut libc::off64_t, n: size_t) -> ssize_t {
+    if table::owned(out) && stream(out).is_some() {
+        // SAFETY: the caller's pointers.
+        return unsafe { sendfile_common(out, inp, off, n) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::sendfile64(out, inp, off, n) }
+}

@@ -74,6 +74,10 @@ real_fns! {
     fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int;
     fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int;
     fn dup(fd: c_int) -> c_int;
+    fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t) -> ssize_t;
+    fn sendfile64(out: c_int, inp: c_int, off: *mut libc::off64_t, n: size_t) -> ssize_t;
+    fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: libc::off64_t) -> ssize_t;
+    fn lseek64(fd: c_int, off: libc::off64_t, whence: c_int) -> libc::off64_t;
     fn dup2(old: c_int, new: c_int) -> c_int;
     fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
     fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t;

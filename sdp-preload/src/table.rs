@@ -82,3 +82,31 @@ pub(crate) fn streams() -> Vec<(i32, Arc<Sock>)> {
             .collect()
     })
 }
+
+/// Before fork(): hold the table so the child gets it in a consistent state.
+pub(crate) fn lock_for_fork() {
+    std::mem::forget(MAP.write());
+}
+
+/// After fork(), in both processes: let the table go again, then take every listener out (the
+/// kernel TCP socket stays): a listening socket two processes share is served by kernel TCP
+/// only, since an SDP connection cannot be handed between processes. Returns them to drop.
+pub(crate) fn unlock_after_fork() -> Vec<Arc<Sock>> {
+    // SAFETY: this thread took the write lock in `lock_for_fork` and forgot the guard.
+    unsafe { MAP.force_unlock_write() };
+    let mut m = MAP.write();
+    let Some(map) = m.as_mut() else {
+        return Vec::new();
+    };
+    let fds: Vec<i32> = map
+        .iter()
+        .filter(|(_, s)| matches!(***s, Sock::Listener(_)))
+        .map(|(fd, _)| *fd)
+        .collect();
+    let mut out = Vec::new();
+    for fd in fds {
+        OWNED[fd as usize].store(false, Ordering::Relaxed);
+        out.extend(map.remove(&fd));
+    }
+    out
+}

@@ -290,6 +290,9 @@ impl BellShared {
 fn ring(target: SocketAddr) -> io::Result<(SocketAddr, OwnedFd)> {
     let src = SocketAddr::new(target.ip(), 0);
     let fd = sys::tcp_socket_bound(src)?;
+    // Closed by reset, never left in TIME_WAIT, and a doorbell nobody takes resets the
+    // connection it queued.
+    sys::set_linger_zero(fd.as_raw_fd())?;
     let local = sys::local_addr_of(fd.as_raw_fd())?;
     sys::connect_nb(fd.as_raw_fd(), target)?;
     Ok((local, fd))

@@ -403,3 +403,4 @@ pub(crate) fn set_linger_zero(fd: RawFd) -> io::Result<()> {
     ))?;
     Ok(())
 }
+
