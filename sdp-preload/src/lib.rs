@@ -109,6 +109,21 @@ extern "C" fn at_exit() {
 }
 
 extern "C" fn fork_prepare() {
+    // Streams become shared with the child: their bytes will flow through the kernel files.
+    let g = Internal::enter();
+    for (fd, s) in table::streams() {
+        if let Sock::Stream(st, _) = &*s {
+            if !st.is_shared() {
+                match st.share(fd) {
+                    Ok(()) => log(format_args!(
+                        "fork: fd {fd} is shared, its bytes go through the kernel file"
+                    )),
+                    Err(e) => log(format_args!("fork: fd {fd} cannot be shared: {e}")),
+                }
+            }
+        }
+    }
+    drop(g);
     table::lock_for_fork();
 }
 
@@ -380,6 +395,8 @@ fn carry_options(tcp: c_int, s: &AppStream, user: &OwnedFd) -> Opts {
     use std::os::fd::AsRawFd;
     let mut o = Opts {
         role: "client",
+        local: s.local_addr().ok(),
+        peer: s.peer_addr().ok(),
         ..Opts::default()
     };
     for name in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
@@ -515,16 +532,13 @@ unsafe fn accept_common(
             match taken {
                 Some(Ok((s, user, peer))) => {
                     let nfd = user.into_raw_fd();
-                    if !table::insert(
-                        nfd,
-                        Arc::new(Sock::Stream(
-                            s,
-                            Mutex::new(Opts {
-                                role: "server",
-                                ..Opts::default()
-                            }),
-                        )),
-                    ) {
+                    let opts = Opts {
+                        role: "server",
+                        local: s.local_addr().ok(),
+                        peer: Some(peer),
+                        ..Opts::default()
+                    };
+                    if !table::insert(nfd, Arc::new(Sock::Stream(s, Mutex::new(opts)))) {
                         // An fd number the table cannot hold: the stream cannot be served.
                         // SAFETY: our own fd.
                         unsafe { real::close(nfd) };
@@ -683,6 +697,15 @@ fn stream(fd: c_int) -> Option<Arc<Sock>> {
     table::get(fd).filter(|s| matches!(**s, Sock::Stream(..)))
 }
 
+/// The SDP stream behind `fd` if its bytes are the shim's to move: not once the fd is shared
+/// with another process (then they flow through the kernel file and libc's calls serve).
+fn data(fd: c_int) -> Option<Arc<Sock>> {
+    if !table::owned(fd) {
+        return None;
+    }
+    stream(fd).filter(|s| matches!(&**s, Sock::Stream(st, _) if !st.is_shared()))
+}
+
 fn do_read(s: &Sock, fd: c_int, buf: &mut [u8], flags: c_int) -> ssize_t {
     let Sock::Stream(st, _) = s else {
         unreachable!()
@@ -823,7 +846,7 @@ unsafe fn buf_ref<'a>(p: *const c_void, n: size_t) -> Option<&'a [u8]> {
 
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
-    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+    if let Some(s) = data(fd) {
         // SAFETY: the caller's buffer.
         return match unsafe { buf_mut(buf, n) } {
             Some(b) => do_read(&s, fd, b, 0),
@@ -851,7 +874,7 @@ pub unsafe extern "C" fn __read_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+    if let Some(s) = data(fd) {
         // SAFETY: the caller's buffer.
         return match unsafe { buf_mut(buf, n) } {
             Some(b) => do_read(&s, fd, b, flags),
@@ -887,7 +910,7 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
-    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+    if let Some(s) = data(fd) {
         // SAFETY: the caller's buffer.
         let r = match unsafe { buf_mut(buf, n) } {
             Some(b) => do_read(&s, fd, b, flags),
@@ -924,7 +947,7 @@ pub unsafe extern "C" fn __recvfrom_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+    if let Some(s) = data(fd) {
         // SAFETY: the caller's iovecs.
         return unsafe { read_iov(&s, fd, iov, cnt, 0) };
     }
@@ -934,7 +957,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+    if let Some(s) = data(fd) {
         if msg.is_null() {
             set_errno(libc::EFAULT);
             return -1;
@@ -956,7 +979,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
 
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
-    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+    if let Some(s) = data(fd) {
         // SAFETY: the caller's buffer.
         return match unsafe { buf_ref(buf, n) } {
             Some(b) => do_write(&s, fd, b, 0),
@@ -969,7 +992,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+    if let Some(s) = data(fd) {
         // SAFETY: the caller's buffer.
         return match unsafe { buf_ref(buf, n) } {
             Some(b) => do_write(&s, fd, b, flags),
@@ -989,7 +1012,7 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     len: socklen_t,
 ) -> ssize_t {
-    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+    if let Some(s) = data(fd) {
         // A connected stream socket ignores the address, as TCP does.
         // SAFETY: the caller's buffer.
         return match unsafe { buf_ref(buf, n) } {
@@ -1003,7 +1026,7 @@ pub unsafe extern "C" fn sendto(
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+    if let Some(s) = data(fd) {
         // SAFETY: the caller's iovecs.
         return unsafe { write_iov(&s, fd, iov, cnt, 0) };
     }
@@ -1013,7 +1036,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
 
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+    if let Some(s) = data(fd) {
         if msg.is_null() {
             set_errno(libc::EFAULT);
             return -1;
@@ -1032,7 +1055,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
-    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+    if let Some(s) = data(fd) {
         let Sock::Stream(st, _) = &*s else {
             unreachable!()
         };
@@ -1058,17 +1081,20 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
-        let Sock::Stream(st, _) = &*s else {
+        let Sock::Stream(_, o) = &*s else {
             unreachable!()
         };
-        let _g = Internal::enter();
-        return match st.local_addr() {
-            Ok(a) => {
+        let a = o.lock().local;
+        return match a {
+            Some(a) => {
                 // SAFETY: the caller's buffers.
                 unsafe { put_sockaddr(a, addr, len) };
                 0
             }
-            Err(e) => fail(&e),
+            None => {
+                set_errno(libc::ENOTCONN);
+                -1
+            }
         };
     }
     // SAFETY: forwards the caller's arguments.
@@ -1078,17 +1104,20 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
 #[no_mangle]
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
-        let Sock::Stream(st, _) = &*s else {
+        let Sock::Stream(_, o) = &*s else {
             unreachable!()
         };
-        let _g = Internal::enter();
-        return match st.peer_addr() {
-            Ok(a) => {
+        let a = o.lock().peer;
+        return match a {
+            Some(a) => {
                 // SAFETY: the caller's buffers.
                 unsafe { put_sockaddr(a, addr, len) };
                 0
             }
-            Err(e) => fail(&e),
+            None => {
+                set_errno(libc::ENOTCONN);
+                -1
+            }
         };
     }
     // SAFETY: forwards the caller's arguments.
@@ -1133,7 +1162,7 @@ pub unsafe extern "C" fn setsockopt(
 
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {
-    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+    if let Some(s) = data(fd) {
         let Sock::Stream(st, _) = &*s else {
             unreachable!()
         };
@@ -1228,8 +1257,13 @@ unsafe fn sendfile_common(out: c_int, inp: c_int, off: *mut i64, count: size_t) 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t) -> ssize_t {
-    if table::owned(out) && stream(out).is_some() {
+pub unsafe extern "C" fn sendfile(
+    out: c_int,
+    inp: c_int,
+    off: *mut libc::off_t,
+    n: size_t,
+) -> ssize_t {
+    if data(out).is_some() {
         // SAFETY: off_t is i64 on this target; the caller's pointers.
         return unsafe { sendfile_common(out, inp, off.cast(), n) };
     }
@@ -1238,8 +1272,13 @@ pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t,
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut libc::off64_t, n: size_t) -> ssize_t {
-    if table::owned(out) && stream(out).is_some() {
+pub unsafe extern "C" fn sendfile64(
+    out: c_int,
+    inp: c_int,
+    off: *mut libc::off64_t,
+    n: size_t,
+) -> ssize_t {
+    if data(out).is_some() {
         // SAFETY: the caller's pointers.
         return unsafe { sendfile_common(out, inp, off, n) };
     }

@@ -21,6 +21,9 @@ pub(crate) struct Opts {
     pub(crate) stored: HashMap<(i32, i32), Vec<u8>>,
     /// "client" or "server", for reports.
     pub(crate) role: &'static str,
+    /// getsockname / getpeername (kept: a forked child's runtime cannot answer).
+    pub(crate) local: Option<std::net::SocketAddr>,
+    pub(crate) peer: Option<std::net::SocketAddr>,
 }
 
 /// What an fd the shim owns is.

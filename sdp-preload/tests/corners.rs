@@ -66,7 +66,10 @@ fn corner_cases_match_kernel_tcp() {
     let tcp = run(&prog, None, false, None);
     let sdp = run(&prog, None, true, Some(&report));
     assert!(tcp.ends_with("done\n"), "{tcp}");
-    assert_eq!(tcp, sdp, "transcripts differ: kernel TCP first, shim second");
+    assert_eq!(
+        tcp, sdp,
+        "transcripts differ: kernel TCP first, shim second"
+    );
     // Proof that SDP carried the connections: both ends of the cases report shm.
     let lines = std::fs::read_to_string(&report).unwrap_or_default();
     let shm_server = lines

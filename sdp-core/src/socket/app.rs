@@ -82,6 +82,8 @@ pub struct ReadFlags {
 pub struct AppStream {
     stack: Stack,
     id: ConnId,
+    /// The fd is shared with other processes (see [`AppStream::share`]).
+    shared: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for AppStream {
@@ -128,7 +130,7 @@ impl AppStream {
             None => return Err(io::Error::from_raw_os_error(libc::ENETUNREACH)),
         };
         let id = stack.0.connect(addr, opts.connect_timeout)?;
-        let s = AppStream { stack, id };
+        let s = AppStream::new(stack, id);
         let fd = s.stack.0.app_attach(id, nonblocking, cloexec)?;
         Ok((s, fd))
     }
@@ -139,9 +141,34 @@ impl AppStream {
         nonblocking: bool,
         cloexec: bool,
     ) -> io::Result<(AppStream, OwnedFd)> {
-        let s = AppStream { stack, id };
+        let s = AppStream::new(stack, id);
         let fd = s.stack.0.app_attach(id, nonblocking, cloexec)?;
         Ok((s, fd))
+    }
+
+    fn new(stack: Stack, id: ConnId) -> AppStream {
+        AppStream {
+            stack,
+            id,
+            shared: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The fd `fd` (this stream's) is about to be shared with another process (fork): from
+    /// now on the stream's bytes flow through the kernel file, and every holder reads and
+    /// writes it natively (`read(2)`, `send(2)`...); this process's runtime pumps them over
+    /// SDP until the last holder closes the file. [`AppStream::read`] and
+    /// [`AppStream::write`] must not be used after this; [`AppStream::is_shared`] says so.
+    pub fn share(&self, fd: RawFd) -> io::Result<()> {
+        if self.shared.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.stack.0.app_share(self.id, fd)
+    }
+
+    /// Whether the fd is shared (its bytes flow through the kernel file).
+    pub fn is_shared(&self) -> bool {
+        self.shared.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// What carries the stream.

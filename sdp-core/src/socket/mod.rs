@@ -47,6 +47,7 @@
 
 pub mod app;
 mod listener;
+mod pump;
 mod ready;
 mod runtime;
 mod stack;

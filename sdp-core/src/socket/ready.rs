@@ -151,6 +151,20 @@ impl AppReady {
         ))
     }
 
+    /// Give up the readiness protocol (the fd is shared, real bytes will flow): take back the
+    /// tokens and filler, and hand over our end, with whether EOF was already shown on it.
+    /// `None` if our end is gone (the connection failed) or both halves were shut.
+    pub(crate) fn into_ours(mut self, user: RawFd) -> Option<(OwnedFd, bool)> {
+        let ours = self.ours.take()?;
+        if self.hup {
+            return None;
+        }
+        let mut b = [0u8; 4096];
+        while sys::recv_nb(user, &mut b).unwrap_or(0) > 0 {}
+        while sys::recv_nb(ours.as_raw_fd(), &mut b).unwrap_or(0) > 0 {}
+        Some((ours, self.rdhup))
+    }
+
     /// Bring the user end to `st`. `user` is the application's fd when an application call
     /// holds it (needed to take tokens back and to fill the send buffer); the progress thread
     /// passes `None` and only makes the fd *more* ready.

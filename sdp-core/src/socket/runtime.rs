@@ -189,6 +189,9 @@ pub(crate) trait StackOps: Send + Sync {
     fn app_info(&self, id: ConnId) -> io::Result<super::app::AppInfo>;
     /// Ring `bell` with the number of connections ready to accept whenever it changes.
     fn set_listener_bell(&self, l: ListenerId, bell: Bell) -> io::Result<()>;
+    /// The application fd is about to be shared with another process: from now on the
+    /// stream's bytes flow through it (see `socket::pump`).
+    fn app_share(&self, id: ConnId, user: RawFd) -> io::Result<()>;
 }
 
 /// How [`StackOps::send_registered_async`] started.
@@ -226,6 +229,8 @@ struct Sock {
     error_taken: bool,
     /// The application's socket fd is our readiness pair's user end (LD_PRELOAD shim).
     app: Option<AppReady>,
+    /// The application's fd is shared with other processes: bytes flow through it.
+    pump: Option<super::pump::Pump>,
 }
 
 struct LSock {
@@ -548,6 +553,29 @@ impl<P: Provider + 'static> Runtime<P> {
 }
 
 impl<P: Provider + 'static> Shared<P> {
+    /// Move the bytes of shared application fds; close those every holder closed.
+    fn run_pumps(g: &mut Inner<P>, now: Instant) -> usize {
+        let Inner { driver, socks, .. } = g;
+        let mut act = 0;
+        let mut done = Vec::new();
+        for (&id, s) in socks.iter_mut() {
+            let Some(p) = s.pump.as_mut() else { continue };
+            act += p.run(driver, now, id);
+            if p.hup && p.drained() && !p.closed {
+                // Every holder closed the file: close as TCP does (the rest goes first).
+                p.closed = true;
+                driver.close(now, id);
+            }
+            if p.closed && p.released {
+                done.push(id);
+            }
+        }
+        for id in done {
+            socks.remove(&id);
+        }
+        act
+    }
+
     fn now(&self) -> Instant {
         Instant::from_nanos(self.origin.elapsed().as_nanos() as u64)
     }
@@ -559,7 +587,8 @@ impl<P: Provider + 'static> Shared<P> {
         if let Some(t) = &self.tick {
             t(now);
         }
-        let act = g.driver.poll(now);
+        let mut act = g.driver.poll(now);
+        act += Self::run_pumps(g, now);
         if act == 0 {
             return 0;
         }
@@ -730,6 +759,11 @@ fn progress_thread<P: Provider + 'static>(sh: Arc<Shared<P>>, notify: Option<Raw
         if let Some(fd) = notify {
             fds.push((fd, libc::POLLIN));
         }
+        // Shared application fds: wake when an application writes or room comes back.
+        fds.extend(sh.inner.lock().socks.values().filter_map(|s| {
+            let p = s.pump.as_ref()?;
+            Some((p.fd()?, libc::POLLIN | libc::POLLRDHUP | p.wants_out()))
+        }));
         if sys::poll(&fds, Some(timeout)).is_err() {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -1103,6 +1137,15 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     fn close(&self, id: ConnId) {
         let Ok(mut g) = self.lock() else { return };
         let now = self.now();
+        if let Some(p) = g.socks.get_mut(&id).and_then(|s| s.pump.as_mut()) {
+            // Other processes may still hold the file: the pump closes when they all did.
+            p.released = true;
+            if !p.closed {
+                return;
+            }
+            g.socks.remove(&id);
+            return;
+        }
         g.socks.remove(&id);
         g.driver.close(now, id);
     }
@@ -1285,6 +1328,27 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             write_closed: c.write_closed(),
             error: c.error().map(|e| e.errno()),
         })
+    }
+
+    fn app_share(&self, id: ConnId, user: RawFd) -> io::Result<()> {
+        let mut g = self.lock()?;
+        let now = self.now();
+        let Inner { driver, socks, .. } = &mut *g;
+        let s = socks
+            .get_mut(&id)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        let Some(app) = s.app.take() else {
+            return Ok(());
+        };
+        if let Some((ours, eof_out)) = app.into_ours(user) {
+            let _ = sys::setsockopt_int(user, libc::SOL_SOCKET, libc::SO_SNDBUF, 1 << 20);
+            let mut p = super::pump::Pump::new(ours, eof_out);
+            p.run(driver, now, id);
+            s.pump = Some(p);
+        }
+        drop(g);
+        sys::eventfd_signal(&self.sh.wake);
+        Ok(())
     }
 
     fn set_listener_bell(&self, l: ListenerId, bell: Bell) -> io::Result<()> {

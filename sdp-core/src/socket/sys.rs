@@ -403,4 +403,22 @@ pub(crate) fn set_linger_zero(fd: RawFd) -> io::Result<()> {
     ))?;
     Ok(())
 }
+/// Receive without blocking: `Some(0)` at EOF, `None` when nothing is queued.
+pub(crate) fn recv_nb_eof(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    // SAFETY: `buf` is a live, writable slice of `buf.len()` bytes.
+    match syscall!(recv(
+        fd,
+        buf.as_mut_ptr().cast(),
+        buf.len(),
+        libc::MSG_DONTWAIT
+    )) {
+        Ok(n) => Ok(Some(n as usize)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
+    }
+}
 
+/// One fd's poll events now (no waiting).
+pub(crate) fn poll_now(fd: RawFd, events: i16) -> io::Result<i16> {
+    Ok(poll(&[(fd, events)], Some(Duration::ZERO))?[0])
+}
