@@ -22,6 +22,7 @@
 
 mod real;
 mod report;
+mod rules;
 mod table;
 
 use std::cell::Cell;
@@ -214,6 +215,62 @@ pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
     unsafe { _exit(status) }
 }
 
+/// The program's name for the rules (argv[0]'s base name).
+fn program() -> &'static str {
+    static P: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    P.get_or_init(|| {
+        std::env::args_os()
+            .next()
+            .and_then(|a| {
+                std::path::Path::new(&a)
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+            })
+            .or_else(|| {
+                std::fs::read_to_string("/proc/self/comm")
+                    .ok()
+                    .map(|s| s.trim().to_string())
+            })
+            .unwrap_or_default()
+    })
+}
+
+/// The choice for a socket: `SDP_USE` (sdp, tcp or both) if set, else the rules file.
+fn choose(role: rules::Role, addr: SocketAddr) -> rules::Use {
+    static RULES: std::sync::OnceLock<(Option<rules::Use>, rules::Rules)> =
+        std::sync::OnceLock::new();
+    let (over, r) = RULES.get_or_init(|| {
+        let over = match std::env::var("SDP_USE").as_deref() {
+            Ok("sdp") => Some(rules::Use::Sdp),
+            Ok("tcp") => Some(rules::Use::Tcp),
+            Ok("both") => Some(rules::Use::Both),
+            Ok(v) => {
+                eprintln!("sdp-preload: SDP_USE={v:?} is not sdp, tcp or both; ignored");
+                None
+            }
+            Err(_) => None,
+        };
+        let rules = match std::env::var("SDP_PRELOAD_CONF") {
+            Ok(path) => match std::fs::read_to_string(&path) {
+                Ok(text) => {
+                    let (r, errs) = rules::Rules::parse(&text, &path);
+                    for e in errs {
+                        eprintln!("sdp-preload: {e}");
+                    }
+                    r
+                }
+                Err(e) => {
+                    eprintln!("sdp-preload: cannot read SDP_PRELOAD_CONF {path}: {e}; no rules");
+                    rules::Rules::default()
+                }
+            },
+            Err(_) => rules::Rules::default(),
+        };
+        (over, rules)
+    });
+    over.unwrap_or_else(|| r.choose(role, program(), addr))
+}
+
 fn log(msg: std::fmt::Arguments<'_>) {
     if LOG.load(Ordering::Relaxed) == 2 {
         eprintln!("sdp-preload[{}]: {msg}", std::process::id());
@@ -328,6 +385,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::connect(fd, addr, len) };
     };
+    let choice = choose(rules::Role::Client, dst);
+    if choice == rules::Use::Tcp {
+        log(format_args!("connect fd {fd} to {dst}: kernel TCP (rules)"));
+        table::remove(fd);
+        // SAFETY: forwards the caller's arguments.
+        return unsafe { real::connect(fd, addr, len) };
+    }
     let (nonblocking, cloexec) = fd_flags(fd);
     let r = {
         let _g = Internal::enter();
@@ -356,6 +420,12 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             } else {
                 0
             }
+        }
+        Err(e) if choice == rules::Use::Sdp => {
+            log(format_args!(
+                "connect fd {fd} to {dst}: SDP only (rules), failed: {e}"
+            ));
+            fail(&e)
         }
         Err(e) => {
             log(format_args!("connect fd {fd} to {dst}: kernel TCP ({e})"));
@@ -463,6 +533,20 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     }
     if !table::get(fd).is_some_and(|s| matches!(*s, Sock::Fresh)) {
         return r;
+    }
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+    // SAFETY: our own storage and length.
+    let named =
+        unsafe { real::getsockname(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut sl) };
+    if let Some(local) = (named == 0).then(|| app::from_sockaddr(&ss)).flatten() {
+        if choose(rules::Role::Server, local) == rules::Use::Tcp {
+            log(format_args!(
+                "listen fd {fd} on {local}: kernel TCP only (rules)"
+            ));
+            table::remove(fd);
+            return r;
+        }
     }
     let l = {
         let _g = Internal::enter();
