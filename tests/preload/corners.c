@@ -474,6 +474,74 @@ static void case_bulk_then_exit(void) {
     close(c2p[0]);
 }
 
+static void peer_talk(int s) {
+    /* Request, reply, request, reply, then EOF. */
+    char b[64];
+    for (int i = 0; i < 2; i++) {
+        char msg[32];
+        int n = snprintf(msg, sizeof msg, "request %d", i);
+        CHECK(write(s, msg, n) == n);
+        ssize_t r = read(s, b, sizeof b);
+        CHECK(r > 0);
+        printf("peer got %.*s\n", (int)r, b);
+        fflush(stdout);
+    }
+    CHECK(shutdown(s, SHUT_WR) == 0);
+    ssize_t r = read(s, b, sizeof b);
+    printf("peer eof %zd\n", r);
+    fflush(stdout);
+}
+
+/* A forking server: the child serves the accepted socket, the parent closes its copy at once
+ * (inetd, socat fork, classic pre-thread servers). */
+static void case_fork_serve(void) {
+    int s;
+    pid_t pid = start(peer_talk, &s);
+    pid_t child = fork();
+    CHECK(child >= 0);
+    if (child == 0) {
+        char b[64];
+        ssize_t r;
+        while ((r = read(s, b, sizeof b)) > 0) {
+            char reply[80];
+            int n = snprintf(reply, sizeof reply, "reply to %.*s", (int)r, b);
+            CHECK(write(s, reply, n) == n);
+        }
+        _exit(r == 0 ? 0 : 1);
+    }
+    close(s);
+    int st, pst;
+    CHECK(waitpid(child, &st, 0) == child);
+    /* The peer ends once it read EOF, which the child's exit gave: then report, in order. */
+    CHECK(waitpid(pid, &pst, 0) == pid);
+    out("fork-serve child exit %d peer exit %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+        WIFEXITED(pst) ? WEXITSTATUS(pst) : -1);
+    close(p2c[1]);
+    close(c2p[0]);
+}
+
+/* A child that ignores the sockets it inherited (redis BGSAVE, a helper exec) must not
+ * disturb the parent's connection. */
+static void case_fork_ignore(void) {
+    int s;
+    pid_t pid = start(peer_talk, &s);
+    pid_t child = fork();
+    CHECK(child >= 0);
+    if (child == 0)
+        _exit(0);
+    int st;
+    CHECK(waitpid(child, &st, 0) == child);
+    char b[64];
+    ssize_t r;
+    while ((r = read(s, b, sizeof b)) > 0) {
+        char reply[80];
+        int n = snprintf(reply, sizeof reply, "answer to %.*s", (int)r, b);
+        CHECK(write(s, reply, n) == n);
+    }
+    out("fork-ignore parent read end %zd", r);
+    finish(pid, s);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -490,6 +558,8 @@ int main(int argc, char **argv) {
     RUN(dup);
     RUN(sigio_and_timeout);
     RUN(bulk_then_exit);
+    RUN(fork_serve);
+    RUN(fork_ignore);
     out("done");
     return 0;
 }
