@@ -67,6 +67,9 @@ fn mark_thread_internal() {
     INTERNAL.with(|c| c.set(true));
 }
 
+/// The process the shim's state belongs to (a vfork child shares it and must not use it).
+static PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// 0 unknown, 1 on, 2 off.
 static ENABLED: AtomicU8 = AtomicU8::new(0);
 static LOG: AtomicU8 = AtomicU8::new(0);
@@ -80,6 +83,7 @@ fn enabled() -> bool {
             let log = std::env::var("SDP_LOG").is_ok_and(|v| !v.is_empty() && v != "0");
             LOG.store(log as u8 + 1, Ordering::Relaxed);
             app::set_thread_start_hook(mark_thread_internal);
+            PID.store(std::process::id(), Ordering::Relaxed);
             // SAFETY: registers plain functions to run at exit and around fork().
             unsafe {
                 libc::atexit(at_exit);
@@ -141,6 +145,7 @@ extern "C" fn fork_parent() {
 }
 
 extern "C" fn fork_child() {
+    PID.store(std::process::id(), Ordering::Relaxed);
     let gone = table::unlock_after_fork();
     let _g = Internal::enter();
     drop(gone);
@@ -200,7 +205,11 @@ fn close_inherited_rendezvous() {
 /// `_exit` skips atexit handlers; the shim's exit work runs anyway.
 #[no_mangle]
 pub unsafe extern "C" fn _exit(status: c_int) -> ! {
-    if ENABLED.load(Ordering::Relaxed) == 1 && !internal() {
+    // Not in a vfork child: it shares the parent's memory, and its exit is not the parent's.
+    if ENABLED.load(Ordering::Relaxed) == 1
+        && !internal()
+        && PID.load(Ordering::Relaxed) == std::process::id()
+    {
         at_exit();
     }
     // SAFETY: ends the process as the caller asked.
