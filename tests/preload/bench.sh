@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Speed of unmodified programs under the LD_PRELOAD shim against kernel TCP loopback, measured
+# in the same run (interleaved, medians of RUNS): iperf3 (128 KiB writes), sockperf ping-pong
+# p50, redis-benchmark GET/SET with -P 1 and -P 16, nginx + wrk requests/s (1 KiB and 1 MiB).
+# Prints one row per measurement with the ratio shim / TCP. A benchmark, not a test.
+#
+#   tests/preload/bench.sh [RUNS]        (default 3; LOAD=N adds N CPU-bound processes)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+RUNS=${1:-3}
+tests/preload/programs.sh nc >/dev/null 2>&1 || true   # installs the packages if missing
+cargo build -q --release -p sdp-preload || exit 1
+SO=$PWD/target/release/libsdp_preload.so
+WORK=$(mktemp -d /tmp/sdp-bench-programs.XXXXXX)
+LOADPIDS=()
+trap 'kill "${LOADPIDS[@]}" 2>/dev/null; jobs -p | xargs -r kill 2>/dev/null; rm -rf "$WORK"' EXIT
+for _ in $(seq "${LOAD:-0}"); do (while :; do :; done) & LOADPIDS+=($!); done
+PORT=$((20000 + RANDOM % 20000))
+
+pre() { if [ "$1" = sdp ]; then echo "env LD_PRELOAD=$SO"; else echo "env -u LD_PRELOAD"; fi; }
+wait_port() {
+    local hex; hex=$(printf ':%04X' "$1")
+    for _ in $(seq 200); do
+        awk -v h="$hex" '$4 == "0A" && $2 ~ h"$" { f = 1 } END { exit !f }' /proc/net/tcp /proc/net/tcp6 && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
+iperf3_gbps() {
+    PORT=$((PORT + 1))
+    $(pre "$1") iperf3 -s -1 -p $PORT >/dev/null 2>&1 &
+    wait_port $PORT
+    $(pre "$1") iperf3 -c 127.0.0.1 -p $PORT -t 2 -l 128K --json 2>/dev/null |
+        python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9))'
+    wait
+}
+sockperf_p50() {
+    PORT=$((PORT + 1))
+    $(pre "$1") sockperf server --tcp -i 127.0.0.1 -p $PORT >/dev/null 2>&1 &
+    local s=$!
+    wait_port $PORT
+    $(pre "$1") sockperf ping-pong --tcp -i 127.0.0.1 -p $PORT -t 2 2>/dev/null |
+        awk '/percentile 50.000/ { print $NF }'
+    kill $s; wait $s 2>/dev/null
+}
+redis_rps() { # MODE TEST PIPELINE
+    PORT=$((PORT + 1))
+    $(pre "$1") redis-server --port $PORT --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 &
+    local s=$!
+    wait_port $PORT
+    $(pre "$1") redis-benchmark -p $PORT -t "$2" -n 100000 -P "$3" -q 2>/dev/null |
+        tr '\r' '\n' | awk '/requests per second/ { print $2 }' | tail -1
+    kill $s; wait $s 2>/dev/null
+}
+nginx_rps() { # MODE FILE
+    PORT=$((PORT + 1))
+    mkdir -p "$WORK/www" "$WORK/ng"
+    [ -f "$WORK/www/1k" ] || head -c 1024 /dev/urandom >"$WORK/www/1k"
+    [ -f "$WORK/www/1m" ] || head -c 1048576 /dev/urandom >"$WORK/www/1m"
+    cat >"$WORK/ng/nginx.conf" <<EOF
+daemon off; master_process on; worker_processes 2; pid $WORK/ng/pid; error_log $WORK/ng/err;
+events { worker_connections 256; }
+http { access_log off; sendfile on; client_body_temp_path $WORK/ng/b; proxy_temp_path $WORK/ng/p;
+  fastcgi_temp_path $WORK/ng/f; uwsgi_temp_path $WORK/ng/u; scgi_temp_path $WORK/ng/s;
+  server { listen 127.0.0.1:$PORT; root $WORK/www; } }
+EOF
+    $(pre "$1") nginx -c "$WORK/ng/nginx.conf" >/dev/null 2>&1 &
+    local s=$!
+    wait_port $PORT
+    $(pre "$1") wrk -t1 -c8 -d2 http://127.0.0.1:$PORT/"$2" 2>/dev/null | awk '/Requests\/sec/ { print $2 }'
+    kill $s; wait $s 2>/dev/null
+}
+
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)]; else print "nan" }'; }
+
+measure() { # NAME UNIT HIGHER_IS_BETTER CMD...
+    local name=$1 unit=$2 hib=$3; shift 3
+    local t=() s=()
+    for _ in $(seq "$RUNS"); do
+        t+=("$("$@" tcp)"); s+=("$("$@" sdp)")
+    done
+    local mt ms
+    mt=$(printf '%s\n' "${t[@]}" | median); ms=$(printf '%s\n' "${s[@]}" | median)
+    printf '%-28s %10s %10s %-8s %6s\n' "$name" "$mt" "$ms" "$unit" \
+        "$(awk -v a="$ms" -v b="$mt" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "-" }')"
+}
+
+echo "load: ${LOAD:-0} CPU-bound processes; medians of $RUNS interleaved runs; ratio = shim / TCP"
+printf '%-28s %10s %10s %-8s %6s\n' measurement tcp shim unit ratio
+measure "iperf3 128 KiB" Gbit/s 1 iperf3_gbps
+measure "sockperf ping-pong p50" us 0 sockperf_p50
+measure "redis SET -P 1" req/s 1 eval 'f() { redis_rps "$1" set 1; }; f'
+measure "redis GET -P 1" req/s 1 eval 'f() { redis_rps "$1" get 1; }; f'
+measure "redis SET -P 16" req/s 1 eval 'f() { redis_rps "$1" set 16; }; f'
+measure "redis GET -P 16" req/s 1 eval 'f() { redis_rps "$1" get 16; }; f'
+measure "nginx+wrk 1 KiB" req/s 1 eval 'f() { nginx_rps "$1" 1k; }; f'
+measure "nginx+wrk 1 MiB" req/s 1 eval 'f() { nginx_rps "$1" 1m; }; f'
