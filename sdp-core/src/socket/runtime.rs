@@ -171,6 +171,10 @@ pub(crate) trait StackOps: Send + Sync {
     fn set_sndbuf(&self, id: ConnId, bytes: usize) -> io::Result<()>;
     fn sndbuf(&self, id: ConnId) -> io::Result<usize>;
     fn take_error(&self, id: ConnId) -> io::Result<Option<io::Error>>;
+    /// Bytes written and not yet acknowledged by the peer (SIOCOUTQ).
+    fn send_queue_len(&self, id: ConnId) -> io::Result<usize>;
+    /// Test hook: make the progress thread panic at its next round.
+    fn inject_progress_panic(&self);
     fn conn_count(&self) -> usize;
     fn registered_bytes(&self) -> usize;
 }
@@ -235,6 +239,8 @@ struct Shared<P: Provider> {
     pid: u32,
     tick: Option<Tick>,
     stop: AtomicBool,
+    /// Test hook: the progress thread panics at its next round.
+    inject_panic: AtomicBool,
     /// The provider can register application memory (cleared at its first refusal).
     user_zcopy: AtomicBool,
     /// The provider's name ("shm", "rdma", "sim").
@@ -312,6 +318,7 @@ impl<P: Provider + 'static> Runtime<P> {
             pid: sys::getpid(),
             tick,
             stop: AtomicBool::new(false),
+            inject_panic: AtomicBool::new(false),
             user_zcopy: AtomicBool::new(true),
             name,
             zcopy_threshold,
@@ -647,6 +654,9 @@ fn progress_thread<P: Provider + 'static>(sh: Arc<Shared<P>>, notify: Option<Raw
                 if g.driver.conn_count() == 0 || t.elapsed() > DRAIN_LIMIT {
                     return;
                 }
+            }
+            if sh.inject_panic.swap(false, Ordering::SeqCst) {
+                panic!("sdp: progress thread panic injected by a test");
             }
             let _ = g.driver.provider().arm();
             if sh.step(&mut g) > 0 {
@@ -1109,6 +1119,17 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
                 io::Error::from_raw_os_error(e.errno())
             }))
         })
+    }
+    fn send_queue_len(&self, id: ConnId) -> io::Result<usize> {
+        self.with_sock(id, |g, _| {
+            let backlog = g.socks.get(&id).map_or(0, |s| s.zbacklog.len());
+            let queued = g.driver.conn(id).map_or(0, |c| c.tx_queued_bytes());
+            Ok(queued + backlog)
+        })
+    }
+    fn inject_progress_panic(&self) {
+        self.sh.inject_panic.store(true, Ordering::SeqCst);
+        sys::eventfd_signal(&self.sh.wake);
     }
     fn conn_count(&self) -> usize {
         self.lock().map_or(0, |g| g.driver.conn_count())

@@ -262,3 +262,11 @@ pub(crate) fn tcp_connect_from(
     s.set_nonblocking(false)?;
     Ok(s)
 }
+
+/// Bytes in a kernel TCP socket's send queue not yet acknowledged by the peer (`SIOCOUTQ`).
+pub(crate) fn tcp_outq(fd: RawFd) -> io::Result<usize> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one int through the pointer, which is live.
+    syscall!(ioctl(fd, libc::TIOCOUTQ, &mut v as *mut libc::c_int))?;
+    Ok(v.max(0) as usize)
+}
