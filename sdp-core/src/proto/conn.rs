@@ -1046,14 +1046,24 @@ impl<S: BufStore> Conn<S> {
         for (_, b) in std::mem::take(&mut self.rx_posted) {
             self.store.free(b);
         }
-        if self.error.is_some() {
-            // After a failure unread data is gone, as with a TCP reset. After an orderly close
-            // it stays readable; `read` frees each buffer as it empties.
-            for item in std::mem::take(&mut self.rx_queue) {
+        // Received data stays readable, after an orderly close as after a failure (Linux
+        // keeps a reset socket's receive queue: the data, then the error, then EOF); `read`
+        // frees each buffer as it empties. A peer's advertised source cannot be read any
+        // more, so the stream ends before the first one.
+        if let Some(cut) = self
+            .rx_queue
+            .iter()
+            .position(|i| matches!(i, RxItem::Src { .. }))
+        {
+            for item in self.rx_queue.split_off(cut) {
+                if let RxItem::Data { len, bounce, .. } = &item {
+                    self.rx_bytes -= *len as usize;
+                    if !*bounce {
+                        self.rx_held -= 1;
+                    }
+                }
                 item.release(&mut self.store);
             }
-            self.rx_bytes = 0;
-            self.rx_held = 0;
         }
         self.tx_bytes = 0;
         self.advts.release(&mut self.store);

@@ -210,7 +210,8 @@ struct Sock {
     /// Bytes of asynchronous sends that ended short (the peer cancelled, or a timeout), in
     /// stream order: they go by copy before anything written after them.
     zbacklog: VecDeque<u8>,
-    /// The error reported by `take_error` (SO_ERROR) is taken once.
+    /// The connection's error was reported (by `take_error`, SO_ERROR, or a read or write):
+    /// it is reported once.
     error_taken: bool,
 }
 
@@ -512,6 +513,24 @@ impl<P: Provider + 'static> Runtime<P> {
         }
         settle_zsends(driver, now, id, s);
         s.zbacklog.is_empty()
+    }
+
+    /// A connection's error is reported once, by the first read, write or SO_ERROR that
+    /// meets it, as Linux clears `sk_err`; after that reads see EOF and writes EPIPE
+    /// (`later`).
+    fn report_once(
+        g: &mut Inner<P>,
+        id: ConnId,
+        e: CallError,
+        later: io::Result<usize>,
+    ) -> io::Result<usize> {
+        if let (CallError::Conn(_), Some(s)) = (&e, g.socks.get_mut(&id)) {
+            if s.error_taken {
+                return later;
+            }
+            s.error_taken = true;
+        }
+        Err(io_err(e))
     }
 
     fn with_sock<R>(
@@ -828,7 +847,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
                 let r = match g.driver.read(now, id, buf) {
                     Ok(n) => Some(Ok(Some(n))),
                     Err(CallError::WouldBlock) => None,
-                    Err(e) => Some(Err(io_err(e))),
+                    Err(e) => Some(Self::report_once(g, id, e, Ok(0)).map(Some)),
                 };
                 Self::refresh(g, id);
                 r
@@ -1236,7 +1255,12 @@ impl<P: Provider + 'static> Runtime<P> {
                     let _ = e;
                     Some(Ok(done))
                 }
-                Err(e) => Some(Err(io_err(e))),
+                Err(e) => Some(Self::report_once(
+                    g,
+                    id,
+                    e,
+                    Err(io::Error::from_raw_os_error(libc::EPIPE)),
+                )),
             };
             Self::refresh(g, id);
             r

@@ -1,0 +1,183 @@
+//! Process exit, crash and reset between real processes, checked against kernel TCP: data
+//! written before a normal exit arrives (with or without close), data the reader already
+//! received stays readable after the peer resets or dies, `accept()` hands over a client that
+//! is already gone, and a stack whose progress thread panics fails its connections instead of
+//! hanging them.
+
+use std::io::{ErrorKind, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sdp_core::socket::{Options, SdpListener, SdpStream, Transport};
+
+const PEER: &str = env!("CARGO_BIN_EXE_sdp-peer");
+
+// The peer's seeded pattern, compiled into the test too.
+#[path = "../src/bin/sdp-peer.rs"]
+#[allow(dead_code)]
+mod peer;
+
+fn both() -> [(Options, Transport, &'static str); 2] {
+    [
+        (Options::tcp_only(), Transport::Tcp, "tcp"),
+        (Options::sdp_only(), Transport::Shm, "sdp"),
+    ]
+}
+
+fn pattern(bytes: usize) -> Vec<u8> {
+    let mut v = vec![0u8; bytes];
+    peer::Pattern::new(7).fill(&mut v);
+    v
+}
+
+/// Start `sdp-peer write-exit` against `l`.
+fn write_exit(l: &SdpListener, choice: &str, mode: &str, bytes: usize, end: &str) -> Child {
+    let addr = l.local_addr().unwrap().to_string();
+    Command::new(PEER)
+        .args(["write-exit", &addr, choice, mode, &bytes.to_string(), end])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Accept within 20 s (a lost connection fails the test instead of hanging it).
+fn accept_within(l: &SdpListener, what: &str) -> SdpStream {
+    l.set_nonblocking(true).unwrap();
+    let t = Instant::now();
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).unwrap();
+                return s;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "{what}: accept() never returned the connection"
+                );
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => panic!("{what}: accept: {e}"),
+        }
+    }
+}
+
+/// Wait (bounded) for the child to end; true if it exited with status 0.
+fn reap(child: &mut Child, what: &str) -> bool {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st.success();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{what}: peer did not end"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// What a reader sees: the bytes, then the results of the next three reads after the data
+/// ended ("eof", an errno, or "timeout"); then what a write gives.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    bytes: usize,
+    intact: bool,
+    ends: Vec<String>,
+    write: String,
+}
+
+fn end_name(r: std::io::Result<usize>) -> String {
+    match r {
+        Ok(0) => "eof".into(),
+        Ok(n) => format!("{n} bytes"),
+        Err(e) if e.kind() == ErrorKind::WouldBlock => "timeout".into(),
+        Err(e) => match e.raw_os_error() {
+            Some(libc::ECONNRESET) => "ECONNRESET".into(),
+            Some(libc::EPIPE) => "EPIPE".into(),
+            Some(libc::EIO) => "EIO".into(),
+            Some(n) => format!("errno {n}"),
+            None => format!("{e}"),
+        },
+    }
+}
+
+/// Read everything (at most 30 s without progress), then three more reads and a write.
+fn observe(s: &mut SdpStream, want: &[u8]) -> Seen {
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = Vec::with_capacity(want.len());
+    let mut buf = vec![0u8; 256 << 10];
+    let mut ends = Vec::new();
+    while ends.len() < 3 {
+        match s.read(&mut buf) {
+            Ok(n) if n > 0 && ends.is_empty() => got.extend_from_slice(&buf[..n]),
+            r => {
+                let timed_out = matches!(&r, Err(e) if e.kind() == ErrorKind::WouldBlock);
+                ends.push(end_name(r));
+                if timed_out {
+                    break;
+                }
+            }
+        }
+    }
+    let write = end_name(s.write(b"late"));
+    Seen {
+        bytes: got.len(),
+        intact: want.starts_with(&got),
+        ends,
+        write,
+    }
+}
+
+/// The reader's view when the peer wrote `bytes` and ended normally.
+fn clean(bytes: usize) -> Seen {
+    Seen {
+        bytes,
+        intact: true,
+        ends: vec!["eof".into(); 3],
+        // Our own end is still open; the peer is gone: EPIPE or ECONNRESET, normalised below.
+        write: "gone".into(),
+    }
+}
+
+fn normalise_write(mut s: Seen) -> Seen {
+    if matches!(s.write.as_str(), "EPIPE" | "ECONNRESET" | "4 bytes") {
+        // A first write into a peer that closed may still be taken (TCP takes it and the
+        // peer answers with a reset); either way it is not an error we compare.
+        s.write = "gone".into();
+    }
+    s
+}
+
+/// What a reader sees of data the peer wrote before it reset the connection: all of it, then
+/// ECONNRESET once, then EOF; a write fails with EPIPE (Linux).
+fn after_reset(bytes: usize) -> Seen {
+    Seen {
+        bytes,
+        intact: true,
+        ends: vec!["ECONNRESET".into(), "eof".into(), "eof".into()],
+        write: "EPIPE".into(),
+    }
+}
+
+#[test]
+fn received_data_stays_readable_after_the_peer_resets_same_as_tcp() {
+    // Small enough for a fresh TCP connection's receive window (the peer waits until the
+    // reader's side holds every byte before it resets: SO_LINGER 0 over TCP, a crash over SDP).
+    let bytes = 100_000;
+    let want = pattern(bytes);
+    let mut seen = Vec::new();
+    for (opts, transport, choice) in both() {
+        let what = format!("{transport}");
+        let l = SdpListener::bind_with("127.0.0.1:0", &opts).unwrap();
+        let mut child = write_exit(&l, choice, "bcopy", bytes, "abort");
+        let mut s = accept_within(&l, &what);
+        reap(&mut child, &what);
+        // Let the reset reach us before the first read.
+        std::thread::sleep(Duration::from_millis(200));
+        let v = observe(&mut s, &want);
+        assert_eq!(v, after_reset(bytes), "{what}");
+        seen.push(v);
+    }
+    assert_eq!(seen[0], seen[1]);
+}
