@@ -84,6 +84,9 @@ struct Entry<P: Provider> {
     events: Vec<Event>,
     /// The application let go of the id: remove the entry once the engine is done.
     released: bool,
+    /// Local and peer address, kept when the endpoint goes (`accept` reports them, as TCP
+    /// does for a connection that ended before it was accepted).
+    addrs: Option<(SocketAddr, SocketAddr)>,
 }
 
 struct ListenEntry<P: Provider> {
@@ -176,6 +179,7 @@ impl<P: Provider> Driver<P> {
             ep: Some(ep),
             events: Vec::new(),
             released: false,
+            addrs: None,
         });
         self.pump(now, id);
         Ok(id)
@@ -235,6 +239,7 @@ impl<P: Provider> Driver<P> {
                             ep: None,
                             events: Vec::new(),
                             released: false,
+                            addrs: None,
                         };
                         let posted = post_all(&mut entry.conn, &mut ep, &mut self.sends);
                         if posted.is_err() || ep.accept(&ack).is_err() {
@@ -310,7 +315,9 @@ impl<P: Provider> Driver<P> {
         }
         if e.conn.state() == State::Closed {
             // Destroy the QP; the engine already gave its buffers back.
-            e.ep = None;
+            if let Some(ep) = e.ep.take() {
+                e.addrs = Some((ep.local_addr(), ep.peer_addr()));
+            }
             if e.released {
                 self.conns.remove(id);
             }
@@ -432,11 +439,19 @@ impl<P: Provider> Driver<P> {
         n
     }
 
+    /// The connection's local address (also after it closed).
     pub fn local_addr(&self, id: ConnId) -> Option<SocketAddr> {
-        self.conns.get(id)?.ep.as_ref().map(|ep| ep.local_addr())
+        let e = self.conns.get(id)?;
+        e.ep.as_ref()
+            .map(|ep| ep.local_addr())
+            .or(e.addrs.map(|a| a.0))
     }
+    /// The connection's peer address (also after it closed).
     pub fn peer_addr(&self, id: ConnId) -> Option<SocketAddr> {
-        self.conns.get(id)?.ep.as_ref().map(|ep| ep.peer_addr())
+        let e = self.conns.get(id)?;
+        e.ep.as_ref()
+            .map(|ep| ep.peer_addr())
+            .or(e.addrs.map(|a| a.1))
     }
 }
 

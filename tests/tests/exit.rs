@@ -181,3 +181,22 @@ fn received_data_stays_readable_after_the_peer_resets_same_as_tcp() {
     }
     assert_eq!(seen[0], seen[1]);
 }
+
+#[test]
+fn accept_returns_a_client_that_reset_before_it_was_accepted_same_as_tcp() {
+    let bytes = 100_000;
+    let want = pattern(bytes);
+    for (opts, transport, choice) in both() {
+        for round in 0..3 {
+            let what = format!("{transport} round {round}");
+            let l = SdpListener::bind_with("127.0.0.1:0", &opts).unwrap();
+            let mut child = write_exit(&l, choice, "bcopy", bytes, "abort");
+            // The client is gone before accept() is called.
+            reap(&mut child, &what);
+            std::thread::sleep(Duration::from_millis(100));
+            let mut s = accept_within(&l, &what);
+            assert_eq!(s.transport(), transport, "{what}");
+            assert_eq!(observe(&mut s, &want), after_reset(bytes), "{what}");
+        }
+    }
+}

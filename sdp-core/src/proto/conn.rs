@@ -405,6 +405,8 @@ pub struct Conn<S: BufStore> {
     pub(crate) disconn_rcvd: bool,
     pub(crate) app_closed: bool,
     pub(crate) disconnect_issued: bool,
+    /// Setup finished once (the connection was established, whatever happened since).
+    pub(crate) was_established: bool,
 
     // Timers.
     pub(crate) last_rx_at: Instant,
@@ -463,6 +465,7 @@ impl<S: BufStore> Conn<S> {
             disconn_rcvd: false,
             app_closed: false,
             disconnect_issued: false,
+            was_established: false,
             last_rx_at: now,
             last_activity: now,
             setup_deadline: Some(now + cfg.connect_timeout),
@@ -606,6 +609,11 @@ impl<S: BufStore> Conn<S> {
     /// True on the side that opened the connection.
     pub fn is_active(&self) -> bool {
         self.role == Role::Active
+    }
+    /// Setup finished at some point: the connection was established (it may have ended
+    /// since). A passive connection that never was is not one `accept` hands over.
+    pub fn was_established(&self) -> bool {
+        self.was_established
     }
     /// The error that ended the connection, if any.
     pub fn error(&self) -> Option<&ConnError> {
@@ -775,6 +783,7 @@ impl<S: BufStore> Conn<S> {
 
     fn established(&mut self, now: Instant) {
         self.state = State::Established;
+        self.was_established = true;
         self.setup_deadline = None;
         self.last_rx_at = now;
         self.last_activity = now;

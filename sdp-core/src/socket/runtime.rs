@@ -130,7 +130,8 @@ pub(crate) trait StackOps: Send + Sync {
     fn connect(&self, dst: SocketAddr, timeout: Option<Duration>) -> io::Result<ConnId>;
     fn listen(&self, addr: SocketAddr, backlog: u32) -> io::Result<ListenerId>;
     fn listener_addr(&self, l: ListenerId) -> Option<SocketAddr>;
-    fn accept(&self, l: ListenerId, w: Wait) -> io::Result<ConnId>;
+    /// The next connection of the listener, and its peer's address.
+    fn accept(&self, l: ListenerId, w: Wait) -> io::Result<(ConnId, SocketAddr)>;
     fn close_listener(&self, l: ListenerId);
     fn listener_fd(&self, l: ListenerId) -> io::Result<RawFd>;
     fn read(&self, id: ConnId, buf: &mut [u8], w: Wait) -> io::Result<usize>;
@@ -576,11 +577,7 @@ impl<P: Provider + 'static> Shared<P> {
                 ls.pending.push_back(id);
                 socks.insert(id, Sock::default());
             }
-            let readable = ls.pending.iter().any(|&id| {
-                driver
-                    .conn(id)
-                    .is_some_and(|c| c.state() != State::Accepting)
-            });
+            let readable = prune_pending(driver, socks, ls);
             ls.ready.set(readable, false, false);
         }
         for (&id, s) in socks.iter_mut() {
@@ -643,6 +640,32 @@ fn settle_zsends<P: Provider>(driver: &mut Driver<P>, now: Instant, id: ConnId, 
             }
         }
     }
+}
+
+/// Drop the listener's pending connections whose setup failed (a TCP handshake that never
+/// completed is never accepted either); true if one is ready to hand over. A connection that
+/// was established is handed over whatever happened to it since, as TCP does: a client that
+/// wrote and exited, or reset, before `accept()` is accepted with its data, then EOF or the
+/// error.
+fn prune_pending<P: Provider>(
+    driver: &mut Driver<P>,
+    socks: &mut HashMap<ConnId, Sock>,
+    ls: &mut LSock,
+) -> bool {
+    let mut ready = false;
+    ls.pending.retain(|&id| match driver.conn(id) {
+        Some(c) if c.state() == State::Accepting => true,
+        Some(c) if c.was_established() => {
+            ready = true;
+            true
+        }
+        _ => {
+            socks.remove(&id);
+            driver.release(Instant::default(), id);
+            false
+        }
+    });
+    ready
 }
 
 fn refresh_sock<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut Sock) {
@@ -773,7 +796,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         self.lock().ok()?.driver.listener_addr(l)
     }
 
-    fn accept(&self, l: ListenerId, w: Wait) -> io::Result<ConnId> {
+    fn accept(&self, l: ListenerId, w: Wait) -> io::Result<(ConnId, SocketAddr)> {
         self.block_on(w, |g, _| {
             let Inner {
                 driver,
@@ -784,30 +807,21 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             let Some(ls) = lsocks.get_mut(&l) else {
                 return Some(Err(io::Error::from_raw_os_error(libc::EBADF)));
             };
-            let mut i = 0;
-            while i < ls.pending.len() {
-                let id = ls.pending[i];
-                match driver.conn(id).map(|c| (c.state(), c.error().is_some())) {
-                    Some((State::Accepting, _)) => i += 1,
-                    // Failed before the application saw it: TCP would not report it either.
-                    None | Some((State::Closed, true)) => {
-                        ls.pending.remove(i);
-                        socks.remove(&id);
-                        driver.release(Instant::default(), id);
-                    }
-                    Some(_) => {
-                        ls.pending.remove(i);
-                        let readable = ls.pending.iter().any(|&id| {
-                            driver
-                                .conn(id)
-                                .is_some_and(|c| c.state() != State::Accepting)
-                        });
-                        ls.ready.set(readable, false, false);
-                        return Some(Ok(id));
-                    }
-                }
+            if !prune_pending(driver, socks, ls) {
+                return None;
             }
-            None
+            // The first one set up, in arrival order.
+            let i = ls
+                .pending
+                .iter()
+                .position(|&id| driver.conn(id).is_some_and(|c| c.was_established()))?;
+            let id = ls.pending.remove(i).expect("found");
+            let readable = prune_pending(driver, socks, ls);
+            ls.ready.set(readable, false, false);
+            let peer = driver
+                .peer_addr(id)
+                .unwrap_or_else(|| SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0));
+            Some(Ok((id, peer)))
         })
     }
 
@@ -1089,8 +1103,13 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
 
     fn addrs(&self, id: ConnId) -> io::Result<(SocketAddr, SocketAddr)> {
         let g = self.lock()?;
+        // After a failure there is no peer (getpeername gives ENOTCONN on a reset TCP socket).
+        let failed = g
+            .driver
+            .conn(id)
+            .is_some_and(|c| c.state() == State::Closed && c.error().is_some());
         match (g.driver.local_addr(id), g.driver.peer_addr(id)) {
-            (Some(l), Some(p)) => Ok((l, p)),
+            (Some(l), Some(p)) if !failed => Ok((l, p)),
             _ => Err(io::Error::from_raw_os_error(libc::ENOTCONN)),
         }
     }
