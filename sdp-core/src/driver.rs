@@ -393,6 +393,12 @@ impl<P: Provider> Driver<P> {
         self.release(now, id);
     }
 
+    /// `close(2)` on the application's behalf while it keeps the id (process exit): the engine
+    /// finishes as after [`Driver::close`], and the id stays valid until released.
+    pub fn close_keep(&mut self, now: Instant, id: ConnId) {
+        let _ = self.with_conn(now, id, |c| c.close(now));
+    }
+
     /// Let go of an id; the entry goes away once its engine is closed.
     pub fn release(&mut self, _now: Instant, id: ConnId) {
         if let Some(e) = self.conns.get_mut(id) {
@@ -421,6 +427,11 @@ impl<P: Provider> Driver<P> {
             .get_mut(id)
             .map(|e| std::mem::take(&mut e.events))
             .unwrap_or_default()
+    }
+
+    /// Ids of the connections in the table (including ones finishing in the background).
+    pub fn conn_ids(&self) -> Vec<ConnId> {
+        self.conns.ids()
     }
 
     /// Connections in the table (including ones finishing in the background).

@@ -8,7 +8,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sdp_core::socket::{Options, SdpListener, SdpStream, Transport};
+use sdp_core::socket::{Options, SdpListener, SdpStream, Stack, Transport};
 
 const PEER: &str = env!("CARGO_BIN_EXE_sdp-peer");
 
@@ -161,6 +161,27 @@ fn after_reset(bytes: usize) -> Seen {
 }
 
 #[test]
+fn data_written_before_exit_arrives_with_or_without_close_same_as_tcp() {
+    for (opts, transport, choice) in both() {
+        for bytes in [200_000, 8 << 20] {
+            let want = pattern(bytes);
+            for mode in ["auto", "bcopy"] {
+                for end in ["exit", "close"] {
+                    let what = format!("{transport} {bytes} bytes {mode}, then {end}");
+                    let l = SdpListener::bind_with("127.0.0.1:0", &opts).unwrap();
+                    let mut child = write_exit(&l, choice, mode, bytes, end);
+                    let mut s = accept_within(&l, &what);
+                    assert_eq!(s.transport(), transport, "{what}");
+                    let seen = normalise_write(observe(&mut s, &want));
+                    assert!(reap(&mut child, &what), "{what}: peer failed");
+                    assert_eq!(seen, clean(bytes), "{what}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn received_data_stays_readable_after_the_peer_resets_same_as_tcp() {
     // Small enough for a fresh TCP connection's receive window (the peer waits until the
     // reader's side holds every byte before it resets: SO_LINGER 0 over TCP, a crash over SDP).
@@ -199,4 +220,77 @@ fn accept_returns_a_client_that_reset_before_it_was_accepted_same_as_tcp() {
             assert_eq!(observe(&mut s, &want), after_reset(bytes), "{what}");
         }
     }
+}
+
+#[test]
+fn accept_never_loses_a_client_that_wrote_and_exited_at_once() {
+    let bytes = 200_000;
+    let want = pattern(bytes);
+    for (opts, transport, choice) in both() {
+        let l = SdpListener::bind_with("127.0.0.1:0", &opts).unwrap();
+        for round in 0..30 {
+            // (A large write in auto mode that nobody reads waits 2 s before it copies: only
+            // one round accepts such a client after it is gone.)
+            let late = round % 3 == 0;
+            let mode = match round {
+                3 => "auto",
+                _ if late => "bcopy",
+                _ => ["bcopy", "auto"][round % 2],
+            };
+            let end = ["exit", "close"][(round / 2) % 2];
+            let what = format!("{transport} round {round} ({mode}, {end})");
+            let mut child = write_exit(&l, choice, mode, bytes, end);
+            if late {
+                // Sometimes accept only once the client is gone.
+                reap(&mut child, &what);
+            }
+            let mut s = accept_within(&l, &what);
+            let seen = normalise_write(observe(&mut s, &want));
+            assert!(reap(&mut child, &what), "{what}: peer failed");
+            assert_eq!(seen, clean(bytes), "{what}");
+        }
+    }
+}
+
+#[test]
+fn exit_waits_no_longer_than_the_exit_linger_for_a_peer_that_does_not_read() {
+    // A reader whose stack holds little (4 receive buffers of 32 KiB) and that reads nothing
+    // until the writer is gone: the writer's exit cannot deliver 1 MiB, and must give up after
+    // SDP_EXIT_LINGER_MS (the default, 10 s, would fail the bound below).
+    let cfg = sdp_core::proto::Config {
+        initial_rx_bufs: 4,
+        max_rx_bufs: 4,
+        max_rcv_size: 32 * 1024,
+        ..sdp_core::proto::Config::default()
+    };
+    let stack =
+        Stack::with_provider(sdp_core::verbs::shm::ShmProvider::new().unwrap(), cfg).unwrap();
+    let l = SdpListener::bind_with("127.0.0.1:0", &Options::sdp_only().with_stack(stack)).unwrap();
+    let bytes = 1 << 20;
+    let addr = l.local_addr().unwrap().to_string();
+    let t = Instant::now();
+    let mut child = Command::new(PEER)
+        .args([
+            "write-exit",
+            &addr,
+            "sdp",
+            "bcopy",
+            &bytes.to_string(),
+            "exit",
+        ])
+        .env("SDP_EXIT_LINGER_MS", "300")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut s = accept_within(&l, "linger");
+    assert!(reap(&mut child, "linger"), "peer failed");
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "exit took {:?}",
+        t.elapsed()
+    );
+    // What reached us before the writer gave up, then the reset.
+    let seen = observe(&mut s, &pattern(bytes));
+    assert!(seen.intact && seen.bytes < bytes, "{seen:?}");
+    assert_eq!(seen.ends[0], "ECONNRESET", "{seen:?}");
 }

@@ -659,6 +659,14 @@ impl<S: BufStore> Conn<S> {
     pub fn write_closed(&self) -> bool {
         self.shut_wr
     }
+    /// The application closed the connection and something of ours has yet to reach the
+    /// peer: queued data, or the DisConn after it (until its send completes). A process that
+    /// exits waits for this to clear, as the kernel finishes a closed TCP socket's sends.
+    pub fn close_pending(&self) -> bool {
+        self.app_closed
+            && self.state == State::Established
+            && !(self.disconn_sent && self.tx_inflight.is_empty())
+    }
     /// Bytes of a peer's SrcAvail that come next in the stream and may be read without a copy
     /// into a registered sink ([`Conn::read_zcopy`]); `None` if the next bytes are not one.
     pub fn next_is_zcopy(&self) -> Option<u32> {

@@ -214,6 +214,8 @@ struct Sock {
     /// The connection's error was reported (by `take_error`, SO_ERROR, or a read or write):
     /// it is reported once.
     error_taken: bool,
+    /// Closed by `flush_at_exit` on the application's behalf.
+    exit_closed: bool,
 }
 
 struct LSock {
@@ -330,6 +332,8 @@ impl<P: Provider + 'static> Runtime<P> {
         std::thread::Builder::new()
             .name("sdp-progress".into())
             .spawn(move || progress_thread(thread_sh, notify))?;
+        let weak: std::sync::Weak<Shared<P>> = Arc::downgrade(&sh);
+        super::exit::register(weak);
         Ok(Arc::new(Runtime { sh }))
     }
 
@@ -678,6 +682,69 @@ fn refresh_sock<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut Sock) {
             r.set(c.is_readable(), c.is_writable(), hup)
         }
         None => r.set(true, true, true),
+    }
+}
+
+impl<P: Provider + 'static> super::exit::ExitFlush for Shared<P> {
+    fn exit_flush(&self, deadline: std::time::Instant, wait: bool) -> bool {
+        if sys::getpid() != self.pid {
+            // A forked child: the parent's connections are not ours to close.
+            return true;
+        }
+        let Some(mut g) = self.inner.try_lock_until(deadline) else {
+            return false;
+        };
+        loop {
+            if self.exit_round(&mut g) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if !wait || left.is_zero() {
+                return false;
+            }
+            if self.step(&mut g) > 0 {
+                self.cond.notify_all();
+                continue;
+            }
+            // The progress thread moves things along meanwhile and notifies.
+            self.cond
+                .wait_for(&mut g, left.min(Duration::from_millis(20)));
+        }
+    }
+}
+
+impl<P: Provider + 'static> Shared<P> {
+    /// One round of [`flush_at_exit`](super::exit::flush_at_exit): close each connection the
+    /// application holds once its queued zero-copy sends are settled (bytes of one that ended
+    /// short still go by copy first); true when no closing connection has anything left to
+    /// deliver. Connections waiting in a listener's queue are left alone.
+    fn exit_round(&self, g: &mut Inner<P>) -> bool {
+        let now = self.now();
+        let mut done = true;
+        let ids: Vec<ConnId> = g.socks.keys().copied().collect();
+        for id in ids {
+            let queued = g.lsocks.values().any(|ls| ls.pending.contains(&id));
+            if queued || g.socks.get(&id).is_none_or(|s| s.exit_closed) {
+                continue;
+            }
+            let settled = Runtime::<P>::zsends_settled(g, now, id);
+            let Inner { driver, socks, .. } = &mut *g;
+            let Some(s) = socks.get_mut(&id) else {
+                continue;
+            };
+            if !settled || s.zsends.iter().any(|z| z.done.is_none()) {
+                done = false;
+                continue;
+            }
+            s.exit_closed = true;
+            driver.close_keep(now, id);
+            refresh_sock(driver, id, s);
+        }
+        done && g
+            .driver
+            .conn_ids()
+            .into_iter()
+            .all(|id| !g.driver.conn(id).is_some_and(|c| c.close_pending()))
     }
 }
 

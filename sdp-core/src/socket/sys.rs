@@ -270,3 +270,10 @@ pub(crate) fn tcp_outq(fd: RawFd) -> io::Result<usize> {
     syscall!(ioctl(fd, libc::TIOCOUTQ, &mut v as *mut libc::c_int))?;
     Ok(v.max(0) as usize)
 }
+
+/// Register `f` to run at process exit (`atexit(3)`): `exit()`, `std::process::exit` and
+/// returning from `main` run it; `_exit` and fatal signals do not.
+pub(crate) fn atexit(f: extern "C" fn()) {
+    // SAFETY: `f` is a plain function that lives as long as the program and never unwinds.
+    unsafe { libc::atexit(f) };
+}

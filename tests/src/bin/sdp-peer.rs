@@ -284,8 +284,10 @@ fn fork_checks(addr: &str) {
                 3
             }
         };
-        // SAFETY: leave at once, without running the parent's destructors in the child.
-        unsafe { libc::_exit(code) };
+        // SAFETY: leave without running the parent's destructors in the child, but through
+        // exit(3), so the socket layer's exit flush runs here too and must leave the parent's
+        // connection alone.
+        unsafe { libc::exit(code) };
     }
     let mut status = 0;
     // SAFETY: waits for the child we just forked.
