@@ -294,3 +294,53 @@ fn exit_waits_no_longer_than_the_exit_linger_for_a_peer_that_does_not_read() {
     assert!(seen.intact && seen.bytes < bytes, "{seen:?}");
     assert_eq!(seen.ends[0], "ECONNRESET", "{seen:?}");
 }
+
+#[test]
+fn a_panicking_progress_thread_fails_its_connections_instead_of_hanging_them() {
+    let stack = |_| {
+        Stack::with_provider(
+            sdp_core::verbs::shm::ShmProvider::new().unwrap(),
+            sdp_core::proto::Config::default(),
+        )
+        .unwrap()
+    };
+    let (a, b) = (stack(0), stack(1));
+    let l = SdpListener::bind_with("127.0.0.1:0", &Options::sdp_only().with_stack(b)).unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || l.accept().unwrap().0);
+    let c = SdpStream::connect_with(addr, &Options::sdp_only().with_stack(a.clone())).unwrap();
+    let srv = t.join().unwrap();
+    (&c).write_all(b"ping").unwrap();
+    let mut four = [0u8; 4];
+    (&srv).read_exact(&mut four).unwrap();
+
+    // Blocked readers on both ends.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c2 = c.clone();
+    let tx2 = tx.clone();
+    std::thread::spawn(move || {
+        let _ = tx2.send(("client", end_name((&c2).read(&mut [0u8; 16]))));
+    });
+    let s2 = srv.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(("server", end_name((&s2).read(&mut [0u8; 16]))));
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    a.inject_progress_panic();
+    let mut ends = std::collections::HashMap::new();
+    for _ in 0..2 {
+        let (who, r) = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("a blocked read hangs; so far {ends:?}"));
+        ends.insert(who, r);
+    }
+    // The failed stack's connection reports EIO; its peer sees the connection end.
+    assert_eq!(ends["client"], "EIO");
+    assert!(
+        matches!(ends["server"].as_str(), "ECONNRESET" | "eof"),
+        "{ends:?}"
+    );
+    // Later calls fail at once too.
+    assert_eq!(end_name((&c).write(b"more")), "EIO");
+    assert_eq!(end_name((&c).read(&mut [0u8; 4])), "EIO");
+}

@@ -245,6 +245,9 @@ struct Shared<P: Provider> {
     stop: AtomicBool,
     /// Test hook: the progress thread panics at its next round.
     inject_panic: AtomicBool,
+    /// A panic broke the stack's progress (its state may be inconsistent): every call fails
+    /// with EIO from now on.
+    failed: AtomicBool,
     /// The provider can register application memory (cleared at its first refusal).
     user_zcopy: AtomicBool,
     /// The provider's name ("shm", "rdma", "sim").
@@ -299,6 +302,11 @@ fn driver_err(e: crate::driver::DriverError) -> io::Error {
     }
 }
 
+/// The error of every call on a stack whose progress panicked.
+fn stack_failed() -> io::Error {
+    io::Error::from_raw_os_error(libc::EIO)
+}
+
 fn dead() -> io::Error {
     io::Error::other("SDP socket inherited across fork(): it belongs to the parent process")
 }
@@ -323,6 +331,7 @@ impl<P: Provider + 'static> Runtime<P> {
             tick,
             stop: AtomicBool::new(false),
             inject_panic: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
             user_zcopy: AtomicBool::new(true),
             name,
             zcopy_threshold,
@@ -345,6 +354,9 @@ impl<P: Provider + 'static> Runtime<P> {
         if sys::getpid() != self.sh.pid {
             return Err(dead());
         }
+        if self.sh.failed() {
+            return Err(stack_failed());
+        }
         Ok(self.sh.inner.lock())
     }
 
@@ -360,6 +372,9 @@ impl<P: Provider + 'static> Runtime<P> {
         let spin = w.spin.unwrap_or_else(|| self.sh.spin.get());
         let mut waited = false;
         loop {
+            if self.sh.failed() {
+                return Err(stack_failed());
+            }
             let now = self.now();
             if let Some(r) = f(&mut g, now) {
                 if waited && w.spin.is_none() {
@@ -559,9 +574,45 @@ impl<P: Provider + 'static> Shared<P> {
         Instant::from_nanos(self.origin.elapsed().as_nanos() as u64)
     }
 
+    fn failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    /// One round of progress (below). A panic in it, in the progress thread or in a caller's
+    /// thread, fails the stack: its connections report EIO and nobody waits on them.
+    fn step(&self, g: &mut Inner<P>) -> usize {
+        let guard = FailOnUnwind(self);
+        let act = self.step_inner(g);
+        std::mem::forget(guard);
+        act
+    }
+
+    /// The stack failed: from now on every call fails with EIO, and whoever waits wakes up
+    /// to see it. Then, as far as the (possibly broken) state allows, every connection is
+    /// aborted so its peer learns at once, and every readiness fd reports hung up.
+    fn fail_stack(&self) {
+        self.failed.store(true, Ordering::SeqCst);
+        self.cond.notify_all();
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut g = self.inner.lock();
+            let now = self.now();
+            for id in g.driver.conn_ids() {
+                g.driver.abort(now, id);
+            }
+            let Inner { socks, lsocks, .. } = &mut *g;
+            for r in socks.values_mut().filter_map(|s| s.ready.as_mut()) {
+                r.set(true, true, true);
+            }
+            for ls in lsocks.values_mut() {
+                ls.ready.set(true, false, false);
+            }
+        }));
+        self.cond.notify_all();
+    }
+
     /// One round of progress: the driver polls everything, then the runtime collects events,
     /// hands accepted connections to their listeners and updates readiness fds.
-    fn step(&self, g: &mut Inner<P>) -> usize {
+    fn step_inner(&self, g: &mut Inner<P>) -> usize {
         let now = self.now();
         if let Some(t) = &self.tick {
             t(now);
@@ -597,6 +648,18 @@ impl<P: Provider + 'static> Shared<P> {
             refresh_sock(driver, id, s);
         }
         act
+    }
+}
+
+/// Marks the stack failed if a round of progress unwinds (see `Shared::step`).
+struct FailOnUnwind<'a, P: Provider>(&'a Shared<P>);
+
+impl<P: Provider> Drop for FailOnUnwind<'_, P> {
+    fn drop(&mut self) {
+        self.0.failed.store(true, Ordering::SeqCst);
+        self.0.cond.notify_all();
+        // The progress thread sees it and aborts the connections.
+        sys::eventfd_signal(&self.0.wake);
     }
 }
 
@@ -687,8 +750,9 @@ fn refresh_sock<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut Sock) {
 
 impl<P: Provider + 'static> super::exit::ExitFlush for Shared<P> {
     fn exit_flush(&self, deadline: std::time::Instant, wait: bool) -> bool {
-        if sys::getpid() != self.pid {
-            // A forked child: the parent's connections are not ours to close.
+        if sys::getpid() != self.pid || self.failed() {
+            // A forked child: the parent's connections are not ours to close. A failed
+            // stack: nothing can be delivered.
             return true;
         }
         let Some(mut g) = self.inner.try_lock_until(deadline) else {
@@ -751,11 +815,24 @@ impl<P: Provider + 'static> Shared<P> {
 /// Longest a stopped runtime keeps running so its closing connections finish in order.
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
+/// The progress thread: [`progress_loop`] until the stack stops, or until a panic fails it
+/// (then its connections are failed, never left hanging).
 fn progress_thread<P: Provider + 'static>(sh: Arc<Shared<P>>, notify: Option<RawFd>) {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| progress_loop(&sh, notify)));
+    if r.is_err() || sh.failed() {
+        sh.fail_stack();
+    }
+}
+
+fn progress_loop<P: Provider + 'static>(sh: &Shared<P>, notify: Option<RawFd>) {
     let mut stopped_at: Option<std::time::Instant> = None;
     loop {
         let deadline = {
             let mut g = sh.inner.lock();
+            if sh.failed() {
+                // A caller's round of progress panicked.
+                return;
+            }
             if sh.stop.load(Ordering::SeqCst) {
                 // Every handle is gone; connections closed by the application may still be
                 // sending their last bytes and DisConn. Finish them, then go.
@@ -800,7 +877,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         self.sh.name
     }
     fn alive(&self) -> bool {
-        sys::getpid() == self.sh.pid
+        sys::getpid() == self.sh.pid && !self.sh.failed()
     }
 
     fn connect(&self, dst: SocketAddr, timeout: Option<Duration>) -> io::Result<ConnId> {
