@@ -84,8 +84,8 @@ struct Entry<P: Provider> {
     events: Vec<Event>,
     /// The application let go of the id: remove the entry once the engine is done.
     released: bool,
-    /// Local and peer address, kept when the endpoint goes (getsockname/getpeername still
-    /// answer on a closed connection, as TCP's do).
+    /// Local and peer address, kept when the endpoint goes (`accept` reports them, as TCP
+    /// does for a connection that ended before it was accepted).
     addrs: Option<(SocketAddr, SocketAddr)>,
 }
 
@@ -316,7 +316,7 @@ impl<P: Provider> Driver<P> {
         if e.conn.state() == State::Closed {
             // Destroy the QP; the engine already gave its buffers back.
             if let Some(ep) = e.ep.take() {
-                e.addrs.get_or_insert((ep.local_addr(), ep.peer_addr()));
+                e.addrs = Some((ep.local_addr(), ep.peer_addr()));
             }
             if e.released {
                 self.conns.remove(id);
@@ -393,6 +393,12 @@ impl<P: Provider> Driver<P> {
         self.release(now, id);
     }
 
+    /// `close(2)` on the application's behalf while it keeps the id (process exit): the engine
+    /// finishes as after [`Driver::close`], and the id stays valid until released.
+    pub fn close_keep(&mut self, now: Instant, id: ConnId) {
+        let _ = self.with_conn(now, id, |c| c.close(now));
+    }
+
     /// Let go of an id; the entry goes away once its engine is closed.
     pub fn release(&mut self, _now: Instant, id: ConnId) {
         if let Some(e) = self.conns.get_mut(id) {
@@ -423,6 +429,11 @@ impl<P: Provider> Driver<P> {
             .unwrap_or_default()
     }
 
+    /// Ids of the connections in the table (including ones finishing in the background).
+    pub fn conn_ids(&self) -> Vec<ConnId> {
+        self.conns.ids()
+    }
+
     /// Connections in the table (including ones finishing in the background).
     pub fn conn_count(&self) -> usize {
         self.conns.len()
@@ -439,19 +450,19 @@ impl<P: Provider> Driver<P> {
         n
     }
 
+    /// The connection's local address (also after it closed).
     pub fn local_addr(&self, id: ConnId) -> Option<SocketAddr> {
         let e = self.conns.get(id)?;
-        match &e.ep {
-            Some(ep) => Some(ep.local_addr()),
-            None => e.addrs.map(|a| a.0),
-        }
+        e.ep.as_ref()
+            .map(|ep| ep.local_addr())
+            .or(e.addrs.map(|a| a.0))
     }
+    /// The connection's peer address (also after it closed).
     pub fn peer_addr(&self, id: ConnId) -> Option<SocketAddr> {
         let e = self.conns.get(id)?;
-        match &e.ep {
-            Some(ep) => Some(ep.peer_addr()),
-            None => e.addrs.map(|a| a.1),
-        }
+        e.ep.as_ref()
+            .map(|ep| ep.peer_addr())
+            .or(e.addrs.map(|a| a.1))
     }
 }
 

@@ -95,11 +95,14 @@ fn enabled() -> bool {
     }
 }
 
-/// Exit-time work, once: the report of every socket handled.
+/// Exit-time work, once: flush the connections, then the report of every socket handled.
 extern "C" fn at_exit() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let _g = Internal::enter();
+        // What was written before exit reaches the peers (the socket layer's own atexit
+        // handler does the same; `_exit` skips it).
+        sdp_core::socket::flush_at_exit(sdp_core::socket::exit_linger());
         if report::wanted() {
             let live = table::streams()
                 .into_iter()

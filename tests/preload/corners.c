@@ -96,22 +96,31 @@ static void await(int fd) { char c; CHECK(read(fd, &c, 1) == 1); }
 /* Fork the peer: it runs `peer(sock)` on a connected socket and exits. The parent gets the
  * accepted socket. */
 static pid_t start(void (*peer)(int), int *accepted) {
-    struct sockaddr_in a;
-    int l = listener(&a);
-    CHECK(pipe(p2c) == 0 && pipe(c2p) == 0);
+    /* Fork first, then listen, and tell the peer the address through a pipe: a listening
+     * socket shared by a fork is served by kernel TCP only under the shim (docs/preload.md). */
+    int addr_pipe[2];
+    CHECK(pipe(p2c) == 0 && pipe(c2p) == 0 && pipe(addr_pipe) == 0);
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
-        close(l);
         close(p2c[1]);
         close(c2p[0]);
+        close(addr_pipe[1]);
+        struct sockaddr_in a;
+        CHECK(read(addr_pipe[0], &a, sizeof a) == sizeof a);
+        close(addr_pipe[0]);
         int s = dial(&a);
         peer(s);
         close(s);
         _exit(0);
     }
+    close(addr_pipe[0]);
     close(p2c[0]);
     close(c2p[1]);
+    struct sockaddr_in a;
+    int l = listener(&a);
+    CHECK(write(addr_pipe[1], &a, sizeof a) == sizeof a);
+    close(addr_pipe[1]);
     *accepted = accept(l, NULL, NULL);
     CHECK(*accepted >= 0);
     close(l);

@@ -344,3 +344,71 @@ fn writes_before_established_would_block_and_reads_too() {
         Err(CallError::NotConnected)
     );
 }
+
+/// Read until the stream ends or fails: the bytes, and how it ended.
+fn read_to_failure(
+    p: &mut Pair,
+    id: sdp_core::proto::table::ConnId,
+) -> (Vec<u8>, Result<(), CallError>) {
+    let now = p.now();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 7000];
+    loop {
+        match p.b.read(now, id, &mut buf) {
+            Ok(0) => return (out, Ok(())),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) => return (out, Err(e)),
+        }
+    }
+}
+
+/// B holds `data` from A, unread; then `kill` ends A abnormally. B must still read all of
+/// it, then the error (as Linux does after a reset), and the error again after that.
+fn unread_data_survives(seed: u64, cfg: Config, kill: impl FnOnce(&mut Pair, ConnIdOf)) {
+    let mut p = Pair::new(seed, cfg);
+    let (a, b) = p.connect();
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let mut off = 0;
+    let ok = p.run_until(5 * SEC, |p| {
+        let now = p.now();
+        if off < data.len() {
+            off += p.a.write(now, a, &data[off..]).unwrap_or(0);
+        }
+        p.b.conn(b).unwrap().rx_queued_bytes() == data.len()
+    });
+    assert!(ok, "B never held the data");
+    kill(&mut p, a);
+    let ok = p.run_until(30 * SEC, |p| p.b.conn(b).unwrap().state() == State::Closed);
+    assert!(ok, "B: {}", p.b.conn(b).unwrap().debug_state());
+    let err = p.b.conn(b).unwrap().error().cloned().expect("an error");
+    let (got, end) = read_to_failure(&mut p, b);
+    assert!(got == data, "read {} of {} bytes", got.len(), data.len());
+    assert_eq!(end, Err(CallError::Conn(err.clone())));
+    let now = p.now();
+    assert_eq!(
+        p.b.read(now, b, &mut [0u8; 8]),
+        Err(CallError::Conn(err.clone()))
+    );
+    // Every buffer goes back once read.
+    let c = p.b.conn(b).unwrap();
+    assert_eq!((c.rx_queued_bytes(), c.store().registered_bytes()), (0, 0));
+}
+
+type ConnIdOf = sdp_core::proto::table::ConnId;
+
+#[test]
+fn unread_data_stays_readable_after_the_peer_aborts() {
+    unread_data_survives(23, Config::default(), |p, a| {
+        let now = p.now();
+        p.a.abort(now, a);
+    });
+}
+
+#[test]
+fn unread_data_stays_readable_after_the_peer_crashes() {
+    let cfg = Config {
+        keepalive_idle: Some(Duration::from_secs(1)),
+        ..Config::default()
+    };
+    unread_data_survives(24, cfg, |p, _| p.fabric.faults().crash(A_IP));
+}

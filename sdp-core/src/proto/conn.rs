@@ -405,6 +405,8 @@ pub struct Conn<S: BufStore> {
     pub(crate) disconn_rcvd: bool,
     pub(crate) app_closed: bool,
     pub(crate) disconnect_issued: bool,
+    /// Setup finished once (the connection was established, whatever happened since).
+    pub(crate) was_established: bool,
 
     // Timers.
     pub(crate) last_rx_at: Instant,
@@ -463,6 +465,7 @@ impl<S: BufStore> Conn<S> {
             disconn_rcvd: false,
             app_closed: false,
             disconnect_issued: false,
+            was_established: false,
             last_rx_at: now,
             last_activity: now,
             setup_deadline: Some(now + cfg.connect_timeout),
@@ -607,6 +610,11 @@ impl<S: BufStore> Conn<S> {
     pub fn is_active(&self) -> bool {
         self.role == Role::Active
     }
+    /// Setup finished at some point: the connection was established (it may have ended
+    /// since). A passive connection that never was is not one `accept` hands over.
+    pub fn was_established(&self) -> bool {
+        self.was_established
+    }
     /// The error that ended the connection, if any.
     pub fn error(&self) -> Option<&ConnError> {
         self.error.as_ref()
@@ -650,6 +658,14 @@ impl<S: BufStore> Conn<S> {
     /// Our write half is shut.
     pub fn write_closed(&self) -> bool {
         self.shut_wr
+    }
+    /// The application closed the connection and something of ours has yet to reach the
+    /// peer: queued data, or the DisConn after it (until its send completes). A process that
+    /// exits waits for this to clear, as the kernel finishes a closed TCP socket's sends.
+    pub fn close_pending(&self) -> bool {
+        self.app_closed
+            && self.state == State::Established
+            && !(self.disconn_sent && self.tx_inflight.is_empty())
     }
     /// Bytes of a peer's SrcAvail that come next in the stream and may be read without a copy
     /// into a registered sink ([`Conn::read_zcopy`]); `None` if the next bytes are not one.
@@ -775,6 +791,7 @@ impl<S: BufStore> Conn<S> {
 
     fn established(&mut self, now: Instant) {
         self.state = State::Established;
+        self.was_established = true;
         self.setup_deadline = None;
         self.last_rx_at = now;
         self.last_activity = now;
@@ -1046,14 +1063,24 @@ impl<S: BufStore> Conn<S> {
         for (_, b) in std::mem::take(&mut self.rx_posted) {
             self.store.free(b);
         }
-        if self.error.is_some() {
-            // After a failure unread data is gone, as with a TCP reset. After an orderly close
-            // it stays readable; `read` frees each buffer as it empties.
-            for item in std::mem::take(&mut self.rx_queue) {
+        // Received data stays readable, after an orderly close as after a failure (Linux
+        // keeps a reset socket's receive queue: the data, then the error, then EOF); `read`
+        // frees each buffer as it empties. A peer's advertised source cannot be read any
+        // more, so the stream ends before the first one.
+        if let Some(cut) = self
+            .rx_queue
+            .iter()
+            .position(|i| matches!(i, RxItem::Src { .. }))
+        {
+            for item in self.rx_queue.split_off(cut) {
+                if let RxItem::Data { len, bounce, .. } = &item {
+                    self.rx_bytes -= *len as usize;
+                    if !*bounce {
+                        self.rx_held -= 1;
+                    }
+                }
                 item.release(&mut self.store);
             }
-            self.rx_bytes = 0;
-            self.rx_held = 0;
         }
         self.tx_bytes = 0;
         self.advts.release(&mut self.store);

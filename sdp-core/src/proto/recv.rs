@@ -30,19 +30,16 @@ impl RxItem {
 
 impl<S: BufStore> Conn<S> {
     /// Copy received bytes into `dst`. `Ok(0)` is end of stream (the peer's DisConn, after all
-    /// its data, or our own read shutdown).
+    /// its data, or our own read shutdown). After a failure the data received before it is
+    /// still read first, then the error (as Linux does after a reset).
     pub fn read(&mut self, now: Instant, dst: &mut [u8]) -> Result<usize, CallError> {
-        match self.state {
-            State::Connecting | State::Accepting => return Err(CallError::WouldBlock),
-            State::Established => {}
-            State::Disconnecting | State::Closed => {
-                if let Some(e) = &self.error {
-                    return Err(CallError::Conn(e.clone()));
-                }
-            }
+        if matches!(self.state, State::Connecting | State::Accepting) {
+            return Err(CallError::WouldBlock);
         }
         if let Some(e) = &self.error {
-            return Err(CallError::Conn(e.clone()));
+            if !matches!(self.rx_queue.front(), Some(RxItem::Data { .. })) {
+                return Err(CallError::Conn(e.clone()));
+            }
         }
         if dst.is_empty() {
             return Ok(0);
@@ -70,6 +67,10 @@ impl<S: BufStore> Conn<S> {
                 }
                 RxItem::Src { advt } => {
                     let advt = *advt;
+                    if self.error.is_some() {
+                        // Nothing more can be read from the peer.
+                        break;
+                    }
                     if self.advts.src_exhausted(advt) {
                         self.rx_queue.pop_front();
                         self.src_consumed(advt);

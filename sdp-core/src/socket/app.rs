@@ -422,14 +422,10 @@ impl AppListener {
                 ..Default::default()
             };
             match stack.0.accept(*l, w) {
-                Ok(id) => {
+                Ok((id, peer)) => {
                     return Some(
-                        AppStream::accepted(stack.clone(), id, nonblocking, cloexec).and_then(
-                            |(s, fd)| {
-                                let peer = s.peer_addr()?;
-                                Ok((s, fd, peer))
-                            },
-                        ),
+                        AppStream::accepted(stack.clone(), id, nonblocking, cloexec)
+                            .map(|(s, fd)| (s, fd, peer)),
                     );
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}

@@ -166,9 +166,8 @@ impl SdpListener {
                         ..Wait::default()
                     },
                 ) {
-                    Ok(id) => {
+                    Ok((id, peer)) => {
                         let s = SdpStream::from_core(Core::new(stack.clone(), id));
-                        let peer = s.peer_addr()?;
                         return Ok((s, peer));
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}

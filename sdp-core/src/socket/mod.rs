@@ -44,8 +44,16 @@
 //! **fork().** Streams keep working in the parent. In the child, streams inherited from the
 //! parent fail with an error and closing them does nothing to the parent's connections; the
 //! child can open new streams. Every fd the socket layer makes is close-on-exec.
+//!
+//! **Exit.** As the kernel does for TCP sockets, what a process wrote before it exits reaches
+//! the peer, closed or not: at exit ([`flush_at_exit`], registered with `atexit`) every
+//! connection is closed and the process waits until the peer holds the data and the close, up
+//! to `SDP_EXIT_LINGER_MS` (default 10 s). After a crash, a peer reads what had reached it and
+//! then ECONNRESET. Received data stays readable after a reset, then the error is reported
+//! once, then EOF, as on Linux.
 
 pub mod app;
+mod exit;
 mod listener;
 mod pump;
 mod ready;
@@ -54,6 +62,7 @@ mod stack;
 mod stream;
 pub(crate) mod sys;
 
+pub use exit::{exit_linger, flush_at_exit, DEFAULT_EXIT_LINGER};
 pub use listener::{Incoming, SdpListener};
 pub use stack::{Choice, Options, Stack};
 pub use stream::{PendingSend, RegisteredBuf, SdpStream};

@@ -130,7 +130,8 @@ pub(crate) trait StackOps: Send + Sync {
     fn connect(&self, dst: SocketAddr, timeout: Option<Duration>) -> io::Result<ConnId>;
     fn listen(&self, addr: SocketAddr, backlog: u32) -> io::Result<ListenerId>;
     fn listener_addr(&self, l: ListenerId) -> Option<SocketAddr>;
-    fn accept(&self, l: ListenerId, w: Wait) -> io::Result<ConnId>;
+    /// The next connection of the listener, and its peer's address.
+    fn accept(&self, l: ListenerId, w: Wait) -> io::Result<(ConnId, SocketAddr)>;
     fn close_listener(&self, l: ListenerId);
     fn listener_fd(&self, l: ListenerId) -> io::Result<RawFd>;
     fn read(&self, id: ConnId, buf: &mut [u8], w: Wait) -> io::Result<usize>;
@@ -171,6 +172,10 @@ pub(crate) trait StackOps: Send + Sync {
     fn set_sndbuf(&self, id: ConnId, bytes: usize) -> io::Result<()>;
     fn sndbuf(&self, id: ConnId) -> io::Result<usize>;
     fn take_error(&self, id: ConnId) -> io::Result<Option<io::Error>>;
+    /// Bytes written and not yet acknowledged by the peer (SIOCOUTQ).
+    fn send_queue_len(&self, id: ConnId) -> io::Result<usize>;
+    /// Test hook: make the progress thread panic at its next round.
+    fn inject_progress_panic(&self);
     fn conn_count(&self) -> usize;
     fn registered_bytes(&self) -> usize;
 
@@ -225,12 +230,15 @@ struct Sock {
     /// Bytes of asynchronous sends that ended short (the peer cancelled, or a timeout), in
     /// stream order: they go by copy before anything written after them.
     zbacklog: VecDeque<u8>,
-    /// The error reported by `take_error` (SO_ERROR) is taken once.
+    /// The connection's error was reported (by `take_error`, SO_ERROR, or a read or write):
+    /// it is reported once.
     error_taken: bool,
     /// The application's socket fd is our readiness pair's user end (LD_PRELOAD shim).
     app: Option<AppReady>,
     /// The application's fd is shared with other processes: bytes flow through it.
     pump: Option<super::pump::Pump>,
+    /// Closed by `flush_at_exit` on the application's behalf.
+    exit_closed: bool,
 }
 
 struct LSock {
@@ -264,6 +272,11 @@ struct Shared<P: Provider> {
     pid: u32,
     tick: Option<Tick>,
     stop: AtomicBool,
+    /// Test hook: the progress thread panics at its next round.
+    inject_panic: AtomicBool,
+    /// A panic broke the stack's progress (its state may be inconsistent): every call fails
+    /// with EIO from now on.
+    failed: AtomicBool,
     /// The provider can register application memory (cleared at its first refusal).
     user_zcopy: AtomicBool,
     /// The provider's name ("shm", "rdma", "sim").
@@ -318,6 +331,11 @@ fn driver_err(e: crate::driver::DriverError) -> io::Error {
     }
 }
 
+/// The error of every call on a stack whose progress panicked.
+fn stack_failed() -> io::Error {
+    io::Error::from_raw_os_error(libc::EIO)
+}
+
 fn dead() -> io::Error {
     io::Error::other("SDP socket inherited across fork(): it belongs to the parent process")
 }
@@ -341,6 +359,8 @@ impl<P: Provider + 'static> Runtime<P> {
             pid: sys::getpid(),
             tick,
             stop: AtomicBool::new(false),
+            inject_panic: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
             user_zcopy: AtomicBool::new(true),
             name,
             zcopy_threshold,
@@ -350,6 +370,8 @@ impl<P: Provider + 'static> Runtime<P> {
         std::thread::Builder::new()
             .name("sdp-progress".into())
             .spawn(move || progress_thread(thread_sh, notify))?;
+        let weak: std::sync::Weak<Shared<P>> = Arc::downgrade(&sh);
+        super::exit::register(weak);
         Ok(Arc::new(Runtime { sh }))
     }
 
@@ -360,6 +382,9 @@ impl<P: Provider + 'static> Runtime<P> {
     fn lock(&self) -> io::Result<MutexGuard<'_, Inner<P>>> {
         if sys::getpid() != self.sh.pid {
             return Err(dead());
+        }
+        if self.sh.failed() {
+            return Err(stack_failed());
         }
         Ok(self.sh.inner.lock())
     }
@@ -376,6 +401,9 @@ impl<P: Provider + 'static> Runtime<P> {
         let spin = w.spin.unwrap_or_else(|| self.sh.spin.get());
         let mut waited = false;
         loop {
+            if self.sh.failed() {
+                return Err(stack_failed());
+            }
             let now = self.now();
             if let Some(r) = f(&mut g, now) {
                 if waited && w.spin.is_none() {
@@ -536,6 +564,24 @@ impl<P: Provider + 'static> Runtime<P> {
         s.zbacklog.is_empty()
     }
 
+    /// A connection's error is reported once, by the first read, write or SO_ERROR that
+    /// meets it, as Linux clears `sk_err`; after that reads see EOF and writes EPIPE
+    /// (`later`).
+    fn report_once(
+        g: &mut Inner<P>,
+        id: ConnId,
+        e: CallError,
+        later: io::Result<usize>,
+    ) -> io::Result<usize> {
+        if let (CallError::Conn(_), Some(s)) = (&e, g.socks.get_mut(&id)) {
+            if s.error_taken {
+                return later;
+            }
+            s.error_taken = true;
+        }
+        Err(io_err(e))
+    }
+
     fn with_sock<R>(
         &self,
         id: ConnId,
@@ -580,9 +626,45 @@ impl<P: Provider + 'static> Shared<P> {
         Instant::from_nanos(self.origin.elapsed().as_nanos() as u64)
     }
 
+    fn failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    /// One round of progress (below). A panic in it, in the progress thread or in a caller's
+    /// thread, fails the stack: its connections report EIO and nobody waits on them.
+    fn step(&self, g: &mut Inner<P>) -> usize {
+        let guard = FailOnUnwind(self);
+        let act = self.step_inner(g);
+        std::mem::forget(guard);
+        act
+    }
+
+    /// The stack failed: from now on every call fails with EIO, and whoever waits wakes up
+    /// to see it. Then, as far as the (possibly broken) state allows, every connection is
+    /// aborted so its peer learns at once, and every readiness fd reports hung up.
+    fn fail_stack(&self) {
+        self.failed.store(true, Ordering::SeqCst);
+        self.cond.notify_all();
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut g = self.inner.lock();
+            let now = self.now();
+            for id in g.driver.conn_ids() {
+                g.driver.abort(now, id);
+            }
+            let Inner { socks, lsocks, .. } = &mut *g;
+            for r in socks.values_mut().filter_map(|s| s.ready.as_mut()) {
+                r.set(true, true, true);
+            }
+            for ls in lsocks.values_mut() {
+                ls.ready.set(true, false, false);
+            }
+        }));
+        self.cond.notify_all();
+    }
+
     /// One round of progress: the driver polls everything, then the runtime collects events,
     /// hands accepted connections to their listeners and updates readiness fds.
-    fn step(&self, g: &mut Inner<P>) -> usize {
+    fn step_inner(&self, g: &mut Inner<P>) -> usize {
         let now = self.now();
         if let Some(t) = &self.tick {
             t(now);
@@ -603,15 +685,7 @@ impl<P: Provider + 'static> Shared<P> {
                 ls.pending.push_back(id);
                 socks.insert(id, Sock::default());
             }
-            let ready = ls
-                .pending
-                .iter()
-                .filter(|&&id| {
-                    driver
-                        .conn(id)
-                        .is_some_and(|c| c.state() != State::Accepting)
-                })
-                .count();
+            let ready = prune_pending(driver, socks, ls);
             ls.ready.set(ready > 0, false, false);
             if let Some(b) = &ls.bell {
                 b(ready);
@@ -630,6 +704,18 @@ impl<P: Provider + 'static> Shared<P> {
             refresh_sock(driver, id, s);
         }
         act
+    }
+}
+
+/// Marks the stack failed if a round of progress unwinds (see `Shared::step`).
+struct FailOnUnwind<'a, P: Provider>(&'a Shared<P>);
+
+impl<P: Provider> Drop for FailOnUnwind<'_, P> {
+    fn drop(&mut self) {
+        self.0.failed.store(true, Ordering::SeqCst);
+        self.0.cond.notify_all();
+        // The progress thread sees it and aborts the connections.
+        sys::eventfd_signal(&self.0.wake);
     }
 }
 
@@ -679,6 +765,32 @@ fn settle_zsends<P: Provider>(driver: &mut Driver<P>, now: Instant, id: ConnId, 
     }
 }
 
+/// Drop the listener's pending connections whose setup failed (a TCP handshake that never
+/// completed is never accepted either); true if one is ready to hand over. A connection that
+/// was established is handed over whatever happened to it since, as TCP does: a client that
+/// wrote and exited, or reset, before `accept()` is accepted with its data, then EOF or the
+/// error.
+fn prune_pending<P: Provider>(
+    driver: &mut Driver<P>,
+    socks: &mut HashMap<ConnId, Sock>,
+    ls: &mut LSock,
+) -> usize {
+    let mut ready = 0;
+    ls.pending.retain(|&id| match driver.conn(id) {
+        Some(c) if c.state() == State::Accepting => true,
+        Some(c) if c.was_established() => {
+            ready += 1;
+            true
+        }
+        _ => {
+            socks.remove(&id);
+            driver.release(Instant::default(), id);
+            false
+        }
+    });
+    ready
+}
+
 fn refresh_sock<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut Sock) {
     refresh_app(driver, id, s, None);
     let Some(r) = s.ready.as_mut() else {
@@ -722,15 +834,92 @@ fn refresh_app<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut Sock, user: 
     }
 }
 
+impl<P: Provider + 'static> super::exit::ExitFlush for Shared<P> {
+    fn exit_flush(&self, deadline: std::time::Instant, wait: bool) -> bool {
+        if sys::getpid() != self.pid || self.failed() {
+            // A forked child: the parent's connections are not ours to close. A failed
+            // stack: nothing can be delivered.
+            return true;
+        }
+        let Some(mut g) = self.inner.try_lock_until(deadline) else {
+            return false;
+        };
+        loop {
+            if self.exit_round(&mut g) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if !wait || left.is_zero() {
+                return false;
+            }
+            if self.step(&mut g) > 0 {
+                self.cond.notify_all();
+                continue;
+            }
+            // The progress thread moves things along meanwhile and notifies.
+            self.cond
+                .wait_for(&mut g, left.min(Duration::from_millis(20)));
+        }
+    }
+}
+
+impl<P: Provider + 'static> Shared<P> {
+    /// One round of [`flush_at_exit`](super::exit::flush_at_exit): close each connection the
+    /// application holds once its queued zero-copy sends are settled (bytes of one that ended
+    /// short still go by copy first); true when no closing connection has anything left to
+    /// deliver. Connections waiting in a listener's queue are left alone.
+    fn exit_round(&self, g: &mut Inner<P>) -> bool {
+        let now = self.now();
+        let mut done = true;
+        let ids: Vec<ConnId> = g.socks.keys().copied().collect();
+        for id in ids {
+            let queued = g.lsocks.values().any(|ls| ls.pending.contains(&id));
+            if queued || g.socks.get(&id).is_none_or(|s| s.exit_closed) {
+                continue;
+            }
+            let settled = Runtime::<P>::zsends_settled(g, now, id);
+            let Inner { driver, socks, .. } = &mut *g;
+            let Some(s) = socks.get_mut(&id) else {
+                continue;
+            };
+            if !settled || s.zsends.iter().any(|z| z.done.is_none()) {
+                done = false;
+                continue;
+            }
+            s.exit_closed = true;
+            driver.close_keep(now, id);
+            refresh_sock(driver, id, s);
+        }
+        done && g
+            .driver
+            .conn_ids()
+            .into_iter()
+            .all(|id| !g.driver.conn(id).is_some_and(|c| c.close_pending()))
+    }
+}
+
 /// Longest a stopped runtime keeps running so its closing connections finish in order.
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
+/// The progress thread: [`progress_loop`] until the stack stops, or until a panic fails it
+/// (then its connections are failed, never left hanging).
 fn progress_thread<P: Provider + 'static>(sh: Arc<Shared<P>>, notify: Option<RawFd>) {
     super::app::run_thread_start_hook();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| progress_loop(&sh, notify)));
+    if r.is_err() || sh.failed() {
+        sh.fail_stack();
+    }
+}
+
+fn progress_loop<P: Provider + 'static>(sh: &Shared<P>, notify: Option<RawFd>) {
     let mut stopped_at: Option<std::time::Instant> = None;
     loop {
         let deadline = {
             let mut g = sh.inner.lock();
+            if sh.failed() {
+                // A caller's round of progress panicked.
+                return;
+            }
             if sh.stop.load(Ordering::SeqCst) {
                 // Every handle is gone; connections closed by the application may still be
                 // sending their last bytes and DisConn. Finish them, then go.
@@ -738,6 +927,9 @@ fn progress_thread<P: Provider + 'static>(sh: Arc<Shared<P>>, notify: Option<Raw
                 if g.driver.conn_count() == 0 || t.elapsed() > DRAIN_LIMIT {
                     return;
                 }
+            }
+            if sh.inject_panic.swap(false, Ordering::SeqCst) {
+                panic!("sdp: progress thread panic injected by a test");
             }
             let _ = g.driver.provider().arm();
             if sh.step(&mut g) > 0 {
@@ -777,7 +969,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         self.sh.name
     }
     fn alive(&self) -> bool {
-        sys::getpid() == self.sh.pid
+        sys::getpid() == self.sh.pid && !self.sh.failed()
     }
 
     fn connect(&self, dst: SocketAddr, timeout: Option<Duration>) -> io::Result<ConnId> {
@@ -841,7 +1033,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         self.lock().ok()?.driver.listener_addr(l)
     }
 
-    fn accept(&self, l: ListenerId, w: Wait) -> io::Result<ConnId> {
+    fn accept(&self, l: ListenerId, w: Wait) -> io::Result<(ConnId, SocketAddr)> {
         self.block_on(w, |g, _| {
             let Inner {
                 driver,
@@ -852,30 +1044,21 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             let Some(ls) = lsocks.get_mut(&l) else {
                 return Some(Err(io::Error::from_raw_os_error(libc::EBADF)));
             };
-            let mut i = 0;
-            while i < ls.pending.len() {
-                let id = ls.pending[i];
-                match driver.conn(id).map(|c| (c.state(), c.error().is_some())) {
-                    Some((State::Accepting, _)) => i += 1,
-                    // Failed before the application saw it: TCP would not report it either.
-                    None | Some((State::Closed, true)) => {
-                        ls.pending.remove(i);
-                        socks.remove(&id);
-                        driver.release(Instant::default(), id);
-                    }
-                    Some(_) => {
-                        ls.pending.remove(i);
-                        let readable = ls.pending.iter().any(|&id| {
-                            driver
-                                .conn(id)
-                                .is_some_and(|c| c.state() != State::Accepting)
-                        });
-                        ls.ready.set(readable, false, false);
-                        return Some(Ok(id));
-                    }
-                }
+            if prune_pending(driver, socks, ls) == 0 {
+                return None;
             }
-            None
+            // The first one set up, in arrival order.
+            let i = ls
+                .pending
+                .iter()
+                .position(|&id| driver.conn(id).is_some_and(|c| c.was_established()))?;
+            let id = ls.pending.remove(i).expect("found");
+            let readable = prune_pending(driver, socks, ls) > 0;
+            ls.ready.set(readable, false, false);
+            let peer = driver
+                .peer_addr(id)
+                .unwrap_or_else(|| SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0));
+            Some(Ok((id, peer)))
         })
     }
 
@@ -915,7 +1098,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
                 let r = match g.driver.read(now, id, buf) {
                     Ok(n) => Some(Ok(Some(n))),
                     Err(CallError::WouldBlock) => None,
-                    Err(e) => Some(Err(io_err(e))),
+                    Err(e) => Some(Self::report_once(g, id, e, Ok(0)).map(Some)),
                 };
                 Self::refresh(g, id);
                 r
@@ -1166,8 +1349,13 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
 
     fn addrs(&self, id: ConnId) -> io::Result<(SocketAddr, SocketAddr)> {
         let g = self.lock()?;
+        // After a failure there is no peer (getpeername gives ENOTCONN on a reset TCP socket).
+        let failed = g
+            .driver
+            .conn(id)
+            .is_some_and(|c| c.state() == State::Closed && c.error().is_some());
         match (g.driver.local_addr(id), g.driver.peer_addr(id)) {
-            (Some(l), Some(p)) => Ok((l, p)),
+            (Some(l), Some(p)) if !failed => Ok((l, p)),
             _ => Err(io::Error::from_raw_os_error(libc::ENOTCONN)),
         }
     }
@@ -1215,6 +1403,17 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
                 io::Error::from_raw_os_error(e.errno())
             }))
         })
+    }
+    fn send_queue_len(&self, id: ConnId) -> io::Result<usize> {
+        self.with_sock(id, |g, _| {
+            let backlog = g.socks.get(&id).map_or(0, |s| s.zbacklog.len());
+            let queued = g.driver.conn(id).map_or(0, |c| c.tx_queued_bytes());
+            Ok(queued + backlog)
+        })
+    }
+    fn inject_progress_panic(&self) {
+        self.sh.inject_panic.store(true, Ordering::SeqCst);
+        sys::eventfd_signal(&self.sh.wake);
     }
     fn conn_count(&self) -> usize {
         self.lock().map_or(0, |g| g.driver.conn_count())
@@ -1463,7 +1662,12 @@ impl<P: Provider + 'static> Runtime<P> {
                     let _ = e;
                     Some(Ok(done))
                 }
-                Err(e) => Some(Err(io_err(e))),
+                Err(e) => Some(Self::report_once(
+                    g,
+                    id,
+                    e,
+                    Err(io::Error::from_raw_os_error(libc::EPIPE)),
+                )),
             };
             Self::refresh(g, id);
             r

@@ -71,6 +71,14 @@ impl Stack {
     pub fn registered_bytes(&self) -> usize {
         self.0.registered_bytes()
     }
+
+    /// Test hook: make this stack's progress thread panic at its next round (what a bug in
+    /// the engine or a provider would do), to check that its connections fail instead of
+    /// hanging. Not for use outside tests.
+    #[doc(hidden)]
+    pub fn inject_progress_panic(&self) {
+        self.0.inject_progress_panic()
+    }
 }
 
 /// Which transport a connector or listener uses.

@@ -317,6 +317,15 @@ impl SdpStream {
         }
     }
 
+    /// Bytes written and not yet acknowledged by the peer (Linux `SIOCOUTQ`): 0 once the
+    /// peer holds everything written so far (in its receive buffers, read or not).
+    pub fn send_queue_len(&self) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Sdp(c) => c.stack.0.send_queue_len(c.id),
+            Inner::Tcp(s) => sys::tcp_outq(s.as_raw_fd()),
+        }
+    }
+
     /// SO_ERROR: the connection's error, once.
     pub fn take_error(&self) -> io::Result<Option<io::Error>> {
         match &self.inner {

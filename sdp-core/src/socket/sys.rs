@@ -422,3 +422,18 @@ pub(crate) fn recv_nb_eof(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>
 pub(crate) fn poll_now(fd: RawFd, events: i16) -> io::Result<i16> {
     Ok(poll(&[(fd, events)], Some(Duration::ZERO))?[0])
 }
+
+/// Bytes in a kernel TCP socket's send queue not yet acknowledged by the peer (`SIOCOUTQ`).
+pub(crate) fn tcp_outq(fd: RawFd) -> io::Result<usize> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one int through the pointer, which is live.
+    syscall!(ioctl(fd, libc::TIOCOUTQ, &mut v as *mut libc::c_int))?;
+    Ok(v.max(0) as usize)
+}
+
+/// Register `f` to run at process exit (`atexit(3)`): `exit()`, `std::process::exit` and
+/// returning from `main` run it; `_exit` and fatal signals do not.
+pub(crate) fn atexit(f: extern "C" fn()) {
+    // SAFETY: `f` is a plain function that lives as long as the program and never unwinds.
+    unsafe { libc::atexit(f) };
+}

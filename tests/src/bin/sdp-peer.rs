@@ -8,6 +8,12 @@
 //! * `serve ADDR MODE SEED_TX SEED_RX BYTES`: listen (automatic mode) on ADDR, print
 //!   `listening T1,T2 (why others are missing)`, accept one client, print `accepted T`, then
 //!   the duplex exchange as above (the rig runs this against `duplex` over RDMA).
+//! * `write-exit ADDR CHOICE MODE BYTES END`: connect (tcp | sdp), write BYTES of the seeded
+//!   stream 7 (MODE auto: large writes may go by zero copy; bcopy: by copy), then END:
+//!   `exit` calls `process::exit` with the stream still open (no close), `close` drops it and
+//!   returns from main, `abort` waits until the peer holds every byte (`send_queue_len` 0) and
+//!   then resets the connection: SO_LINGER {1, 0} and close over TCP, SIGKILL of this process
+//!   (a crash) over SDP.
 //! * `fork ADDR`: the fork() checks (parent keeps its stream, child opens a new one, the
 //!   child's inherited copy fails and does not disturb the parent), exec leaves no fd behind.
 //!
@@ -35,14 +41,14 @@ pub struct Pattern {
     pos: usize,
 }
 impl Pattern {
-    fn new(seed: u64) -> Pattern {
+    pub fn new(seed: u64) -> Pattern {
         Pattern {
             rng: ChaCha8Rng::seed_from_u64(seed),
             block: Box::new([0; 4096]),
             pos: 4096,
         }
     }
-    fn fill(&mut self, mut b: &mut [u8]) {
+    pub fn fill(&mut self, mut b: &mut [u8]) {
         while !b.is_empty() {
             if self.pos == self.block.len() {
                 self.rng.fill(&mut self.block[..]);
@@ -218,6 +224,12 @@ fn main() {
                 Err(e) => println!("errno {}", e.raw_os_error().unwrap_or(-1)),
             }
         }
+        "write-exit" => {
+            let bytes = arg(4)
+                .parse::<usize>()
+                .unwrap_or_else(|e| die(format!("{e}")));
+            write_exit(&arg(1), &arg(2), &arg(3), bytes, &arg(5))
+        }
         "fork" => fork_checks(&arg(1)),
         other => die(format!("unknown command {other}")),
     }
@@ -272,8 +284,10 @@ fn fork_checks(addr: &str) {
                 3
             }
         };
-        // SAFETY: leave at once, without running the parent's destructors in the child.
-        unsafe { libc::_exit(code) };
+        // SAFETY: leave without running the parent's destructors in the child, but through
+        // exit(3), so the socket layer's exit flush runs here too and must leave the parent's
+        // connection alone.
+        unsafe { libc::exit(code) };
     }
     let mut status = 0;
     // SAFETY: waits for the child we just forked.
@@ -301,4 +315,53 @@ fn fork_checks(addr: &str) {
         die(format!("parent echo {:?}", String::from_utf8_lossy(&rest)));
     }
     println!("ok");
+}
+
+/// Write `bytes` of pattern 7 and end as `end` says (see the header).
+fn write_exit(addr: &str, choice: &str, mode: &str, bytes: usize, end: &str) {
+    let mut s = connect(addr, choice);
+    s.set_zero_copy(mode != "bcopy");
+    let mut data = vec![0u8; bytes];
+    Pattern::new(7).fill(&mut data);
+    s.write_all(&data)
+        .unwrap_or_else(|e| die(format!("write: {e}")));
+    match end {
+        "exit" => std::process::exit(0),
+        "close" => drop(s),
+        "abort" => {
+            let t = std::time::Instant::now();
+            while s.send_queue_len().unwrap_or(0) > 0 {
+                if t.elapsed() > std::time::Duration::from_secs(20) {
+                    die("the peer never took the data".into());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            if s.transport() == sdp_core::socket::Transport::Tcp {
+                use std::os::fd::AsRawFd;
+                let l = libc::linger {
+                    l_onoff: 1,
+                    l_linger: 0,
+                };
+                // SAFETY: sets SO_LINGER from a live struct on the stream's own socket.
+                let r = unsafe {
+                    libc::setsockopt(
+                        s.as_raw_fd(),
+                        libc::SOL_SOCKET,
+                        libc::SO_LINGER,
+                        (&l as *const libc::linger).cast(),
+                        std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                    )
+                };
+                if r != 0 {
+                    die("SO_LINGER failed".into());
+                }
+                drop(s);
+            } else {
+                // SAFETY: kills this very process, as a crash would.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                unreachable!("SIGKILL returned");
+            }
+        }
+        other => die(format!("unknown end {other}")),
+    }
 }

@@ -1,0 +1,95 @@
+//! Delivering what a process wrote before it exits.
+//!
+//! When a process exits, the kernel closes its TCP sockets and finishes them on its own: queued
+//! data still goes out, then the FIN, and the peer reads everything and then EOF. SDP
+//! connections live in the process, so the socket layer does this itself:
+//! [`flush_at_exit`] closes every connection the application still holds (as `close(2)`
+//! would: queued data, then DisConn; a reset instead if unread data is waiting, as TCP does)
+//! and waits, up to a bound (the *exit linger*), until every closing connection's last send
+//! has completed, i.e. the peer holds the data and the DisConn. After that the process may go:
+//! the peer reads the data, then EOF, whether or not it has noticed the process is gone.
+//!
+//! It runs by itself: the first stack a process starts registers [`flush_at_exit`] with
+//! `atexit(3)`, so `std::process::exit` and returning from `main` both run it (a crash, or
+//! `_exit`, does not: the peer then reads what had reached it, then ECONNRESET). The exit
+//! linger is [`exit_linger`]: `SDP_EXIT_LINGER_MS`, by default 10 s.
+
+use std::sync::{Once, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::sys;
+
+/// What [`flush_at_exit`] needs of a stack.
+pub(crate) trait ExitFlush: Send + Sync {
+    /// Close the connections the application holds (those whose queued zero-copy sends are
+    /// settled; the rest on a later call) and report whether every closing connection has
+    /// delivered everything. With `wait`, keep at it until then or until `deadline`. Does
+    /// nothing (true) in a process other than the stack's own, e.g. a forked child.
+    fn exit_flush(&self, deadline: Instant, wait: bool) -> bool;
+}
+
+/// Every stack this process started (dead ones are pruned as new ones come).
+static STACKS: Mutex<Vec<Weak<dyn ExitFlush>>> = Mutex::new(Vec::new());
+
+/// Note a new stack, and register [`flush_at_exit`] with `atexit` the first time.
+pub(crate) fn register(stack: Weak<dyn ExitFlush>) {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| sys::atexit(at_exit));
+    let mut g = STACKS.lock();
+    g.retain(|w| w.strong_count() > 0);
+    g.push(stack);
+}
+
+extern "C" fn at_exit() {
+    // Never unwind into libc.
+    let _ = std::panic::catch_unwind(|| flush_at_exit(exit_linger()));
+}
+
+/// How long an exiting process waits for its SDP connections to deliver what was written:
+/// `SDP_EXIT_LINGER_MS` (milliseconds), by default 10 s.
+pub fn exit_linger() -> Duration {
+    std::env::var("SDP_EXIT_LINGER_MS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(DEFAULT_EXIT_LINGER, Duration::from_millis)
+}
+
+/// The exit linger without `SDP_EXIT_LINGER_MS`.
+pub const DEFAULT_EXIT_LINGER: Duration = Duration::from_secs(10);
+
+/// Finish this process's SDP connections as the kernel finishes a process's TCP sockets when
+/// it exits: every connection the application still holds is closed (its queued data is sent,
+/// then DisConn, so the peer reads all of it and then EOF; with unread received data it is
+/// reset instead, as `close(2)` does), and the call waits until every closing connection,
+/// these and those closed earlier that are still finishing in the background, has handed its
+/// last bytes to the peer, or until `linger` has passed. Returns whether everything was
+/// delivered in time.
+///
+/// Registered with `atexit(3)` when the first stack starts (with [`exit_linger`]), so programs
+/// need not call it. It is idempotent, and safe from an `atexit` handler or a library
+/// destructor and while other threads still use sockets (their streams then behave as closed:
+/// reads see EOF, writes fail with EPIPE). It never waits beyond `linger`, and in a forked
+/// child it leaves the parent's connections alone. Listeners are left as they are: clients not
+/// yet accepted see the process go as a reset, as with TCP.
+pub fn flush_at_exit(linger: Duration) -> bool {
+    let deadline = Instant::now() + linger;
+    let stacks: Vec<_> = match STACKS.try_lock_for(linger) {
+        Some(g) => g.iter().filter_map(Weak::upgrade).collect(),
+        None => return false,
+    };
+    // Close everything first, then wait for each stack in turn (all within one deadline).
+    let mut done = true;
+    for s in &stacks {
+        done &= s.exit_flush(deadline, false);
+    }
+    if done {
+        return true;
+    }
+    let mut done = true;
+    for s in &stacks {
+        done &= s.exit_flush(deadline, true);
+    }
+    done
+}
