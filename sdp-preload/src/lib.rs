@@ -1381,3 +1381,86 @@ pub unsafe extern "C" fn sendfile64(
     // SAFETY: forwards the caller's arguments.
     unsafe { real::sendfile64(out, inp, off, n) }
 }
+
+// ---------------------------------------------------------------------------------------------
+// close_range, recvmmsg, sendmmsg
+
+#[no_mangle]
+pub unsafe extern "C" fn close_range(
+    first: libc::c_uint,
+    last: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: forwards the caller's arguments.
+    let r = unsafe { real::close_range(first, last, flags) };
+    if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && !internal() {
+        // The fds in the range are gone: forget the ones the shim owned.
+        let hi = (last as usize).min(table::MAX_FD - 1);
+        let mut gone = Vec::new();
+        for fd in (first as usize)..=hi {
+            gone.extend(table::remove(fd as c_int));
+        }
+        let _g = Internal::enter();
+        drop(gone);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    v: *mut libc::mmsghdr,
+    n: libc::c_uint,
+    flags: c_int,
+    t: *mut libc::timespec,
+) -> c_int {
+    if data(fd).is_some() {
+        // A stream socket: one message (as TCP fills the first and returns).
+        if n == 0 || v.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: the caller's first mmsghdr.
+        let m = unsafe { &mut *v };
+        // SAFETY: forwards to the recvmsg hook.
+        let r = unsafe { recvmsg(fd, &mut m.msg_hdr, flags & !libc::MSG_WAITFORONE) };
+        if r < 0 {
+            return -1;
+        }
+        m.msg_len = r as libc::c_uint;
+        return 1;
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::recvmmsg(fd, v, n, flags, t) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    v: *mut libc::mmsghdr,
+    n: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    if data(fd).is_some() {
+        let mut sent = 0;
+        for i in 0..n as usize {
+            // SAFETY: the caller passes `n` mmsghdrs.
+            let m = unsafe { &mut *v.add(i) };
+            let f = if sent > 0 {
+                flags | libc::MSG_DONTWAIT
+            } else {
+                flags
+            };
+            // SAFETY: forwards to the sendmsg hook.
+            let r = unsafe { sendmsg(fd, &m.msg_hdr, f) };
+            if r < 0 {
+                return if sent > 0 { sent } else { -1 };
+            }
+            m.msg_len = r as libc::c_uint;
+            sent += 1;
+        }
+        return sent;
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::sendmmsg(fd, v, n, flags) }
+}
