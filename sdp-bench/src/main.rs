@@ -4,9 +4,10 @@
 //!   only, ZCopy from registered buffers) and kernel TCP one after another over message sizes
 //!   64 B to 4 MiB, and prints one table: throughput, messages/s, ping-pong round-trip p50/p99
 //!   and CPU seconds per GiB of both ends.
-//! * `sdp-bench server [ADDR]` / `sdp-bench client ADDR`: the two ends on their own.
+//! * `sdp-bench server [HOST:PORT]` / `sdp-bench client HOST:PORT`: the two ends on their own.
 //! * `sdp-bench engine`: the SDP engine alone over the in-memory simulator.
 
+mod args;
 mod engine;
 mod net;
 mod plot;
@@ -26,20 +27,33 @@ struct Cli {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct RunOpts {
-    /// Message sizes, e.g. 64,64k,1m (default 64 B to 4 MiB).
-    #[arg(long, value_delimiter = ',', value_parser = net::parse_size)]
+    /// Message sizes, e.g. 64,64k,1m (default 64 B to 4 MiB; 1 B to 64M, the largest the
+    /// server accepts).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_parser = args::parse_size,
+        allow_negative_numbers = true
+    )]
     pub sizes: Option<Vec<usize>>,
-    /// Seconds per row and test.
-    #[arg(long, default_value_t = 2.0)]
+    /// Seconds per row and test: more than 0, at most 86400 (1 day).
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 2.0,
+        value_parser = args::parse_duration,
+        allow_negative_numbers = true
+    )]
     pub duration: f64,
     /// Print one JSON object per result row instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// Draw throughput and latency against message size into this SVG file.
-    #[arg(long)]
+    /// Draw throughput and latency against message size into this SVG file (checked for
+    /// writing before the run).
+    #[arg(long, value_name = "FILE", value_parser = args::parse_plot_path)]
     pub plot: Option<std::path::PathBuf>,
     /// Which tests: stream, pingpong or both.
-    #[arg(long, default_value = "both")]
+    #[arg(long, default_value = "both", value_parser = ["stream", "pingpong", "both"])]
     pub tests: String,
 }
 
@@ -56,7 +70,11 @@ enum Cmd {
     /// Serve benchmark clients (SDP and kernel TCP on the same port).
     Server {
         /// Address to listen on.
-        #[arg(default_value = "0.0.0.0:7471")]
+        #[arg(
+            value_name = "HOST:PORT",
+            default_value = args::DEFAULT_SERVER_ADDR,
+            value_parser = args::parse_server_addr
+        )]
         addr: String,
         /// Print the bound address on stdout once listening (for scripts).
         #[arg(long)]
@@ -64,7 +82,8 @@ enum Cmd {
     },
     /// Run against a server.
     Client {
-        /// The server's address.
+        /// The server's address (the server listens on port 7471 unless told otherwise).
+        #[arg(value_name = "HOST:PORT", value_parser = args::parse_client_addr)]
         addr: String,
         #[command(flatten)]
         run: RunOpts,

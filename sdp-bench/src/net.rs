@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use sdp_core::socket::{Options, SdpListener, SdpStream};
 
+use crate::args::MAX_SIZE;
 use crate::engine::cpu_seconds;
 use crate::RunOpts;
 
@@ -27,23 +28,6 @@ const F_NO_ZCOPY: u32 = 2;
 const DEFAULT_SIZES: [usize; 7] = [64, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// "64", "64k", "1m", "4M" → bytes.
-pub fn parse_size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let (num, mul) = match s.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&s[..i], 1 << 10),
-        Some((i, 'm' | 'M')) => (&s[..i], 1 << 20),
-        Some((i, 'g' | 'G')) => (&s[..i], 1 << 30),
-        _ => (s, 1),
-    };
-    let n: usize = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    if n == 0 {
-        return Err("size must be positive".into());
-    }
-    n.checked_mul(mul)
-        .ok_or_else(|| format!("size {s:?} too large"))
-}
-
 fn size_name(n: usize) -> String {
     if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}M", n >> 20)
@@ -59,6 +43,7 @@ fn header(kind: u32, flags: u32, size: usize) -> [u8; 16] {
     h[0..4].copy_from_slice(&MAGIC.to_be_bytes());
     h[4..8].copy_from_slice(&kind.to_be_bytes());
     h[8..12].copy_from_slice(&flags.to_be_bytes());
+    debug_assert!(size <= MAX_SIZE, "sizes are checked when parsed");
     h[12..16].copy_from_slice(&(size as u32).to_be_bytes());
     h
 }
@@ -99,10 +84,10 @@ fn serve(mut s: SdpStream) -> io::Result<()> {
         ));
     }
     let (kind, flags, size) = (word(4), word(8), word(12) as usize);
-    if size == 0 || size > 64 << 20 {
+    if size == 0 || size > MAX_SIZE {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            "bad message size",
+            format!("bad message size {size} (1 to {MAX_SIZE} bytes)"),
         ));
     }
     s.set_zero_copy(flags & F_NO_ZCOPY == 0);
@@ -380,6 +365,9 @@ fn measure(addr: &str, mode: Mode, size: usize, opts: &RunOpts) -> io::Result<Ro
 
 pub fn client(addr: &str, opts: &RunOpts, mode: &str) -> io::Result<()> {
     let mode = Mode::parse(mode).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // Resolve once up front, so that a bad host name is reported as such before any row.
+    std::net::ToSocketAddrs::to_socket_addrs(addr)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot resolve {addr}: {e}")))?;
     let sizes = opts.sizes.clone().unwrap_or_else(|| DEFAULT_SIZES.to_vec());
     let mut rows = Vec::new();
     for (i, &size) in sizes.iter().enumerate() {
@@ -398,7 +386,7 @@ pub fn client(addr: &str, opts: &RunOpts, mode: &str) -> io::Result<()> {
         }
         rows.push(row);
     }
-    report(&rows, opts)
+    report(&rows, opts, &mut io::stdout().lock())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -465,29 +453,45 @@ pub fn compare(opts: &RunOpts, only: Option<Vec<String>>) -> io::Result<()> {
         }
     }
     drop(child);
-    report(&rows, opts)
+    report(&rows, opts, &mut io::stdout().lock())
 }
 
 fn fmt_opt(v: Option<f64>, scale: f64, prec: usize) -> String {
     v.map_or("-".into(), |v| format!("{:.*}", prec, v / scale))
 }
 
-fn report(rows: &[Row], opts: &RunOpts) -> io::Result<()> {
+/// Print the table to `out` (JSON rows are printed as they come), then write the plot: the
+/// results are out before anything can go wrong with the plot file, and a failed plot is an
+/// error (non-zero exit) that says so.
+fn report(rows: &[Row], opts: &RunOpts, out: &mut dyn Write) -> io::Result<()> {
+    let printed = if opts.json { Ok(()) } else { table(rows, out) }.and_then(|()| out.flush());
     if let Some(path) = &opts.plot {
-        std::fs::write(path, crate::plot::svg(rows))?;
+        if let Err(e) = std::fs::write(path, crate::plot::svg(rows)) {
+            let above = if printed.is_ok() {
+                "; the results are printed above"
+            } else {
+                ""
+            };
+            return Err(io::Error::new(
+                e.kind(),
+                format!("could not write the plot to {}: {e}{above}", path.display()),
+            ));
+        }
         if !opts.json {
             eprintln!("plot written to {}", path.display());
         }
     }
-    if opts.json {
-        return Ok(());
-    }
+    printed
+}
+
+fn table(rows: &[Row], out: &mut dyn Write) -> io::Result<()> {
     let tcp = |size: usize| {
         rows.iter()
             .find(|r| r.size == size && r.transport == "tcp")
             .cloned()
     };
-    println!(
+    writeln!(
+        out,
         "{:<9} {:<7} {:>6} {:>11} {:>11} {:>9} {:>9} {:>10} {:>8} {:>8}",
         "transport",
         "mode",
@@ -499,14 +503,15 @@ fn report(rows: &[Row], opts: &RunOpts) -> io::Result<()> {
         "CPU s/GiB",
         "xTCP bw",
         "xTCP p50"
-    );
+    )?;
     for r in rows {
         let t = tcp(r.size);
         let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
             _ => "-".into(),
         };
-        println!(
+        writeln!(
+            out,
             "{:<9} {:<7} {:>6} {:>11} {:>11} {:>9} {:>9} {:>10} {:>8} {:>8}",
             r.transport,
             r.mode,
@@ -518,7 +523,66 @@ fn report(rows: &[Row], opts: &RunOpts) -> io::Result<()> {
             fmt_opt(r.cpu_s_per_gib, 1.0, 3),
             ratio(r.bytes_per_sec, t.as_ref().and_then(|t| t.bytes_per_sec)),
             ratio(r.p50_us, t.as_ref().and_then(|t| t.p50_us)),
-        );
+        )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows() -> Vec<Row> {
+        vec![Row {
+            transport: "tcp".into(),
+            mode: "kernel".into(),
+            size: 64 << 10,
+            bytes_per_sec: Some(1.5e9),
+            msgs_per_sec: Some(22888.0),
+            p50_us: Some(12.5),
+            p99_us: Some(40.0),
+            cpu_s_per_gib: Some(0.25),
+        }]
+    }
+
+    fn opts(json: bool, plot: &str) -> RunOpts {
+        RunOpts {
+            sizes: None,
+            duration: 2.0,
+            json,
+            plot: Some(plot.into()),
+            tests: "both".into(),
+        }
+    }
+
+    #[test]
+    fn the_results_are_printed_whether_or_not_the_plot_can_be_written() {
+        let plot = std::env::temp_dir()
+            .join(format!("sdp-bench-gone-{}", std::process::id()))
+            .join("x.svg");
+        let mut out = Vec::new();
+        let e = report(&rows(), &opts(false, plot.to_str().unwrap()), &mut out).unwrap_err();
+        let table = String::from_utf8(out).unwrap();
+        assert!(table.starts_with("transport"), "{table}");
+        assert!(table.contains("64K") && table.contains("1500.0"), "{table}");
+        let e = e.to_string();
+        assert!(
+            e.contains("could not write the plot to") && e.contains("x.svg"),
+            "{e}"
+        );
+        assert!(e.contains("results are printed above"), "{e}");
+
+        let dir = std::env::temp_dir().join(format!("sdp-bench-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let plot = dir.join("ok.svg");
+        let mut out = Vec::new();
+        report(&rows(), &opts(false, plot.to_str().unwrap()), &mut out).unwrap();
+        assert!(String::from_utf8(out).unwrap().contains("64K"));
+        assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
+        // JSON: the rows went out as they came; the table is not printed.
+        let mut out = Vec::new();
+        report(&rows(), &opts(true, plot.to_str().unwrap()), &mut out).unwrap();
+        assert!(out.is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
