@@ -807,9 +807,17 @@ fn do_read(s: &Sock, fd: c_int, buf: &mut [u8], flags: c_int) -> ssize_t {
         unreachable!()
     };
     if flags & libc::MSG_OOB != 0 {
-        // No urgent data is kept inline or out of band over SDP yet: as TCP with none.
-        set_errno(libc::EINVAL);
-        return -1;
+        if buf.is_empty() {
+            return 0;
+        }
+        let _g = Internal::enter();
+        return match st.read_urgent(fd, flags & libc::MSG_PEEK != 0) {
+            Ok(b) => {
+                buf[0] = b;
+                1
+            }
+            Err(e) => fail(&e),
+        };
     }
     let f = ReadFlags {
         peek: flags & libc::MSG_PEEK != 0,
@@ -829,7 +837,11 @@ fn do_write(s: &Sock, fd: c_int, buf: &[u8], flags: c_int) -> ssize_t {
     };
     let r = {
         let _g = Internal::enter();
-        st.write(fd, buf, flags & libc::MSG_DONTWAIT != 0)
+        if flags & libc::MSG_OOB != 0 {
+            st.write_urgent(fd, buf, flags & libc::MSG_DONTWAIT != 0)
+        } else {
+            st.write(fd, buf, flags & libc::MSG_DONTWAIT != 0)
+        }
     };
     match r {
         Ok(n) => n as ssize_t,
@@ -1271,7 +1283,11 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_i
                 let _g = Internal::enter();
                 st.info().map(|i| i.tx_queued)
             }
-            SIOCATMARK => Ok(0),
+            SIOCATMARK => {
+                // At the mark: the urgent byte came and no stream data is left before it.
+                let _g = Internal::enter();
+                st.info().map(|i| (i.urgent && i.rx_queued == 0) as usize)
+            }
             // FIONBIO, FIOASYNC and the rest act on the kernel file natively.
             // SAFETY: forwards the caller's arguments.
             _ => return unsafe { real::ioctl(fd, req, arg) },

@@ -551,6 +551,46 @@ static void case_fork_ignore(void) {
     finish(pid, s);
 }
 
+static volatile sig_atomic_t sigurgs;
+static void on_urg(int sig) { (void)sig; sigurgs++; }
+
+static void peer_urgent(int s) {
+    CHECK(write(s, "ab", 2) == 2);
+    sleep_ms(50);
+    CHECK(send(s, "c!", 2, MSG_OOB) == 2);
+    await(p2c[0]);
+}
+
+static void case_urgent(void) {
+    int s;
+    pid_t pid = start(peer_urgent, &s);
+    signal(SIGURG, on_urg);
+    CHECK(fcntl(s, F_SETOWN, getpid()) == 0);
+    char b[8];
+    ssize_t r = recv(s, b, 1, MSG_OOB | MSG_DONTWAIT);
+    out("urgent before any %zd %s", r, en(errno));
+    for (int i = 0; i < 500 && !sigurgs; i++)
+        sleep_ms(10);
+    out("sigurg %d", sigurgs > 0);
+    struct pollfd pfd = {.fd = s, .events = POLLIN | POLLPRI};
+    int n = poll(&pfd, 1, 1000);
+    out("urgent poll n=%d pri=%d in=%d", n, !!(pfd.revents & POLLPRI), !!(pfd.revents & POLLIN));
+    r = recv(s, b, 1, MSG_OOB | MSG_PEEK);
+    out("urgent peek %zd %c", r, r == 1 ? b[0] : '-');
+    r = recv(s, b, 1, MSG_OOB);
+    out("urgent read %zd %c", r, r == 1 ? b[0] : '-');
+    r = recv(s, b, 1, MSG_OOB);
+    out("urgent again %zd %s", r, en(errno));
+    r = recv(s, b, sizeof b, 0);
+    out("urgent stream %zd %.*s", r, (int)(r > 0 ? r : 0), b);
+    pfd.revents = 0;
+    n = poll(&pfd, 1, 0);
+    out("urgent poll after n=%d pri=%d", n, !!(pfd.revents & POLLPRI));
+    signal(SIGURG, SIG_DFL);
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -567,6 +607,7 @@ int main(int argc, char **argv) {
     RUN(dup);
     RUN(sigio_and_timeout);
     RUN(bulk_then_exit);
+    RUN(urgent);
     RUN(fork_serve);
     RUN(fork_ignore);
     out("done");

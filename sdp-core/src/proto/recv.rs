@@ -155,6 +155,11 @@ impl<S: BufStore> Conn<S> {
         self.disconn_rcvd || self.shut_rd
     }
 
+    /// Whether an urgent byte (MSG_OOB) arrived and was not read yet.
+    pub fn urgent_pending(&self) -> bool {
+        self.urgent.is_some()
+    }
+
     /// Take the urgent byte (MSG_OOB), if one arrived and was not read yet.
     pub fn read_urgent(&mut self) -> Option<u8> {
         self.urgent.take()

@@ -67,6 +67,8 @@ pub struct AppInfo {
     pub write_closed: bool,
     /// The connection's error, as errno.
     pub error: Option<i32>,
+    /// An urgent byte waits.
+    pub urgent: bool,
 }
 
 /// Flags of a read: `MSG_PEEK`, `MSG_WAITALL`, `MSG_DONTWAIT`.
@@ -249,6 +251,37 @@ impl AppStream {
                 Err(e) => return if done > 0 { Ok(done) } else { Err(e) },
             }
         }
+    }
+
+    /// `send(MSG_OOB)` as TCP: every byte but the last goes in the stream (blocking as
+    /// [`AppStream::write`]), the last as urgent data (POLLPRI and SIGURG at the peer).
+    pub fn write_urgent(&self, fd: RawFd, buf: &[u8], dontwait: bool) -> io::Result<usize> {
+        let Some((&last, head)) = buf.split_last() else {
+            return Ok(0);
+        };
+        let n = self.write(fd, head, dontwait)?;
+        if n < head.len() {
+            return Ok(n);
+        }
+        loop {
+            match self.stack.0.app_send_urgent(self.id, fd, last) {
+                Ok(()) => return Ok(buf.len()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && !dontwait => {
+                    if let Err(e) = sys::wait_writable(fd, 0) {
+                        return if n > 0 { Ok(n) } else { Err(e) };
+                    }
+                }
+                Err(e) => return if n > 0 { Ok(n) } else { Err(e) },
+            }
+        }
+    }
+
+    /// `recv(MSG_OOB)` as TCP: the urgent byte, or EINVAL if there is none (never blocks).
+    pub fn read_urgent(&self, fd: RawFd, peek: bool) -> io::Result<u8> {
+        self.stack
+            .0
+            .app_read_urgent(self.id, fd, peek)?
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))
     }
 
     pub fn shutdown(&self, fd: RawFd, how: std::net::Shutdown) -> io::Result<()> {

@@ -102,6 +102,8 @@ pub(crate) struct AppState {
     pub hup: bool,
     /// The connection failed (POLLERR).
     pub err: bool,
+    /// An urgent byte waits (POLLPRI, SIGURG).
+    pub urgent: bool,
 }
 
 /// The readiness pair of a socket whose `user` end *is* the application's socket fd (the
@@ -127,6 +129,8 @@ pub(crate) struct AppReady {
     writable: bool,
     rdhup: bool,
     hup: bool,
+    /// An out-of-band byte waits in the user end (POLLPRI).
+    oob: bool,
 }
 
 impl AppReady {
@@ -146,6 +150,7 @@ impl AppReady {
                 writable: true,
                 rdhup: false,
                 hup: false,
+                oob: false,
             },
             user,
         ))
@@ -188,6 +193,16 @@ impl AppReady {
         if st.rdhup && !self.rdhup {
             self.rdhup = true;
             let _ = sys::shutdown(ours, libc::SHUT_WR);
+        }
+        if st.urgent && !self.oob {
+            // POLLPRI, and SIGURG for an F_SETOWN owner, as TCP's urgent data gives.
+            let _ = sys::send_oob(ours);
+            self.oob = true;
+        } else if !st.urgent && self.oob {
+            if let Some(u) = user {
+                let _ = sys::recv_oob(u);
+                self.oob = false;
+            }
         }
         if st.readable {
             if !self.rdhup && (!self.tokens || st.rx_total != self.rx_seen) {

@@ -194,6 +194,10 @@ pub(crate) trait StackOps: Send + Sync {
     fn app_info(&self, id: ConnId) -> io::Result<super::app::AppInfo>;
     /// Ring `bell` with the number of connections ready to accept whenever it changes.
     fn set_listener_bell(&self, l: ListenerId, bell: Bell) -> io::Result<()>;
+    /// Send one urgent byte (MSG_OOB) after what was written.
+    fn app_send_urgent(&self, id: ConnId, user: RawFd, byte: u8) -> io::Result<()>;
+    /// Take (or with `peek` look at) the urgent byte; `None` if there is none.
+    fn app_read_urgent(&self, id: ConnId, user: RawFd, peek: bool) -> io::Result<Option<u8>>;
     /// The application fd is about to be shared with another process: from now on the
     /// stream's bytes flow through it (see `socket::pump`).
     fn app_share(&self, id: ConnId, user: RawFd) -> io::Result<()>;
@@ -816,6 +820,7 @@ fn app_state<P: Provider>(driver: &Driver<P>, id: ConnId) -> AppState {
             hup: c.state() == State::Closed && c.error().is_none()
                 || (c.read_closed() && c.write_closed()),
             err: c.error().is_some() && c.read_closed(),
+            urgent: c.urgent_pending(),
         },
         None => AppState {
             readable: true,
@@ -1526,7 +1531,43 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             read_closed: c.read_closed(),
             write_closed: c.write_closed(),
             error: c.error().map(|e| e.errno()),
+            urgent: c.urgent_pending(),
         })
+    }
+
+    fn app_send_urgent(&self, id: ConnId, user: RawFd, byte: u8) -> io::Result<()> {
+        let mut g = self.lock()?;
+        let now = self.now();
+        let Inner { driver, socks, .. } = &mut *g;
+        let s = socks
+            .get_mut(&id)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        let r = driver
+            .with_conn(now, id, |c| c.send_urgent(now, byte))
+            .map_err(driver_err)
+            .and_then(|r| r.map_err(io_err));
+        refresh_app(driver, id, s, Some(user));
+        r
+    }
+
+    fn app_read_urgent(&self, id: ConnId, user: RawFd, peek: bool) -> io::Result<Option<u8>> {
+        let mut g = self.lock()?;
+        let now = self.now();
+        let Inner { driver, socks, .. } = &mut *g;
+        let s = socks
+            .get_mut(&id)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        let r = driver
+            .with_conn(now, id, |c| {
+                let b = c.read_urgent();
+                if peek {
+                    c.urgent = b;
+                }
+                b
+            })
+            .map_err(driver_err);
+        refresh_app(driver, id, s, Some(user));
+        r
     }
 
     fn app_share(&self, id: ConnId, user: RawFd) -> io::Result<()> {

@@ -418,6 +418,32 @@ pub(crate) fn recv_nb_eof(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>
     }
 }
 
+/// Send one out-of-band byte (MSG_OOB) without blocking.
+pub(crate) fn send_oob(fd: RawFd) -> io::Result<()> {
+    let b = [b'!'];
+    // SAFETY: sends one byte from a live local buffer.
+    syscall!(send(
+        fd,
+        b.as_ptr().cast(),
+        1,
+        libc::MSG_OOB | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL
+    ))?;
+    Ok(())
+}
+
+/// Take the out-of-band byte, if any, without blocking.
+pub(crate) fn recv_oob(fd: RawFd) -> io::Result<()> {
+    let mut b = [0u8; 1];
+    // SAFETY: receives at most one byte into a live local buffer.
+    syscall!(recv(
+        fd,
+        b.as_mut_ptr().cast(),
+        1,
+        libc::MSG_OOB | libc::MSG_DONTWAIT
+    ))?;
+    Ok(())
+}
+
 /// One fd's poll events now (no waiting).
 pub(crate) fn poll_now(fd: RawFd, events: i16) -> io::Result<i16> {
     Ok(poll(&[(fd, events)], Some(Duration::ZERO))?[0])
