@@ -63,6 +63,12 @@ impl Drop for Internal {
     }
 }
 
+/// Drop what may call into the socket layer (a socket's last handle), as the shim's own work.
+pub(crate) fn drop_internal<T>(v: T) {
+    let _g = Internal::enter();
+    drop(v);
+}
+
 fn mark_thread_internal() {
     INTERNAL.with(|c| c.set(true));
 }

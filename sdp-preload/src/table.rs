@@ -12,7 +12,20 @@ use sdp_core::socket::app::{AppListener, AppStream};
 pub(crate) const MAX_FD: usize = 1 << 16;
 
 static OWNED: [AtomicBool; MAX_FD] = [const { AtomicBool::new(false) }; MAX_FD];
-static MAP: RwLock<Option<HashMap<i32, Arc<Sock>>>> = RwLock::new(None);
+/// fd -> the socket and the identity (device, inode) of the file the fd had when it was
+/// entered: a number closed behind the shim's back (a raw system call, libc's own close) and
+/// reused for another file is recognised and forgotten.
+static MAP: RwLock<Option<HashMap<i32, (Arc<Sock>, FileId)>>> = RwLock::new(None);
+
+/// A kernel file's identity.
+type FileId = (u64, u64);
+
+fn file_id(fd: i32) -> Option<FileId> {
+    // SAFETY: an all-zero stat is a valid value for the kernel to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into our own struct.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
 
 /// Socket options of an SDP stream the kernel file cannot hold (it is an AF_UNIX socket),
 /// kept as TCP would report them.
@@ -54,15 +67,34 @@ pub(crate) fn get(fd: i32) -> Option<Arc<Sock>> {
     if !owned(fd) {
         return None;
     }
-    MAP.read().as_ref()?.get(&fd).cloned()
+    let (s, id) = MAP.read().as_ref()?.get(&fd).cloned()?;
+    if file_id(fd) == Some(id) {
+        return Some(s);
+    }
+    // The number now names another file (or none): the socket was closed behind our back.
+    let stale = {
+        let mut m = MAP.write();
+        match m.as_mut().and_then(|m| m.get(&fd)) {
+            Some((_, cur)) if *cur == id => {
+                OWNED[fd as usize].store(false, Ordering::Relaxed);
+                m.as_mut().and_then(|m| m.remove(&fd))
+            }
+            _ => None,
+        }
+    };
+    crate::drop_internal(stale);
+    None
 }
 
 pub(crate) fn insert(fd: i32, s: Arc<Sock>) -> bool {
     if fd < 0 || fd as usize >= MAX_FD {
         return false;
     }
+    let Some(id) = file_id(fd) else {
+        return false;
+    };
     let mut m = MAP.write();
-    m.get_or_insert_with(HashMap::new).insert(fd, s);
+    m.get_or_insert_with(HashMap::new).insert(fd, (s, id));
     OWNED[fd as usize].store(true, Ordering::Relaxed);
     true
 }
@@ -73,15 +105,15 @@ pub(crate) fn remove(fd: i32) -> Option<Arc<Sock>> {
     }
     let mut m = MAP.write();
     OWNED[fd as usize].store(false, Ordering::Relaxed);
-    m.as_mut()?.remove(&fd)
+    m.as_mut()?.remove(&fd).map(|(s, _)| s)
 }
 
 /// Every SDP stream the process holds (for reports and exit).
 pub(crate) fn streams() -> Vec<(i32, Arc<Sock>)> {
     MAP.read().as_ref().map_or(Vec::new(), |m| {
         m.iter()
-            .filter(|(_, s)| matches!(***s, Sock::Stream(..)))
-            .map(|(fd, s)| (*fd, s.clone()))
+            .filter(|(_, (s, _))| matches!(**s, Sock::Stream(..)))
+            .map(|(fd, (s, _))| (*fd, s.clone()))
             .collect()
     })
 }
@@ -103,13 +135,13 @@ pub(crate) fn unlock_after_fork() -> Vec<Arc<Sock>> {
     };
     let fds: Vec<i32> = map
         .iter()
-        .filter(|(_, s)| matches!(***s, Sock::Listener(_)))
+        .filter(|(_, (s, _))| matches!(**s, Sock::Listener(_)))
         .map(|(fd, _)| *fd)
         .collect();
     let mut out = Vec::new();
     for fd in fds {
         OWNED[fd as usize].store(false, Ordering::Relaxed);
-        out.extend(map.remove(&fd));
+        out.extend(map.remove(&fd).map(|(s, _)| s));
     }
     out
 }

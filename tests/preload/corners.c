@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -591,6 +592,30 @@ static void case_urgent(void) {
     finish(pid, s);
 }
 
+/* A socket closed behind the libc's back (a raw system call, as some runtimes do) and its
+ * number reused by a pipe: calls on the number act on the pipe. */
+static void case_raw_close(void) {
+    int s;
+    pid_t pid = start(peer_write_then_wait, &s);
+    int keep = dup(s);
+    int p[2];
+    CHECK(pipe(p) == 0);
+    CHECK(syscall(SYS_close, s) == 0);
+    /* The number comes back as the pipe's write end, behind libc's back too. */
+    CHECK(syscall(SYS_dup3, p[1], s, 0) == s);
+    close(p[1]);
+    ssize_t w = write(s, "pipe", 4);
+    char b[8];
+    ssize_t r = read(p[0], b, sizeof b);
+    out("raw close write %zd read %zd %.*s", w, r, (int)(r > 0 ? r : 0), b);
+    r = read(keep, b, sizeof b);
+    out("raw close dup still reads %zd %.*s", r, (int)(r > 0 ? r : 0), b);
+    close(p[0]);
+    close(s);
+    tell(p2c[1]);
+    finish(pid, keep);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -608,6 +633,7 @@ int main(int argc, char **argv) {
     RUN(sigio_and_timeout);
     RUN(bulk_then_exit);
     RUN(urgent);
+    RUN(raw_close);
     RUN(fork_serve);
     RUN(fork_ignore);
     out("done");
