@@ -15,7 +15,9 @@ static OWNED: [AtomicBool; MAX_FD] = [const { AtomicBool::new(false) }; MAX_FD];
 /// fd -> the socket and the identity (device, inode) of the file the fd had when it was
 /// entered: a number closed behind the shim's back (a raw system call, libc's own close) and
 /// reused for another file is recognised and forgotten.
-static MAP: RwLock<Option<HashMap<i32, (Arc<Sock>, FileId)>>> = RwLock::new(None);
+static MAP: RwLock<Option<Map>> = RwLock::new(None);
+
+type Map = HashMap<i32, (Arc<Sock>, FileId)>;
 
 /// A kernel file's identity.
 type FileId = (u64, u64);
