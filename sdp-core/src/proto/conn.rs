@@ -923,6 +923,13 @@ impl<S: BufStore> Conn<S> {
         match self.state {
             State::Established => {}
             State::Connecting | State::Accepting => return Err(CallError::NotConnected),
+            State::Disconnecting | State::Closed if self.error.is_none() && self.disconn_rcvd => {
+                // The peer closed in order and went (TCP's CLOSE_WAIT with the peer gone):
+                // shutting our halves succeeds, as TCP's does, with nobody left to tell.
+                self.shut_rd |= matches!(how, Shutdown::Read | Shutdown::Both);
+                self.shut_wr |= matches!(how, Shutdown::Write | Shutdown::Both);
+                return Ok(());
+            }
             _ => return Err(CallError::NotConnected),
         }
         if matches!(how, Shutdown::Read | Shutdown::Both) && !self.shut_rd {
