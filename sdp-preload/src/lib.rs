@@ -173,8 +173,10 @@ fn close_inherited_rendezvous() {
         .skip(1)
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            // Path "@sdp-shm/..." and state 01 (listening).
-            (f.len() >= 8 && f[7].starts_with("@sdp-shm/") && f[5] == "01")
+            // Path "@sdp-shm/..." (rendezvous) or "@sdp-stat/..." (sdpstat), listening (01).
+            (f.len() >= 8
+                && (f[7].starts_with("@sdp-shm/") || f[7].starts_with("@sdp-stat/"))
+                && f[5] == "01")
                 .then(|| f[6].parse().ok())
                 .flatten()
         })

@@ -59,6 +59,7 @@ mod pump;
 mod ready;
 mod runtime;
 mod stack;
+pub mod stat;
 mod stream;
 pub(crate) mod sys;
 

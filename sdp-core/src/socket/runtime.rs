@@ -288,6 +288,8 @@ struct Shared<P: Provider> {
     /// The engine's zero-copy threshold (its configuration does not change).
     zcopy_threshold: usize,
     spin: AdaptiveSpin,
+    /// Answers `sdpstat` (see `socket::stat`).
+    stat: Option<super::stat::StatServer>,
 }
 
 /// A runtime over one provider. Dropping the last handle stops the progress thread.
@@ -369,6 +371,7 @@ impl<P: Provider + 'static> Runtime<P> {
             name,
             zcopy_threshold,
             spin: AdaptiveSpin::new(),
+            stat: super::stat::StatServer::new(name),
         });
         let thread_sh = sh.clone();
         std::thread::Builder::new()
@@ -603,6 +606,41 @@ impl<P: Provider + 'static> Runtime<P> {
 }
 
 impl<P: Provider + 'static> Shared<P> {
+    /// One line per connection for `sdpstat`.
+    fn stat_lines(&self) -> String {
+        let g = self.inner.lock();
+        let pid = self.pid.to_string();
+        let mut out = String::new();
+        for id in g.driver.conn_ids() {
+            let Some(c) = g.driver.conn(id) else { continue };
+            let addr = |a: Option<SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
+            let s = &c.stats;
+            out.push_str(&super::stat::line(&[
+                ("pid", pid.clone()),
+                ("stack", self.name.to_string()),
+                ("id", format!("{id:?}")),
+                ("state", format!("{:?}", c.state())),
+                ("local", addr(g.driver.local_addr(id))),
+                ("peer", addr(g.driver.peer_addr(id))),
+                ("bytes_in", s.data_bytes_rcvd.to_string()),
+                ("bytes_out", s.data_bytes_sent.to_string()),
+                (
+                    "zcopy_bytes",
+                    (s.zcopy_read_bytes + s.zcopy_write_bytes + s.zcopy_send_bytes).to_string(),
+                ),
+                ("rx_queued", c.rx_queued_bytes().to_string()),
+                ("tx_queued", c.tx_queued_bytes().to_string()),
+                ("credits", c.tx_credits().to_string()),
+                ("send_size", c.send_size().to_string()),
+                (
+                    "error",
+                    c.error().map_or("-".to_string(), |e| format!("{e:?}")),
+                ),
+            ]));
+        }
+        out
+    }
+
     /// Move the bytes of shared application fds; close those every holder closed.
     fn run_pumps(g: &mut Inner<P>, now: Instant) -> usize {
         let Inner { driver, socks, .. } = g;
@@ -956,6 +994,9 @@ fn progress_loop<P: Provider + 'static>(sh: &Shared<P>, notify: Option<RawFd>) {
         if let Some(fd) = notify {
             fds.push((fd, libc::POLLIN));
         }
+        if let Some(s) = &sh.stat {
+            fds.push((s.fd(), libc::POLLIN));
+        }
         // Shared application fds: wake when an application writes or room comes back.
         fds.extend(sh.inner.lock().socks.values().filter_map(|s| {
             let p = s.pump.as_ref()?;
@@ -965,6 +1006,9 @@ fn progress_loop<P: Provider + 'static>(sh: &Shared<P>, notify: Option<RawFd>) {
             std::thread::sleep(Duration::from_millis(1));
         }
         sys::eventfd_drain(&sh.wake);
+        if let Some(s) = &sh.stat {
+            s.serve(|| sh.stat_lines());
+        }
     }
 }
 

@@ -463,3 +463,89 @@ pub(crate) fn atexit(f: extern "C" fn()) {
     // SAFETY: `f` is a plain function that lives as long as the program and never unwinds.
     unsafe { libc::atexit(f) };
 }
+
+/// `sockaddr_un` for an abstract name (no leading NUL in `name`), and its length.
+fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: an all-zero sockaddr_un is a valid value.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    if name.len() + 1 > a.sun_path.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    for (i, &b) in name.iter().enumerate() {
+        a.sun_path[i + 1] = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    Ok((a, len as libc::socklen_t))
+}
+
+/// A nonblocking, close-on-exec AF_UNIX stream socket listening on an abstract name.
+pub(crate) fn abstract_listener(name: &[u8]) -> io::Result<OwnedFd> {
+    let (a, len) = abstract_addr(name)?;
+    let fd = syscall!(socket(
+        libc::AF_UNIX,
+        libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        0
+    ))?;
+    // SAFETY: the fd was just returned by socket() and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
+    syscall!(bind(
+        fd.as_raw_fd(),
+        &a as *const _ as *const libc::sockaddr,
+        len
+    ))?;
+    syscall!(listen(fd.as_raw_fd(), 16))?;
+    Ok(fd)
+}
+
+/// A blocking, close-on-exec AF_UNIX stream connection to an abstract name.
+pub(crate) fn abstract_connect(name: &[u8]) -> io::Result<OwnedFd> {
+    let (a, len) = abstract_addr(name)?;
+    let fd = syscall!(socket(
+        libc::AF_UNIX,
+        libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+        0
+    ))?;
+    // SAFETY: the fd was just returned by socket() and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
+    syscall!(connect(
+        fd.as_raw_fd(),
+        &a as *const _ as *const libc::sockaddr,
+        len
+    ))?;
+    Ok(fd)
+}
+
+/// Accept one waiting connection without blocking (`None`: none waits).
+pub(crate) fn accept_nb(fd: RawFd) -> io::Result<Option<OwnedFd>> {
+    // SAFETY: no address is asked for.
+    match syscall!(accept4(
+        fd,
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        libc::SOCK_CLOEXEC
+    )) {
+        // SAFETY: the fd was just returned by accept4 and is owned by nobody else.
+        Ok(c) => Ok(Some(unsafe { OwnedFd::from_raw_fd(c) })),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The uid of a connected AF_UNIX socket's peer (SO_PEERCRED).
+pub(crate) fn peer_uid(fd: RawFd) -> io::Result<u32> {
+    // SAFETY: an all-zero ucred is a valid value.
+    let mut c: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut l = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `c` and `l` are live and describe the struct's size.
+    syscall!(getsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_PEERCRED,
+        (&mut c as *mut libc::ucred).cast(),
+        &mut l
+    ))?;
+    Ok(c.uid)
+}
