@@ -621,6 +621,63 @@ static void case_raw_close(void) {
     finish(pid, keep);
 }
 
+static volatile sig_atomic_t alarms;
+static void on_alarm(int sig) { (void)sig; alarms++; }
+
+static void peer_reply_late(int s) {
+    await(p2c[0]);
+    sleep_ms(300);
+    CHECK(write(s, "late", 4) == 4);
+    await(p2c[0]);
+}
+
+/* A blocking read interrupted by a signal: EINTR without SA_RESTART, restarted with it. */
+static void case_eintr(void) {
+    int s;
+    pid_t pid = start(peer_reply_late, &s);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it = {{0, 0}, {0, 100000}};
+    setitimer(ITIMER_REAL, &it, NULL);
+    char b[8];
+    ssize_t r = read(s, b, sizeof b);
+    out("eintr without SA_RESTART %zd %s alarms=%d", r, en(r < 0 ? errno : 0), (int)alarms);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGALRM, &sa, NULL);
+    tell(p2c[1]);
+    setitimer(ITIMER_REAL, &it, NULL);
+    r = read(s, b, sizeof b);
+    out("eintr with SA_RESTART %zd %.*s alarms=%d", r, (int)(r > 0 ? r : 0), b, (int)alarms);
+    signal(SIGALRM, SIG_DFL);
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
+static void peer_no_read(int s) {
+    (void)s;
+    await(p2c[0]);
+}
+
+/* A blocking write that the peer does not read: SO_SNDTIMEO cuts it short with what went. */
+static void case_sndtimeo(void) {
+    int s;
+    pid_t pid = start(peer_no_read, &s);
+    struct timeval tv = {0, 200000};
+    CHECK(setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0);
+    size_t len = 64 << 20;
+    char *big = calloc(1, len);
+    ssize_t w = write(s, big, len);
+    out("sndtimeo partial=%d", w > 0 && (size_t)w < len);
+    struct pollfd pfd = {.fd = s, .events = POLLOUT};
+    int n = poll(&pfd, 1, 100);
+    out("sndtimeo poll out n=%d", n);
+    free(big);
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -638,6 +695,8 @@ int main(int argc, char **argv) {
     RUN(sigio_and_timeout);
     RUN(bulk_then_exit);
     RUN(urgent);
+    RUN(eintr);
+    RUN(sndtimeo);
     RUN(raw_close);
     RUN(fork_serve);
     RUN(fork_ignore);
