@@ -46,6 +46,7 @@ impl Stack {
 
     /// The process's shared-memory stack (SDP between processes of this host).
     pub fn shm() -> io::Result<Stack> {
+        guard_fork();
         let mut g = SHM.lock();
         if let Some(s) = g.as_ref() {
             if s.0.alive() {
@@ -78,6 +79,32 @@ impl Stack {
     #[doc(hidden)]
     pub fn inject_progress_panic(&self) {
         self.0.inject_progress_panic()
+    }
+}
+
+/// fork() must not copy the stack registries while another thread holds one: the child could
+/// then never make a socket. They are held across every fork (`pthread_atfork`).
+fn guard_fork() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers plain functions that only lock and unlock the registries.
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_release), Some(fork_release)) };
+    });
+}
+
+extern "C" fn fork_prepare() {
+    std::mem::forget(SHM.lock());
+    #[cfg(feature = "rdma")]
+    std::mem::forget(RDMA.lock());
+}
+
+extern "C" fn fork_release() {
+    // SAFETY: this thread locked both in fork_prepare (the child is that thread's copy) and
+    // forgot the guards.
+    unsafe {
+        SHM.force_unlock();
+        #[cfg(feature = "rdma")]
+        RDMA.force_unlock();
     }
 }
 
@@ -262,6 +289,7 @@ fn rdma_stack(peer: Option<IpAddr>, local: Option<IpAddr>) -> io::Result<Stack> 
         }
     };
     let (dev, ip) = (p.device_name().to_string(), p.local_ip());
+    guard_fork();
     let mut g = RDMA.lock();
     g.retain(|(_, _, s)| s.0.alive());
     if let Some((_, _, s)) = g.iter().find(|(d, i, _)| *d == dev && *i == ip) {
