@@ -130,10 +130,27 @@ pub(crate) fn poll(fds: &[(RawFd, i16)], timeout: Option<Duration>) -> io::Resul
     Ok(pfds.iter().map(|p| p.revents).collect())
 }
 
-/// Process id (a real syscall; glibc does not cache it).
+/// Process id. glibc does not cache it, and a system call on every lock of a runtime adds up:
+/// it is cached here and forgotten in a fork child (pthread_atfork), so a child sees its own.
+/// (A child made by a raw fork system call runs no atfork handler and would see the parent's.)
 pub(crate) fn getpid() -> u32 {
+    static PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn forget() {
+        PID.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+    ONCE.call_once(|| {
+        // SAFETY: registers a plain function that stores to an atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(forget)) };
+    });
+    let p = PID.load(std::sync::atomic::Ordering::Relaxed);
+    if p != 0 {
+        return p;
+    }
     // SAFETY: getpid cannot fail.
-    unsafe { libc::getpid() as u32 }
+    let p = unsafe { libc::getpid() as u32 };
+    PID.store(p, std::sync::atomic::Ordering::Relaxed);
+    p
 }
 
 /// Whether `ip` is an address of this host (loopback, or assigned to one of its interfaces).
