@@ -415,7 +415,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     let (nonblocking, cloexec) = fd_flags(fd);
     let r = {
         let _g = Internal::enter();
-        AppStream::connect(dst, &Options::default(), nonblocking, cloexec)
+        // A source address the application bound picks the device SDP leaves from, as it
+        // picks the interface for TCP.
+        let opts = match bound_ip(fd) {
+            Some(ip) => Options::default().with_source_ip(ip),
+            None => Options::default(),
+        };
+        AppStream::connect(dst, &opts, nonblocking, cloexec)
     };
     match r {
         Ok((s, user)) => {
@@ -461,6 +467,18 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             unsafe { real::connect(fd, addr, len) }
         }
     }
+}
+
+/// The address a not yet connected socket was bound to, if the application bound one.
+fn bound_ip(fd: c_int) -> Option<std::net::IpAddr> {
+    // SAFETY: zeroed storage is valid; the kernel fills in at most its size.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+    // SAFETY: our own storage and length.
+    let r =
+        unsafe { real::getsockname(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut sl) };
+    let a = (r == 0).then(|| app::from_sockaddr(&ss)).flatten()?;
+    (!a.ip().is_unspecified()).then_some(a.ip())
 }
 
 /// Put `user` under the number `fd` (replacing the TCP socket there), then close `user`'s own

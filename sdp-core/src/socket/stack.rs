@@ -178,6 +178,11 @@ impl Options {
                 Err(e) => last = Some(e),
             }
         }
+        // A source address on a host without a device for it: a local peer is still reached
+        // over shm (the address names no device to leave from).
+        if self.source_ip.is_some() && sys::is_local_ip(ip) && providers().contains(&Prov::Shm) {
+            return Stack::shm().map(Some);
+        }
         match last {
             // Only the shm stack itself can fail outright; an RDMA miss means "no route".
             Some(e) if e.raw_os_error().is_none() && e.kind() != io::ErrorKind::NotFound => Err(e),
