@@ -90,6 +90,7 @@ fn enabled() -> bool {
             LOG.store(log as u8 + 1, Ordering::Relaxed);
             app::set_thread_start_hook(mark_thread_internal);
             PID.store(std::process::id(), Ordering::Relaxed);
+            report::init();
             // SAFETY: registers plain functions to run at exit and around fork().
             unsafe {
                 libc::atexit(at_exit);

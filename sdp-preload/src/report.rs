@@ -24,8 +24,18 @@ pub(crate) struct Record {
 static DONE: Mutex<Vec<Record>> = Mutex::new(Vec::new());
 static WRITTEN: AtomicBool = AtomicBool::new(false);
 
+/// `SDP_REPORT`, read when the shim starts (a program may clear its environment later, as
+/// nginx does).
+static PATH: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+
+/// Read the environment now.
+pub(crate) fn init() {
+    PATH.get_or_init(|| std::env::var_os("SDP_REPORT").filter(|v| !v.is_empty()));
+}
+
 pub(crate) fn wanted() -> bool {
-    std::env::var_os("SDP_REPORT").is_some_and(|v| !v.is_empty())
+    init();
+    PATH.get().is_some_and(|p| p.is_some())
 }
 
 /// A stream's record from its live state.
@@ -74,7 +84,7 @@ pub(crate) fn write(live: Vec<Record>) {
     if !wanted() || WRITTEN.swap(true, Ordering::SeqCst) {
         return;
     }
-    let Some(path) = std::env::var_os("SDP_REPORT") else {
+    let Some(Some(path)) = PATH.get() else {
         return;
     };
     let program = std::fs::read_to_string("/proc/self/comm")

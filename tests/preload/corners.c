@@ -678,6 +678,25 @@ static void case_sndtimeo(void) {
     finish(pid, s);
 }
 
+/* Socket fd numbers are what they would be without the shim (the lowest free ones): programs
+ * size tables by them (wrk) or use select's FD_SETSIZE. */
+static void case_fd_numbers(void) {
+    struct sockaddr_in a;
+    int l = listener(&a);
+    int c[4], s[4];
+    for (int i = 0; i < 4; i++) {
+        c[i] = dial(&a);
+        s[i] = accept(l, NULL, NULL);
+    }
+    out("fd numbers from the listener: %d %d %d %d / %d %d %d %d", c[0] - l, c[1] - l, c[2] - l,
+        c[3] - l, s[0] - l, s[1] - l, s[2] - l, s[3] - l);
+    for (int i = 0; i < 4; i++) {
+        close(c[i]);
+        close(s[i]);
+    }
+    close(l);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -686,6 +705,7 @@ int main(int argc, char **argv) {
         case_##name();                               \
     }
     RUN(identity);
+    RUN(fd_numbers);
     RUN(epoll_et);
     RUN(oneshot_and_level);
     RUN(waitall);

@@ -30,15 +30,21 @@ pub(crate) fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
         0,
         fds.as_mut_ptr()
     ))?;
-    // SAFETY: both fds were just returned by socketpair and are owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    // SAFETY: both fds were just returned by socketpair and are owned by nobody else. The
+    // first is the application's; the second, ours, moves out of the application's numbers.
+    Ok(unsafe {
+        (
+            OwnedFd::from_raw_fd(fds[0]),
+            OwnedFd::from_raw_fd(high(fds[1])),
+        )
+    })
 }
 
 /// A nonblocking, close-on-exec eventfd.
 pub(crate) fn eventfd() -> io::Result<OwnedFd> {
     let fd = syscall!(eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))?;
     // SAFETY: the fd was just returned by eventfd and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(unsafe { OwnedFd::from_raw_fd(high(fd)) })
 }
 
 /// Add `n` to an eventfd's counter.
@@ -280,6 +286,19 @@ pub(crate) fn tcp_connect_from(
     Ok(s)
 }
 
+/// An fd of our own, moved out of the application's low numbers (see the shm provider's
+/// `high_fd`).
+fn high(fd: RawFd) -> RawFd {
+    crate::verbs::shm::sys::high_fd(fd)
+}
+
+/// [`high`] for an owned fd.
+pub(crate) fn high_owned(fd: OwnedFd) -> OwnedFd {
+    use std::os::fd::IntoRawFd;
+    // SAFETY: the fd was ours; high() returns it or its replacement, which we own.
+    unsafe { OwnedFd::from_raw_fd(high(fd.into_raw_fd())) }
+}
+
 /// Set or clear O_NONBLOCK and FD_CLOEXEC on an fd.
 pub(crate) fn set_fd_flags(fd: RawFd, nonblocking: bool, cloexec: bool) -> io::Result<()> {
     // SAFETY: fcntl on an fd the caller owns, with integer arguments only.
@@ -342,7 +361,7 @@ pub(crate) fn tcp_socket_bound(src: std::net::SocketAddr) -> io::Result<OwnedFd>
         0
     ))?;
     // SAFETY: the fd was just returned by socket() and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = unsafe { OwnedFd::from_raw_fd(high(fd)) };
     let (sa, len) = sockaddr_of(src);
     // SAFETY: `sa` is a valid sockaddr of `len` bytes for the socket's family.
     syscall!(bind(
@@ -505,7 +524,7 @@ pub(crate) fn abstract_listener(name: &[u8]) -> io::Result<OwnedFd> {
         0
     ))?;
     // SAFETY: the fd was just returned by socket() and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = unsafe { OwnedFd::from_raw_fd(high(fd)) };
     // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
     syscall!(bind(
         fd.as_raw_fd(),

@@ -39,7 +39,35 @@ pub fn getuid() -> u32 {
 fn owned(fd: RawFd) -> OwnedFd {
     // SAFETY: `fd` was just returned by a successful system call that created it; nobody
     // else owns it.
-    unsafe { OwnedFd::from_raw_fd(fd) }
+    unsafe { OwnedFd::from_raw_fd(high_fd(fd)) }
+}
+
+/// Move an fd this library made for itself to a high number (close-on-exec), so the low numbers
+/// stay the application's, as they would be without SDP: programs size tables by the fds they
+/// get (wrk, select's FD_SETSIZE) or expect the lowest free one. The floor is half the soft
+/// RLIMIT_NOFILE, at most 1024; the fd stays where it is if nothing is free there.
+pub fn high_fd(fd: RawFd) -> RawFd {
+    static FLOOR: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    let floor = *FLOOR.get_or_init(|| {
+        // SAFETY: an all-zero rlimit is valid; getrlimit writes into it.
+        let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+            return 0;
+        }
+        (r.rlim_cur / 2).min(1024) as i32
+    });
+    if fd < 0 || fd >= floor {
+        return fd;
+    }
+    // SAFETY: duplicates an fd we own; the original is closed only if that worked.
+    let hi = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor) };
+    if hi < 0 {
+        return fd;
+    }
+    // SAFETY: `fd` is ours and replaced by `hi`.
+    unsafe { libc::close(fd) };
+    hi
 }
 
 /// A shared mapping of a file (or anonymous memory), unmapped on drop.
