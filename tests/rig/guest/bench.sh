@@ -55,7 +55,7 @@ bench_pair() {   # run_pair, and the traffic must have crossed the veth pair (bo
   echo "$ds0" >/tmp/d0; diag_snap >/tmp/d1
   echo "  diag:$(awk -F= 'NR == FNR {a[$1] = $2; next} $2 != a[$1] {printf " %s+%d", $1, $2 - a[$1]}' /tmp/d0 /tmp/d1)"
   deltas "$bs0"
-  crossed || { PAIR_WHY="packet counters did not all increase ($(pkts))"; return 1; }
+  [ "${BENCH_NOCROSS:-0}" = 1 ] || crossed || { PAIR_WHY="packet counters did not all increase ($(pkts))"; return 1; }
 }
 
 # ib_write_bw over the RDMA CM (-R): one-sided RDMA writes, $BENCH_BYTES in one direction.
@@ -139,6 +139,56 @@ bench_sdp1() {   # SIZE RUN MODE TOOL ENVPREFIX
   pair_logs "$name" sdp-rigtest sdp-rigtest; fail "$name" "$PAIR_WHY"
 }
 
+# LD_PRELOAD rows (tests/rig/run --bench-preload; tools iperf3-MODE and sockperf-MODE, MODE sdp: the
+# project's shim with SDP_PROVIDERS=rdma, rs: rsockets' librspreload, tcp: kernel TCP over the veth).
+# The commands are those of guest/preload.sh.  The shim's connections do not take the client's bound
+# source address (TODO.md), so they run rxe1 to rxe1 (Soft-RoCE loopback): these rows do not require
+# the veth crossing; an sdp row requires the shim's report to say rdma for every socket instead.
+PL_LIB_ONLY=1 . "${RIG_DIR:-/rig}/preload.sh"
+PL_LIB_ONLY=0
+bench_report_ok() {   # NAME MODE: for the shim, every socket in the report went over rdma
+  [ "$2" = sdp ] || return 0
+  PL_WHY=""; pl_report "$1" && return 0
+  PAIR_WHY="$PL_WHY"; return 1
+}
+# iperf3 -l SIZE -n $BENCH_BYTES: bytes_per_sec is the receiver's figure (end.sum_received)
+bench_iperf3() {   # MODE SIZE RUN
+  name=bench-iperf3-$1-$2-$3; E=$(pl_env "$1" "$name"); rm -f "$PLD/$name.report"
+  BENCH_NOCROSS=1
+  if bench_pair "$name" "$E iperf3 -s -B $B -p 7510 -1" \
+                        "$E iperf3 -c $B -B $A -p 7510 -l $2 -n $BENCH_BYTES --json" && bench_report_ok "$name" "$1"; then
+    BENCH_NOCROSS=0
+    bits=$(awk '/"sum_received"/ {f = 1} f && match($0, /"bits_per_second":[ \t]*[0-9.e+]+/) {s = substr($0, RSTART, RLENGTH); sub(/.*:[ \t]*/, "", s); printf "%.0f", s / 8; exit}' "$LOGD/$name.cli")
+    if [ "${bits:-0}" -gt 0 ]; then
+      bench_row "iperf3-$1" "$2" "$3" "$bits" "\"path\":\"$(if crossed; then echo veth; elif [ $((D1S + D0S)) -gt 0 ]; then echo loopback; else echo tcp; fi)\""
+      pass "$name" "$(awk -v b="$bits" 'BEGIN{printf "%.1f MB/s", b/1e6}'); $(pkts)"; return
+    fi
+    PAIR_WHY="no sum_received bits_per_second in iperf3's --json"
+  fi
+  BENCH_NOCROSS=0
+  pair_logs "$name" iperf3 iperf3; show "$PLD/$name.report" 2>/dev/null | cut -c1-200 | head -4
+  fail "$name" "$PAIR_WHY"
+}
+# sockperf ping-pong (TCP, 14-byte messages, 5 s): percentiles 50 and 99 of the round trip, in usec
+bench_sockperf() {   # MODE RUN
+  name=bench-sockperf-$1-$2; E=$(pl_env "$1" "$name"); rm -f "$PLD/$name.report"
+  PL_WHY="" PL_ST=90 PL_CT=60; t0b=$(now)
+  if pl_srv "$name" "$E sockperf sr --tcp -i $B -p 7511"; then
+    pl_cli "$name" "$E sockperf pp --tcp -i $B -p 7511 --client_ip $A -t ${BENCH_SOCKPERF_SECS:-5}"
+    pl_stop INT
+  fi
+  PAIR_T=$(since "$t0b")
+  [ "$1" != sdp ] || pl_report "$name"
+  p50=$(awk '/percentile 50.000/ {print $NF; exit}' "$LOGD/$name.cli")
+  p99=$(awk '/percentile 99.000/ {print $NF; exit}' "$LOGD/$name.cli")
+  if [ -z "$PL_WHY" ] && [ -n "$p50" ]; then
+    echo "RIG-BENCH: {\"tool\":\"sockperf-$1\",\"size_bytes\":14,\"run\":$2,\"p50_usec\":$p50,\"p99_usec\":${p99:-0},\"mtu\":$RIG_MTU,\"pair_secs\":$PAIR_T}"
+    pass "$name" "p50 $p50 usec, p99 ${p99:-?} usec"; return
+  fi
+  [ -n "$p50" ] || PL_WHY="${PL_WHY}no percentile 50 line; "
+  pair_logs "$name" sockperf sockperf; fail "$name" "${PL_WHY%; }"
+}
+
 section "benchmarks: $RIG_RUNS runs, sizes $BENCH_SIZES, tools $BENCH_TOOLS, $((BENCH_BYTES / 1048576)) MiB each"
 [ ! -s /rig/sdp-variants ] || { echo "  SDP variants:"; sed 's/^/    /' /rig/sdp-variants; }
 run=1
@@ -148,6 +198,8 @@ while [ $run -le "$RIG_RUNS" ]; do
     if want_tool ib_send_bw; then bench_ib_send_bw "$size" "$run"; fi
     if want_tool rstream; then bench_rstream "$size" "$run"; fi
     bench_sdp "$size" "$run"
+    for m in sdp rs tcp; do if want_tool "iperf3-$m"; then bench_iperf3 "$m" "$size" "$run"; fi; done
   done
+  for m in sdp rs tcp; do if want_tool "sockperf-$m"; then bench_sockperf "$m" "$run"; fi; done
   run=$((run + 1))
 done
