@@ -66,22 +66,28 @@ bench_ib_write_bw() { bench_perftest ib_write_bw "$@"; }
 # ib_send_bw (two-sided SENDs into posted receives, like SDP's Data messages): not in the default set,
 # it shows what rxe's SEND path costs against its RDMA Write path in the same boot.
 bench_ib_send_bw() { bench_perftest ib_send_bw "$@"; }
+# ib_write_bw-lo: the same on rxe1 alone (client and server on $B: Soft-RoCE loopback, no veth), the
+# path the shim's connections take in this rig (--bench-preload compares iperf3-sdp with both).
+bench_ib_write_bw_lo() { PT_LO=1 bench_perftest ib_write_bw "$@"; PT_LO=0; }
 bench_perftest() {   # TOOL SIZE RUN
   t=$1; shift
-  n=$((BENCH_BYTES / $1)); name=bench-$t-$1-$2; try=1
+  n=$((BENCH_BYTES / $1)); name=bench-$t-$1-$2; try=1; tn=$t
+  cli="$CM_SRC_A $t -R -d rxe0 -s $1 -n $n -F $B"
+  if [ "${PT_LO:-0}" = 1 ]; then tn=$t-lo; name=bench-$tn-$1-$2; cli="$t -R -d rxe1 -s $1 -n $n -F $B"; BENCH_NOCROSS=1; fi
   while [ $try -le 3 ]; do
-    if bench_pair "$name" "$t -R -d rxe1 -s $1 -n $n -F" \
-                          "$CM_SRC_A $t -R -d rxe0 -s $1 -n $n -F $B"; then
+    if bench_pair "$name" "$t -R -d rxe1 -s $1 -n $n -F" "$cli"; then
       bw=$(awk '/#bytes/ {getline; print $4; exit}' "$LOGD/$name.cli")
       bps=$(awk -v m="$bw" 'BEGIN{ if (m + 0 > 0) printf "%.0f", m * 1048576 }')
       if [ -n "$bps" ]; then
-        bench_row "$t" "$1" "$2" "$bps" "\"iters\":$n,\"tries\":$try"; pass "$name" "${bw} MiB/s"; return
+        BENCH_NOCROSS=0
+        bench_row "$tn" "$1" "$2" "$bps" "\"iters\":$n,\"tries\":$try"; pass "$name" "${bw} MiB/s; $(pkts)"; return
       fi
       PAIR_WHY="BW average '${bw}' (clock calibration: $(grep -h -m1 -i 'correlation\|conflicting' "$LOGD/$name.cli" "$LOGD/$name.srv"))"
     fi
     echo "  $name try $try: $PAIR_WHY"
     try=$((try + 1))
   done
+  BENCH_NOCROSS=0
   pair_logs "$name" "$t" "$t"; fail "$name" "$PAIR_WHY"
 }
 
@@ -167,7 +173,14 @@ bench_iperf3() {   # MODE SIZE RUN
   fi
   BENCH_NOCROSS=0
   pair_logs "$name" iperf3 iperf3; show "$PLD/$name.report" 2>/dev/null | cut -c1-200 | head -4
-  fail "$name" "$PAIR_WHY"
+  bench_fail "$name" "iperf3-$1" "$2" "$3" "$PAIR_WHY"
+}
+# bench_fail NAME TOOL SIZE RUN WHY: under librspreload a failure is a finding (a row with "fails"),
+# not a failed check; anything else fails the check
+bench_fail() {
+  w=$(echo "$5" | tr -d '"\\' | tr '\t' ' ' | cut -c1-160)
+  echo "RIG-BENCH: {\"tool\":\"$2\",\"size_bytes\":$3,\"run\":$4,\"fails\":\"$w\"}"
+  case $2 in *-rs) echo "  $1: librspreload fails (a finding, not a rig failure): $5" ;; *) fail "$1" "$5" ;; esac
 }
 # sockperf ping-pong (TCP, 14-byte messages, 5 s): percentiles 50 and 99 of the round trip, in usec
 bench_sockperf() {   # MODE RUN
@@ -186,7 +199,7 @@ bench_sockperf() {   # MODE RUN
     pass "$name" "p50 $p50 usec, p99 ${p99:-?} usec"; return
   fi
   [ -n "$p50" ] || PL_WHY="${PL_WHY}no percentile 50 line; "
-  pair_logs "$name" sockperf sockperf; fail "$name" "${PL_WHY%; }"
+  pair_logs "$name" sockperf sockperf; bench_fail "$name" "sockperf-$1" 14 "$2" "${PL_WHY%; }"
 }
 
 section "benchmarks: $RIG_RUNS runs, sizes $BENCH_SIZES, tools $BENCH_TOOLS, $((BENCH_BYTES / 1048576)) MiB each"
@@ -195,6 +208,7 @@ run=1
 while [ $run -le "$RIG_RUNS" ]; do
   for size in $BENCH_SIZES; do
     if want_tool ib_write_bw; then bench_ib_write_bw "$size" "$run"; fi
+    if want_tool ib_write_bw-lo; then bench_ib_write_bw_lo "$size" "$run"; fi
     if want_tool ib_send_bw; then bench_ib_send_bw "$size" "$run"; fi
     if want_tool rstream; then bench_rstream "$size" "$run"; fi
     bench_sdp "$size" "$run"

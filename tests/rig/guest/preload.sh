@@ -18,6 +18,8 @@
 PRE=${PRE:-/rig/lib/libsdp_preload.so}
 RSP=${RSP:-/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so}
 PLD=/tmp/preload
+# netcat-openbsd by its full name: busybox sh (and busybox env) prefer their own nc applet to PATH
+NC=${NC:-/bin/nc.openbsd}
 mkdir -p $PLD
 PL_WANT=${PL_WANT:-rdma}                    # the transport the shim's report must show
 PL_SHIM_ENV=${PL_SHIM_ENV:-SDP_PROVIDERS=rdma}
@@ -27,7 +29,7 @@ PL_RS_SRV_T=${PL_RS_SRV_T:-40}              # and under librspreload (which may 
 PL_RS_CLI_T=${PL_RS_CLI_T:-15}
 PL_NC_BYTES=${PL_NC_BYTES:-4194304}
 PL_IPERF_BYTES=${PL_IPERF_BYTES:-8M}
-PL_REDIS_N=${PL_REDIS_N:-2000}
+PL_REDIS_N=${PL_REDIS_N:-1000}
 PL_WRK_SECS=${PL_WRK_SECS:-2}
 PL_HTTP_BYTES=${PL_HTTP_BYTES:-1048576}
 
@@ -75,8 +77,8 @@ pl_nc() {   # a checksummed one-way transfer; the client shuts its write half at
   E=$(pl_env "$1" "$2")
   [ -s $PLD/nc.in ] || head -c "$PL_NC_BYTES" /dev/urandom >$PLD/nc.in
   rm -f $PLD/nc.out
-  pl_srv "$2" "$E nc -l $B 7500 >$PLD/nc.out" || return 1
-  pl_cli "$2" "$E nc -N -s $A $B 7500 <$PLD/nc.in"
+  pl_srv "$2" "$E $NC -l $B 7500 >$PLD/nc.out" || return 1
+  pl_cli "$2" "$E $NC -N -s $A $B 7500 <$PLD/nc.in"
   pl_stop none
   want=$(md5sum <$PLD/nc.in | cut -d' ' -f1); got=$(md5sum <$PLD/nc.out 2>/dev/null | cut -d' ' -f1)
   got_n=$(wc -c <$PLD/nc.out 2>/dev/null || echo 0)
@@ -167,7 +169,7 @@ pl_nginx() {   # wrk: requests completed without socket errors; then a checksumm
     ! grep -q 'Non-2xx' "$LOGD/$2.cli" || PL_WHY="${PL_WHY}wrk: $(grep -m1 'Non-2xx' "$LOGD/$2.cli" | sed 's/^ *//'); "
     rps=$(awk '/^Requests\/sec/ {print $2; exit}' "$LOGD/$2.cli")
     cp "$LOGD/$2.cli" "$LOGD/$2.wrk"
-    pl_cli "$2" "$E nc -N -s $A $B 7504 <$PLD/ng/get.req >$PLD/ng/resp"
+    pl_cli "$2" "$E $NC -N -s $A $B 7504 <$PLD/ng/get.req >$PLD/ng/resp"
     want=$(md5sum <$PLD/ng/www/big.bin | cut -d' ' -f1)
     got=$(tail -c "$PL_HTTP_BYTES" $PLD/ng/resp 2>/dev/null | md5sum | cut -d' ' -f1)
     head -1 $PLD/ng/resp 2>/dev/null | grep -q '^HTTP/1.1 200' || PL_WHY="${PL_WHY}GET /big.bin: no 200 ($(head -c 80 $PLD/ng/resp 2>/dev/null | head -1)); "
@@ -197,7 +199,7 @@ PL_TABLE=$PLD/table
 pl_run() {
   mode=$1 prog=$2 name=preload-$2; [ "$1" = sdp ] || name=$1preload-$2
   PL_WHY="" PL_INFO="" PL_REP="" t0p=$(now); s0p=$(snap)
-  rm -f "$PLD/$name.report"
+  rm -f "$PLD/$name.report" "$LOGD/$name.srv" "$LOGD/$name.cli"
   if [ "$mode" = sdp ]; then PL_ST=$PL_SRV_T PL_CT=$PL_CLI_T; else PL_ST=$PL_RS_SRV_T PL_CT=$PL_RS_CLI_T; fi
   pl_$prog "$mode" "$name"; ok=$?
   [ "$mode" != sdp ] || pl_report "$name" || ok=1
@@ -208,17 +210,17 @@ pl_run() {
   printf '%s %s %s %s|%s\n' "$prog" "$mode" "$res" "$took" "${PL_WHY:-$PL_INFO}" >>$PL_TABLE
   if [ "$mode" = sdp ]; then
     if [ $res = works ]; then
-      show "$LOGD/$name.cli" | tail -3; show "$PLD/$name.report" | cut -c1-200 | head -4
+      tr '\r' '\n' <"$LOGD/$name.cli" | show | tail -3; show "$PLD/$name.report" | cut -c1-200 | head -4
       pass "$name" "${took}s; $PL_INFO; $PL_REP; $path: $(pkts)"
     else
-      echo "  server:"; show "$LOGD/$name.srv" | tail -12
-      echo "  client:"; show "$LOGD/$name.cli" | tail -12
+      echo "  server:"; show "$LOGD/$name.srv" 2>/dev/null | tail -12
+      echo "  client:"; show "$LOGD/$name.cli" 2>/dev/null | tail -12
       [ ! -s "$PLD/$name.report" ] || { echo "  report:"; show "$PLD/$name.report" | cut -c1-300; }
       fail "$name" "${PL_WHY%; } (${took}s; $path: $(pkts))"
     fi
   else
     echo "  $mode $prog: $res (${took}s; $path: $(pkts)): ${PL_WHY:-$PL_INFO}"
-    [ $res = works ] || { show "$LOGD/$name.srv" | tail -6; show "$LOGD/$name.cli" | tail -6; }
+    [ $res = works ] || { show "$LOGD/$name.srv" 2>/dev/null | tail -6; show "$LOGD/$name.cli" 2>/dev/null | tail -6; }
   fi
 }
 
