@@ -48,7 +48,11 @@ pl_srv() {
   n=$1; shift; base=$(listeners)
   timeout "$PL_ST" sh -c "exec $*" >"$LOGD/$n.srv" 2>&1 </dev/null &
   PL_SPID=$!
-  wait_listen "$base" "$PL_SPID" || { PL_WHY="${PL_WHY}server not listening after 15 s; "; return 1; }
+  wait_listen "$base" "$PL_SPID" && return 0
+  if kill -0 "$PL_SPID" 2>/dev/null; then PL_WHY="${PL_WHY}server not listening after 15 s; "; kill -9 "$PL_SPID" 2>/dev/null
+  else wait "$PL_SPID"; PL_WHY="${PL_WHY}server exited ($?) before listening; "; fi
+  wait "$PL_SPID" 2>/dev/null
+  return 1
 }
 pl_cli() {
   n=$1; shift
@@ -207,6 +211,12 @@ pl_run() {
   if crossed; then path="crossed the veth"; elif [ $((D0S + D0R + D1S + D1R)) -gt 0 ]; then path="one device (loopback)"; else path="no RDMA packets"; fi
   took=$(since "$t0p")
   if [ $ok = 0 ] && [ -z "$PL_WHY" ]; then res=works; else res=FAILS; fi
+  # the programs' own first complaint, for the table
+  if [ $res = FAILS ]; then
+    h=$(cat "$LOGD/$name.srv" "$LOGD/$name.cli" 2>/dev/null | tr -d '\r\t"' |
+        grep -m1 -iE 'error|fail|not supported|not permitted|non-socket|crashed|segmentation|refused|reset' | cut -c1-120)
+    [ -z "$h" ] || PL_WHY="${PL_WHY}program: $h; "
+  fi
   printf '%s %s %s %s|%s\n' "$prog" "$mode" "$res" "$took" "${PL_WHY:-$PL_INFO}" >>$PL_TABLE
   if [ "$mode" = sdp ]; then
     if [ $res = works ]; then
