@@ -55,7 +55,7 @@ bench_pair() {   # run_pair, and the traffic must have crossed the veth pair (bo
   echo "$ds0" >/tmp/d0; diag_snap >/tmp/d1
   echo "  diag:$(awk -F= 'NR == FNR {a[$1] = $2; next} $2 != a[$1] {printf " %s+%d", $1, $2 - a[$1]}' /tmp/d0 /tmp/d1)"
   deltas "$bs0"
-  crossed || { PAIR_WHY="packet counters did not all increase ($(pkts))"; return 1; }
+  [ "${BENCH_NOCROSS:-0}" = 1 ] || crossed || { PAIR_WHY="packet counters did not all increase ($(pkts))"; return 1; }
 }
 
 # ib_write_bw over the RDMA CM (-R): one-sided RDMA writes, $BENCH_BYTES in one direction.
@@ -66,22 +66,28 @@ bench_ib_write_bw() { bench_perftest ib_write_bw "$@"; }
 # ib_send_bw (two-sided SENDs into posted receives, like SDP's Data messages): not in the default set,
 # it shows what rxe's SEND path costs against its RDMA Write path in the same boot.
 bench_ib_send_bw() { bench_perftest ib_send_bw "$@"; }
+# ib_write_bw-lo: the same on rxe1 alone (client and server on $B: Soft-RoCE loopback, no veth), the
+# path the shim's connections take in this rig (--bench-preload compares iperf3-sdp with both).
+bench_ib_write_bw_lo() { PT_LO=1 bench_perftest ib_write_bw "$@"; PT_LO=0; }
 bench_perftest() {   # TOOL SIZE RUN
   t=$1; shift
-  n=$((BENCH_BYTES / $1)); name=bench-$t-$1-$2; try=1
+  n=$((BENCH_BYTES / $1)); name=bench-$t-$1-$2; try=1; tn=$t
+  cli="$CM_SRC_A $t -R -d rxe0 -s $1 -n $n -F $B"
+  if [ "${PT_LO:-0}" = 1 ]; then tn=$t-lo; name=bench-$tn-$1-$2; cli="$t -R -d rxe1 -s $1 -n $n -F $B"; BENCH_NOCROSS=1; fi
   while [ $try -le 3 ]; do
-    if bench_pair "$name" "$t -R -d rxe1 -s $1 -n $n -F" \
-                          "$CM_SRC_A $t -R -d rxe0 -s $1 -n $n -F $B"; then
+    if bench_pair "$name" "$t -R -d rxe1 -s $1 -n $n -F" "$cli"; then
       bw=$(awk '/#bytes/ {getline; print $4; exit}' "$LOGD/$name.cli")
       bps=$(awk -v m="$bw" 'BEGIN{ if (m + 0 > 0) printf "%.0f", m * 1048576 }')
       if [ -n "$bps" ]; then
-        bench_row "$t" "$1" "$2" "$bps" "\"iters\":$n,\"tries\":$try"; pass "$name" "${bw} MiB/s"; return
+        BENCH_NOCROSS=0
+        bench_row "$tn" "$1" "$2" "$bps" "\"iters\":$n,\"tries\":$try"; pass "$name" "${bw} MiB/s; $(pkts)"; return
       fi
       PAIR_WHY="BW average '${bw}' (clock calibration: $(grep -h -m1 -i 'correlation\|conflicting' "$LOGD/$name.cli" "$LOGD/$name.srv"))"
     fi
     echo "  $name try $try: $PAIR_WHY"
     try=$((try + 1))
   done
+  BENCH_NOCROSS=0
   pair_logs "$name" "$t" "$t"; fail "$name" "$PAIR_WHY"
 }
 
@@ -139,15 +145,75 @@ bench_sdp1() {   # SIZE RUN MODE TOOL ENVPREFIX
   pair_logs "$name" sdp-rigtest sdp-rigtest; fail "$name" "$PAIR_WHY"
 }
 
+# LD_PRELOAD rows (tests/rig/run --bench-preload; tools iperf3-MODE and sockperf-MODE, MODE sdp: the
+# project's shim with SDP_PROVIDERS=rdma, rs: rsockets' librspreload, tcp: kernel TCP over the veth).
+# The commands are those of guest/preload.sh.  The shim's connections do not take the client's bound
+# source address (TODO.md), so they run rxe1 to rxe1 (Soft-RoCE loopback): these rows do not require
+# the veth crossing; an sdp row requires the shim's report to say rdma for every socket instead.
+PL_LIB_ONLY=1 . "${RIG_DIR:-/rig}/preload.sh"
+PL_LIB_ONLY=0
+bench_report_ok() {   # NAME MODE: for the shim, every socket in the report went over rdma
+  [ "$2" = sdp ] || return 0
+  PL_WHY=""; pl_report "$1" && return 0
+  PAIR_WHY="$PL_WHY"; return 1
+}
+# iperf3 -l SIZE -n $BENCH_BYTES: bytes_per_sec is the receiver's figure (end.sum_received)
+bench_iperf3() {   # MODE SIZE RUN
+  name=bench-iperf3-$1-$2-$3; E=$(pl_env "$1" "$name"); rm -f "$PLD/$name.report"
+  BENCH_NOCROSS=1
+  if bench_pair "$name" "$E iperf3 -s -B $B -p 7510 -1" \
+                        "$E iperf3 -c $B -B $A -p 7510 -l $2 -n $BENCH_BYTES --json" && bench_report_ok "$name" "$1"; then
+    BENCH_NOCROSS=0
+    bits=$(awk '/"sum_received"/ {f = 1} f && match($0, /"bits_per_second":[ \t]*[0-9.e+]+/) {s = substr($0, RSTART, RLENGTH); sub(/.*:[ \t]*/, "", s); printf "%.0f", s / 8; exit}' "$LOGD/$name.cli")
+    if [ "${bits:-0}" -gt 0 ]; then
+      bench_row "iperf3-$1" "$2" "$3" "$bits" "\"path\":\"$(if crossed; then echo veth; elif [ $((D1S + D0S)) -gt 0 ]; then echo loopback; else echo tcp; fi)\""
+      pass "$name" "$(awk -v b="$bits" 'BEGIN{printf "%.1f MB/s", b/1e6}'); $(pkts)"; return
+    fi
+    PAIR_WHY="no sum_received bits_per_second in iperf3's --json"
+  fi
+  BENCH_NOCROSS=0
+  pair_logs "$name" iperf3 iperf3; show "$PLD/$name.report" 2>/dev/null | cut -c1-200 | head -4
+  bench_fail "$name" "iperf3-$1" "$2" "$3" "$PAIR_WHY"
+}
+# bench_fail NAME TOOL SIZE RUN WHY: under librspreload a failure is a finding (a row with "fails"),
+# not a failed check; anything else fails the check
+bench_fail() {
+  w=$(echo "$5" | tr -d '"\\' | tr '\t' ' ' | cut -c1-160)
+  echo "RIG-BENCH: {\"tool\":\"$2\",\"size_bytes\":$3,\"run\":$4,\"fails\":\"$w\"}"
+  case $2 in *-rs) echo "  $1: librspreload fails (a finding, not a rig failure): $5" ;; *) fail "$1" "$5" ;; esac
+}
+# sockperf ping-pong (TCP, 14-byte messages, 5 s): percentiles 50 and 99 of the round trip, in usec
+bench_sockperf() {   # MODE RUN
+  name=bench-sockperf-$1-$2; E=$(pl_env "$1" "$name"); rm -f "$PLD/$name.report"
+  PL_WHY="" PL_ST=90 PL_CT=60; t0b=$(now)
+  if pl_srv "$name" "$E sockperf sr --tcp -i $B -p 7511"; then
+    pl_cli "$name" "$E sockperf pp --tcp -i $B -p 7511 --client_ip $A -t ${BENCH_SOCKPERF_SECS:-5}"
+    pl_stop INT
+  fi
+  PAIR_T=$(since "$t0b")
+  [ "$1" != sdp ] || pl_report "$name"
+  p50=$(awk '/percentile 50.000/ {print $NF; exit}' "$LOGD/$name.cli")
+  p99=$(awk '/percentile 99.000/ {print $NF; exit}' "$LOGD/$name.cli")
+  if [ -z "$PL_WHY" ] && [ -n "$p50" ]; then
+    echo "RIG-BENCH: {\"tool\":\"sockperf-$1\",\"size_bytes\":14,\"run\":$2,\"p50_usec\":$p50,\"p99_usec\":${p99:-0},\"mtu\":$RIG_MTU,\"pair_secs\":$PAIR_T}"
+    pass "$name" "p50 $p50 usec, p99 ${p99:-?} usec"; return
+  fi
+  [ -n "$p50" ] || PL_WHY="${PL_WHY}no percentile 50 line; "
+  pair_logs "$name" sockperf sockperf; bench_fail "$name" "sockperf-$1" 14 "$2" "${PL_WHY%; }"
+}
+
 section "benchmarks: $RIG_RUNS runs, sizes $BENCH_SIZES, tools $BENCH_TOOLS, $((BENCH_BYTES / 1048576)) MiB each"
 [ ! -s /rig/sdp-variants ] || { echo "  SDP variants:"; sed 's/^/    /' /rig/sdp-variants; }
 run=1
 while [ $run -le "$RIG_RUNS" ]; do
   for size in $BENCH_SIZES; do
     if want_tool ib_write_bw; then bench_ib_write_bw "$size" "$run"; fi
+    if want_tool ib_write_bw-lo; then bench_ib_write_bw_lo "$size" "$run"; fi
     if want_tool ib_send_bw; then bench_ib_send_bw "$size" "$run"; fi
     if want_tool rstream; then bench_rstream "$size" "$run"; fi
     bench_sdp "$size" "$run"
+    for m in sdp rs tcp; do if want_tool "iperf3-$m"; then bench_iperf3 "$m" "$size" "$run"; fi; done
   done
+  for m in sdp rs tcp; do if want_tool "sockperf-$m"; then bench_sockperf "$m" "$run"; fi; done
   run=$((run + 1))
 done

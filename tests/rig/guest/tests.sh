@@ -46,6 +46,9 @@ rdma_pair  ib_write_bw_cm   "ib_write_bw -R -d rxe1 -s 65536 -n $N_BW -F"       
 # SDP over the project's rdma provider (the binary tests/rig/run builds and puts in /rig/bin)
 if [ -x /rig/bin/sdp-rigtest ]; then . /rig/sdp.sh; else section "sdp"; echo "  (no /rig/bin/sdp-rigtest: tests/rig/run --no-sdp)"; fi
 
+# unmodified programs under the project's LD_PRELOAD shim (SDP over rdma) and under rsockets' librspreload
+if [ -f /rig/lib/libsdp_preload.so ]; then . /rig/preload.sh; else section "preload"; echo "  (no /rig/lib/libsdp_preload.so: tests/rig/run --no-sdp)"; fi
+
 section "project tests"
 # the project's own guest test binary, when tests/rig/run --extra DIR brought one
 if [ -x /extra/sdp-rig-tests ]; then run_suite sdp-rig-tests /extra/sdp-rig-tests; else echo "  (no /extra/sdp-rig-tests)"; fi
