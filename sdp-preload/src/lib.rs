@@ -91,6 +91,8 @@ fn enabled() -> bool {
             app::set_thread_start_hook(mark_thread_internal);
             PID.store(std::process::id(), Ordering::Relaxed);
             report::init();
+            rules();
+            program();
             // SAFETY: registers plain functions to run at exit and around fork().
             unsafe {
                 libc::atexit(at_exit);
@@ -256,11 +258,13 @@ fn program() -> &'static str {
     })
 }
 
-/// The choice for a socket: `SDP_USE` (sdp, tcp or both) if set, else the rules file.
-fn choose(role: rules::Role, addr: SocketAddr) -> rules::Use {
-    static RULES: std::sync::OnceLock<(Option<rules::Use>, rules::Rules)> =
-        std::sync::OnceLock::new();
-    let (over, r) = RULES.get_or_init(|| {
+type Choice = (Option<rules::Use>, rules::Rules);
+
+/// `SDP_USE` and the rules file, read when the shim starts (a program may clear its
+/// environment later, as nginx does).
+fn rules() -> &'static Choice {
+    static RULES: std::sync::OnceLock<Choice> = std::sync::OnceLock::new();
+    RULES.get_or_init(|| {
         let over = match std::env::var("SDP_USE").as_deref() {
             Ok("sdp") => Some(rules::Use::Sdp),
             Ok("tcp") => Some(rules::Use::Tcp),
@@ -288,7 +292,12 @@ fn choose(role: rules::Role, addr: SocketAddr) -> rules::Use {
             Err(_) => rules::Rules::default(),
         };
         (over, rules)
-    });
+    })
+}
+
+/// The choice for a socket: `SDP_USE` (sdp, tcp or both) if set, else the rules file.
+fn choose(role: rules::Role, addr: SocketAddr) -> rules::Use {
+    let (over, r) = rules();
     over.unwrap_or_else(|| r.choose(role, program(), addr))
 }
 

@@ -237,7 +237,10 @@ enum Prov {
 /// and `rdma`), by default `shm,rdma` (`rdma` only in builds with the `rdma` feature). A peer
 /// on this host is reached over shm unless `SDP_PROVIDERS` leaves it out.
 fn providers() -> Vec<Prov> {
-    let list = std::env::var("SDP_PROVIDERS").unwrap_or_else(|_| "shm,rdma".into());
+    // Read once: a program may clear its environment after starting (nginx does).
+    static LIST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let list =
+        LIST.get_or_init(|| std::env::var("SDP_PROVIDERS").unwrap_or_else(|_| "shm,rdma".into()));
     let mut v = Vec::new();
     for name in list.split(',').map(str::trim) {
         let p = match name {
