@@ -85,6 +85,10 @@ pub struct Config {
     pub srcavail_timeout: Duration,
     /// A connection without traffic this long shrinks its buffers (slow start starts over).
     pub idle_shrink: Duration,
+    /// A connection a listener set up and the application did not accept within this is
+    /// aborted (its peer sees a reset) and its resources freed: remote hosts must not hold
+    /// our memory forever (docs/providers.md, "Listen backlog").
+    pub unaccepted_timeout: Duration,
 }
 
 impl Default for Config {
@@ -112,6 +116,7 @@ impl Default for Config {
             disconnect_timeout: Duration::from_secs(5),
             srcavail_timeout: Duration::from_secs(2),
             idle_shrink: Duration::from_secs(1),
+            unaccepted_timeout: Duration::from_secs(60),
         }
     }
 }
