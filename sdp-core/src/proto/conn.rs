@@ -412,6 +412,10 @@ pub struct Conn<S: BufStore> {
     pub(crate) disconnect_issued: bool,
     /// Setup finished once (the connection was established, whatever happened since).
     pub(crate) was_established: bool,
+    /// Waiting in a listener's queue for the application to accept it
+    /// ([`Conn::accept_queued`]): at most `min_rx_bufs` receive buffers posted or held, no
+    /// growth, until [`Conn::set_accepted`].
+    pub(crate) queued: bool,
 
     // Timers.
     pub(crate) last_rx_at: Instant,
@@ -471,6 +475,7 @@ impl<S: BufStore> Conn<S> {
             app_closed: false,
             disconnect_issued: false,
             was_established: false,
+            queued: false,
             last_rx_at: now,
             last_activity: now,
             setup_deadline: Some(now + cfg.connect_timeout),
@@ -536,6 +541,31 @@ impl<S: BufStore> Conn<S> {
         now: Instant,
         private_data: &[u8],
     ) -> Result<(Conn<S>, Vec<u8>), ConnError> {
+        Conn::accept_with(cfg, store, now, private_data, false)
+    }
+
+    /// [`Conn::accept`] for a connection that waits in a listener's queue until the
+    /// application accepts it: until [`Conn::set_accepted`] it posts at most `min_rx_bufs`
+    /// receive buffers of `rcv_size` (what the peer sends before the application accepts
+    /// waits in those; then the peer waits for credits, as a TCP sender waits for a window),
+    /// does not grow them (slow start, ChRcvBuf) and reads no zero-copy source ahead. A
+    /// connection nobody accepts costs a few buffers, whatever its peer does.
+    pub fn accept_queued(
+        cfg: Config,
+        store: S,
+        now: Instant,
+        private_data: &[u8],
+    ) -> Result<(Conn<S>, Vec<u8>), ConnError> {
+        Conn::accept_with(cfg, store, now, private_data, true)
+    }
+
+    fn accept_with(
+        cfg: Config,
+        store: S,
+        now: Instant,
+        private_data: &[u8],
+        queued: bool,
+    ) -> Result<(Conn<S>, Vec<u8>), ConnError> {
         cfg.validate()
             .map_err(|_| ConnError::Protocol(ProtocolError::Setup("bad config")))?;
         let h = Header::parse_private_data(private_data).map_err(ProtocolError::from)?;
@@ -551,13 +581,19 @@ impl<S: BufStore> Conn<S> {
         }
         let mut c = Conn::new(cfg, store, Role::Passive, now);
         c.state = State::Accepting;
+        c.queued = queued;
         c.send_size = hello.local_rcv_size;
         c.peer_max_adverts = hello.max_adverts;
         c.tx_credits = h.bsdh.bufs as u32;
-        // Honour the size the peer would like to send with, within our limits.
-        let want = hello
-            .desired_rcv_size
-            .clamp(c.cfg.rcv_size, c.cfg.max_rcv_size);
+        // Honour the size the peer would like to send with, within our limits (a queued
+        // connection keeps ours; the peer asks again with ChRcvBuf under load).
+        let want = if queued {
+            c.cfg.rcv_size
+        } else {
+            hello
+                .desired_rcv_size
+                .clamp(c.cfg.rcv_size, c.cfg.max_rcv_size)
+        };
         c.rx_pool = Pool::new(want);
         c.tx_pool = Pool::new(c.send_size);
         c.fill_rx()?;
@@ -619,6 +655,30 @@ impl<S: BufStore> Conn<S> {
     /// since). A passive connection that never was is not one `accept` hands over.
     pub fn was_established(&self) -> bool {
         self.was_established
+    }
+    /// Still waiting for the application to accept it (see [`Conn::accept_queued`]).
+    pub fn is_queued(&self) -> bool {
+        self.queued
+    }
+    /// The application accepted the connection: from now on it posts and grows its receive
+    /// buffers as any other (and tells the peer, which may be waiting for credits).
+    pub fn set_accepted(&mut self, now: Instant) {
+        if !self.queued {
+            return;
+        }
+        self.queued = false;
+        if self.state == State::Established {
+            self.flush(now);
+            self.start_eager_reads();
+        }
+    }
+    /// Receive buffers posted plus held with unread data, at most.
+    pub(crate) fn rx_budget(&self) -> usize {
+        if self.queued {
+            self.cfg.min_rx_bufs as usize
+        } else {
+            self.cfg.max_rx_bufs as usize
+        }
     }
     /// The error that ended the connection, if any.
     pub fn error(&self) -> Option<&ConnError> {

@@ -184,7 +184,7 @@ impl<S: BufStore> Conn<S> {
         if self.disconnect_issued {
             return Ok(());
         }
-        let max = self.cfg.max_rx_bufs as usize;
+        let max = self.rx_budget();
         while self.rx_posted.len() < self.rx_target as usize
             && self.rx_posted.len() + self.rx_held < max
         {

@@ -129,7 +129,9 @@ impl AppStream {
             Some(s) => s,
             None => return Err(io::Error::from_raw_os_error(libc::ENETUNREACH)),
         };
-        let id = stack.0.connect(addr, opts.connect_timeout)?;
+        // A nonblocking connect cannot wait for room in a full listen queue: it fails
+        // (ECONNREFUSED), so the shim's caller goes to kernel TCP, whose SYN waits there.
+        let id = stack.0.connect(addr, opts.connect_timeout, !nonblocking)?;
         let s = AppStream::new(stack, id);
         let fd = s.stack.0.app_attach(id, nonblocking, cloexec)?;
         Ok((s, fd))

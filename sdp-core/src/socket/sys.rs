@@ -363,6 +363,14 @@ pub(crate) fn tcp_listen(
     Ok(std::net::TcpListener::from(fd))
 }
 
+/// The kernel's cap on a listen backlog (`net.core.somaxconn`; 4096 if it cannot be read).
+pub(crate) fn somaxconn() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(4096)
+}
+
 /// Start a nonblocking connect (EINPROGRESS counts as started).
 pub(crate) fn connect_nb(fd: RawFd, dst: std::net::SocketAddr) -> io::Result<()> {
     let (da, dlen) = sockaddr_of(dst);
