@@ -85,6 +85,14 @@ pub struct Config {
     pub srcavail_timeout: Duration,
     /// A connection without traffic this long shrinks its buffers (slow start starts over).
     pub idle_shrink: Duration,
+    /// Receive buffers a connection waiting in a listen queue posts plus holds with unread
+    /// data, at most (within `min_rx_bufs..=max_rx_bufs`); it posts `min_rx_bufs` at a time
+    /// and does not grow until the application accepts it. The default, 10 of `rcv_size`,
+    /// holds 8 messages (256 KiB, what a TCP socket not yet accepted takes and then some: its
+    /// initial receive buffer is 128 KiB on Linux) and leaves the peer the 2 credits its
+    /// DisConn needs after them: a client may write a request, or write and exit, before the
+    /// server accepts, and loses nothing (docs/providers.md, "Listen backlog").
+    pub unaccepted_rx_bufs: u32,
     /// A connection a listener set up and the application did not accept within this is
     /// aborted (its peer sees a reset) and its resources freed: remote hosts must not hold
     /// our memory forever (docs/providers.md, "Listen backlog").
@@ -116,6 +124,7 @@ impl Default for Config {
             disconnect_timeout: Duration::from_secs(5),
             srcavail_timeout: Duration::from_secs(2),
             idle_shrink: Duration::from_secs(1),
+            unaccepted_rx_bufs: 10,
             unaccepted_timeout: Duration::from_secs(60),
         }
     }
@@ -413,8 +422,8 @@ pub struct Conn<S: BufStore> {
     /// Setup finished once (the connection was established, whatever happened since).
     pub(crate) was_established: bool,
     /// Waiting in a listener's queue for the application to accept it
-    /// ([`Conn::accept_queued`]): at most `min_rx_bufs` receive buffers posted or held, no
-    /// growth, until [`Conn::set_accepted`].
+    /// ([`Conn::accept_queued`]): `min_rx_bufs` receive buffers posted, `unaccepted_rx_bufs`
+    /// posted or held at most, no growth, until [`Conn::set_accepted`].
     pub(crate) queued: bool,
 
     // Timers.
@@ -545,11 +554,11 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// [`Conn::accept`] for a connection that waits in a listener's queue until the
-    /// application accepts it: until [`Conn::set_accepted`] it posts at most `min_rx_bufs`
-    /// receive buffers of `rcv_size` (what the peer sends before the application accepts
-    /// waits in those; then the peer waits for credits, as a TCP sender waits for a window),
-    /// does not grow them (slow start, ChRcvBuf) and reads no zero-copy source ahead. A
-    /// connection nobody accepts costs a few buffers, whatever its peer does.
+    /// application accepts it: until [`Conn::set_accepted`] it posts `min_rx_bufs` receive
+    /// buffers of `rcv_size` at a time, holds at most `unaccepted_rx_bufs` with what the peer
+    /// sent before the application accepts (then the peer waits for credits, as a TCP sender
+    /// waits for a window), does not grow them (slow start, ChRcvBuf) and reads no zero-copy
+    /// source ahead. A connection nobody accepts costs a few buffers, whatever its peer does.
     pub fn accept_queued(
         cfg: Config,
         store: S,
@@ -667,17 +676,37 @@ impl<S: BufStore> Conn<S> {
             return;
         }
         self.queued = false;
-        if self.state == State::Established {
-            self.flush(now);
-            self.start_eager_reads();
+        if self.state != State::Established {
+            return;
         }
+        self.flush(now);
+        // The peer was told of `min_rx_bufs` buffers at a time: tell it of the others now
+        // (unless a message of ours just did), as a TCP receiver opens its window.
+        if self.rx_posted.len() as u32 > self.peer_credits
+            && self.tx_credits > 0
+            && !self.disconnect_issued
+        {
+            self.stats.credit_updates_sent += 1;
+            self.post_ctrl(Mid::Data, Ext::None);
+        }
+        self.start_eager_reads();
     }
     /// Receive buffers posted plus held with unread data, at most.
     pub(crate) fn rx_budget(&self) -> usize {
         if self.queued {
-            self.cfg.min_rx_bufs as usize
+            self.cfg
+                .unaccepted_rx_bufs
+                .clamp(self.cfg.min_rx_bufs, self.cfg.max_rx_bufs) as usize
         } else {
             self.cfg.max_rx_bufs as usize
+        }
+    }
+    /// Receive buffers to keep posted (the slow-start target).
+    pub(crate) fn rx_post_target(&self) -> usize {
+        if self.queued {
+            self.cfg.min_rx_bufs.min(self.rx_target) as usize
+        } else {
+            self.rx_target as usize
         }
     }
     /// The error that ended the connection, if any.

@@ -185,7 +185,7 @@ impl<S: BufStore> Conn<S> {
             return Ok(());
         }
         let max = self.rx_budget();
-        while self.rx_posted.len() < self.rx_target as usize
+        while self.rx_posted.len() < self.rx_post_target()
             && self.rx_posted.len() + self.rx_held < max
         {
             let Some(buf) = self.rx_pool.get(&mut self.store) else {
