@@ -274,17 +274,31 @@ impl<P: Provider> Driver<P> {
         })
     }
 
-    /// Hand the application the first established connection of the listener's queue, in
-    /// arrival order (one reset or closed by its peer since is handed over too, as TCP's
-    /// accept does; one whose setup failed never is). From now on it grows its buffers as any
-    /// connection.
+    /// Take the first connection of the listener's queue, in arrival order: established or
+    /// still being set up (not one whose setup failed). From now on it grows its buffers as
+    /// any connection. The socket layer uses [`Driver::accept_established`].
     pub fn accept(&mut self, l: ListenerId) -> Option<ConnId> {
+        self.take_queued(l, |c| c.was_established() || c.state() == State::Accepting)
+    }
+
+    /// Take the first established connection of the listener's queue, in arrival order, as
+    /// TCP's `accept` does (one reset or closed by its peer since is handed over too; one
+    /// still being set up waits, one whose setup failed never comes).
+    pub fn accept_established(&mut self, l: ListenerId) -> Option<ConnId> {
+        self.take_queued(l, |c| c.was_established())
+    }
+
+    fn take_queued(
+        &mut self,
+        l: ListenerId,
+        pick: impl Fn(&Conn<MrStore<P>>) -> bool,
+    ) -> Option<ConnId> {
         let conns = &self.conns;
         let e = self.listeners.get_mut(l.0)?;
         let i = e
             .queue
             .iter()
-            .position(|(id, _)| conns.get(*id).is_some_and(|c| c.conn.was_established()))?;
+            .position(|(id, _)| conns.get(*id).is_some_and(|c| pick(&c.conn)))?;
         let (id, _) = e.queue.remove(i)?;
         let now = self.now;
         let _ = self.with_conn(now, id, |c| c.set_accepted(now));

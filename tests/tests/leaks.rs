@@ -238,6 +238,20 @@ fn every_fault_gives_back_every_resource() {
         settled("connect timed out, listener gone", &all, &base);
     }
 
+    // 3b. The listener's queue is full: our connect waits, trying again, and gives up.
+    {
+        let mut o = ls.opts().with_backlog(0);
+        let l = SdpListener::bind_with("127.0.0.1:0", &o).unwrap();
+        let addr = l.local_addr().unwrap();
+        let first = SdpStream::connect_with(addr, &cs.opts()).unwrap();
+        o = cs.opts();
+        o.connect_timeout = Some(Duration::from_millis(400));
+        let e = SdpStream::connect_with(addr, &o).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+        drop((first, l));
+        settled("connect beyond a full queue gave up", &all, &base);
+    }
+
     // 4. The connector dies right after the handshake, before or after we accept.
     {
         let (l, addr) = listen(&ls);

@@ -670,7 +670,8 @@ impl<S: BufStore> Conn<S> {
         self.queued
     }
     /// The application accepted the connection: from now on it posts and grows its receive
-    /// buffers as any other (and tells the peer, which may be waiting for credits).
+    /// buffers as any other (and tells the peer, which may be waiting for credits; if it is
+    /// still being set up, once it is established).
     pub fn set_accepted(&mut self, now: Instant) {
         if !self.queued {
             return;
@@ -680,16 +681,22 @@ impl<S: BufStore> Conn<S> {
             return;
         }
         self.flush(now);
-        // The peer was told of `min_rx_bufs` buffers at a time: tell it of the others now
-        // (unless a message of ours just did), as a TCP receiver opens its window.
-        if self.rx_posted.len() as u32 > self.peer_credits
+        self.open_window();
+        self.start_eager_reads();
+    }
+    /// A connection that was queued was told of `min_rx_bufs` buffers at a time: tell the peer
+    /// of the others now (unless a message of ours just did), as a TCP receiver opens its
+    /// window. Any other connection has told the peer of every buffer it posted.
+    fn open_window(&mut self) {
+        if self.state == State::Established
+            && !self.queued
+            && self.rx_posted.len() as u32 > self.peer_credits
             && self.tx_credits > 0
             && !self.disconnect_issued
         {
             self.stats.credit_updates_sent += 1;
             self.post_ctrl(Mid::Data, Ext::None);
         }
-        self.start_eager_reads();
     }
     /// Receive buffers posted plus held with unread data, at most.
     pub(crate) fn rx_budget(&self) -> usize {
@@ -894,6 +901,8 @@ impl<S: BufStore> Conn<S> {
         self.events.push_back(Event::Connected);
         self.events.push_back(Event::Writable);
         self.flush(now);
+        // Accepted by the application while it was being set up (see `set_accepted`).
+        self.open_window();
     }
 
     /// Handle a work completion from this connection's CQ.

@@ -1078,7 +1078,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             };
             // The first one set up, in arrival order (the driver's queue; one whose setup
             // failed is never handed over, one established and reset or closed since is).
-            let id = driver.accept(l)?;
+            let id = driver.accept_established(l)?;
             socks.insert(id, Sock::default());
             let readable = driver.listen_stats(l).is_some_and(|s| s.ready > 0);
             ls.ready.set(readable, false, false);
