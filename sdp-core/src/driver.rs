@@ -11,7 +11,8 @@
 //! registered with local access only (the engine's buffers are never advertised to a peer).
 //!
 //! **Listen queues.** A listener's connections wait in its queue, being set up or established,
-//! until [`Driver::accept`] hands one to the application; at most backlog + 1 of them, as
+//! until the application takes one ([`Driver::accept_established`], as TCP's `accept`, or
+//! [`Driver::accept`]); at most backlog + 1 of them, as
 //! Linux's accept queue (`sk_acceptq_is_full`). A request beyond that is rejected at once with
 //! [`REJECT_QUEUE_FULL`] through the provider's reject, for every provider alike (the socket
 //! layer's connector waits and tries again, as a TCP client whose SYN was dropped). A queued
@@ -118,7 +119,7 @@ const MAX_REFUSED: usize = 64;
 pub struct ListenStats {
     /// Connections waiting to be accepted now (being set up or established).
     pub queued: usize,
-    /// Of those, established (what [`Driver::accept`] would hand out).
+    /// Of those, established (what [`Driver::accept_established`] hands out).
     pub ready: usize,
     /// Requests rejected because the queue was full.
     pub overflows: u64,
@@ -437,7 +438,8 @@ impl<P: Provider> Driver<P> {
                 let _ = post_all(&mut e.conn, ep, &mut self.sends);
             }
             while let Some(crate::proto::CmAction::Disconnect) = e.conn.poll_cm() {
-                if let Err(VerbsError::NotConnected) = ep.disconnect() {
+                let r = ep.disconnect();
+                if matches!(r, Err(VerbsError::NotConnected)) && !e.conn.was_established() {
                     // Nothing to disconnect: the connection was never set up (a connect given
                     // up, timed out or aborted before the peer answered). It is over now, and
                     // the endpoint goes at once (its peer learns from the CM), instead of
