@@ -97,7 +97,7 @@ fn a_listener_that_never_accepts_holds_backlog_plus_one_like_tcp() {
                 addr,
                 &side.connect,
                 backlog as usize + 1 + extra,
-                Duration::from_millis(300),
+                Duration::from_millis(500),
             );
             assert!(ok.iter().all(|s| s.transport() == t), "{t}");
             if let Some(st) = &side.stack {
@@ -335,7 +335,7 @@ fn the_shims_listener_keeps_the_applications_backlog() {
         addr,
         &copts,
         backlog as usize + 3,
-        Duration::from_millis(300),
+        Duration::from_millis(500),
     );
     assert_eq!(ok.len(), backlog as usize + 1, "errors {err:?}");
     assert!(err.iter().all(|k| *k == ErrorKind::TimedOut), "{err:?}");
