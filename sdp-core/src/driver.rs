@@ -9,6 +9,16 @@
 //!
 //! Each connection's buffers live in an [`MrStore`]: one memory region per engine buffer,
 //! registered with local access only (the engine's buffers are never advertised to a peer).
+//!
+//! **Listen queues.** A listener's connections wait in its queue, being set up or established,
+//! until the application takes one ([`Driver::accept_established`], as TCP's `accept`, or
+//! [`Driver::accept`]); at most backlog + 1 of them, as
+//! Linux's accept queue (`sk_acceptq_is_full`). A request beyond that is rejected at once with
+//! [`REJECT_QUEUE_FULL`] through the provider's reject, for every provider alike (the socket
+//! layer's connector waits and tries again, as a TCP client whose SYN was dropped). A queued
+//! connection posts only a few receive buffers ([`Conn::accept_queued`]), and one the
+//! application has not taken within [`Config::unaccepted_timeout`] is aborted: its peer sees
+//! a reset, its memory and endpoint are freed.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,7 +31,7 @@ use crate::proto::table::{ConnId, Table};
 use crate::proto::{Config, Conn, ConnError, Event, Instant, Shutdown, State};
 use crate::verbs::{
     Access, Completion, Endpoint, Listener, MemoryRegion, Provider, QpCaps, SendWr, VerbsError,
-    WorkRequest,
+    WorkRequest, REJECT_QUEUE_FULL,
 };
 
 /// A [`BufStore`] of memory regions registered on a provider, one region per buffer.
@@ -91,9 +101,30 @@ struct Entry<P: Provider> {
 
 struct ListenEntry<P: Provider> {
     listener: P::Listener,
-    ready: std::collections::VecDeque<ConnId>,
-    /// Requests refused, with why (for diagnostics and tests).
+    /// Connections not yet taken by [`Driver::accept`] (being set up or established), in
+    /// arrival order, with when each arrived.
+    queue: std::collections::VecDeque<(ConnId, Instant)>,
+    /// Most connections `queue` holds: the backlog + 1.
+    limit: usize,
+    /// Requests refused, with why (for diagnostics and tests; the latest [`MAX_REFUSED`]).
     refused: Vec<ConnError>,
+    stats: ListenStats,
+}
+
+/// Requests refused for another reason than a full queue, kept for [`Driver::refused`].
+const MAX_REFUSED: usize = 64;
+
+/// Counters of a listener ([`Driver::listen_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ListenStats {
+    /// Connections waiting to be accepted now (being set up or established).
+    pub queued: usize,
+    /// Of those, established (what [`Driver::accept_established`] hands out).
+    pub ready: usize,
+    /// Requests rejected because the queue was full.
+    pub overflows: u64,
+    /// Connections aborted because nobody accepted them within `Config::unaccepted_timeout`.
+    pub timed_out: u64,
 }
 
 /// Identifies a listener in a [`Driver`].
@@ -110,6 +141,8 @@ pub struct Driver<P: Provider> {
     scratch: Vec<Completion>,
     /// Send work requests gathered for one `post_sends`.
     sends: Vec<SendWr>,
+    /// The time of the latest call that passed one (for calls that take none).
+    now: Instant,
 }
 
 /// Errors of driver calls.
@@ -153,6 +186,7 @@ impl<P: Provider> Driver<P> {
                 64
             ],
             sends: Vec::with_capacity(POST_BATCH),
+            now: Instant::default(),
         }
     }
 
@@ -170,6 +204,7 @@ impl<P: Provider> Driver<P> {
         dst: SocketAddr,
         src: Option<SocketAddr>,
     ) -> Result<ConnId, DriverError> {
+        self.now = self.now.max(now);
         let store = MrStore::new(self.provider.clone());
         let port = src.map_or(0, |s| s.port());
         let (conn, hello) = Conn::connect(self.cfg.clone(), store, now, port, dst.is_ipv6())?;
@@ -185,13 +220,16 @@ impl<P: Provider> Driver<P> {
         Ok(id)
     }
 
-    /// Listen on `addr`.
+    /// Listen on `addr`: at most `backlog` + 1 connections wait to be accepted (see the module
+    /// docs; callers cap `backlog` as they see fit, the socket layer at somaxconn).
     pub fn listen(&mut self, addr: SocketAddr, backlog: u32) -> Result<ListenerId, DriverError> {
         let listener = self.provider.listen(addr, backlog, self.caps)?;
         Ok(ListenerId(self.listeners.insert(ListenEntry {
             listener,
-            ready: Default::default(),
+            queue: Default::default(),
+            limit: (backlog as usize).saturating_add(1),
             refused: Vec::new(),
+            stats: ListenStats::default(),
         })))
     }
 
@@ -199,38 +237,131 @@ impl<P: Provider> Driver<P> {
         self.listeners.get(l.0).map(|e| e.listener.local_addr())
     }
 
-    /// Stop listening (requests not yet accepted are dropped).
+    /// Stop listening: connections not yet accepted are aborted (their peers see a reset, as
+    /// TCP resets the connections of a closed listener's queue), requests not yet answered
+    /// are rejected.
     pub fn close_listener(&mut self, l: ListenerId) {
         if let Some(e) = self.listeners.remove(l.0) {
-            for id in e.ready {
-                self.release(Instant::default(), id);
+            let now = self.now;
+            for (id, _) in e.queue {
+                self.abort(now, id);
+                self.release(now, id);
             }
         }
     }
 
-    /// Requests this listener refused, and why.
+    /// Requests this listener refused for another reason than a full queue, and why (the
+    /// latest few).
     pub fn refused(&self, l: ListenerId) -> &[ConnError] {
         self.listeners.get(l.0).map_or(&[], |e| &e.refused)
     }
 
-    /// Take an accepted connection (it may still be completing setup).
+    /// The listener's queue and counters.
+    pub fn listen_stats(&self, l: ListenerId) -> Option<ListenStats> {
+        let e = self.listeners.get(l.0)?;
+        let ready = e
+            .queue
+            .iter()
+            .filter(|(id, _)| {
+                self.conns
+                    .get(*id)
+                    .is_some_and(|c| c.conn.was_established())
+            })
+            .count();
+        Some(ListenStats {
+            queued: e.queue.len(),
+            ready,
+            ..e.stats
+        })
+    }
+
+    /// Take the first connection of the listener's queue, in arrival order: established or
+    /// still being set up (not one whose setup failed). From now on it grows its buffers as
+    /// any connection. The socket layer uses [`Driver::accept_established`].
     pub fn accept(&mut self, l: ListenerId) -> Option<ConnId> {
-        self.listeners.get_mut(l.0)?.ready.pop_front()
+        self.take_queued(l, |c| c.was_established() || c.state() == State::Accepting)
+    }
+
+    /// Take the first established connection of the listener's queue, in arrival order, as
+    /// TCP's `accept` does (one reset or closed by its peer since is handed over too; one
+    /// still being set up waits, one whose setup failed never comes).
+    pub fn accept_established(&mut self, l: ListenerId) -> Option<ConnId> {
+        self.take_queued(l, |c| c.was_established())
+    }
+
+    fn take_queued(
+        &mut self,
+        l: ListenerId,
+        pick: impl Fn(&Conn<MrStore<P>>) -> bool,
+    ) -> Option<ConnId> {
+        let conns = &self.conns;
+        let e = self.listeners.get_mut(l.0)?;
+        let i = e
+            .queue
+            .iter()
+            .position(|(id, _)| conns.get(*id).is_some_and(|c| pick(&c.conn)))?;
+        let (id, _) = e.queue.remove(i)?;
+        let now = self.now;
+        let _ = self.with_conn(now, id, |c| c.set_accepted(now));
+        Some(id)
+    }
+
+    /// Drop the queue's connections whose setup failed; abort those waiting longer than
+    /// `unaccepted_timeout`. Returns how many were aborted.
+    fn tend_queue(&mut self, now: Instant, lid: ConnId) -> usize {
+        let timeout = self.cfg.unaccepted_timeout;
+        let conns = &self.conns;
+        let Some(e) = self.listeners.get_mut(lid) else {
+            return 0;
+        };
+        let mut gone = Vec::new();
+        let mut expired = Vec::new();
+        e.queue.retain(|&(id, since)| {
+            let live = conns
+                .get(id)
+                .is_some_and(|c| c.conn.was_established() || c.conn.state() == State::Accepting);
+            if !live {
+                gone.push(id);
+                false
+            } else if now >= since + timeout {
+                expired.push(id);
+                false
+            } else {
+                true
+            }
+        });
+        e.stats.timed_out += expired.len() as u64;
+        for &id in &expired {
+            self.abort(now, id);
+        }
+        for id in gone.into_iter().chain(expired.iter().copied()) {
+            self.release(now, id);
+        }
+        expired.len()
     }
 
     /// One round of progress on every listener and connection. Returns how many inputs
     /// (completions, CM events, connect requests, expired timers) it handled: zero means
     /// nothing happened, so a progress loop may go to sleep.
     pub fn poll(&mut self, now: Instant) -> usize {
+        self.now = self.now.max(now);
         let mut activity = 0;
         for lid in self.listeners.ids() {
+            activity += self.tend_queue(now, lid);
             while let Some(le) = self.listeners.get_mut(lid) {
                 let Some((mut ep, pd)) = le.listener.poll_request() else {
                     break;
                 };
                 activity += 1;
+                if le.queue.len() >= le.limit {
+                    // Full: turn the request away at once (the endpoint goes with it), as
+                    // Linux drops a SYN when the accept queue is full.
+                    le.stats.overflows += 1;
+                    let _ = ep.reject(REJECT_QUEUE_FULL.as_bytes());
+                    continue;
+                }
                 let store = MrStore::new(self.provider.clone());
-                match Conn::accept(self.cfg.clone(), store, now, &pd) {
+                match Conn::accept_queued(self.cfg.clone(), store, now, &pd) {
                     Ok((conn, ack)) => {
                         // Receives go on the QP before the accept, so the peer's first
                         // message always finds one.
@@ -243,20 +374,20 @@ impl<P: Provider> Driver<P> {
                         };
                         let posted = post_all(&mut entry.conn, &mut ep, &mut self.sends);
                         if posted.is_err() || ep.accept(&ack).is_err() {
-                            le.refused.push(ConnError::NoMemory);
+                            note_refused(&mut le.refused, ConnError::NoMemory);
                             let _ = ep.reject(b"SDP: out of resources");
                             continue;
                         }
                         entry.ep = Some(ep);
                         let id = self.conns.insert(entry);
                         if let Some(le) = self.listeners.get_mut(lid) {
-                            le.ready.push_back(id);
+                            le.queue.push_back((id, now));
                         }
                     }
                     Err(e) => {
                         let reason = format!("SDP: {e}");
                         let _ = ep.reject(&reason.as_bytes()[..reason.len().min(148)]);
-                        le.refused.push(e);
+                        note_refused(&mut le.refused, e);
                     }
                 }
             }
@@ -307,10 +438,26 @@ impl<P: Provider> Driver<P> {
                 let _ = post_all(&mut e.conn, ep, &mut self.sends);
             }
             while let Some(crate::proto::CmAction::Disconnect) = e.conn.poll_cm() {
-                let _ = ep.disconnect();
+                let r = ep.disconnect();
+                if matches!(r, Err(VerbsError::NotConnected)) && !e.conn.was_established() {
+                    // Nothing to disconnect: the connection was never set up (a connect given
+                    // up, timed out or aborted before the peer answered). It is over now, and
+                    // the endpoint goes at once (its peer learns from the CM), instead of
+                    // lingering, still able to complete the handshake, for
+                    // `disconnect_timeout`.
+                    e.conn.handle_cm(now, crate::verbs::CmEvent::Disconnected);
+                }
             }
         }
         while let Some(ev) = e.conn.poll_event() {
+            // Nobody takes the events of a connection waiting in a listen queue: keep them
+            // from piling up (the application looks at the state once it accepts).
+            if e.conn.is_queued()
+                && e.events.len() >= MAX_QUEUED_EVENTS
+                && !matches!(ev, Event::Closed(_))
+            {
+                continue;
+            }
             e.events.push(ev);
         }
         if e.conn.state() == State::Closed {
@@ -324,11 +471,18 @@ impl<P: Provider> Driver<P> {
         }
     }
 
-    /// The earliest deadline of any connection.
+    /// The earliest deadline of any connection or listen queue.
     pub fn next_deadline(&self) -> Option<Instant> {
         let mut best: Option<Instant> = None;
         for id in self.conns.ids() {
             if let Some(t) = self.conns.get(id).and_then(|e| e.conn.poll_timeout()) {
+                best = Some(best.map_or(t, |b| b.min(t)));
+            }
+        }
+        for lid in self.listeners.ids() {
+            // The queue is in arrival order: its first connection times out first.
+            if let Some(&(_, since)) = self.listeners.get(lid).and_then(|e| e.queue.front()) {
+                let t = since + self.cfg.unaccepted_timeout;
                 best = Some(best.map_or(t, |b| b.min(t)));
             }
         }
@@ -489,6 +643,17 @@ fn drain_cq<S: BufStore, E: Endpoint>(
 
 /// Send-queue work requests posted with one call (one doorbell) at most.
 const POST_BATCH: usize = 16;
+
+/// Events kept for a connection waiting in a listen queue (besides `Closed`).
+const MAX_QUEUED_EVENTS: usize = 16;
+
+/// Keep a refusal for [`Driver::refused`], dropping the oldest beyond [`MAX_REFUSED`].
+fn note_refused(refused: &mut Vec<ConnError>, e: ConnError) {
+    if refused.len() >= MAX_REFUSED {
+        refused.remove(0);
+    }
+    refused.push(e);
+}
 
 /// Post what the engine queued. Receives go at once; sends are gathered in `sends` and posted
 /// in order with one `post_sends` per batch. A send that tells the peer about receives comes

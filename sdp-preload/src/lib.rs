@@ -598,7 +598,10 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     }
     let l = {
         let _g = Internal::enter();
-        AppListener::new(fd, backlog.clamp(1, 4096) as u32, &Options::default())
+        // As listen(2): a negative backlog means the most the kernel allows (the socket
+        // layer caps it at somaxconn), 0 lets one client wait.
+        let backlog = u32::try_from(backlog).unwrap_or(u32::MAX);
+        AppListener::new(fd, backlog, &Options::default())
     };
     match l {
         Ok(l) => {

@@ -85,6 +85,18 @@ pub struct Config {
     pub srcavail_timeout: Duration,
     /// A connection without traffic this long shrinks its buffers (slow start starts over).
     pub idle_shrink: Duration,
+    /// Receive buffers a connection waiting in a listen queue posts plus holds with unread
+    /// data, at most (within `min_rx_bufs..=max_rx_bufs`); it posts `min_rx_bufs` at a time
+    /// and does not grow until the application accepts it. The default, 10 of `rcv_size`,
+    /// holds 8 messages (256 KiB, what a TCP socket not yet accepted takes and then some: its
+    /// initial receive buffer is 128 KiB on Linux) and leaves the peer the 2 credits its
+    /// DisConn needs after them: a client may write a request, or write and exit, before the
+    /// server accepts, and loses nothing (docs/providers.md, "Listen backlog").
+    pub unaccepted_rx_bufs: u32,
+    /// A connection a listener set up and the application did not accept within this is
+    /// aborted (its peer sees a reset) and its resources freed: remote hosts must not hold
+    /// our memory forever (docs/providers.md, "Listen backlog").
+    pub unaccepted_timeout: Duration,
 }
 
 impl Default for Config {
@@ -112,6 +124,8 @@ impl Default for Config {
             disconnect_timeout: Duration::from_secs(5),
             srcavail_timeout: Duration::from_secs(2),
             idle_shrink: Duration::from_secs(1),
+            unaccepted_rx_bufs: 10,
+            unaccepted_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -407,6 +421,10 @@ pub struct Conn<S: BufStore> {
     pub(crate) disconnect_issued: bool,
     /// Setup finished once (the connection was established, whatever happened since).
     pub(crate) was_established: bool,
+    /// Waiting in a listener's queue for the application to accept it
+    /// ([`Conn::accept_queued`]): `min_rx_bufs` receive buffers posted, `unaccepted_rx_bufs`
+    /// posted or held at most, no growth, until [`Conn::set_accepted`].
+    pub(crate) queued: bool,
 
     // Timers.
     pub(crate) last_rx_at: Instant,
@@ -466,6 +484,7 @@ impl<S: BufStore> Conn<S> {
             app_closed: false,
             disconnect_issued: false,
             was_established: false,
+            queued: false,
             last_rx_at: now,
             last_activity: now,
             setup_deadline: Some(now + cfg.connect_timeout),
@@ -531,6 +550,31 @@ impl<S: BufStore> Conn<S> {
         now: Instant,
         private_data: &[u8],
     ) -> Result<(Conn<S>, Vec<u8>), ConnError> {
+        Conn::accept_with(cfg, store, now, private_data, false)
+    }
+
+    /// [`Conn::accept`] for a connection that waits in a listener's queue until the
+    /// application accepts it: until [`Conn::set_accepted`] it posts `min_rx_bufs` receive
+    /// buffers of `rcv_size` at a time, holds at most `unaccepted_rx_bufs` with what the peer
+    /// sent before the application accepts (then the peer waits for credits, as a TCP sender
+    /// waits for a window), does not grow them (slow start, ChRcvBuf) and reads no zero-copy
+    /// source ahead. A connection nobody accepts costs a few buffers, whatever its peer does.
+    pub fn accept_queued(
+        cfg: Config,
+        store: S,
+        now: Instant,
+        private_data: &[u8],
+    ) -> Result<(Conn<S>, Vec<u8>), ConnError> {
+        Conn::accept_with(cfg, store, now, private_data, true)
+    }
+
+    fn accept_with(
+        cfg: Config,
+        store: S,
+        now: Instant,
+        private_data: &[u8],
+        queued: bool,
+    ) -> Result<(Conn<S>, Vec<u8>), ConnError> {
         cfg.validate()
             .map_err(|_| ConnError::Protocol(ProtocolError::Setup("bad config")))?;
         let h = Header::parse_private_data(private_data).map_err(ProtocolError::from)?;
@@ -546,13 +590,19 @@ impl<S: BufStore> Conn<S> {
         }
         let mut c = Conn::new(cfg, store, Role::Passive, now);
         c.state = State::Accepting;
+        c.queued = queued;
         c.send_size = hello.local_rcv_size;
         c.peer_max_adverts = hello.max_adverts;
         c.tx_credits = h.bsdh.bufs as u32;
-        // Honour the size the peer would like to send with, within our limits.
-        let want = hello
-            .desired_rcv_size
-            .clamp(c.cfg.rcv_size, c.cfg.max_rcv_size);
+        // Honour the size the peer would like to send with, within our limits (a queued
+        // connection keeps ours; the peer asks again with ChRcvBuf under load).
+        let want = if queued {
+            c.cfg.rcv_size
+        } else {
+            hello
+                .desired_rcv_size
+                .clamp(c.cfg.rcv_size, c.cfg.max_rcv_size)
+        };
         c.rx_pool = Pool::new(want);
         c.tx_pool = Pool::new(c.send_size);
         c.fill_rx()?;
@@ -614,6 +664,57 @@ impl<S: BufStore> Conn<S> {
     /// since). A passive connection that never was is not one `accept` hands over.
     pub fn was_established(&self) -> bool {
         self.was_established
+    }
+    /// Still waiting for the application to accept it (see [`Conn::accept_queued`]).
+    pub fn is_queued(&self) -> bool {
+        self.queued
+    }
+    /// The application accepted the connection: from now on it posts and grows its receive
+    /// buffers as any other (and tells the peer, which may be waiting for credits; if it is
+    /// still being set up, once it is established).
+    pub fn set_accepted(&mut self, now: Instant) {
+        if !self.queued {
+            return;
+        }
+        self.queued = false;
+        if self.state != State::Established {
+            return;
+        }
+        self.flush(now);
+        self.open_window();
+        self.start_eager_reads();
+    }
+    /// A connection that was queued was told of `min_rx_bufs` buffers at a time: tell the peer
+    /// of the others now (unless a message of ours just did), as a TCP receiver opens its
+    /// window. Any other connection has told the peer of every buffer it posted.
+    fn open_window(&mut self) {
+        if self.state == State::Established
+            && !self.queued
+            && self.rx_posted.len() as u32 > self.peer_credits
+            && self.tx_credits > 0
+            && !self.disconnect_issued
+        {
+            self.stats.credit_updates_sent += 1;
+            self.post_ctrl(Mid::Data, Ext::None);
+        }
+    }
+    /// Receive buffers posted plus held with unread data, at most.
+    pub(crate) fn rx_budget(&self) -> usize {
+        if self.queued {
+            self.cfg
+                .unaccepted_rx_bufs
+                .clamp(self.cfg.min_rx_bufs, self.cfg.max_rx_bufs) as usize
+        } else {
+            self.cfg.max_rx_bufs as usize
+        }
+    }
+    /// Receive buffers to keep posted (the slow-start target).
+    pub(crate) fn rx_post_target(&self) -> usize {
+        if self.queued {
+            self.cfg.min_rx_bufs.min(self.rx_target) as usize
+        } else {
+            self.rx_target as usize
+        }
     }
     /// The error that ended the connection, if any.
     pub fn error(&self) -> Option<&ConnError> {
@@ -800,6 +901,8 @@ impl<S: BufStore> Conn<S> {
         self.events.push_back(Event::Connected);
         self.events.push_back(Event::Writable);
         self.flush(now);
+        // Accepted by the application while it was being set up (see `set_accepted`).
+        self.open_window();
     }
 
     /// Handle a work completion from this connection's CQ.

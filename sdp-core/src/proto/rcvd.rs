@@ -165,7 +165,12 @@ impl<S: BufStore> Conn<S> {
             Ext::ChRcvBuf { size } => {
                 // The peer wants to send larger (or smaller) messages. Post buffers of the size
                 // we grant from now on, and ack once every buffer still posted has that size.
-                let grant = size.clamp(MIN_RCV_SIZE, self.cfg.max_rcv_size);
+                // A queued connection keeps its size (the ack says so) until it is accepted.
+                let grant = if self.queued {
+                    self.rx_pool.size()
+                } else {
+                    size.clamp(MIN_RCV_SIZE, self.cfg.max_rcv_size)
+                };
                 self.rx_pool.resize(&mut self.store, grant);
                 self.rx_old_posted = self
                     .rx_posted
@@ -192,7 +197,7 @@ impl<S: BufStore> Conn<S> {
     /// our updates, so the window is smaller than the round trip needs), post more receive
     /// buffers next time (up to the budget).
     fn slow_start_grow(&mut self) {
-        if self.peer_left <= 1 && self.rx_target < self.cfg.max_rx_bufs {
+        if self.peer_left <= 1 && self.rx_target < self.cfg.max_rx_bufs && !self.queued {
             self.rx_target = (self.rx_target * 2).min(self.cfg.max_rx_bufs);
         }
     }

@@ -272,7 +272,7 @@ impl<S: BufStore> Conn<S> {
     /// application, or in flight): past that the advertisements wait for the application,
     /// as plain ones do.
     pub(crate) fn start_eager_reads(&mut self) {
-        if !self.split_zcopy() || self.shut_rd || self.app_closed {
+        if !self.split_zcopy() || self.shut_rd || self.app_closed || self.queued {
             return;
         }
         let mut inflight: u32 = self.advts.srcs.iter().map(|(_, a)| a.reads_inflight).sum();

@@ -189,8 +189,8 @@ impl<S: BufStore> Conn<S> {
         if self.disconnect_issued {
             return Ok(());
         }
-        let max = self.cfg.max_rx_bufs as usize;
-        while self.rx_posted.len() < self.rx_target as usize
+        let max = self.rx_budget();
+        while self.rx_posted.len() < self.rx_post_target()
             && self.rx_posted.len() + self.rx_held < max
         {
             let Some(buf) = self.rx_pool.get(&mut self.store) else {

@@ -131,7 +131,9 @@ impl AppStream {
             Some(s) => s,
             None => return Err(io::Error::from_raw_os_error(libc::ENETUNREACH)),
         };
-        let id = stack.0.connect(addr, opts.connect_timeout)?;
+        // A nonblocking connect cannot wait for room in a full listen queue: it fails
+        // (ECONNREFUSED), so the shim's caller goes to kernel TCP, whose SYN waits there.
+        let id = stack.0.connect(addr, opts.connect_timeout, !nonblocking)?;
         let s = AppStream::new(stack, id);
         let fd = s.stack.0.app_attach(id, nonblocking, cloexec)?;
         Ok((s, fd))
@@ -385,7 +387,9 @@ impl Drop for AppListener {
 }
 
 impl AppListener {
-    /// Listen over SDP on the address of `tcp_fd`, a kernel TCP socket already listening.
+    /// Listen over SDP on the address of `tcp_fd`, a kernel TCP socket already listening,
+    /// with the backlog the application gave `listen(2)` (at most backlog + 1 SDP clients
+    /// wait to be accepted, as kernel TCP clients do).
     pub fn new(tcp_fd: RawFd, backlog: u32, opts: &Options) -> io::Result<AppListener> {
         let local = sys::local_addr_of(tcp_fd)?;
         let target = match local.ip() {
@@ -404,7 +408,7 @@ impl AppListener {
         let mut sdp = Vec::new();
         let mut errs = Vec::new();
         for s in opts.listen_stacks(local)? {
-            match s.0.listen(local, backlog.max(1)) {
+            match s.0.listen(local, backlog) {
                 Ok(l) => {
                     let sh = shared.clone();
                     s.0.set_listener_bell(l, Arc::new(move |n| sh.ring_to(n)))?;

@@ -13,6 +13,9 @@ use super::stream::{Core, SdpStream};
 use super::sys;
 use crate::driver::ListenerId;
 
+/// The backlog of a listener without [`Options::backlog`] (`std::net::TcpListener`'s).
+const DEFAULT_BACKLOG: u32 = 128;
+
 /// A listening socket.
 pub struct SdpListener {
     /// SDP listeners on the same address: shm, and an RDMA device.
@@ -73,10 +76,11 @@ impl SdpListener {
     fn bind_one(a: SocketAddr, opts: &Options) -> io::Result<SdpListener> {
         // The kernel TCP socket claims the port (port 0 picks one) so SDP and TCP clients
         // find us on the same one.
+        let backlog = opts.backlog.unwrap_or(DEFAULT_BACKLOG);
         let tcp = match opts.choice {
             Choice::Sdp => None,
             Choice::Auto | Choice::Tcp => {
-                let t = TcpListener::bind(a)?;
+                let t = sys::tcp_listen(a, backlog)?;
                 t.set_nonblocking(true)?;
                 Some(t)
             }
@@ -94,7 +98,7 @@ impl SdpListener {
                     for s in stacks {
                         // The first listener fixes the port (port 0 without TCP); the others
                         // listen on the same one.
-                        match s.0.listen(local, 128) {
+                        match s.0.listen(local, backlog) {
                             Ok(l) => {
                                 if let Some(la) = s.0.listener_addr(l) {
                                     local = la;

@@ -36,7 +36,7 @@ use crate::proto::iocb::{ZSink, ZSrc};
 use crate::proto::read::ZRecv;
 use crate::proto::table::ConnId;
 use crate::proto::{Config, ConnError, Event, Instant, Shutdown, State};
-use crate::verbs::{Access, MemoryRegion, Provider, VerbsError};
+use crate::verbs::{Access, MemoryRegion, Provider, VerbsError, REJECT_QUEUE_FULL};
 
 /// `SDP_SPIN_US` if set: a fixed time a blocking call polls by itself before it sleeps.
 fn spin_fixed() -> Option<Duration> {
@@ -105,6 +105,13 @@ const COPY_RATE: usize = 8;
 /// The longest a zero-copy wait polls before it sleeps.
 const MAX_ZCOPY_SPIN: Duration = Duration::from_millis(1);
 
+/// A connector turned away by a full listen queue tries again after this, then after twice
+/// as long each time ...
+const QUEUE_FULL_RETRY_FIRST: Duration = Duration::from_millis(25);
+/// ... up to this (TCP sends its first SYN again after 1 s; a listener on this host or fabric
+/// answers a new try cheaply, so a waiting connector gets in sooner after an accept).
+const QUEUE_FULL_RETRY_MAX: Duration = Duration::from_secs(1);
+
 /// Reads at least this big may take a peer's zero-copy source straight into the caller's
 /// buffer.
 const ZREAD_MIN: usize = 16 * 1024;
@@ -127,7 +134,16 @@ pub(crate) type DynMr = Box<dyn MemoryRegion>;
 pub(crate) trait StackOps: Send + Sync {
     fn name(&self) -> &'static str;
     fn alive(&self) -> bool;
-    fn connect(&self, dst: SocketAddr, timeout: Option<Duration>) -> io::Result<ConnId>;
+    /// Connect within `timeout` (`None`: the engine's `connect_timeout`). A listener whose
+    /// queue is full turns the request away; with `wait_room` the connector tries again until
+    /// there is room or the time is up (ETIMEDOUT), as a TCP client whose SYN was dropped
+    /// does; without it the connect fails at once with ECONNREFUSED.
+    fn connect(
+        &self,
+        dst: SocketAddr,
+        timeout: Option<Duration>,
+        wait_room: bool,
+    ) -> io::Result<ConnId>;
     fn listen(&self, addr: SocketAddr, backlog: u32) -> io::Result<ListenerId>;
     fn listener_addr(&self, l: ListenerId) -> Option<SocketAddr>;
     /// The next connection of the listener, and its peer's address.
@@ -245,9 +261,8 @@ struct Sock {
     exit_closed: bool,
 }
 
+/// Per-listener state of the runtime (its queue of connections is the driver's).
 struct LSock {
-    /// Connections the driver accepted and the application did not take yet.
-    pending: VecDeque<ConnId>,
     ready: ReadyFd,
     /// Told how many connections are ready to accept whenever that is recomputed (the shim's
     /// doorbell for a listener whose application fd is a kernel TCP socket).
@@ -394,6 +409,61 @@ impl<P: Provider + 'static> Runtime<P> {
             return Err(stack_failed());
         }
         Ok(self.sh.inner.lock())
+    }
+
+    /// One connect attempt (see [`StackOps::connect`]): `Err(None)` when the listener's queue
+    /// was full.
+    fn connect_once(
+        &self,
+        dst: SocketAddr,
+        timeout: Option<Duration>,
+    ) -> Result<ConnId, Option<io::Error>> {
+        let id = {
+            let mut g = self.lock().map_err(Some)?;
+            let now = self.now();
+            let id = g
+                .driver
+                .connect(now, dst, None)
+                .map_err(|e| Some(driver_err(e)))?;
+            g.socks.insert(id, Sock::default());
+            id
+        };
+        let r: io::Result<()> = self.block_on(
+            Wait {
+                timeout,
+                ..Wait::default()
+            },
+            |g, _| {
+                let c = g.driver.conn(id)?;
+                match c.state() {
+                    State::Connecting => None,
+                    State::Established => Some(Ok(())),
+                    _ => Some(Err(c
+                        .error()
+                        .map_or(io::Error::from_raw_os_error(libc::ECONNRESET), |e| {
+                            io::Error::from_raw_os_error(e.errno())
+                        }))),
+                }
+            },
+        );
+        match r {
+            Ok(()) => Ok(id),
+            Err(e) => {
+                let full = self.lock().is_ok_and(|g| {
+                    g.driver.conn(id).is_some_and(|c| {
+                        matches!(c.error(), Some(ConnError::Rejected(why)) if why == REJECT_QUEUE_FULL)
+                    })
+                });
+                self.close(id);
+                if full {
+                    Err(None)
+                } else if e.kind() == io::ErrorKind::WouldBlock {
+                    Err(Some(io::Error::from_raw_os_error(libc::ETIMEDOUT)))
+                } else {
+                    Err(Some(e))
+                }
+            }
+        }
     }
 
     /// Run `f` until it gives an answer, making progress and waiting in between.
@@ -723,11 +793,7 @@ impl<P: Provider + 'static> Shared<P> {
             ..
         } = g;
         for (lid, ls) in lsocks.iter_mut() {
-            while let Some(id) = driver.accept(*lid) {
-                ls.pending.push_back(id);
-                socks.insert(id, Sock::default());
-            }
-            let ready = prune_pending(driver, socks, ls);
+            let ready = driver.listen_stats(*lid).map_or(0, |s| s.ready);
             ls.ready.set(ready > 0, false, false);
             if let Some(b) = &ls.bell {
                 b(ready);
@@ -807,32 +873,6 @@ fn settle_zsends<P: Provider>(driver: &mut Driver<P>, now: Instant, id: ConnId, 
     }
 }
 
-/// Drop the listener's pending connections whose setup failed (a TCP handshake that never
-/// completed is never accepted either); true if one is ready to hand over. A connection that
-/// was established is handed over whatever happened to it since, as TCP does: a client that
-/// wrote and exited, or reset, before `accept()` is accepted with its data, then EOF or the
-/// error.
-fn prune_pending<P: Provider>(
-    driver: &mut Driver<P>,
-    socks: &mut HashMap<ConnId, Sock>,
-    ls: &mut LSock,
-) -> usize {
-    let mut ready = 0;
-    ls.pending.retain(|&id| match driver.conn(id) {
-        Some(c) if c.state() == State::Accepting => true,
-        Some(c) if c.was_established() => {
-            ready += 1;
-            true
-        }
-        _ => {
-            socks.remove(&id);
-            driver.release(Instant::default(), id);
-            false
-        }
-    });
-    ready
-}
-
 fn refresh_sock<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut Sock) {
     refresh_app(driver, id, s, None);
     let Some(r) = s.ready.as_mut() else {
@@ -910,14 +950,13 @@ impl<P: Provider + 'static> Shared<P> {
     /// One round of [`flush_at_exit`](super::exit::flush_at_exit): close each connection the
     /// application holds once its queued zero-copy sends are settled (bytes of one that ended
     /// short still go by copy first); true when no closing connection has anything left to
-    /// deliver. Connections waiting in a listener's queue are left alone.
+    /// deliver. Connections waiting in a listener's queue (the driver's) are left alone.
     fn exit_round(&self, g: &mut Inner<P>) -> bool {
         let now = self.now();
         let mut done = true;
         let ids: Vec<ConnId> = g.socks.keys().copied().collect();
         for id in ids {
-            let queued = g.lsocks.values().any(|ls| ls.pending.contains(&id));
-            if queued || g.socks.get(&id).is_none_or(|s| s.exit_closed) {
+            if g.socks.get(&id).is_none_or(|s| s.exit_closed) {
                 continue;
             }
             let settled = Runtime::<P>::zsends_settled(g, now, id);
@@ -1021,52 +1060,45 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         sys::getpid() == self.sh.pid && !self.sh.failed()
     }
 
-    fn connect(&self, dst: SocketAddr, timeout: Option<Duration>) -> io::Result<ConnId> {
-        let id = {
-            let mut g = self.lock()?;
-            let now = self.now();
-            let id = g.driver.connect(now, dst, None).map_err(driver_err)?;
-            g.socks.insert(id, Sock::default());
-            id
+    fn connect(
+        &self,
+        dst: SocketAddr,
+        timeout: Option<Duration>,
+        wait_room: bool,
+    ) -> io::Result<ConnId> {
+        // The whole connect, tries again included, within the timeout.
+        let start = std::time::Instant::now();
+        let limit = match timeout {
+            Some(t) => t,
+            None => self.lock()?.driver.config().connect_timeout,
         };
-        let r = self.block_on(
-            Wait {
-                timeout,
-                ..Wait::default()
-            },
-            |g, _| {
-                let c = g.driver.conn(id)?;
-                match c.state() {
-                    State::Connecting => None,
-                    State::Established => Some(Ok(())),
-                    _ => Some(Err(c
-                        .error()
-                        .map_or(io::Error::from_raw_os_error(libc::ECONNRESET), |e| {
-                            io::Error::from_raw_os_error(e.errno())
-                        }))),
+        let mut pause = QUEUE_FULL_RETRY_FIRST;
+        loop {
+            let left = limit.saturating_sub(start.elapsed());
+            match self.connect_once(dst, Some(left)) {
+                Err(None) if wait_room => {
+                    let left = limit.saturating_sub(start.elapsed());
+                    if left.is_zero() {
+                        return Err(io::Error::from_raw_os_error(libc::ETIMEDOUT));
+                    }
+                    std::thread::sleep(pause.min(left));
+                    pause = (pause * 2).min(QUEUE_FULL_RETRY_MAX);
                 }
-            },
-        );
-        match r {
-            Ok(()) => Ok(id),
-            Err(e) => {
-                self.close(id);
-                if e.kind() == io::ErrorKind::WouldBlock {
-                    Err(io::Error::from_raw_os_error(libc::ETIMEDOUT))
-                } else {
-                    Err(e)
-                }
+                Err(None) => return Err(io::Error::from_raw_os_error(libc::ECONNREFUSED)),
+                Err(Some(e)) => return Err(e),
+                Ok(id) => return Ok(id),
             }
         }
     }
 
     fn listen(&self, addr: SocketAddr, backlog: u32) -> io::Result<ListenerId> {
         let mut g = self.lock()?;
+        // As listen(2): the kernel caps the backlog at somaxconn.
+        let backlog = backlog.min(sys::somaxconn());
         let l = g.driver.listen(addr, backlog).map_err(driver_err)?;
         g.lsocks.insert(
             l,
             LSock {
-                pending: VecDeque::new(),
                 ready: ReadyFd::new()?,
                 bell: None,
             },
@@ -1093,16 +1125,11 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             let Some(ls) = lsocks.get_mut(&l) else {
                 return Some(Err(io::Error::from_raw_os_error(libc::EBADF)));
             };
-            if prune_pending(driver, socks, ls) == 0 {
-                return None;
-            }
-            // The first one set up, in arrival order.
-            let i = ls
-                .pending
-                .iter()
-                .position(|&id| driver.conn(id).is_some_and(|c| c.was_established()))?;
-            let id = ls.pending.remove(i).expect("found");
-            let readable = prune_pending(driver, socks, ls) > 0;
+            // The first one set up, in arrival order (the driver's queue; one whose setup
+            // failed is never handed over, one established and reset or closed since is).
+            let id = driver.accept_established(l)?;
+            socks.insert(id, Sock::default());
+            let readable = driver.listen_stats(l).is_some_and(|s| s.ready > 0);
             ls.ready.set(readable, false, false);
             let peer = driver
                 .peer_addr(id)
@@ -1113,14 +1140,8 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
 
     fn close_listener(&self, l: ListenerId) {
         let Ok(mut g) = self.lock() else { return };
-        if let Some(ls) = g.lsocks.remove(&l) {
-            let now = self.now();
-            for id in ls.pending {
-                g.socks.remove(&id);
-                g.driver.abort(now, id);
-                g.driver.release(now, id);
-            }
-        }
+        g.lsocks.remove(&l);
+        // The driver aborts the connections nobody accepted (their peers see a reset).
         g.driver.close_listener(l);
     }
 

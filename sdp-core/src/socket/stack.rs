@@ -132,6 +132,10 @@ pub struct Options {
     /// Source address of an SDP connection over RDMA (its device carries the connection);
     /// `None`: the one the route to the peer picks.
     pub source_ip: Option<IpAddr>,
+    /// A listener's backlog, as `listen(2)`'s (`None`: 128, as `std::net::TcpListener`). At
+    /// most backlog + 1 connections wait to be accepted, over SDP as over kernel TCP
+    /// (docs/providers.md, "Listen backlog").
+    pub backlog: Option<u32>,
 }
 
 impl Options {
@@ -156,6 +160,10 @@ impl Options {
     }
     pub fn with_source_ip(mut self, ip: IpAddr) -> Options {
         self.source_ip = Some(ip);
+        self
+    }
+    pub fn with_backlog(mut self, backlog: u32) -> Options {
+        self.backlog = Some(backlog);
         self
     }
 

@@ -372,6 +372,41 @@ pub(crate) fn tcp_socket_bound(src: std::net::SocketAddr) -> io::Result<OwnedFd>
     Ok(fd)
 }
 
+/// A kernel TCP listening socket on `addr` with `listen(2)`'s `backlog`, bound as
+/// `std::net::TcpListener::bind` binds (SO_REUSEADDR, close-on-exec).
+pub(crate) fn tcp_listen(
+    addr: std::net::SocketAddr,
+    backlog: u32,
+) -> io::Result<std::net::TcpListener> {
+    let family = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    let fd = syscall!(socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0))?;
+    // SAFETY: the fd was just returned by socket() and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+    let (sa, len) = sockaddr_of(addr);
+    // SAFETY: `sa` is a valid sockaddr of `len` bytes for the socket's family.
+    syscall!(bind(
+        fd.as_raw_fd(),
+        &sa as *const _ as *const libc::sockaddr,
+        len
+    ))?;
+    // listen(2) takes an int; the kernel caps it at somaxconn.
+    syscall!(listen(fd.as_raw_fd(), backlog.min(i32::MAX as u32) as i32))?;
+    Ok(std::net::TcpListener::from(fd))
+}
+
+/// The kernel's cap on a listen backlog (`net.core.somaxconn`; 4096 if it cannot be read).
+pub(crate) fn somaxconn() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(4096)
+}
+
 /// Start a nonblocking connect (EINPROGRESS counts as started).
 pub(crate) fn connect_nb(fd: RawFd, dst: std::net::SocketAddr) -> io::Result<()> {
     let (da, dlen) = sockaddr_of(dst);

@@ -22,6 +22,13 @@ pub mod sim;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
+/// Private data of the consumer reject that answers a connect request when the listener's
+/// queue is full (its backlog: see `driver`, and docs/providers.md, "Listen backlog"). A
+/// connector that gets it waits and tries again, as a TCP client whose SYN was dropped does;
+/// a provider that finds the listener's own queue full before the request reaches it (shm:
+/// the rendezvous socket's) reports the same.
+pub const REJECT_QUEUE_FULL: &str = "SDP: listen queue full";
+
 bitflags::bitflags! {
     /// Access rights of a memory region, as in `ibv_access_flags`. A region grants the least each
     /// use needs: remote read only while advertised in SrcAvail, remote write only while advertised

@@ -3,7 +3,8 @@
 //!
 //! * `duplex ADDR MODE SEED_TX SEED_RX BYTES`: connect, send BYTES of the seeded stream SEED_TX
 //!   in random sizes while reading and checking BYTES of the seeded stream SEED_RX; then EOF.
-//! * `flood ADDR`: connect and write until killed.
+//! * `flood ADDR [CHUNK]`: connect and write CHUNK bytes at a time (default 64 KiB; 1 MiB
+//!   writes go by zero copy) until killed or the connection fails.
 //! * `connect ADDR CHOICE`: connect (auto | sdp), print the transport or the errno, exit.
 //! * `serve ADDR MODE SEED_TX SEED_RX BYTES`: listen (automatic mode) on ADDR, print
 //!   `listening T1,T2 (why others are missing)`, accept one client, print `accepted T`, then
@@ -16,6 +17,14 @@
 //!   (a crash) over SDP.
 //! * `fork ADDR`: the fork() checks (parent keeps its stream, child opens a new one, the
 //!   child's inherited copy fails and does not disturb the parent), exec leaves no fd behind.
+//! * `hold ADDR`: connect over SDP, print `connected`, read (1 MiB reads: zero copy where the
+//!   peer sends so) until EOF or an error, print `eof BYTES` or `errno N BYTES`, exit.
+//! * `connect-kill ADDR`: connect over SDP and SIGKILL this process at once (a peer that
+//!   dies right after the handshake).
+//! * `fake-listen ADDR END`: a listener that dies in the handshake: bind the shm rendezvous
+//!   socket of ADDR itself, print `ready`, take one connection and then (END `kill`) read the
+//!   connect request and SIGKILL this process without answering, or (END `hang`) never
+//!   answer (until killed).
 //!
 //! `SDP_PEER_SRC=IP` sets the connector's source address (`Options::source_ip`), so over RDMA
 //! the connection leaves through that address's device; `SDP_PEER_SHOW=1` makes `duplex`
@@ -207,7 +216,10 @@ fn main() {
             let mut s = connect(&arg(1), "sdp");
             println!("{}", s.transport());
             let _ = std::io::stdout().flush();
-            let buf = vec![7u8; 64 << 10];
+            let chunk = args.get(2).map_or(64 << 10, |c| {
+                c.parse().unwrap_or_else(|e| die(format!("{e}")))
+            });
+            let buf = vec![7u8; chunk];
             loop {
                 if let Err(e) = s.write_all(&buf) {
                     die(format!("write: {e}"));
@@ -231,6 +243,14 @@ fn main() {
             write_exit(&arg(1), &arg(2), &arg(3), bytes, &arg(5))
         }
         "fork" => fork_checks(&arg(1)),
+        "hold" => hold(&arg(1)),
+        "connect-kill" => {
+            let s = connect(&arg(1), "sdp");
+            // SAFETY: kills this very process, as a crash right after connect would.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            drop(s);
+        }
+        "fake-listen" => fake_listen(&arg(1), &arg(2)),
         other => die(format!("unknown command {other}")),
     }
 }
@@ -363,5 +383,86 @@ fn write_exit(addr: &str, choice: &str, mode: &str, bytes: usize, end: &str) {
             }
         }
         other => die(format!("unknown end {other}")),
+    }
+}
+
+/// `hold ADDR` (see the header).
+fn hold(addr: &str) {
+    let mut s = connect(addr, "sdp");
+    println!("connected");
+    let _ = std::io::stdout().flush();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = 0u64;
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => {
+                println!("eof {got}");
+                return;
+            }
+            Ok(n) => got += n as u64,
+            Err(e) => {
+                println!("errno {} {got}", e.raw_os_error().unwrap_or(-1));
+                return;
+            }
+        }
+    }
+}
+
+/// `fake-listen ADDR END` (see the header): the shm provider's rendezvous is an abstract
+/// SOCK_SEQPACKET socket named `sdp-shm/ADDR`.
+fn fake_listen(addr: &str, end: &str) {
+    let name = format!("sdp-shm/{addr}");
+    // SAFETY: plain socket calls on a socket this process owns; sockaddr_un is plain data and
+    // the name fits (checked).
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            die("socket failed".into());
+        }
+        let mut a: libc::sockaddr_un = std::mem::zeroed();
+        a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        if name.len() + 1 > a.sun_path.len() {
+            die("name too long".into());
+        }
+        for (i, b) in name.bytes().enumerate() {
+            a.sun_path[i + 1] = b as libc::c_char;
+        }
+        let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+        if libc::bind(
+            fd,
+            (&a as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        ) != 0
+            || libc::listen(fd, 8) != 0
+        {
+            die(format!("bind {name}: {}", std::io::Error::last_os_error()));
+        }
+        println!("ready");
+        let _ = std::io::stdout().flush();
+        let c = libc::accept(fd, std::ptr::null_mut(), std::ptr::null_mut());
+        if c < 0 {
+            die("accept failed".into());
+        }
+        match end {
+            "kill" => {
+                // The connect request (with the connector's fds), then die unanswered.
+                let mut buf = [0u8; 512];
+                let mut cmsg = [0u8; 256];
+                let mut iov = libc::iovec {
+                    iov_base: buf.as_mut_ptr().cast(),
+                    iov_len: buf.len(),
+                };
+                let mut msg: libc::msghdr = std::mem::zeroed();
+                msg.msg_iov = &mut iov;
+                msg.msg_iovlen = 1;
+                msg.msg_control = cmsg.as_mut_ptr().cast();
+                msg.msg_controllen = cmsg.len() as _;
+                libc::recvmsg(c, &mut msg, 0);
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            _ => loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            },
+        }
     }
 }

@@ -717,13 +717,19 @@ impl Provider for ShmProvider {
         }
         names.push(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port));
         let mut sock = None;
+        let mut full = false;
         for n in &names {
             match sys::seqpacket_connect(&rendezvous_name(*n)) {
                 Ok(s) => {
                     sock = Some(s);
                     break;
                 }
-                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break, // backlog full
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    // The rendezvous socket's own queue is full (a burst the listener has
+                    // not taken yet): as the listener's full queue answers.
+                    full = true;
+                    break;
+                }
                 Err(_) => continue,
             }
         }
@@ -745,9 +751,16 @@ impl Provider for ShmProvider {
         )?;
         let Some(sock) = sock else {
             ep.state = QpState::Error;
-            ep.cm.push_back(CmEvent::Rejected {
-                private_data: Vec::new(),
-                consumer: false,
+            ep.cm.push_back(if full {
+                CmEvent::Rejected {
+                    private_data: crate::verbs::REJECT_QUEUE_FULL.as_bytes().to_vec(),
+                    consumer: true,
+                }
+            } else {
+                CmEvent::Rejected {
+                    private_data: Vec::new(),
+                    consumer: false,
+                }
             });
             return Ok(ep);
         };
