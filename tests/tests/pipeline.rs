@@ -546,7 +546,7 @@ fn split_pieces_of_a_large_source_are_reported_once_in_order() {
         zcopy_by_send: Some(true),
         zcopy_split: Some(true),
         rcv_size: 64 * 1024,
-        max_rx_bufs: 4,
+        max_rx_bufs: 5,
         ..Config::default()
     };
     let mut p = Pair::new(100, cfg);
@@ -634,7 +634,7 @@ fn cancel_of_a_split_source_reports_the_prefix_that_went() {
 fn eager_reads_stay_within_the_bounce_budget() {
     let base = Config {
         rcv_size: 64 * 1024,
-        max_rx_bufs: 4,
+        max_rx_bufs: 5,
         srcavail_timeout: Duration::from_secs(30),
         ..Config::default()
     };

@@ -3,9 +3,12 @@
 //! Credits follow the SDP rule: every message is a SEND that consumes one receive buffer the peer
 //! posted. Each BSDH carries `bufs` (receive buffers the sender has posted), `mseq` (its sequence
 //! number) and `mseq_ack` (the last sequence number it received), so on every message received
-//! `credits = mseq_ack + 1 + bufs - next_mseq` exactly. Data needs two credits: the last one is
-//! kept for a credit update, so two sides that both run out can always tell each other about new
-//! buffers and never deadlock.
+//! `credits = mseq_ack + 1 + bufs - next_mseq` exactly. A control message needs two credits: the
+//! last one is kept for a credit update, so two sides that both run out can always tell each
+//! other about new buffers and never deadlock. A message with stream bytes needs four
+//! ([`DATA_CREDITS`]): the peer keeps three receives posted however much unread data its
+//! application leaves, so replies (RdmaRdCompl, SendSm, ...) get through a full receive window,
+//! as TCP's ACKs need no window.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -30,7 +33,8 @@ pub struct Config {
     pub initial_rx_bufs: u32,
     /// Fewest receive buffers kept posted when idle.
     pub min_rx_bufs: u32,
-    /// Receive buffers posted plus held with unread data, at most (SO_RCVBUF / buffer size).
+    /// Receive buffers posted plus held with unread data, at most (SO_RCVBUF / buffer size; at
+    /// least 5: a peer needs four credits to send data, see `DATA_CREDITS`).
     pub max_rx_bufs: u32,
     /// Bytes the application may have queued and unacknowledged on the send side (SO_SNDBUF).
     pub sndbuf: usize,
@@ -129,7 +133,10 @@ impl Config {
         if self.min_rx_bufs < 2 || self.initial_rx_bufs < self.min_rx_bufs {
             return Err("initial_rx_bufs/min_rx_bufs");
         }
-        if self.max_rx_bufs < self.initial_rx_bufs || self.max_rx_bufs > u16::MAX as u32 {
+        if self.max_rx_bufs < self.initial_rx_bufs
+            || self.max_rx_bufs < MIN_RX_POSTED
+            || self.max_rx_bufs > u16::MAX as u32
+        {
             return Err("max_rx_bufs");
         }
         if self.sndbuf == 0 {
@@ -426,6 +433,24 @@ pub struct Conn<S: BufStore> {
 
 /// Most messages a receive queue holds; bounds what a peer can make us track.
 pub(crate) const MAX_CREDITS: i64 = u16::MAX as i64;
+
+/// Credits a control message needs (all but AbortConn and the credit update, and one that
+/// announces receives the peer does not know of): the last is kept for a credit update.
+pub const CTRL_CREDITS: u32 = 2;
+
+/// Credits a message carrying stream bytes (Data with a payload, a gathered SEND of a
+/// zero-copy source) needs. Data is the only message that holds a receive buffer until the
+/// peer's application reads it; a control message is consumed and reposted at once. Data
+/// leaves the peer three receives, however full of unread data its application keeps its
+/// window: a control message and a credit update can pass each way even while credit updates
+/// cross (each consumes one of the other side's receives). So a reply to a zero-copy transfer
+/// (RdmaRdCompl, SendSm, SrcAvailCancel, ...) always finds a credit, and a zero-copy send never
+/// waits for the peer's application to read something else first.
+pub const DATA_CREDITS: u32 = 4;
+
+/// Fewest receives a connection keeps posted (within its budget of `max_rx_bufs` posted plus
+/// held): one more than [`DATA_CREDITS`], so data still flows while a credit update crosses it.
+pub const MIN_RX_POSTED: u32 = DATA_CREDITS + 1;
 
 impl<S: BufStore> Conn<S> {
     fn new(cfg: Config, store: S, role: Role, now: Instant) -> Conn<S> {

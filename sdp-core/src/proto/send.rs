@@ -2,7 +2,7 @@
 //! posting SENDs as credits allow. Small writes coalesce into the buffer at the tail of the queue.
 
 use super::buff::{Buf, BufStore};
-use super::conn::{wrid, CallError, Conn, ConnError, Event, State};
+use super::conn::{wrid, CallError, Conn, ConnError, Event, State, CTRL_CREDITS, DATA_CREDITS};
 use super::iocb::{SrcState, ZSrc};
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 use super::sent::Inflight;
@@ -195,7 +195,7 @@ impl<S: BufStore> Conn<S> {
                         }
                         continue;
                     }
-                    if self.tx_credits < 2 {
+                    if self.tx_credits < DATA_CREDITS {
                         self.stats.stalls_no_credit += 1;
                         return;
                     }
@@ -222,7 +222,7 @@ impl<S: BufStore> Conn<S> {
                     let need = if *mid == Mid::AbortConn || carries_credits {
                         1
                     } else {
-                        2
+                        CTRL_CREDITS
                     };
                     if self.tx_credits < need {
                         return;
@@ -274,7 +274,7 @@ impl<S: BufStore> Conn<S> {
                             && !self.iocbs.src_cancelling()
                             && self.split_candidate(key)
                         {
-                            if self.tx_credits < 2 {
+                            if self.tx_credits < CTRL_CREDITS {
                                 self.stats.stalls_no_credit += 1;
                                 return;
                             }
@@ -318,7 +318,7 @@ impl<S: BufStore> Conn<S> {
                     {
                         return;
                     }
-                    if self.tx_credits < 2 {
+                    if self.tx_credits < CTRL_CREDITS {
                         return;
                     }
                     if !self.advertise_src(now, key) {
@@ -415,7 +415,7 @@ impl<S: BufStore> Conn<S> {
                 self.tx_queue.pop_front();
                 return true;
             }
-            if self.tx_credits < 2 {
+            if self.tx_credits < DATA_CREDITS {
                 self.stats.stalls_no_credit += 1;
                 return false;
             }
@@ -497,8 +497,13 @@ impl<S: BufStore> Conn<S> {
             return;
         }
         let posted = self.rx_posted.len() as u32;
-        // The peer needs two credits to send data: below that it is starving.
-        if posted > self.peer_credits && (self.peer_credits < 2 || self.peer_credits * 2 < posted) {
+        // The peer needs DATA_CREDITS to send data: below that it is starving. But never ask
+        // for more than all our receives but one: an update consumes one of the peer's, which
+        // it reposts and announces back, and updates crossing each other would go on forever.
+        let want = DATA_CREDITS.min(posted.saturating_sub(1));
+        if posted > self.peer_credits
+            && (self.peer_credits < want || self.peer_credits * 2 < posted)
+        {
             self.stats.credit_updates_sent += 1;
             self.post_ctrl(Mid::Data, Ext::None);
         }

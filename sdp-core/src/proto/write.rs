@@ -43,7 +43,7 @@
 
 use super::advt::SinkAdvt;
 use super::buff::BufStore;
-use super::conn::{wrid, Conn, ConnError, Event, ProtocolError};
+use super::conn::{wrid, Conn, ConnError, Event, ProtocolError, CTRL_CREDITS, DATA_CREDITS};
 use super::iocb::SrcState;
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 use super::send::TxItem;
@@ -196,8 +196,9 @@ impl<S: BufStore> Conn<S> {
             left -= n;
             if s.unacked() == 0 {
                 finished.push((s.key, s.src.len as usize));
-            } else if s.state == SrcState::Advertised {
-                // Progress: the timeout starts over for what is still outstanding.
+            } else if s.state == SrcState::Advertised && !s.committed {
+                // Progress: the timeout starts over for what is still outstanding (a committed
+                // advertisement has none: it is never cancelled).
                 s.deadline = Some(now + timeout);
             }
         }
@@ -221,8 +222,15 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// The advertised sources made no progress within `srcavail_timeout`: cancel them.
-    pub(crate) fn srcavail_timed_out(&mut self, _now: Instant) {
+    pub(crate) fn srcavail_timed_out(&mut self, now: Instant) {
         self.cancel_advertised();
+        // What could not be cancelled now (a committed advertisement, or a cancel already
+        // out) has no timeout left: the timer must not fire again at once.
+        for s in self.iocbs.srcs.iter_mut() {
+            if s.state == SrcState::Advertised && s.deadline.is_some_and(|d| d <= now) {
+                s.deadline = None;
+            }
+        }
     }
 
     /// A source (or piece) is done: drop it from the queue and report it.
@@ -346,7 +354,9 @@ impl<S: BufStore> Conn<S> {
     /// RDMA-Write the queued stream bytes at the head of the queue into the peer's sink, then
     /// RdmaWrCompl. False if it must wait (credits).
     pub(crate) fn fill_sink(&mut self, now: Instant) -> bool {
-        if self.tx_credits < 2 {
+        // The bytes go into the peer's sink, not a receive buffer: the RdmaWrCompl after them
+        // is a control message.
+        if self.tx_credits < CTRL_CREDITS {
             return false;
         }
         let Some(sink) = self.advts.sink.take() else {
@@ -493,7 +503,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Data is queued, no credit to send it, and nothing in flight.
     pub(crate) fn credit_stalled(&self) -> bool {
-        self.tx_credits < 2 && !self.tx_queue.is_empty() && self.tx_inflight.is_empty()
+        self.tx_credits < DATA_CREDITS && !self.tx_queue.is_empty() && self.tx_inflight.is_empty()
     }
 
     /// Keep the probe timer in step with the credit state (called after every round of work).
