@@ -1063,6 +1063,12 @@ impl<S: BufStore> Conn<S> {
     /// destroys the endpoint on [`Event::Closed`].
     fn release_all(&mut self) {
         for (_, inf) in std::mem::take(&mut self.tx_inflight) {
+            if let super::sent::Inflight::Read(r) = &inf {
+                // A read into the application's sink that never completed: reported here,
+                // once (the endpoint is destroyed with it, so nothing writes the sink later).
+                let token = r.sink_token;
+                self.sink_read_failed(token);
+            }
             inf.release(&mut self.store);
         }
         for item in std::mem::take(&mut self.tx_queue) {

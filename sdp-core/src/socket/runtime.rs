@@ -413,12 +413,37 @@ impl<P: Provider + 'static> Runtime<P> {
             ..Wait::default()
         };
         // No timeout: the peer may be reading or writing the memory until the engine says it
-        // is done, which it always does (finished, cancelled, or the connection failed).
+        // is done, which it always does (finished, cancelled, or the connection failed: every
+        // source and sink in flight is reported once).
         self.block_on(w, |g, _| {
-            let s = g.socks.get_mut(&id)?;
-            let i = s.zdone.iter().position(|&(t, _)| t == token)?;
-            Some(Ok(s.zdone.swap_remove(i).1))
+            Self::collect_zdone(g, id);
+            let Some(s) = g.socks.get_mut(&id) else {
+                return Some(Err(io::Error::from_raw_os_error(libc::EBADF)));
+            };
+            if let Some(i) = s.zdone.iter().position(|&(t, _)| t == token) {
+                return Some(Ok(s.zdone.swap_remove(i).1));
+            }
+            // The engine is gone (closed and released), and its endpoint with it: nothing
+            // reaches the memory any more, and no report will come.
+            g.driver
+                .conn(id)
+                .is_none()
+                .then(|| Err(io::Error::from_raw_os_error(libc::ECONNRESET)))
         })
+    }
+
+    /// Move the socket's zero-copy reports from the engine to `zdone` (an application call,
+    /// such as a cancel, may produce one without a round of progress to collect it).
+    fn collect_zdone(g: &mut Inner<P>, id: ConnId) {
+        let Inner { driver, socks, .. } = g;
+        let Some(s) = socks.get_mut(&id) else {
+            return;
+        };
+        for ev in driver.take_events(id) {
+            if let Event::ZcopySent { token, bytes } | Event::ZcopyReceived { token, bytes } = ev {
+                s.zdone.push((token, bytes));
+            }
+        }
     }
 
     /// Send `len` bytes of registered memory at `mr[off..]` by zero copy, waiting until the peer
