@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sdp_core::socket::{Options, SdpListener, SdpStream, Transport};
+use sdp_core::socket::{Options, SdpListener, SdpStream, Stack, Transport};
 
 const PEER: &str = env!("CARGO_BIN_EXE_sdp-peer");
 
@@ -103,11 +103,62 @@ fn bounded<T: Send + 'static>(
     (r, String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// A stack of its own over shm whose zero-copy sends are never cancelled by the engine's
+/// timer (`srcavail_timeout` an hour), with the peer process set up the same way: what a
+/// test shows then does not rest on that safety net.
+fn shm_without_srcavail_timeout() -> Options {
+    let cfg = sdp_core::proto::Config {
+        srcavail_timeout: Duration::from_secs(3600),
+        ..sdp_core::proto::Config::default()
+    };
+    let stack =
+        Stack::with_provider(sdp_core::verbs::shm::ShmProvider::new().unwrap(), cfg).unwrap();
+    Options::sdp_only().with_stack(stack)
+}
+const PEER_NO_SRCAVAIL_TIMEOUT: (&str, &str) = ("SDP_PEER_SRCAVAIL_TIMEOUT_MS", "3600000");
+
 fn choice(t: Transport) -> &'static str {
     if t == Transport::Tcp {
         "tcp"
     } else {
         "sdp"
+    }
+}
+
+/// Both ends single-threaded: each writes a 4 MiB message in one call, then reads the
+/// other's. A blocking write returns once its bytes are in the send buffer (they fit), never
+/// waiting for the peer's application to read them, so over TCP this just works; over SDP a
+/// zero-copy write must not wait for a reader that is itself blocked writing (not even until
+/// a timer fires: the engine's `srcavail_timeout` is an hour here, at both ends).
+#[test]
+fn single_threaded_exchange_of_large_messages_same_as_tcp() {
+    for (opts, transport) in [
+        (Options::tcp_only(), Transport::Tcp),
+        (shm_without_srcavail_timeout(), Transport::Shm),
+    ] {
+        let l = listen(&opts);
+        let addr = l.local_addr().unwrap().to_string();
+        let bytes = 4 << 20;
+        let child = Command::new(PEER)
+            .args([
+                "exchange",
+                &addr,
+                choice(transport),
+                &bytes.to_string(),
+                "3",
+            ])
+            .env(PEER_NO_SRCAVAIL_TIMEOUT.0, PEER_NO_SRCAVAIL_TIMEOUT.1)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let what = format!("{transport}: exchange of 4 MiB messages");
+        let (r, out) = bounded(Duration::from_secs(20), child, &what, move || {
+            let (s, _) = l.accept().unwrap();
+            assert_eq!(s.transport(), transport);
+            peer::exchange(&s, bytes, 3, 2, 1)
+        });
+        r.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(out.starts_with("ok"), "{what}: {out}");
     }
 }
 
@@ -252,8 +303,8 @@ fn half_close_with_data_in_flight_same_as_tcp() {
     for (opts, transport) in both() {
         let (mut c, mut s) = pair(&opts);
         // Written before the peer reads anything: it must fit the send and receive buffers
-        // (over SDP a large write first waits srcavail_timeout for the peer to read it by zero
-        // copy, then copies).
+        // (over SDP a large write goes by zero copy only while the peer takes it; the peer is
+        // not reading, so after a short stall the rest goes by copy).
         let data: Vec<u8> = (0..(3 << 20)).map(|i| (i * 31 % 256) as u8).collect();
         c.write_all(&data).unwrap();
         c.shutdown(Shutdown::Write).unwrap();

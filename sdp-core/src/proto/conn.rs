@@ -319,6 +319,9 @@ pub struct ConnStats {
     pub zcopy_send_bytes: u64,
     pub srcavail_sent: u64,
     pub srcavail_cancelled: u64,
+    /// Zero-copy sources that timed out (`srcavail_timeout`, or a plain write's stall bound:
+    /// the peer was not taking them).
+    pub zcopy_stalls: u64,
     pub sinkavail_sent: u64,
     pub sinkavail_cancelled: u64,
     /// SinkAvails overtaken by the peer's Data (it drops them as stale): done empty at once.

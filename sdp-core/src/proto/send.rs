@@ -107,7 +107,37 @@ impl<S: BufStore> Conn<S> {
 
     /// Queue a zero-copy send of registered memory (`src` must grant remote read until
     /// [`Event::ZcopySent`] for `token`). Small sources are refused with `Invalid`: copy them.
+    /// Once advertised, a source the peer makes no progress on for `srcavail_timeout` is
+    /// cancelled.
     pub fn write_zcopy(&mut self, now: Instant, src: ZSrc, token: u64) -> Result<(), CallError> {
+        self.queue_zcopy(now, src, token, None)
+    }
+
+    /// Queue a zero-copy send that completes by zero copy only while the peer takes it: if the
+    /// peer makes no progress on it for `stall` (from now while it waits in the queue, from its
+    /// SrcAvail, and from each acknowledgement), it ends with what went ([`Event::ZcopySent`])
+    /// and the application sends the rest by copy. A blocking write uses this, so it never
+    /// waits for the peer's application longer than `stall` (TCP's returns once the bytes are
+    /// in the send buffer): a cancel waits only for the peer's engine, whose SendSm answers it
+    /// (its control messages always have a credit, see `DATA_CREDITS`), and a queued source
+    /// ends without a message. Committed advertisements (split zero copy) are never cancelled.
+    pub fn write_zcopy_bounded(
+        &mut self,
+        now: Instant,
+        src: ZSrc,
+        token: u64,
+        stall: std::time::Duration,
+    ) -> Result<(), CallError> {
+        self.queue_zcopy(now, src, token, Some(stall))
+    }
+
+    fn queue_zcopy(
+        &mut self,
+        now: Instant,
+        src: ZSrc,
+        token: u64,
+        stall: Option<std::time::Duration>,
+    ) -> Result<(), CallError> {
         self.check_writable()?;
         if (src.len as usize) < self.cfg.zcopy_threshold.min(self.send_size as usize)
             || src.len == 0
@@ -118,6 +148,10 @@ impl<S: BufStore> Conn<S> {
             return Err(CallError::WouldBlock);
         }
         let key = self.iocbs.add_src(token, src);
+        if let Some(s) = self.iocbs.find_src(key) {
+            s.stall = stall;
+            s.deadline = stall.map(|d| now + d);
+        }
         self.tx_queue.push_back(TxItem::Src { key });
         self.tx_bytes += src.len as usize;
         self.stats.data_bytes_sent += src.len as u64;

@@ -68,13 +68,13 @@ impl<S: BufStore> Conn<S> {
     /// Send SrcAvail for a queued source (the caller checked the credit, the window and that
     /// every earlier stream item went out).
     pub(crate) fn advertise_src(&mut self, now: Instant, key: u64) -> bool {
-        let timeout = self.cfg.srcavail_timeout;
         let Some(s) = self.iocbs.find_src(key) else {
             return false;
         };
         if s.state != SrcState::Queued || s.written >= s.src.len {
             return false;
         }
+        let (timeout, queued_deadline) = (s.stall.unwrap_or(self.cfg.srcavail_timeout), s.deadline);
         let off = s.written;
         let ext = Ext::SrcAvail {
             len: s.src.len - off,
@@ -86,7 +86,7 @@ impl<S: BufStore> Conn<S> {
         if !self.post_ctrl(Mid::SrcAvail, ext) {
             if let Some(s) = self.iocbs.find_src(key) {
                 s.state = SrcState::Queued;
-                s.deadline = None;
+                s.deadline = queued_deadline;
             }
             return false;
         }
@@ -168,7 +168,7 @@ impl<S: BufStore> Conn<S> {
 
     /// The peer read `len` more bytes of our advertised sources, attributed in stream order.
     pub(crate) fn on_rd_compl(&mut self, now: Instant, len: u32) -> Result<(), ProtocolError> {
-        let timeout = self.cfg.srcavail_timeout;
+        let default_timeout = self.cfg.srcavail_timeout;
         if !self.iocbs.src_advertised() {
             return Err(ProtocolError::Unexpected {
                 mid: Mid::RdmaRdCompl,
@@ -199,7 +199,7 @@ impl<S: BufStore> Conn<S> {
             } else if s.state == SrcState::Advertised && !s.committed {
                 // Progress: the timeout starts over for what is still outstanding (a committed
                 // advertisement has none: it is never cancelled).
-                s.deadline = Some(now + timeout);
+                s.deadline = Some(now + s.stall.unwrap_or(default_timeout));
             }
         }
         self.last_activity = now;
@@ -221,13 +221,35 @@ impl<S: BufStore> Conn<S> {
         Ok(())
     }
 
-    /// The advertised sources made no progress within `srcavail_timeout`: cancel them.
+    /// Sources made no progress within their bound (`srcavail_timeout`, or the stall bound of
+    /// a plain write): a queued one ends unsent (the application sends it by copy), advertised
+    /// ones are cancelled (one SrcAvailCancel covers them all, the peer's engine answers).
     pub(crate) fn srcavail_timed_out(&mut self, now: Instant) {
-        self.cancel_advertised();
+        let due = |s: &super::iocb::SrcIocb| s.deadline.is_some_and(|d| d <= now);
+        let queued: Vec<u64> = self
+            .iocbs
+            .srcs
+            .iter()
+            .filter(|s| s.state == SrcState::Queued && s.timed() && due(s))
+            .map(|s| s.token)
+            .collect();
+        for token in queued {
+            self.stats.zcopy_stalls += 1;
+            self.cancel_write_zcopy(now, token);
+        }
+        if self
+            .iocbs
+            .srcs
+            .iter()
+            .any(|s| s.state == SrcState::Advertised && due(s))
+        {
+            self.stats.zcopy_stalls += 1;
+            self.cancel_advertised();
+        }
         // What could not be cancelled now (a committed advertisement, or a cancel already
         // out) has no timeout left: the timer must not fire again at once.
         for s in self.iocbs.srcs.iter_mut() {
-            if s.state == SrcState::Advertised && s.deadline.is_some_and(|d| d <= now) {
+            if s.timed() && s.deadline.is_some_and(|d| d <= now) {
                 s.deadline = None;
             }
         }
