@@ -482,11 +482,8 @@ impl<P: Provider + 'static> Runtime<P> {
                 Err(e) => Some(Err(io_err(e))),
             }
         })?;
-        if stall.is_some() {
-            // The engine's timer may now be earlier than the one the progress thread sleeps
-            // towards.
-            sys::eventfd_signal(&self.sh.wake);
-        }
+        // (The wait polls the engine itself, timers included, and wakes the progress thread,
+        // whose next deadline may now be the stall bound, before it sleeps.)
         self.zcopy_wait_for(id, token, len)
     }
 
