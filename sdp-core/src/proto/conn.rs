@@ -29,9 +29,10 @@ pub struct Config {
     pub rcv_size: u32,
     /// Largest receive buffer size a peer may ask for with ChRcvBuf.
     pub max_rcv_size: u32,
-    /// Receive buffers posted at start (slow start begins here).
+    /// Receive buffers posted at start (slow start begins here; never fewer than
+    /// `MIN_RX_POSTED`, 5, are posted).
     pub initial_rx_bufs: u32,
-    /// Fewest receive buffers kept posted when idle.
+    /// Fewest receive buffers kept posted when idle (never fewer than `MIN_RX_POSTED`).
     pub min_rx_bufs: u32,
     /// Receive buffers posted plus held with unread data, at most (SO_RCVBUF / buffer size; at
     /// least 5: a peer needs four credits to send data, see `DATA_CREDITS`).
