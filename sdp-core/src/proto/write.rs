@@ -226,13 +226,15 @@ impl<S: BufStore> Conn<S> {
     /// ones are cancelled (one SrcAvailCancel covers them all, the peer's engine answers).
     pub(crate) fn srcavail_timed_out(&mut self, now: Instant) {
         let due = |s: &super::iocb::SrcIocb| s.deadline.is_some_and(|d| d <= now);
-        let queued: Vec<u64> = self
+        let mut queued: Vec<u64> = self
             .iocbs
             .srcs
             .iter()
             .filter(|s| s.state == SrcState::Queued && s.timed() && due(s))
             .map(|s| s.token)
             .collect();
+        // The pieces of one source are next to each other: one cancel ends the source.
+        queued.dedup();
         for token in queued {
             self.stats.zcopy_stalls += 1;
             self.cancel_write_zcopy(now, token);
