@@ -388,6 +388,9 @@ pub struct Conn<S: BufStore> {
     pub(crate) tx_bytes: usize,
     /// Data sends posted and not yet completed (for coalescing).
     pub(crate) tx_data_outstanding: usize,
+    /// Stream items posted so far (Data messages with bytes, gathered SENDs, SrcAvails, RDMA
+    /// Writes into a sink): while it moves, the peer is taking the stream.
+    pub(crate) stream_posts: u64,
     /// A ChRcvBuf we sent is waiting for its ack.
     pub(crate) resize_pending: Option<u32>,
     /// The peer asked us for a new receive size; we ack once every posted buffer has it.
@@ -474,6 +477,7 @@ impl<S: BufStore> Conn<S> {
             tx_inflight: slab::Slab::new(),
             tx_bytes: 0,
             tx_data_outstanding: 0,
+            stream_posts: 0,
             resize_pending: None,
             resize_ack_due: None,
             rx_pool: Pool::new(rcv),

@@ -210,10 +210,20 @@ impl<S: BufStore> Conn<S> {
         self.tx_queue.insert(pos, TxItem::Ctrl { mid, ext });
     }
 
+    /// Post what the credits allow, in stream order (see `push_queue`). When stream items went,
+    /// the peer is taking the stream: a bounded source queued behind them is not stalled.
+    pub(crate) fn push_tx(&mut self, now: Instant) {
+        let before = self.stream_posts;
+        self.push_queue(now);
+        if self.stream_posts != before {
+            self.stream_moved(now);
+        }
+    }
+
     /// Post what the credits allow, in stream order. While SrcAvails are outstanding only
     /// further sources (within [`Conn::src_window`]) and replies to the peer go out; data and
     /// DisConn wait until every outstanding source is finished (see [`super::write`]).
-    pub(crate) fn push_tx(&mut self, now: Instant) {
+    fn push_queue(&mut self, now: Instant) {
         loop {
             let Some(front) = self.tx_queue.front() else {
                 return;
@@ -415,6 +425,7 @@ impl<S: BufStore> Conn<S> {
         self.store.write(&buf, 0, &hdr);
         self.advts.note_data_sent(h.bsdh.mseq);
         self.tx_data_outstanding += 1;
+        self.stream_posts += 1;
         let key = self.tx_inflight.insert(Inflight::Msg {
             buf,
             ctrl: false,
@@ -465,6 +476,7 @@ impl<S: BufStore> Conn<S> {
             self.store.write(&hdr, 0, &bytes);
             self.advts.note_data_sent(h.bsdh.mseq);
             self.tx_data_outstanding += 1;
+            self.stream_posts += 1;
             self.stats.zcopy_send_bytes += u64::from(n);
             self.last_activity = now;
             let key = self

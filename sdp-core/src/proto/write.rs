@@ -92,6 +92,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.advts.note_data_sent(self.next_mseq.wrapping_sub(1));
         self.stats.srcavail_sent += 1;
+        self.stream_posts += 1;
         true
     }
 
@@ -206,7 +207,20 @@ impl<S: BufStore> Conn<S> {
         for (key, bytes) in finished {
             self.finish_src(key, bytes);
         }
+        self.stream_moved(now);
         Ok(())
+    }
+
+    /// The peer took more of the stream (we posted stream items, or it acknowledged a read):
+    /// bounded sources still queued behind start their stall bound over.
+    pub(crate) fn stream_moved(&mut self, now: Instant) {
+        for s in self.iocbs.srcs.iter_mut() {
+            if s.state == SrcState::Queued {
+                if let Some(stall) = s.stall {
+                    s.deadline = Some(now + stall);
+                }
+            }
+        }
     }
 
     /// SendSm received: the peer will read no more of any SrcAvail we sent before this arrived
@@ -455,6 +469,7 @@ impl<S: BufStore> Conn<S> {
             return false;
         }
         self.stats.zcopy_write_bytes += placed as u64;
+        self.stream_posts += 1;
         self.last_activity = now;
         self.post_ctrl(Mid::RdmaWrCompl, Ext::RdmaWrCompl { len: placed });
         true
