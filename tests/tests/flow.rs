@@ -633,3 +633,74 @@ fn zero_copy_replies_get_through_a_window_the_peer_keeps_full() {
     assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
     assert_eq!(p.b.conn(b).unwrap().state(), State::Established);
 }
+
+/// A reads B's 1 MiB source with plain reads (bounce reads: one RdmaRdCompl per piece), so its
+/// last messages to B are control messages that use up its credits, and B, answered in full,
+/// sends nothing more. Then A writes: data needs more credits than a control message, and B,
+/// whose peer only answered its zero copy so far, does not announce its receives unasked. A
+/// asks (a credit update), B answers, and the data flows.
+#[test]
+fn data_after_zero_copy_replies_asks_for_the_credits_it_needs() {
+    use sdp_core::proto::iocb::ZSrc;
+    use sdp_core::proto::Event;
+    use sdp_core::verbs::{Access, MemoryRegion, Provider};
+    const N: usize = 1 << 20;
+    let mut p = Pair::new(61, Config::default());
+    let (a, b) = p.connect();
+    let mut src_mr = p.b.provider().reg_mr(N, Access::empty()).unwrap();
+    src_mr.write(0, &vec![0x42u8; N]);
+    src_mr.set_access(Access::REMOTE_READ).unwrap();
+    let src = ZSrc {
+        addr: src_mr.addr(),
+        len: N as u32,
+        lkey: src_mr.lkey(),
+        rkey: src_mr.rkey(),
+    };
+    let now = p.now();
+    assert_eq!(p.b.write_zcopy(now, b, src, 1), Ok(()));
+    let mut got = 0;
+    let mut sent = false;
+    let mut buf = vec![0u8; 64 << 10];
+    assert!(p.run_until(SEC, |p| {
+        let now = p.now();
+        while let Ok(n) = p.a.read(now, a, &mut buf) {
+            assert!(buf[..n].iter().all(|&x| x == 0x42));
+            got += n;
+        }
+        sent |=
+            p.b.take_events(b)
+                .iter()
+                .any(|e| matches!(e, Event::ZcopySent { token: 1, bytes: N }));
+        got == N && sent
+    }));
+    p.run_for(SEC / 100);
+    assert!(
+        p.a.conn(a).unwrap().tx_credits() < sdp_core::proto::conn::DATA_CREDITS,
+        "A's replies used up its data credits: {}",
+        p.a.conn(a).unwrap().debug_state()
+    );
+    // A writes; B reads whatever comes.
+    // (Fewer than four send buffers: no ChRcvBuf, whose answer would bring credits anyway.)
+    let data = vec![0x77u8; 60_000];
+    let mut off = 0;
+    let mut rcvd = 0;
+    let ok = p.run_until(5 * SEC, |p| {
+        let now = p.now();
+        if off < data.len() {
+            if let Ok(n) = p.a.write(now, a, &data[off..]) {
+                off += n;
+            }
+        }
+        while let Ok(n) = p.b.read(now, b, &mut buf) {
+            rcvd += n;
+        }
+        rcvd == data.len()
+    });
+    assert!(
+        ok,
+        "{rcvd} of {} bytes arrived\nA: {}\nB: {}",
+        data.len(),
+        p.a.conn(a).unwrap().debug_state(),
+        p.b.conn(b).unwrap().debug_state()
+    );
+}

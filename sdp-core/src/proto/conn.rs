@@ -378,6 +378,11 @@ pub struct Conn<S: BufStore> {
     pub(crate) sent_log: VecDeque<(u32, u16, u32)>,
     /// Credits the peer had left after its last message (exact, from `sent_log`).
     pub(crate) peer_left: i64,
+    /// The peer's last message was a Data message (stream bytes or a credit update): it may
+    /// want the credits data needs, not just those of a control message.
+    pub(crate) peer_sent_data: bool,
+    /// Our last message was a Data message (so the peer knows we may want data credits).
+    pub(crate) sent_data_last: bool,
 
     // Send side (send.rs, sent.rs).
     pub(crate) tx_pool: Pool,
@@ -471,6 +476,8 @@ impl<S: BufStore> Conn<S> {
             peer_credits: 0,
             sent_log: VecDeque::new(),
             peer_left: i64::MAX,
+            peer_sent_data: true,
+            sent_data_last: false,
             tx_pool: Pool::new(rcv),
             ctrl_pool: Pool::new(MAX_HDR as u32),
             tx_queue: VecDeque::new(),
@@ -1129,6 +1136,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.tx_credits = credits as u32;
         self.peer_credits = self.peer_credits.saturating_sub(1);
+        self.peer_sent_data = h.mid == Mid::Data;
         // How many credits the peer had left after sending this: the bufs of our message it had
         // seen last, less its messages since we sent that one.
         while self.sent_log.len() > 1 && self.sent_log[1].0.wrapping_sub(h.mseq_ack) as i32 <= 0 {
@@ -1162,6 +1170,7 @@ impl<S: BufStore> Conn<S> {
         );
         self.sent_log
             .push_back((self.next_mseq, bufs, self.last_rx_mseq));
+        self.sent_data_last = mid == Mid::Data;
         self.next_mseq = self.next_mseq.wrapping_add(1);
         self.tx_credits -= 1;
         self.peer_credits = bufs as u32;

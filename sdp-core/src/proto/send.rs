@@ -241,6 +241,7 @@ impl<S: BufStore> Conn<S> {
                     }
                     if self.tx_credits < DATA_CREDITS {
                         self.stats.stalls_no_credit += 1;
+                        self.ask_credits();
                         return;
                     }
                     // Coalesce: hold a lone partial buffer while a send is outstanding.
@@ -462,6 +463,7 @@ impl<S: BufStore> Conn<S> {
             }
             if self.tx_credits < DATA_CREDITS {
                 self.stats.stalls_no_credit += 1;
+                self.ask_credits();
                 return false;
             }
             let Some(hdr) = self.ctrl_pool.get(&mut self.store) else {
@@ -543,16 +545,39 @@ impl<S: BufStore> Conn<S> {
             return;
         }
         let posted = self.rx_posted.len() as u32;
-        // The peer needs DATA_CREDITS to send data: below that it is starving. But never ask
-        // for more than all our receives but one: an update consumes one of the peer's, which
-        // it reposts and announces back, and updates crossing each other would go on forever.
-        let want = DATA_CREDITS.min(posted.saturating_sub(1));
+        // The peer needs DATA_CREDITS to send data, CTRL_CREDITS for anything else: below that
+        // it is starving. It wants data credits if its last message was Data (it streams, or
+        // it asked, see `ask_credits`); a peer that only answers our zero copy (SrcAvail,
+        // RdmaRdCompl) needs no update per round trip. Never more than all our receives but
+        // one: an update consumes one of the peer's, which it reposts and announces back, and
+        // updates crossing each other would go on forever.
+        let need = if self.peer_sent_data {
+            DATA_CREDITS
+        } else {
+            CTRL_CREDITS
+        };
+        let want = need.min(posted.saturating_sub(1));
         if posted > self.peer_credits
             && (self.peer_credits < want || self.peer_credits * 2 < posted)
         {
             self.stats.credit_updates_sent += 1;
             self.post_ctrl(Mid::Data, Ext::None);
         }
+    }
+
+    /// Data waits for credits: if our last message was not Data, the peer may think we need
+    /// only a control message's credits and not announce the buffers it has; a credit update
+    /// (a Data message) tells it we want data credits (it answers with an update of its own).
+    fn ask_credits(&mut self) {
+        if self.sent_data_last
+            || self.tx_credits == 0
+            || self.state != State::Established
+            || self.disconnect_issued
+        {
+            return;
+        }
+        self.stats.credit_updates_sent += 1;
+        self.post_ctrl(Mid::Data, Ext::None);
     }
 
     /// When the application keeps more than a few buffers queued, ask the peer for larger
