@@ -727,8 +727,8 @@ impl SimPair {
         }
     }
 
-    /// `n` small messages A -> B, each written when A can post it at once (two credits, nothing
-    /// queued), so each is its own Data message.
+    /// `n` small messages A -> B, each written when A can post it at once (the credits data
+    /// needs, nothing queued), so each is its own Data message.
     fn small_messages(&mut self, n: u64, msg: &[u8]) {
         let total = n as usize * msg.len();
         let (mut sent, mut got) = (0u64, 0usize);
@@ -736,7 +736,7 @@ impl SimPair {
             let now = p.now();
             while sent < n {
                 let c = p.a.conn(p.ia).unwrap();
-                if c.tx_credits() < 2 || c.tx_queued_bytes() > 0 {
+                if c.tx_credits() < sdp_core::proto::conn::DATA_CREDITS || c.tx_queued_bytes() > 0 {
                     break;
                 }
                 assert_eq!(p.a.write(now, p.ia, msg), Ok(msg.len()));

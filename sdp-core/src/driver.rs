@@ -525,6 +525,16 @@ impl<P: Provider> Driver<P> {
     ) -> Result<(), CallError> {
         self.call(now, id, |c| c.write_zcopy(now, src, token))
     }
+    pub fn write_zcopy_bounded(
+        &mut self,
+        now: Instant,
+        id: ConnId,
+        src: ZSrc,
+        token: u64,
+        stall: std::time::Duration,
+    ) -> Result<(), CallError> {
+        self.call(now, id, |c| c.write_zcopy_bounded(now, src, token, stall))
+    }
     pub fn read_zcopy(
         &mut self,
         now: Instant,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use sdp_core::proto::conn::CallError;
+use sdp_core::proto::conn::{CallError, MIN_RX_POSTED};
 use sdp_core::proto::{Config, State};
 use sdp_core::verbs::sim::SimConfig;
 use sdp_tests::pair::{Pair, A_IP, B_IP};
@@ -67,7 +67,7 @@ fn both_sides_at_full_speed_never_deadlock_on_credits() {
         max_rcv_size: 1024,
         initial_rx_bufs: 2,
         min_rx_bufs: 2,
-        max_rx_bufs: 3,
+        max_rx_bufs: 5,
         ..Config::default()
     };
     let mut p = Pair::new(51, cfg);
@@ -105,9 +105,10 @@ fn slow_start_grows_under_load_and_shrinks_when_idle() {
     };
     let mut p = Pair::with(52, sim, cfg.clone(), cfg.clone());
     let (a, b) = p.connect();
+    // (Never fewer than a peer needs to send data while a credit update crosses it.)
     assert_eq!(
         p.b.conn(b).unwrap().rx_posted_now(),
-        cfg.initial_rx_bufs as usize
+        cfg.initial_rx_bufs.max(MIN_RX_POSTED) as usize
     );
     let mut w = App::new(Mode::BCopy, 256 << 20, 1, 2, 1 << 20);
     let mut r = App::new(Mode::BCopy, 0, 2, 1, 1);
@@ -533,4 +534,173 @@ fn reader_backs_off_sink_offers_while_the_peer_streams() {
         }
     }
     assert_eq!(placed, Some(100_000), "a quiet stream's sink is filled");
+}
+
+/// Found with a single-threaded echo server over shm (issue 14): B's application waits for its
+/// zero-copy send while A's data fills B's receive window (B's application reads nothing
+/// meanwhile). A reads part of B's source: its RdmaRdCompl, and the SendSm that answers B's
+/// SrcAvailCancel, are control messages, and they must get through a window the peer keeps
+/// full of unread data, as TCP's ACKs need no window. They used to wait for a credit that only
+/// B's application could free, by reading: B's source never finished, and neither did B's
+/// write.
+#[test]
+fn zero_copy_replies_get_through_a_window_the_peer_keeps_full() {
+    use sdp_core::proto::iocb::{ZSink, ZSrc};
+    use sdp_core::proto::read::ZRecv;
+    use sdp_core::proto::Event;
+    use sdp_core::verbs::{Access, MemoryRegion, Provider};
+    const PART: usize = 256 << 10;
+    let mut p = Pair::new(60, Config::default());
+    let (a, b) = p.connect();
+    // B streams to A first: A's posted receives grow (slow start). Then both sit idle, and A's
+    // receive target shrinks back: A keeps more receives posted than its target (a posted
+    // receive cannot be taken back), so the messages B sends A next bring A no new buffer to
+    // announce, and A's own control messages need a spare credit.
+    let mut w = App::new(Mode::BCopy, 8 << 20, 3, 4, 1 << 20);
+    let mut r = App::new(Mode::BCopy, 0, 4, 3, 1 << 20);
+    w.keep_open = true;
+    r.keep_open = true;
+    assert!(p.run_until(10 * SEC, |p| {
+        let now = p.now();
+        w.pump(&mut p.b, now, b);
+        r.pump(&mut p.a, now, a);
+        r.received == 8 << 20
+    }));
+    p.run_for(3 * SEC);
+    // A writes plain data until it blocks: B's receive window and A's send buffer are full.
+    let chunk = vec![0x41u8; 64 << 10];
+    let mut written = 0usize;
+    p.run_until(SEC, |p| {
+        let now = p.now();
+        while let Ok(n) = p.a.write(now, a, &chunk) {
+            written += n;
+        }
+        false
+    });
+    let now = p.now();
+    assert_eq!(p.a.write(now, a, &chunk), Err(CallError::WouldBlock));
+    assert!(written > 0);
+    // B (its application still not reading) sends 1 MiB by zero copy.
+    let mut src_mr = p.b.provider().reg_mr(1 << 20, Access::empty()).unwrap();
+    src_mr.write(0, &vec![0x42u8; 1 << 20]);
+    src_mr.set_access(Access::REMOTE_READ).unwrap();
+    let src = ZSrc {
+        addr: src_mr.addr(),
+        len: 1 << 20,
+        lkey: src_mr.lkey(),
+        rkey: src_mr.rkey(),
+    };
+    let now = p.now();
+    assert_eq!(p.b.write_zcopy(now, b, src, 9), Ok(()));
+    assert!(p.run_until(SEC, |p| p.a.conn(a).unwrap().next_is_zcopy().is_some()));
+    // A's application reads the first 256 KiB of it straight into its sink, then stops.
+    let sink_mr = p.a.provider().reg_mr(PART, Access::LOCAL_WRITE).unwrap();
+    let sink = ZSink {
+        addr: sink_mr.addr(),
+        len: PART as u32,
+        lkey: sink_mr.lkey(),
+        rkey: sink_mr.rkey(),
+    };
+    let now = p.now();
+    assert_eq!(p.a.read_zcopy(now, a, sink, 5), Ok(ZRecv::Pending));
+    // B's source ends (B's timer cancels the rest) with exactly what A read, though B's
+    // application never reads.
+    let mut sent = None;
+    let mut received = None;
+    let done = p.run_until(10 * SEC, |p| {
+        for e in p.a.take_events(a) {
+            if let Event::ZcopyReceived { token: 5, bytes } = e {
+                received = Some(bytes);
+            }
+        }
+        for e in p.b.take_events(b) {
+            if let Event::ZcopySent { token: 9, bytes } = e {
+                sent = Some(bytes);
+            }
+        }
+        sent.is_some()
+    });
+    assert!(
+        done,
+        "B's source never ended\nA: {}\nB: {}",
+        p.a.conn(a).unwrap().debug_state(),
+        p.b.conn(b).unwrap().debug_state()
+    );
+    assert_eq!((received, sent), (Some(PART), Some(PART)));
+    let mut v = vec![0u8; PART];
+    sink_mr.read(0, &mut v);
+    assert!(v.iter().all(|&x| x == 0x42));
+    assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
+    assert_eq!(p.b.conn(b).unwrap().state(), State::Established);
+}
+
+/// A reads B's 1 MiB source with plain reads (bounce reads: one RdmaRdCompl per piece), so its
+/// last messages to B are control messages that use up its credits, and B, answered in full,
+/// sends nothing more. Then A writes: data needs more credits than a control message, and B,
+/// whose peer only answered its zero copy so far, does not announce its receives unasked. A
+/// asks (a credit update), B answers, and the data flows.
+#[test]
+fn data_after_zero_copy_replies_asks_for_the_credits_it_needs() {
+    use sdp_core::proto::iocb::ZSrc;
+    use sdp_core::proto::Event;
+    use sdp_core::verbs::{Access, MemoryRegion, Provider};
+    const N: usize = 1 << 20;
+    let mut p = Pair::new(61, Config::default());
+    let (a, b) = p.connect();
+    let mut src_mr = p.b.provider().reg_mr(N, Access::empty()).unwrap();
+    src_mr.write(0, &vec![0x42u8; N]);
+    src_mr.set_access(Access::REMOTE_READ).unwrap();
+    let src = ZSrc {
+        addr: src_mr.addr(),
+        len: N as u32,
+        lkey: src_mr.lkey(),
+        rkey: src_mr.rkey(),
+    };
+    let now = p.now();
+    assert_eq!(p.b.write_zcopy(now, b, src, 1), Ok(()));
+    let mut got = 0;
+    let mut sent = false;
+    let mut buf = vec![0u8; 64 << 10];
+    assert!(p.run_until(SEC, |p| {
+        let now = p.now();
+        while let Ok(n) = p.a.read(now, a, &mut buf) {
+            assert!(buf[..n].iter().all(|&x| x == 0x42));
+            got += n;
+        }
+        sent |=
+            p.b.take_events(b)
+                .iter()
+                .any(|e| matches!(e, Event::ZcopySent { token: 1, bytes: N }));
+        got == N && sent
+    }));
+    p.run_for(SEC / 100);
+    assert!(
+        p.a.conn(a).unwrap().tx_credits() < sdp_core::proto::conn::DATA_CREDITS,
+        "A's replies used up its data credits: {}",
+        p.a.conn(a).unwrap().debug_state()
+    );
+    // A writes; B reads whatever comes.
+    // (Fewer than four send buffers: no ChRcvBuf, whose answer would bring credits anyway.)
+    let data = vec![0x77u8; 60_000];
+    let mut off = 0;
+    let mut rcvd = 0;
+    let ok = p.run_until(5 * SEC, |p| {
+        let now = p.now();
+        if off < data.len() {
+            if let Ok(n) = p.a.write(now, a, &data[off..]) {
+                off += n;
+            }
+        }
+        while let Ok(n) = p.b.read(now, b, &mut buf) {
+            rcvd += n;
+        }
+        rcvd == data.len()
+    });
+    assert!(
+        ok,
+        "{rcvd} of {} bytes arrived\nA: {}\nB: {}",
+        data.len(),
+        p.a.conn(a).unwrap().debug_state(),
+        p.b.conn(b).unwrap().debug_state()
+    );
 }

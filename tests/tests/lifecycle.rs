@@ -412,3 +412,100 @@ fn unread_data_stays_readable_after_the_peer_crashes() {
     };
     unread_data_survives(24, cfg, |p, _| p.fabric.faults().crash(A_IP));
 }
+
+/// How a zero-copy read into A's sink is cut short (see `zero_copy_read_cut_short`).
+#[derive(Debug, Clone, Copy)]
+enum CutShort {
+    /// B advertises memory it never granted remote read on: the RDMA Read fails.
+    ReadRefused,
+    /// B crashes while A's RDMA Read is on its way.
+    PeerDies,
+    /// A's application aborts the connection while its RDMA Read is on its way.
+    LocalAbort,
+}
+
+/// A reads B's 4 MiB source straight into its sink, and the read never completes normally.
+/// The sink must end with exactly one report (an application waits on it, and its memory is
+/// B's to write until then), and the connection with an error: nothing waits forever.
+fn zero_copy_read_cut_short(seed: u64, how: CutShort) {
+    use sdp_core::proto::iocb::{ZSink, ZSrc};
+    use sdp_core::proto::read::ZRecv;
+    use sdp_core::proto::Event;
+    use sdp_core::verbs::{Access, MemoryRegion, Provider};
+    const N: usize = 4 << 20;
+    let mut p = Pair::new(seed, Config::default());
+    let (a, b) = p.connect();
+    let mut src_mr = p.b.provider().reg_mr(N, Access::empty()).unwrap();
+    src_mr.write(0, &vec![0x5au8; N]);
+    if !matches!(how, CutShort::ReadRefused) {
+        src_mr.set_access(Access::REMOTE_READ).unwrap();
+    }
+    let src = ZSrc {
+        addr: src_mr.addr(),
+        len: N as u32,
+        lkey: src_mr.lkey(),
+        rkey: src_mr.rkey(),
+    };
+    let now = p.now();
+    assert_eq!(p.b.write_zcopy(now, b, src, 1), Ok(()));
+    assert!(p.run_until(SEC, |p| p.a.conn(a).unwrap().next_is_zcopy().is_some()));
+    let sink_mr = p.a.provider().reg_mr(N, Access::LOCAL_WRITE).unwrap();
+    let sink = ZSink {
+        addr: sink_mr.addr(),
+        len: N as u32,
+        lkey: sink_mr.lkey(),
+        rkey: sink_mr.rkey(),
+    };
+    let now = p.now();
+    assert_eq!(p.a.read_zcopy(now, a, sink, 7), Ok(ZRecv::Pending));
+    // The read is posted (the driver posts what the call produced) and on its way.
+    match how {
+        CutShort::ReadRefused => {}
+        CutShort::PeerDies => p.fabric.faults().crash(B_IP),
+        CutShort::LocalAbort => {
+            let now = p.now();
+            p.a.abort(now, a);
+        }
+    }
+    let mut reports = Vec::new();
+    let mut events = Vec::new();
+    let ended = p.run_until(10 * SEC, |p| {
+        for e in p.a.take_events(a) {
+            if let Event::ZcopyReceived { token, bytes } = e {
+                reports.push((token, bytes));
+            }
+            events.push(e);
+        }
+        p.a.conn(a).unwrap().state() == State::Closed
+    });
+    assert!(
+        ended,
+        "{how:?}: connection not ended: {}",
+        p.a.conn(a).unwrap().debug_state()
+    );
+    // Long after, still exactly one report.
+    p.run_for(SEC);
+    for e in p.a.take_events(a) {
+        if let Event::ZcopyReceived { token, bytes } = e {
+            reports.push((token, bytes));
+        }
+    }
+    assert_eq!(reports, vec![(7, 0)], "{how:?}: {events:?}");
+    let err = p.a.conn(a).unwrap().error().cloned();
+    assert!(err.is_some(), "{how:?}: ended without an error");
+}
+
+#[test]
+fn zero_copy_read_refused_by_the_peer_reports_its_sink_once() {
+    zero_copy_read_cut_short(21, CutShort::ReadRefused);
+}
+
+#[test]
+fn zero_copy_read_from_a_peer_that_dies_reports_its_sink_once() {
+    zero_copy_read_cut_short(22, CutShort::PeerDies);
+}
+
+#[test]
+fn zero_copy_read_under_a_local_abort_reports_its_sink_once() {
+    zero_copy_read_cut_short(23, CutShort::LocalAbort);
+}

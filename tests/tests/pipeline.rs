@@ -546,7 +546,7 @@ fn split_pieces_of_a_large_source_are_reported_once_in_order() {
         zcopy_by_send: Some(true),
         zcopy_split: Some(true),
         rcv_size: 64 * 1024,
-        max_rx_bufs: 4,
+        max_rx_bufs: 5,
         ..Config::default()
     };
     let mut p = Pair::new(100, cfg);
@@ -634,7 +634,7 @@ fn cancel_of_a_split_source_reports_the_prefix_that_went() {
 fn eager_reads_stay_within_the_bounce_budget() {
     let base = Config {
         rcv_size: 64 * 1024,
-        max_rx_bufs: 4,
+        max_rx_bufs: 5,
         srcavail_timeout: Duration::from_secs(30),
         ..Config::default()
     };
@@ -717,4 +717,180 @@ fn split_send_bound_shifts_pieces_to_the_reads() {
         read_one > read_free,
         "bound 1 read {read_one} bytes, no bound {read_free}"
     );
+}
+
+/// A bounded source (a plain blocking write): A sends 1 MiB by zero copy with a 5 ms stall
+/// bound. `b_reads` is what B's application reads of it before it stops reading (0: it never
+/// starts). A's source ends as soon as B stops taking it (long before `srcavail_timeout`),
+/// with exactly what B read; the rest, sent again by copy, follows it intact.
+fn bounded_source_against_a_reader_that_stops(seed: u64, b_reads: usize) {
+    const N: usize = 1 << 20;
+    let stall = Duration::from_millis(5);
+    let mut p = Pair::new(seed, Config::default());
+    let (a, b) = p.connect();
+    let mut all = vec![0u8; N];
+    Bytes::new(seed).fill(&mut all);
+    let (_mr, src) = source(&p.a, &all);
+    let now = p.now();
+    assert_eq!(p.a.write_zcopy_bounded(now, a, src, 1, stall), Ok(()));
+    let mut got = Vec::new();
+    if b_reads > 0 {
+        assert!(p.run_until(SEC, |p| {
+            let now = p.now();
+            let mut buf = vec![0u8; b_reads - got.len()];
+            if let Ok(n) = p.b.read(now, b, &mut buf) {
+                got.extend_from_slice(&buf[..n]);
+            }
+            got.len() == b_reads
+        }));
+    }
+    let start = p.now();
+    let mut sent = Vec::new();
+    assert!(p.run_until(SEC, |p| {
+        sent.extend(zcopy_sent(&p.a.take_events(a)));
+        !sent.is_empty()
+    }));
+    let took = p.now().saturating_since(start);
+    assert!(
+        took < Config::default().srcavail_timeout / 10,
+        "ended by the stall bound, not the timer: {took:?}"
+    );
+    // What B acknowledged: what it read, and what its bounce reads in flight brought in.
+    let acked = sent[0].1;
+    assert!(
+        acked >= b_reads && acked < N,
+        "acked {acked}, read {b_reads}"
+    );
+    assert_eq!(sent, vec![(1, acked)]);
+    assert_eq!(p.a.conn(a).unwrap().stats.zcopy_stalls, 1);
+    drain(&mut p, b, &mut got);
+    resend_rest(&mut p, (a, b), &all, acked, &mut got);
+}
+
+#[test]
+fn bounded_source_ends_when_the_peer_never_reads() {
+    bounded_source_against_a_reader_that_stops(110, 0);
+}
+
+#[test]
+fn bounded_source_ends_with_what_the_peer_read_when_it_stops() {
+    bounded_source_against_a_reader_that_stops(111, 300_000);
+}
+
+/// A bounded source queued behind plain data that B's full receive window holds back (B's
+/// application reads nothing): it ends unsent once the stall bound passes, without a message
+/// to B, and the bytes go by copy behind the data, in order.
+#[test]
+fn bounded_source_queued_behind_a_full_window_ends_unsent() {
+    const N: usize = 1 << 20;
+    let mut p = Pair::new(112, Config::default());
+    let (a, b) = p.connect();
+    let mut data = vec![0u8; 8 << 20];
+    Bytes::new(112).fill(&mut data);
+    let mut off = 0;
+    p.run_until(SEC / 10, |p| {
+        let now = p.now();
+        while let Ok(n) = p.a.write(now, a, &data[off..]) {
+            off += n;
+        }
+        false
+    });
+    assert!(off > 0 && off + N <= data.len());
+    let (_mr, src) = source(&p.a, &data[off..off + N]);
+    let now = p.now();
+    let sent_before = p.a.conn(a).unwrap().stats.msgs_sent;
+    assert_eq!(
+        p.a.write_zcopy_bounded(now, a, src, 1, Duration::from_millis(5)),
+        Ok(())
+    );
+    let mut sent = Vec::new();
+    assert!(p.run_until(SEC / 10, |p| {
+        sent.extend(zcopy_sent(&p.a.take_events(a)));
+        !sent.is_empty()
+    }));
+    assert_eq!(sent, vec![(1, 0)]);
+    assert_eq!(p.a.conn(a).unwrap().stats.srcavail_sent, 0);
+    assert_eq!(p.a.conn(a).unwrap().stats.msgs_sent, sent_before);
+    // B reads again: the data, then the source's bytes sent by copy, then the rest.
+    let mut got = Vec::new();
+    resend_rest(&mut p, (a, b), &data[..off + N], off, &mut got);
+}
+
+/// A reader that takes the bytes: a bounded source goes whole by zero copy, no stall.
+#[test]
+fn bounded_source_read_by_a_reading_peer_goes_whole_by_zero_copy() {
+    const N: usize = 4 << 20;
+    let mut p = Pair::new(113, Config::default());
+    let (a, b) = p.connect();
+    let mut all = vec![0u8; N];
+    Bytes::new(113).fill(&mut all);
+    let (_mr, src) = source(&p.a, &all);
+    let now = p.now();
+    assert_eq!(
+        p.a.write_zcopy_bounded(now, a, src, 1, Duration::from_millis(5)),
+        Ok(())
+    );
+    let mut got = Vec::new();
+    let mut sent = Vec::new();
+    assert!(p.run_until(SEC, |p| {
+        drain(p, b, &mut got);
+        sent.extend(zcopy_sent(&p.a.take_events(a)));
+        !sent.is_empty() && got.len() == N
+    }));
+    assert_eq!(sent, vec![(1, N)]);
+    assert!(got == all);
+    let s = p.a.conn(a).unwrap().stats.clone();
+    assert_eq!((s.zcopy_stalls, s.srcavail_cancelled), (0, 0));
+    assert!(p.fabric.stats(B_IP).rdma_read_bytes >= N as u64);
+}
+
+/// A bounded source queued behind 4 MiB of plain data that B's application is reading, at
+/// about 1.3 GB/s through a small receive window: the data takes ~3 ms to go, three times the
+/// stall bound, but the stream ahead of the source keeps moving (its Data messages go out as
+/// B frees buffers), so the source is not stalled: it waits its turn and goes whole by zero
+/// copy.
+#[test]
+fn bounded_source_behind_data_the_peer_is_reading_waits_its_turn() {
+    const N: usize = 1 << 20;
+    let cfg_b = Config {
+        max_rx_bufs: 8,
+        ..Config::default()
+    };
+    let mut p = Pair::with(114, SimConfig::default(), Config::default(), cfg_b);
+    let (a, b) = p.connect();
+    let mut all = vec![0u8; (4 << 20) + N];
+    Bytes::new(114).fill(&mut all);
+    let now = p.now();
+    let ahead = p.a.write(now, a, &all[..4 << 20]).unwrap();
+    assert_eq!(ahead, 4 << 20);
+    let (_mr, src) = source(&p.a, &all[ahead..]);
+    assert_eq!(
+        p.a.write_zcopy_bounded(now, a, src, 1, Duration::from_millis(1)),
+        Ok(())
+    );
+    let start = p.now();
+    let mut got = Vec::new();
+    let mut sent = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    // B reads at most 64 KiB every 50 us.
+    for _ in 0..20_000 {
+        p.poll();
+        let now = p.now();
+        if let Ok(n) = p.b.read(now, b, &mut buf) {
+            got.extend_from_slice(&buf[..n]);
+        }
+        p.poll();
+        sent.extend(zcopy_sent(&p.a.take_events(a)));
+        if !sent.is_empty() && got.len() == all.len() {
+            break;
+        }
+        p.fabric.advance_by(50_000);
+    }
+    assert!(
+        p.now().saturating_since(start) > Duration::from_millis(3),
+        "the data took longer than the stall bound"
+    );
+    assert_eq!(sent, vec![(1, N)], "{}", p.a.conn(a).unwrap().debug_state());
+    assert!(got == all);
+    assert_eq!(p.a.conn(a).unwrap().stats.zcopy_stalls, 0);
 }

@@ -5,10 +5,10 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sdp_core::socket::{Options, SdpListener, SdpStream, Transport};
+use sdp_core::socket::{Options, SdpListener, SdpStream, Stack, Transport};
 
 const PEER: &str = env!("CARGO_BIN_EXE_sdp-peer");
 
@@ -61,11 +61,137 @@ fn integrity_both_directions_at_once_between_processes_in_every_mode() {
     }
 }
 
-// The peer's duplex routine, compiled into the test too.
+// The peer's routines, compiled into the test too.
 #[path = "../src/bin/sdp-peer.rs"]
 #[allow(dead_code)]
 mod peer;
 use peer::duplex as sdp_peer_duplex;
+
+/// Run `side` (this process's end of a scenario) on a thread beside the peer process `child`.
+/// Both must be done within `limit` (kernel TCP takes milliseconds): otherwise the child is
+/// killed and the test fails, naming `what`. Returns `side`'s result and the child's stdout.
+fn bounded<T: Send + 'static>(
+    limit: Duration,
+    mut child: Child,
+    what: &str,
+    side: impl FnOnce() -> T + Send + 'static,
+) -> (T, String) {
+    let t = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(side());
+    });
+    let r = match rx.recv_timeout(limit) {
+        Ok(r) => r,
+        Err(_) => {
+            let _ = child.kill();
+            panic!("{what}: this end did not finish within {limit:?}");
+        }
+    };
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{what}: the peer process did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{what}: peer failed: {out:?}");
+    (r, String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// A stack of its own over shm whose zero-copy sends are never cancelled by the engine's
+/// timer (`srcavail_timeout` an hour), with the peer process set up the same way: what a
+/// test shows then does not rest on that safety net.
+fn shm_without_srcavail_timeout() -> Options {
+    let cfg = sdp_core::proto::Config {
+        srcavail_timeout: Duration::from_secs(3600),
+        ..sdp_core::proto::Config::default()
+    };
+    let stack =
+        Stack::with_provider(sdp_core::verbs::shm::ShmProvider::new().unwrap(), cfg).unwrap();
+    Options::sdp_only().with_stack(stack)
+}
+const PEER_NO_SRCAVAIL_TIMEOUT: (&str, &str) = ("SDP_PEER_SRCAVAIL_TIMEOUT_MS", "3600000");
+
+fn choice(t: Transport) -> &'static str {
+    if t == Transport::Tcp {
+        "tcp"
+    } else {
+        "sdp"
+    }
+}
+
+/// Both ends single-threaded: each writes a 4 MiB message in one call, then reads the
+/// other's. A blocking write returns once its bytes are in the send buffer (they fit), never
+/// waiting for the peer's application to read them, so over TCP this just works; over SDP a
+/// zero-copy write must not wait for a reader that is itself blocked writing (not even until
+/// a timer fires: the engine's `srcavail_timeout` is an hour here, at both ends).
+#[test]
+fn single_threaded_exchange_of_large_messages_same_as_tcp() {
+    for (opts, transport) in [
+        (Options::tcp_only(), Transport::Tcp),
+        (shm_without_srcavail_timeout(), Transport::Shm),
+    ] {
+        let l = listen(&opts);
+        let addr = l.local_addr().unwrap().to_string();
+        let bytes = 4 << 20;
+        let child = Command::new(PEER)
+            .args([
+                "exchange",
+                &addr,
+                choice(transport),
+                &bytes.to_string(),
+                "3",
+            ])
+            .env(PEER_NO_SRCAVAIL_TIMEOUT.0, PEER_NO_SRCAVAIL_TIMEOUT.1)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let what = format!("{transport}: exchange of 4 MiB messages");
+        let (r, out) = bounded(Duration::from_secs(20), child, &what, move || {
+            let (s, _) = l.accept().unwrap();
+            assert_eq!(s.transport(), transport);
+            peer::exchange(&s, bytes, 3, 2, 1)
+        });
+        r.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(out.starts_with("ok"), "{what}: {out}");
+    }
+}
+
+/// A single-threaded echo server that reads 256 KiB at a time and writes each piece straight
+/// back, against a client that writes a 4 MiB request in one call and only then reads: over
+/// TCP the echo fits the buffers and it takes milliseconds; it must not hang over SDP.
+#[test]
+fn single_threaded_echo_of_a_large_request_same_as_tcp() {
+    for (opts, transport) in both() {
+        let l = listen(&opts);
+        let addr = l.local_addr().unwrap().to_string();
+        let bytes = 4 << 20;
+        let child = Command::new(PEER)
+            .args(["echo", &addr, choice(transport), &(256 << 10).to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let what = format!("{transport}: echo of a 4 MiB request");
+        let (got, out) = bounded(Duration::from_secs(20), child, &what, move || {
+            let (mut s, _) = l.accept().unwrap();
+            assert_eq!(s.transport(), transport);
+            let data: Vec<u8> = (0..bytes).map(|i| (i * 7 % 251) as u8).collect();
+            s.write_all(&data).unwrap();
+            let mut got = vec![0u8; bytes];
+            s.read_exact(&mut got).unwrap();
+            s.shutdown(Shutdown::Write).unwrap();
+            assert_eq!(s.read(&mut [0u8; 16]).unwrap(), 0);
+            got == data
+        });
+        assert!(got, "{what}: the echo differs");
+        assert_eq!(out, format!("ok {bytes}"), "{what}");
+    }
+}
 
 #[test]
 fn nonblocking_through_poll_same_as_tcp() {
@@ -177,8 +303,8 @@ fn half_close_with_data_in_flight_same_as_tcp() {
     for (opts, transport) in both() {
         let (mut c, mut s) = pair(&opts);
         // Written before the peer reads anything: it must fit the send and receive buffers
-        // (over SDP a large write first waits srcavail_timeout for the peer to read it by zero
-        // copy, then copies).
+        // (over SDP a large write goes by zero copy only while the peer takes it; the peer is
+        // not reading, so after a short stall the rest goes by copy).
         let data: Vec<u8> = (0..(3 << 20)).map(|i| (i * 31 % 256) as u8).collect();
         c.write_all(&data).unwrap();
         c.shutdown(Shutdown::Write).unwrap();
@@ -232,6 +358,69 @@ fn peer_killed_mid_transfer_ends_in_eof_or_reset_within_seconds() {
         "{end} after {:?}",
         t.elapsed()
     );
+}
+
+/// kill -9 of a writer in the middle of zero-copy transfers (8 MiB writes, one after another,
+/// which the reader takes 1 MiB at a time straight into its buffer by RDMA Read): the reader's
+/// `read` must return the data that came and then an error (or an error), never block for
+/// good. Repeated, so the kill lands inside a read in some tries.
+#[test]
+fn writer_killed_mid_zero_copy_transfer_never_leaves_the_reader_blocked() {
+    for round in 0..12u64 {
+        let l = listen(&Options::sdp_only());
+        let addr = l.local_addr().unwrap().to_string();
+        let mut child = Command::new(PEER)
+            .args(["zsend", &addr, "sdp", &(8u64 << 20).to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (s, _) = l.accept().unwrap();
+        let got = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let counter = got.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 20];
+            let end = loop {
+                match (&s).read(&mut buf) {
+                    Ok(0) => break Ok(()),
+                    Ok(n) => {
+                        counter.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    Err(e) => break Err(e),
+                }
+            };
+            let _ = tx.send(end);
+        });
+        // Kill it somewhere in the transfers: after 1 to 12 MiB have been read.
+        let at = (round as usize + 1) << 20;
+        let t = Instant::now();
+        while got.load(std::sync::atomic::Ordering::SeqCst) < at {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "round {round}: no data"
+            );
+            std::thread::yield_now();
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let end = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| {
+            panic!(
+                "round {round}: the reader is still blocked 20 s after the writer died ({} bytes read)",
+                got.load(std::sync::atomic::Ordering::SeqCst)
+            )
+        });
+        let n = got.load(std::sync::atomic::Ordering::SeqCst);
+        match end {
+            Err(e) => assert!(
+                matches!(
+                    e.kind(),
+                    ErrorKind::ConnectionReset | ErrorKind::TimedOut | ErrorKind::ConnectionAborted
+                ),
+                "round {round}: {e}"
+            ),
+            Ok(()) => panic!("round {round}: EOF after {n} bytes of a writer that was killed"),
+        }
+    }
 }
 
 fn raise_fd_limit() {

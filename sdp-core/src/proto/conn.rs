@@ -3,9 +3,12 @@
 //! Credits follow the SDP rule: every message is a SEND that consumes one receive buffer the peer
 //! posted. Each BSDH carries `bufs` (receive buffers the sender has posted), `mseq` (its sequence
 //! number) and `mseq_ack` (the last sequence number it received), so on every message received
-//! `credits = mseq_ack + 1 + bufs - next_mseq` exactly. Data needs two credits: the last one is
-//! kept for a credit update, so two sides that both run out can always tell each other about new
-//! buffers and never deadlock.
+//! `credits = mseq_ack + 1 + bufs - next_mseq` exactly. A control message needs two credits: the
+//! last one is kept for a credit update, so two sides that both run out can always tell each
+//! other about new buffers and never deadlock. A message with stream bytes needs four
+//! ([`DATA_CREDITS`]): the peer keeps three receives posted however much unread data its
+//! application leaves, so replies (RdmaRdCompl, SendSm, ...) get through a full receive window,
+//! as TCP's ACKs need no window.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -26,11 +29,13 @@ pub struct Config {
     pub rcv_size: u32,
     /// Largest receive buffer size a peer may ask for with ChRcvBuf.
     pub max_rcv_size: u32,
-    /// Receive buffers posted at start (slow start begins here).
+    /// Receive buffers posted at start (slow start begins here; never fewer than
+    /// `MIN_RX_POSTED`, 5, are posted).
     pub initial_rx_bufs: u32,
-    /// Fewest receive buffers kept posted when idle.
+    /// Fewest receive buffers kept posted when idle (never fewer than `MIN_RX_POSTED`).
     pub min_rx_bufs: u32,
-    /// Receive buffers posted plus held with unread data, at most (SO_RCVBUF / buffer size).
+    /// Receive buffers posted plus held with unread data, at most (SO_RCVBUF / buffer size; at
+    /// least 5: a peer needs four credits to send data, see `DATA_CREDITS`).
     pub max_rx_bufs: u32,
     /// Bytes the application may have queued and unacknowledged on the send side (SO_SNDBUF).
     pub sndbuf: usize,
@@ -143,7 +148,10 @@ impl Config {
         if self.min_rx_bufs < 2 || self.initial_rx_bufs < self.min_rx_bufs {
             return Err("initial_rx_bufs/min_rx_bufs");
         }
-        if self.max_rx_bufs < self.initial_rx_bufs || self.max_rx_bufs > u16::MAX as u32 {
+        if self.max_rx_bufs < self.initial_rx_bufs
+            || self.max_rx_bufs < MIN_RX_POSTED
+            || self.max_rx_bufs > u16::MAX as u32
+        {
             return Err("max_rx_bufs");
         }
         if self.sndbuf == 0 {
@@ -326,6 +334,9 @@ pub struct ConnStats {
     pub zcopy_send_bytes: u64,
     pub srcavail_sent: u64,
     pub srcavail_cancelled: u64,
+    /// Zero-copy sources that timed out (`srcavail_timeout`, or a plain write's stall bound:
+    /// the peer was not taking them).
+    pub zcopy_stalls: u64,
     pub sinkavail_sent: u64,
     pub sinkavail_cancelled: u64,
     /// SinkAvails overtaken by the peer's Data (it drops them as stale): done empty at once.
@@ -381,6 +392,11 @@ pub struct Conn<S: BufStore> {
     pub(crate) sent_log: VecDeque<(u32, u16, u32)>,
     /// Credits the peer had left after its last message (exact, from `sent_log`).
     pub(crate) peer_left: i64,
+    /// The peer's last message was a Data message (stream bytes or a credit update): it may
+    /// want the credits data needs, not just those of a control message.
+    pub(crate) peer_sent_data: bool,
+    /// Our last message was a Data message (so the peer knows we may want data credits).
+    pub(crate) sent_data_last: bool,
 
     // Send side (send.rs, sent.rs).
     pub(crate) tx_pool: Pool,
@@ -391,6 +407,9 @@ pub struct Conn<S: BufStore> {
     pub(crate) tx_bytes: usize,
     /// Data sends posted and not yet completed (for coalescing).
     pub(crate) tx_data_outstanding: usize,
+    /// Stream items posted so far (Data messages with bytes, gathered SENDs, SrcAvails, RDMA
+    /// Writes into a sink): while it moves, the peer is taking the stream.
+    pub(crate) stream_posts: u64,
     /// A ChRcvBuf we sent is waiting for its ack.
     pub(crate) resize_pending: Option<u32>,
     /// The peer asked us for a new receive size; we ack once every posted buffer has it.
@@ -447,6 +466,24 @@ pub struct Conn<S: BufStore> {
 /// Most messages a receive queue holds; bounds what a peer can make us track.
 pub(crate) const MAX_CREDITS: i64 = u16::MAX as i64;
 
+/// Credits a control message needs (all but AbortConn and the credit update, and one that
+/// announces receives the peer does not know of): the last is kept for a credit update.
+pub const CTRL_CREDITS: u32 = 2;
+
+/// Credits a message carrying stream bytes (Data with a payload, a gathered SEND of a
+/// zero-copy source) needs. Data is the only message that holds a receive buffer until the
+/// peer's application reads it; a control message is consumed and reposted at once. Data
+/// leaves the peer three receives, however full of unread data its application keeps its
+/// window: a control message and a credit update can pass each way even while credit updates
+/// cross (each consumes one of the other side's receives). So a reply to a zero-copy transfer
+/// (RdmaRdCompl, SendSm, SrcAvailCancel, ...) always finds a credit, and a zero-copy send never
+/// waits for the peer's application to read something else first.
+pub const DATA_CREDITS: u32 = 4;
+
+/// Fewest receives a connection keeps posted (within its budget of `max_rx_bufs` posted plus
+/// held): one more than [`DATA_CREDITS`], so data still flows while a credit update crosses it.
+pub const MIN_RX_POSTED: u32 = DATA_CREDITS + 1;
+
 impl<S: BufStore> Conn<S> {
     fn new(cfg: Config, store: S, role: Role, now: Instant) -> Conn<S> {
         let rcv = cfg.rcv_size;
@@ -459,12 +496,15 @@ impl<S: BufStore> Conn<S> {
             peer_credits: 0,
             sent_log: VecDeque::new(),
             peer_left: i64::MAX,
+            peer_sent_data: true,
+            sent_data_last: false,
             tx_pool: Pool::new(rcv),
             ctrl_pool: Pool::new(MAX_HDR as u32),
             tx_queue: VecDeque::new(),
             tx_inflight: slab::Slab::new(),
             tx_bytes: 0,
             tx_data_outstanding: 0,
+            stream_posts: 0,
             resize_pending: None,
             resize_ack_due: None,
             rx_pool: Pool::new(rcv),
@@ -1165,6 +1205,12 @@ impl<S: BufStore> Conn<S> {
     /// destroys the endpoint on [`Event::Closed`].
     fn release_all(&mut self) {
         for (_, inf) in std::mem::take(&mut self.tx_inflight) {
+            if let super::sent::Inflight::Read(r) = &inf {
+                // A read into the application's sink that never completed: reported here,
+                // once (the endpoint is destroyed with it, so nothing writes the sink later).
+                let token = r.sink_token;
+                self.sink_read_failed(token);
+            }
             inf.release(&mut self.store);
         }
         for item in std::mem::take(&mut self.tx_queue) {
@@ -1227,6 +1273,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.tx_credits = credits as u32;
         self.peer_credits = self.peer_credits.saturating_sub(1);
+        self.peer_sent_data = h.mid == Mid::Data;
         // How many credits the peer had left after sending this: the bufs of our message it had
         // seen last, less its messages since we sent that one.
         while self.sent_log.len() > 1 && self.sent_log[1].0.wrapping_sub(h.mseq_ack) as i32 <= 0 {
@@ -1260,6 +1307,7 @@ impl<S: BufStore> Conn<S> {
         );
         self.sent_log
             .push_back((self.next_mseq, bufs, self.last_rx_mseq));
+        self.sent_data_last = mid == Mid::Data;
         self.next_mseq = self.next_mseq.wrapping_add(1);
         self.tx_credits -= 1;
         self.peer_credits = bufs as u32;

@@ -65,6 +65,10 @@ pub(crate) struct SrcIocb {
     /// RDMA Writes from this source not yet completed.
     pub writes_inflight: u32,
     pub deadline: Option<Instant>,
+    /// A source the peer must keep taking (a plain blocking write, see
+    /// [`super::Conn::write_zcopy_bounded`]): cancelled when the peer makes no progress on it
+    /// for this long, queued or advertised. `None`: `srcavail_timeout`, once advertised.
+    pub stall: Option<std::time::Duration>,
     /// Advertised in split zero copy: stream bytes may follow it at once, so it is never
     /// cancelled (no timeout; the peer reads it in full).
     pub committed: bool,
@@ -85,8 +89,17 @@ impl SrcIocb {
             written: 0,
             writes_inflight: 0,
             deadline: None,
+            stall: None,
             committed: false,
             done_bytes: 0,
+        }
+    }
+    /// Its deadline counts: advertised, or queued with a stall bound.
+    pub(crate) fn timed(&self) -> bool {
+        match self.state {
+            SrcState::Advertised => true,
+            SrcState::Queued => self.stall.is_some(),
+            _ => false,
         }
     }
     /// Advertised and not finished.
@@ -174,14 +187,16 @@ impl Iocbs {
             len: s.src.len - at,
             ..s.src
         };
-        let (token, last) = (s.token, s.last);
+        let (token, last, stall, deadline) = (s.token, s.last, s.stall, s.deadline);
         s.src.len = at;
         s.full = at;
         s.last = false;
         let new = self.next_key;
         self.next_key += 1;
-        self.srcs
-            .insert(pos + 1, SrcIocb::queued(new, token, last, rest));
+        let mut piece = SrcIocb::queued(new, token, last, rest);
+        piece.stall = stall;
+        piece.deadline = deadline;
+        self.srcs.insert(pos + 1, piece);
         Some(new)
     }
     /// The application's sources queued or outstanding.
@@ -221,12 +236,12 @@ impl Iocbs {
     pub(crate) fn src_writing(&self) -> bool {
         self.srcs.iter().any(|s| s.state == SrcState::Written)
     }
-    /// When the advertised sources time out (the earliest deadline: every deadline moves on
-    /// when the peer makes progress).
+    /// When the advertised sources, or queued ones with a stall bound, time out (the earliest
+    /// deadline: every deadline moves on when the peer makes progress).
     pub(crate) fn src_deadline(&self) -> Option<Instant> {
         self.srcs
             .iter()
-            .filter(|s| s.state == SrcState::Advertised)
+            .filter(|s| s.timed())
             .filter_map(|s| s.deadline)
             .min()
     }

@@ -197,7 +197,11 @@ impl<S: BufStore> Conn<S> {
     /// our updates, so the window is smaller than the round trip needs), post more receive
     /// buffers next time (up to the budget).
     fn slow_start_grow(&mut self) {
-        if self.peer_left <= 1 && self.rx_target < self.cfg.max_rx_bufs && !self.queued {
+        // The peer sent at its last data credit (it keeps DATA_CREDITS - 1 for replies).
+        if self.peer_left < super::conn::DATA_CREDITS as i64
+            && self.rx_target < self.cfg.max_rx_bufs
+            && !self.queued
+        {
             self.rx_target = (self.rx_target * 2).min(self.cfg.max_rx_bufs);
         }
     }

@@ -201,6 +201,7 @@ impl<S: BufStore> Conn<S> {
             if let Some(b) = r.bounce {
                 self.advts.bounce_pool.put(&mut self.store, b);
             }
+            self.sink_read_failed(r.sink_token);
             self.on_wc_error(now, wc.status);
             return;
         }
@@ -208,6 +209,7 @@ impl<S: BufStore> Conn<S> {
             if let Some(b) = r.bounce {
                 self.advts.bounce_pool.put(&mut self.store, b);
             }
+            self.sink_read_failed(r.sink_token);
             self.protocol_error(
                 now,
                 ProtocolError::BadTransferLength {
@@ -222,6 +224,7 @@ impl<S: BufStore> Conn<S> {
             if let Some(b) = r.bounce {
                 self.advts.bounce_pool.put(&mut self.store, b);
             }
+            self.sink_read_failed(r.sink_token);
             return;
         };
         a.done += r.len;
@@ -260,6 +263,17 @@ impl<S: BufStore> Conn<S> {
         self.after_src_progress(r.advt);
         self.start_eager_reads();
         self.last_activity = now;
+    }
+
+    /// An RDMA Read into the application's sink ended without its bytes (it failed, or the
+    /// connection went down under it): the sink is done, empty. Every sink read ends with
+    /// exactly one [`Event::ZcopyReceived`]: here, on success in `on_read_completion`, or, for
+    /// reads still posted when the connection is torn down, in `release_all`.
+    pub(crate) fn sink_read_failed(&mut self, token: Option<u64>) {
+        if let Some(token) = token {
+            self.events
+                .push_back(Event::ZcopyReceived { token, bytes: 0 });
+        }
     }
 
     /// Split zero copy (`Config::zcopy_split`): read every advertisement that fits one bounce

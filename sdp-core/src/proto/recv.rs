@@ -190,9 +190,11 @@ impl<S: BufStore> Conn<S> {
             return Ok(());
         }
         let max = self.rx_budget();
-        while self.rx_posted.len() < self.rx_post_target()
-            && self.rx_posted.len() + self.rx_held < max
-        {
+        // Never fewer than a peer needs to send data while a credit update crosses it.
+        let target = self
+            .rx_post_target()
+            .max(super::conn::MIN_RX_POSTED as usize);
+        while self.rx_posted.len() < target && self.rx_posted.len() + self.rx_held < max {
             let Some(buf) = self.rx_pool.get(&mut self.store) else {
                 if self.rx_posted.is_empty() {
                     return Err(ConnError::NoMemory);

@@ -2,7 +2,7 @@
 //! posting SENDs as credits allow. Small writes coalesce into the buffer at the tail of the queue.
 
 use super::buff::{Buf, BufStore};
-use super::conn::{wrid, CallError, Conn, ConnError, Event, State};
+use super::conn::{wrid, CallError, Conn, ConnError, Event, State, CTRL_CREDITS, DATA_CREDITS};
 use super::iocb::{SrcState, ZSrc};
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 use super::sent::Inflight;
@@ -107,7 +107,37 @@ impl<S: BufStore> Conn<S> {
 
     /// Queue a zero-copy send of registered memory (`src` must grant remote read until
     /// [`Event::ZcopySent`] for `token`). Small sources are refused with `Invalid`: copy them.
+    /// Once advertised, a source the peer makes no progress on for `srcavail_timeout` is
+    /// cancelled.
     pub fn write_zcopy(&mut self, now: Instant, src: ZSrc, token: u64) -> Result<(), CallError> {
+        self.queue_zcopy(now, src, token, None)
+    }
+
+    /// Queue a zero-copy send that completes by zero copy only while the peer takes it: if the
+    /// peer makes no progress on it for `stall` (from now while it waits in the queue, from its
+    /// SrcAvail, and from each acknowledgement), it ends with what went ([`Event::ZcopySent`])
+    /// and the application sends the rest by copy. A blocking write uses this, so it never
+    /// waits for the peer's application longer than `stall` (TCP's returns once the bytes are
+    /// in the send buffer): a cancel waits only for the peer's engine, whose SendSm answers it
+    /// (its control messages always have a credit, see `DATA_CREDITS`), and a queued source
+    /// ends without a message. Committed advertisements (split zero copy) are never cancelled.
+    pub fn write_zcopy_bounded(
+        &mut self,
+        now: Instant,
+        src: ZSrc,
+        token: u64,
+        stall: std::time::Duration,
+    ) -> Result<(), CallError> {
+        self.queue_zcopy(now, src, token, Some(stall))
+    }
+
+    fn queue_zcopy(
+        &mut self,
+        now: Instant,
+        src: ZSrc,
+        token: u64,
+        stall: Option<std::time::Duration>,
+    ) -> Result<(), CallError> {
         self.check_writable()?;
         if (src.len as usize) < self.cfg.zcopy_threshold.min(self.send_size as usize)
             || src.len == 0
@@ -118,6 +148,10 @@ impl<S: BufStore> Conn<S> {
             return Err(CallError::WouldBlock);
         }
         let key = self.iocbs.add_src(token, src);
+        if let Some(s) = self.iocbs.find_src(key) {
+            s.stall = stall;
+            s.deadline = stall.map(|d| now + d);
+        }
         self.tx_queue.push_back(TxItem::Src { key });
         self.tx_bytes += src.len as usize;
         self.stats.data_bytes_sent += src.len as u64;
@@ -176,10 +210,20 @@ impl<S: BufStore> Conn<S> {
         self.tx_queue.insert(pos, TxItem::Ctrl { mid, ext });
     }
 
+    /// Post what the credits allow, in stream order (see `push_queue`). When stream items went,
+    /// the peer is taking the stream: a bounded source queued behind them is not stalled.
+    pub(crate) fn push_tx(&mut self, now: Instant) {
+        let before = self.stream_posts;
+        self.push_queue(now);
+        if self.stream_posts != before {
+            self.stream_moved(now);
+        }
+    }
+
     /// Post what the credits allow, in stream order. While SrcAvails are outstanding only
     /// further sources (within [`Conn::src_window`]) and replies to the peer go out; data and
     /// DisConn wait until every outstanding source is finished (see [`super::write`]).
-    pub(crate) fn push_tx(&mut self, now: Instant) {
+    fn push_queue(&mut self, now: Instant) {
         loop {
             let Some(front) = self.tx_queue.front() else {
                 return;
@@ -195,8 +239,9 @@ impl<S: BufStore> Conn<S> {
                         }
                         continue;
                     }
-                    if self.tx_credits < 2 {
+                    if self.tx_credits < DATA_CREDITS {
                         self.stats.stalls_no_credit += 1;
+                        self.ask_credits();
                         return;
                     }
                     // Coalesce: hold a lone partial buffer while a send is outstanding.
@@ -222,7 +267,7 @@ impl<S: BufStore> Conn<S> {
                     let need = if *mid == Mid::AbortConn || carries_credits {
                         1
                     } else {
-                        2
+                        CTRL_CREDITS
                     };
                     if self.tx_credits < need {
                         return;
@@ -274,7 +319,7 @@ impl<S: BufStore> Conn<S> {
                             && !self.iocbs.src_cancelling()
                             && self.split_candidate(key)
                         {
-                            if self.tx_credits < 2 {
+                            if self.tx_credits < CTRL_CREDITS {
                                 self.stats.stalls_no_credit += 1;
                                 return;
                             }
@@ -318,7 +363,7 @@ impl<S: BufStore> Conn<S> {
                     {
                         return;
                     }
-                    if self.tx_credits < 2 {
+                    if self.tx_credits < CTRL_CREDITS {
                         return;
                     }
                     if !self.advertise_src(now, key) {
@@ -381,6 +426,7 @@ impl<S: BufStore> Conn<S> {
         self.store.write(&buf, 0, &hdr);
         self.advts.note_data_sent(h.bsdh.mseq);
         self.tx_data_outstanding += 1;
+        self.stream_posts += 1;
         let key = self.tx_inflight.insert(Inflight::Msg {
             buf,
             ctrl: false,
@@ -415,8 +461,9 @@ impl<S: BufStore> Conn<S> {
                 self.tx_queue.pop_front();
                 return true;
             }
-            if self.tx_credits < 2 {
+            if self.tx_credits < DATA_CREDITS {
                 self.stats.stalls_no_credit += 1;
+                self.ask_credits();
                 return false;
             }
             let Some(hdr) = self.ctrl_pool.get(&mut self.store) else {
@@ -431,6 +478,7 @@ impl<S: BufStore> Conn<S> {
             self.store.write(&hdr, 0, &bytes);
             self.advts.note_data_sent(h.bsdh.mseq);
             self.tx_data_outstanding += 1;
+            self.stream_posts += 1;
             self.stats.zcopy_send_bytes += u64::from(n);
             self.last_activity = now;
             let key = self
@@ -497,11 +545,39 @@ impl<S: BufStore> Conn<S> {
             return;
         }
         let posted = self.rx_posted.len() as u32;
-        // The peer needs two credits to send data: below that it is starving.
-        if posted > self.peer_credits && (self.peer_credits < 2 || self.peer_credits * 2 < posted) {
+        // The peer needs DATA_CREDITS to send data, CTRL_CREDITS for anything else: below that
+        // it is starving. It wants data credits if its last message was Data (it streams, or
+        // it asked, see `ask_credits`); a peer that only answers our zero copy (SrcAvail,
+        // RdmaRdCompl) needs no update per round trip. Never more than all our receives but
+        // one: an update consumes one of the peer's, which it reposts and announces back, and
+        // updates crossing each other would go on forever.
+        let need = if self.peer_sent_data {
+            DATA_CREDITS
+        } else {
+            CTRL_CREDITS
+        };
+        let want = need.min(posted.saturating_sub(1));
+        if posted > self.peer_credits
+            && (self.peer_credits < want || self.peer_credits * 2 < posted)
+        {
             self.stats.credit_updates_sent += 1;
             self.post_ctrl(Mid::Data, Ext::None);
         }
+    }
+
+    /// Data waits for credits: if our last message was not Data, the peer may think we need
+    /// only a control message's credits and not announce the buffers it has; a credit update
+    /// (a Data message) tells it we want data credits (it answers with an update of its own).
+    fn ask_credits(&mut self) {
+        if self.sent_data_last
+            || self.tx_credits == 0
+            || self.state != State::Established
+            || self.disconnect_issued
+        {
+            return;
+        }
+        self.stats.credit_updates_sent += 1;
+        self.post_ctrl(Mid::Data, Ext::None);
     }
 
     /// When the application keeps more than a few buffers queued, ask the peer for larger

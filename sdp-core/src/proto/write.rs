@@ -43,7 +43,7 @@
 
 use super::advt::SinkAdvt;
 use super::buff::BufStore;
-use super::conn::{wrid, Conn, ConnError, Event, ProtocolError};
+use super::conn::{wrid, Conn, ConnError, Event, ProtocolError, CTRL_CREDITS, DATA_CREDITS};
 use super::iocb::SrcState;
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 use super::send::TxItem;
@@ -68,13 +68,13 @@ impl<S: BufStore> Conn<S> {
     /// Send SrcAvail for a queued source (the caller checked the credit, the window and that
     /// every earlier stream item went out).
     pub(crate) fn advertise_src(&mut self, now: Instant, key: u64) -> bool {
-        let timeout = self.cfg.srcavail_timeout;
         let Some(s) = self.iocbs.find_src(key) else {
             return false;
         };
         if s.state != SrcState::Queued || s.written >= s.src.len {
             return false;
         }
+        let (timeout, queued_deadline) = (s.stall.unwrap_or(self.cfg.srcavail_timeout), s.deadline);
         let off = s.written;
         let ext = Ext::SrcAvail {
             len: s.src.len - off,
@@ -86,12 +86,13 @@ impl<S: BufStore> Conn<S> {
         if !self.post_ctrl(Mid::SrcAvail, ext) {
             if let Some(s) = self.iocbs.find_src(key) {
                 s.state = SrcState::Queued;
-                s.deadline = None;
+                s.deadline = queued_deadline;
             }
             return false;
         }
         self.advts.note_data_sent(self.next_mseq.wrapping_sub(1));
         self.stats.srcavail_sent += 1;
+        self.stream_posts += 1;
         true
     }
 
@@ -168,7 +169,7 @@ impl<S: BufStore> Conn<S> {
 
     /// The peer read `len` more bytes of our advertised sources, attributed in stream order.
     pub(crate) fn on_rd_compl(&mut self, now: Instant, len: u32) -> Result<(), ProtocolError> {
-        let timeout = self.cfg.srcavail_timeout;
+        let default_timeout = self.cfg.srcavail_timeout;
         if !self.iocbs.src_advertised() {
             return Err(ProtocolError::Unexpected {
                 mid: Mid::RdmaRdCompl,
@@ -196,16 +197,30 @@ impl<S: BufStore> Conn<S> {
             left -= n;
             if s.unacked() == 0 {
                 finished.push((s.key, s.src.len as usize));
-            } else if s.state == SrcState::Advertised {
-                // Progress: the timeout starts over for what is still outstanding.
-                s.deadline = Some(now + timeout);
+            } else if s.state == SrcState::Advertised && !s.committed {
+                // Progress: the timeout starts over for what is still outstanding (a committed
+                // advertisement has none: it is never cancelled).
+                s.deadline = Some(now + s.stall.unwrap_or(default_timeout));
             }
         }
         self.last_activity = now;
         for (key, bytes) in finished {
             self.finish_src(key, bytes);
         }
+        self.stream_moved(now);
         Ok(())
+    }
+
+    /// The peer took more of the stream (we posted stream items, or it acknowledged a read):
+    /// bounded sources still queued behind start their stall bound over.
+    pub(crate) fn stream_moved(&mut self, now: Instant) {
+        for s in self.iocbs.srcs.iter_mut() {
+            if s.state == SrcState::Queued {
+                if let Some(stall) = s.stall {
+                    s.deadline = Some(now + stall);
+                }
+            }
+        }
     }
 
     /// SendSm received: the peer will read no more of any SrcAvail we sent before this arrived
@@ -220,9 +235,40 @@ impl<S: BufStore> Conn<S> {
         Ok(())
     }
 
-    /// The advertised sources made no progress within `srcavail_timeout`: cancel them.
-    pub(crate) fn srcavail_timed_out(&mut self, _now: Instant) {
-        self.cancel_advertised();
+    /// Sources made no progress within their bound (`srcavail_timeout`, or the stall bound of
+    /// a plain write): a queued one ends unsent (the application sends it by copy), advertised
+    /// ones are cancelled (one SrcAvailCancel covers them all, the peer's engine answers).
+    pub(crate) fn srcavail_timed_out(&mut self, now: Instant) {
+        let due = |s: &super::iocb::SrcIocb| s.deadline.is_some_and(|d| d <= now);
+        let mut queued: Vec<u64> = self
+            .iocbs
+            .srcs
+            .iter()
+            .filter(|s| s.state == SrcState::Queued && s.timed() && due(s))
+            .map(|s| s.token)
+            .collect();
+        // The pieces of one source are next to each other: one cancel ends the source.
+        queued.dedup();
+        for token in queued {
+            self.stats.zcopy_stalls += 1;
+            self.cancel_write_zcopy(now, token);
+        }
+        if self
+            .iocbs
+            .srcs
+            .iter()
+            .any(|s| s.state == SrcState::Advertised && due(s))
+        {
+            self.stats.zcopy_stalls += 1;
+            self.cancel_advertised();
+        }
+        // What could not be cancelled now (a committed advertisement, or a cancel already
+        // out) has no timeout left: the timer must not fire again at once.
+        for s in self.iocbs.srcs.iter_mut() {
+            if s.timed() && s.deadline.is_some_and(|d| d <= now) {
+                s.deadline = None;
+            }
+        }
     }
 
     /// A source (or piece) is done: drop it from the queue and report it.
@@ -346,7 +392,9 @@ impl<S: BufStore> Conn<S> {
     /// RDMA-Write the queued stream bytes at the head of the queue into the peer's sink, then
     /// RdmaWrCompl. False if it must wait (credits).
     pub(crate) fn fill_sink(&mut self, now: Instant) -> bool {
-        if self.tx_credits < 2 {
+        // The bytes go into the peer's sink, not a receive buffer: the RdmaWrCompl after them
+        // is a control message.
+        if self.tx_credits < CTRL_CREDITS {
             return false;
         }
         let Some(sink) = self.advts.sink.take() else {
@@ -421,6 +469,7 @@ impl<S: BufStore> Conn<S> {
             return false;
         }
         self.stats.zcopy_write_bytes += placed as u64;
+        self.stream_posts += 1;
         self.last_activity = now;
         self.post_ctrl(Mid::RdmaWrCompl, Ext::RdmaWrCompl { len: placed });
         true
@@ -493,7 +542,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Data is queued, no credit to send it, and nothing in flight.
     pub(crate) fn credit_stalled(&self) -> bool {
-        self.tx_credits < 2 && !self.tx_queue.is_empty() && self.tx_inflight.is_empty()
+        self.tx_credits < DATA_CREDITS && !self.tx_queue.is_empty() && self.tx_inflight.is_empty()
     }
 
     /// Keep the probe timer in step with the credit state (called after every round of work).

@@ -547,17 +547,50 @@ impl<P: Provider + 'static> Runtime<P> {
             ..Wait::default()
         };
         // No timeout: the peer may be reading or writing the memory until the engine says it
-        // is done, which it always does (finished, cancelled, or the connection failed).
+        // is done, which it always does (finished, cancelled, or the connection failed: every
+        // source and sink in flight is reported once).
         self.block_on(w, |g, _| {
-            let s = g.socks.get_mut(&id)?;
-            let i = s.zdone.iter().position(|&(t, _)| t == token)?;
-            Some(Ok(s.zdone.swap_remove(i).1))
+            Self::collect_zdone(g, id);
+            let Some(s) = g.socks.get_mut(&id) else {
+                return Some(Err(io::Error::from_raw_os_error(libc::EBADF)));
+            };
+            if let Some(i) = s.zdone.iter().position(|&(t, _)| t == token) {
+                return Some(Ok(s.zdone.swap_remove(i).1));
+            }
+            // The engine is gone (closed and released), and its endpoint with it: nothing
+            // reaches the memory any more, and no report will come.
+            g.driver
+                .conn(id)
+                .is_none()
+                .then(|| Err(io::Error::from_raw_os_error(libc::ECONNRESET)))
         })
     }
 
+    /// Move the socket's zero-copy reports from the engine to `zdone` (an application call,
+    /// such as a cancel, may produce one without a round of progress to collect it).
+    fn collect_zdone(g: &mut Inner<P>, id: ConnId) {
+        let Inner { driver, socks, .. } = g;
+        let Some(s) = socks.get_mut(&id) else {
+            return;
+        };
+        for ev in driver.take_events(id) {
+            if let Event::ZcopySent { token, bytes } | Event::ZcopyReceived { token, bytes } = ev {
+                s.zdone.push((token, bytes));
+            }
+        }
+    }
+
     /// Send `len` bytes of registered memory at `mr[off..]` by zero copy, waiting until the peer
-    /// has them; returns bytes sent (fewer if the peer cancelled: send the rest again).
-    fn zcopy_send(&self, id: ConnId, mr: &DynMr, off: usize, len: usize) -> io::Result<usize> {
+    /// has them; returns bytes sent (fewer if the peer cancelled, or, with a `stall` bound, if
+    /// the peer stopped taking them: send the rest again).
+    fn zcopy_send(
+        &self,
+        id: ConnId,
+        mr: &DynMr,
+        off: usize,
+        len: usize,
+        stall: Option<Duration>,
+    ) -> io::Result<usize> {
         let src = ZSrc {
             addr: mr.addr() + off as u64,
             len: len as u32,
@@ -573,12 +606,18 @@ impl<P: Provider + 'static> Runtime<P> {
                 token = g.next_token;
                 g.next_token += 1;
             }
-            match g.driver.write_zcopy(now, id, src, token) {
+            let r = match stall {
+                Some(d) => g.driver.write_zcopy_bounded(now, id, src, token, d),
+                None => g.driver.write_zcopy(now, id, src, token),
+            };
+            match r {
                 Ok(()) => Some(Ok(())),
                 Err(CallError::WouldBlock) => None,
                 Err(e) => Some(Err(io_err(e))),
             }
         })?;
+        // (The wait polls the engine itself, timers included, and wakes the progress thread,
+        // whose next deadline may now be the stall bound, before it sleeps.)
         self.zcopy_wait_for(id, token, len)
     }
 
@@ -1223,7 +1262,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         // Remote read only while the transfer is outstanding.
         mr.set_access(mr.access() | Access::REMOTE_READ)
             .map_err(verbs_err)?;
-        let r = self.zcopy_send(id, mr, off, len.min(u32::MAX as usize));
+        let r = self.zcopy_send(id, mr, off, len.min(u32::MAX as usize), None);
         let revoke = mr.set_access(mr.access() - Access::REMOTE_READ);
         let sent = r?;
         revoke.map_err(verbs_err)?;
@@ -1710,7 +1749,9 @@ impl<P: Provider + 'static> Runtime<P> {
                 Err(e) => return Err(verbs_err(e)),
             }
         };
-        let sent = self.zcopy_send(id, &mr, 0, buf.len())?;
+        // Like TCP's, the write must not wait for the peer's application: zero copy only while
+        // the peer takes the bytes, the rest by copy (which blocks only on a full send buffer).
+        let sent = self.zcopy_send(id, &mr, 0, buf.len(), Some(zcopy_write_stall(buf.len())))?;
         drop(mr);
         if sent < buf.len() {
             self.write_copy(id, &buf[sent..], Wait::default())?;
@@ -1803,6 +1844,28 @@ impl<P: Provider + 'static> Runtime<P> {
         v.max(floor)
     }
 }
+
+/// How long a plain blocking write sent by zero copy waits for the peer to take (more of) it
+/// before the rest goes by copy: [`ZCOPY_STALL`] plus the time a slow copy of `len` bytes takes
+/// (at [`STALL_COPY_RATE`]; the peer acknowledges a read when it is done), or
+/// `SDP_ZCOPY_STALL_US` if set. A peer that is reading (blocked in `read`, woken by the
+/// SrcAvail) starts within microseconds; one that is busy elsewhere (writing to us itself,
+/// computing) would hold the writer, which TCP never does once the bytes fit its send buffer.
+fn zcopy_write_stall(len: usize) -> Duration {
+    static FIXED: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    let fixed = *FIXED.get_or_init(|| {
+        std::env::var("SDP_ZCOPY_STALL_US")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map(Duration::from_micros)
+    });
+    fixed.unwrap_or(ZCOPY_STALL + Duration::from_nanos((len / STALL_COPY_RATE) as u64))
+}
+
+/// The least a plain zero-copy write waits for the peer to make progress on it.
+const ZCOPY_STALL: Duration = Duration::from_millis(2);
+/// Bytes per nanosecond a peer is allowed to take for a read before it acknowledges.
+const STALL_COPY_RATE: usize = 2;
 
 /// Default smallest plain write sent by zero copy over shm (measured crossover, README).
 pub(crate) const USER_ZCOPY_MIN_SHM: usize = 128 * 1024;

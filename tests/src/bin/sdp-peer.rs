@@ -25,10 +25,19 @@
 //!   socket of ADDR itself, print `ready`, take one connection and then (END `kill`) read the
 //!   connect request and SIGKILL this process without answering, or (END `hang`) never
 //!   answer (until killed).
+//! * `exchange ADDR CHOICE BYTES ROUNDS`: single-threaded, each round writes BYTES of pattern
+//!   1 in one `write_all`, then reads BYTES of pattern 2 (the other end does the same with the
+//!   patterns swapped); prints `ok MS` (the milliseconds taken).
+//! * `echo ADDR CHOICE PIECE`: single-threaded echo: read up to PIECE bytes, write them back,
+//!   until EOF; then shut the write half and print `ok BYTES`.
+//! * `zsend ADDR CHOICE BYTES`: write BYTES of pattern 3 in one blocking write (a zero-copy
+//!   source in auto mode), again and again until killed.
 //!
 //! `SDP_PEER_SRC=IP` sets the connector's source address (`Options::source_ip`), so over RDMA
 //! the connection leaves through that address's device; `SDP_PEER_SHOW=1` makes `duplex`
-//! print the stream's transport before `ok`.
+//! print the stream's transport before `ok`. `SDP_PEER_SRCAVAIL_TIMEOUT_MS=N` gives SDP over
+//! shm a stack of its own with `srcavail_timeout` N ms (tests take that safety net away to
+//! show a behaviour does not rest on it).
 
 use std::io::{Read, Write};
 use std::net::Shutdown;
@@ -72,11 +81,25 @@ impl Pattern {
 }
 
 fn options(choice: &str) -> Options {
-    let opts = match choice {
+    let mut opts = match choice {
         "tcp" => Options::tcp_only(),
         "auto" => Options::auto(),
         _ => Options::sdp_only(),
     };
+    if let Ok(ms) = std::env::var("SDP_PEER_SRCAVAIL_TIMEOUT_MS") {
+        let ms: u64 = ms
+            .parse()
+            .unwrap_or_else(|e| die(format!("SDP_PEER_SRCAVAIL_TIMEOUT_MS: {e}")));
+        let cfg = sdp_core::proto::Config {
+            srcavail_timeout: std::time::Duration::from_millis(ms),
+            ..sdp_core::proto::Config::default()
+        };
+        let provider = sdp_core::verbs::shm::ShmProvider::new()
+            .unwrap_or_else(|e| die(format!("shm provider: {e}")));
+        let stack = sdp_core::socket::Stack::with_provider(provider, cfg)
+            .unwrap_or_else(|e| die(format!("stack: {e}")));
+        opts = opts.with_stack(stack);
+    }
     match std::env::var("SDP_PEER_SRC") {
         Ok(ip) => opts.with_source_ip(
             ip.parse()
@@ -160,6 +183,50 @@ pub fn duplex(s: SdpStream, mode: &str, tx: u64, rx: u64, bytes: u64) -> Result<
         return Err(format!("EOF after {got} of {bytes} bytes"));
     }
     writer.join().map_err(|_| "writer panicked".to_string())?
+}
+
+/// Single-threaded rounds: write `bytes` of pattern `tx` in one `write_all`, then read and
+/// check `bytes` of pattern `rx`.
+pub fn exchange(
+    mut s: &SdpStream,
+    bytes: usize,
+    rounds: usize,
+    tx: u64,
+    rx: u64,
+) -> Result<(), String> {
+    let (mut ptx, mut prx) = (Pattern::new(tx), Pattern::new(rx));
+    let mut out = vec![0u8; bytes];
+    let mut got = vec![0u8; bytes];
+    let mut want = vec![0u8; bytes];
+    for r in 0..rounds {
+        ptx.fill(&mut out);
+        s.write_all(&out)
+            .map_err(|e| format!("round {r}: write: {e}"))?;
+        s.read_exact(&mut got)
+            .map_err(|e| format!("round {r}: read: {e}"))?;
+        prx.fill(&mut want);
+        if got != want {
+            return Err(format!("round {r}: data differs"));
+        }
+    }
+    Ok(())
+}
+
+/// Single-threaded echo: read up to `piece` bytes, write them straight back, until EOF; then
+/// shut the write half. Returns the bytes echoed.
+pub fn echo(mut s: &SdpStream, piece: usize) -> Result<u64, String> {
+    let mut buf = vec![0u8; piece];
+    let mut total = 0u64;
+    loop {
+        let n = s.read(&mut buf).map_err(|e| format!("read: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        s.write_all(&buf[..n]).map_err(|e| format!("write: {e}"))?;
+        total += n as u64;
+    }
+    s.shutdown(Shutdown::Write).map_err(|e| e.to_string())?;
+    Ok(total)
 }
 
 fn main() {
@@ -251,6 +318,42 @@ fn main() {
             drop(s);
         }
         "fake-listen" => fake_listen(&arg(1), &arg(2)),
+        "exchange" => {
+            let n = |i| {
+                arg(i)
+                    .parse::<usize>()
+                    .unwrap_or_else(|e| die(format!("{e}")))
+            };
+            let s = connect(&arg(1), &arg(2));
+            let t = std::time::Instant::now();
+            match exchange(&s, n(3), n(4), 1, 2) {
+                Ok(()) => println!("ok {}", t.elapsed().as_millis()),
+                Err(e) => die(e),
+            }
+        }
+        "echo" => {
+            let piece = arg(3)
+                .parse::<usize>()
+                .unwrap_or_else(|e| die(format!("{e}")));
+            let s = connect(&arg(1), &arg(2));
+            match echo(&s, piece) {
+                Ok(n) => println!("ok {n}"),
+                Err(e) => die(e),
+            }
+        }
+        "zsend" => {
+            let n = arg(3)
+                .parse::<usize>()
+                .unwrap_or_else(|e| die(format!("{e}")));
+            let mut s = connect(&arg(1), &arg(2));
+            let mut buf = vec![0u8; n];
+            Pattern::new(3).fill(&mut buf);
+            loop {
+                if let Err(e) = s.write_all(&buf) {
+                    die(format!("write: {e}"));
+                }
+            }
+        }
         other => die(format!("unknown command {other}")),
     }
 }
