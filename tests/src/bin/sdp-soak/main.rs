@@ -69,8 +69,12 @@ struct Args {
     seconds: f64,
     workers: usize,
     seed: u64,
-    faults: bool,
+    /// Fault kinds to inject, in turn (empty: none).
+    faults: Vec<Fault>,
     fault_interval: f64,
+    /// Modes sessions pick from.
+    tx_modes: Vec<TxMode>,
+    rx_modes: Vec<RxMode>,
     fault_bound: u64,
     hang_secs: u64,
     max_session: u64,
@@ -85,7 +89,8 @@ struct Args {
 }
 
 const USAGE: &str = "usage: sdp-soak [--gib N] [--seconds S] [--workers W] [--seed X] \
-[--faults on|off] [--fault-interval SECS] [--fault-bound SECS] [--hang-secs SECS] \
+[--faults on|off|KIND,...] [--fault-interval SECS] [--tx-modes auto,bcopy,zcopy,async] \
+[--rx-modes plain,registered] [--fault-bound SECS] [--hang-secs SECS] \
 [--max-session BYTES] [--transport shm|sdp] [--listen IP:PORT] [--source-ip IP] \
 [--fault-cmd CMD] [--json] [--quiet]";
 
@@ -108,8 +113,10 @@ fn parse_args(v: &[String]) -> Result<Args, String> {
         seconds: 60.0,
         workers: 3,
         seed: 1,
-        faults: true,
+        faults: vec![Fault::Kill, Fault::Stop, Fault::PClose, Fault::WClose],
         fault_interval: 1.0,
+        tx_modes: TX_MODES.to_vec(),
+        rx_modes: RX_MODES.to_vec(),
         fault_bound: 10,
         hang_secs: 30,
         max_session: 256 << 20,
@@ -148,12 +155,42 @@ fn parse_args(v: &[String]) -> Result<Args, String> {
             "--seed" => a.seed = val()?.parse().map_err(|_| "--seed: a number")?,
             "--faults" => {
                 a.faults = match val()?.as_str() {
-                    "on" => true,
-                    "off" => false,
-                    _ => return Err("--faults: on or off".into()),
+                    "on" => vec![Fault::Kill, Fault::Stop, Fault::PClose, Fault::WClose],
+                    "off" => Vec::new(),
+                    list => list
+                        .split(',')
+                        .map(|k| {
+                            FAULTS
+                                .into_iter()
+                                .find(|f| f.name() == k)
+                                .ok_or_else(|| format!("--faults: unknown kind {k:?}"))
+                        })
+                        .collect::<Result<_, _>>()?,
                 }
             }
             "--fault-interval" => a.fault_interval = num(val()?)?,
+            "--tx-modes" => {
+                a.tx_modes = val()?
+                    .split(',')
+                    .map(|k| {
+                        TX_MODES
+                            .into_iter()
+                            .find(|m| m.name() == k)
+                            .ok_or_else(|| format!("--tx-modes: unknown mode {k:?}"))
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            "--rx-modes" => {
+                a.rx_modes = val()?
+                    .split(',')
+                    .map(|k| {
+                        RX_MODES
+                            .into_iter()
+                            .find(|m| m.name() == k)
+                            .ok_or_else(|| format!("--rx-modes: unknown mode {k:?}"))
+                    })
+                    .collect::<Result<_, _>>()?
+            }
             "--fault-bound" => a.fault_bound = num(val()?)?.ceil() as u64,
             "--hang-secs" => a.hang_secs = num(val()?)?.ceil() as u64,
             "--max-session" => a.max_session = parse_bytes(&val()?)?.max(1),
@@ -177,6 +214,12 @@ fn parse_args(v: &[String]) -> Result<Args, String> {
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
         i += 1;
+    }
+    if a.fault_cmd.is_some() && !a.faults.is_empty() && !a.faults.contains(&Fault::Cmd) {
+        a.faults.push(Fault::Cmd);
+    }
+    if a.faults.contains(&Fault::Cmd) && a.fault_cmd.is_none() {
+        return Err("--faults cmd needs --fault-cmd CMD".into());
     }
     Ok(a)
 }
@@ -611,7 +654,11 @@ struct Stats {
     sessions: u64,
     sessions_faulted: u64,
     failures: u64,
-    sent: u64,
+    /// Bytes the write calls accepted, both sides (a killed worker's are not known).
+    written: u64,
+    /// Bytes read by the receiving sides, both directions (every one checked).
+    moved: u64,
+    /// Read bytes equal to the stream (`moved` less the bad ones).
     verified: u64,
     bad: u64,
     injected: [u64; 5],
@@ -674,17 +721,18 @@ impl Soak {
     fn new_plan(&self) -> Plan {
         let mut r = self.rng.lock().unwrap();
         let max = self.args.max_session;
+        let (tx, rx) = (&self.args.tx_modes, &self.args.rx_modes);
         Plan {
             session: self.next_session.fetch_add(1, Relaxed),
             p2w_seed: r.random(),
             p2w_len: pick_len(&mut r, max),
             w2p_seed: r.random(),
             w2p_len: pick_len(&mut r, max),
-            parent_tx: TX_MODES[r.random_range(0..TX_MODES.len())],
-            parent_rx: RX_MODES[r.random_range(0..RX_MODES.len())],
+            parent_tx: tx[r.random_range(0..tx.len())],
+            parent_rx: rx[r.random_range(0..rx.len())],
             parent_depth: r.random_range(1..=6),
-            worker_tx: TX_MODES[r.random_range(0..TX_MODES.len())],
-            worker_rx: RX_MODES[r.random_range(0..RX_MODES.len())],
+            worker_tx: tx[r.random_range(0..tx.len())],
+            worker_rx: rx[r.random_range(0..rx.len())],
             worker_depth: r.random_range(1..=6),
         }
     }
@@ -818,8 +866,9 @@ fn judge(soak: &Soak, sess: &Sess, mine: &SideResult, theirs: Option<&Report>) {
     let mut st = soak.stats.lock().unwrap();
     st.sessions += 1;
     let w = theirs.map(|r| &r.side);
-    st.sent += mine.tx + w.map_or(0, |w| w.tx);
-    st.verified += mine.rx + w.map_or(0, |w| w.rx);
+    st.written += mine.tx + w.map_or(0, |w| w.tx);
+    let read = mine.rx + w.map_or(0, |w| w.rx);
+    st.moved += read;
     st.tx_mode_bytes[plan.worker_tx.index()] += mine.rx;
     st.rx_mode_bytes[plan.parent_rx.index()] += mine.rx;
     if let Some(w) = w {
@@ -827,6 +876,7 @@ fn judge(soak: &Soak, sess: &Sess, mine: &SideResult, theirs: Option<&Report>) {
         st.rx_mode_bytes[plan.worker_rx.index()] += w.rx;
     }
     let bad = mine.bad + mine.overrun + w.map_or(0, |w| w.bad + w.overrun);
+    st.verified += read - bad;
     if bad > 0 {
         st.bad += bad;
         st.fail(format!(
@@ -1047,10 +1097,7 @@ fn run_slot(soak: Arc<Soak>, slot: usize) {
 /// kinds in turn.
 fn scheduler(soak: Arc<Soak>) {
     let mut rng = ChaCha8Rng::seed_from_u64(soak.args.seed ^ 0xfa17_fa17);
-    let mut kinds = vec![Fault::Kill, Fault::Stop, Fault::PClose, Fault::WClose];
-    if soak.args.fault_cmd.is_some() {
-        kinds.push(Fault::Cmd);
-    }
+    let kinds = soak.args.faults.clone();
     let mut turn = 0usize;
     let nap = |secs: f64| {
         let end = now_ms() + (secs * 1000.0) as u64;
@@ -1202,7 +1249,15 @@ fn main() {
         args.gib,
         args.seconds,
         args.seed,
-        if args.faults { "on" } else { "off" },
+        if args.faults.is_empty() {
+            "off".to_string()
+        } else {
+            args.faults
+                .iter()
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+                .join(",")
+        },
         args.fault_interval,
         args.max_session
     );
@@ -1222,7 +1277,7 @@ fn main() {
             std::thread::spawn(move || run_slot(soak, i))
         })
         .collect();
-    let sched_t = args.faults.then(|| {
+    let sched_t = (!args.faults.is_empty()).then(|| {
         let soak = soak.clone();
         std::thread::spawn(move || scheduler(soak))
     });
@@ -1327,13 +1382,15 @@ fn main() {
     };
     println!("sdp-soak: {} after {:.1} s", if pass { "PASS" } else { "FAIL" }, elapsed);
     println!(
-        "  bytes moved (accepted by writes) {} ({:.2} GiB), verified {} ({:.2} GiB, {:.0} MB/s), bad {}",
-        st.sent,
-        gib(st.sent),
+        "  bytes moved (read by the receivers) {} ({:.2} GiB), verified {} ({:.2} GiB, {:.0} MB/s), bad {}; written (accepted by writes, killed workers' unknown) {} ({:.2} GiB)",
+        st.moved,
+        gib(st.moved),
         st.verified,
         gib(st.verified),
         st.verified as f64 / elapsed / 1e6,
-        st.bad
+        st.bad,
+        st.written,
+        gib(st.written),
     );
     println!(
         "  verified by write mode: {}; by read mode: {}",
@@ -1381,17 +1438,22 @@ fn main() {
                 .join(",")
         };
         println!(
-            "{{\"pass\":{pass},\"seconds\":{elapsed:.1},\"workers\":{},\"seed\":{},\"transport\":\"{}\",\"faults\":{},\
-\"bytes_moved\":{},\"bytes_verified\":{},\"bad_bytes\":{},\"sessions\":{},\"sessions_faulted\":{},\"failures\":{},\
+            "{{\"pass\":{pass},\"seconds\":{elapsed:.1},\"workers\":{},\"seed\":{},\"transport\":\"{}\",\"faults\":\"{}\",\
+\"bytes_moved\":{},\"bytes_verified\":{},\"bytes_written\":{},\"bad_bytes\":{},\"sessions\":{},\"sessions_faulted\":{},\"failures\":{},\
 \"faults_injected\":{{{}}},\"faults_survived\":{{{}}},\"faults_missed\":{{{}}},\"hangs\":{},\"worker_crashes\":{},\
 \"leaked\":{{\"fds\":{},\"connections\":{},\"registered_bytes\":{},\"regions\":{},\"processes\":{},\"workers\":{}}},\
 \"verified_by_write_mode\":{{{}}},\"verified_by_read_mode\":{{{}}}}}",
             args.workers,
             args.seed,
             args.transport,
-            args.faults,
-            st.sent,
+            args.faults
+                .iter()
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+                .join(","),
+            st.moved,
             st.verified,
+            st.written,
             st.bad,
             st.sessions,
             st.sessions_faulted,
