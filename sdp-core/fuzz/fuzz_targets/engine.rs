@@ -378,8 +378,7 @@ impl Harness {
     fn posted_send(&mut self, s: SendWr) {
         if let Some(sge) = s.sge {
             assert!(
-                self.mem.0.borrow().locate(sge.addr, sge.len).is_some()
-                    || is_app_memory(sge.addr),
+                self.mem.0.borrow().locate(sge.addr, sge.len).is_some() || is_app_memory(sge.addr),
                 "send work request outside a live buffer: {s:?}"
             );
         }
@@ -476,7 +475,10 @@ impl Harness {
                 let Some(len) = self.tx_tokens.remove(&token) else {
                     panic!("ZcopySent for token {token} not outstanding (twice, or never given)");
                 };
-                assert!(bytes <= len as usize, "ZcopySent {bytes} of a {len}-byte source");
+                assert!(
+                    bytes <= len as usize,
+                    "ZcopySent {bytes} of a {len}-byte source"
+                );
                 if let Some((&first, _)) = self.tx_tokens.first_key_value() {
                     assert!(
                         first > token,
@@ -486,9 +488,14 @@ impl Harness {
             }
             Event::ZcopyReceived { token, bytes } => {
                 let Some(len) = self.rx_tokens.remove(&token) else {
-                    panic!("ZcopyReceived for token {token} not outstanding (twice, or never given)");
+                    panic!(
+                        "ZcopyReceived for token {token} not outstanding (twice, or never given)"
+                    );
                 };
-                assert!(bytes <= len as usize, "ZcopyReceived {bytes} into a {len}-byte sink");
+                assert!(
+                    bytes <= len as usize,
+                    "ZcopyReceived {bytes} into a {len}-byte sink"
+                );
             }
             Event::Closed(_) => {
                 assert!(!self.closed_seen, "Closed reported twice");
@@ -531,7 +538,10 @@ impl Harness {
                 self.why()
             ),
             State::Closed => {
-                assert!(deadline.is_none(), "W5: a deadline after Closed: {deadline:?}");
+                assert!(
+                    deadline.is_none(),
+                    "W5: a deadline after Closed: {deadline:?}"
+                );
 
                 assert!(
                     self.tx_tokens.is_empty() && self.rx_tokens.is_empty(),
@@ -1324,7 +1334,11 @@ fn run(input: &Input) {
         let rcv = rcv_size(peer.rcv);
         let bufs = 1 + u16::from(peer.bufs % 16);
         let hello = Hello {
-            version: if peer.odd == 250 { 0x13 } else { msgs::SDP_VERSION },
+            version: if peer.odd == 250 {
+                0x13
+            } else {
+                msgs::SDP_VERSION
+            },
             ip_version: 4,
             max_adverts: peer.adverts % 9,
             desired_rcv_size: rcv_size(peer.desired),
@@ -1407,9 +1421,7 @@ fn run(input: &Input) {
                     }
                 }
             }
-            Step::SendDone(n, s) | Step::SendDone2(n, s) => {
-                h.complete_sends(*n as usize + 1, s.0)
-            }
+            Step::SendDone(n, s) | Step::SendDone2(n, s) => h.complete_sends(*n as usize + 1, s.0),
             Step::RecvFail(s) => h.fail_recv(s.0),
             Step::Cm(c) => h.cm(c, peer),
             Step::Advance(ms) => h.advance(u64::from(*ms) * 1_000_000),

@@ -465,6 +465,9 @@ fn parse_report(line: &str) -> Option<Report> {
     })
 }
 
+/// A worker's session under way: its id and counters.
+type Current = Option<(u64, Arc<Ctl>)>;
+
 fn worker_main(argv: &[String]) -> ! {
     // Die with the parent (a parent that crashes must not leave workers behind, least of all
     // stopped ones).
@@ -476,7 +479,9 @@ fn worker_main(argv: &[String]) -> ! {
     let mut source_ip: Option<IpAddr> = None;
     let mut it = argv.iter();
     while let Some(f) = it.next() {
-        let v = it.next().unwrap_or_else(|| die(format!("worker: {f} needs a value")));
+        let v = it
+            .next()
+            .unwrap_or_else(|| die(format!("worker: {f} needs a value")));
         match f.as_str() {
             "--addr" => addr = Some(v.clone()),
             "--slot" => slot = v.parse().unwrap_or_else(|_| die("worker: bad --slot")),
@@ -499,7 +504,7 @@ fn worker_main(argv: &[String]) -> ! {
     let stop = Arc::new(AtomicBool::new(false));
     // The session under way, and a close request for a session (it may come before the
     // worker has read that session's header).
-    let current: Arc<Mutex<Option<(u64, Arc<Ctl>)>>> = Arc::new(Mutex::new(None));
+    let current: Arc<Mutex<Current>> = Arc::new(Mutex::new(None));
     let close_req = Arc::new(AtomicU64::new(0));
     {
         let (stop, current, close_req) = (stop.clone(), current.clone(), close_req.clone());
@@ -1216,10 +1221,7 @@ fn main() {
     }
     let listener = SdpListener::bind_with(args.listen.as_str(), &opts)
         .unwrap_or_else(|e| die(format!("listen on {}: {e}", args.listen)));
-    let addr = listener
-        .local_addr()
-        .unwrap_or_else(|e| die(e))
-        .to_string();
+    let addr = listener.local_addr().unwrap_or_else(|e| die(e)).to_string();
     let base = measure(stack.as_ref());
     let exe = std::env::current_exe().unwrap_or_else(|e| die(e));
     let soak = Arc::new(Soak {
@@ -1339,12 +1341,13 @@ fn main() {
     {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let stuck: Vec<String> = soak
+    // Sessions that never ended: their faults count as injected and not survived.
+    let stuck: Vec<(String, Option<Fault>)> = soak
         .sessions
         .lock()
         .unwrap()
         .values()
-        .map(|s| s.plan.describe())
+        .map(|s| (s.plan.describe(), s.fault.lock().unwrap().map(|f| f.0)))
         .collect();
     accept_done.store(true, Relaxed);
     let _ = acceptor_t.join();
@@ -1355,8 +1358,15 @@ fn main() {
     let over = settle(stack.as_ref(), base, Duration::from_secs(30));
     let procs = children_left();
     let mut st = soak.stats.lock().unwrap();
-    for s in &stuck {
-        st.fail(format!("session never ended: {s}"));
+    for (s, fault) in &stuck {
+        if let Some(f) = fault {
+            st.injected[*f as usize] += 1;
+            st.sessions_faulted += 1;
+        }
+        st.fail(format!(
+            "session never ended: {s} (fault {})",
+            fault.map_or("none", |f| f.name())
+        ));
     }
     let leaked = over != Res::default() || !procs.is_empty() || st.worker_leaks > 0;
     if over != Res::default() {
@@ -1380,7 +1390,11 @@ fn main() {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    println!("sdp-soak: {} after {:.1} s", if pass { "PASS" } else { "FAIL" }, elapsed);
+    println!(
+        "sdp-soak: {} after {:.1} s",
+        if pass { "PASS" } else { "FAIL" },
+        elapsed
+    );
     println!(
         "  bytes moved (read by the receivers) {} ({:.2} GiB), verified {} ({:.2} GiB, {:.0} MB/s), bad {}; written (accepted by writes, killed workers' unknown) {} ({:.2} GiB)",
         st.moved,

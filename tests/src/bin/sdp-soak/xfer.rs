@@ -405,17 +405,15 @@ fn read_side(s: &SdpStream, spec: &SideSpec, ctl: &Ctl) -> ReadOutcome {
         }
         let cap = pick_piece(&mut sizes);
         let r = match reg.as_mut() {
-            Some(rb) => s.recv_registered(rb, 0..cap).map(|n| {
+            Some(rb) => s.recv_registered(rb, 0..cap).inspect(|&n| {
                 if n > 0 {
                     take(&rb.as_slice()[..n], &mut got);
                 }
-                n
             }),
-            None => (&*s).read(&mut plain[..cap]).map(|n| {
+            None => (&*s).read(&mut plain[..cap]).inspect(|&n| {
                 if n > 0 {
                     take(&plain[..n], &mut got);
                 }
-                n
             }),
         };
         match r {
