@@ -792,6 +792,9 @@ impl Harness {
         // The peer's view: what it sent and the credits it granted (only when the message is
         // plausible: an engine that accepts a wrong one aborts or ignores it anyway).
         let plausible = mseq == self.peer_mseq.wrapping_add(1) && raw_flags.is_none();
+        if self.steps_on_known(&h) {
+            return;
+        }
         // The engine may answer while it takes the message (inside `deliver`), so the peer's
         // view moves first, and back if the message did not arrive.
         let saved = self.peer_view(&h, plausible);
@@ -814,6 +817,14 @@ impl Harness {
                 _ => {}
             }
         }
+    }
+
+    /// Known bug `sink-split-overflow`: a ChRcvBufAck below the current send size is taken, and
+    /// then a SinkAvail makes `fill_sink` copy the rest of an old, larger send buffer into a
+    /// smaller one. With the bug known, such an ack is not sent.
+    fn steps_on_known(&self, h: &Header) -> bool {
+        matches!(h.ext, Ext::ChRcvBufAck { size } if size < self.conn.send_size())
+            && known("sink-split-overflow")
     }
 
     /// Take a message the peer is about to send into its view: advertisements always (the
@@ -1231,6 +1242,9 @@ impl Harness {
             self.now = Instant(self.now.0.max(t.0));
             self.timers();
         }
+        if self.abandon {
+            return;
+        }
         assert_eq!(self.state(), State::Closed, "never closed: {}", self.why());
         assert!(self.closed_seen, "Closed state without a Closed event");
         // What was received stays readable; reading it all gives every buffer back.
@@ -1409,6 +1423,7 @@ fn run(input: &Input) {
                 let g: Vec<u8> = g.iter().copied().take(64).collect();
                 // Garbage may happen to be the next message: the peer's view follows it.
                 match Header::parse(&g) {
+                    Ok((m, _)) if h.steps_on_known(&m) => {}
                     Ok((m, _)) => {
                         let plausible = m.bsdh.mseq == h.peer_mseq.wrapping_add(1);
                         let saved = h.peer_view(&m, plausible);
