@@ -254,12 +254,13 @@ fn accept_never_loses_a_client_that_wrote_and_exited_at_once() {
 
 #[test]
 fn exit_waits_no_longer_than_the_exit_linger_for_a_peer_that_does_not_read() {
-    // A reader whose stack holds little (4 receive buffers of 32 KiB) and that reads nothing
-    // until the writer is gone: the writer's exit cannot deliver 1 MiB, and must give up after
-    // SDP_EXIT_LINGER_MS (the default, 10 s, would fail the bound below).
+    // A reader whose stack holds little (5 receive buffers of 32 KiB, the fewest a connection
+    // may have) and that reads nothing until the writer is gone: the writer's exit cannot
+    // deliver 1 MiB, and must give up after SDP_EXIT_LINGER_MS (the default, 10 s, would fail
+    // the bound below).
     let cfg = sdp_core::proto::Config {
-        initial_rx_bufs: 4,
-        max_rx_bufs: 4,
+        initial_rx_bufs: sdp_core::proto::conn::MIN_RX_POSTED,
+        max_rx_bufs: sdp_core::proto::conn::MIN_RX_POSTED,
         max_rcv_size: 32 * 1024,
         ..sdp_core::proto::Config::default()
     };

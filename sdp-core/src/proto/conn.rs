@@ -92,11 +92,12 @@ pub struct Config {
     pub idle_shrink: Duration,
     /// Receive buffers a connection waiting in a listen queue posts plus holds with unread
     /// data, at most (within `min_rx_bufs..=max_rx_bufs`); it posts `min_rx_bufs` at a time
-    /// and does not grow until the application accepts it. The default, 10 of `rcv_size`,
+    /// and does not grow until the application accepts it. The default, 12 of `rcv_size`,
     /// holds 8 messages (256 KiB, what a TCP socket not yet accepted takes and then some: its
-    /// initial receive buffer is 128 KiB on Linux) and leaves the peer the 2 credits its
-    /// DisConn needs after them: a client may write a request, or write and exit, before the
-    /// server accepts, and loses nothing (docs/providers.md, "Listen backlog").
+    /// initial receive buffer is 128 KiB on Linux) and leaves the peer the credits it keeps
+    /// back for control messages (`DATA_CREDITS` - 1) and its DisConn: a client may write a
+    /// request, or write and exit, before the server accepts, and loses nothing
+    /// (docs/providers.md, "Listen backlog").
     pub unaccepted_rx_bufs: u32,
     /// A connection a listener set up and the application did not accept within this is
     /// aborted (its peer sees a reset) and its resources freed: remote hosts must not hold
@@ -129,7 +130,7 @@ impl Default for Config {
             disconnect_timeout: Duration::from_secs(5),
             srcavail_timeout: Duration::from_secs(2),
             idle_shrink: Duration::from_secs(1),
-            unaccepted_rx_bufs: 10,
+            unaccepted_rx_bufs: 12,
             unaccepted_timeout: Duration::from_secs(60),
         }
     }
