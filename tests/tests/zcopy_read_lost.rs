@@ -1,4 +1,5 @@
-//! Known bug found by `sdp-soak` (issue 14), reproduced deterministically over the simulator:
+//! A bug found by `sdp-soak` (issue 14), reproduced deterministically over the simulator, and
+//! fixed (every zero-copy sink now ends with one report):
 //! a zero-copy receive ([`Conn::read_zcopy`] of a peer's SrcAvail, which posts an RDMA Read
 //! straight into the caller's sink) is never reported ([`Event::ZcopyReceived`]) when that RDMA
 //! Read does not complete successfully (the peer dies or the link breaks while it is in
@@ -6,9 +7,6 @@
 //! in-flight read. The socket layer waits for that event without a timeout
 //! (`Runtime::zcopy_wait_for`), so `recv_registered` (and a large plain read with zero copy on)
 //! hangs forever once the peer is killed at the wrong moment.
-//!
-//! Ignored until the engine is fixed: `cargo test -p sdp-tests --test zcopy_read_lost --
-//! --ignored`.
 //!
 //! [`Conn::read_zcopy`]: sdp_core::proto::Conn
 //! [`Event::ZcopyReceived`]: sdp_core::proto::Event
@@ -77,7 +75,6 @@ fn reported(events: &[Event]) -> bool {
 }
 
 #[test]
-#[ignore = "known engine bug (issue 14): a failed RDMA Read into a zero-copy sink is never reported"]
 fn sink_read_reported_when_the_peer_crashes_mid_read() {
     let (events, state) = sink_read_then(|p| p.fabric.faults().crash(A_IP));
     assert_eq!(state, State::Closed, "B never closed");
@@ -88,7 +85,6 @@ fn sink_read_reported_when_the_peer_crashes_mid_read() {
 }
 
 #[test]
-#[ignore = "known engine bug (issue 14): a failed RDMA Read into a zero-copy sink is never reported"]
 fn sink_read_reported_when_the_link_breaks_mid_read() {
     let (events, state) = sink_read_then(|p| p.fabric.faults().break_link(A_IP, B_IP));
     assert_eq!(state, State::Closed, "B never closed");
