@@ -20,6 +20,23 @@
 
 #![allow(clippy::missing_safety_doc)]
 
+/// A JSON string literal for `s` (reports, sdpstat).
+#[doc(hidden)]
+pub fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
 mod real;
 mod report;
 mod rules;
@@ -1225,50 +1242,42 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     unsafe { real::shutdown(fd, how) }
 }
 
+/// getsockname (`peer` false) or getpeername of an SDP stream, from the addresses kept when it
+/// was made; `None` if `fd` is not one.
+unsafe fn stream_name(
+    fd: c_int,
+    peer: bool,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> Option<c_int> {
+    let s = table::owned(fd).then(|| stream(fd)).flatten()?;
+    let Sock::Stream(_, o) = &*s else {
+        unreachable!()
+    };
+    let a = if peer { o.lock().peer } else { o.lock().local };
+    Some(match a {
+        Some(a) => {
+            // SAFETY: the caller's buffers.
+            unsafe { put_sockaddr(a, addr, len) };
+            0
+        }
+        None => {
+            set_errno(libc::ENOTCONN);
+            -1
+        }
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
-        let Sock::Stream(_, o) = &*s else {
-            unreachable!()
-        };
-        let a = o.lock().local;
-        return match a {
-            Some(a) => {
-                // SAFETY: the caller's buffers.
-                unsafe { put_sockaddr(a, addr, len) };
-                0
-            }
-            None => {
-                set_errno(libc::ENOTCONN);
-                -1
-            }
-        };
-    }
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::getsockname(fd, addr, len) }
+    // SAFETY: the caller's buffers, forwarded.
+    unsafe { stream_name(fd, false, addr, len).unwrap_or_else(|| real::getsockname(fd, addr, len)) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
-        let Sock::Stream(_, o) = &*s else {
-            unreachable!()
-        };
-        let a = o.lock().peer;
-        return match a {
-            Some(a) => {
-                // SAFETY: the caller's buffers.
-                unsafe { put_sockaddr(a, addr, len) };
-                0
-            }
-            None => {
-                set_errno(libc::ENOTCONN);
-                -1
-            }
-        };
-    }
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::getpeername(fd, addr, len) }
+    // SAFETY: the caller's buffers, forwarded.
+    unsafe { stream_name(fd, true, addr, len).unwrap_or_else(|| real::getpeername(fd, addr, len)) }
 }
 
 mod opts;

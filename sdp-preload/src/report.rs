@@ -60,20 +60,7 @@ pub(crate) fn push(r: Record) {
     }
 }
 
-fn json_str(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
-}
+use crate::json_str;
 
 fn opt_addr(a: Option<std::net::SocketAddr>) -> String {
     a.map_or("null".into(), |a| json_str(&a.to_string()))

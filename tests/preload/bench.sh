@@ -17,15 +17,8 @@ trap 'kill "${LOADPIDS[@]}" 2>/dev/null; jobs -p | xargs -r kill 2>/dev/null; rm
 for _ in $(seq "${LOAD:-0}"); do (while :; do :; done) & LOADPIDS+=($!); done
 PORT=$((20000 + RANDOM % 20000))
 
+. "$(dirname "$0")/lib.sh"
 pre() { if [ "$1" = sdp ]; then echo "env LD_PRELOAD=$SO"; else echo "env -u LD_PRELOAD"; fi; }
-wait_port() {
-    local hex; hex=$(printf ':%04X' "$1")
-    for _ in $(seq 200); do
-        awk -v h="$hex" '$4 == "0A" && $2 ~ h"$" { f = 1 } END { exit !f }' /proc/net/tcp /proc/net/tcp6 && return 0
-        sleep 0.05
-    done
-    return 1
-}
 
 iperf3_gbps() {
     PORT=$((PORT + 1))

@@ -66,16 +66,7 @@ bg() {
     fi
     BG=$!
 }
-# Wait until something listens on 127.0.0.1:PORT (read from /proc: a probe connection would
-# be a client of the server under test).
-wait_port() {
-    local hex; hex=$(printf ':%04X' "$1")
-    for _ in $(seq 200); do
-        awk -v h="$hex" '$4 == "0A" && $2 ~ h"$" { f = 1 } END { exit !f }' /proc/net/tcp /proc/net/tcp6 && return 0
-        sleep 0.05
-    done
-    return 1
-}
+. "$(dirname "$0")/lib.sh"
 # Ends a background server and waits, so its report is written.
 stop() { kill "$@" 2>/dev/null; wait "$@" 2>/dev/null; true; }
 

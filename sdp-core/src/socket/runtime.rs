@@ -1543,64 +1543,25 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     }
 
     fn app_read(&self, id: ConnId, user: RawFd, buf: &mut [u8], peek: bool) -> io::Result<usize> {
-        let mut g = self.lock()?;
-        let mut stepped = false;
-        loop {
-            let now = self.now();
-            let Inner { driver, socks, .. } = &mut *g;
-            let s = socks
-                .get_mut(&id)
-                .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
-            let r = if peek {
-                match driver.conn(id) {
+        self.app_call(id, user, |g, now| {
+            if peek {
+                match g.driver.conn(id) {
                     Some(c) => c.peek(buf),
                     None => Err(CallError::Conn(ConnError::Reset)),
                 }
             } else {
-                driver.read(now, id, buf)
-            };
-            match r {
-                Err(CallError::WouldBlock) if !stepped => {
-                    stepped = true;
-                    if self.sh.step(&mut g) > 0 {
-                        self.sh.cond.notify_all();
-                    }
-                    continue;
-                }
-                r => {
-                    refresh_app(driver, id, s, Some(user));
-                    return r.map_err(io_err);
-                }
+                g.driver.read(now, id, buf)
             }
-        }
+        })
     }
 
     fn app_write(&self, id: ConnId, user: RawFd, buf: &[u8]) -> io::Result<usize> {
-        let mut g = self.lock()?;
-        let mut stepped = false;
-        loop {
-            let now = self.now();
-            if !Self::zsends_settled(&mut g, now, id) {
-                return Err(io::ErrorKind::WouldBlock.into());
+        self.app_call(id, user, |g, now| {
+            if !Self::zsends_settled(g, now, id) {
+                return Err(CallError::WouldBlock);
             }
-            let Inner { driver, socks, .. } = &mut *g;
-            let s = socks
-                .get_mut(&id)
-                .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
-            match driver.write(now, id, buf) {
-                Err(CallError::WouldBlock) if !stepped => {
-                    stepped = true;
-                    if self.sh.step(&mut g) > 0 {
-                        self.sh.cond.notify_all();
-                    }
-                    continue;
-                }
-                r => {
-                    refresh_app(driver, id, s, Some(user));
-                    return r.map_err(io_err);
-                }
-            }
-        }
+            g.driver.write(now, id, buf)
+        })
     }
 
     fn app_shutdown(&self, id: ConnId, user: RawFd, how: Shutdown) -> io::Result<()> {
@@ -1718,6 +1679,39 @@ fn check_range(mr: &DynMr, off: usize, len: usize) -> io::Result<()> {
         ));
     }
     Ok(())
+}
+
+impl<P: Provider + 'static> Runtime<P> {
+    /// One nonblocking call on a socket in application-fd mode: `op`, and once more after a
+    /// round of progress if it would block; then the application's fd `user` is brought up to
+    /// date (a socket found not readable or not writable has its fd made so, under the lock).
+    fn app_call<T>(
+        &self,
+        id: ConnId,
+        user: RawFd,
+        mut op: impl FnMut(&mut Inner<P>, Instant) -> Result<T, CallError>,
+    ) -> io::Result<T> {
+        let mut g = self.lock()?;
+        let mut stepped = false;
+        loop {
+            if !g.socks.contains_key(&id) {
+                return Err(io::Error::from_raw_os_error(libc::EBADF));
+            }
+            let r = op(&mut g, self.now());
+            if matches!(r, Err(CallError::WouldBlock)) && !stepped {
+                stepped = true;
+                if self.sh.step(&mut g) > 0 {
+                    self.sh.cond.notify_all();
+                }
+                continue;
+            }
+            let Inner { driver, socks, .. } = &mut *g;
+            if let Some(s) = socks.get_mut(&id) {
+                refresh_app(driver, id, s, Some(user));
+            }
+            return r.map_err(io_err);
+        }
+    }
 }
 
 /// Register caller memory on the runtime's provider, for the duration of one call.

@@ -5,6 +5,7 @@
 //! (`sdp_core::socket::stat`); `SDP_STAT=0` in a process hides it.
 
 use sdp_core::socket::stat::{query_all, StatLine};
+use sdp_preload::json_str;
 
 fn get<'a>(l: &'a StatLine, k: &str) -> &'a str {
     l.get(k).map_or("-", String::as_str)
@@ -14,20 +15,6 @@ fn program(pid: &str) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "?".into())
-}
-
-fn json_str(s: &str) -> String {
-    let mut o = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
 }
 
 fn main() {
