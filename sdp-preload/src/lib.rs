@@ -911,17 +911,25 @@ fn do_write(s: &Sock, fd: c_int, buf: &[u8], flags: c_int) -> ssize_t {
     }
 }
 
-/// Scatter reads over `iov` as readv/recvmsg do: later buffers only while data is there.
-unsafe fn read_iov(s: &Sock, fd: c_int, iov: *const iovec, cnt: c_int, flags: c_int) -> ssize_t {
+/// The caller's `cnt` iovecs; EINVAL (and `None`) for a count outside 0..=UIO_MAXIOV, as the
+/// kernel.
+unsafe fn iov_slice<'a>(iov: *const iovec, cnt: c_int) -> Option<&'a [iovec]> {
     if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
         set_errno(libc::EINVAL);
-        return -1;
+        return None;
     }
-    let iovs: &[iovec] = if cnt == 0 || iov.is_null() {
-        &[]
-    } else {
-        // SAFETY: the caller passes `cnt` iovecs.
-        unsafe { std::slice::from_raw_parts(iov, cnt as usize) }
+    if cnt == 0 || iov.is_null() {
+        return Some(&[]);
+    }
+    // SAFETY: the caller passes `cnt` iovecs.
+    Some(unsafe { std::slice::from_raw_parts(iov, cnt as usize) })
+}
+
+/// Scatter reads over `iov` as readv/recvmsg do: later buffers only while data is there.
+unsafe fn read_iov(s: &Sock, fd: c_int, iov: *const iovec, cnt: c_int, flags: c_int) -> ssize_t {
+    // SAFETY: the caller's iovecs.
+    let Some(iovs) = (unsafe { iov_slice(iov, cnt) }) else {
+        return -1;
     };
     let mut total: ssize_t = 0;
     for v in iovs {
@@ -949,15 +957,9 @@ unsafe fn read_iov(s: &Sock, fd: c_int, iov: *const iovec, cnt: c_int, flags: c_
 
 /// Gather writes from `iov` in order, as writev/sendmsg do.
 unsafe fn write_iov(s: &Sock, fd: c_int, iov: *const iovec, cnt: c_int, flags: c_int) -> ssize_t {
-    if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
-        set_errno(libc::EINVAL);
+    // SAFETY: the caller's iovecs.
+    let Some(iovs) = (unsafe { iov_slice(iov, cnt) }) else {
         return -1;
-    }
-    let iovs: &[iovec] = if cnt == 0 || iov.is_null() {
-        &[]
-    } else {
-        // SAFETY: the caller passes `cnt` iovecs.
-        unsafe { std::slice::from_raw_parts(iov, cnt as usize) }
     };
     let mut total: ssize_t = 0;
     for v in iovs {
