@@ -7,12 +7,19 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The shim library cargo built next to this test (target/<profile>/libsdp_preload.so).
+/// The shim library cargo built for this test run. `cargo test` builds the library (a cdylib
+/// too) as a dependency of this test into `target/<profile>/deps/` and does not copy it up to
+/// `target/<profile>/` (only `cargo build` does), so the one beside this test's binary is the
+/// current one; the copied-up file may be stale or, on a clean checkout, missing.
 fn shim() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let so = dir.join("libsdp_preload.so");
-    assert!(so.exists(), "{} not built", so.display());
+    let deps = exe.parent().unwrap();
+    let so = deps.join("libsdp_preload.so");
+    assert!(
+        so.exists(),
+        "{} not built (cargo test builds it with this test)",
+        so.display()
+    );
     so
 }
 
