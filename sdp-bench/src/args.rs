@@ -59,6 +59,18 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     Ok(n)
 }
 
+/// The most CPU-bound threads `--load` starts.
+pub const MAX_LOAD: usize = 1024;
+
+/// `--load N`: 0 (a quiet host, the default) to `MAX_LOAD` CPU-bound threads.
+pub fn parse_load(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n <= MAX_LOAD)
+        .ok_or_else(|| format!("{s:?}: --load is a number of threads, 0 to {MAX_LOAD}"))
+}
+
 /// Seconds per row: a finite number above 0 and at most `MAX_DURATION_SECS`.
 pub fn parse_duration(s: &str) -> Result<f64, String> {
     const RANGE: &str = "seconds per row must be more than 0 and at most 86400 (1 day)";
@@ -173,6 +185,17 @@ fn port_of(s: &str) -> Result<u16, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn load_is_a_bounded_thread_count() {
+        assert_eq!(parse_load("0"), Ok(0));
+        assert_eq!(parse_load("2"), Ok(2));
+        assert_eq!(parse_load(&MAX_LOAD.to_string()), Ok(MAX_LOAD));
+        for bad in ["-1", "x", "", "1.5", "1025"] {
+            let e = parse_load(bad).unwrap_err();
+            assert!(e.contains("0 to 1024"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn sizes_up_to_the_server_limit_only() {

@@ -66,7 +66,14 @@ enum Cmd {
         /// Only these transports/modes (comma list of sdp-auto, sdp-bcopy, sdp-zcopy, tcp).
         #[arg(long, value_delimiter = ',')]
         only: Option<Vec<String>>,
+        /// A busy host: N CPU-bound threads at normal priority run beside the benchmark for the
+        /// whole run (in a process of their own, so their CPU is not counted in either end's).
+        #[arg(long, value_name = "N", default_value_t = 0, value_parser = args::parse_load)]
+        load: usize,
     },
+    /// N CPU-bound threads until killed (what `compare --load N` starts).
+    #[command(hide = true)]
+    Burn { threads: usize },
     /// Serve benchmark clients (SDP and kernel TCP on the same port).
     Server {
         /// Address to listen on.
@@ -111,8 +118,10 @@ fn main() {
                 tests: "both".into(),
             },
             None,
+            0,
         ),
-        Some(Cmd::Compare { run, only }) => net::compare(&run, only),
+        Some(Cmd::Compare { run, only, load }) => net::compare(&run, only, load),
+        Some(Cmd::Burn { threads }) => net::burn(threads),
         Some(Cmd::Server { addr, print_addr }) => net::server(&addr, print_addr),
         Some(Cmd::Client { addr, run, mode }) => net::client(&addr, &run, &mode),
         Some(Cmd::Engine { mib }) => {

@@ -401,7 +401,24 @@ impl Drop for ServerChild {
     }
 }
 
-pub fn compare(opts: &RunOpts, only: Option<Vec<String>>) -> io::Result<()> {
+/// Spin `threads` threads until the process is killed (`compare --load`).
+pub fn burn(threads: usize) -> io::Result<()> {
+    let spin = || {
+        let mut x = 0u64;
+        loop {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    };
+    for _ in 1..threads {
+        std::thread::spawn(spin);
+    }
+    if threads > 0 {
+        spin();
+    }
+    Ok(())
+}
+
+pub fn compare(opts: &RunOpts, only: Option<Vec<String>>, load: usize) -> io::Result<()> {
     let modes: Vec<Mode> = match only {
         Some(list) => list
             .iter()
@@ -424,6 +441,17 @@ pub fn compare(opts: &RunOpts, only: Option<Vec<String>>) -> io::Result<()> {
     if addr.is_empty() {
         return Err(io::Error::other("the server process did not start"));
     }
+    // The busy host's load runs for the whole run, in a process of its own (killed on drop).
+    let _load = match load {
+        0 => None,
+        n => Some(ServerChild(
+            Command::new(std::env::current_exe()?)
+                .args(["burn", &n.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?,
+        )),
+    };
     let tests = match opts.tests.as_str() {
         "stream" | "pingpong" => 1.0,
         _ => 2.0,
@@ -431,10 +459,11 @@ pub fn compare(opts: &RunOpts, only: Option<Vec<String>>) -> io::Result<()> {
     let total = sizes.len() * modes.len();
     if !opts.json {
         eprintln!(
-            "sdp-bench compare: server {addr}, {} sizes x {} modes, about {:.0} s",
+            "sdp-bench compare: server {addr}, {} sizes x {} modes, about {:.0} s, {}",
             sizes.len(),
             modes.len(),
-            total as f64 * tests * opts.duration.max(0.05)
+            total as f64 * tests * opts.duration.max(0.05),
+            load_name(load)
         );
     }
     let mut rows = Vec::new();
@@ -453,7 +482,23 @@ pub fn compare(opts: &RunOpts, only: Option<Vec<String>>) -> io::Result<()> {
         }
     }
     drop(child);
-    report(&rows, opts, &mut io::stdout().lock())
+    let mut out = io::stdout().lock();
+    if load > 0 && !opts.json {
+        writeln!(out, "# {}", load_name(load))?;
+    }
+    report(&rows, opts, &mut out)
+}
+
+/// The header's words for `--load`.
+fn load_name(load: usize) -> String {
+    match load {
+        0 => "no added load".into(),
+        n => format!(
+            "load: {n} CPU-bound thread{} beside it ({} CPUs online)",
+            if n == 1 { "" } else { "s" },
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        ),
+    }
 }
 
 fn fmt_opt(v: Option<f64>, scale: f64, prec: usize) -> String {
