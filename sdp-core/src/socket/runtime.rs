@@ -22,7 +22,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,6 +96,51 @@ impl AdaptiveSpin {
         };
         let old = self.ns.load(Ordering::Relaxed);
         self.ns.store((old * 3 + target) / 4, Ordering::Relaxed);
+    }
+}
+
+/// Polling pays only while the CPUs have room: when a thread that polls is preempted (an
+/// involuntary context switch during its poll), something else wanted that CPU, possibly the
+/// peer it waits for, and polling on would take the CPU from it. Then this thread's blocking
+/// calls sleep at once for a while (20 ms, doubling while it happens again, up to 1 s), after
+/// which one poll probes again. Per thread: a busy host's threads each learn it by
+/// themselves. (A fixed `SDP_SPIN_US` is used as it is.)
+struct SpinGuard;
+
+/// The shortest and longest time a thread does not poll after it was preempted polling.
+const SPIN_OFF_MIN: Duration = Duration::from_millis(20);
+const SPIN_OFF_MAX: Duration = Duration::from_secs(1);
+
+thread_local! {
+    /// Until when this thread does not poll, and the back-off that set it.
+    static SPIN_OFF: std::cell::Cell<(Option<std::time::Instant>, Duration)> =
+        const { std::cell::Cell::new((None, Duration::ZERO)) };
+}
+
+impl SpinGuard {
+    /// May this thread poll now?
+    fn allowed() -> bool {
+        SPIN_OFF.with(|c| match c.get().0 {
+            Some(t) => std::time::Instant::now() >= t,
+            None => true,
+        })
+    }
+
+    /// A poll that ran from `start` with `ivcsw0` involuntary context switches before ended.
+    fn ended(start: std::time::Instant, ivcsw0: Option<u64>) {
+        let (Some(before), Some(after)) = (ivcsw0, sys::involuntary_switches()) else {
+            return;
+        };
+        SPIN_OFF.with(|c| {
+            let (_, backoff) = c.get();
+            if after > before {
+                let backoff = (backoff * 2).clamp(SPIN_OFF_MIN, SPIN_OFF_MAX);
+                c.set((Some(std::time::Instant::now() + backoff), backoff));
+            } else if start.elapsed() > Duration::from_micros(5) {
+                // A clean poll: the CPUs have room again.
+                c.set((None, Duration::ZERO));
+            }
+        });
     }
 }
 
@@ -264,6 +309,8 @@ struct Sock {
 /// Per-listener state of the runtime (its queue of connections is the driver's).
 struct LSock {
     ready: ReadyFd,
+    /// The application asked for `ready`'s fd (it may be watching it).
+    fd_given: bool,
     /// Told how many connections are ready to accept whenever that is recomputed (the shim's
     /// doorbell for a listener whose application fd is a kernel TCP socket).
     bell: Option<Bell>,
@@ -288,6 +335,20 @@ struct Shared<P: Provider> {
     cond: Condvar,
     origin: std::time::Instant,
     wake: OwnedFd,
+    /// The provider's notify fd (readable when a peer or the device has news for us), if it
+    /// has one: a caller that sleeps waits on it itself, so a peer's wakeup reaches the thread
+    /// that waits for it directly instead of through the progress thread.
+    notify: Option<RawFd>,
+    /// The eventfds of the callers sleeping on `notify` (see `Runtime::block_on`): whoever
+    /// makes progress signals them, as it notifies `cond` for the others.
+    sleepers: parking_lot::Mutex<Vec<RawFd>>,
+    /// When the progress thread's sleep ends by itself (ns on the stack's clock, under the
+    /// inner lock): a caller that set an earlier timer wakes it, others leave it asleep.
+    progress_until: AtomicU64,
+    /// Callers inside `Runtime::block_on` (spinning, or sleeping on `notify`).
+    callers: std::sync::atomic::AtomicUsize,
+    /// When the last caller left `block_on` (ns on the stack's clock).
+    last_call: AtomicU64,
     pid: u32,
     tick: Option<Tick>,
     stop: AtomicBool,
@@ -305,6 +366,34 @@ struct Shared<P: Provider> {
     spin: AdaptiveSpin,
     /// Answers `sdpstat` (see `socket::stat`).
     stat: Option<super::stat::StatServer>,
+}
+
+/// A caller inside `Runtime::block_on`: counted while there, its leaving time kept (the
+/// progress thread stands by meanwhile; see `progress_loop`).
+struct Caller<'a, P: Provider>(&'a Shared<P>);
+
+impl<'a, P: Provider> Caller<'a, P> {
+    fn enter(sh: &'a Shared<P>) -> Self {
+        sh.callers.fetch_add(1, Ordering::SeqCst);
+        Caller(sh)
+    }
+}
+
+impl<P: Provider> Drop for Caller<'_, P> {
+    fn drop(&mut self) {
+        let now = self.0.origin.elapsed().as_nanos() as u64;
+        self.0.last_call.store(now, Ordering::Relaxed);
+        self.0.callers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How long after the last caller left `block_on` the progress thread keeps standing by.
+const STANDBY: Duration = Duration::from_millis(1);
+
+thread_local! {
+    /// This thread's eventfd for sleeping on a provider's notify fd in `Runtime::block_on`
+    /// (`None` if one could not be made: the thread then sleeps on the condvar).
+    static SLEEP_FD: Option<OwnedFd> = sys::eventfd().ok();
 }
 
 /// A runtime over one provider. Dropping the last handle stops the progress thread.
@@ -377,6 +466,11 @@ impl<P: Provider + 'static> Runtime<P> {
             cond: Condvar::new(),
             origin: std::time::Instant::now(),
             wake: sys::eventfd()?,
+            notify,
+            sleepers: parking_lot::Mutex::new(Vec::new()),
+            progress_until: AtomicU64::new(0),
+            callers: std::sync::atomic::AtomicUsize::new(0),
+            last_call: AtomicU64::new(0),
             pid: sys::getpid(),
             tick,
             stop: AtomicBool::new(false),
@@ -474,29 +568,36 @@ impl<P: Provider + 'static> Runtime<P> {
     ) -> io::Result<T> {
         let start = std::time::Instant::now();
         let mut g = self.lock()?;
-        let mut woke_progress = false;
-        let spin = w.spin.unwrap_or_else(|| self.sh.spin.get());
+        let _caller = Caller::enter(&self.sh);
+        let spin = match (w.spin, spin_fixed()) {
+            (Some(d), _) if SpinGuard::allowed() => d,
+            (None, Some(d)) => d,
+            (None, None) if SpinGuard::allowed() => self.sh.spin.get(),
+            _ => Duration::ZERO,
+        };
+        let guarded = spin_fixed().is_none() && !spin.is_zero();
+        // Involuntary context switches when polling began (see `SpinGuard`).
+        let mut ivcsw0: Option<u64> = None;
         let mut waited = false;
         loop {
             if self.sh.failed() {
                 return Err(stack_failed());
             }
             let now = self.now();
-            if let Some(r) = f(&mut g, now) {
+            let mut r = f(&mut g, now);
+            // Move things along ourselves, then look again.
+            if r.is_none() && self.sh.step(&mut g) > 0 {
+                self.sh.wake_waiters();
+                r = f(&mut g, self.now());
+            }
+            if let Some(r) = r {
                 if waited && w.spin.is_none() {
                     self.sh.spin.record(start.elapsed());
                 }
-                return r;
-            }
-            // Move things along ourselves, then look again.
-            if self.sh.step(&mut g) > 0 {
-                self.sh.cond.notify_all();
-                if let Some(r) = f(&mut g, self.now()) {
-                    if waited && w.spin.is_none() {
-                        self.sh.spin.record(start.elapsed());
-                    }
-                    return r;
+                if guarded && ivcsw0.is_some() && start.elapsed() <= spin {
+                    SpinGuard::ended(start, ivcsw0);
                 }
+                return r;
             }
             if w.nonblocking {
                 return Err(io::ErrorKind::WouldBlock.into());
@@ -509,18 +610,45 @@ impl<P: Provider + 'static> Runtime<P> {
             };
             waited = true;
             if elapsed < spin {
+                if guarded && ivcsw0.is_none() {
+                    ivcsw0 = sys::involuntary_switches();
+                }
                 MutexGuard::unlocked(&mut g, std::hint::spin_loop);
                 continue;
             }
-            if !woke_progress {
-                // Our call may have set an earlier timer than the one the progress thread
-                // sleeps towards.
-                sys::eventfd_signal(&self.sh.wake);
-                woke_progress = true;
+            if guarded && ivcsw0.is_some() {
+                // The poll is over without an answer; was it preempted?
+                SpinGuard::ended(start, ivcsw0.take());
             }
-            self.sh
-                .cond
-                .wait_for(&mut g, left.min(Duration::from_millis(200)));
+            // Our call may have set an earlier timer than the one the progress thread sleeps
+            // towards.
+            self.sh.kick_progress_for_timers(&g);
+            let left = left.min(Duration::from_millis(200));
+            match (
+                self.sh.notify,
+                SLEEP_FD.with(|f| f.as_ref().map(|f| f.as_raw_fd())),
+            ) {
+                (Some(notify), Some(me)) => {
+                    // Ask the provider to make `notify` readable at the next news, then look
+                    // once more (news between our last look and the arming made no wakeup).
+                    let _ = g.driver.provider().arm();
+                    if self.sh.step(&mut g) > 0 {
+                        self.sh.wake_waiters();
+                        continue;
+                    }
+                    // Registered before the lock goes: whoever makes progress after that
+                    // (the progress thread, another caller) signals `me`.
+                    self.sh.sleepers.lock().push(me);
+                    MutexGuard::unlocked(&mut g, || {
+                        let _ = sys::poll_two(notify, me, left);
+                    });
+                    self.sh.sleepers.lock().retain(|&fd| fd != me);
+                    sys::eventfd_drain_raw(me);
+                }
+                _ => {
+                    self.sh.cond.wait_for(&mut g, left);
+                }
+            }
         }
     }
 
@@ -781,6 +909,17 @@ impl<P: Provider + 'static> Shared<P> {
         self.failed.load(Ordering::SeqCst)
     }
 
+    /// Wake the progress thread if the engine's next timer (under the lock `g`) is earlier
+    /// than the one it sleeps towards.
+    fn kick_progress_for_timers(&self, g: &Inner<P>) {
+        if let Some(d) = g.driver.next_deadline() {
+            if d.as_nanos() < self.progress_until.load(Ordering::Relaxed) {
+                self.progress_until.store(d.as_nanos(), Ordering::Relaxed);
+                sys::eventfd_signal(&self.wake);
+            }
+        }
+    }
+
     /// One round of progress (below). A panic in it, in the progress thread or in a caller's
     /// thread, fails the stack: its connections report EIO and nobody waits on them.
     fn step(&self, g: &mut Inner<P>) -> usize {
@@ -795,7 +934,7 @@ impl<P: Provider + 'static> Shared<P> {
     /// aborted so its peer learns at once, and every readiness fd reports hung up.
     fn fail_stack(&self) {
         self.failed.store(true, Ordering::SeqCst);
-        self.cond.notify_all();
+        self.wake_waiters();
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut g = self.inner.lock();
             let now = self.now();
@@ -810,7 +949,7 @@ impl<P: Provider + 'static> Shared<P> {
                 ls.ready.set(true, false, false);
             }
         }));
-        self.cond.notify_all();
+        self.wake_waiters();
     }
 
     /// One round of progress: the driver polls everything, then the runtime collects events,
@@ -854,13 +993,33 @@ impl<P: Provider + 'static> Shared<P> {
     }
 }
 
+impl<P: Provider> Shared<P> {
+    /// A caller is in `block_on`, or left it less than `STANDBY` ago.
+    fn callers_active(&self) -> bool {
+        if self.callers.load(Ordering::SeqCst) > 0 {
+            return true;
+        }
+        let now = self.origin.elapsed().as_nanos() as u64;
+        now.saturating_sub(self.last_call.load(Ordering::Relaxed)) < STANDBY.as_nanos() as u64
+    }
+
+    /// Progress was made: wake every caller that waits for it (on the condvar, or on the
+    /// notify fd and its own eventfd).
+    fn wake_waiters(&self) {
+        self.cond.notify_all();
+        for &fd in self.sleepers.lock().iter() {
+            sys::eventfd_signal_raw(fd);
+        }
+    }
+}
+
 /// Marks the stack failed if a round of progress unwinds (see `Shared::step`).
 struct FailOnUnwind<'a, P: Provider>(&'a Shared<P>);
 
 impl<P: Provider> Drop for FailOnUnwind<'_, P> {
     fn drop(&mut self) {
         self.0.failed.store(true, Ordering::SeqCst);
-        self.0.cond.notify_all();
+        self.0.wake_waiters();
         // The progress thread sees it and aborts the connections.
         sys::eventfd_signal(&self.0.wake);
     }
@@ -975,7 +1134,7 @@ impl<P: Provider + 'static> super::exit::ExitFlush for Shared<P> {
                 return false;
             }
             if self.step(&mut g) > 0 {
-                self.cond.notify_all();
+                self.wake_waiters();
                 continue;
             }
             // The progress thread moves things along meanwhile and notifies.
@@ -1024,6 +1183,15 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
 /// The progress thread: [`progress_loop`] until the stack stops, or until a panic fails it
 /// (then its connections are failed, never left hanging).
+/// Anything of the stack may be watched from outside a call: a connection's readiness fd or
+/// the shim's application fd (its pump too), a listener's fd or doorbell.
+fn watched<P: Provider>(g: &Inner<P>) -> bool {
+    g.socks
+        .values()
+        .any(|s| s.ready.is_some() || s.app.is_some() || s.pump.is_some())
+        || g.lsocks.values().any(|l| l.fd_given || l.bell.is_some())
+}
+
 fn progress_thread<P: Provider + 'static>(sh: Arc<Shared<P>>, notify: Option<RawFd>) {
     super::app::run_thread_start_hook();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| progress_loop(&sh, notify)));
@@ -1052,24 +1220,44 @@ fn progress_loop<P: Provider + 'static>(sh: &Shared<P>, notify: Option<RawFd>) {
             if sh.inject_panic.swap(false, Ordering::SeqCst) {
                 panic!("sdp: progress thread panic injected by a test");
             }
-            let _ = g.driver.provider().arm();
+            // While callers make progress themselves (they poll, and arm the provider when
+            // they sleep), the progress thread stands by: it does not arm the provider, so a
+            // peer wakes the caller that waits and not this thread too, and it looks only now
+            // and then (`STANDBY`) and at timers. Not while anything of the stack may be
+            // watched from outside a call (readiness fds, the shim's application fds, pumps,
+            // listener fds and doorbells): those need every event at once.
+            let standby = stopped_at.is_none() && sh.callers_active() && !watched(&g);
+            if !standby {
+                let _ = g.driver.provider().arm();
+            }
             if sh.step(&mut g) > 0 {
-                sh.cond.notify_all();
+                sh.wake_waiters();
                 // Keep going while there is work; arm again before each look.
                 continue;
             }
-            g.driver.next_deadline()
+            let now = sh.now();
+            let cap = if standby {
+                STANDBY
+            } else if notify.is_some() && stopped_at.is_none() {
+                Duration::from_secs(1)
+            } else {
+                // Nothing to sleep on (the simulator), or draining: look often.
+                Duration::from_micros(200)
+            };
+            let timeout = g
+                .driver
+                .next_deadline()
+                .map_or(cap, |d| d.saturating_since(now).min(cap));
+            // Callers compare their timers with this under the lock (`kick_progress_for_timers`).
+            sh.progress_until.store(
+                now.as_nanos() + timeout.as_nanos() as u64,
+                Ordering::Relaxed,
+            );
+            (timeout, standby)
         };
-        let now = sh.now();
-        let cap = if notify.is_some() && stopped_at.is_none() {
-            Duration::from_secs(1)
-        } else {
-            // Nothing to sleep on (the simulator), or draining: look often.
-            Duration::from_micros(200)
-        };
-        let timeout = deadline.map_or(cap, |d| d.saturating_since(now).min(cap));
+        let (timeout, standby) = deadline;
         let mut fds = vec![(sh.wake.as_raw_fd(), libc::POLLIN)];
-        if let Some(fd) = notify {
+        if let Some(fd) = notify.filter(|_| !standby) {
             fds.push((fd, libc::POLLIN));
         }
         if let Some(s) = &sh.stat {
@@ -1138,6 +1326,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         g.lsocks.insert(
             l,
             LSock {
+                fd_given: false,
                 ready: ReadyFd::new()?,
                 bell: None,
             },
@@ -1186,9 +1375,13 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
 
     fn listener_fd(&self, l: ListenerId) -> io::Result<RawFd> {
         let g = self.lock()?;
+        let mut g = g;
         g.lsocks
-            .get(&l)
-            .map(|ls| ls.ready.fd())
+            .get_mut(&l)
+            .map(|ls| {
+                ls.fd_given = true;
+                ls.ready.fd()
+            })
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
     }
 
@@ -1409,7 +1602,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     fn send_registered_peek(&self, id: ConnId, ticket: u64) -> io::Result<bool> {
         let mut g = self.lock()?;
         if self.sh.step(&mut g) > 0 {
-            self.sh.cond.notify_all();
+            self.sh.wake_waiters();
         }
         let now = self.now();
         Self::zsends_settled(&mut g, now, id);
@@ -1701,7 +1894,7 @@ impl<P: Provider + 'static> Runtime<P> {
             if matches!(r, Err(CallError::WouldBlock)) && !stepped {
                 stepped = true;
                 if self.sh.step(&mut g) > 0 {
-                    self.sh.cond.notify_all();
+                    self.sh.wake_waiters();
                 }
                 continue;
             }

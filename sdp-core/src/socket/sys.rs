@@ -54,6 +54,52 @@ pub(crate) fn eventfd_signal(fd: &OwnedFd) {
     let _ = syscall!(write(fd.as_raw_fd(), (&v as *const u64).cast(), 8));
 }
 
+/// Add 1 to the counter of an eventfd known by number only (it must stay open meanwhile).
+pub(crate) fn eventfd_signal_raw(fd: RawFd) {
+    let v: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64; an error (counter full) is harmless.
+    let _ = syscall!(write(fd, (&v as *const u64).cast(), 8));
+}
+
+/// Reset the counter of an eventfd known by number only.
+pub(crate) fn eventfd_drain_raw(fd: RawFd) {
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a live u64; EAGAIN (counter zero) is harmless.
+    let _ = syscall!(read(fd, (&mut v as *mut u64).cast(), 8));
+}
+
+/// Wait until `a` or `b` is readable or `timeout` passes (no allocation: a hot path).
+pub(crate) fn poll_two(a: RawFd, b: RawFd, timeout: Duration) -> io::Result<()> {
+    let mut pfds = [
+        libc::pollfd {
+            fd: a,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: b,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    // SAFETY: `pfds` is a live array of two pollfd structs.
+    match syscall!(poll(pfds.as_mut_ptr(), 2, ms)) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// This thread's involuntary context switches so far (`None` if the kernel does not say).
+pub(crate) fn involuntary_switches() -> Option<u64> {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a live rusage struct.
+    syscall!(getrusage(libc::RUSAGE_THREAD, &mut ru)).ok()?;
+    Some(ru.ru_nivcsw as u64)
+}
+
 /// Reset an eventfd's counter.
 pub(crate) fn eventfd_drain(fd: &OwnedFd) {
     let mut v: u64 = 0;
