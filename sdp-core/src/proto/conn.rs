@@ -889,6 +889,14 @@ impl<S: BufStore> Conn<S> {
                 self.fail(now, ConnError::Unreachable, false)
             }
             (_, CmEvent::DeviceRemoval) => self.fail(now, ConnError::DeviceRemoved, false),
+            (
+                State::Disconnecting,
+                CmEvent::Unreachable | CmEvent::ConnectError | CmEvent::Rejected { .. },
+            ) => {
+                // We gave up on a connection still being set up (aborted while accepting):
+                // its setup ended in an error, so no Disconnected will follow.
+                self.finish(now)
+            }
             (State::Closed, _) => {}
             (_, CmEvent::Disconnected) => {
                 // The CM says the connection is gone: nothing more can arrive. After the

@@ -1246,7 +1246,12 @@ impl ShmEndpoint {
                 }
                 Exec::Fail(c) => {
                     self.pending.pop_front();
-                    if self.peer.as_ref().is_some_and(|p| p.closed()) {
+                    // `RetryExceeded` is what `exec` makes of ESRCH: the peer's process is
+                    // gone (its memory goes before its fds close, so the rendezvous socket
+                    // may not have hung up yet). Like a peer that closed: a reset, as TCP's
+                    // kernel gives for a killed process, not a timeout.
+                    let gone = c.status == WcStatus::RetryExceeded;
+                    if gone || self.peer.as_ref().is_some_and(|p| p.closed()) {
                         // The peer went away: like a QP error from the other side.
                         self.pending.push_front(wr);
                         self.peer_closed();
