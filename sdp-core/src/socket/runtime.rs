@@ -1,13 +1,19 @@
 //! The progress engine behind the socket API: one [`Runtime`] per provider per process.
 //!
 //! A runtime owns a [`Driver`] (every SDP connection of that provider) behind one lock, and a
-//! progress thread. Progress is made by whoever is there:
+//! progress thread. Progress is made by whoever is there (docs/waiting.md):
 //!
-//! * an application thread in a blocking call polls the provider itself, spinning for a short
-//!   bounded time (`SDP_SPIN_US`, default 50 µs) so a reply that comes quickly is seen at once;
-//! * after that it sleeps on a condition variable, and the progress thread, which sleeps on the
-//!   provider's notification fd (the `arm`, poll, sleep protocol of
-//!   [`Provider::notify_fd`](crate::verbs::Provider::notify_fd)) and the next timer, wakes it.
+//! * an application thread in a blocking call polls the provider itself, for an adaptive time
+//!   (50-500 µs, learnt from recent waits; `SDP_SPIN_US` fixes it), so a reply that comes
+//!   quickly is seen at once, unless this thread was preempted while polling lately (a busy
+//!   host: polling would take the CPU from the peer it waits for; `SpinGuard`);
+//! * then it sleeps on the provider's notification fd itself (the `arm`, poll, sleep protocol
+//!   of [`Provider::notify_fd`](crate::verbs::Provider::notify_fd)) and its own eventfd, so the
+//!   peer's wakeup reaches it directly; whoever else makes progress signals that eventfd;
+//! * the progress thread serves everything else: timers, connections nobody is calling on,
+//!   readiness fds and the LD_PRELOAD shim's application fds. While callers make progress
+//!   themselves and nothing is watched from outside a call, it stands by (does not arm the
+//!   provider, looks every millisecond), so a peer's message wakes one thread, not two.
 //!
 //! An idle process therefore costs no CPU: the progress thread sleeps in `poll(2)` until a
 //! completion, a CM event or a timer is due.
