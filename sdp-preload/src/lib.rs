@@ -1530,3 +1530,119 @@ pub unsafe extern "C" fn sendmmsg(
     // SAFETY: forwards the caller's arguments.
     unsafe { real::sendmmsg(fd, v, n, flags) }
 }
+
+// Children that exec: posix_spawn(p), vfork. Neither runs the fork handlers, and the child's
+// new program knows nothing of the shim's state: an SDP stream's fd it inherits is the user end
+// of the readiness pair, which carries real bytes only once the stream is shared (as at fork:
+// `socket::pump`). So every stream the child will inherit becomes shared first, and listeners it
+// inherits serve kernel TCP only (the child could accept the shim's doorbells).
+
+/// fds the application asked `posix_spawn_file_actions_adddup2` to give a child: (file actions
+/// object, fd). Only the shim's own fds are kept.
+static SPAWN_DUPS: parking_lot::Mutex<Vec<(usize, c_int)>> = parking_lot::Mutex::new(Vec::new());
+
+/// Before a child that will exec is made: share the streams it inherits (fds without
+/// FD_CLOEXEC, and `extra`), take the listeners it inherits out of SDP.
+fn before_spawn(extra: &[c_int]) {
+    if internal() {
+        return;
+    }
+    let inherited = |fd: c_int| {
+        // SAFETY: F_GETFD on an fd number: no memory is passed.
+        extra.contains(&fd) || unsafe { real::fcntl(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC == 0
+    };
+    let _g = Internal::enter();
+    for (fd, s) in table::streams() {
+        if let Sock::Stream(st, _) = &*s {
+            if !st.is_shared() && inherited(fd) {
+                match st.share(fd) {
+                    Ok(()) => log(format_args!(
+                        "spawn: fd {fd} is shared with the child, its bytes go through the kernel file"
+                    )),
+                    Err(e) => log(format_args!("spawn: fd {fd} cannot be shared: {e}")),
+                }
+            }
+        }
+    }
+    let gone = table::take_listeners(inherited);
+    if !gone.is_empty() {
+        log(format_args!(
+            "spawn: {} listening socket(s) inherited by the child now serve kernel TCP only",
+            gone.len()
+        ));
+    }
+    drop(gone);
+}
+
+/// The fds recorded for the file actions object `fa`.
+fn spawn_dups(fa: *const libc::posix_spawn_file_actions_t) -> Vec<c_int> {
+    if fa.is_null() {
+        return Vec::new();
+    }
+    SPAWN_DUPS
+        .lock()
+        .iter()
+        .filter(|(f, _)| *f == fa as usize)
+        .map(|(_, fd)| *fd)
+        .collect()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn_file_actions_adddup2(
+    fa: *mut libc::posix_spawn_file_actions_t,
+    fd: c_int,
+    newfd: c_int,
+) -> c_int {
+    if table::owned(fd) && !internal() {
+        SPAWN_DUPS.lock().push((fa as usize, fd));
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::posix_spawn_file_actions_adddup2(fa, fd, newfd) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn_file_actions_destroy(
+    fa: *mut libc::posix_spawn_file_actions_t,
+) -> c_int {
+    SPAWN_DUPS.lock().retain(|(f, _)| *f != fa as usize);
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::posix_spawn_file_actions_destroy(fa) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const libc::c_char,
+    fa: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+) -> c_int {
+    before_spawn(&spawn_dups(fa));
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::posix_spawn(pid, path, fa, attr, argv, envp) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const libc::c_char,
+    fa: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+) -> c_int {
+    before_spawn(&spawn_dups(fa));
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::posix_spawnp(pid, file, fa, attr, argv, envp) }
+}
+
+/// vfork is fork here: a vfork child borrows the parent's memory and stack until it execs,
+/// which would let it run the shim's hooks on the parent's state; a fork child runs the fork
+/// handlers (streams shared, listeners out of SDP) and behaves the same for the exec or _exit
+/// a vfork child may do.
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    // SAFETY: fork takes no arguments; the caller does only what a vfork child may do.
+    unsafe { real::fork() }
+}

@@ -131,13 +131,19 @@ pub(crate) fn lock_for_fork() {
 pub(crate) fn unlock_after_fork() -> Vec<Arc<Sock>> {
     // SAFETY: this thread took the write lock in `lock_for_fork` and forgot the guard.
     unsafe { MAP.force_unlock_write() };
+    take_listeners(|_| true)
+}
+
+/// Take out the listeners whose fd `pick` chooses (the kernel TCP socket stays, served by
+/// kernel TCP only from now on). Returns them to drop.
+pub(crate) fn take_listeners(pick: impl Fn(i32) -> bool) -> Vec<Arc<Sock>> {
     let mut m = MAP.write();
     let Some(map) = m.as_mut() else {
         return Vec::new();
     };
     let fds: Vec<i32> = map
         .iter()
-        .filter(|(_, (s, _))| matches!(**s, Sock::Listener(_)))
+        .filter(|(fd, (s, _))| matches!(**s, Sock::Listener(_)) && pick(**fd))
         .map(|(fd, _)| *fd)
         .collect();
     let mut out = Vec::new();

@@ -10,6 +10,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,8 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+extern char **environ;
 
 static void out(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void out(const char *fmt, ...) {
@@ -557,6 +560,63 @@ static void case_fork_ignore(void) {
     finish(pid, s);
 }
 
+/* The child program of the spawn cases (`corners serve-fd N`): serve the socket on fd N. */
+static int serve_fd(int fd) {
+    char b[64];
+    ssize_t r;
+    while ((r = read(fd, b, sizeof b)) > 0) {
+        char reply[80];
+        int n = snprintf(reply, sizeof reply, "spawned reply to %.*s", (int)r, b);
+        if (write(fd, reply, n) != n)
+            return 1;
+    }
+    return r == 0 ? 0 : 1;
+}
+
+/* Wait for the serving child, then the peer (it ends once it read the child's EOF). */
+static void spawned_done(const char *what, pid_t child, pid_t pid) {
+    int st, pst;
+    CHECK(waitpid(child, &st, 0) == child);
+    CHECK(waitpid(pid, &pst, 0) == pid);
+    out("%s child exit %d peer exit %d", what, WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+        WIFEXITED(pst) ? WEXITSTATUS(pst) : -1);
+    close(p2c[1]);
+    close(c2p[0]);
+}
+
+/* posix_spawn gives the accepted socket (close-on-exec here) to a new program through a
+ * dup2 file action (a server handing a connection to a handler program). */
+static void case_spawn_serve(void) {
+    int s;
+    pid_t pid = start(peer_talk, &s);
+    CHECK(fcntl(s, F_SETFD, FD_CLOEXEC) == 0);
+    posix_spawn_file_actions_t fa;
+    CHECK(posix_spawn_file_actions_init(&fa) == 0);
+    CHECK(posix_spawn_file_actions_adddup2(&fa, s, 7) == 0);
+    char *argv[] = {"corners", "serve-fd", "7", NULL};
+    pid_t child;
+    CHECK(posix_spawn(&child, "/proc/self/exe", &fa, NULL, argv, environ) == 0);
+    CHECK(posix_spawn_file_actions_destroy(&fa) == 0);
+    close(s);
+    spawned_done("spawn-serve", child, pid);
+}
+
+/* vfork + exec: the new program inherits the socket (no close-on-exec) by its number. */
+static void case_vfork_exec(void) {
+    int s;
+    pid_t pid = start(peer_talk, &s);
+    char fdn[16];
+    snprintf(fdn, sizeof fdn, "%d", s);
+    pid_t child = vfork();
+    CHECK(child >= 0);
+    if (child == 0) {
+        execl("/proc/self/exe", "corners", "serve-fd", fdn, (char *)NULL);
+        _exit(127);
+    }
+    close(s);
+    spawned_done("vfork-exec", child, pid);
+}
+
 static volatile sig_atomic_t sigurgs;
 static void on_urg(int sig) { (void)sig; sigurgs++; }
 
@@ -699,6 +759,8 @@ static void case_fd_numbers(void) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc > 2 && strcmp(argv[1], "serve-fd") == 0)
+        return serve_fd(atoi(argv[2]));
     const char *only = argc > 1 ? argv[1] : NULL;
 #define RUN(name)                                    \
     if (!only || strcmp(only, #name) == 0) {         \
@@ -720,6 +782,8 @@ int main(int argc, char **argv) {
     RUN(raw_close);
     RUN(fork_serve);
     RUN(fork_ignore);
+    RUN(spawn_serve);
+    RUN(vfork_exec);
     out("done");
     return 0;
 }
