@@ -1274,11 +1274,24 @@ fn progress_loop<P: Provider + 'static>(sh: &Shared<P>, notify: Option<RawFd>) {
             let p = s.pump.as_ref()?;
             Some((p.fd()?, libc::POLLIN | libc::POLLRDHUP | p.wants_out()))
         }));
-        if sys::poll(&fds, Some(timeout)).is_err() {
-            std::thread::sleep(Duration::from_millis(1));
+        let revents = match sys::poll(&fds, Some(timeout)) {
+            Ok(r) => r,
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(1));
+                Vec::new()
+            }
+        };
+        // Each only when it has something: an accept or a read that finds nothing is a
+        // system call on every wakeup.
+        let has = |fd: RawFd| {
+            fds.iter()
+                .zip(&revents)
+                .any(|(&(f, _), &r)| f == fd && r != 0)
+        };
+        if has(sh.wake.as_raw_fd()) {
+            sys::eventfd_drain(&sh.wake);
         }
-        sys::eventfd_drain(&sh.wake);
-        if let Some(s) = &sh.stat {
+        if let Some(s) = sh.stat.as_ref().filter(|s| has(s.fd())) {
             s.serve(|| sh.stat_lines());
         }
     }
