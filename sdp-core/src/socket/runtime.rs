@@ -1777,15 +1777,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     }
 
     fn app_shutdown(&self, id: ConnId, user: RawFd, how: Shutdown) -> io::Result<()> {
-        let mut g = self.lock()?;
-        let now = self.now();
-        let Inner { driver, socks, .. } = &mut *g;
-        let s = socks
-            .get_mut(&id)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
-        let r = driver.shutdown(now, id, how).map_err(io_err);
-        refresh_app(driver, id, s, Some(user));
-        r
+        self.app_call(id, user, |g, now| g.driver.shutdown(now, id, how))
     }
 
     fn app_info(&self, id: ConnId) -> io::Result<super::app::AppInfo> {
@@ -1813,38 +1805,25 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     }
 
     fn app_send_urgent(&self, id: ConnId, user: RawFd, byte: u8) -> io::Result<()> {
-        let mut g = self.lock()?;
-        let now = self.now();
-        let Inner { driver, socks, .. } = &mut *g;
-        let s = socks
-            .get_mut(&id)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
-        let r = driver
-            .with_conn(now, id, |c| c.send_urgent(now, byte))
-            .map_err(driver_err)
-            .and_then(|r| r.map_err(io_err));
-        refresh_app(driver, id, s, Some(user));
-        r
+        self.app_call(id, user, |g, now| {
+            g.driver
+                .with_conn(now, id, |c| c.send_urgent(now, byte))
+                .unwrap_or(Err(CallError::Conn(ConnError::Reset)))
+        })
     }
 
     fn app_read_urgent(&self, id: ConnId, user: RawFd, peek: bool) -> io::Result<Option<u8>> {
-        let mut g = self.lock()?;
-        let now = self.now();
-        let Inner { driver, socks, .. } = &mut *g;
-        let s = socks
-            .get_mut(&id)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
-        let r = driver
-            .with_conn(now, id, |c| {
-                let b = c.read_urgent();
-                if peek {
-                    c.urgent = b;
-                }
-                b
-            })
-            .map_err(driver_err);
-        refresh_app(driver, id, s, Some(user));
-        r
+        self.app_call(id, user, |g, now| {
+            g.driver
+                .with_conn(now, id, |c| {
+                    let b = c.read_urgent();
+                    if peek {
+                        c.urgent = b;
+                    }
+                    b
+                })
+                .map_err(|_| CallError::Conn(ConnError::Reset))
+        })
     }
 
     fn app_share(&self, id: ConnId, user: RawFd) -> io::Result<()> {
