@@ -331,6 +331,19 @@ fn main() {
                 Err(e) => die(e),
             }
         }
+        "drain" => {
+            // Read everything until EOF or an error, then say how many bytes.
+            let mut s = connect(&arg(1), "sdp");
+            let mut buf = vec![0u8; 1 << 20];
+            let mut total = 0u64;
+            while let Ok(n) = s.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                total += n as u64;
+            }
+            println!("ok {total}");
+        }
         "echo" => {
             let piece = arg(3)
                 .parse::<usize>()

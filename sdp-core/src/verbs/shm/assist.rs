@@ -87,18 +87,80 @@ fn chunk_for(op: Op, len: u64) -> u64 {
     ((len.div_ceil(parts)).clamp(CHUNK_MIN, CHUNK_MAX) + 4095) & !4095
 }
 
+/// How long the initiator waits by itself (polling) for the helper's last chunks before it
+/// leaves them to later polls (`Pending`): the helper copies a chunk right after claiming it, so
+/// this covers a helper that runs; one that was preempted or stopped must not hold us.
+const SETTLE_SPIN: Duration = Duration::from_micros(20);
+
+/// An operation whose own chunks are done, waiting for chunks the peer claimed: it must not
+/// complete before they are (the peer's copy may still touch our buffer).
+#[derive(Debug)]
+pub(super) struct Pending {
+    theirs: u64,
+    res: io::Result<()>,
+}
+
+/// How [`start_shared`] left an operation.
+pub(super) enum Started {
+    Done(io::Result<()>),
+    Waiting(Pending),
+}
+
+impl Pending {
+    /// The operation's result once the peer's chunks are done; `None` while they are not.
+    /// `sock` is the connection's rendezvous socket: a peer that is gone (hung up) takes its
+    /// memory with it, and its chunks will never be counted.
+    pub(super) fn poll(
+        &mut self,
+        inbox: &Mapping,
+        sock: Option<BorrowedFd<'_>>,
+    ) -> Option<io::Result<()>> {
+        if u64::from(inbox.u32(A_DONE).load(Ordering::Acquire)) >= self.theirs {
+            let res = std::mem::replace(&mut self.res, Ok(()));
+            if inbox.u32(A_ERR).load(Ordering::Acquire) != 0 && res.is_ok() {
+                return Some(Err(io::Error::from_raw_os_error(libc::EFAULT)));
+            }
+            return Some(res);
+        }
+        if sock.is_some_and(|s| sys::hung_up(s.as_raw_fd())) {
+            return Some(Err(io::Error::from_raw_os_error(libc::ESRCH)));
+        }
+        None
+    }
+
+    /// Wait until [`Pending::poll`] has the result (a connection going away with an RDMA Read
+    /// in progress: the peer may still be writing into our buffer).
+    pub(super) fn wait(mut self, inbox: &Mapping, sock: Option<BorrowedFd<'_>>) -> io::Result<()> {
+        let start = Instant::now();
+        loop {
+            if let Some(r) = self.poll(inbox, sock) {
+                return r;
+            }
+            if start.elapsed() > SPIN_BEFORE_YIELD {
+                std::thread::sleep(Duration::from_micros(200));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
 /// The initiator's side of one operation: copy `len` bytes between our `local` buffer and the
 /// peer's `remote` address (a Read: peer to us), sharing the chunks with the peer if it polls.
 /// `rkey` is the peer's key of the remote range (unused for a SEND).
 /// `sock` is the connection's rendezvous socket, whose hang-up tells the peer is gone (its
 /// memory with it), the one case where we stop waiting for chunks it claimed.
+/// Our own chunks are done when this returns; chunks the peer claimed may not be (it was
+/// preempted, or stopped): then the operation is `Waiting`, and must not complete (nor its
+/// buffer be reused) before [`Pending::poll`] says so. Nothing here waits for long on the peer.
 ///
 /// # Safety
-/// `local..local + len` is valid memory of this process for the whole call (readable for a
-/// Write; writable and not referenced by Rust references for a Read), inside a registration
-/// that stays live until this returns.
+/// `local..local + len` is valid memory of this process until the operation is over (this
+/// returned `Done`, or its `Pending` gave a result), readable for a Write and a SEND, writable
+/// and not referenced by Rust references for a Read, inside a registration that stays live
+/// that long.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn copy_shared(
+pub(super) unsafe fn start_shared(
     inbox: &Mapping,
     gen: &mut u32,
     peer_pid: i32,
@@ -108,7 +170,7 @@ pub(super) unsafe fn copy_shared(
     local: u64,
     remote: u64,
     len: usize,
-) -> io::Result<()> {
+) -> Started {
     let len64 = len as u64;
     let read = op == Op::Read;
     let chunk = chunk_for(op, len64);
@@ -156,28 +218,45 @@ pub(super) unsafe fn copy_shared(
     claim.store(u64::from(g) << 32 | u64::from(IDLE), Ordering::Release);
 
     // The peer's chunks: it copies each one right after claiming it, so this is short unless
-    // it was preempted. Its copies may touch our buffer until counted, so we wait for them
-    // for as long as the peer exists.
-    let theirs = n - mine.min(n);
-    let done = inbox.u32(A_DONE);
+    // it was preempted or stopped; then the operation waits without us.
+    let mut p = Pending {
+        theirs: n - mine.min(n),
+        res,
+    };
     let start = Instant::now();
-    let mut spins = 0u32;
-    while u64::from(done.load(Ordering::Acquire)) < theirs {
-        spins = spins.wrapping_add(1);
-        if spins.is_multiple_of(256) {
-            if sock.is_some_and(|s| sys::hung_up(s.as_raw_fd())) {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            if start.elapsed() > SPIN_BEFORE_YIELD {
-                std::thread::yield_now();
-            }
+    loop {
+        if let Some(r) = p.poll(inbox, sock) {
+            return Started::Done(r);
+        }
+        if start.elapsed() > SETTLE_SPIN {
+            return Started::Waiting(p);
         }
         std::hint::spin_loop();
     }
-    if theirs > 0 && inbox.u32(A_ERR).load(Ordering::Acquire) != 0 && res.is_ok() {
-        res = Err(io::Error::from_raw_os_error(libc::EFAULT));
+}
+
+/// [`start_shared`], then wait for the peer's chunks however long they take (tests).
+///
+/// # Safety
+/// As [`start_shared`].
+#[cfg(test)]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn copy_shared(
+    inbox: &Mapping,
+    gen: &mut u32,
+    peer_pid: i32,
+    sock: Option<BorrowedFd<'_>>,
+    op: Op,
+    rkey: u32,
+    local: u64,
+    remote: u64,
+    len: usize,
+) -> io::Result<()> {
+    // SAFETY: the caller's contract is start_shared's.
+    match unsafe { start_shared(inbox, gen, peer_pid, sock, op, rkey, local, remote, len) } {
+        Started::Done(r) => r,
+        Started::Waiting(p) => p.wait(inbox, sock),
     }
-    res
 }
 
 /// What a helper checks before it copies: `check(op, rkey, addr, len)` is true if our memory

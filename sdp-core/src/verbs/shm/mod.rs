@@ -934,6 +934,8 @@ pub struct ShmEndpoint {
     last_check: Instant,
     /// Generation of our last shared copy (`assist`).
     assist_gen: u32,
+    /// The first queued send's shared copy, waiting for the peer's chunks.
+    copying: Option<Copying>,
 }
 
 impl std::fmt::Debug for ShmEndpoint {
@@ -967,6 +969,63 @@ enum Exec {
     Done(Option<Completion>),
     Rnr,
     Fail(Completion),
+    /// A shared copy whose peer chunks are not done yet: the WR stays first in the queue and
+    /// completes once they are (`ShmEndpoint::run_sends`).
+    Wait(Copying),
+}
+
+/// A shared copy (`assist`) waiting for the chunks the peer claimed, and what completes the
+/// work request once they are done.
+#[derive(Debug)]
+struct Copying {
+    pending: assist::Pending,
+    /// SEND: the peer's slot to publish and the message length; else the bytes read or written.
+    then: Then,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Then {
+    Send { base: usize, len: u32 },
+    Rdma { len: u32, read: bool },
+}
+
+/// A SEND's data is in the peer's receive (or failed to get there): publish the slot's result
+/// and status, then the new tail, and wake the peer.
+fn publish_send(
+    peer: &Peer,
+    sq_tail: &mut u32,
+    base: usize,
+    len: u32,
+    r: std::io::Result<()>,
+) -> Result<(), WcStatus> {
+    let (status, ret) = match r {
+        Ok(()) => (ST_OK, Ok(())),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+            (ST_REM_OP, Err(WcStatus::RetryExceeded))
+        }
+        Err(_) => (ST_REM_OP, Err(WcStatus::Other(WC_REM_OP_ERR))),
+    };
+    publish_slot(peer, sq_tail, base, len, status);
+    ret
+}
+
+/// Publish one slot of the peer's inbox (result, status), then the tail; wake the peer.
+fn publish_slot(peer: &Peer, sq_tail: &mut u32, base: usize, len: u32, status: u32) {
+    let ib = &peer.inbox;
+    ib.u32(base + S_RESULT).store(len, Ordering::Relaxed);
+    ib.u32(base + S_STATUS).store(status, Ordering::Relaxed);
+    *sq_tail = sq_tail.wrapping_add(1);
+    ib.u32(OFF_TAIL).store(*sq_tail, Ordering::Release);
+    peer.wake();
+}
+
+/// What a finished RDMA Read or Write completes with.
+fn rdma_result(r: std::io::Result<()>) -> Result<(), WcStatus> {
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Err(WcStatus::RetryExceeded),
+        Err(_) => Err(WcStatus::RemoteAccess),
+    }
 }
 
 impl ShmEndpoint {
@@ -1018,6 +1077,7 @@ impl ShmEndpoint {
             cm: VecDeque::new(),
             last_check: Instant::now(),
             assist_gen: 0,
+            copying: None,
         })
     }
 
@@ -1123,7 +1183,7 @@ impl ShmEndpoint {
                                 )
                             })
                         } else if len as usize >= assist::ASSIST_MIN_SEND {
-                            assist::copy_shared(
+                            match assist::start_shared(
                                 &self.inbox,
                                 &mut self.assist_gen,
                                 peer.pid,
@@ -1133,24 +1193,26 @@ impl ShmEndpoint {
                                 s.addr,
                                 raddr,
                                 len as usize,
-                            )
+                            ) {
+                                assist::Started::Done(r) => r,
+                                assist::Started::Waiting(pending) => {
+                                    return Exec::Wait(Copying {
+                                        pending,
+                                        then: Then::Send { base, len },
+                                    });
+                                }
+                            }
                         } else {
                             sys::vm_write(peer.pid, s.addr, raddr, len as usize)
                         }
                     };
-                    match r {
-                        Ok(()) => (ST_OK, Ok(())),
-                        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
-                            (ST_REM_OP, Err(WcStatus::RetryExceeded))
-                        }
-                        Err(_) => (ST_REM_OP, Err(WcStatus::Other(WC_REM_OP_ERR))),
+                    let ret = publish_send(peer, &mut self.sq_tail, base, len, r);
+                    match ret {
+                        Ok(()) => return done(len),
+                        Err(st) => return Exec::Fail(wc(wr, st)),
                     }
                 };
-                ib.u32(base + S_RESULT).store(len, Ordering::Relaxed);
-                ib.u32(base + S_STATUS).store(status, Ordering::Relaxed);
-                self.sq_tail = self.sq_tail.wrapping_add(1);
-                ib.u32(OFF_TAIL).store(self.sq_tail, Ordering::Release);
-                peer.wake();
+                publish_slot(peer, &mut self.sq_tail, base, len, status);
                 match ret {
                     Ok(()) => done(len),
                     Err(st) => Exec::Fail(wc(wr, st)),
@@ -1190,7 +1252,7 @@ impl ShmEndpoint {
                 // with LOCAL_WRITE for a Read.
                 let r = unsafe {
                     if len as usize >= assist::ASSIST_MIN {
-                        assist::copy_shared(
+                        match assist::start_shared(
                             &self.inbox,
                             &mut self.assist_gen,
                             peer.pid,
@@ -1204,31 +1266,76 @@ impl ShmEndpoint {
                             s.addr,
                             rb.addr,
                             len as usize,
-                        )
+                        ) {
+                            assist::Started::Done(r) => r,
+                            assist::Started::Waiting(pending) => {
+                                return Exec::Wait(Copying {
+                                    pending,
+                                    then: Then::Rdma { len, read: is_read },
+                                });
+                            }
+                        }
                     } else if is_read {
                         sys::vm_read(peer.pid, s.addr, rb.addr, len as usize)
                     } else {
                         sys::vm_write(peer.pid, s.addr, rb.addr, len as usize)
                     }
                 };
-                match r {
+                match rdma_result(r) {
                     Ok(()) => done(len),
-                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
-                        Exec::Fail(wc(wr, WcStatus::RetryExceeded))
-                    }
-                    Err(_) => Exec::Fail(wc(wr, WcStatus::RemoteAccess)),
+                    Err(st) => Exec::Fail(wc(wr, st)),
                 }
             }
         }
     }
 
-    /// Run queued sends in order until one must wait for a receive.
+    /// The first queued send's shared copy: its completion once the peer's chunks are done,
+    /// `None` (and still waiting) before.
+    fn finish_copy(&mut self, wr: &SendWr) -> Option<Exec> {
+        let mut c = self.copying.take()?;
+        let sock = self.sock.as_ref().map(|s| s.as_fd());
+        let Some(r) = c.pending.poll(&self.inbox, sock) else {
+            self.copying = Some(c);
+            return None;
+        };
+        let ret = match c.then {
+            Then::Send { base, len } => match self.peer.as_ref() {
+                Some(peer) => publish_send(peer, &mut self.sq_tail, base, len, r).map(|()| len),
+                None => Err(WcStatus::Flushed),
+            },
+            Then::Rdma { len, .. } => rdma_result(r).map(|()| len),
+        };
+        Some(match ret {
+            Ok(len) => Exec::Done(wr.signaled.then_some(Completion {
+                wr_id: wr.wr_id,
+                status: WcStatus::Success,
+                opcode: opcode(&wr.op),
+                byte_len: len,
+            })),
+            Err(st) => Exec::Fail(wc(wr, st)),
+        })
+    }
+
+    /// Run queued sends in order until one must wait for a receive or for the peer's share
+    /// of a copy.
     fn run_sends(&mut self) {
         while let Some(wr) = self.pending.front().copied() {
             if self.state != QpState::Ready {
                 break;
             }
-            match self.exec(&wr) {
+            let ex = if self.copying.is_some() {
+                match self.finish_copy(&wr) {
+                    Some(ex) => ex,
+                    None => break,
+                }
+            } else {
+                self.exec(&wr)
+            };
+            match ex {
+                Exec::Wait(c) => {
+                    self.copying = Some(c);
+                    break;
+                }
                 Exec::Done(c) => {
                     self.pending.pop_front();
                     self.rnr_since = None;
@@ -1343,9 +1450,24 @@ impl ShmEndpoint {
             self.cq.push_back(c);
         }
         self.state = QpState::Error;
+        // A shared RDMA Read whose peer chunks are not done: the peer may still write into our
+        // buffer, so its WR is flushed only once they are (`progress`, or the drop waits). A
+        // SEND's or a Write's peer chunks only read our buffer, into the peer's own memory,
+        // and the SEND's slot is never published: they are let go.
+        let keep = match &self.copying {
+            Some(Copying {
+                then: Then::Rdma { read: true, .. },
+                ..
+            }) => self.pending.pop_front(),
+            _ => {
+                self.copying = None;
+                None
+            }
+        };
         for wr in std::mem::take(&mut self.pending) {
             self.cq.push_back(wc(&wr, WcStatus::Flushed));
         }
+        self.pending.extend(keep);
         for wr in std::mem::take(&mut self.recvs) {
             self.cq.push_back(Completion {
                 wr_id: wr.wr_id,
@@ -1385,6 +1507,19 @@ impl ShmEndpoint {
 
     fn progress(&mut self) {
         if self.state == QpState::Error {
+            // A shared Read kept by `fail` until the peer's chunks are done.
+            if let Some(wr) = self.pending.front().copied() {
+                let sock = self.sock.as_ref().map(|s| s.as_fd());
+                let over = match self.copying.as_mut() {
+                    Some(c) => c.pending.poll(&self.inbox, sock).is_some(),
+                    None => true,
+                };
+                if over {
+                    self.copying = None;
+                    self.pending.pop_front();
+                    self.cq.push_back(wc(&wr, WcStatus::Flushed));
+                }
+            }
             return;
         }
         if self.harvest().is_err() {
@@ -1423,6 +1558,9 @@ impl ShmEndpoint {
             self.inner
                 .assisted
                 .fetch_add(u64::from(n), Ordering::Relaxed);
+            // The initiator may have left the operation waiting for our chunks: tell it they
+            // are done (if it sleeps).
+            peer.wake();
         }
     }
 
@@ -1678,6 +1816,15 @@ impl Endpoint for ShmEndpoint {
 
 impl Drop for ShmEndpoint {
     fn drop(&mut self) {
+        if let Some(c) = self.copying.take() {
+            if matches!(c.then, Then::Rdma { read: true, .. }) {
+                // The peer may still be writing its chunks into our buffer, which goes with us:
+                // wait for them (or for the peer to be gone).
+                let _ = c
+                    .pending
+                    .wait(&self.inbox, self.sock.as_ref().map(|s| s.as_fd()));
+            }
+        }
         match self.state {
             QpState::Pending => {
                 if let Some(s) = &self.sock {
