@@ -348,6 +348,8 @@ struct Shared<P: Provider> {
     /// The eventfds of the callers sleeping on `notify` (see `Runtime::block_on`): whoever
     /// makes progress signals them, as it notifies `cond` for the others.
     sleepers: parking_lot::Mutex<Vec<RawFd>>,
+    /// Eventfds free for a caller to sleep with (`SLEEP_FDS` of them).
+    sleep_fds: parking_lot::Mutex<Vec<OwnedFd>>,
     /// When the progress thread's sleep ends by itself (ns on the stack's clock, under the
     /// inner lock): a caller that set an earlier timer wakes it, others leave it asleep.
     progress_until: AtomicU64,
@@ -396,11 +398,10 @@ impl<P: Provider> Drop for Caller<'_, P> {
 /// How long after the last caller left `block_on` the progress thread keeps standing by.
 const STANDBY: Duration = Duration::from_millis(1);
 
-thread_local! {
-    /// This thread's eventfd for sleeping on a provider's notify fd in `Runtime::block_on`
-    /// (`None` if one could not be made: the thread then sleeps on the condvar).
-    static SLEEP_FD: Option<OwnedFd> = sys::eventfd().ok();
-}
+/// Callers that can sleep on the provider's notify fd at once (each needs an eventfd of its
+/// own; more sleep on the condvar). Made with the runtime, so they are not new fds of a
+/// connection, and few: one or two threads per stack usually wait at a time.
+const SLEEP_FDS: usize = 4;
 
 /// A runtime over one provider. Dropping the last handle stops the progress thread.
 pub(crate) struct Runtime<P: Provider + 'static> {
@@ -474,6 +475,11 @@ impl<P: Provider + 'static> Runtime<P> {
             wake: sys::eventfd()?,
             notify,
             sleepers: parking_lot::Mutex::new(Vec::new()),
+            sleep_fds: parking_lot::Mutex::new(
+                (0..SLEEP_FDS)
+                    .map(|_| sys::eventfd())
+                    .collect::<io::Result<_>>()?,
+            ),
             progress_until: AtomicU64::new(0),
             callers: std::sync::atomic::AtomicUsize::new(0),
             last_call: AtomicU64::new(0),
@@ -630,15 +636,18 @@ impl<P: Provider + 'static> Runtime<P> {
             // towards.
             self.sh.kick_progress_for_timers(&g);
             let left = left.min(Duration::from_millis(200));
-            match (
-                self.sh.notify,
-                SLEEP_FD.with(|f| f.as_ref().map(|f| f.as_raw_fd())),
-            ) {
-                (Some(notify), Some(me)) => {
+            let sleep_fd = self
+                .sh
+                .notify
+                .and_then(|n| Some((n, self.sh.sleep_fds.lock().pop()?)));
+            match sleep_fd {
+                Some((notify, fd)) => {
+                    let me = fd.as_raw_fd();
                     // Ask the provider to make `notify` readable at the next news, then look
                     // once more (news between our last look and the arming made no wakeup).
                     let _ = g.driver.provider().arm();
                     if self.sh.step(&mut g) > 0 {
+                        self.sh.sleep_fds.lock().push(fd);
                         self.sh.wake_waiters();
                         continue;
                     }
@@ -648,10 +657,11 @@ impl<P: Provider + 'static> Runtime<P> {
                     MutexGuard::unlocked(&mut g, || {
                         let _ = sys::poll_two(notify, me, left);
                     });
-                    self.sh.sleepers.lock().retain(|&fd| fd != me);
-                    sys::eventfd_drain_raw(me);
+                    self.sh.sleepers.lock().retain(|&f| f != me);
+                    sys::eventfd_drain(&fd);
+                    self.sh.sleep_fds.lock().push(fd);
                 }
-                _ => {
+                None => {
                     self.sh.cond.wait_for(&mut g, left);
                 }
             }

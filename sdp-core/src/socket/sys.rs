@@ -61,13 +61,6 @@ pub(crate) fn eventfd_signal_raw(fd: RawFd) {
     let _ = syscall!(write(fd, (&v as *const u64).cast(), 8));
 }
 
-/// Reset the counter of an eventfd known by number only.
-pub(crate) fn eventfd_drain_raw(fd: RawFd) {
-    let mut v: u64 = 0;
-    // SAFETY: reads 8 bytes into a live u64; EAGAIN (counter zero) is harmless.
-    let _ = syscall!(read(fd, (&mut v as *mut u64).cast(), 8));
-}
-
 /// Wait until `a` or `b` is readable or `timeout` passes (no allocation: a hot path).
 pub(crate) fn poll_two(a: RawFd, b: RawFd, timeout: Duration) -> io::Result<()> {
     let mut pfds = [
