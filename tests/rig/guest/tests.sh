@@ -29,8 +29,15 @@ topology_ok() {
 }
 run_check topology topology_ok
 
+if [ "${RIG_LAT_ONLY:-0}" = 1 ]; then
+  section "checks skipped (tests/rig/run --lat-only)"
+  . /rig/lat.sh
+  finish
+  exit 0
+fi
 if [ "${RIG_BENCH_ONLY:-0}" = 1 ]; then
   section "checks skipped (tests/rig/run --bench-only)"
+  if [ "${RIG_LAT:-1}" = 1 ]; then . /rig/lat.sh; fi
   . /rig/bench.sh
   finish
   exit 0
@@ -61,5 +68,7 @@ while IFS= read -r cmd; do
   run_check "guest-test-$i:$(basename "${cmd%% *}")" sh -c "$cmd"
 done </rig/extra-tests
 
+# ping-pong latency rows (guest/lat.sh; short in the default run: 64 B; --bench: 64 B, 4 KiB, 64 KiB)
+if [ "${RIG_LAT:-1}" = 1 ]; then . /rig/lat.sh; fi
 if [ "${RIG_BENCH:-0}" = 1 ]; then . /rig/bench.sh; fi
 finish
