@@ -29,6 +29,12 @@ topology_ok() {
 }
 run_check topology topology_ok
 
+if [ "${RIG_SIW_ONLY:-0}" = 1 ]; then
+  section "rxe checks skipped (tests/rig/run --siw-only)"
+  . /rig/siw.sh
+  finish
+  exit 0
+fi
 if [ "${RIG_LAT_ONLY:-0}" = 1 ]; then
   section "checks skipped (tests/rig/run --lat-only)"
   . /rig/lat.sh
@@ -55,6 +61,9 @@ if [ -x /rig/bin/sdp-rigtest ]; then . /rig/sdp.sh; else section "sdp"; echo "  
 
 # unmodified programs under the project's LD_PRELOAD shim (SDP over rdma) and under rsockets' librspreload
 if [ -f /rig/lib/libsdp_preload.so ]; then . /rig/preload.sh; else section "preload"; echo "  (no /rig/lib/libsdp_preload.so: tests/rig/run --no-sdp)"; fi
+
+# soft-iWARP: smoke checks and the SDP checks again over siw0/siw1 (guest/siw.sh)
+if [ "${RIG_SIW:-0}" = 1 ]; then . /rig/siw.sh; fi
 
 section "project tests"
 # the project's own guest test binary, when tests/rig/run --extra DIR brought one
