@@ -83,6 +83,13 @@ sock_pair() {
   fi
 }
 
+# skip_check NAME: true (and says so, with the reason) if NAME is in $SDP_SKIP (set by guest/siw.sh
+# for what is known not to work over iWARP yet; each has a TODO.md line).  Not a pass: no RIG-CHECK.
+skip_check() {
+  case " ${SDP_SKIP:-} " in *" $1 "*) echo "  $PFX$1: NOT RUN over $DEVTYPE: $SDP_SKIP_WHY"; return 0 ;; esac
+  return 1
+}
+
 section "${PFX}sdp: SDP over the rdma provider (client $A, server $DEV1 $B)"
 #          name                   server                                   client
 rdma_pair  ${PFX}sdp-bcopy              "$SDP server bcopy $B:7471"              "$SDP client bcopy $B:7471 $A"
@@ -93,7 +100,9 @@ rdma_pair  ${PFX}sdp-abort              "$SDP server abort $B:7474"             
 run_check  ${PFX}sdp-refused            $SDP refused $B:7479 $A
 run_check  ${PFX}sdp-devices            $SDP devices $A $B
 rdma_pair  ${PFX}sdp-garbage-hello      "$SDP server garbage-hello $B:7475"      "$SDP client garbage-hello $B:7475 $A"
+if skip_check sdp-junk-after-hello; then :; else
 rdma_pair  ${PFX}sdp-junk-after-hello   "$SDP server junk-after-hello $B:7476"   "$SDP client junk-after-hello $B:7476 $A"
+fi
 if [ -x $PEER ]; then
   section "sdp: the socket API picks RDMA by itself (SdpListener/SdpStream, automatic mode)"
   #         name              server env             mode   client env            listens   stream
