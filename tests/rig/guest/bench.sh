@@ -80,7 +80,8 @@ bench_perftest() {   # TOOL SIZE RUN
   while [ $try -le 3 ]; do
     if bench_pair "$name" "$t -R -d $D1 -s $1 -n $n -F" "$cli"; then
       bw=$(awk '/#bytes/ {getline; print $4; exit}' "$LOGD/$name.cli")
-      bps=$(awk -v m="$bw" 'BEGIN{ if (m + 0 > 0) printf "%.0f", m * 1048576 }')
+      bps=""   # a finite positive number only (perftest prints "inf" when its clock calibration failed)
+      if echo "$bw" | grep -Eq '^[0-9]+(\.[0-9]+)?$'; then bps=$(awk -v m="$bw" 'BEGIN{ if (m + 0 > 0) printf "%.0f", m * 1048576 }'); fi
       if [ -n "$bps" ]; then
         BENCH_NOCROSS=0
         bench_row "$tn" "$1" "$2" "$bps" "\"iters\":$n,\"tries\":$try"; pass "$name" "${bw} MiB/s; $(pkts)"; return

@@ -36,11 +36,13 @@ lat_perftest() {   # TOOL SIZE RUN  (TOOL-ev: the same with -e, sleeping on CQ e
       typ=$(awk '/#bytes/ {getline; print $5; exit}' "$LOGD/$name.cli")
       avg=$(awk '/#bytes/ {getline; print $6; exit}' "$LOGD/$name.cli")
       p99=$(awk '/#bytes/ {getline; print $8; exit}' "$LOGD/$name.cli")
-      if awk -v v="$typ" 'BEGIN{exit !(v + 0 > 0)}'; then
+      echo "$p99" | grep -Eq '^[0-9]+(\.[0-9]+)?$' || p99=0
+      # a finite positive number (perftest prints "inf" when its clock calibration failed)
+      if echo "$typ $avg" | grep -Eq '^[0-9]+(\.[0-9]+)? [0-9]+(\.[0-9]+)?$' && awk -v v="$typ" 'BEGIN{exit !(v + 0 > 0)}'; then
         lat_row "$1" "$2" "$3" "$typ" p50 "\"avg_usec\":$avg,\"p99_usec\":${p99:-0},\"iters\":$it,\"tries\":$try"
         pass "$name" "t_typical $typ usec, avg $avg; $(pkts)"; return
       fi
-      PAIR_WHY="t_typical '$typ' (clock calibration: $(grep -h -m1 -i 'correlation\|conflicting' "$LOGD/$name.cli" "$LOGD/$name.srv"))"
+      PAIR_WHY="t_typical '$typ', t_avg '$avg' (clock calibration: $(grep -h -m1 -i 'correlation\|conflicting' "$LOGD/$name.cli" "$LOGD/$name.srv"))"
     fi
     echo "  $name try $try: $PAIR_WHY"
     try=$((try + 1))

@@ -449,13 +449,54 @@ fn server(sc: &str, addr: SocketAddr) -> Res<()> {
             // The bad connection first: refused (garbage Hello) or aborted (junk message).
             let t = StdInstant::now();
             if sc == "junk-after-hello" {
-                let bad = rt.accept(l, Duration::from_secs(30))?;
-                let err = rt.wait_closed(bad, Duration::from_secs(20))?;
-                println!("bad connection closed after {:.1} ms: {err:?}", ms(t));
-                if !matches!(err, Some(ConnError::Protocol(_))) {
-                    return Err(format!("expected a protocol error, got {err:?}"));
+                let first = rt.accept(l, Duration::from_secs(30))?;
+                // Usually the bad connection is handed over (its engine sees the junk after the
+                // CM's ESTABLISHED) and closes with a protocol error. But the junk's receive
+                // completion may be processed before ESTABLISHED (over iWARP the client may send
+                // as soon as the MPA reply arrives): then the connection fails during setup, is
+                // never queued for accept (as TCP does not hand over a failed handshake), and the
+                // first connection accepted is the client's normal one, which sends data at once.
+                let r = rt.run(Duration::from_secs(20), |d, _| match d.conn(first) {
+                    Some(c) if c.state() == State::Closed => Step::Done(Some(c.error().cloned())),
+                    Some(c)
+                        if c.state() == State::Established
+                            && c.is_readable()
+                            && c.error().is_none() =>
+                    {
+                        Step::Done(None)
+                    }
+                    None => Step::Done(Some(None)),
+                    _ => Step::Idle,
+                });
+                match r {
+                    Some(Some(err)) => {
+                        println!("bad connection closed after {:.1} ms: {err:?}", ms(t));
+                        if !matches!(err, Some(ConnError::Protocol(_))) {
+                            return Err(format!("expected a protocol error, got {err:?}"));
+                        }
+                        rt.d.release(rt.now(), first);
+                    }
+                    Some(None) => {
+                        println!(
+                            "the bad connection failed during setup (never handed to accept); the first accepted is the normal one, with data"
+                        );
+                        return duplex(&mut rt, first, "bcopy", SMALL_BYTES, true);
+                    }
+                    None => {
+                        let why = match rt.d.conn(first) {
+                            Some(c) => format!(
+                                "state {:?}, error {:?}, {} messages received",
+                                c.state(),
+                                c.error(),
+                                c.stats.msgs_rcvd
+                            ),
+                            None => "gone".into(),
+                        };
+                        return Err(format!(
+                            "the first accepted connection neither closed nor got data in 20 s: {why}"
+                        ));
+                    }
                 }
-                rt.d.release(rt.now(), bad);
             } else {
                 let r = rt.run(Duration::from_secs(30), |d, _| {
                     if d.refused(l).is_empty() {
