@@ -7,6 +7,9 @@ BENCH_BYTES=$((64 * 1048576))    # data per measurement and direction
 [ "${RIG_QUICK:-0}" = 1 ] && BENCH_BYTES=$((16 * 1048576))
 BENCH_SIZES=${RIG_BENCH_SIZES:-65536 1048576}
 BENCH_TOOLS=${RIG_BENCH_TOOLS:-ib_write_bw rstream sdp-bcopy sdp-zcopy}
+if [ -z "${RIG_BENCH_TOOLS:-}" ] && [ -d /sys/class/infiniband/siw0 ]; then
+  BENCH_TOOLS="$BENCH_TOOLS ib_write_bw-siw rstream-siw sdp-bcopy-siw sdp-zcopy-siw"
+fi
 want_tool() { case " $BENCH_TOOLS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # Guest CPU use during a measurement, from /proc/stat: busy (non-idle) percent of each vCPU, and
@@ -71,13 +74,14 @@ bench_ib_send_bw() { bench_perftest ib_send_bw "$@"; }
 bench_ib_write_bw_lo() { PT_LO=1 bench_perftest ib_write_bw "$@"; PT_LO=0; }
 bench_perftest() {   # TOOL SIZE RUN
   t=$1; shift
-  n=$((BENCH_BYTES / $1)); name=bench-$t-$1-$2; try=1; tn=$t
-  cli="$CM_SRC_A $t -R -d rxe0 -s $1 -n $n -F $B"
+  n=$((BENCH_BYTES / $1)); tn=$t$SFX; name=bench-$tn-$1-$2; try=1
+  cli="$CM_SRC_A $t -R -d $D0 -s $1 -n $n -F $B"
   if [ "${PT_LO:-0}" = 1 ]; then tn=$t-lo; name=bench-$tn-$1-$2; cli="$t -R -d rxe1 -s $1 -n $n -F $B"; BENCH_NOCROSS=1; fi
   while [ $try -le 3 ]; do
-    if bench_pair "$name" "$t -R -d rxe1 -s $1 -n $n -F" "$cli"; then
+    if bench_pair "$name" "$t -R -d $D1 -s $1 -n $n -F" "$cli"; then
       bw=$(awk '/#bytes/ {getline; print $4; exit}' "$LOGD/$name.cli")
-      bps=$(awk -v m="$bw" 'BEGIN{ if (m + 0 > 0) printf "%.0f", m * 1048576 }')
+      bps=""   # a finite positive number only (perftest prints "inf" when its clock calibration failed)
+      if echo "$bw" | grep -Eq '^[0-9]+(\.[0-9]+)?$'; then bps=$(awk -v m="$bw" 'BEGIN{ if (m + 0 > 0) printf "%.0f", m * 1048576 }'); fi
       if [ -n "$bps" ]; then
         BENCH_NOCROSS=0
         bench_row "$tn" "$1" "$2" "$bps" "\"iters\":$n,\"tries\":$try"; pass "$name" "${bw} MiB/s; $(pkts)"; return
@@ -95,12 +99,12 @@ bench_perftest() {   # TOOL SIZE RUN
 # figure counts both directions over the whole time, i.e. the one-way streaming rate.
 bench_rstream() {   # SIZE RUN
   # (rs_xfers: bench_pair's helpers use $c for their own loops)
-  rs_xfers=$((BENCH_BYTES / $1)); name=bench-rstream-$1-$2
+  rs_xfers=$((BENCH_BYTES / $1)); name=bench-rstream$SFX-$1-$2
   if bench_pair "$name" "rstream -b $B -S $1 -C $rs_xfers" "rstream -b $A -s $B -S $1 -C $rs_xfers"; then
     # columns: name bytes xfers iters total time Gb/sec usec/xfer
     usx=$(awk 'NF == 8 && $8 + 0 > 0 {v = $8} END {print v}' "$LOGD/$name.cli")
     bps=$(awk -v s="$1" -v u="$usx" 'BEGIN{ if (u + 0 > 0) printf "%.0f", s * 1e6 / u }')
-    if [ -n "$bps" ]; then bench_row rstream "$1" "$2" "$bps" "\"xfers\":$rs_xfers"; pass "$name" "$usx usec/xfer"; return; fi
+    if [ -n "$bps" ]; then bench_row "rstream$SFX" "$1" "$2" "$bps" "\"xfers\":$rs_xfers"; pass "$name" "$usx usec/xfer"; return; fi
     PAIR_WHY="no usec/xfer in the output"
   fi
   pair_logs "$name" rstream rstream; fail "$name" "$PAIR_WHY"
@@ -117,12 +121,12 @@ SDP=/rig/bin/sdp-rigtest
 bench_sdp() {   # SIZE RUN
   [ -x $SDP ] || return 0
   for mode in bcopy zcopy; do
-    want_tool "sdp-$mode" || continue
-    bench_sdp1 "$1" "$2" "$mode" "sdp-$mode" ""
+    want_tool "sdp-$mode$SFX" || continue
+    bench_sdp1 "$1" "$2" "$mode" "sdp-$mode$SFX" ""
     if [ -s /rig/sdp-variants ]; then
       while IFS= read -r v; do
         [ -n "$v" ] || continue
-        bench_sdp1 "$1" "$2" "$mode" "sdp-$mode+${v%%=*}" "env ${v#*=} "
+        bench_sdp1 "$1" "$2" "$mode" "sdp-$mode$SFX+${v%%=*}" "env ${v#*=} "
       done </rig/sdp-variants
     fi
   done
@@ -202,6 +206,7 @@ bench_sockperf() {   # MODE RUN
   pair_logs "$name" sockperf sockperf; bench_fail "$name" "sockperf-$1" 14 "$2" "${PL_WHY%; }"
 }
 
+SFX="" D0=rxe0 D1=rxe1 RXE_A=$A RXE_B=$B RXE_CM=$CM_SRC_A
 section "benchmarks: $RIG_RUNS runs, sizes $BENCH_SIZES, tools $BENCH_TOOLS, $((BENCH_BYTES / 1048576)) MiB each"
 [ ! -s /rig/sdp-variants ] || { echo "  SDP variants:"; sed 's/^/    /' /rig/sdp-variants; }
 run=1
@@ -212,6 +217,14 @@ while [ $run -le "$RIG_RUNS" ]; do
     if want_tool ib_send_bw; then bench_ib_send_bw "$size" "$run"; fi
     if want_tool rstream; then bench_rstream "$size" "$run"; fi
     bench_sdp "$size" "$run"
+    # the same over soft-iWARP (tools TOOL-siw: siw0 192.168.78.1 -> siw1 192.168.78.2)
+    if [ -d /sys/class/infiniband/siw0 ]; then
+      FABRIC=siw SFX=-siw D0=siw0 D1=siw1 A=192.168.78.1 B=192.168.78.2 CM_SRC_A="env LD_PRELOAD=/rig/lib/cm_src_preload.so RIG_CM_SRC=192.168.78.1"
+      if want_tool ib_write_bw-siw; then bench_ib_write_bw "$size" "$run"; fi
+      if want_tool rstream-siw; then bench_rstream "$size" "$run"; fi
+      bench_sdp "$size" "$run"
+      FABRIC=rxe SFX="" D0=rxe0 D1=rxe1 A=$RXE_A B=$RXE_B CM_SRC_A=$RXE_CM
+    fi
     for m in sdp rs tcp; do if want_tool "iperf3-$m"; then bench_iperf3 "$m" "$size" "$run"; fi; done
   done
   for m in sdp rs tcp; do if want_tool "sockperf-$m"; then bench_sockperf "$m" "$run"; fi; done

@@ -23,6 +23,24 @@ ip link set veth0 up
 ip link set veth1 up
 rdma link add rxe0 type rxe netdev veth0 || echo "RIG: rdma link add rxe0 failed"
 rdma link add rxe1 type rxe netdev veth1 || echo "RIG: rdma link add rxe1 failed"
+# soft-iWARP (tests/rig/run builds siw.ko; RIG_SIW=1): its own veth pair and subnet, so an address
+# names one fabric (rdma_cm picks the device by the address's netdev):
+#   veth2 192.168.78.1/24 + siw0   <->   veth3 192.168.78.2/24 + siw1
+# siw carries iWARP over kernel TCP sockets; between two local addresses that TCP goes through lo.
+if [ "${RIG_SIW:-0}" = 1 ]; then
+  ip link add veth2 type veth peer name veth3
+  for i in veth2 veth3; do ip link set $i mtu "$MTU"; conf $i accept_local 1; conf $i rp_filter 0; conf $i arp_ignore 1; done
+  ip addr add 192.168.78.1/24 dev veth2
+  ip addr add 192.168.78.2/24 dev veth3
+  ip link set veth2 up
+  ip link set veth3 up
+  if [ -d /sys/module/siw ]; then
+    rdma link add siw0 type siw netdev veth2 || echo "RIG: rdma link add siw0 failed"
+    rdma link add siw1 type siw netdev veth3 || echo "RIG: rdma link add siw1 failed"
+  else
+    echo "RIG: siw module not loaded"
+  fi
+fi
 # wait (bounded) for both ports to become ACTIVE
 i=0
 while [ $i -lt 50 ]; do

@@ -4,6 +4,9 @@
 # Every scenario is a server on rxe1 ($B) and a client on rxe0 ($A), one RIG-CHECK line each; see the
 # header of tests/src/bin/sdp-rigtest.rs for what each side asserts.
 SDP=/rig/bin/sdp-rigtest
+# guest/siw.sh sources this again with PFX=siw- (check names), DEV1=siw1 NET1=veth3 DEVTYPE=siw (the
+# server's device, which sdp-linkdel deletes and adds back) and A/B set to the siw addresses.
+PFX=${PFX:-} DEV1=${DEV1:-rxe1} NET1=${NET1:-veth1} DEVTYPE=${DEVTYPE:-rxe}
 
 # sdp_survivor NAME SCENARIO PORT: server and client stream both ways; once the client is connected and
 # data flows, ACTION breaks the connection (kill -9 of the client, or deleting rxe1).  The surviving
@@ -32,26 +35,26 @@ sdp_survivor() {
       took=$(since "$tk")
       [ $src = 0 ] || why="${why}server exit $src; " ;;
     linkdel)
-      timeout 60 rdma link delete rxe1; lrc=$?
-      [ $lrc = 0 ] || why="${why}rdma link delete rxe1: exit $lrc; "
+      timeout 60 rdma link delete "$DEV1"; lrc=$?
+      [ $lrc = 0 ] || why="${why}rdma link delete $DEV1: exit $lrc; "
       wait "$spid"; src=$?; wait "$cpid"; crc=$?
       took=$(since "$tk")
       [ $src = 0 ] || why="${why}server exit $src; "
       [ $crc = 0 ] || why="${why}client exit $crc; "
-      # bring rxe1 back, so later checks and benchmarks still have it
-      rdma link add rxe1 type rxe netdev veth1 || why="${why}rdma link add rxe1 failed; "
+      # bring the device back, so later checks and benchmarks still have it
+      rdma link add "$DEV1" type "$DEVTYPE" netdev "$NET1" || why="${why}rdma link add $DEV1 failed; "
       i=0
-      while [ $i -lt 100 ] && ! grep -q ACTIVE /sys/class/infiniband/rxe1/ports/1/state 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
-      grep -q ACTIVE /sys/class/infiniband/rxe1/ports/1/state 2>/dev/null || why="${why}rxe1 not ACTIVE again; " ;;
+      while [ $i -lt 100 ] && ! grep -q ACTIVE /sys/class/infiniband/$DEV1/ports/1/state 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+      grep -q ACTIVE /sys/class/infiniband/$DEV1/ports/1/state 2>/dev/null || why="${why}$DEV1 not ACTIVE again; " ;;
   esac
   if [ -z "$why" ]; then
     show "$LOGD/$name.srv" | grep -E 'moved|closed' | tail -2
     [ "$action" = linkdel ] && show "$LOGD/$name.cli" | grep -E 'moved' | tail -1
-    pass "$name" "all sides done ${took}s after the $action; before it: $P"
+    pass "$PFX$name" "all sides done ${took}s after the $action; before it: $P"
   else
     echo "  server:"; show "$LOGD/$name.srv" | tail -10
     echo "  client:"; show "$LOGD/$name.cli" | tail -10
-    fail "$name" "${why%; } ($(since "$t0")s; before the $action: $P)"
+    fail "$PFX$name" "${why%; } ($(since "$t0")s; before the $action: $P)"
   fi
 }
 
@@ -62,9 +65,13 @@ PEER=/rig/bin/sdp-peer
 SOCK_BYTES=8388608
 sock_pair() {
   name=$1 senv=$2 mode=$3 cenv=$4 wl=$5 want=$6 port=$7
-  rdma_pair "$name" "env $senv $PEER serve $B:$port $mode 11 22 $SOCK_BYTES" \
+  case " ${SOCK_SKIP:-} " in
+    *" $name "*) echo "  $PFX$name: NOT RUN over $DEVTYPE: $SOCK_SKIP_WHY"; return ;;
+  esac
+  rdma_pair "$PFX$name" "env $senv $PEER serve $B:$port $mode 11 22 $SOCK_BYTES" \
     "env $cenv SDP_PEER_SRC=$A SDP_PEER_SHOW=1 $PEER duplex $B:$port $mode 22 11 $SOCK_BYTES"
   why=""
+  name=$PFX$name
   grep -q "^listening $wl " "$LOGD/$name.srv" || why="server not listening on $wl; "
   grep -q "^accepted $want\$" "$LOGD/$name.srv" || why="${why}server stream not $want; "
   grep -q "^transport $want\$" "$LOGD/$name.cli" || why="${why}client stream not $want; "
@@ -76,17 +83,27 @@ sock_pair() {
   fi
 }
 
-section "sdp: SDP over the rdma provider (client rxe0 $A, server rxe1 $B)"
+# skip_check NAME: true (and says so, with the reason) if NAME is in $SDP_SKIP (for a check known
+# not to work over a fabric yet, with a TODO.md line; none now).  Not a pass: no RIG-CHECK.
+skip_check() {
+  case " ${SDP_SKIP:-} " in *" $1 "*) echo "  $PFX$1: NOT RUN over $DEVTYPE: $SDP_SKIP_WHY"; return 0 ;; esac
+  return 1
+}
+
+section "${PFX}sdp: SDP over the rdma provider (client $A, server $DEV1 $B)"
 #          name                   server                                   client
-rdma_pair  sdp-bcopy              "$SDP server bcopy $B:7471"              "$SDP client bcopy $B:7471 $A"
-rdma_pair  sdp-zcopy              "$SDP server zcopy $B:7472"              "$SDP client zcopy $B:7472 $A"
-rdma_pair  sdp-zsend              "$SDP server zsend $B:7470"              "$SDP client zsend $B:7470 $A"
-rdma_pair  sdp-halfclose          "$SDP server halfclose $B:7473"          "$SDP client halfclose $B:7473 $A"
-rdma_pair  sdp-abort              "$SDP server abort $B:7474"              "$SDP client abort $B:7474 $A"
-run_check  sdp-refused            $SDP refused $B:7479 $A
-run_check  sdp-devices            $SDP devices $A $B
-rdma_pair  sdp-garbage-hello      "$SDP server garbage-hello $B:7475"      "$SDP client garbage-hello $B:7475 $A"
-rdma_pair  sdp-junk-after-hello   "$SDP server junk-after-hello $B:7476"   "$SDP client junk-after-hello $B:7476 $A"
+rdma_pair  ${PFX}sdp-bcopy              "$SDP server bcopy $B:7471"              "$SDP client bcopy $B:7471 $A"
+rdma_pair  ${PFX}sdp-zcopy              "$SDP server zcopy $B:7472"              "$SDP client zcopy $B:7472 $A"
+rdma_pair  ${PFX}sdp-zsend              "$SDP server zsend $B:7470"              "$SDP client zsend $B:7470 $A"
+rdma_pair  ${PFX}sdp-halfclose          "$SDP server halfclose $B:7473"          "$SDP client halfclose $B:7473 $A"
+rdma_pair  ${PFX}sdp-abort              "$SDP server abort $B:7474"              "$SDP client abort $B:7474 $A"
+run_check  ${PFX}sdp-refused            $SDP refused $B:7479 $A
+run_check  ${PFX}sdp-devices            $SDP devices $A $B
+rdma_pair  ${PFX}sdp-garbage-hello      "$SDP server garbage-hello $B:7475"      "$SDP client garbage-hello $B:7475 $A"
+if skip_check sdp-junk-after-hello; then :; else
+rdma_pair  ${PFX}sdp-junk-after-hello   "$SDP server junk-after-hello $B:7476"   "$SDP client junk-after-hello $B:7476 $A"
+show "$LOGD/${PFX}sdp-junk-after-hello.srv" | grep -E 'bad connection|failed during setup'
+fi
 if [ -x $PEER ]; then
   section "sdp: the socket API picks RDMA by itself (SdpListener/SdpStream, automatic mode)"
   #         name              server env             mode   client env            listens   stream

@@ -29,8 +29,21 @@ topology_ok() {
 }
 run_check topology topology_ok
 
+if [ "${RIG_SIW_ONLY:-0}" = 1 ]; then
+  section "rxe checks skipped (tests/rig/run --siw-only)"
+  . /rig/siw.sh
+  finish
+  exit 0
+fi
+if [ "${RIG_LAT_ONLY:-0}" = 1 ]; then
+  section "checks skipped (tests/rig/run --lat-only)"
+  . /rig/lat.sh
+  finish
+  exit 0
+fi
 if [ "${RIG_BENCH_ONLY:-0}" = 1 ]; then
   section "checks skipped (tests/rig/run --bench-only)"
+  if [ "${RIG_LAT:-1}" = 1 ]; then . /rig/lat.sh; fi
   . /rig/bench.sh
   finish
   exit 0
@@ -49,6 +62,9 @@ if [ -x /rig/bin/sdp-rigtest ]; then . /rig/sdp.sh; else section "sdp"; echo "  
 # unmodified programs under the project's LD_PRELOAD shim (SDP over rdma) and under rsockets' librspreload
 if [ -f /rig/lib/libsdp_preload.so ]; then . /rig/preload.sh; else section "preload"; echo "  (no /rig/lib/libsdp_preload.so: tests/rig/run --no-sdp)"; fi
 
+# soft-iWARP: smoke checks and the SDP checks again over siw0/siw1 (guest/siw.sh)
+if [ "${RIG_SIW:-0}" = 1 ]; then . /rig/siw.sh; fi
+
 section "project tests"
 # the project's own guest test binary, when tests/rig/run --extra DIR brought one
 if [ -x /extra/sdp-rig-tests ]; then run_suite sdp-rig-tests /extra/sdp-rig-tests; else echo "  (no /extra/sdp-rig-tests)"; fi
@@ -61,5 +77,7 @@ while IFS= read -r cmd; do
   run_check "guest-test-$i:$(basename "${cmd%% *}")" sh -c "$cmd"
 done </rig/extra-tests
 
+# ping-pong latency rows (guest/lat.sh; short in the default run: 64 B; --bench: 64 B, 4 KiB, 64 KiB)
+if [ "${RIG_LAT:-1}" = 1 ]; then . /rig/lat.sh; fi
 if [ "${RIG_BENCH:-0}" = 1 ]; then . /rig/bench.sh; fi
 finish

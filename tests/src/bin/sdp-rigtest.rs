@@ -10,6 +10,8 @@
 //! sdp-rigtest devices IP_A IP_B                 (device selection, one process)
 //! sdp-rigtest bench-server LISTEN_ADDR:PORT MODE SIZE BYTES
 //! sdp-rigtest bench-client DST:PORT SRC_IP MODE SIZE BYTES
+//! sdp-rigtest pp-server LISTEN_ADDR:PORT SIZE ITERS   (ping-pong: echo ITERS+warm-up messages)
+//! sdp-rigtest pp-client DST:PORT SRC_IP SIZE ITERS    (round-trip percentiles, PP-CLIENT line)
 //! ```
 //! Scenarios: `bcopy`, `zcopy` (random-size duplex transfers, every byte checked; `zcopy`
 //! forces SrcAvail + RDMA Read and sinks filled by RDMA Write), `zsend` (the same with the
@@ -53,6 +55,10 @@ fn main() {
         }
         ["bench-client", dst, src, mode, size, bytes] => {
             bench_client(parse(dst), parse_ip(src), mode, num(size), num(bytes))
+        }
+        ["pp-server", addr, size, iters] => pp_server(parse(addr), num(size), num(iters)),
+        ["pp-client", dst, src, size, iters] => {
+            pp_client(parse(dst), parse_ip(src), num(size), num(iters))
         }
         _ => Err("usage: see the header of tests/src/bin/sdp-rigtest.rs".into()),
     };
@@ -443,13 +449,54 @@ fn server(sc: &str, addr: SocketAddr) -> Res<()> {
             // The bad connection first: refused (garbage Hello) or aborted (junk message).
             let t = StdInstant::now();
             if sc == "junk-after-hello" {
-                let bad = rt.accept(l, Duration::from_secs(30))?;
-                let err = rt.wait_closed(bad, Duration::from_secs(20))?;
-                println!("bad connection closed after {:.1} ms: {err:?}", ms(t));
-                if !matches!(err, Some(ConnError::Protocol(_))) {
-                    return Err(format!("expected a protocol error, got {err:?}"));
+                let first = rt.accept(l, Duration::from_secs(30))?;
+                // Usually the bad connection is handed over (its engine sees the junk after the
+                // CM's ESTABLISHED) and closes with a protocol error. But the junk's receive
+                // completion may be processed before ESTABLISHED (over iWARP the client may send
+                // as soon as the MPA reply arrives): then the connection fails during setup, is
+                // never queued for accept (as TCP does not hand over a failed handshake), and the
+                // first connection accepted is the client's normal one, which sends data at once.
+                let r = rt.run(Duration::from_secs(20), |d, _| match d.conn(first) {
+                    Some(c) if c.state() == State::Closed => Step::Done(Some(c.error().cloned())),
+                    Some(c)
+                        if c.state() == State::Established
+                            && c.is_readable()
+                            && c.error().is_none() =>
+                    {
+                        Step::Done(None)
+                    }
+                    None => Step::Done(Some(None)),
+                    _ => Step::Idle,
+                });
+                match r {
+                    Some(Some(err)) => {
+                        println!("bad connection closed after {:.1} ms: {err:?}", ms(t));
+                        if !matches!(err, Some(ConnError::Protocol(_))) {
+                            return Err(format!("expected a protocol error, got {err:?}"));
+                        }
+                        rt.d.release(rt.now(), first);
+                    }
+                    Some(None) => {
+                        println!(
+                            "the bad connection failed during setup (never handed to accept); the first accepted is the normal one, with data"
+                        );
+                        return duplex(&mut rt, first, "bcopy", SMALL_BYTES, true);
+                    }
+                    None => {
+                        let why = match rt.d.conn(first) {
+                            Some(c) => format!(
+                                "state {:?}, error {:?}, {} messages received",
+                                c.state(),
+                                c.error(),
+                                c.stats.msgs_rcvd
+                            ),
+                            None => "gone".into(),
+                        };
+                        return Err(format!(
+                            "the first accepted connection neither closed nor got data in 20 s: {why}"
+                        ));
+                    }
                 }
-                rt.d.release(rt.now(), bad);
             } else {
                 let r = rt.run(Duration::from_secs(30), |d, _| {
                     if d.refused(l).is_empty() {
@@ -1268,5 +1315,171 @@ fn bench_client(dst: SocketAddr, src: IpAddr, mode: &str, size: u64, bytes: u64)
     if zc && s.srcavail_sent + s.zcopy_send_bytes + s.zcopy_write_bytes == 0 {
         return Err("zcopy mode sent nothing by zero copy".into());
     }
+    Ok(())
+}
+
+/// Ping-pong warm-up exchanges before the timed ones (connection set-up, first-touch costs).
+fn pp_warmup(iters: u64) -> u64 {
+    (iters / 10).clamp(5, 100)
+}
+
+fn pp_cfg() -> Config {
+    bench_pin();
+    Config {
+        nodelay: true,
+        ..Config::default()
+    }
+}
+
+/// One ping-pong exchange over BCopy, as one round of the application: first write what is
+/// left of `out` (the client; the server passes an empty `out` first and echoes what it read),
+/// then read until `back` is full. Done when both are.
+fn pp_round(
+    d: &mut Driver<RdmaProvider>,
+    now: Instant,
+    id: ConnId,
+    out: &[u8],
+    wrote: &mut usize,
+    back: &mut [u8],
+    got: &mut usize,
+) -> Step<Res<()>> {
+    for ev in d.take_events(id) {
+        if let Event::Closed(Some(e)) = ev {
+            return Step::Done(Err(format!("{e}")));
+        }
+    }
+    let mut moved = false;
+    while *wrote < out.len() {
+        match d.write(now, id, &out[*wrote..]) {
+            Ok(k) => {
+                *wrote += k;
+                moved = true;
+            }
+            Err(CallError::WouldBlock) => break,
+            Err(e) => return Step::Done(Err(format!("write: {e}"))),
+        }
+    }
+    while *got < back.len() {
+        match d.read(now, id, &mut back[*got..]) {
+            Ok(0) => return Step::Done(Err("EOF in the middle of a ping-pong".into())),
+            Ok(k) => {
+                *got += k;
+                moved = true;
+            }
+            Err(CallError::WouldBlock) => break,
+            Err(e) => return Step::Done(Err(format!("read: {e}"))),
+        }
+    }
+    if *wrote == out.len() && *got == back.len() {
+        Step::Done(Ok(()))
+    } else if moved {
+        Step::Busy
+    } else {
+        Step::Idle
+    }
+}
+
+/// Wait for the peer's EOF (no more data expected).
+fn pp_eof(rt: &mut Rt, id: ConnId) -> Res<()> {
+    let mut one = [0u8; 1];
+    let r = rt.run(Duration::from_secs(30), |d, now| {
+        match d.read(now, id, &mut one) {
+            Ok(0) => Step::Done(Ok(())),
+            Ok(_) => Step::Done(Err("data after the last exchange".to_string())),
+            Err(CallError::WouldBlock) => Step::Idle,
+            Err(e) => Step::Done(Err(format!("read: {e}"))),
+        }
+    });
+    r.unwrap_or_else(|| Err("no EOF within 30 s".into()))
+}
+
+fn pp_server(addr: SocketAddr, size: u64, iters: u64) -> Res<()> {
+    let mut rt = Rt::new(addr.ip(), pp_cfg())?;
+    let l = rt.d.listen(addr, 8).map_err(|e| format!("listen: {e}"))?;
+    println!("listening on {addr}");
+    let id = rt.accept(l, Duration::from_secs(30))?;
+    let mut buf = vec![0u8; size as usize];
+    let total = iters + pp_warmup(iters);
+    for i in 0..total {
+        // read the whole message, then echo it
+        let mut got = 0;
+        let mut wrote = 0;
+        let r = rt.run(Duration::from_secs(60), |d, now| {
+            let fresh = got < buf.len();
+            match pp_round(d, now, id, &[], &mut 0, &mut buf, &mut got) {
+                Step::Done(Ok(())) => {}
+                s => return s,
+            }
+            match pp_round(d, now, id, &buf, &mut wrote, &mut [], &mut 0) {
+                Step::Idle if fresh => Step::Busy, // the read finished in this round
+                s => s,
+            }
+        });
+        r.unwrap_or_else(|| Err(format!("exchange {i}: no message within 60 s")))?;
+    }
+    pp_eof(&mut rt, id)?;
+    let now = rt.now();
+    let _ = rt.d.shutdown(now, id, Shutdown::Write);
+    let _ = rt.wait_closed(id, Duration::from_secs(10));
+    println!(
+        "PP-SERVER size={size} exchanges={total} loop: {} polls, {} arms, {} sleeps",
+        rt.polls, rt.arms, rt.sleeps
+    );
+    Ok(())
+}
+
+fn pp_client(dst: SocketAddr, src: IpAddr, size: u64, iters: u64) -> Res<()> {
+    let mut rt = Rt::new(src, pp_cfg())?;
+    let id = rt.connect(dst)?;
+    let warm = pp_warmup(iters);
+    let mut out = vec![0u8; size as usize];
+    let mut back = vec![0u8; size as usize];
+    let mut rtts = Vec::with_capacity(iters as usize);
+    let (p0, a0, s0) = (rt.polls, rt.arms, rt.sleeps);
+    let cs0 = ctx_switches();
+    for i in 0..warm + iters {
+        for (k, b) in out.iter_mut().enumerate() {
+            *b = (i as usize * 7 + k * 131) as u8;
+        }
+        let t = StdInstant::now();
+        let (mut wrote, mut got) = (0, 0);
+        let r = rt.run(Duration::from_secs(60), |d, now| {
+            pp_round(d, now, id, &out, &mut wrote, &mut back, &mut got)
+        });
+        r.unwrap_or_else(|| Err(format!("exchange {i}: no echo within 60 s")))?;
+        if i >= warm {
+            rtts.push(t.elapsed());
+        }
+        if back != out {
+            return Err(format!("exchange {i}: the echo differs from what was sent"));
+        }
+    }
+    let now = rt.now();
+    rt.d.shutdown(now, id, Shutdown::Write)
+        .map_err(|e| format!("shutdown: {e}"))?;
+    pp_eof(&mut rt, id)?;
+    rtts.sort();
+    let pct = |p: f64| {
+        let i = ((rtts.len() as f64 - 1.0) * p).round() as usize;
+        rtts[i.min(rtts.len() - 1)].as_secs_f64() * 1e6
+    };
+    let avg = rtts.iter().map(|d| d.as_secs_f64()).sum::<f64>() / rtts.len() as f64 * 1e6;
+    let n = rtts.len() as f64;
+    let (vcs, ics) = ctx_switches();
+    println!(
+        "loop per exchange: {:.1} polls, {:.2} arms, {:.2} sleeps; context switches {:.2} voluntary, {:.2} involuntary; {}",
+        (rt.polls - p0) as f64 / n,
+        (rt.arms - a0) as f64 / n,
+        (rt.sleeps - s0) as f64 / n,
+        (vcs - cs0.0) as f64 / n,
+        (ics - cs0.1) as f64 / n,
+        sched_note()
+    );
+    println!(
+        "PP-CLIENT size={size} iters={iters} rtt_p50_usec={:.1} rtt_p99_usec={:.1} rtt_min_usec={:.1} rtt_avg_usec={avg:.1}",
+        pct(0.5),
+        pct(0.99),
+        pct(0.0)
+    );
     Ok(())
 }

@@ -404,6 +404,16 @@ impl Shared {
         // (librdmacm copies it).
         if unsafe { rs::rdma_connect(id, &mut param) } != 0 {
             let e = errno();
+            if e == libc::ECONNREFUSED {
+                // iWARP makes its TCP connection inside rdma_connect: nobody listening (a
+                // reset) fails the call itself instead of arriving as REJECTED, as on IB.
+                ep.failure = Some("rdma_connect: connection refused".into());
+                ep.events.push_back(CmEvent::Rejected {
+                    private_data: Vec::new(),
+                    consumer: false,
+                });
+                return;
+            }
             fail(
                 ep,
                 format!("rdma_connect: {}", std::io::Error::from_raw_os_error(e)),
