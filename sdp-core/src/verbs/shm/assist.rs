@@ -30,7 +30,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use super::sys::{self, Mapping};
+use super::sys::{self, Mapping, Proc};
 
 /// Claim word: generation (high 32 bits) and next chunk (low 32 bits, `IDLE`: withdrawn).
 pub(super) const A_CLAIM: usize = 512;
@@ -91,7 +91,9 @@ fn chunk_for(op: Op, len: u64) -> u64 {
 /// peer's `remote` address (a Read: peer to us), sharing the chunks with the peer if it polls.
 /// `rkey` is the peer's key of the remote range (unused for a SEND).
 /// `sock` is the connection's rendezvous socket, whose hang-up tells the peer is gone (its
-/// memory with it), the one case where we stop waiting for chunks it claimed.
+/// memory with it), the one case where we stop waiting for chunks it claimed. `still_ok` is
+/// asked before each of our chunks whether the remote range may still be touched (the peer
+/// may deregister or revoke it meanwhile: then we copy no more and fail with `EACCES`).
 ///
 /// # Safety
 /// `local..local + len` is valid memory of this process for the whole call (readable for a
@@ -101,8 +103,9 @@ fn chunk_for(op: Op, len: u64) -> u64 {
 pub(super) unsafe fn copy_shared(
     inbox: &Mapping,
     gen: &mut u32,
-    peer_pid: i32,
+    peer: &Proc,
     sock: Option<BorrowedFd<'_>>,
+    still_ok: &dyn Fn() -> bool,
     op: Op,
     rkey: u32,
     local: u64,
@@ -141,15 +144,19 @@ pub(super) unsafe fn copy_shared(
         if res.is_err() {
             continue; // claim the rest so the peer stops, but copy no more
         }
+        if !still_ok() {
+            res = Err(io::Error::from_raw_os_error(libc::EACCES));
+            continue;
+        }
         let off = i * chunk;
         let l = (len64 - off).min(chunk) as usize;
         // SAFETY: a sub-range of the caller's buffer (see the function's contract); the
         // remote range is the peer's, checked against its key table by the caller.
         res = unsafe {
             if read {
-                sys::vm_read(peer_pid, local + off, remote + off, l)
+                peer.read(local + off, remote + off, l)
             } else {
-                sys::vm_write(peer_pid, local + off, remote + off, l)
+                peer.write(local + off, remote + off, l)
             }
         };
     }
@@ -194,7 +201,7 @@ pub(super) fn pending(peer_inbox: &Mapping) -> bool {
 /// The helper's side: take and copy chunks of the peer's published operation, if any.
 /// `peer_inbox` is the peer's inbox; the caller keeps what `check` says true (holds the
 /// registrations' lock) until this returns. Returns the chunks copied.
-pub(super) fn help(peer_inbox: &Mapping, peer_pid: i32, check: CheckRange<'_>) -> u32 {
+pub(super) fn help(peer_inbox: &Mapping, peer: &Proc, check: CheckRange<'_>) -> u32 {
     let claim = peer_inbox.u64(A_CLAIM);
     let mut c = claim.load(Ordering::Acquire);
     let g = (c >> 32) as u32;
@@ -231,9 +238,9 @@ pub(super) fn help(peer_inbox: &Mapping, peer_pid: i32, check: CheckRange<'_>) -
                 // above, kept live by the caller); the kernel checks the peer's range.
                 let r = unsafe {
                     if read {
-                        sys::vm_write(peer_pid, raddr + off, laddr.wrapping_add(off), l)
+                        peer.write(raddr + off, laddr.wrapping_add(off), l)
                     } else {
-                        sys::vm_read(peer_pid, raddr + off, laddr.wrapping_add(off), l)
+                        peer.read(raddr + off, laddr.wrapping_add(off), l)
                     }
                 };
                 if r.is_err() {
@@ -267,17 +274,18 @@ mod tests {
         let h = {
             let (inbox, stop, helped) = (inbox.clone(), stop.clone(), helped.clone());
             std::thread::spawn(move || {
-                let pid = sys::getpid();
+                let me = Proc::open(sys::getpid()).unwrap();
                 // The helper's only registration: `theirs`, rkey 7.
                 let check = |_op: Op, rkey: u32, addr: u64, len: u64| {
                     rkey == 7 && addr >= theirs_addr && addr + len <= theirs_addr + n as u64
                 };
                 while !stop.load(Ordering::Relaxed) {
-                    helped.fetch_add(help(&inbox, pid, &check), Ordering::Relaxed);
+                    helped.fetch_add(help(&inbox, &me, &check), Ordering::Relaxed);
                 }
             })
         };
         let mut gen = 0;
+        let me = Proc::open(sys::getpid()).unwrap();
         let mut mine = vec![0u8; n];
         for round in 0..20 {
             mine.iter_mut().for_each(|b| *b = round);
@@ -286,8 +294,9 @@ mod tests {
                 copy_shared(
                     &inbox,
                     &mut gen,
-                    sys::getpid(),
+                    &me,
                     None,
+                    &|| true,
                     Op::Read,
                     7,
                     mine.as_mut_ptr() as u64,
@@ -315,7 +324,7 @@ mod tests {
             .arg("30")
             .spawn()
             .unwrap();
-        let pid = child.id() as i32;
+        let peer = Proc::open(child.id() as i32).unwrap();
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = || {
             x ^= x << 13;
@@ -355,7 +364,7 @@ mod tests {
                 checked.set(checked.get() || ok);
                 ok
             };
-            let n = help(&inbox, pid, &check);
+            let n = help(&inbox, &peer, &check);
             assert!(n == 0 || checked.get());
             assert_eq!(inbox.u32(A_DONE).load(Ordering::Relaxed), n);
             copied += n;

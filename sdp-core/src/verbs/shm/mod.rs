@@ -25,12 +25,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
-use self::sys::{Mapping, RawBuf, Recv};
+use self::sys::{Mapping, Proc, RawBuf, Recv};
 use super::{
     Access, CmEvent, Completion, Endpoint, Listener, MemoryRegion, Provider, QpCaps, RecvWr,
     SendOp, SendWr, Sge, VerbsError, WcOpcode, WcStatus,
@@ -60,6 +60,14 @@ const OFF_TAIL: usize = 128;
 const OFF_STATE: usize = 192;
 /// Owner wants an eventfd write at the peer's next change.
 const OFF_WAKE: usize = 256;
+/// The peer's copies into or out of the owner's memory (written by the peer): odd while one
+/// runs. The peer raises it before it checks the owner's key table (or receive slot) and
+/// lowers it after its copy; the owner, after it invalidated a region, waits for an odd value
+/// it saw to change (`Inner::drain_copies`), so no copy lands after a deregistration returns.
+const OFF_INFLIGHT: usize = 320;
+/// Longest a deregistration waits for a peer's copy in flight whose process is alive (a peer
+/// stopped in the middle of its copy, SIGSTOP or a debugger; a dead one ends the wait at once).
+const COPY_DRAIN_MAX: Duration = Duration::from_millis(250);
 const SLOT: usize = 512;
 const S_ADDR: usize = 0;
 const S_LEN: usize = 8;
@@ -174,6 +182,74 @@ struct Ctl {
     hint: AtomicBool,
     /// The endpoint's inbox, whose wake flag `arm` sets.
     inbox: Option<Arc<Mapping>>,
+    /// Its receive slots (our own count: the peer can write the inbox header).
+    nslots: u32,
+    /// The peer process, once known (its death ends waits for its copies).
+    peer: OnceLock<Arc<Proc>>,
+}
+
+/// How a wait for a peer's copy in flight ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CopyWait {
+    /// The copy was done (the word moved on).
+    Done,
+    /// The peer process exited (none of its copies can still run).
+    PeerGone,
+    /// `COPY_DRAIN_MAX` passed with the peer alive and the copy still announced.
+    TimedOut,
+}
+
+/// Wait until the in-flight word `w` no longer holds `v` (the copy announced by `v` is done),
+/// the peer exits, or `max` passes. Spins briefly, then yields and sleeps.
+fn wait_copy(w: &AtomicU32, v: u32, peer: Option<&Proc>, max: Duration) -> CopyWait {
+    let start = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        if w.load(Ordering::Acquire) != v {
+            return CopyWait::Done;
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(64) {
+            if peer.is_some_and(|p| !p.alive()) {
+                return CopyWait::PeerGone;
+            }
+            let t = start.elapsed();
+            if t > max {
+                return CopyWait::TimedOut;
+            }
+            if t > Duration::from_micros(200) {
+                std::thread::sleep(Duration::from_micros(50));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Our copy into or out of the peer's memory, announced in its inbox (`OFF_INFLIGHT`) from
+/// before we check its key table (or receive slot) until the copy is done.
+struct InFlight<'a> {
+    word: &'a AtomicU32,
+    seq: &'a mut u32,
+}
+
+impl<'a> InFlight<'a> {
+    fn begin(word: &'a AtomicU32, seq: &'a mut u32) -> InFlight<'a> {
+        *seq = seq.wrapping_add(1) | 1;
+        word.store(*seq, Ordering::Relaxed);
+        // Our announcement before our reads of the peer's table: pairs with the owner's fence
+        // between its invalidation and its read of the word (one of us sees the other).
+        fence(Ordering::SeqCst);
+        InFlight { word, seq }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        *self.seq = self.seq.wrapping_add(1);
+        self.word.store(*self.seq, Ordering::Release);
+    }
 }
 
 struct Inner {
@@ -268,19 +344,62 @@ impl Inner {
         Ok(r)
     }
 
+    /// Deregister, and return only once no peer can still touch the region: its key is
+    /// withdrawn, receives posted in it are marked bad (a SEND then fails instead of landing),
+    /// and copies peers had in flight are waited for (`drain_copies`).
     fn deregister(&self, lkey: u32) {
         let mut regs = self.regs.write();
         let idx = (lkey & 0xffff) as usize;
-        if regs
-            .slots
-            .get(idx)
-            .copied()
-            .flatten()
-            .is_some_and(|r| r.lkey == lkey)
+        let Some(r) = regs.slots.get(idx).copied().flatten() else {
+            return;
+        };
+        if r.lkey != lkey {
+            return;
+        }
+        regs.slots[idx] = None;
+        regs.free.push(idx as u32);
+        self.write_entry(idx, 0, Access::empty(), 0, 0);
+        drop(regs);
+        let bad = r
+            .access
+            .contains(Access::LOCAL_WRITE)
+            .then_some((r.addr, r.len));
+        self.drain_copies(bad);
+    }
+
+    /// After our memory was withdrawn from peers (a key invalidated or its access reduced;
+    /// `bad`: a range whose posted receives must no longer be written), wait for the copies
+    /// peers had announced in our inboxes (`OFF_INFLIGHT`) when they could still have seen it
+    /// valid. Holds no lock while waiting; bounded by the peer's death and `COPY_DRAIN_MAX`.
+    fn drain_copies(&self, bad: Option<(u64, u64)>) {
+        // Our invalidation before our reads of the words: pairs with `InFlight::begin`.
+        fence(Ordering::SeqCst);
+        let mut busy: Vec<(Arc<Ctl>, u32)> = Vec::new();
         {
-            regs.slots[idx] = None;
-            regs.free.push(idx as u32);
-            self.write_entry(idx, 0, Access::empty(), 0, 0);
+            let ctls = self.ctls.lock();
+            for (_, w) in ctls.iter() {
+                let Some(c) = w.upgrade() else { continue };
+                let Some(ib) = c.inbox.as_ref() else { continue };
+                if let Some((addr, len)) = bad {
+                    mark_bad_recvs(ib, c.nslots, addr, len);
+                }
+                let v = ib.u32(OFF_INFLIGHT).load(Ordering::Relaxed);
+                if v & 1 == 1 {
+                    busy.push((c, v));
+                }
+            }
+        }
+        if bad.is_some() && !busy.is_empty() {
+            fence(Ordering::SeqCst);
+        }
+        for (c, v) in busy {
+            let ib = c.inbox.as_ref().expect("only inboxes are collected");
+            wait_copy(
+                ib.u32(OFF_INFLIGHT),
+                v,
+                c.peer.get().map(|p| &**p),
+                COPY_DRAIN_MAX,
+            );
         }
     }
 
@@ -292,12 +411,39 @@ impl Inner {
         let idx = (lkey & 0xffff) as usize;
         match regs.slots.get_mut(idx) {
             Some(Some(r)) if r.lkey == lkey => {
+                let reduced = !access.contains(r.access);
                 r.access = access;
                 let r = *r;
                 self.write_entry(idx, r.rkey, access, r.addr, r.len);
+                drop(regs);
+                if reduced {
+                    // A revocation: as a deregistration, no access of the old rights after.
+                    let bad = !access.contains(Access::LOCAL_WRITE);
+                    self.drain_copies(bad.then_some((r.addr, r.len)));
+                }
                 Ok(())
             }
             _ => Err(VerbsError::Invalid("memory region not registered")),
+        }
+    }
+}
+
+/// Mark the receives posted in `inbox` (`nslots` slots) that overlap `addr..addr + len` bad,
+/// so a peer's SEND into them fails (its receive status `ST_REM_OP`) instead of landing.
+fn mark_bad_recvs(inbox: &Mapping, nslots: u32, addr: u64, len: u64) {
+    if nslots == 0 {
+        return;
+    }
+    let head = inbox.u32(OFF_HEAD).load(Ordering::Relaxed);
+    let tail = inbox.u32(OFF_TAIL).load(Ordering::Acquire);
+    let n = head.wrapping_sub(tail).min(nslots);
+    let end = addr.saturating_add(len);
+    for i in 0..n {
+        let base = HDR + (tail.wrapping_add(i) % nslots) as usize * SLOT;
+        let a = inbox.u64(base + S_ADDR).load(Ordering::Relaxed);
+        let l = u64::from(inbox.u32(base + S_LEN).load(Ordering::Relaxed));
+        if a < end && a.saturating_add(l) > addr {
+            inbox.u32(base + S_BAD).store(1, Ordering::Relaxed);
         }
     }
 }
@@ -424,7 +570,8 @@ fn new_inbox(max_recv_wr: u32) -> Result<(OwnedFd, Arc<Mapping>, u32), VerbsErro
 
 /// What we know of the other side once it sent its REQ or ACC.
 struct Peer {
-    pid: i32,
+    /// The peer process: every copy goes through its pidfd's liveness check.
+    proc: Arc<Proc>,
     inbox: Mapping,
     nslots: u32,
     keys: Mapping,
@@ -435,7 +582,7 @@ struct Peer {
 impl Peer {
     fn attach(
         inner: &Inner,
-        pid: i32,
+        proc: Arc<Proc>,
         nslots: u32,
         probe: u64,
         fds: Vec<OwnedFd>,
@@ -464,7 +611,7 @@ impl Peer {
             .map_err(|e| format!("SDP shm: cannot map the peer's key table: {e}"))?;
         sys::set_nonblocking(evfd.as_fd())
             .map_err(|e| format!("SDP shm: bad handshake (eventfd): {e}"))?;
-        match sys::probe(pid, probe) {
+        match sys::probe(&proc, probe) {
             Ok(true) => {}
             Ok(false) => return Err("SDP shm: peer memory probe mismatch".into()),
             Err(e) => {
@@ -474,7 +621,7 @@ impl Peer {
             }
         }
         Ok(Peer {
-            pid,
+            proc,
             inbox,
             nslots,
             keys,
@@ -671,6 +818,8 @@ impl Provider for ShmProvider {
         let ctl = Arc::new(Ctl {
             hint: AtomicBool::new(false),
             inbox: None,
+            nslots: 0,
+            peer: OnceLock::new(),
         });
         let token = self.inner.add_ctl(&ctl, Some((sock.as_raw_fd(), false)))?;
         Ok(ShmListener {
@@ -765,7 +914,22 @@ impl Provider for ShmProvider {
             return Ok(ep);
         };
         match sys::peer_cred(sock.as_fd()) {
-            Ok((pid, uid)) if uid == self.inner.uid => ep.peer_pid = pid,
+            Ok((pid, uid)) if uid == self.inner.uid => match Proc::of_peer(sock.as_fd(), pid) {
+                Ok(p) => {
+                    let p = Arc::new(p);
+                    ep.peer_pid = pid;
+                    let _ = ep.ctl.peer.set(p.clone());
+                    ep.peer_proc = Some(p);
+                }
+                Err(_) => {
+                    ep.state = QpState::Error;
+                    ep.cm.push_back(CmEvent::Rejected {
+                        private_data: Vec::new(),
+                        consumer: false,
+                    });
+                    return Ok(ep);
+                }
+            },
             Ok((_, uid)) => {
                 ep.state = QpState::Error;
                 ep.cm.push_back(CmEvent::Rejected {
@@ -918,6 +1082,10 @@ pub struct ShmEndpoint {
     local: SocketAddr,
     peer_addr: SocketAddr,
     peer_pid: i32,
+    /// The peer process (pidfd), from the handshake's socket.
+    peer_proc: Option<Arc<Proc>>,
+    /// Our last `OFF_INFLIGHT` value in the peer's inbox.
+    copy_seq: u32,
     inbox: Arc<Mapping>,
     inbox_fd: Option<OwnedFd>,
     nslots: u32,
@@ -985,7 +1153,12 @@ impl ShmEndpoint {
         let ctl = Arc::new(Ctl {
             hint: AtomicBool::new(false),
             inbox: Some(inbox.clone()),
+            nslots,
+            peer: OnceLock::new(),
         });
+        if let Some(p) = &peer {
+            let _ = ctl.peer.set(p.proc.clone());
+        }
         let token = inner.add_ctl(&ctl, None)?;
         Ok(ShmEndpoint {
             inner,
@@ -1002,7 +1175,9 @@ impl ShmEndpoint {
             caps,
             local,
             peer_addr,
-            peer_pid: peer.as_ref().map_or(0, |p| p.pid),
+            peer_pid: peer.as_ref().map_or(0, |p| p.proc.pid()),
+            peer_proc: peer.as_ref().map(|p| p.proc.clone()),
+            copy_seq: 0,
             inbox,
             inbox_fd,
             nslots,
@@ -1034,6 +1209,17 @@ impl ShmEndpoint {
     /// The peer's process id (0 before the connection is set up).
     pub fn peer_pid(&self) -> i32 {
         self.peer_pid
+    }
+
+    /// Our inbox was just marked closed: wait for the peer's copy in flight into our
+    /// receives, if any (it looks at the state after announcing the copy).
+    fn drain_own(&self) {
+        fence(Ordering::SeqCst);
+        let w = self.inbox.u32(OFF_INFLIGHT);
+        let v = w.load(Ordering::Relaxed);
+        if v & 1 == 1 {
+            wait_copy(w, v, self.peer_proc.as_deref(), COPY_DRAIN_MAX);
+        }
     }
 
     /// Completions or events appeared locally (not through the peer): if the owner armed,
@@ -1110,24 +1296,33 @@ impl ShmEndpoint {
                     (ST_INLINE, Ok(()))
                 } else {
                     let s = wr.sge.expect("len > 0 has an sge");
+                    let _copy = InFlight::begin(ib.u32(OFF_INFLIGHT), &mut self.copy_seq);
+                    // Announced: now the receive must still be good (the owner marks the
+                    // receives of a region it deregisters bad) and the peer open.
+                    let still_ok =
+                        || !peer.closed() && ib.u32(base + S_BAD).load(Ordering::Relaxed) == 0;
                     // SAFETY: the local ranges are inside live registrations (read lock held).
                     let r = unsafe {
-                        if let Some(p) = wr.payload {
+                        if !still_ok() {
+                            Err(std::io::Error::from_raw_os_error(libc::EACCES))
+                        } else if let Some(p) = wr.payload {
                             // Gathered: header, then payload right after it (plain copies).
-                            sys::vm_write(peer.pid, s.addr, raddr, s.len as usize).and_then(|()| {
-                                sys::vm_write(
-                                    peer.pid,
-                                    p.addr,
-                                    raddr + u64::from(s.len),
-                                    p.len as usize,
-                                )
-                            })
+                            peer.proc
+                                .write(s.addr, raddr, s.len as usize)
+                                .and_then(|()| {
+                                    peer.proc.write(
+                                        p.addr,
+                                        raddr + u64::from(s.len),
+                                        p.len as usize,
+                                    )
+                                })
                         } else if len as usize >= assist::ASSIST_MIN_SEND {
                             assist::copy_shared(
                                 &self.inbox,
                                 &mut self.assist_gen,
-                                peer.pid,
+                                &peer.proc,
                                 self.sock.as_ref().map(|s| s.as_fd()),
+                                &still_ok,
                                 assist::Op::Send,
                                 0,
                                 s.addr,
@@ -1135,9 +1330,10 @@ impl ShmEndpoint {
                                 len as usize,
                             )
                         } else {
-                            sys::vm_write(peer.pid, s.addr, raddr, len as usize)
+                            peer.proc.write(s.addr, raddr, len as usize)
                         }
                     };
+                    drop(_copy);
                     match r {
                         Ok(()) => (ST_OK, Ok(())),
                         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
@@ -1174,15 +1370,21 @@ impl ShmEndpoint {
                 } else {
                     Access::REMOTE_WRITE
                 };
-                let ok = peer.lookup(rb.rkey).is_some_and(|(a, l, acc)| {
-                    acc.contains(need)
-                        && rb.addr >= a
-                        && rb
-                            .addr
-                            .checked_add(u64::from(len))
-                            .is_some_and(|e| e <= a.saturating_add(l))
-                });
-                if !ok {
+                let _copy = InFlight::begin(peer.inbox.u32(OFF_INFLIGHT), &mut self.copy_seq);
+                // Announced before the key is looked up: a deregistration or revocation that
+                // we miss here waits for our copy (`Inner::drain_copies`); a large copy looks
+                // again before each of its chunks.
+                let still_ok = || {
+                    peer.lookup(rb.rkey).is_some_and(|(a, l, acc)| {
+                        acc.contains(need)
+                            && rb.addr >= a
+                            && rb
+                                .addr
+                                .checked_add(u64::from(len))
+                                .is_some_and(|e| e <= a.saturating_add(l))
+                    })
+                };
+                if !still_ok() {
                     return Exec::Fail(wc(wr, WcStatus::RemoteAccess));
                 }
                 let s = wr.sge.expect("len > 0 has an sge");
@@ -1193,8 +1395,9 @@ impl ShmEndpoint {
                         assist::copy_shared(
                             &self.inbox,
                             &mut self.assist_gen,
-                            peer.pid,
+                            &peer.proc,
                             self.sock.as_ref().map(|s| s.as_fd()),
+                            &still_ok,
                             if is_read {
                                 assist::Op::Read
                             } else {
@@ -1206,11 +1409,12 @@ impl ShmEndpoint {
                             len as usize,
                         )
                     } else if is_read {
-                        sys::vm_read(peer.pid, s.addr, rb.addr, len as usize)
+                        peer.proc.read(s.addr, rb.addr, len as usize)
                     } else {
-                        sys::vm_write(peer.pid, s.addr, rb.addr, len as usize)
+                        peer.proc.write(s.addr, rb.addr, len as usize)
                     }
                 };
+                drop(_copy);
                 match r {
                     Ok(()) => done(len),
                     Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
@@ -1354,6 +1558,7 @@ impl ShmEndpoint {
             self.inner.rnr_waiting.fetch_sub(1, Ordering::Relaxed);
         }
         self.inbox.u32(OFF_STATE).store(1, Ordering::Release);
+        self.drain_own();
         if let Some(s) = &self.sock {
             send_simple(s, M_DISC, false, &[]);
         }
@@ -1413,7 +1618,7 @@ impl ShmEndpoint {
                     && regs.check(&r.sge, Access::LOCAL_WRITE)
             }),
         };
-        let n = assist::help(&peer.inbox, peer.pid, &check);
+        let n = assist::help(&peer.inbox, &peer.proc, &check);
         if n > 0 {
             self.inner
                 .assisted
@@ -1459,7 +1664,11 @@ impl ShmEndpoint {
                                 self.abort_connect();
                                 return;
                             }
-                            match Peer::attach(&self.inner, self.peer_pid, m.nslots, m.probe, fds) {
+                            let Some(proc) = self.peer_proc.clone() else {
+                                self.abort_connect();
+                                return;
+                            };
+                            match Peer::attach(&self.inner, proc, m.nslots, m.probe, fds) {
                                 Ok(p) => {
                                     self.peer = Some(p);
                                     self.inbox_fd = None;
@@ -1681,6 +1890,8 @@ impl Drop for ShmEndpoint {
             }
             QpState::Ready | QpState::Connecting => {
                 self.inbox.u32(OFF_STATE).store(1, Ordering::Release);
+                // The receives we flush go back to their owner: no SEND may land after.
+                self.drain_own();
                 if let Some(s) = &self.sock {
                     send_simple(s, M_DISC, false, &[]);
                 }
@@ -1700,7 +1911,7 @@ impl Drop for ShmEndpoint {
 
 struct Half {
     sock: OwnedFd,
-    pid: i32,
+    proc: Arc<Proc>,
     since: Instant,
 }
 
@@ -1763,10 +1974,14 @@ impl ShmListener {
             };
             match sys::peer_cred(s.as_fd()) {
                 Ok((pid, uid)) if uid == self.inner.uid => {
+                    // The connector gone already (or its pid taken since): drop it.
+                    let Ok(proc) = Proc::of_peer(s.as_fd(), pid) else {
+                        continue;
+                    };
                     self.inner.add_fd(self.token, s.as_raw_fd(), true);
                     self.half.push_back(Half {
                         sock: s,
-                        pid,
+                        proc: Arc::new(proc),
                         since: Instant::now(),
                     });
                 }
@@ -1802,7 +2017,7 @@ impl ShmListener {
         if m.kind != M_REQ || m.pd.len() > MAX_PD_CONNECT {
             return refuse("SDP shm: bad connect request");
         }
-        let peer = match Peer::attach(&self.inner, h.pid, m.nslots, m.probe, fds) {
+        let peer = match Peer::attach(&self.inner, h.proc.clone(), m.nslots, m.probe, fds) {
             Ok(p) => p,
             Err(why) => return refuse(&why),
         };
@@ -1879,5 +2094,61 @@ impl Listener for ShmListener {
 impl Drop for ShmListener {
     fn drop(&mut self) {
         self.inner.remove_ctl(self.token);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that dies with a copy announced (the word left odd) does not hold a
+    /// deregistration: the wait ends on its pidfd, not on the time bound.
+    #[test]
+    fn a_dead_peers_copy_does_not_hold_the_owner() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let p = Proc::open(child.id() as i32).unwrap();
+        let w = AtomicU32::new(7);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(
+            wait_copy(&w, 7, Some(&p), Duration::from_secs(3600)),
+            CopyWait::PeerGone
+        );
+        // A live peer's copy that completes ends the wait as done.
+        let me = Proc::open(sys::getpid()).unwrap();
+        let w = Arc::new(AtomicU32::new(9));
+        let w2 = w.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            w2.store(10, Ordering::Release);
+        });
+        assert_eq!(
+            wait_copy(&w, 9, Some(&me), Duration::from_secs(3600)),
+            CopyWait::Done
+        );
+        t.join().unwrap();
+    }
+
+    /// Deregistering a region marks the receives posted in it bad (and only those).
+    #[test]
+    fn dereg_marks_posted_receives_in_the_region_bad() {
+        let (_fd, ib, nslots) = new_inbox(8).unwrap();
+        for (i, (addr, len)) in [(0x1000u64, 64u32), (0x9000, 64), (0x1f00, 0x200)]
+            .iter()
+            .enumerate()
+        {
+            let base = HDR + i * SLOT;
+            ib.u64(base + S_ADDR).store(*addr, Ordering::Relaxed);
+            ib.u32(base + S_LEN).store(*len, Ordering::Relaxed);
+        }
+        ib.u32(OFF_HEAD).store(3, Ordering::Relaxed);
+        mark_bad_recvs(&ib, nslots, 0x1000, 0x1000);
+        let bad: Vec<u32> = (0..3)
+            .map(|i| ib.u32(HDR + i * SLOT + S_BAD).load(Ordering::Relaxed))
+            .collect();
+        assert_eq!(bad, [1, 0, 1]);
     }
 }

@@ -554,12 +554,122 @@ pub fn recv_msg(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Recv {
     Recv::Msg(n, fds)
 }
 
+/// `SO_PEERPIDFD` (Linux 6.5; the same number on every architecture but sparc, mips, parisc
+/// and alpha, which libc 0.2 does not export for them all).
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// The peer process of a connection, by pidfd: every copy to or from it goes through here, so
+/// a copy can only reach the very process that connected, never one that got its pid after it
+/// died (`process_vm_*` take a pid, not a pidfd: see [`Proc::write`] for the window left).
+pub struct Proc {
+    pid: i32,
+    pidfd: OwnedFd,
+}
+
+impl Proc {
+    /// The process at the other end of the connected Unix socket `sock`, whose `SO_PEERCRED`
+    /// pid is `pid`: `SO_PEERPIDFD` (the kernel's own reference, taken at connect/listen), or
+    /// on kernels before 6.5 `pidfd_open(pid)` followed by a check that the peer still holds
+    /// its end of the socket (a process that got the pid after the peer died cannot hold it,
+    /// unless the peer passed it on before dying: the window of the fallback).
+    pub fn of_peer(sock: BorrowedFd<'_>, pid: i32) -> io::Result<Proc> {
+        let mut fd: libc::c_int = -1;
+        let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `fd` is a live c_int of `len` bytes.
+        let r = syscall!(getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut fd as *mut libc::c_int).cast(),
+            &mut len
+        ));
+        if r.is_ok() && fd >= 0 {
+            return Ok(Proc {
+                pid,
+                pidfd: owned(fd),
+            });
+        }
+        let p = Proc::open(pid)?;
+        if hung_up(sock.as_raw_fd()) || !p.alive() {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        Ok(p)
+    }
+
+    /// `pidfd_open(pid)`: the process that has `pid` now.
+    pub fn open(pid: i32) -> io::Result<Proc> {
+        // SAFETY: pidfd_open takes a pid and flags; no memory is passed.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Proc {
+            pid,
+            pidfd: owned(fd as RawFd),
+        })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Whether the process is still running: a pidfd polls readable once it has exited (every
+    /// thread past `exit_notify`, so none of its system calls, copies included, is still
+    /// running), and its pid cannot have been given to another process before that.
+    pub fn alive(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `p` is one live pollfd.
+        !matches!(syscall!(poll(&mut p, 1, 0)), Ok(n) if n > 0)
+    }
+
+    fn gone() -> io::Error {
+        io::Error::from_raw_os_error(libc::ESRCH)
+    }
+
+    /// Copy `len` bytes from our `local` address into the process at `remote`; `ESRCH` if it
+    /// has exited. What is left: the process may exit, be reaped and its pid be handed to a new
+    /// process between the liveness check and the copy's system call (microseconds; the pid
+    /// allocator would have to wrap around `pid_max` in between).
+    ///
+    /// # Safety
+    /// As [`vm_write`].
+    pub unsafe fn write(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+        if !self.alive() {
+            return Err(Proc::gone());
+        }
+        // SAFETY: the caller's contract.
+        unsafe { vm_write(self.pid, local, remote, len) }
+    }
+
+    /// Copy `len` bytes from the process at `remote` to our `local` address; `ESRCH` if it has
+    /// exited, before or during the copy (alive before and after: the pid named it throughout,
+    /// so the bytes are its own).
+    ///
+    /// # Safety
+    /// As [`vm_read`].
+    pub unsafe fn read(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+        if !self.alive() {
+            return Err(Proc::gone());
+        }
+        // SAFETY: the caller's contract.
+        unsafe { vm_read(self.pid, local, remote, len)? };
+        if !self.alive() {
+            return Err(Proc::gone());
+        }
+        Ok(())
+    }
+}
+
 /// Copy `len` bytes from our `local` address into process `pid` at `remote`.
 /// Returns `Err` (with errno) unless every byte was written.
 ///
 /// # Safety
 /// `local..local + len` must be mapped and readable in this process.
-pub unsafe fn vm_write(pid: i32, local: u64, remote: u64, len: usize) -> io::Result<()> {
+unsafe fn vm_write(pid: i32, local: u64, remote: u64, len: usize) -> io::Result<()> {
     let mut done = 0usize;
     while done < len {
         let l = libc::iovec {
@@ -585,7 +695,7 @@ pub unsafe fn vm_write(pid: i32, local: u64, remote: u64, len: usize) -> io::Res
 ///
 /// # Safety
 /// `local..local + len` must be mapped, writable, and not referenced by Rust references.
-pub unsafe fn vm_read(pid: i32, local: u64, remote: u64, len: usize) -> io::Result<()> {
+unsafe fn vm_read(pid: i32, local: u64, remote: u64, len: usize) -> io::Result<()> {
     let mut done = 0usize;
     while done < len {
         let l = libc::iovec {
@@ -745,10 +855,10 @@ pub fn probe_addr() -> u64 {
     &PROBE as *const u64 as u64
 }
 
-/// Whether we can read process `pid`'s probe word at `addr` (ptrace access, right process).
-pub fn probe(pid: i32, addr: u64) -> io::Result<bool> {
+/// Whether we can read the probe word at `addr` of the process (ptrace access, right process).
+pub fn probe(p: &Proc, addr: u64) -> io::Result<bool> {
     let mut v: u64 = 0;
     // SAFETY: the local range is the live `v`.
-    unsafe { vm_read(pid, (&mut v as *mut u64) as u64, addr, 8)? };
+    unsafe { p.read((&mut v as *mut u64) as u64, addr, 8)? };
     Ok(v == PROBE)
 }
