@@ -467,8 +467,11 @@ impl ShmProvider {
     }
 
     pub fn with_config(cfg: ShmConfig) -> Result<ShmProvider, VerbsError> {
-        let keys_fd = sys::memfd_sealed("sdp-shm-keys", KT_LEN).map_err(os)?;
+        // Our mapping is the only writable one there will ever be: sealed after it, the
+        // table cannot be written through any fd a peer holds or reopens.
+        let keys_fd = sys::memfd_sized("sdp-shm-keys", KT_LEN).map_err(os)?;
         let keys = Mapping::map(keys_fd.as_fd(), KT_LEN, true).map_err(os)?;
+        sys::seal_future_writes(keys_fd.as_fd()).map_err(os)?;
         let keys_ro = sys::reopen_readonly(keys_fd.as_fd()).map_err(os)?;
         let epoll = sys::epoll_create().map_err(os)?;
         let evfd = sys::eventfd().map_err(os)?;
@@ -2130,6 +2133,23 @@ mod tests {
             CopyWait::Done
         );
         t.join().unwrap();
+    }
+
+    /// The key table a peer receives cannot be written by it, not even by reopening it
+    /// read-write through /proc (issue 14: the read-only fd alone did not stop that).
+    #[test]
+    fn the_peers_key_table_fd_cannot_write() {
+        let p = ShmProvider::new().unwrap();
+        let paths = sys::write_paths(p.inner.keys_ro.as_fd());
+        let writes: Vec<_> = paths.iter().filter(|w| **w != "reopen O_RDWR").collect();
+        assert!(writes.is_empty(), "the key table is writable by: {paths:?}");
+        // And our own entries still work.
+        let mr = p.reg_mr(64, Access::REMOTE_READ).unwrap();
+        let off = KT_HDR + (mr.rkey() & 0xffff) as usize * KT_ENTRY;
+        assert_eq!(
+            p.inner.keys.u32(off + E_RKEY).load(Ordering::Relaxed),
+            mr.rkey()
+        );
     }
 
     /// Deregistering a region marks the receives posted in it bad (and only those).

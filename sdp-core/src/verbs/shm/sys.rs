@@ -209,6 +209,18 @@ pub unsafe fn copy_to_addr(addr: u64, src: &[u8]) {
 /// A memfd of `len` bytes, sealed against shrinking and growing (so a peer that shares it can
 /// never make our mapping fault).
 pub fn memfd_sealed(name: &str, len: usize) -> io::Result<OwnedFd> {
+    let fd = memfd_sized(name, len)?;
+    syscall!(fcntl(
+        fd.as_raw_fd(),
+        libc::F_ADD_SEALS,
+        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL
+    ))?;
+    Ok(fd)
+}
+
+/// A memfd of `len` bytes sealed against shrinking and growing, still open to more seals:
+/// map it writable, then [`seal_future_writes`].
+pub fn memfd_sized(name: &str, len: usize) -> io::Result<OwnedFd> {
     let cname = std::ffi::CString::new(name).map_err(|_| io::Error::other("bad memfd name"))?;
     let fd = owned(syscall!(memfd_create(
         cname.as_ptr(),
@@ -218,9 +230,57 @@ pub fn memfd_sealed(name: &str, len: usize) -> io::Result<OwnedFd> {
     syscall!(fcntl(
         fd.as_raw_fd(),
         libc::F_ADD_SEALS,
-        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL
+        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
     ))?;
     Ok(fd)
+}
+
+/// Seal a memfd against every later write access (`F_SEAL_FUTURE_WRITE`, then `F_SEAL_SEAL`):
+/// mappings that exist keep writing, but nobody holding the file (or reopening it through
+/// `/proc/PID/fd`) can `write(2)` it, map it writable, or `mprotect` a mapping writable.
+pub fn seal_future_writes(fd: BorrowedFd<'_>) -> io::Result<()> {
+    syscall!(fcntl(
+        fd.as_raw_fd(),
+        libc::F_ADD_SEALS,
+        libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL
+    ))?;
+    Ok(())
+}
+
+/// The ways a holder of `fd` could write the file behind it that work (for tests): reopen
+/// through `/proc/self/fd` read-write, then `pwrite`, `mmap` writable shared, `mmap` read-only
+/// and `mprotect` writable.
+#[cfg(test)]
+pub fn write_paths(fd: BorrowedFd<'_>) -> Vec<&'static str> {
+    use std::os::fd::AsFd;
+    let mut ok = Vec::new();
+    let path = format!("/proc/self/fd/{}\0", fd.as_raw_fd());
+    let Ok(rw) = syscall!(open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC)) else {
+        return ok;
+    };
+    let rw = owned(rw);
+    ok.push("reopen O_RDWR");
+    let b = [0x77u8; 8];
+    // SAFETY: writes 8 bytes from a live array.
+    if syscall!(pwrite(rw.as_raw_fd(), b.as_ptr().cast(), 8, 4096)).is_ok_and(|n| n == 8) {
+        ok.push("pwrite");
+    }
+    if Mapping::map(rw.as_fd(), 4096, true).is_ok() {
+        ok.push("mmap PROT_WRITE");
+    }
+    if let Ok(m) = Mapping::map(rw.as_fd(), 4096, false) {
+        // SAFETY: changes the protection of our own fresh mapping only.
+        if syscall!(mprotect(
+            m.ptr().as_ptr().cast(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE
+        ))
+        .is_ok()
+        {
+            ok.push("mprotect PROT_WRITE");
+        }
+    }
+    ok
 }
 
 /// Size of a file, and whether it is sealed against shrinking (a memfd we may map safely).
