@@ -101,7 +101,9 @@ const M_ACC: u8 = 2;
 const M_REJ: u8 = 3;
 const M_RTU: u8 = 4;
 const M_DISC: u8 = 5;
-const M_VERSION: u8 = 1;
+/// 2: fds only after the sender probed the other side (REQ none, ACC the acceptor's, RTU the
+/// connector's).
+const M_VERSION: u8 = 2;
 const M_HDR: usize = 40;
 
 /// A busy listener looks for new connections at least this often (epoll's hint brings them at
@@ -951,12 +953,8 @@ impl Provider for ShmProvider {
             addr: local,
             pd: private_data,
         });
-        let fds = [
-            ep.inbox_fd.as_ref().expect("inbox fd").as_fd(),
-            self.inner.evfd.as_fd(),
-            self.inner.keys_ro.as_fd(),
-        ];
-        if sys::send_msg(sock.as_fd(), &m, &fds).is_err() {
+        // No fds yet: they go once both sides proved they reach each other (M_PRB, M_FDS).
+        if sys::send_msg(sock.as_fd(), &m, &[]).is_err() {
             ep.state = QpState::Error;
             ep.cm.push_back(CmEvent::Rejected {
                 private_data: Vec::new(),
@@ -1432,7 +1430,8 @@ impl ShmEndpoint {
     /// Run queued sends in order until one must wait for a receive.
     fn run_sends(&mut self) {
         while let Some(wr) = self.pending.front().copied() {
-            if self.state != QpState::Ready {
+            // Acceptor before the RTU (the connector's fds): sends wait.
+            if self.state != QpState::Ready || self.peer.is_none() {
                 break;
             }
             match self.exec(&wr) {
@@ -1673,12 +1672,15 @@ impl ShmEndpoint {
                             };
                             match Peer::attach(&self.inner, proc, m.nslots, m.probe, fds) {
                                 Ok(p) => {
+                                    // We reached the acceptor's memory: now our fds, with
+                                    // the RTU.
+                                    if !self.send_rtu() {
+                                        self.abort_connect();
+                                        return;
+                                    }
                                     self.peer = Some(p);
                                     self.inbox_fd = None;
                                     self.state = QpState::Ready;
-                                    if let Some(s) = &self.sock {
-                                        send_simple(s, M_RTU, false, &[]);
-                                    }
                                     self.cm.push_back(CmEvent::Established {
                                         private_data: m.pd.to_vec(),
                                     });
@@ -1700,10 +1702,24 @@ impl ShmEndpoint {
                             return;
                         }
                         (QpState::Ready, M_RTU) if self.await_rtu => {
+                            let proc = self.peer_proc.clone();
+                            match proc
+                                .ok_or_else(String::new)
+                                .and_then(|p| Peer::attach(&self.inner, p, m.nslots, m.probe, fds))
+                            {
+                                Ok(p) => self.peer = Some(p),
+                                Err(_) => {
+                                    self.fail(None);
+                                    return;
+                                }
+                            }
                             self.await_rtu = false;
                             self.cm.push_back(CmEvent::Established {
                                 private_data: Vec::new(),
                             });
+                            if !self.pending.is_empty() {
+                                self.run_sends();
+                            }
                         }
                         (QpState::Ready, M_DISC) => self.peer_closed(),
                         (QpState::Pending, M_DISC) => {
@@ -1715,6 +1731,27 @@ impl ShmEndpoint {
                 }
             }
         }
+    }
+
+    /// Connector: the RTU, with our three fds (sent once we probed the acceptor's memory).
+    fn send_rtu(&self) -> bool {
+        let (Some(s), Some(ib)) = (self.sock.as_ref(), self.inbox_fd.as_ref()) else {
+            return false;
+        };
+        let m = encode(&Msg {
+            kind: M_RTU,
+            consumer: false,
+            nslots: self.nslots,
+            probe: sys::probe_addr(),
+            addr: self.local,
+            pd: &[],
+        });
+        let fds = [
+            ib.as_fd(),
+            self.inner.evfd.as_fd(),
+            self.inner.keys_ro.as_fd(),
+        ];
+        sys::send_msg(s.as_fd(), &m, &fds).is_ok()
     }
 
     /// The ACC was unusable: tell the acceptor and fail the connect.
@@ -1915,6 +1952,7 @@ impl Drop for ShmEndpoint {
 struct Half {
     sock: OwnedFd,
     proc: Arc<Proc>,
+
     since: Instant,
 }
 
@@ -2001,8 +2039,7 @@ impl ShmListener {
     fn endpoint_for(
         &self,
         h: Half,
-        n: usize,
-        buf: &[u8],
+        msg: &[u8],
         fds: Vec<OwnedFd>,
     ) -> Option<(ShmEndpoint, Vec<u8>)> {
         let refuse = |why: &str| {
@@ -2014,16 +2051,23 @@ impl ShmListener {
             );
             None
         };
-        let Some(m) = decode(&buf[..n]) else {
+        let Some(m) = decode(msg) else {
             return refuse("SDP shm: bad connect request");
         };
-        if m.kind != M_REQ || m.pd.len() > MAX_PD_CONNECT {
+        // No fds before we proved we reach the connector's memory (it sends them with its
+        // RTU, once it reached ours).
+        if m.kind != M_REQ || m.pd.len() > MAX_PD_CONNECT || !fds.is_empty() {
             return refuse("SDP shm: bad connect request");
         }
-        let peer = match Peer::attach(&self.inner, h.proc.clone(), m.nslots, m.probe, fds) {
-            Ok(p) => p,
-            Err(why) => return refuse(&why),
-        };
+        match sys::probe(&h.proc, m.probe) {
+            Ok(true) => {}
+            Ok(false) => return refuse("SDP shm: peer memory probe mismatch"),
+            Err(e) => {
+                return refuse(&format!(
+                    "SDP shm: cannot access peer memory ({e}; see kernel.yama.ptrace_scope)"
+                ))
+            }
+        }
         let Ok((inbox_fd, inbox, nslots)) = new_inbox(self.caps.max_recv_wr) else {
             return refuse("SDP shm: out of resources");
         };
@@ -2038,7 +2082,7 @@ impl ShmListener {
         let pd = m.pd.to_vec();
         let mut ep = match ShmEndpoint::new(
             self.inner.clone(),
-            Some(peer),
+            None,
             inbox,
             Some(inbox_fd),
             nslots,
@@ -2050,6 +2094,10 @@ impl ShmListener {
             Ok(ep) => ep,
             Err(_) => return refuse("SDP shm: out of resources"),
         };
+        // Its fds come with the RTU (`check_socket`).
+        ep.peer_pid = h.proc.pid();
+        let _ = ep.ctl.peer.set(h.proc.clone());
+        ep.peer_proc = Some(h.proc);
         // Re-register the socket under the endpoint's token.
         let sock = h.sock;
         sys::epoll_del(self.inner.epoll.as_fd(), sock.as_raw_fd());
@@ -2080,7 +2128,7 @@ impl Listener for ShmListener {
                 }
                 Recv::Msg(n, fds) => {
                     let h = self.half.remove(i).expect("index in range");
-                    if let Some(r) = self.endpoint_for(h, n, &buf, fds) {
+                    if let Some(r) = self.endpoint_for(h, &buf[..n], fds) {
                         return Some(r);
                     }
                 }
@@ -2150,6 +2198,77 @@ mod tests {
             p.inner.keys.u32(off + E_RKEY).load(Ordering::Relaxed),
             mr.rkey()
         );
+    }
+
+    /// Receive one message on `s`, waiting up to 5 s.
+    fn recv_wait(s: &OwnedFd, buf: &mut [u8]) -> Option<(usize, Vec<OwnedFd>)> {
+        let end = Instant::now() + Duration::from_secs(5);
+        loop {
+            match sys::recv_msg(s.as_fd(), buf) {
+                Recv::Msg(n, fds) => return Some((n, fds)),
+                Recv::Eof => return None,
+                Recv::Empty => {
+                    assert!(Instant::now() < end, "nothing received");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+
+    /// The connector hands over its fds (inbox, eventfd, key table) only after it proved it
+    /// reaches the acceptor's memory: not in its REQ, and not to an acceptor whose probe
+    /// fails (issue 14: the REQ carried them before any probe).
+    #[test]
+    fn fds_only_after_the_mutual_probe() {
+        let p = ShmProvider::new().unwrap();
+        let (_tcp, port) = sys::tcp_reserve("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let l = sys::seqpacket_listen(&rendezvous_name(addr), 4).unwrap();
+        let mut ep = p.connect(addr, None, QpCaps::default(), b"x").unwrap();
+        let s = loop {
+            if let Some(s) = sys::accept(l.as_fd()).unwrap() {
+                break s;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let mut buf = [0u8; 512];
+        let (n, fds) = recv_wait(&s, &mut buf).expect("a REQ");
+        assert_eq!(decode(&buf[..n]).map(|m| m.kind), Some(M_REQ));
+        assert!(fds.is_empty(), "the REQ carried {} fds", fds.len());
+        // An acceptor whose memory the connector cannot read (its probe word is not there),
+        // with well-formed fds otherwise.
+        let other = ShmProvider::new().unwrap();
+        let (ib_fd, _ib, nslots) = new_inbox(8).unwrap();
+        let acc = encode(&Msg {
+            kind: M_ACC,
+            consumer: false,
+            nslots,
+            probe: 8,
+            addr,
+            pd: &[],
+        });
+        let fds = [
+            ib_fd.as_fd(),
+            other.inner.evfd.as_fd(),
+            other.inner.keys_ro.as_fd(),
+        ];
+        sys::send_msg(s.as_fd(), &acc, &fds).unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        let ev = loop {
+            if let Some(ev) = ep.poll_cm() {
+                break ev;
+            }
+            assert!(Instant::now() < end, "the connect did not fail");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(ev, CmEvent::ConnectError);
+        while let Some((n, fds)) = recv_wait(&s, &mut buf) {
+            let kind = decode(&buf[..n]).map(|m| m.kind);
+            assert!(fds.is_empty(), "{kind:?} carried {} fds", fds.len());
+            if kind == Some(M_DISC) {
+                break;
+            }
+        }
     }
 
     /// Deregistering a region marks the receives posted in it bad (and only those).
