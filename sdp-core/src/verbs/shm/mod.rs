@@ -5,14 +5,18 @@
 //!   and port (`sdp-shm/0.0.0.0:5000`); a connector tries the exact address, then the wildcard
 //!   listeners of the port. The socket stays open for the life of the connection: the CM
 //!   messages (REQ, ACC, REJ, RTU, DISC) travel on it, and its hang-up tells a peer died.
-//! * **Credentials.** `SO_PEERCRED` on both sides: only the same uid is served.
+//! * **Credentials.** `SO_PEERCRED` on both sides: only the same uid is served. The peer
+//!   process is held by a pidfd (`SO_PEERPIDFD`), checked alive before every copy, so a copy
+//!   never reaches a process that got a dead peer's pid. Fds are exchanged only after each side
+//!   read the other's memory (REQ none, ACC the acceptor's, RTU the connector's).
 //! * **Queues.** Each side owns an *inbox*, a sealed memfd shared with the peer through
 //!   SCM_RIGHTS: a ring of receive slots (posted by the owner, filled by the peer) and the
 //!   owner's state and wake flag. A SEND is executed by the sender: small payloads go inline in
 //!   the slot, larger ones straight into the posted receive buffer with `process_vm_writev`.
-//! * **RDMA Read/Write.** The initiator checks the peer's key table (a sealed memfd shared
-//!   read-only: rkey → address, length, access, seqlock) and copies once with
-//!   `process_vm_readv`/`process_vm_writev`.
+//! * **RDMA Read/Write.** The initiator checks the peer's key table (a memfd sealed against
+//!   writes, `F_SEAL_FUTURE_WRITE`: rkey → address, length, access, seqlock) and copies once
+//!   with `process_vm_readv`/`process_vm_writev`. It announces the copy in the owner's inbox
+//!   first (`OFF_INFLIGHT`), and a deregistration or revocation waits for it to end.
 //! * **Notification.** [`Provider::notify_fd`] is an epoll fd holding the provider's eventfd,
 //!   the connection sockets and the listeners; [`Provider::arm`] sets the wake flag of every
 //!   inbox, and a peer writes the eventfd only when it finds the flag set.
