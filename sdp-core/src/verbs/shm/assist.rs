@@ -133,7 +133,8 @@ pub(super) unsafe fn copy_shared(
     claim.store(u64::from(g) << 32, Ordering::Release);
 
     let mut mine = 0u64;
-    let mut res = Ok(());
+    // One liveness check for our chunks (and one after them for a Read: alive throughout).
+    let mut res = peer.check();
     loop {
         let c = claim.fetch_add(1, Ordering::AcqRel);
         let i = u64::from(c as u32);
@@ -154,11 +155,14 @@ pub(super) unsafe fn copy_shared(
         // remote range is the peer's, checked against its key table by the caller.
         res = unsafe {
             if read {
-                peer.read(local + off, remote + off, l)
+                peer.read_in_batch(local + off, remote + off, l)
             } else {
-                peer.write(local + off, remote + off, l)
+                peer.write_in_batch(local + off, remote + off, l)
             }
         };
+    }
+    if read && mine > 0 && res.is_ok() {
+        res = peer.check();
     }
     claim.store(u64::from(g) << 32 | u64::from(IDLE), Ordering::Release);
 
@@ -225,6 +229,9 @@ pub(super) fn help(peer_inbox: &Mapping, peer: &Proc, check: CheckRange<'_>) -> 
         return 0;
     }
     let n = len.div_ceil(chunk);
+    // The initiator is alive for as long as it is counting our chunks, unless it died: then
+    // its pid must not be written (its descriptor claims are checked below, copies skipped).
+    let alive = peer.alive();
     let mut copied = 0;
     loop {
         if (c >> 32) as u32 != g || u64::from(c as u32) >= n {
@@ -236,11 +243,16 @@ pub(super) fn help(peer_inbox: &Mapping, peer: &Proc, check: CheckRange<'_>) -> 
                 let l = (len - off).min(chunk) as usize;
                 // SAFETY: `raddr + off .. + l` is inside our registration `rkey` (checked
                 // above, kept live by the caller); the kernel checks the peer's range.
-                let r = unsafe {
-                    if read {
-                        peer.write(raddr + off, laddr.wrapping_add(off), l)
-                    } else {
-                        peer.read(raddr + off, laddr.wrapping_add(off), l)
+                let r = if !alive {
+                    Err(io::Error::from_raw_os_error(libc::ESRCH))
+                } else {
+                    // SAFETY: see above.
+                    unsafe {
+                        if read {
+                            peer.write_in_batch(raddr + off, laddr.wrapping_add(off), l)
+                        } else {
+                            peer.read_in_batch(raddr + off, laddr.wrapping_add(off), l)
+                        }
                     }
                 };
                 if r.is_err() {

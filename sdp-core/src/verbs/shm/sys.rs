@@ -690,6 +690,34 @@ impl Proc {
         io::Error::from_raw_os_error(libc::ESRCH)
     }
 
+    /// `Ok` if the process is alive, else `ESRCH`.
+    pub fn check(&self) -> io::Result<()> {
+        if self.alive() {
+            Ok(())
+        } else {
+            Err(Proc::gone())
+        }
+    }
+
+    /// One copy of a batch the caller brackets with [`Proc::check`]: before the first (and,
+    /// for reads, after the last) copy.
+    ///
+    /// # Safety
+    /// As [`vm_write`].
+    pub unsafe fn write_in_batch(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { vm_write(self.pid, local, remote, len) }
+    }
+
+    /// As [`Proc::write_in_batch`], reading.
+    ///
+    /// # Safety
+    /// As [`vm_read`].
+    pub unsafe fn read_in_batch(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { vm_read(self.pid, local, remote, len) }
+    }
+
     /// Copy `len` bytes from our `local` address into the process at `remote`; `ESRCH` if it
     /// has exited. What is left: the process may exit, be reaped and its pid be handed to a new
     /// process between the liveness check and the copy's system call (microseconds; the pid
