@@ -133,7 +133,7 @@ pub(super) unsafe fn copy_shared(
     claim.store(u64::from(g) << 32, Ordering::Release);
 
     let mut mine = 0u64;
-    // One liveness check for our chunks (and one after them for a Read: alive throughout).
+    // One liveness check for our chunks.
     let mut res = peer.check();
     loop {
         let c = claim.fetch_add(1, Ordering::AcqRel);
@@ -160,9 +160,6 @@ pub(super) unsafe fn copy_shared(
                 peer.write_in_batch(local + off, remote + off, l)
             }
         };
-    }
-    if read && mine > 0 && res.is_ok() {
-        res = peer.check();
     }
     claim.store(u64::from(g) << 32 | u64::from(IDLE), Ordering::Release);
 
@@ -231,7 +228,7 @@ pub(super) fn help(peer_inbox: &Mapping, peer: &Proc, check: CheckRange<'_>) -> 
     let n = len.div_ceil(chunk);
     // The initiator is alive for as long as it is counting our chunks, unless it died: then
     // its pid must not be written (its descriptor claims are checked below, copies skipped).
-    let alive = peer.alive();
+    let alive = peer.alive_recently();
     let mut copied = 0;
     loop {
         if (c >> 32) as u32 != g || u64::from(c as u32) >= n {
