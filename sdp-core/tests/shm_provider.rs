@@ -691,6 +691,80 @@ fn rdma_access_violations() {
     assert_eq!(poll_n(&mut x, 1, T)[0].status, WcStatus::LocalProtection);
 }
 
+/// Deregistering or revoking a region while a peer's large RDMA Write into it is under way
+/// returns only once no more of it can land (the owner waits for the copy in flight, the
+/// writer looks at the key again before each chunk): after `drop(mr)` / `set_access` the
+/// memory is the owner's alone.
+#[test]
+fn dereg_and_revoke_wait_for_a_copy_in_flight() {
+    use std::ptr::NonNull;
+    for revoke in [false, true] {
+        let a = prov();
+        let b = prov();
+        let (mut x, _y) = pair(&a, &b);
+        let n = 64 << 20;
+        let mut src = a.reg_mr(n, Access::empty()).unwrap();
+        src.write(0, &vec![0xab; n]);
+        let mut sink = vec![0u8; n];
+        let base = sink.as_mut_ptr() as usize;
+        // SAFETY: `sink` outlives the region (dropped or revoked below, freed at the end).
+        let mr = unsafe {
+            b.reg_mr_at(
+                NonNull::new(base as *mut u8).unwrap(),
+                n,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )
+        }
+        .unwrap();
+        let rb = RemoteBuf {
+            addr: mr.addr(),
+            rkey: mr.rkey(),
+        };
+        let sge = src.sge(0, n as u32);
+        let mut mr = Some(mr);
+        let last = base + n - 4096;
+        std::thread::scope(|s| {
+            let w = s.spawn(move || {
+                x.post_send(&send_wr(1, SendOp::Write(rb), Some(sge)))
+                    .unwrap();
+                poll_n(&mut x, 1, T)
+            });
+            let end = Instant::now() + T;
+            // SAFETY: reads of our own buffer, which the peer's copy writes concurrently.
+            while unsafe { std::ptr::read_volatile(base as *const u8) } == 0 {
+                assert!(Instant::now() < end, "the write did not start");
+                std::hint::spin_loop();
+            }
+            if revoke {
+                mr.as_mut()
+                    .unwrap()
+                    .set_access(Access::LOCAL_WRITE)
+                    .unwrap();
+            } else {
+                drop(mr.take());
+            }
+            // The memory is ours again: mark its last page (the write had not got there).
+            for i in 0..4096 {
+                // SAFETY: inside `sink`.
+                unsafe { std::ptr::write_volatile((last + i) as *mut u8, 0x11) };
+            }
+            let c = w.join().unwrap();
+            assert_eq!(c.len(), 1);
+            let landed = (0..4096)
+                // SAFETY: inside `sink`.
+                .filter(|i| unsafe { std::ptr::read_volatile((last + i) as *const u8) } != 0x11)
+                .count();
+            assert_eq!(
+                landed, 0,
+                "revoke={revoke}: the write landed after the region was withdrawn ({:?})",
+                c[0].status
+            );
+        });
+        drop(mr);
+        drop(sink);
+    }
+}
+
 #[test]
 fn rnr_waits_then_succeeds_or_times_out() {
     let cfg = ShmConfig {
@@ -917,6 +991,10 @@ fn child_entry() {
     let Ok(what) = std::env::var("SDP_SHM_CHILD") else {
         return;
     };
+    if let Some(addr) = what.strip_prefix("victim:") {
+        victim(u64::from_str_radix(addr, 16).unwrap());
+        return;
+    }
     let (mode, port) = what.split_once(':').unwrap();
     let port: u16 = port.parse().unwrap();
     let a = prov();
@@ -925,6 +1003,19 @@ fn child_entry() {
         .unwrap();
     let ev = wait_cm(&mut x, T);
     match mode {
+        "hold-big" => {
+            // A 64 KiB receive: a SEND into it is copied by process_vm_writev.
+            let r = a.reg_mr(64 << 10, Access::LOCAL_WRITE).unwrap();
+            x.post_recv(&RecvWr {
+                wr_id: 1,
+                sge: r.sge(0, 64 << 10),
+            })
+            .unwrap();
+            println!("CHILD {ev:?} addr={:x}", r.addr());
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
         "hold" => {
             let r = a.reg_mr(64, Access::LOCAL_WRITE).unwrap();
             x.post_recv(&RecvWr {
@@ -949,6 +1040,52 @@ fn child_entry() {
             }
             other => println!("CHILD {other:?}"),
         },
+    }
+}
+
+/// A process that maps 64 KiB of zeros at `addr`, says so, and after a line on stdin tells
+/// whether anything wrote there (the pid-reuse test's bystander).
+fn victim(addr: u64) {
+    use std::io::BufRead;
+    let len = 64 << 10;
+    // SAFETY: a fresh private mapping at an address nothing of ours uses (NOREPLACE fails
+    // otherwise).
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p as u64 != addr {
+        println!("VICTIM busy");
+        return;
+    }
+    println!("VICTIM ready");
+    let mut line = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut line);
+    // SAFETY: the mapping above, `len` bytes.
+    let mem = unsafe { std::slice::from_raw_parts(p as *const u8, len) };
+    if mem.iter().all(|&b| b == 0) {
+        println!("VICTIM clean");
+    } else {
+        println!("VICTIM dirty");
+    }
+}
+
+/// The child's next line that starts with `prefix` (the harness prints its own lines too).
+fn child_line(out: &mut impl std::io::BufRead, prefix: &str) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
+        // The harness's "test child_entry ... " may precede it on the same line.
+        if let Some(i) = line.find(prefix) {
+            return line[i..].to_string();
+        }
     }
 }
 
@@ -1012,6 +1149,83 @@ fn peer_killed_is_noticed() {
     let c = poll_n(&mut y, 1, T);
     assert_eq!((c[0].wr_id, c[0].status), (3, WcStatus::Flushed));
     let _ = child.wait();
+}
+
+/// A peer killed and reaped, its pid handed to another process of the same user before we
+/// noticed the death: a SEND posted to the dead peer must not be written into that process
+/// (every copy is tied to the connected process by a pidfd). Needs root (ns_last_pid).
+#[test]
+fn dead_peers_reused_pid_is_not_written() {
+    use std::io::{BufReader, Write};
+    if std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/sys/kernel/ns_last_pid")
+        .is_err()
+    {
+        eprintln!("skipped: needs root to choose the next pid (ns_last_pid)");
+        return;
+    }
+    let b = prov();
+    let mut l = b.listen(localhost(0), 8, QpCaps::default()).unwrap();
+    let port = l.local_addr().port();
+    let mut child = spawn_child("hold-big", port, None);
+    let (mut y, _) = wait_request(&mut l);
+    y.accept(b"ok").unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let line = child_line(&mut out, "CHILD");
+    assert!(line.contains("Established"), "{line}");
+    let addr = line.trim().rsplit_once("addr=").unwrap().1.to_string();
+    assert_eq!(
+        wait_cm(&mut y, T),
+        Some(CmEvent::Established {
+            private_data: vec![]
+        })
+    );
+    let pid = child.id() as i32;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The same pid for a bystander that maps memory where the dead peer's receive was.
+    let mut victim = None;
+    for _ in 0..200 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", pid - 1)).unwrap();
+        let mut v = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+            .env("SDP_SHM_CHILD", format!("victim:{addr}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        if v.id() as i32 == pid {
+            let mut vout = BufReader::new(v.stdout.take().unwrap());
+            if child_line(&mut vout, "VICTIM").starts_with("VICTIM ready") {
+                victim = Some((v, vout));
+                break;
+            }
+        }
+        let _ = v.kill();
+        let _ = v.wait();
+    }
+    let (mut v, mut vout) = victim.expect("could not give the dead peer's pid to a bystander");
+    // We have not looked at the connection since the death: post a SEND to the dead peer.
+    let src = b.reg_mr(4096, Access::empty()).unwrap();
+    let mut pattern = vec![0x5au8; 4096];
+    pattern[0] = 1;
+    let mut src = src;
+    src.write(0, &pattern);
+    y.post_send(&send_wr(9, SendOp::Send, Some(src.sge(0, 4096))))
+        .unwrap();
+    let c = poll_n(&mut y, 1, T);
+    writeln!(v.stdin.as_mut().unwrap()).unwrap();
+    let verdict = child_line(&mut vout, "VICTIM");
+    let _ = v.kill();
+    let _ = v.wait();
+    assert_eq!(
+        verdict.trim(),
+        "VICTIM clean",
+        "the SEND landed in another process"
+    );
+    assert_eq!((c[0].wr_id, c[0].status), (9, WcStatus::RetryExceeded));
 }
 
 #[test]

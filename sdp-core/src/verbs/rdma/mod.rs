@@ -50,7 +50,6 @@
 
 mod map;
 
-use std::alloc::Layout;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::CStr;
 use std::net::{IpAddr, SocketAddr};
@@ -617,7 +616,55 @@ impl Drop for Shared {
     }
 }
 
+/// Memory for a region: pages of its own (an anonymous mapping, never shared with other heap
+/// objects), zeroed, and `MADV_DONTFORK`. A `fork` must not make the parent's registered pages
+/// copy-on-write: on kernels before 5.13 the device kept the page the child inherited and the
+/// parent's next write went to a fresh copy the device never saw (lost receives, stale sends);
+/// on newer kernels fork copies pinned pages at once instead, so every fork would copy all
+/// registered memory. The child has no use for it: it holds none of the parent's QPs (a child
+/// that touches a parent's region gets SIGSEGV).
+fn alloc_pages(size: usize) -> Result<NonNull<u8>, VerbsError> {
+    // SAFETY: a fresh anonymous mapping at an address the kernel picks.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(VerbsError::NoResources("memory"));
+    }
+    // SAFETY: the mapping just made, `size` bytes.
+    if unsafe { libc::madvise(p, size, libc::MADV_DONTFORK) } != 0 {
+        let e = map::errno_error(errno(), "madvise(MADV_DONTFORK)");
+        // SAFETY: the mapping just made, unused.
+        unsafe { libc::munmap(p, size) };
+        return Err(e);
+    }
+    NonNull::new(p.cast()).ok_or(VerbsError::NoResources("memory"))
+}
+
+/// # Safety
+/// `buf`, `size` come from [`alloc_pages`] and nothing (no registration) uses the memory.
+unsafe fn free_pages(buf: NonNull<u8>, size: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { libc::munmap(buf.as_ptr().cast(), size) };
+}
+
 fn new_channel() -> Result<*mut rs::rdma_event_channel, VerbsError> {
+    // Before the first verbs call of the process: libibverbs then keeps its own queue memory
+    // and registered ranges out of forked children on kernels without copy-on-fork for pinned
+    // pages (since rdma-core 35 a no-op where the kernel handles fork). An application that
+    // used verbs before us gets EINVAL: ignored, our regions are DONTFORK anyway.
+    static FORK_INIT: std::sync::Once = std::sync::Once::new();
+    // SAFETY: no arguments.
+    FORK_INIT.call_once(|| unsafe {
+        rs::ibv_fork_init();
+    });
     // SAFETY: no arguments; NULL on failure.
     let ch = unsafe { rs::rdma_create_event_channel() };
     if ch.is_null() {
@@ -813,12 +860,11 @@ impl Provider for RdmaProvider {
 
     fn reg_mr(&self, len: usize, access: Access) -> Result<RdmaMr, VerbsError> {
         let flags = map::access_flags(access, self.sh.transport)?;
-        let size = len.max(1).div_ceil(PAGE) * PAGE;
-        let layout = Layout::from_size_align(size, PAGE)
-            .map_err(|_| VerbsError::Invalid("region too large"))?;
-        // SAFETY: layout has a nonzero size.
-        let buf = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
-            .ok_or(VerbsError::NoResources("memory"))?;
+        let size = len
+            .max(1)
+            .checked_next_multiple_of(PAGE)
+            .ok_or(VerbsError::Invalid("region too large"))?;
+        let buf = alloc_pages(size)?;
         // SAFETY: pd is live; buf points to size >= len.max(1) bytes that stay allocated (and
         // registered) until the region is dropped.
         let mr = unsafe {
@@ -831,8 +877,8 @@ impl Provider for RdmaProvider {
         };
         if mr.is_null() {
             let e = errno();
-            // SAFETY: allocated above with this layout, not registered.
-            unsafe { std::alloc::dealloc(buf.as_ptr(), layout) };
+            // SAFETY: allocated above with this size, not registered.
+            unsafe { free_pages(buf, size) };
             return Err(match e {
                 libc::ENOMEM | libc::EFAULT | libc::EPERM => {
                     VerbsError::NoResources("registered memory (RLIMIT_MEMLOCK?)")
@@ -844,7 +890,7 @@ impl Provider for RdmaProvider {
             sh: self.sh.clone(),
             mr,
             buf,
-            layout,
+            size,
             len,
             access,
         })
@@ -1009,7 +1055,8 @@ pub struct RdmaMr {
     /// Null only if re-registration failed (then every access fails at the HCA).
     mr: *mut rs::ibv_mr,
     buf: NonNull<u8>,
-    layout: Layout,
+    /// Bytes mapped at `buf` (whole pages).
+    size: usize,
     len: usize,
     access: Access,
 }
@@ -1131,12 +1178,12 @@ impl MemoryRegion for RdmaMr {
 impl Drop for RdmaMr {
     fn drop(&mut self) {
         // SAFETY: mr (if any) is live and deregistered once, before its memory is freed; buf
-        // was allocated with layout.
+        // was allocated by alloc_pages with size.
         unsafe {
             if !self.mr.is_null() {
                 rs::ibv_dereg_mr(self.mr);
             }
-            std::alloc::dealloc(self.buf.as_ptr(), self.layout);
+            free_pages(self.buf, self.size);
         }
     }
 }
@@ -1520,5 +1567,55 @@ impl Drop for RdmaListener {
         }
         // SAFETY: the listening id is live and owned by self; its events were acknowledged.
         unsafe { rs::rdma_destroy_id(self.id) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The VmFlags of the mapping of this process that holds `addr` (/proc/self/smaps).
+    fn vm_flags(addr: usize) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_whitespace().next().unwrap_or("");
+            if let Some((a, b)) = range.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = (a..b).contains(&addr);
+                    continue;
+                }
+            }
+            if inside {
+                if let Some(f) = line.strip_prefix("VmFlags:") {
+                    return f.to_string();
+                }
+            }
+        }
+        panic!("no mapping holds {addr:#x}");
+    }
+
+    /// Registered memory is left out of forked children (`dc`, VM_DONTCOPY, in its VmFlags:
+    /// what MADV_DONTFORK sets; `dd` would be VM_DONTDUMP), zeroed, and
+    /// the heap around it is not (the flag must not reach other objects' pages).
+    #[test]
+    fn region_memory_is_dontfork_and_its_own() {
+        let size = 3 * PAGE;
+        let p = alloc_pages(size).unwrap();
+        let addr = p.as_ptr() as usize;
+        assert_eq!(addr % PAGE, 0);
+        for at in [addr, addr + size - 1] {
+            let f = vm_flags(at);
+            assert!(f.split_whitespace().any(|w| w == "dc"), "{at:#x}: {f}");
+        }
+        // SAFETY: inside the mapping just made.
+        let bytes = unsafe { std::slice::from_raw_parts(p.as_ptr(), size) };
+        assert!(bytes.iter().all(|&b| b == 0));
+        let heap = Box::new([7u8; 64]);
+        let f = vm_flags(heap.as_ptr() as usize);
+        assert!(!f.split_whitespace().any(|w| w == "dc"), "heap: {f}");
+        // SAFETY: from alloc_pages, unused.
+        unsafe { free_pages(p, size) };
     }
 }

@@ -30,7 +30,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use super::sys::{self, Mapping};
+use super::sys::{self, Mapping, Proc};
 
 /// Claim word: generation (high 32 bits) and next chunk (low 32 bits, `IDLE`: withdrawn).
 pub(super) const A_CLAIM: usize = 512;
@@ -149,7 +149,9 @@ impl Pending {
 /// peer's `remote` address (a Read: peer to us), sharing the chunks with the peer if it polls.
 /// `rkey` is the peer's key of the remote range (unused for a SEND).
 /// `sock` is the connection's rendezvous socket, whose hang-up tells the peer is gone (its
-/// memory with it), the one case where we stop waiting for chunks it claimed.
+/// memory with it), the one case where we stop waiting for chunks it claimed. `still_ok` is
+/// asked before each of our chunks whether the remote range may still be touched (the peer
+/// may deregister or revoke it meanwhile: then we copy no more and fail with `EACCES`).
 /// Our own chunks are done when this returns; chunks the peer claimed may not be (it was
 /// preempted, or stopped): then the operation is `Waiting`, and must not complete (nor its
 /// buffer be reused) before [`Pending::poll`] says so. Nothing here waits for long on the peer.
@@ -163,8 +165,9 @@ impl Pending {
 pub(super) unsafe fn start_shared(
     inbox: &Mapping,
     gen: &mut u32,
-    peer_pid: i32,
+    peer: &Proc,
     sock: Option<BorrowedFd<'_>>,
+    still_ok: &dyn Fn() -> bool,
     op: Op,
     rkey: u32,
     local: u64,
@@ -192,7 +195,8 @@ pub(super) unsafe fn start_shared(
     claim.store(u64::from(g) << 32, Ordering::Release);
 
     let mut mine = 0u64;
-    let mut res = Ok(());
+    // One liveness check for our chunks.
+    let mut res = peer.check();
     loop {
         let c = claim.fetch_add(1, Ordering::AcqRel);
         let i = u64::from(c as u32);
@@ -203,15 +207,19 @@ pub(super) unsafe fn start_shared(
         if res.is_err() {
             continue; // claim the rest so the peer stops, but copy no more
         }
+        if !still_ok() {
+            res = Err(io::Error::from_raw_os_error(libc::EACCES));
+            continue;
+        }
         let off = i * chunk;
         let l = (len64 - off).min(chunk) as usize;
         // SAFETY: a sub-range of the caller's buffer (see the function's contract); the
         // remote range is the peer's, checked against its key table by the caller.
         res = unsafe {
             if read {
-                sys::vm_read(peer_pid, local + off, remote + off, l)
+                peer.read_in_batch(local + off, remote + off, l)
             } else {
-                sys::vm_write(peer_pid, local + off, remote + off, l)
+                peer.write_in_batch(local + off, remote + off, l)
             }
         };
     }
@@ -244,8 +252,9 @@ pub(super) unsafe fn start_shared(
 pub(super) unsafe fn copy_shared(
     inbox: &Mapping,
     gen: &mut u32,
-    peer_pid: i32,
+    peer: &Proc,
     sock: Option<BorrowedFd<'_>>,
+    still_ok: &dyn Fn() -> bool,
     op: Op,
     rkey: u32,
     local: u64,
@@ -253,7 +262,7 @@ pub(super) unsafe fn copy_shared(
     len: usize,
 ) -> io::Result<()> {
     // SAFETY: the caller's contract is start_shared's.
-    match unsafe { start_shared(inbox, gen, peer_pid, sock, op, rkey, local, remote, len) } {
+    match unsafe { start_shared(inbox, gen, peer, sock, still_ok, op, rkey, local, remote, len) } {
         Started::Done(r) => r,
         Started::Waiting(p) => p.wait(inbox, sock),
     }
@@ -273,7 +282,7 @@ pub(super) fn pending(peer_inbox: &Mapping) -> bool {
 /// The helper's side: take and copy chunks of the peer's published operation, if any.
 /// `peer_inbox` is the peer's inbox; the caller keeps what `check` says true (holds the
 /// registrations' lock) until this returns. Returns the chunks copied.
-pub(super) fn help(peer_inbox: &Mapping, peer_pid: i32, check: CheckRange<'_>) -> u32 {
+pub(super) fn help(peer_inbox: &Mapping, peer: &Proc, check: CheckRange<'_>) -> u32 {
     let claim = peer_inbox.u64(A_CLAIM);
     let mut c = claim.load(Ordering::Acquire);
     let g = (c >> 32) as u32;
@@ -297,6 +306,9 @@ pub(super) fn help(peer_inbox: &Mapping, peer_pid: i32, check: CheckRange<'_>) -
         return 0;
     }
     let n = len.div_ceil(chunk);
+    // The initiator is alive for as long as it is counting our chunks, unless it died: then
+    // its pid must not be written (its descriptor claims are checked below, copies skipped).
+    let alive = peer.alive_recently();
     let mut copied = 0;
     loop {
         if (c >> 32) as u32 != g || u64::from(c as u32) >= n {
@@ -308,11 +320,16 @@ pub(super) fn help(peer_inbox: &Mapping, peer_pid: i32, check: CheckRange<'_>) -
                 let l = (len - off).min(chunk) as usize;
                 // SAFETY: `raddr + off .. + l` is inside our registration `rkey` (checked
                 // above, kept live by the caller); the kernel checks the peer's range.
-                let r = unsafe {
-                    if read {
-                        sys::vm_write(peer_pid, raddr + off, laddr.wrapping_add(off), l)
-                    } else {
-                        sys::vm_read(peer_pid, raddr + off, laddr.wrapping_add(off), l)
+                let r = if !alive {
+                    Err(io::Error::from_raw_os_error(libc::ESRCH))
+                } else {
+                    // SAFETY: see above.
+                    unsafe {
+                        if read {
+                            peer.write_in_batch(raddr + off, laddr.wrapping_add(off), l)
+                        } else {
+                            peer.read_in_batch(raddr + off, laddr.wrapping_add(off), l)
+                        }
                     }
                 };
                 if r.is_err() {
@@ -346,17 +363,18 @@ mod tests {
         let h = {
             let (inbox, stop, helped) = (inbox.clone(), stop.clone(), helped.clone());
             std::thread::spawn(move || {
-                let pid = sys::getpid();
+                let me = Proc::open(sys::getpid()).unwrap();
                 // The helper's only registration: `theirs`, rkey 7.
                 let check = |_op: Op, rkey: u32, addr: u64, len: u64| {
                     rkey == 7 && addr >= theirs_addr && addr + len <= theirs_addr + n as u64
                 };
                 while !stop.load(Ordering::Relaxed) {
-                    helped.fetch_add(help(&inbox, pid, &check), Ordering::Relaxed);
+                    helped.fetch_add(help(&inbox, &me, &check), Ordering::Relaxed);
                 }
             })
         };
         let mut gen = 0;
+        let me = Proc::open(sys::getpid()).unwrap();
         let mut mine = vec![0u8; n];
         for round in 0..20 {
             mine.iter_mut().for_each(|b| *b = round);
@@ -365,8 +383,9 @@ mod tests {
                 copy_shared(
                     &inbox,
                     &mut gen,
-                    sys::getpid(),
+                    &me,
                     None,
+                    &|| true,
                     Op::Read,
                     7,
                     mine.as_mut_ptr() as u64,
@@ -394,7 +413,7 @@ mod tests {
             .arg("30")
             .spawn()
             .unwrap();
-        let pid = child.id() as i32;
+        let peer = Proc::open(child.id() as i32).unwrap();
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = || {
             x ^= x << 13;
@@ -434,7 +453,7 @@ mod tests {
                 checked.set(checked.get() || ok);
                 ok
             };
-            let n = help(&inbox, pid, &check);
+            let n = help(&inbox, &peer, &check);
             assert!(n == 0 || checked.get());
             assert_eq!(inbox.u32(A_DONE).load(Ordering::Relaxed), n);
             copied += n;

@@ -5,14 +5,18 @@
 //!   and port (`sdp-shm/0.0.0.0:5000`); a connector tries the exact address, then the wildcard
 //!   listeners of the port. The socket stays open for the life of the connection: the CM
 //!   messages (REQ, ACC, REJ, RTU, DISC) travel on it, and its hang-up tells a peer died.
-//! * **Credentials.** `SO_PEERCRED` on both sides: only the same uid is served.
+//! * **Credentials.** `SO_PEERCRED` on both sides: only the same uid is served. The peer
+//!   process is held by a pidfd (`SO_PEERPIDFD`), checked alive before every copy, so a copy
+//!   never reaches a process that got a dead peer's pid. Fds are exchanged only after each side
+//!   read the other's memory (REQ none, ACC the acceptor's, RTU the connector's).
 //! * **Queues.** Each side owns an *inbox*, a sealed memfd shared with the peer through
 //!   SCM_RIGHTS: a ring of receive slots (posted by the owner, filled by the peer) and the
 //!   owner's state and wake flag. A SEND is executed by the sender: small payloads go inline in
 //!   the slot, larger ones straight into the posted receive buffer with `process_vm_writev`.
-//! * **RDMA Read/Write.** The initiator checks the peer's key table (a sealed memfd shared
-//!   read-only: rkey → address, length, access, seqlock) and copies once with
-//!   `process_vm_readv`/`process_vm_writev`.
+//! * **RDMA Read/Write.** The initiator checks the peer's key table (a memfd sealed against
+//!   writes, `F_SEAL_FUTURE_WRITE`: rkey → address, length, access, seqlock) and copies once
+//!   with `process_vm_readv`/`process_vm_writev`. It announces the copy in the owner's inbox
+//!   first (`OFF_INFLIGHT`), and a deregistration or revocation waits for it to end.
 //! * **Notification.** [`Provider::notify_fd`] is an epoll fd holding the provider's eventfd,
 //!   the connection sockets and the listeners; [`Provider::arm`] sets the wake flag of every
 //!   inbox, and a peer writes the eventfd only when it finds the flag set.
@@ -25,12 +29,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
-use self::sys::{Mapping, RawBuf, Recv};
+use self::sys::{Mapping, Proc, RawBuf, Recv};
 use super::{
     Access, CmEvent, Completion, Endpoint, Listener, MemoryRegion, Provider, QpCaps, RecvWr,
     SendOp, SendWr, Sge, VerbsError, WcOpcode, WcStatus,
@@ -60,6 +64,14 @@ const OFF_TAIL: usize = 128;
 const OFF_STATE: usize = 192;
 /// Owner wants an eventfd write at the peer's next change.
 const OFF_WAKE: usize = 256;
+/// The peer's copies into or out of the owner's memory (written by the peer): odd while one
+/// runs. The peer raises it before it checks the owner's key table (or receive slot) and
+/// lowers it after its copy; the owner, after it invalidated a region, waits for an odd value
+/// it saw to change (`Inner::drain_copies`), so no copy lands after a deregistration returns.
+const OFF_INFLIGHT: usize = 320;
+/// Longest a deregistration waits for a peer's copy in flight whose process is alive (a peer
+/// stopped in the middle of its copy, SIGSTOP or a debugger; a dead one ends the wait at once).
+const COPY_DRAIN_MAX: Duration = Duration::from_millis(250);
 const SLOT: usize = 512;
 const S_ADDR: usize = 0;
 const S_LEN: usize = 8;
@@ -93,7 +105,9 @@ const M_ACC: u8 = 2;
 const M_REJ: u8 = 3;
 const M_RTU: u8 = 4;
 const M_DISC: u8 = 5;
-const M_VERSION: u8 = 1;
+/// 2: fds only after the sender probed the other side (REQ none, ACC the acceptor's, RTU the
+/// connector's).
+const M_VERSION: u8 = 2;
 const M_HDR: usize = 40;
 
 /// A busy listener looks for new connections at least this often (epoll's hint brings them at
@@ -174,6 +188,74 @@ struct Ctl {
     hint: AtomicBool,
     /// The endpoint's inbox, whose wake flag `arm` sets.
     inbox: Option<Arc<Mapping>>,
+    /// Its receive slots (our own count: the peer can write the inbox header).
+    nslots: u32,
+    /// The peer process, once known (its death ends waits for its copies).
+    peer: OnceLock<Arc<Proc>>,
+}
+
+/// How a wait for a peer's copy in flight ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CopyWait {
+    /// The copy was done (the word moved on).
+    Done,
+    /// The peer process exited (none of its copies can still run).
+    PeerGone,
+    /// `COPY_DRAIN_MAX` passed with the peer alive and the copy still announced.
+    TimedOut,
+}
+
+/// Wait until the in-flight word `w` no longer holds `v` (the copy announced by `v` is done),
+/// the peer exits, or `max` passes. Spins briefly, then yields and sleeps.
+fn wait_copy(w: &AtomicU32, v: u32, peer: Option<&Proc>, max: Duration) -> CopyWait {
+    let start = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        if w.load(Ordering::Acquire) != v {
+            return CopyWait::Done;
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(64) {
+            if peer.is_some_and(|p| !p.alive()) {
+                return CopyWait::PeerGone;
+            }
+            let t = start.elapsed();
+            if t > max {
+                return CopyWait::TimedOut;
+            }
+            if t > Duration::from_micros(200) {
+                std::thread::sleep(Duration::from_micros(50));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Our copy into or out of the peer's memory, announced in its inbox (`OFF_INFLIGHT`) from
+/// before we check its key table (or receive slot) until the copy is done.
+struct InFlight<'a> {
+    word: &'a AtomicU32,
+    seq: &'a mut u32,
+}
+
+impl<'a> InFlight<'a> {
+    fn begin(word: &'a AtomicU32, seq: &'a mut u32) -> InFlight<'a> {
+        *seq = seq.wrapping_add(1) | 1;
+        word.store(*seq, Ordering::Relaxed);
+        // Our announcement before our reads of the peer's table: pairs with the owner's fence
+        // between its invalidation and its read of the word (one of us sees the other).
+        fence(Ordering::SeqCst);
+        InFlight { word, seq }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        *self.seq = self.seq.wrapping_add(1);
+        self.word.store(*self.seq, Ordering::Release);
+    }
 }
 
 struct Inner {
@@ -268,19 +350,62 @@ impl Inner {
         Ok(r)
     }
 
+    /// Deregister, and return only once no peer can still touch the region: its key is
+    /// withdrawn, receives posted in it are marked bad (a SEND then fails instead of landing),
+    /// and copies peers had in flight are waited for (`drain_copies`).
     fn deregister(&self, lkey: u32) {
         let mut regs = self.regs.write();
         let idx = (lkey & 0xffff) as usize;
-        if regs
-            .slots
-            .get(idx)
-            .copied()
-            .flatten()
-            .is_some_and(|r| r.lkey == lkey)
+        let Some(r) = regs.slots.get(idx).copied().flatten() else {
+            return;
+        };
+        if r.lkey != lkey {
+            return;
+        }
+        regs.slots[idx] = None;
+        regs.free.push(idx as u32);
+        self.write_entry(idx, 0, Access::empty(), 0, 0);
+        drop(regs);
+        let bad = r
+            .access
+            .contains(Access::LOCAL_WRITE)
+            .then_some((r.addr, r.len));
+        self.drain_copies(bad);
+    }
+
+    /// After our memory was withdrawn from peers (a key invalidated or its access reduced;
+    /// `bad`: a range whose posted receives must no longer be written), wait for the copies
+    /// peers had announced in our inboxes (`OFF_INFLIGHT`) when they could still have seen it
+    /// valid. Holds no lock while waiting; bounded by the peer's death and `COPY_DRAIN_MAX`.
+    fn drain_copies(&self, bad: Option<(u64, u64)>) {
+        // Our invalidation before our reads of the words: pairs with `InFlight::begin`.
+        fence(Ordering::SeqCst);
+        let mut busy: Vec<(Arc<Ctl>, u32)> = Vec::new();
         {
-            regs.slots[idx] = None;
-            regs.free.push(idx as u32);
-            self.write_entry(idx, 0, Access::empty(), 0, 0);
+            let ctls = self.ctls.lock();
+            for (_, w) in ctls.iter() {
+                let Some(c) = w.upgrade() else { continue };
+                let Some(ib) = c.inbox.as_ref() else { continue };
+                if let Some((addr, len)) = bad {
+                    mark_bad_recvs(ib, c.nslots, addr, len);
+                }
+                let v = ib.u32(OFF_INFLIGHT).load(Ordering::Relaxed);
+                if v & 1 == 1 {
+                    busy.push((c, v));
+                }
+            }
+        }
+        if bad.is_some() && !busy.is_empty() {
+            fence(Ordering::SeqCst);
+        }
+        for (c, v) in busy {
+            let ib = c.inbox.as_ref().expect("only inboxes are collected");
+            wait_copy(
+                ib.u32(OFF_INFLIGHT),
+                v,
+                c.peer.get().map(|p| &**p),
+                COPY_DRAIN_MAX,
+            );
         }
     }
 
@@ -292,12 +417,39 @@ impl Inner {
         let idx = (lkey & 0xffff) as usize;
         match regs.slots.get_mut(idx) {
             Some(Some(r)) if r.lkey == lkey => {
+                let reduced = !access.contains(r.access);
                 r.access = access;
                 let r = *r;
                 self.write_entry(idx, r.rkey, access, r.addr, r.len);
+                drop(regs);
+                if reduced {
+                    // A revocation: as a deregistration, no access of the old rights after.
+                    let bad = !access.contains(Access::LOCAL_WRITE);
+                    self.drain_copies(bad.then_some((r.addr, r.len)));
+                }
                 Ok(())
             }
             _ => Err(VerbsError::Invalid("memory region not registered")),
+        }
+    }
+}
+
+/// Mark the receives posted in `inbox` (`nslots` slots) that overlap `addr..addr + len` bad,
+/// so a peer's SEND into them fails (its receive status `ST_REM_OP`) instead of landing.
+fn mark_bad_recvs(inbox: &Mapping, nslots: u32, addr: u64, len: u64) {
+    if nslots == 0 {
+        return;
+    }
+    let head = inbox.u32(OFF_HEAD).load(Ordering::Relaxed);
+    let tail = inbox.u32(OFF_TAIL).load(Ordering::Acquire);
+    let n = head.wrapping_sub(tail).min(nslots);
+    let end = addr.saturating_add(len);
+    for i in 0..n {
+        let base = HDR + (tail.wrapping_add(i) % nslots) as usize * SLOT;
+        let a = inbox.u64(base + S_ADDR).load(Ordering::Relaxed);
+        let l = u64::from(inbox.u32(base + S_LEN).load(Ordering::Relaxed));
+        if a < end && a.saturating_add(l) > addr {
+            inbox.u32(base + S_BAD).store(1, Ordering::Relaxed);
         }
     }
 }
@@ -321,8 +473,11 @@ impl ShmProvider {
     }
 
     pub fn with_config(cfg: ShmConfig) -> Result<ShmProvider, VerbsError> {
-        let keys_fd = sys::memfd_sealed("sdp-shm-keys", KT_LEN).map_err(os)?;
+        // Our mapping is the only writable one there will ever be: sealed after it, the
+        // table cannot be written through any fd a peer holds or reopens.
+        let keys_fd = sys::memfd_sized("sdp-shm-keys", KT_LEN).map_err(os)?;
         let keys = Mapping::map(keys_fd.as_fd(), KT_LEN, true).map_err(os)?;
+        sys::seal_future_writes(keys_fd.as_fd()).map_err(os)?;
         let keys_ro = sys::reopen_readonly(keys_fd.as_fd()).map_err(os)?;
         let epoll = sys::epoll_create().map_err(os)?;
         let evfd = sys::eventfd().map_err(os)?;
@@ -424,7 +579,8 @@ fn new_inbox(max_recv_wr: u32) -> Result<(OwnedFd, Arc<Mapping>, u32), VerbsErro
 
 /// What we know of the other side once it sent its REQ or ACC.
 struct Peer {
-    pid: i32,
+    /// The peer process: every copy goes through its pidfd's liveness check.
+    proc: Arc<Proc>,
     inbox: Mapping,
     nslots: u32,
     keys: Mapping,
@@ -435,7 +591,7 @@ struct Peer {
 impl Peer {
     fn attach(
         inner: &Inner,
-        pid: i32,
+        proc: Arc<Proc>,
         nslots: u32,
         probe: u64,
         fds: Vec<OwnedFd>,
@@ -464,7 +620,7 @@ impl Peer {
             .map_err(|e| format!("SDP shm: cannot map the peer's key table: {e}"))?;
         sys::set_nonblocking(evfd.as_fd())
             .map_err(|e| format!("SDP shm: bad handshake (eventfd): {e}"))?;
-        match sys::probe(pid, probe) {
+        match sys::probe(&proc, probe) {
             Ok(true) => {}
             Ok(false) => return Err("SDP shm: peer memory probe mismatch".into()),
             Err(e) => {
@@ -474,7 +630,7 @@ impl Peer {
             }
         }
         Ok(Peer {
-            pid,
+            proc,
             inbox,
             nslots,
             keys,
@@ -671,6 +827,8 @@ impl Provider for ShmProvider {
         let ctl = Arc::new(Ctl {
             hint: AtomicBool::new(false),
             inbox: None,
+            nslots: 0,
+            peer: OnceLock::new(),
         });
         let token = self.inner.add_ctl(&ctl, Some((sock.as_raw_fd(), false)))?;
         Ok(ShmListener {
@@ -765,7 +923,22 @@ impl Provider for ShmProvider {
             return Ok(ep);
         };
         match sys::peer_cred(sock.as_fd()) {
-            Ok((pid, uid)) if uid == self.inner.uid => ep.peer_pid = pid,
+            Ok((pid, uid)) if uid == self.inner.uid => match Proc::of_peer(sock.as_fd(), pid) {
+                Ok(p) => {
+                    let p = Arc::new(p);
+                    ep.peer_pid = pid;
+                    let _ = ep.ctl.peer.set(p.clone());
+                    ep.peer_proc = Some(p);
+                }
+                Err(_) => {
+                    ep.state = QpState::Error;
+                    ep.cm.push_back(CmEvent::Rejected {
+                        private_data: Vec::new(),
+                        consumer: false,
+                    });
+                    return Ok(ep);
+                }
+            },
             Ok((_, uid)) => {
                 ep.state = QpState::Error;
                 ep.cm.push_back(CmEvent::Rejected {
@@ -784,12 +957,8 @@ impl Provider for ShmProvider {
             addr: local,
             pd: private_data,
         });
-        let fds = [
-            ep.inbox_fd.as_ref().expect("inbox fd").as_fd(),
-            self.inner.evfd.as_fd(),
-            self.inner.keys_ro.as_fd(),
-        ];
-        if sys::send_msg(sock.as_fd(), &m, &fds).is_err() {
+        // No fds yet: they go once both sides proved they reach each other (M_PRB, M_FDS).
+        if sys::send_msg(sock.as_fd(), &m, &[]).is_err() {
             ep.state = QpState::Error;
             ep.cm.push_back(CmEvent::Rejected {
                 private_data: Vec::new(),
@@ -918,6 +1087,10 @@ pub struct ShmEndpoint {
     local: SocketAddr,
     peer_addr: SocketAddr,
     peer_pid: i32,
+    /// The peer process (pidfd), from the handshake's socket.
+    peer_proc: Option<Arc<Proc>>,
+    /// Our last `OFF_INFLIGHT` value in the peer's inbox.
+    copy_seq: u32,
     inbox: Arc<Mapping>,
     inbox_fd: Option<OwnedFd>,
     nslots: u32,
@@ -1044,7 +1217,12 @@ impl ShmEndpoint {
         let ctl = Arc::new(Ctl {
             hint: AtomicBool::new(false),
             inbox: Some(inbox.clone()),
+            nslots,
+            peer: OnceLock::new(),
         });
+        if let Some(p) = &peer {
+            let _ = ctl.peer.set(p.proc.clone());
+        }
         let token = inner.add_ctl(&ctl, None)?;
         Ok(ShmEndpoint {
             inner,
@@ -1061,7 +1239,9 @@ impl ShmEndpoint {
             caps,
             local,
             peer_addr,
-            peer_pid: peer.as_ref().map_or(0, |p| p.pid),
+            peer_pid: peer.as_ref().map_or(0, |p| p.proc.pid()),
+            peer_proc: peer.as_ref().map(|p| p.proc.clone()),
+            copy_seq: 0,
             inbox,
             inbox_fd,
             nslots,
@@ -1094,6 +1274,17 @@ impl ShmEndpoint {
     /// The peer's process id (0 before the connection is set up).
     pub fn peer_pid(&self) -> i32 {
         self.peer_pid
+    }
+
+    /// Our inbox was just marked closed: wait for the peer's copy in flight into our
+    /// receives, if any (it looks at the state after announcing the copy).
+    fn drain_own(&self) {
+        fence(Ordering::SeqCst);
+        let w = self.inbox.u32(OFF_INFLIGHT);
+        let v = w.load(Ordering::Relaxed);
+        if v & 1 == 1 {
+            wait_copy(w, v, self.peer_proc.as_deref(), COPY_DRAIN_MAX);
+        }
     }
 
     /// Completions or events appeared locally (not through the peer): if the owner armed,
@@ -1170,24 +1361,33 @@ impl ShmEndpoint {
                     (ST_INLINE, Ok(()))
                 } else {
                     let s = wr.sge.expect("len > 0 has an sge");
+                    let _copy = InFlight::begin(ib.u32(OFF_INFLIGHT), &mut self.copy_seq);
+                    // Announced: now the receive must still be good (the owner marks the
+                    // receives of a region it deregisters bad) and the peer open.
+                    let still_ok =
+                        || !peer.closed() && ib.u32(base + S_BAD).load(Ordering::Relaxed) == 0;
                     // SAFETY: the local ranges are inside live registrations (read lock held).
                     let r = unsafe {
-                        if let Some(p) = wr.payload {
+                        if !still_ok() {
+                            Err(std::io::Error::from_raw_os_error(libc::EACCES))
+                        } else if let Some(p) = wr.payload {
                             // Gathered: header, then payload right after it (plain copies).
-                            sys::vm_write(peer.pid, s.addr, raddr, s.len as usize).and_then(|()| {
-                                sys::vm_write(
-                                    peer.pid,
-                                    p.addr,
-                                    raddr + u64::from(s.len),
-                                    p.len as usize,
-                                )
-                            })
+                            peer.proc
+                                .write(s.addr, raddr, s.len as usize)
+                                .and_then(|()| {
+                                    peer.proc.write(
+                                        p.addr,
+                                        raddr + u64::from(s.len),
+                                        p.len as usize,
+                                    )
+                                })
                         } else if len as usize >= assist::ASSIST_MIN_SEND {
                             match assist::start_shared(
                                 &self.inbox,
                                 &mut self.assist_gen,
-                                peer.pid,
+                                &peer.proc,
                                 self.sock.as_ref().map(|s| s.as_fd()),
+                                &still_ok,
                                 assist::Op::Send,
                                 0,
                                 s.addr,
@@ -1203,9 +1403,10 @@ impl ShmEndpoint {
                                 }
                             }
                         } else {
-                            sys::vm_write(peer.pid, s.addr, raddr, len as usize)
+                            peer.proc.write(s.addr, raddr, len as usize)
                         }
                     };
+                    drop(_copy);
                     let ret = publish_send(peer, &mut self.sq_tail, base, len, r);
                     match ret {
                         Ok(()) => return done(len),
@@ -1236,15 +1437,21 @@ impl ShmEndpoint {
                 } else {
                     Access::REMOTE_WRITE
                 };
-                let ok = peer.lookup(rb.rkey).is_some_and(|(a, l, acc)| {
-                    acc.contains(need)
-                        && rb.addr >= a
-                        && rb
-                            .addr
-                            .checked_add(u64::from(len))
-                            .is_some_and(|e| e <= a.saturating_add(l))
-                });
-                if !ok {
+                let _copy = InFlight::begin(peer.inbox.u32(OFF_INFLIGHT), &mut self.copy_seq);
+                // Announced before the key is looked up: a deregistration or revocation that
+                // we miss here waits for our copy (`Inner::drain_copies`); a large copy looks
+                // again before each of its chunks.
+                let still_ok = || {
+                    peer.lookup(rb.rkey).is_some_and(|(a, l, acc)| {
+                        acc.contains(need)
+                            && rb.addr >= a
+                            && rb
+                                .addr
+                                .checked_add(u64::from(len))
+                                .is_some_and(|e| e <= a.saturating_add(l))
+                    })
+                };
+                if !still_ok() {
                     return Exec::Fail(wc(wr, WcStatus::RemoteAccess));
                 }
                 let s = wr.sge.expect("len > 0 has an sge");
@@ -1255,8 +1462,9 @@ impl ShmEndpoint {
                         match assist::start_shared(
                             &self.inbox,
                             &mut self.assist_gen,
-                            peer.pid,
+                            &peer.proc,
                             self.sock.as_ref().map(|s| s.as_fd()),
+                            &still_ok,
                             if is_read {
                                 assist::Op::Read
                             } else {
@@ -1276,11 +1484,12 @@ impl ShmEndpoint {
                             }
                         }
                     } else if is_read {
-                        sys::vm_read(peer.pid, s.addr, rb.addr, len as usize)
+                        peer.proc.read(s.addr, rb.addr, len as usize)
                     } else {
-                        sys::vm_write(peer.pid, s.addr, rb.addr, len as usize)
+                        peer.proc.write(s.addr, rb.addr, len as usize)
                     }
                 };
+                drop(_copy);
                 match rdma_result(r) {
                     Ok(()) => done(len),
                     Err(st) => Exec::Fail(wc(wr, st)),
@@ -1320,7 +1529,8 @@ impl ShmEndpoint {
     /// of a copy.
     fn run_sends(&mut self) {
         while let Some(wr) = self.pending.front().copied() {
-            if self.state != QpState::Ready {
+            // Acceptor before the RTU (the connector's fds): sends wait.
+            if self.state != QpState::Ready || self.peer.is_none() {
                 break;
             }
             let ex = if self.copying.is_some() {
@@ -1481,6 +1691,7 @@ impl ShmEndpoint {
             self.inner.rnr_waiting.fetch_sub(1, Ordering::Relaxed);
         }
         self.inbox.u32(OFF_STATE).store(1, Ordering::Release);
+        self.drain_own();
         if let Some(s) = &self.sock {
             send_simple(s, M_DISC, false, &[]);
         }
@@ -1553,7 +1764,7 @@ impl ShmEndpoint {
                     && regs.check(&r.sge, Access::LOCAL_WRITE)
             }),
         };
-        let n = assist::help(&peer.inbox, peer.pid, &check);
+        let n = assist::help(&peer.inbox, &peer.proc, &check);
         if n > 0 {
             self.inner
                 .assisted
@@ -1602,14 +1813,21 @@ impl ShmEndpoint {
                                 self.abort_connect();
                                 return;
                             }
-                            match Peer::attach(&self.inner, self.peer_pid, m.nslots, m.probe, fds) {
+                            let Some(proc) = self.peer_proc.clone() else {
+                                self.abort_connect();
+                                return;
+                            };
+                            match Peer::attach(&self.inner, proc, m.nslots, m.probe, fds) {
                                 Ok(p) => {
+                                    // We reached the acceptor's memory: now our fds, with
+                                    // the RTU.
+                                    if !self.send_rtu() {
+                                        self.abort_connect();
+                                        return;
+                                    }
                                     self.peer = Some(p);
                                     self.inbox_fd = None;
                                     self.state = QpState::Ready;
-                                    if let Some(s) = &self.sock {
-                                        send_simple(s, M_RTU, false, &[]);
-                                    }
                                     self.cm.push_back(CmEvent::Established {
                                         private_data: m.pd.to_vec(),
                                     });
@@ -1631,10 +1849,24 @@ impl ShmEndpoint {
                             return;
                         }
                         (QpState::Ready, M_RTU) if self.await_rtu => {
+                            let proc = self.peer_proc.clone();
+                            match proc
+                                .ok_or_else(String::new)
+                                .and_then(|p| Peer::attach(&self.inner, p, m.nslots, m.probe, fds))
+                            {
+                                Ok(p) => self.peer = Some(p),
+                                Err(_) => {
+                                    self.fail(None);
+                                    return;
+                                }
+                            }
                             self.await_rtu = false;
                             self.cm.push_back(CmEvent::Established {
                                 private_data: Vec::new(),
                             });
+                            if !self.pending.is_empty() {
+                                self.run_sends();
+                            }
                         }
                         (QpState::Ready, M_DISC) => self.peer_closed(),
                         (QpState::Pending, M_DISC) => {
@@ -1646,6 +1878,27 @@ impl ShmEndpoint {
                 }
             }
         }
+    }
+
+    /// Connector: the RTU, with our three fds (sent once we probed the acceptor's memory).
+    fn send_rtu(&self) -> bool {
+        let (Some(s), Some(ib)) = (self.sock.as_ref(), self.inbox_fd.as_ref()) else {
+            return false;
+        };
+        let m = encode(&Msg {
+            kind: M_RTU,
+            consumer: false,
+            nslots: self.nslots,
+            probe: sys::probe_addr(),
+            addr: self.local,
+            pd: &[],
+        });
+        let fds = [
+            ib.as_fd(),
+            self.inner.evfd.as_fd(),
+            self.inner.keys_ro.as_fd(),
+        ];
+        sys::send_msg(s.as_fd(), &m, &fds).is_ok()
     }
 
     /// The ACC was unusable: tell the acceptor and fail the connect.
@@ -1833,6 +2086,8 @@ impl Drop for ShmEndpoint {
             }
             QpState::Ready | QpState::Connecting => {
                 self.inbox.u32(OFF_STATE).store(1, Ordering::Release);
+                // The receives we flush go back to their owner: no SEND may land after.
+                self.drain_own();
                 if let Some(s) = &self.sock {
                     send_simple(s, M_DISC, false, &[]);
                 }
@@ -1852,7 +2107,8 @@ impl Drop for ShmEndpoint {
 
 struct Half {
     sock: OwnedFd,
-    pid: i32,
+    proc: Arc<Proc>,
+
     since: Instant,
 }
 
@@ -1915,10 +2171,14 @@ impl ShmListener {
             };
             match sys::peer_cred(s.as_fd()) {
                 Ok((pid, uid)) if uid == self.inner.uid => {
+                    // The connector gone already (or its pid taken since): drop it.
+                    let Ok(proc) = Proc::of_peer(s.as_fd(), pid) else {
+                        continue;
+                    };
                     self.inner.add_fd(self.token, s.as_raw_fd(), true);
                     self.half.push_back(Half {
                         sock: s,
-                        pid,
+                        proc: Arc::new(proc),
                         since: Instant::now(),
                     });
                 }
@@ -1935,8 +2195,7 @@ impl ShmListener {
     fn endpoint_for(
         &self,
         h: Half,
-        n: usize,
-        buf: &[u8],
+        msg: &[u8],
         fds: Vec<OwnedFd>,
     ) -> Option<(ShmEndpoint, Vec<u8>)> {
         let refuse = |why: &str| {
@@ -1948,16 +2207,23 @@ impl ShmListener {
             );
             None
         };
-        let Some(m) = decode(&buf[..n]) else {
+        let Some(m) = decode(msg) else {
             return refuse("SDP shm: bad connect request");
         };
-        if m.kind != M_REQ || m.pd.len() > MAX_PD_CONNECT {
+        // No fds before we proved we reach the connector's memory (it sends them with its
+        // RTU, once it reached ours).
+        if m.kind != M_REQ || m.pd.len() > MAX_PD_CONNECT || !fds.is_empty() {
             return refuse("SDP shm: bad connect request");
         }
-        let peer = match Peer::attach(&self.inner, h.pid, m.nslots, m.probe, fds) {
-            Ok(p) => p,
-            Err(why) => return refuse(&why),
-        };
+        match sys::probe(&h.proc, m.probe) {
+            Ok(true) => {}
+            Ok(false) => return refuse("SDP shm: peer memory probe mismatch"),
+            Err(e) => {
+                return refuse(&format!(
+                    "SDP shm: cannot access peer memory ({e}; see kernel.yama.ptrace_scope)"
+                ))
+            }
+        }
         let Ok((inbox_fd, inbox, nslots)) = new_inbox(self.caps.max_recv_wr) else {
             return refuse("SDP shm: out of resources");
         };
@@ -1972,7 +2238,7 @@ impl ShmListener {
         let pd = m.pd.to_vec();
         let mut ep = match ShmEndpoint::new(
             self.inner.clone(),
-            Some(peer),
+            None,
             inbox,
             Some(inbox_fd),
             nslots,
@@ -1984,6 +2250,10 @@ impl ShmListener {
             Ok(ep) => ep,
             Err(_) => return refuse("SDP shm: out of resources"),
         };
+        // Its fds come with the RTU (`check_socket`).
+        ep.peer_pid = h.proc.pid();
+        let _ = ep.ctl.peer.set(h.proc.clone());
+        ep.peer_proc = Some(h.proc);
         // Re-register the socket under the endpoint's token.
         let sock = h.sock;
         sys::epoll_del(self.inner.epoll.as_fd(), sock.as_raw_fd());
@@ -2014,7 +2284,7 @@ impl Listener for ShmListener {
                 }
                 Recv::Msg(n, fds) => {
                     let h = self.half.remove(i).expect("index in range");
-                    if let Some(r) = self.endpoint_for(h, n, &buf, fds) {
+                    if let Some(r) = self.endpoint_for(h, &buf[..n], fds) {
                         return Some(r);
                     }
                 }
@@ -2031,5 +2301,149 @@ impl Listener for ShmListener {
 impl Drop for ShmListener {
     fn drop(&mut self) {
         self.inner.remove_ctl(self.token);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that dies with a copy announced (the word left odd) does not hold a
+    /// deregistration: the wait ends on its pidfd, not on the time bound.
+    #[test]
+    fn a_dead_peers_copy_does_not_hold_the_owner() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let p = Proc::open(child.id() as i32).unwrap();
+        let w = AtomicU32::new(7);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(
+            wait_copy(&w, 7, Some(&p), Duration::from_secs(3600)),
+            CopyWait::PeerGone
+        );
+        // A live peer's copy that completes ends the wait as done.
+        let me = Proc::open(sys::getpid()).unwrap();
+        let w = Arc::new(AtomicU32::new(9));
+        let w2 = w.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            w2.store(10, Ordering::Release);
+        });
+        assert_eq!(
+            wait_copy(&w, 9, Some(&me), Duration::from_secs(3600)),
+            CopyWait::Done
+        );
+        t.join().unwrap();
+    }
+
+    /// The key table a peer receives cannot be written by it, not even by reopening it
+    /// read-write through /proc (issue 14: the read-only fd alone did not stop that).
+    #[test]
+    fn the_peers_key_table_fd_cannot_write() {
+        let p = ShmProvider::new().unwrap();
+        let paths = sys::write_paths(p.inner.keys_ro.as_fd());
+        let writes: Vec<_> = paths.iter().filter(|w| **w != "reopen O_RDWR").collect();
+        assert!(writes.is_empty(), "the key table is writable by: {paths:?}");
+        // And our own entries still work.
+        let mr = p.reg_mr(64, Access::REMOTE_READ).unwrap();
+        let off = KT_HDR + (mr.rkey() & 0xffff) as usize * KT_ENTRY;
+        assert_eq!(
+            p.inner.keys.u32(off + E_RKEY).load(Ordering::Relaxed),
+            mr.rkey()
+        );
+    }
+
+    /// Receive one message on `s`, waiting up to 5 s.
+    fn recv_wait(s: &OwnedFd, buf: &mut [u8]) -> Option<(usize, Vec<OwnedFd>)> {
+        let end = Instant::now() + Duration::from_secs(5);
+        loop {
+            match sys::recv_msg(s.as_fd(), buf) {
+                Recv::Msg(n, fds) => return Some((n, fds)),
+                Recv::Eof => return None,
+                Recv::Empty => {
+                    assert!(Instant::now() < end, "nothing received");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+
+    /// The connector hands over its fds (inbox, eventfd, key table) only after it proved it
+    /// reaches the acceptor's memory: not in its REQ, and not to an acceptor whose probe
+    /// fails (issue 14: the REQ carried them before any probe).
+    #[test]
+    fn fds_only_after_the_mutual_probe() {
+        let p = ShmProvider::new().unwrap();
+        let (_tcp, port) = sys::tcp_reserve("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let l = sys::seqpacket_listen(&rendezvous_name(addr), 4).unwrap();
+        let mut ep = p.connect(addr, None, QpCaps::default(), b"x").unwrap();
+        let s = loop {
+            if let Some(s) = sys::accept(l.as_fd()).unwrap() {
+                break s;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let mut buf = [0u8; 512];
+        let (n, fds) = recv_wait(&s, &mut buf).expect("a REQ");
+        assert_eq!(decode(&buf[..n]).map(|m| m.kind), Some(M_REQ));
+        assert!(fds.is_empty(), "the REQ carried {} fds", fds.len());
+        // An acceptor whose memory the connector cannot read (its probe word is not there),
+        // with well-formed fds otherwise.
+        let other = ShmProvider::new().unwrap();
+        let (ib_fd, _ib, nslots) = new_inbox(8).unwrap();
+        let acc = encode(&Msg {
+            kind: M_ACC,
+            consumer: false,
+            nslots,
+            probe: 8,
+            addr,
+            pd: &[],
+        });
+        let fds = [
+            ib_fd.as_fd(),
+            other.inner.evfd.as_fd(),
+            other.inner.keys_ro.as_fd(),
+        ];
+        sys::send_msg(s.as_fd(), &acc, &fds).unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        let ev = loop {
+            if let Some(ev) = ep.poll_cm() {
+                break ev;
+            }
+            assert!(Instant::now() < end, "the connect did not fail");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(ev, CmEvent::ConnectError);
+        while let Some((n, fds)) = recv_wait(&s, &mut buf) {
+            let kind = decode(&buf[..n]).map(|m| m.kind);
+            assert!(fds.is_empty(), "{kind:?} carried {} fds", fds.len());
+            if kind == Some(M_DISC) {
+                break;
+            }
+        }
+    }
+
+    /// Deregistering a region marks the receives posted in it bad (and only those).
+    #[test]
+    fn dereg_marks_posted_receives_in_the_region_bad() {
+        let (_fd, ib, nslots) = new_inbox(8).unwrap();
+        for (i, (addr, len)) in [(0x1000u64, 64u32), (0x9000, 64), (0x1f00, 0x200)]
+            .iter()
+            .enumerate()
+        {
+            let base = HDR + i * SLOT;
+            ib.u64(base + S_ADDR).store(*addr, Ordering::Relaxed);
+            ib.u32(base + S_LEN).store(*len, Ordering::Relaxed);
+        }
+        ib.u32(OFF_HEAD).store(3, Ordering::Relaxed);
+        mark_bad_recvs(&ib, nslots, 0x1000, 0x1000);
+        let bad: Vec<u32> = (0..3)
+            .map(|i| ib.u32(HDR + i * SLOT + S_BAD).load(Ordering::Relaxed))
+            .collect();
+        assert_eq!(bad, [1, 0, 1]);
     }
 }

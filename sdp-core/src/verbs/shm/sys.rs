@@ -209,6 +209,18 @@ pub unsafe fn copy_to_addr(addr: u64, src: &[u8]) {
 /// A memfd of `len` bytes, sealed against shrinking and growing (so a peer that shares it can
 /// never make our mapping fault).
 pub fn memfd_sealed(name: &str, len: usize) -> io::Result<OwnedFd> {
+    let fd = memfd_sized(name, len)?;
+    syscall!(fcntl(
+        fd.as_raw_fd(),
+        libc::F_ADD_SEALS,
+        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL
+    ))?;
+    Ok(fd)
+}
+
+/// A memfd of `len` bytes sealed against shrinking and growing, still open to more seals:
+/// map it writable, then [`seal_future_writes`].
+pub fn memfd_sized(name: &str, len: usize) -> io::Result<OwnedFd> {
     let cname = std::ffi::CString::new(name).map_err(|_| io::Error::other("bad memfd name"))?;
     let fd = owned(syscall!(memfd_create(
         cname.as_ptr(),
@@ -218,9 +230,57 @@ pub fn memfd_sealed(name: &str, len: usize) -> io::Result<OwnedFd> {
     syscall!(fcntl(
         fd.as_raw_fd(),
         libc::F_ADD_SEALS,
-        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL
+        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
     ))?;
     Ok(fd)
+}
+
+/// Seal a memfd against every later write access (`F_SEAL_FUTURE_WRITE`, then `F_SEAL_SEAL`):
+/// mappings that exist keep writing, but nobody holding the file (or reopening it through
+/// `/proc/PID/fd`) can `write(2)` it, map it writable, or `mprotect` a mapping writable.
+pub fn seal_future_writes(fd: BorrowedFd<'_>) -> io::Result<()> {
+    syscall!(fcntl(
+        fd.as_raw_fd(),
+        libc::F_ADD_SEALS,
+        libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL
+    ))?;
+    Ok(())
+}
+
+/// The ways a holder of `fd` could write the file behind it that work (for tests): reopen
+/// through `/proc/self/fd` read-write, then `pwrite`, `mmap` writable shared, `mmap` read-only
+/// and `mprotect` writable.
+#[cfg(test)]
+pub fn write_paths(fd: BorrowedFd<'_>) -> Vec<&'static str> {
+    use std::os::fd::AsFd;
+    let mut ok = Vec::new();
+    let path = format!("/proc/self/fd/{}\0", fd.as_raw_fd());
+    let Ok(rw) = syscall!(open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC)) else {
+        return ok;
+    };
+    let rw = owned(rw);
+    ok.push("reopen O_RDWR");
+    let b = [0x77u8; 8];
+    // SAFETY: writes 8 bytes from a live array.
+    if syscall!(pwrite(rw.as_raw_fd(), b.as_ptr().cast(), 8, 4096)).is_ok_and(|n| n == 8) {
+        ok.push("pwrite");
+    }
+    if Mapping::map(rw.as_fd(), 4096, true).is_ok() {
+        ok.push("mmap PROT_WRITE");
+    }
+    if let Ok(m) = Mapping::map(rw.as_fd(), 4096, false) {
+        // SAFETY: changes the protection of our own fresh mapping only.
+        if syscall!(mprotect(
+            m.ptr().as_ptr().cast(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE
+        ))
+        .is_ok()
+        {
+            ok.push("mprotect PROT_WRITE");
+        }
+    }
+    ok
 }
 
 /// Size of a file, and whether it is sealed against shrinking (a memfd we may map safely).
@@ -554,12 +614,174 @@ pub fn recv_msg(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Recv {
     Recv::Msg(n, fds)
 }
 
+/// `SO_PEERPIDFD` (Linux 6.5; the same number on every architecture but sparc, mips, parisc
+/// and alpha, which libc 0.2 does not export for them all).
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// The peer process of a connection, by pidfd: every copy to or from it goes through here, so
+/// a copy can only reach the very process that connected, never one that got its pid after it
+/// died (`process_vm_*` take a pid, not a pidfd: see [`Proc::write`] for the window left).
+pub struct Proc {
+    pid: i32,
+    pidfd: OwnedFd,
+    /// When `alive` last saw the process running (ns since `epoch()`; 0: never).
+    seen: AtomicU64,
+}
+
+/// How long a liveness check is trusted: copies within this of the last check skip the
+/// system call (one `poll` costs ~0.3-1 us, a 64 KiB copy ~5 us). A dead peer's pid would
+/// have to be reaped and handed out again (the allocator wraps around `pid_max` first) within
+/// this time to be written.
+pub const LIVENESS_TRUST: std::time::Duration = std::time::Duration::from_millis(1);
+
+fn epoch() -> std::time::Instant {
+    static E: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *E.get_or_init(std::time::Instant::now)
+}
+
+impl Proc {
+    /// The process at the other end of the connected Unix socket `sock`, whose `SO_PEERCRED`
+    /// pid is `pid`: `SO_PEERPIDFD` (the kernel's own reference, taken at connect/listen), or
+    /// on kernels before 6.5 `pidfd_open(pid)` followed by a check that the peer still holds
+    /// its end of the socket (a process that got the pid after the peer died cannot hold it,
+    /// unless the peer passed it on before dying: the window of the fallback).
+    pub fn of_peer(sock: BorrowedFd<'_>, pid: i32) -> io::Result<Proc> {
+        let mut fd: libc::c_int = -1;
+        let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `fd` is a live c_int of `len` bytes.
+        let r = syscall!(getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut fd as *mut libc::c_int).cast(),
+            &mut len
+        ));
+        if r.is_ok() && fd >= 0 {
+            return Ok(Proc {
+                pid,
+                pidfd: owned(fd),
+                seen: AtomicU64::new(0),
+            });
+        }
+        let p = Proc::open(pid)?;
+        if hung_up(sock.as_raw_fd()) || !p.alive() {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        Ok(p)
+    }
+
+    /// `pidfd_open(pid)`: the process that has `pid` now.
+    pub fn open(pid: i32) -> io::Result<Proc> {
+        // SAFETY: pidfd_open takes a pid and flags; no memory is passed.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Proc {
+            pid,
+            pidfd: owned(fd as RawFd),
+            seen: AtomicU64::new(0),
+        })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// [`Proc::alive`], trusting a check younger than [`LIVENESS_TRUST`] (for the copies).
+    pub fn alive_recently(&self) -> bool {
+        let now = epoch().elapsed().as_nanos() as u64 + 1;
+        let seen = self.seen.load(std::sync::atomic::Ordering::Relaxed);
+        if seen != 0 && now.saturating_sub(seen) < LIVENESS_TRUST.as_nanos() as u64 {
+            return true;
+        }
+        let alive = self.alive();
+        if alive {
+            self.seen.store(now, std::sync::atomic::Ordering::Relaxed);
+        }
+        alive
+    }
+
+    /// Whether the process is still running: a pidfd polls readable once it has exited (every
+    /// thread past `exit_notify`, so none of its system calls, copies included, is still
+    /// running), and its pid cannot have been given to another process before that.
+    pub fn alive(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `p` is one live pollfd.
+        !matches!(syscall!(poll(&mut p, 1, 0)), Ok(n) if n > 0)
+    }
+
+    fn gone() -> io::Error {
+        io::Error::from_raw_os_error(libc::ESRCH)
+    }
+
+    /// `Ok` if the process is alive (checked within [`LIVENESS_TRUST`]), else `ESRCH`.
+    pub fn check(&self) -> io::Result<()> {
+        if self.alive_recently() {
+            Ok(())
+        } else {
+            Err(Proc::gone())
+        }
+    }
+
+    /// One copy of a batch the caller brackets with [`Proc::check`]: before the first (and,
+    /// for reads, after the last) copy.
+    ///
+    /// # Safety
+    /// As [`vm_write`].
+    pub unsafe fn write_in_batch(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { vm_write(self.pid, local, remote, len) }
+    }
+
+    /// As [`Proc::write_in_batch`], reading.
+    ///
+    /// # Safety
+    /// As [`vm_read`].
+    pub unsafe fn read_in_batch(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { vm_read(self.pid, local, remote, len) }
+    }
+
+    /// Copy `len` bytes from our `local` address into the process at `remote`; `ESRCH` if it
+    /// has exited. What is left: the process may exit, be reaped and its pid be handed to a new
+    /// process between the liveness check (at most [`LIVENESS_TRUST`] old) and the copy's
+    /// system call (the pid allocator would have to wrap around `pid_max` in between).
+    ///
+    /// # Safety
+    /// As [`vm_write`].
+    pub unsafe fn write(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+        if !self.alive_recently() {
+            return Err(Proc::gone());
+        }
+        // SAFETY: the caller's contract.
+        unsafe { vm_write(self.pid, local, remote, len) }
+    }
+
+    /// Copy `len` bytes from the process at `remote` to our `local` address; `ESRCH` if it has
+    /// exited (checked as for [`Proc::write`]).
+    ///
+    /// # Safety
+    /// As [`vm_read`].
+    pub unsafe fn read(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+        if !self.alive_recently() {
+            return Err(Proc::gone());
+        }
+        // SAFETY: the caller's contract.
+        unsafe { vm_read(self.pid, local, remote, len) }
+    }
+}
+
 /// Copy `len` bytes from our `local` address into process `pid` at `remote`.
 /// Returns `Err` (with errno) unless every byte was written.
 ///
 /// # Safety
 /// `local..local + len` must be mapped and readable in this process.
-pub unsafe fn vm_write(pid: i32, local: u64, remote: u64, len: usize) -> io::Result<()> {
+unsafe fn vm_write(pid: i32, local: u64, remote: u64, len: usize) -> io::Result<()> {
     let mut done = 0usize;
     while done < len {
         let l = libc::iovec {
@@ -585,7 +807,7 @@ pub unsafe fn vm_write(pid: i32, local: u64, remote: u64, len: usize) -> io::Res
 ///
 /// # Safety
 /// `local..local + len` must be mapped, writable, and not referenced by Rust references.
-pub unsafe fn vm_read(pid: i32, local: u64, remote: u64, len: usize) -> io::Result<()> {
+unsafe fn vm_read(pid: i32, local: u64, remote: u64, len: usize) -> io::Result<()> {
     let mut done = 0usize;
     while done < len {
         let l = libc::iovec {
@@ -745,10 +967,10 @@ pub fn probe_addr() -> u64 {
     &PROBE as *const u64 as u64
 }
 
-/// Whether we can read process `pid`'s probe word at `addr` (ptrace access, right process).
-pub fn probe(pid: i32, addr: u64) -> io::Result<bool> {
+/// Whether we can read the probe word at `addr` of the process (ptrace access, right process).
+pub fn probe(p: &Proc, addr: u64) -> io::Result<bool> {
     let mut v: u64 = 0;
     // SAFETY: the local range is the live `v`.
-    unsafe { vm_read(pid, (&mut v as *mut u64) as u64, addr, 8)? };
+    unsafe { p.read((&mut v as *mut u64) as u64, addr, 8)? };
     Ok(v == PROBE)
 }
