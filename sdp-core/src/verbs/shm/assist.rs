@@ -262,7 +262,11 @@ pub(super) unsafe fn copy_shared(
     len: usize,
 ) -> io::Result<()> {
     // SAFETY: the caller's contract is start_shared's.
-    match unsafe { start_shared(inbox, gen, peer, sock, still_ok, op, rkey, local, remote, len) } {
+    match unsafe {
+        start_shared(
+            inbox, gen, peer, sock, still_ok, op, rkey, local, remote, len,
+        )
+    } {
         Started::Done(r) => r,
         Started::Waiting(p) => p.wait(inbox, sock),
     }
