@@ -485,18 +485,21 @@ impl<S: BufStore> Conn<S> {
 
     /// RdmaWrCompl received: the peer wrote `len` bytes into our sink.
     pub(crate) fn on_wr_compl(&mut self, now: Instant, len: u32) -> Result<(), ProtocolError> {
-        let Some(s) = self.iocbs.sink.take() else {
+        let Some(sink_len) = self.iocbs.sink.as_ref().map(|s| s.sink.len) else {
             return Err(ProtocolError::Unexpected {
                 mid: Mid::RdmaWrCompl,
                 context: "no SinkAvail outstanding",
             });
         };
-        if len > s.sink.len {
+        // Check before taking the sink: on this error the connection aborts, and the abort
+        // reports the sink still outstanding (`fail_pending_zcopy`) exactly once.
+        if len > sink_len {
             return Err(ProtocolError::BadComplLength {
                 got: len as u64,
-                want: s.sink.len as u64,
+                want: sink_len as u64,
             });
         }
+        let s = self.iocbs.sink.take().expect("checked");
         if len > 0 {
             self.iocbs.sinks_overtaken = 0;
         }

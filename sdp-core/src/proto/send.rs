@@ -607,10 +607,19 @@ impl<S: BufStore> Conn<S> {
                 context: "no ChRcvBuf outstanding",
             });
         };
+        // The peer grants at most what we asked for, and never less than the size it already
+        // receives: our queued messages and the split of one into a SinkAvail (`fill_sink`)
+        // were built for that size. Anything else is a protocol error (abort).
         if size > asked.max(self.send_size) {
             return Err(super::conn::ProtocolError::Unexpected {
                 mid: Mid::ChRcvBufAck,
                 context: "acknowledged size larger than requested",
+            });
+        }
+        if size < self.send_size {
+            return Err(super::conn::ProtocolError::Unexpected {
+                mid: Mid::ChRcvBufAck,
+                context: "acknowledged size below the current one",
             });
         }
         self.send_size = size;

@@ -418,7 +418,18 @@ impl<S: BufStore> Conn<S> {
                         // The rest goes into a fresh buffer as ordinary data.
                         let mut rest = vec![0u8; (len - n) as usize];
                         self.store.read(&buf, BSDH_LEN as u32 + n, &mut rest);
-                        match self.tx_pool.get(&mut self.store) {
+                        // A pool buffer smaller than the rest (never, as ChRcvBufAck only
+                        // grows the send size; checked so no peer input writes beyond one)
+                        // counts as none.
+                        let nb = self.tx_pool.get(&mut self.store).and_then(|nb| {
+                            if nb.size >= BSDH_LEN as u32 + (len - n) {
+                                Some(nb)
+                            } else {
+                                self.tx_pool.put(&mut self.store, nb);
+                                None
+                            }
+                        });
+                        match nb {
                             Some(nb) => {
                                 self.store.write(&nb, BSDH_LEN as u32, &rest);
                                 self.tx_queue.push_front(TxItem::Data {

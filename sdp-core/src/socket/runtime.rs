@@ -243,6 +243,9 @@ pub(crate) trait StackOps: Send + Sync {
     fn send_queue_len(&self, id: ConnId) -> io::Result<usize>;
     /// Test hook: make the progress thread panic at its next round.
     fn inject_progress_panic(&self);
+    /// Test hook: plain reads that took a peer's SrcAvail by zero copy into the caller's
+    /// buffer.
+    fn user_zcopy_reads(&self) -> u64;
     fn conn_count(&self) -> usize;
     fn registered_bytes(&self) -> usize;
 
@@ -367,6 +370,8 @@ struct Shared<P: Provider> {
     failed: AtomicBool,
     /// The provider can register application memory (cleared at its first refusal).
     user_zcopy: AtomicBool,
+    /// Plain reads that went by zero copy (`read_user_zcopy` registered the caller's buffer).
+    user_zreads: std::sync::atomic::AtomicU64,
     /// The provider's name ("shm", "rdma", "sim").
     name: &'static str,
     /// The engine's zero-copy threshold (its configuration does not change).
@@ -489,6 +494,7 @@ impl<P: Provider + 'static> Runtime<P> {
             inject_panic: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             user_zcopy: AtomicBool::new(true),
+            user_zreads: std::sync::atomic::AtomicU64::new(0),
             name,
             zcopy_threshold,
             spin: AdaptiveSpin::new(),
@@ -1418,9 +1424,12 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         if buf.is_empty() {
             return Ok(0);
         }
-        // A blocking read of a peer's zero-copy source takes it straight into `buf`.
-        let mut try_z =
-            !w.nonblocking && buf.len() >= ZREAD_MIN && self.sh.user_zcopy.load(Ordering::Relaxed);
+        // A blocking read of a peer's zero-copy source takes it straight into `buf`, unless
+        // the stream has zero copy off (`SdpStream::set_zero_copy(false)`).
+        let mut try_z = !w.nonblocking
+            && w.zcopy
+            && buf.len() >= ZREAD_MIN
+            && self.sh.user_zcopy.load(Ordering::Relaxed);
         loop {
             let r = self.block_on(w, |g, now| {
                 if try_z && g.driver.conn(id).and_then(|c| c.next_is_zcopy()).is_some() {
@@ -1746,6 +1755,9 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         self.sh.inject_panic.store(true, Ordering::SeqCst);
         sys::eventfd_signal(&self.sh.wake);
     }
+    fn user_zcopy_reads(&self) -> u64 {
+        self.sh.user_zreads.load(Ordering::Relaxed)
+    }
     fn conn_count(&self) -> usize {
         self.lock().map_or(0, |g| g.driver.conn_count())
     }
@@ -1981,6 +1993,7 @@ impl<P: Provider + 'static> Runtime<P> {
             }
             Err(e) => return Err(verbs_err(e)),
         };
+        self.sh.user_zreads.fetch_add(1, Ordering::Relaxed);
         let r = self.zcopy_recv(id, &mr, 0, buf.len());
         drop(mr);
         r

@@ -80,6 +80,13 @@ impl Stack {
     pub fn inject_progress_panic(&self) {
         self.0.inject_progress_panic()
     }
+
+    /// Test hook: how many plain reads of this stack's streams took a peer's zero-copy source
+    /// straight into the caller's buffer (zero copy) rather than by copy.
+    #[doc(hidden)]
+    pub fn user_zcopy_reads(&self) -> u64 {
+        self.0.user_zcopy_reads()
+    }
 }
 
 /// fork() must not copy the stack registries while another thread holds one: the child could
