@@ -4,7 +4,8 @@
 //! progress thread. Progress is made by whoever is there:
 //!
 //! * an application thread in a blocking call polls the provider itself, spinning for a short
-//!   bounded time (`SDP_SPIN_US`, default 50 µs) so a reply that comes quickly is seen at once;
+//!   bounded time (`SDP_SPIN_US` fixes it; by default it adapts, 50-500 µs, to how fast recent
+//!   waits ended) so a reply that comes quickly is seen at once;
 //! * after that it sleeps on a condition variable, and the progress thread, which sleeps on the
 //!   provider's notification fd (the `arm`, poll, sleep protocol of
 //!   [`Provider::notify_fd`](crate::verbs::Provider::notify_fd)) and the next timer, wakes it.
