@@ -25,6 +25,9 @@
 //! * [`verbs`]: the provider layer (device, PD, MR, QP, CQ, CM) and its providers.
 
 pub mod driver;
+#[cfg(feature = "harness")]
+#[doc(hidden)]
+pub mod harness;
 pub mod proto;
 pub mod socket;
 pub mod verbs;

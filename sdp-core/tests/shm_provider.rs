@@ -1062,16 +1062,13 @@ fn other_uid_is_refused() {
     assert_eq!(b.refused_uid_count(), 1);
 }
 
-#[path = "common/stream.rs"]
-mod stream;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use sdp_core::driver::{Driver, ListenerId};
+use sdp_core::harness::stream::{App, Mode};
 use sdp_core::proto::table::ConnId;
 use sdp_core::proto::Config;
-use stream::{App, Mode};
 
 /// One side of an engine transfer on its own thread, with a real clock and the notify-fd
 /// waiting protocol when nothing moves.

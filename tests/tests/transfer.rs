@@ -11,8 +11,8 @@ use sdp_core::proto::table::ConnId;
 use sdp_core::proto::{Config, Event, Instant, State};
 use sdp_core::verbs::sim::SimConfig;
 use sdp_core::verbs::{Access, MemoryRegion, Provider};
-use sdp_tests::pair::{Pair, A_IP, B_IP};
-use sdp_tests::stream::{run_duplex, App, Bytes, Mode};
+use sdp_tests::pair::{Pair, PairSpec, A_IP, B_IP};
+use sdp_tests::stream::{run_duplex, App, Bytes, Duplex, Mode};
 
 /// Both directions at once; returns the pair for further checks.
 fn duplex(
@@ -22,10 +22,20 @@ fn duplex(
     bytes: u64,
     max_msg: usize,
 ) -> (Pair, (ConnId, ConnId)) {
-    let mut p = Pair::new(seed, cfg);
+    let mut p = PairSpec {
+        seed,
+        ..PairSpec::default()
+    }
+    .config(cfg)
+    .build();
     let (a, b) = p.connect();
-    let mut app_a = App::new(mode, bytes, seed * 2 + 1, seed * 2 + 2, max_msg);
-    let mut app_b = App::new(mode, bytes, seed * 2 + 2, seed * 2 + 1, max_msg);
+    let (mut app_a, mut app_b) = Duplex {
+        mode,
+        bytes,
+        seed,
+        max_msg,
+    }
+    .apps();
     let ok = run_duplex(&mut p, (a, b), &mut app_a, &mut app_b, 600_000_000_000);
     assert!(
         ok,
@@ -70,17 +80,7 @@ fn bcopy_large_messages_duplex() {
 #[test]
 fn zcopy_read_path_duplex() {
     let bytes = 16u64 << 20;
-    let (p, (a, b)) = duplex(
-        3,
-        Config {
-            zcopy_by_send: Some(true),
-            zcopy_split: Some(false),
-            ..Config::default()
-        },
-        Mode::ZcopySrc,
-        bytes,
-        1 << 20,
-    );
+    let (p, (a, b)) = duplex(3, Config::default(), Mode::ZcopySrc, bytes, 1 << 20);
     for (ip, id, d) in [(A_IP, a, &p.a), (B_IP, b, &p.b)] {
         let st = &d.conn(id).unwrap().stats;
         assert!(st.srcavail_sent > 0, "{ip}: no SrcAvail sent");
@@ -104,14 +104,7 @@ fn zcopy_read_path_duplex() {
 /// overtaken or filled by Data messages) fails here.
 #[test]
 fn zcopy_write_path_duplex() {
-    let mut p = Pair::new(
-        4,
-        Config {
-            zcopy_by_send: Some(true),
-            zcopy_split: Some(false),
-            ..Config::default()
-        },
-    );
+    let mut p = Pair::new(4, Config::default());
     let (a, b) = p.connect();
     let mut sizes = ChaCha8Rng::seed_from_u64(4);
     // Per direction (A -> B, B -> A): what the writer sends, what the reader expects.
@@ -228,14 +221,25 @@ fn jittered(seed: u64, mode: Mode, cfg: Config) -> (Pair, ConnId, ConnId, u64, A
         latency_ns: 1_000 + seed * 997,
         ..SimConfig::default()
     };
-    let mut p = Pair::with(seed, sim, cfg.clone(), cfg);
+    let mut p = PairSpec {
+        seed,
+        sim,
+        ..PairSpec::default()
+    }
+    .config(cfg)
+    .build();
     p.fabric
         .faults()
         .set_delay(A_IP, B_IP, 0, 5_000 + seed * 300);
     let (a, b) = p.connect();
     let total = (2 << 20) + seed * 77_777;
-    let x = App::new(mode, total, seed * 2 + 1, seed * 2 + 2, 300_000);
-    let y = App::new(mode, total, seed * 2 + 2, seed * 2 + 1, 300_000);
+    let (x, y) = Duplex {
+        mode,
+        bytes: total,
+        seed,
+        max_msg: 300_000,
+    }
+    .apps();
     (p, a, b, total, x, y)
 }
 
