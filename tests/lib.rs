@@ -1,5 +1,5 @@
-//! Cross-crate test support: the [`pair::Pair`] harness (two SDP engines over the simulated
-//! fabric, in virtual time) and stream helpers that generate and check random data.
+//! Cross-crate integration tests. The harness they use (Pair over the simulated fabric, App
+//! stand-ins) lives in `sdp_core::harness` (feature `harness`), shared with sdp-core's own tests
+//! and benches and `sdp-bench engine`; re-exported here under its old paths.
 
-pub mod pair;
-pub mod stream;
+pub use sdp_core::harness::{pair, stream};

@@ -1,14 +1,12 @@
 //! `sdp-bench engine`: the SDP engine itself, moving data between two connections over the
 //! in-memory simulator (engine + simulator CPU cost per GiB, BCopy and ZCopy).
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Instant as WallClock;
 
-use sdp_core::driver::Driver;
+use sdp_core::harness::pair::Pair;
 use sdp_core::proto::conn::CallError;
 use sdp_core::proto::iocb::ZSrc;
-use sdp_core::proto::{Config, Event, Instant, State};
-use sdp_core::verbs::sim::{SimFabric, SimProvider};
+use sdp_core::proto::{Config, Event};
 use sdp_core::verbs::{Access, MemoryRegion, Provider};
 
 pub fn cpu_seconds() -> f64 {
@@ -31,24 +29,15 @@ struct Row {
     virt_ns: u64,
 }
 
-/// Stream `total` bytes A -> B in `size`-byte writes over the simulator.
+/// Stream `total` bytes A -> B in `size`-byte writes over the simulator (the engine harness's
+/// Pair: two drivers, virtual time).
 fn sim_stream(size: usize, total: u64, zcopy: bool) -> Row {
-    let a_ip = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
-    let b_ip = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
-    let fabric = SimFabric::new(7);
-    let cfg = Config::default();
-    let mut a: Driver<SimProvider> = Driver::new(fabric.provider(a_ip), cfg.clone());
-    let mut b: Driver<SimProvider> = Driver::new(fabric.provider(b_ip), cfg);
-    let l = b.listen(SocketAddr::new(b_ip, 9000), 16).expect("listen");
-    let now = |f: &SimFabric| Instant(f.now());
-    let ca = a
-        .connect(now(&fabric), SocketAddr::new(b_ip, 9000), None)
-        .expect("connect");
-    let mut cb = None;
+    let mut p = Pair::new(7, Config::default());
+    let (ca, cb) = p.connect();
     let payload = vec![0x5au8; size];
     let src_mr = zcopy.then(|| {
-        let p = a.provider().clone();
-        let mut mr = p
+        let prov = p.a.provider().clone();
+        let mut mr = prov
             .reg_mr(size, Access::LOCAL_WRITE | Access::REMOTE_READ)
             .expect("reg");
         mr.write(0, &payload);
@@ -56,21 +45,11 @@ fn sim_stream(size: usize, total: u64, zcopy: bool) -> Row {
     });
     let (mut sent, mut rcvd, mut inflight) = (0u64, 0u64, false);
     let mut buf = vec![0u8; 1 << 20];
-    let (c0, w0, v0) = (cpu_seconds(), WallClock::now(), fabric.now());
+    let (c0, w0, v0) = (cpu_seconds(), WallClock::now(), p.fabric.now());
     while rcvd < total {
-        let t = now(&fabric);
-        a.poll(t);
-        b.poll(t);
-        cb = cb.or_else(|| b.accept(l));
-        let Some(cb) = cb else {
-            step(&fabric, &a, &b);
-            continue;
-        };
-        if a.conn(ca).map(|c| c.state()) != Some(State::Established) {
-            step(&fabric, &a, &b);
-            continue;
-        }
-        for ev in a.take_events(ca) {
+        p.poll();
+        let t = p.now();
+        for ev in p.a.take_events(ca) {
             if let Event::ZcopySent { bytes, .. } = ev {
                 sent += bytes as u64;
                 inflight = false;
@@ -87,28 +66,28 @@ fn sim_stream(size: usize, total: u64, zcopy: bool) -> Row {
                     lkey: mr.lkey(),
                     rkey: mr.rkey(),
                 };
-                match a.write_zcopy(t, ca, src, sent) {
+                match p.a.write_zcopy(t, ca, src, sent) {
                     Ok(()) => inflight = true,
                     Err(CallError::WouldBlock) => {}
                     Err(e) => panic!("write_zcopy: {e}"),
                 }
                 break;
             }
-            match a.write(t, ca, &payload) {
+            match p.a.write(t, ca, &payload) {
                 Ok(n) => sent += n as u64,
                 Err(CallError::WouldBlock) => break,
                 Err(e) => panic!("write: {e}"),
             }
         }
         loop {
-            match b.read(t, cb, &mut buf) {
+            match p.b.read(t, cb, &mut buf) {
                 Ok(0) => break,
                 Ok(n) => rcvd += n as u64,
                 Err(CallError::WouldBlock) => break,
                 Err(e) => panic!("read: {e}"),
             }
         }
-        step(&fabric, &a, &b);
+        p.advance();
     }
     Row {
         mode: if zcopy { "zcopy" } else { "bcopy" },
@@ -116,21 +95,7 @@ fn sim_stream(size: usize, total: u64, zcopy: bool) -> Row {
         bytes: rcvd,
         wall: w0.elapsed().as_secs_f64(),
         cpu: cpu_seconds() - c0,
-        virt_ns: fabric.now() - v0,
-    }
-}
-
-fn step(f: &SimFabric, a: &Driver<SimProvider>, b: &Driver<SimProvider>) {
-    let next = [
-        f.next_event_at().map(Instant),
-        a.next_deadline(),
-        b.next_deadline(),
-    ]
-    .into_iter()
-    .flatten()
-    .min();
-    if let Some(t) = next {
-        f.advance(t.0.max(f.now()));
+        virt_ns: p.fabric.now() - v0,
     }
 }
 

@@ -19,12 +19,11 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::hint::black_box;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
-use sdp_core::driver::{Driver, ListenerId};
+use sdp_core::harness::pair::{Pair, A_IP, B_IP};
 use sdp_core::proto::buff::{Buf, BufStore, Pool, VecStore};
 use sdp_core::proto::conn::CallError;
 use sdp_core::proto::iocb::{ZSink, ZSrc};
@@ -32,7 +31,7 @@ use sdp_core::proto::msgs::{BsdhFlags, Ext, Header, Hello, Mid, MAX_HEADER_LEN, 
 use sdp_core::proto::read::ZRecv;
 use sdp_core::proto::table::ConnId;
 use sdp_core::proto::{Config, Conn, Event, Instant, State};
-use sdp_core::verbs::sim::{SimFabric, SimMr, SimProvider};
+use sdp_core::verbs::sim::SimMr;
 use sdp_core::verbs::{
     Access, CmEvent, Completion, MemoryRegion, Provider, RecvWr, SendOp, Sge, WcOpcode, WcStatus,
     WorkRequest,
@@ -570,9 +569,9 @@ fn bench_credit(c: &mut Criterion) {
         g.throughput(tp);
         g.bench_function(name, |b| {
             let mut p = SimPair::new(small_cfg());
-            let before = p.a.conn(p.ia).unwrap().stats.clone();
+            let before = p.pair.a.conn(p.ia).unwrap().stats.clone();
             p.small_messages(BATCH, &msg);
-            let after = &p.a.conn(p.ia).unwrap().stats;
+            let after = &p.pair.a.conn(p.ia).unwrap().stats;
             // One Data message per write (plus any credit updates of A's own).
             assert_eq!(
                 after.msgs_sent
@@ -633,16 +632,10 @@ fn bench_pool(c: &mut Criterion) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Two drivers over the simulated fabric (a lean copy of sdp-tests' Pair).
-
-const A_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
-const B_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
-const PORT: u16 = 7000;
+// Two drivers over the simulated fabric: the harness's Pair, connected, with B's read buffer.
 
 struct SimPair {
-    fabric: SimFabric,
-    a: Driver<SimProvider>,
-    b: Driver<SimProvider>,
+    pair: Pair,
     ia: ConnId,
     ib: ConnId,
     rbuf: Vec<u8>,
@@ -651,74 +644,36 @@ struct SimPair {
 
 impl SimPair {
     fn new(cfg: Config) -> SimPair {
-        let fabric = SimFabric::new(1);
-        let mut a = Driver::new(fabric.provider(A_IP), cfg.clone());
-        let mut b = Driver::new(fabric.provider(B_IP), cfg);
-        let l: ListenerId = b.listen(SocketAddr::new(B_IP, PORT), 16).unwrap();
-        let ia = a
-            .connect(Instant(0), SocketAddr::new(B_IP, PORT), None)
-            .unwrap();
-        let mut p = SimPair {
-            fabric,
-            a,
-            b,
+        let mut pair = Pair::new(1, cfg);
+        let (ia, ib) = pair.connect();
+        SimPair {
+            pair,
             ia,
-            ib: ia,
+            ib,
             rbuf: vec![0; 256 * 1024],
             next_token: 1,
-        };
-        let mut ib = None;
-        p.run_until(|p| {
-            if ib.is_none() {
-                ib = p.b.accept(l);
-            }
-            ib.is_some_and(|ib| {
-                p.b.conn(ib).unwrap().state() == State::Established
-                    && p.a.conn(p.ia).unwrap().state() == State::Established
-            })
-        });
-        p.ib = ib.unwrap();
-        p
+        }
     }
 
-    fn now(&self) -> Instant {
-        Instant(self.fabric.now())
-    }
-
-    fn poll(&mut self) {
-        let now = self.now();
-        self.a.poll(now);
-        self.b.poll(now);
-    }
-
-    /// Poll, let `done` act, and move virtual time to the next delivery or deadline.
+    /// Poll, let `done` act, and move virtual time to the next delivery or deadline, until
+    /// `done` says so; panics if everything stalls first.
     fn run_until(&mut self, mut done: impl FnMut(&mut SimPair) -> bool) {
-        for _ in 0..10_000_000 {
-            self.poll();
+        loop {
+            self.pair.poll();
             if done(self) {
                 return;
             }
-            self.poll();
-            let next = [
-                self.fabric.next_event_at().map(Instant),
-                self.a.next_deadline(),
-                self.b.next_deadline(),
-            ]
-            .into_iter()
-            .flatten()
-            .min()
-            .expect("stalled: nothing pending");
-            self.fabric.advance(next.0.max(self.fabric.now()));
+            self.pair.poll();
+            assert!(self.pair.advance(), "stalled: nothing pending");
         }
-        panic!("no progress");
     }
 
     /// Drain B's readable bytes; returns how many.
     fn read_b(&mut self) -> usize {
         let mut got = 0;
         loop {
-            let now = self.now();
-            match self.b.read(now, self.ib, &mut self.rbuf) {
+            let now = self.pair.now();
+            match self.pair.b.read(now, self.ib, &mut self.rbuf) {
                 Ok(0) => panic!("unexpected EOF"),
                 Ok(n) => got += n,
                 Err(CallError::WouldBlock) => return got,
@@ -733,18 +688,18 @@ impl SimPair {
         let total = n as usize * msg.len();
         let (mut sent, mut got) = (0u64, 0usize);
         self.run_until(|p| {
-            let now = p.now();
+            let now = p.pair.now();
             while sent < n {
-                let c = p.a.conn(p.ia).unwrap();
+                let c = p.pair.a.conn(p.ia).unwrap();
                 if c.tx_credits() < sdp_core::proto::conn::DATA_CREDITS || c.tx_queued_bytes() > 0 {
                     break;
                 }
-                assert_eq!(p.a.write(now, p.ia, msg), Ok(msg.len()));
+                assert_eq!(p.pair.a.write(now, p.ia, msg), Ok(msg.len()));
                 sent += 1;
             }
             got += p.read_b();
-            p.a.take_events(p.ia);
-            p.b.take_events(p.ib);
+            p.pair.a.take_events(p.ia);
+            p.pair.b.take_events(p.ib);
             got >= total
         });
         assert_eq!(got, total);
@@ -754,17 +709,17 @@ impl SimPair {
     fn bcopy(&mut self, data: &[u8]) {
         let (mut sent, mut got) = (0usize, 0usize);
         self.run_until(|p| {
-            let now = p.now();
+            let now = p.pair.now();
             while sent < data.len() {
-                match p.a.write(now, p.ia, &data[sent..]) {
+                match p.pair.a.write(now, p.ia, &data[sent..]) {
                     Ok(n) => sent += n,
                     Err(CallError::WouldBlock) => break,
                     Err(e) => panic!("write: {e:?}"),
                 }
             }
             got += p.read_b();
-            p.a.take_events(p.ia);
-            p.b.take_events(p.ib);
+            p.pair.a.take_events(p.ia);
+            p.pair.b.take_events(p.ib);
             got >= data.len()
         });
         assert_eq!(got, data.len());
@@ -773,12 +728,14 @@ impl SimPair {
     /// A registered source on A (remote read) holding `data`, and a sink of the same size on B.
     fn zcopy_buffers(&self, data: &[u8]) -> (SimMr, SimMr) {
         let mut src = self
+            .pair
             .a
             .provider()
             .reg_mr(data.len(), Access::LOCAL_WRITE | Access::REMOTE_READ)
             .unwrap();
         src.write(0, data);
         let sink = self
+            .pair
             .b
             .provider()
             .reg_mr(data.len(), Access::LOCAL_WRITE | Access::REMOTE_WRITE)
@@ -795,38 +752,38 @@ impl SimPair {
     fn zcopy_read(&mut self, src: &SimMr, sink: &SimMr) {
         let len = src.len();
         let (ta, tb) = (self.token(), self.token());
-        let now = self.now();
+        let now = self.pair.now();
         let z = ZSrc {
             addr: src.addr(),
             len: len as u32,
             lkey: src.lkey(),
             rkey: src.rkey(),
         };
-        self.a.write_zcopy(now, self.ia, z, ta).unwrap();
+        self.pair.a.write_zcopy(now, self.ia, z, ta).unwrap();
         let (mut offered, mut sent, mut got) = (false, 0usize, 0usize);
         self.run_until(|p| {
-            let now = p.now();
+            let now = p.pair.now();
             // Offer the sink once the SrcAvail heads B's stream (earlier, it would go out as
             // a SinkAvail and turn this into the write path).
-            if !offered && p.b.conn(p.ib).unwrap().is_readable() {
+            if !offered && p.pair.b.conn(p.ib).unwrap().is_readable() {
                 let s = ZSink {
                     addr: sink.addr(),
                     len: len as u32,
                     lkey: sink.lkey(),
                     rkey: sink.rkey(),
                 };
-                match p.b.read_zcopy(now, p.ib, s, tb) {
+                match p.pair.b.read_zcopy(now, p.ib, s, tb) {
                     Ok(ZRecv::Pending) => offered = true,
                     other => panic!("read_zcopy: {other:?}"),
                 }
             }
-            for ev in p.a.take_events(p.ia) {
+            for ev in p.pair.a.take_events(p.ia) {
                 if let Event::ZcopySent { token, bytes } = ev {
                     assert_eq!(token, ta);
                     sent += bytes;
                 }
             }
-            for ev in p.b.take_events(p.ib) {
+            for ev in p.pair.b.take_events(p.ib) {
                 if let Event::ZcopyReceived { token, bytes } = ev {
                     assert_eq!(token, tb);
                     got += bytes;
@@ -841,28 +798,31 @@ impl SimPair {
     fn zcopy_write(&mut self, data: &[u8], sink: &SimMr) {
         let len = data.len();
         let tb = self.token();
-        let now = self.now();
+        let now = self.pair.now();
         let s = ZSink {
             addr: sink.addr(),
             len: len as u32,
             lkey: sink.lkey(),
             rkey: sink.rkey(),
         };
-        assert_eq!(self.b.read_zcopy(now, self.ib, s, tb), Ok(ZRecv::Pending));
+        assert_eq!(
+            self.pair.b.read_zcopy(now, self.ib, s, tb),
+            Ok(ZRecv::Pending)
+        );
         // Let the SinkAvail reach A before it writes.
-        self.run_until(|p| p.fabric.pending_events() == 0);
+        self.run_until(|p| p.pair.fabric.pending_events() == 0);
         let (mut sent, mut got) = (0usize, 0usize);
         self.run_until(|p| {
-            let now = p.now();
+            let now = p.pair.now();
             while sent < len {
-                match p.a.write(now, p.ia, &data[sent..]) {
+                match p.pair.a.write(now, p.ia, &data[sent..]) {
                     Ok(n) => sent += n,
                     Err(CallError::WouldBlock) => break,
                     Err(e) => panic!("write: {e:?}"),
                 }
             }
-            p.a.take_events(p.ia);
-            for ev in p.b.take_events(p.ib) {
+            p.pair.a.take_events(p.ia);
+            for ev in p.pair.b.take_events(p.ib) {
                 if let Event::ZcopyReceived { token, bytes } = ev {
                     assert_eq!(token, tb);
                     assert_eq!(bytes, len, "the whole write went into the sink");
@@ -889,7 +849,7 @@ fn bench_e2e(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("bcopy", &label), |b| {
             let mut p = SimPair::new(Config::default());
             p.bcopy(&data);
-            let (sa, sb) = (p.fabric.stats(A_IP), p.fabric.stats(B_IP));
+            let (sa, sb) = (p.pair.fabric.stats(A_IP), p.pair.fabric.stats(B_IP));
             assert_eq!(sa.rdma_read_bytes + sb.rdma_read_bytes, 0);
             assert_eq!(sa.rdma_write_bytes + sb.rdma_write_bytes, 0);
             b.iter(|| p.bcopy(&data))
@@ -902,7 +862,7 @@ fn bench_e2e(c: &mut Criterion) {
             let mut check = vec![0u8; size];
             sink.read(0, &mut check);
             assert!(check == data, "sink holds the source's bytes");
-            let (sa, sb) = (p.fabric.stats(A_IP), p.fabric.stats(B_IP));
+            let (sa, sb) = (p.pair.fabric.stats(A_IP), p.pair.fabric.stats(B_IP));
             assert_eq!(sa.rdma_read_bytes + sb.rdma_read_bytes, size as u64);
             assert_eq!(sa.rdma_write_bytes + sb.rdma_write_bytes, 0);
             b.iter(|| p.zcopy_read(&src, &sink))
@@ -915,7 +875,7 @@ fn bench_e2e(c: &mut Criterion) {
             let mut check = vec![0u8; size];
             sink.read(0, &mut check);
             assert!(check == data, "sink holds the written bytes");
-            let (sa, sb) = (p.fabric.stats(A_IP), p.fabric.stats(B_IP));
+            let (sa, sb) = (p.pair.fabric.stats(A_IP), p.pair.fabric.stats(B_IP));
             assert_eq!(sa.rdma_write_bytes + sb.rdma_write_bytes, size as u64);
             assert_eq!(sa.rdma_read_bytes + sb.rdma_read_bytes, 0);
             b.iter(|| p.zcopy_write(&data, &sink))

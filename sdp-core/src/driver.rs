@@ -1,4 +1,4 @@
-//! Runs SDP engines over a provider: the glue between the sans-IO [`proto::Conn`] and a
+//! Runs SDP engines over a provider: the glue between the sans-IO [`Conn`] and a
 //! [`Provider`]'s endpoints.
 //!
 //! [`Driver::poll`] does one round of progress for every connection: CM events in, completions
@@ -386,7 +386,10 @@ impl<P: Provider> Driver<P> {
                     }
                     Err(e) => {
                         let reason = format!("SDP: {e}");
-                        let _ = ep.reject(&reason.as_bytes()[..reason.len().min(148)]);
+                        let _ = ep.reject(
+                            &reason.as_bytes()
+                                [..reason.len().min(crate::verbs::MAX_PRIVATE_DATA_REJECT)],
+                        );
                         note_refused(&mut le.refused, e);
                     }
                 }

@@ -5,8 +5,11 @@
 use std::net::SocketAddr;
 
 use sdp_core::proto::conn::CallError;
+use sdp_core::proto::msgs::{Mid, WireError};
 use sdp_core::proto::table::ConnId;
-use sdp_core::proto::{Config, ConnError, ProtocolError, State};
+use sdp_core::proto::ProtocolError::{self, Wire};
+use sdp_core::proto::{Config, ConnError, State};
+use sdp_core::verbs::WcStatus;
 use sdp_tests::pair::{Pair, A_IP, B_IP, PORT};
 
 const SEC: u64 = 1_000_000_000;
@@ -93,8 +96,9 @@ fn check_abort(
     assert_eq!(got_a, b"pong");
 }
 
-fn protocol(e: &ConnError) -> bool {
-    matches!(e, ConnError::Protocol(_))
+/// The peer's message is valid but not allowed in this state: `Unexpected` naming its mid.
+fn unexpected(e: &ConnError, want: Mid) -> bool {
+    matches!(e, ConnError::Protocol(ProtocolError::Unexpected { mid, .. }) if *mid == want)
 }
 
 #[test]
@@ -102,7 +106,7 @@ fn unknown_mid() {
     check_abort(
         30,
         |v| v[0] = 0x42,
-        |e| matches!(e, ConnError::Protocol(ProtocolError::Wire(_))),
+        |e| matches!(e, ConnError::Protocol(Wire(WireError::UnknownMid(0x42)))),
     );
 }
 
@@ -111,7 +115,7 @@ fn reserved_flag_bits() {
     check_abort(
         31,
         |v| v[1] |= 0x80,
-        |e| matches!(e, ConnError::Protocol(ProtocolError::Wire(_))),
+        |e| matches!(e, ConnError::Protocol(Wire(WireError::ReservedFlags(f))) if f & 0x80 != 0),
     );
 }
 
@@ -123,7 +127,10 @@ fn length_field_mismatch() {
             let l = u32::from_be_bytes([v[4], v[5], v[6], v[7]]) + 3;
             v[4..8].copy_from_slice(&l.to_be_bytes());
         },
-        |e| matches!(e, ConnError::Protocol(ProtocolError::Wire(_))),
+        |e| {
+            matches!(e, ConnError::Protocol(Wire(WireError::LengthMismatch { claimed, actual }))
+                if *claimed as usize == actual + 3)
+        },
     );
 }
 
@@ -132,7 +139,12 @@ fn truncated_header() {
     check_abort(
         33,
         |v| v.truncate(9),
-        |e| matches!(e, ConnError::Protocol(ProtocolError::Wire(_))),
+        |e| {
+            matches!(
+                e,
+                ConnError::Protocol(Wire(WireError::Truncated { need: 16, have: 9 }))
+            )
+        },
     );
 }
 
@@ -144,7 +156,10 @@ fn sequence_gap() {
             let m = u32::from_be_bytes([v[8], v[9], v[10], v[11]]) + 5;
             v[8..12].copy_from_slice(&m.to_be_bytes());
         },
-        |e| matches!(e, ConnError::Protocol(ProtocolError::Sequence { .. })),
+        |e| {
+            matches!(e, ConnError::Protocol(ProtocolError::Sequence { got, want })
+                if *got == want + 5)
+        },
     );
 }
 
@@ -156,7 +171,9 @@ fn ack_of_messages_never_sent() {
         |e| {
             matches!(
                 e,
-                ConnError::Protocol(ProtocolError::BadAck { .. } | ProtocolError::BadCredits(_))
+                ConnError::Protocol(ProtocolError::BadAck {
+                    mseq_ack: 0x4000_0000
+                })
             )
         },
     );
@@ -167,7 +184,15 @@ fn payload_on_a_control_message() {
     check_abort(
         36,
         |v| v[0] = 0x02,
-        |e| matches!(e, ConnError::Protocol(ProtocolError::Wire(_))),
+        |e| {
+            matches!(
+                e,
+                ConnError::Protocol(Wire(WireError::UnexpectedPayload {
+                    mid: Mid::DisConn,
+                    ..
+                }))
+            )
+        },
     );
 }
 
@@ -179,35 +204,43 @@ fn hello_on_an_established_connection() {
             0x00,
             &[0x22, 4, 8, 0, 0, 0, 0x80, 0, 0, 0, 0x80, 0, 0, 80, 0, 0],
         ),
-        protocol,
+        |e| unexpected(e, Mid::Hello),
     );
 }
 
 #[test]
 fn rdma_rd_compl_without_src_avail() {
     check_abort(38, rewrite(0x06, &100u32.to_be_bytes()), |e| {
-        matches!(e, ConnError::Protocol(ProtocolError::Unexpected { .. }))
+        unexpected(e, Mid::RdmaRdCompl)
     });
 }
 
 #[test]
 fn rdma_wr_compl_without_sink_avail() {
-    check_abort(39, rewrite(0x05, &100u32.to_be_bytes()), protocol);
+    check_abort(39, rewrite(0x05, &100u32.to_be_bytes()), |e| {
+        unexpected(e, Mid::RdmaWrCompl)
+    });
 }
 
 #[test]
 fn sink_cancel_ack_without_cancel() {
-    check_abort(40, rewrite(0x0A, &[]), protocol);
+    check_abort(40, rewrite(0x0A, &[]), |e| {
+        unexpected(e, Mid::SinkCancelAck)
+    });
 }
 
 #[test]
 fn resize_ack_without_request() {
-    check_abort(41, rewrite(0x0C, &65536u32.to_be_bytes()), protocol);
+    check_abort(41, rewrite(0x0C, &65536u32.to_be_bytes()), |e| {
+        unexpected(e, Mid::ChRcvBufAck)
+    });
 }
 
 #[test]
 fn unsupported_mode_change() {
-    check_abort(42, rewrite(0x07, &[1, 0, 0, 0]), protocol);
+    check_abort(42, rewrite(0x07, &[1, 0, 0, 0]), |e| {
+        unexpected(e, Mid::ModeChange)
+    });
 }
 
 #[test]
@@ -215,7 +248,13 @@ fn src_avail_with_zero_length() {
     let mut ext = vec![0u8; 16];
     ext[4..8].copy_from_slice(&7u32.to_be_bytes());
     check_abort(43, rewrite(0xFE, &ext), |e| {
-        matches!(e, ConnError::Protocol(ProtocolError::Wire(_)))
+        matches!(
+            e,
+            ConnError::Protocol(Wire(WireError::OutOfRange {
+                field: "SrcAvail.len",
+                value: 0
+            }))
+        )
     });
 }
 
@@ -241,10 +280,7 @@ fn src_avail_naming_memory_never_registered_fails_the_read() {
     let ok = p.run_until(5 * SEC, |p| p.b.conn(b1).unwrap().state() == State::Closed);
     assert!(ok);
     let e = p.b.conn(b1).unwrap().error().cloned().unwrap();
-    assert!(
-        matches!(e, ConnError::Transport(_) | ConnError::Protocol(_)),
-        "{e:?}"
-    );
+    assert_eq!(e, ConnError::Transport(WcStatus::RemoteAccess));
     assert_eq!(p.b.conn(b1).unwrap().stats.zcopy_read_bytes, 0);
 }
 

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use sdp_core::socket::{Options, SdpListener, SdpStream, Transport};
+use sdp_core::socket::{Options, SdpListener, Transport};
 
 const PEER: &str = env!("CARGO_BIN_EXE_sdp-peer");
 

@@ -365,8 +365,11 @@ pub(crate) mod wrid {
     pub const INDEX_MASK: u64 = !KIND_MASK;
 }
 
-/// Bytes of a header we look at: BSDH plus the largest extended header.
+/// Bytes of a received message we read to parse its header, and the size of a control
+/// message's send buffer: room for the longest header
+/// ([`MAX_HEADER_LEN`](super::msgs::MAX_HEADER_LEN), 36 bytes: a SinkAvail) with slack.
 pub(crate) const MAX_HDR: usize = 48;
+const _: () = assert!(MAX_HDR >= super::msgs::MAX_HEADER_LEN);
 
 /// One SDP connection (see the module docs).
 pub struct Conn<S: BufStore> {
@@ -928,14 +931,9 @@ impl<S: BufStore> Conn<S> {
         self.peer_max_adverts = ack.max_adverts;
         self.tx_credits = h.bsdh.bufs as u32;
         self.tx_pool = Pool::new(self.send_size);
-        // The acceptor's desired size for its own sends is ours to honour on the next posts.
-        let want = ack
-            .desired_rcv_size
-            .clamp(self.cfg.rcv_size, self.cfg.max_rcv_size);
-        if want != self.rx_pool.size() {
-            // Buffers already posted keep their size; the peer learned our size from the Hello.
-            // A later ChRcvBuf from the peer moves it.
-        }
+        // The acceptor's `desired_rcv_size` (for its own sends) is not acted on here: the
+        // buffers already posted keep their size, the peer learned it from the Hello, and a
+        // later ChRcvBuf from the peer moves it.
         Ok(())
     }
 

@@ -17,7 +17,7 @@
 //! | [`iocb`] | local zero-copy blocks (our SrcAvail / SinkAvail outstanding) |
 //! | [`send`] / [`sent`] | application data to SEND work requests / send completions |
 //! | [`recv`] / [`rcvd`] | receive posting and application reads / receive completions |
-//! | [`read`] / [`write`] | RDMA Read (ZCopy read path) / RDMA Write (ZCopy write path, keepalive) |
+//! | [`read`] / [`write`](mod@write) | RDMA Read (ZCopy read path) / RDMA Write (ZCopy write path, keepalive) |
 //! | [`table`] | the connection table |
 #![forbid(unsafe_code)]
 

@@ -34,9 +34,9 @@ pub const HELLO_LEN: usize = BSDH_LEN + 16;
 pub const HELLO_ACK_LEN: usize = BSDH_LEN + 12;
 /// Length of the longest header (SinkAvail: BSDH + 20).
 pub const MAX_HEADER_LEN: usize = BSDH_LEN + 20;
-/// Bytes of REQ private data left to the consumer under `RDMA_PS_TCP` on IB/RoCE (92 bytes of
-/// CM REQ private data minus the CM's own 36-byte header). The compact Hello must fit in it.
-pub const TCP_PS_REQ_PRIVATE_DATA_LEN: usize = 56;
+/// Bytes of REQ private data left to the consumer under `RDMA_PS_TCP` on IB/RoCE
+/// ([`crate::verbs::MAX_PRIVATE_DATA_CONNECT`]). The compact Hello must fit in it.
+pub use crate::verbs::MAX_PRIVATE_DATA_CONNECT as TCP_PS_REQ_PRIVATE_DATA_LEN;
 
 // The compact Hello must fit the private data left under RDMA_PS_TCP.
 const _: () = assert!(HELLO_LEN <= TCP_PS_REQ_PRIVATE_DATA_LEN);

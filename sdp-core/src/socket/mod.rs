@@ -81,7 +81,8 @@ pub enum Transport {
     Shm,
     /// SDP over an RDMA device.
     Rdma,
-    /// SDP over the deterministic simulator (tests).
+    /// SDP over the deterministic simulator (the crate's own tests; not a transport for users).
+    #[doc(hidden)]
     Sim,
     /// Kernel TCP (fallback, or chosen).
     Tcp,

@@ -2075,7 +2075,7 @@ const ZCOPY_STALL: Duration = Duration::from_millis(2);
 /// Bytes per nanosecond a peer is allowed to take for a read before it acknowledges.
 const STALL_COPY_RATE: usize = 2;
 
-/// Default smallest plain write sent by zero copy over shm (measured crossover, README).
+/// Default smallest plain write sent by zero copy over shm (measured crossover, docs/benchmarks.md).
 pub(crate) const USER_ZCOPY_MIN_SHM: usize = 128 * 1024;
 /// Default smallest plain write sent by zero copy over RDMA (registration is costly there).
 pub(crate) const USER_ZCOPY_MIN_RDMA: usize = 1024 * 1024;

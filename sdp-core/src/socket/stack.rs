@@ -32,7 +32,9 @@ impl Stack {
         Ok(Stack(rt))
     }
 
-    /// A stack over the simulated fabric, its virtual clock driven by real time (tests).
+    /// A stack over the simulated fabric, its virtual clock driven by real time (the crate's own
+    /// tests; not for users).
+    #[doc(hidden)]
     pub fn sim(provider: crate::verbs::sim::SimProvider, cfg: Config) -> io::Result<Stack> {
         let fabric = provider.fabric();
         let tick = Box::new(move |now: crate::proto::Instant| {
@@ -131,8 +133,8 @@ pub enum Choice {
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     pub choice: Choice,
-    /// The SDP stack to use; by default the one that fits the address (see
-    /// [`Options::stack_for`]).
+    /// The SDP stack to use; by default the one that fits the address (shm for this host's
+    /// addresses, else the RDMA device the route picks).
     pub stack: Option<Stack>,
     /// Connect timeout (`None`: the engine's default, 10 s).
     pub connect_timeout: Option<Duration>,

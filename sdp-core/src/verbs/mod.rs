@@ -135,11 +135,18 @@ pub struct Completion {
     pub byte_len: u32,
 }
 
+/// Largest private data of a connect request: what the RDMA CM leaves under `RDMA_PS_TCP` on
+/// IB/RoCE (92 bytes of CM REQ private data less the CM's own 36-byte header). Every provider
+/// keeps the three limits, so SDP's messages fit whichever carries them.
+pub const MAX_PRIVATE_DATA_CONNECT: usize = 56;
+/// Largest private data of an accept (CM REP, `RDMA_PS_TCP`).
+pub const MAX_PRIVATE_DATA_ACCEPT: usize = 196;
+/// Largest private data of a reject (CM REJ, `RDMA_PS_TCP`).
+pub const MAX_PRIVATE_DATA_REJECT: usize = 148;
+
 /// Why a connection attempt or a connection ended, as the CM reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CmEvent {
-    /// Passive side only: a connect request arrived (delivered to the listener).
-    ConnectRequest { private_data: Vec<u8> },
     /// The connection is up; active side gets the acceptor's private data.
     Established { private_data: Vec<u8> },
     /// The peer rejected us (or nobody listens on that port: `private_data` is empty and

@@ -68,10 +68,12 @@ use super::{
 
 /// Address and route resolution time limit.
 const RESOLVE_TIMEOUT_MS: i32 = 2000;
-/// Private data limits of the IB CM with `RDMA_PS_TCP` (the CM header takes the rest).
-pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
-pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
-pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
+// Private data limits of the IB CM with `RDMA_PS_TCP` (the CM header takes the rest).
+use super::{
+    MAX_PRIVATE_DATA_ACCEPT as MAX_ACCEPT_PRIVATE_DATA,
+    MAX_PRIVATE_DATA_CONNECT as MAX_CONNECT_PRIVATE_DATA,
+    MAX_PRIVATE_DATA_REJECT as MAX_REJECT_PRIVATE_DATA,
+};
 /// `RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH`: let librdmacm pick the most both sides allow.
 const RDMA_MAX_RESP_RES: u8 = 0xff;
 const RDMA_MAX_INIT_DEPTH: u8 = 0xff;

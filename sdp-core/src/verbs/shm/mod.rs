@@ -45,11 +45,12 @@ pub const WC_REM_INV_REQ_ERR: u32 = 9;
 /// `IBV_WC_REM_OP_ERR`: the peer's receive buffer was unusable.
 pub const WC_REM_OP_ERR: u32 = 11;
 
-/// Largest private data of a connect request, accept and reject (as the RDMA CM under
-/// `RDMA_PS_TCP`).
-pub const MAX_PD_CONNECT: usize = 56;
-pub const MAX_PD_ACCEPT: usize = 196;
-pub const MAX_PD_REJECT: usize = 148;
+// Largest private data of a connect request, accept and reject (as the RDMA CM under
+// `RDMA_PS_TCP`).
+use super::{
+    MAX_PRIVATE_DATA_ACCEPT as MAX_PD_ACCEPT, MAX_PRIVATE_DATA_CONNECT as MAX_PD_CONNECT,
+    MAX_PRIVATE_DATA_REJECT as MAX_PD_REJECT,
+};
 
 // Inbox layout: a header page, then the receive slots.
 const HDR: usize = 4096;
@@ -1710,9 +1711,8 @@ impl ShmEndpoint {
 
     /// The peer closed or died: deliver what it completed, then error and flush.
     fn peer_closed(&mut self) {
-        if self.harvest().is_err() {
-            // Reported by harvest; fall through to flush the rest.
-        }
+        // An error is reported by harvest itself; flush the rest either way.
+        let _ = self.harvest();
         self.fail(None);
     }
 

@@ -169,11 +169,14 @@ pub struct SimConfig {
     pub transport_timeout_ns: u64,
     /// From `Disconnected` to `TimewaitExit`.
     pub timewait_ns: u64,
-    /// Largest private data of a connect request (`RDMA_PS_TCP` on IB: 56).
+    /// Largest private data of a connect request (default
+    /// [`MAX_PRIVATE_DATA_CONNECT`](super::MAX_PRIVATE_DATA_CONNECT), as `RDMA_PS_TCP` on IB).
     pub max_private_data_connect: usize,
-    /// Largest private data of an accept (196).
+    /// Largest private data of an accept (default
+    /// [`MAX_PRIVATE_DATA_ACCEPT`](super::MAX_PRIVATE_DATA_ACCEPT)).
     pub max_private_data_accept: usize,
-    /// Largest private data of a reject (148).
+    /// Largest private data of a reject (default
+    /// [`MAX_PRIVATE_DATA_REJECT`](super::MAX_PRIVATE_DATA_REJECT)).
     pub max_private_data_reject: usize,
     /// QPs (endpoints, including passive ones waiting in a listener's queue) per host.
     pub max_qps_per_host: usize,
@@ -192,9 +195,9 @@ impl Default for SimConfig {
             rnr_delay_ns: 100_000,
             transport_timeout_ns: 50_000_000,
             timewait_ns: 10_000_000,
-            max_private_data_connect: 56,
-            max_private_data_accept: 196,
-            max_private_data_reject: 148,
+            max_private_data_connect: super::MAX_PRIVATE_DATA_CONNECT,
+            max_private_data_accept: super::MAX_PRIVATE_DATA_ACCEPT,
+            max_private_data_reject: super::MAX_PRIVATE_DATA_REJECT,
             max_qps_per_host: 65_536,
             max_registered_bytes_per_host: 4 << 30,
             max_qp_wr: 16_384,

@@ -6,14 +6,39 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use sdp_core::driver::{Driver, ListenerId};
-use sdp_core::proto::table::ConnId;
-use sdp_core::proto::{Config, Event, Instant};
-use sdp_core::verbs::sim::{SimConfig, SimFabric, SimProvider};
+use crate::driver::{Driver, ListenerId};
+use crate::proto::table::ConnId;
+use crate::proto::{Config, Event, Instant};
+use crate::verbs::sim::{SimConfig, SimFabric, SimProvider};
 
 pub const A_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
 pub const B_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
 pub const PORT: u16 = 7000;
+
+/// A [`Pair`] by named parameters: `PairSpec { seed: 3, sim, ..PairSpec::default() }.build()`.
+#[derive(Clone, Default)]
+pub struct PairSpec {
+    /// Seeds the fabric (latency jitter, fault choices): the same seed, the same run.
+    pub seed: u64,
+    pub sim: SimConfig,
+    /// A's (the connector's) engine configuration.
+    pub a: Config,
+    /// B's (the listener's) engine configuration.
+    pub b: Config,
+}
+
+impl PairSpec {
+    /// Both engines with `cfg`.
+    pub fn config(mut self, cfg: Config) -> PairSpec {
+        self.a = cfg.clone();
+        self.b = cfg;
+        self
+    }
+
+    pub fn build(self) -> Pair {
+        Pair::with(self.seed, self.sim, self.a, self.b)
+    }
+}
 
 pub struct Pair {
     pub fabric: SimFabric,
@@ -116,10 +141,10 @@ impl Pair {
             b.is_some()
                 && p.a
                     .conn(a)
-                    .is_some_and(|c| c.state() == sdp_core::proto::State::Established)
+                    .is_some_and(|c| c.state() == crate::proto::State::Established)
                 && p.b
                     .conn(b.unwrap())
-                    .is_some_and(|c| c.state() == sdp_core::proto::State::Established)
+                    .is_some_and(|c| c.state() == crate::proto::State::Established)
         });
         assert!(ok, "connection not established");
         (a, b.unwrap())
@@ -127,7 +152,7 @@ impl Pair {
 }
 
 /// Whether an event list holds `Closed`, and with what.
-pub fn closed(events: &[Event]) -> Option<Option<sdp_core::proto::ConnError>> {
+pub fn closed(events: &[Event]) -> Option<Option<crate::proto::ConnError>> {
     events.iter().find_map(|e| match e {
         Event::Closed(err) => Some(err.clone()),
         _ => None,

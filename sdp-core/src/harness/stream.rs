@@ -1,18 +1,18 @@
-//! A generic copy of `tests/stream.rs`'s application stand-in (crate sdp-tests), for any
-//! provider: a seeded random byte stream written in random sizes, read back and checked, each
-//! optionally through zero copy.
-#![allow(dead_code)]
+//! Application stand-ins for the Pair harness: a writer that sends a seeded random byte stream
+//! in random message sizes and a reader that reads it back in random sizes and checks every
+//! byte, each optionally through zero copy (registered sources and sinks).
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use sdp_core::driver::Driver;
-use sdp_core::proto::conn::CallError;
-use sdp_core::proto::iocb::{ZSink, ZSrc};
-use sdp_core::proto::read::ZRecv;
-use sdp_core::proto::table::ConnId;
-use sdp_core::proto::{Event, Instant, Shutdown};
-use sdp_core::verbs::{Access, MemoryRegion, Provider};
+use crate::driver::Driver;
+use crate::proto::conn::CallError;
+use crate::proto::iocb::{ZSink, ZSrc};
+use crate::proto::read::ZRecv;
+use crate::proto::table::ConnId;
+use crate::proto::{Event, Instant, Shutdown};
+use crate::verbs::sim::SimProvider;
+use crate::verbs::{Access, MemoryRegion, Provider};
 
 /// How the application moves bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,8 +64,9 @@ fn splitmix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// One side's application: writes one stream and reads the other.
-pub struct App<P: Provider> {
+/// One side's application: writes one stream and reads the other, over any provider (the
+/// simulator in the Pair tests, real devices in the rig's `sdp-rigtest`).
+pub struct App<P: Provider = SimProvider> {
     pub mode: Mode,
     /// Bytes to send in all; after the last one the write half is shut.
     pub to_send: u64,
@@ -80,7 +81,12 @@ pub struct App<P: Provider> {
     sizes: ChaCha8Rng,
     pending: Vec<u8>,
     next_token: u64,
-    src: Option<(u64, P::Mr, Vec<u8>)>,
+    /// Zero-copy sends outstanding, oldest first.
+    src: std::collections::VecDeque<(u64, P::Mr, Vec<u8>)>,
+    /// Bytes of short zero-copy completions to send again (before `pending`).
+    redo: Vec<u8>,
+    /// Zero-copy sends kept outstanding at once (pipelined zero copy); 1 by default.
+    pub src_window: usize,
     sink: Option<(u64, P::Mr)>,
     /// Errors reported by calls or events (the test decides whether they are expected).
     pub errors: Vec<CallError>,
@@ -90,6 +96,29 @@ pub struct App<P: Provider> {
     pub zcopy_min: usize,
     /// Don't shut the write half after the last byte.
     pub keep_open: bool,
+}
+
+/// Two applications streaming at each other, by named parameters: A writes the stream B checks
+/// and the other way round, both seeded from `seed` (each direction its own bytes and sizes).
+#[derive(Debug, Clone, Copy)]
+pub struct Duplex {
+    pub mode: Mode,
+    /// Bytes each side sends.
+    pub bytes: u64,
+    pub seed: u64,
+    /// Largest message size the writers use.
+    pub max_msg: usize,
+}
+
+impl Duplex {
+    /// (A's application, B's application).
+    pub fn apps<P: Provider>(self) -> (App<P>, App<P>) {
+        let (ab, ba) = (self.seed * 2 + 1, self.seed * 2 + 2);
+        (
+            App::new(self.mode, self.bytes, ab, ba, self.max_msg),
+            App::new(self.mode, self.bytes, ba, ab, self.max_msg),
+        )
+    }
 }
 
 impl<P: Provider> App<P> {
@@ -108,7 +137,9 @@ impl<P: Provider> App<P> {
             sizes: ChaCha8Rng::seed_from_u64(out_seed ^ 0x5eed),
             pending: Vec::new(),
             next_token: 1,
-            src: None,
+            src: std::collections::VecDeque::new(),
+            redo: Vec::new(),
+            src_window: 1,
             sink: None,
             errors: Vec::new(),
             events: Vec::new(),
@@ -140,16 +171,24 @@ impl<P: Provider> App<P> {
     }
 
     fn on_sent(&mut self, token: u64, bytes: usize) {
-        let Some((t, _mr, data)) = self.src.take() else {
+        let Some((t, _mr, data)) = self.src.pop_front() else {
             panic!("ZcopySent without a source")
         };
-        assert_eq!(t, token, "ZcopySent for another token");
+        assert_eq!(t, token, "ZcopySent out of order");
         assert!(bytes <= data.len());
+        assert!(
+            self.redo.is_empty() || bytes == 0,
+            "a source after a short one reported {bytes} bytes sent"
+        );
         self.sent += bytes as u64;
-        // The rest goes again, first (a short write).
-        let mut rest = data[bytes..].to_vec();
-        rest.extend_from_slice(&self.pending);
-        self.pending = rest;
+        // The rest goes again, first (a short write), and so does every later source (they
+        // complete with 0 after a short one).
+        self.redo.extend_from_slice(&data[bytes..]);
+        if self.src.is_empty() && !self.redo.is_empty() {
+            let mut rest = std::mem::take(&mut self.redo);
+            rest.extend_from_slice(&self.pending);
+            self.pending = rest;
+        }
     }
 
     fn on_received(&mut self, token: u64, bytes: usize) {
@@ -181,13 +220,16 @@ impl<P: Provider> App<P> {
 
     fn write_some(&mut self, d: &mut Driver<P>, now: Instant, id: ConnId) {
         loop {
-            if self.src.is_some() {
+            if self.src.len() >= self.src_window.max(1) || !self.redo.is_empty() {
                 return;
             }
-            let generated = self.sent + self.pending.len() as u64;
+            let generated = self.sent
+                + self.pending.len() as u64
+                + self.src.iter().map(|s| s.2.len() as u64).sum::<u64>();
             if self.pending.is_empty() {
                 if generated >= self.to_send {
-                    if !self.shut && !self.keep_open {
+                    // Shut only once every zero-copy send is done (a short one sends again).
+                    if !self.shut && !self.keep_open && self.src.is_empty() {
                         match d.shutdown(now, id, Shutdown::Write) {
                             Ok(()) => self.shut = true,
                             Err(e) => {
@@ -205,13 +247,12 @@ impl<P: Provider> App<P> {
             }
             if self.mode.src() && self.pending.len() >= self.zcopy_min {
                 let p = d.provider().clone();
-                let mut mr = p
-                    .reg_mr(
-                        self.pending.len(),
-                        Access::LOCAL_WRITE | Access::REMOTE_READ,
-                    )
-                    .expect("reg");
+                // Least access: the source is readable by the peer only once it holds the
+                // data (set_access may change the keys: they are taken after it).
+                let mut mr = p.reg_mr(self.pending.len(), Access::empty()).expect("reg");
                 mr.write(0, &self.pending);
+                mr.set_access(Access::REMOTE_READ)
+                    .expect("grant remote read");
                 let src = ZSrc {
                     addr: mr.addr(),
                     len: self.pending.len() as u32,
@@ -223,8 +264,8 @@ impl<P: Provider> App<P> {
                     Ok(()) => {
                         self.next_token += 1;
                         let data = std::mem::take(&mut self.pending);
-                        self.src = Some((token, mr, data));
-                        return;
+                        self.src.push_back((token, mr, data));
+                        continue;
                     }
                     Err(CallError::WouldBlock) => return,
                     Err(e) => {
@@ -256,9 +297,9 @@ impl<P: Provider> App<P> {
             if self.mode.sink() && self.sizes.random_bool(0.5) {
                 let len = self.sizes.random_range(self.zcopy_min..=4 * self.zcopy_min);
                 let p = d.provider().clone();
-                let mr = p
-                    .reg_mr(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-                    .expect("reg");
+                let mut mr = p.reg_mr(len, Access::LOCAL_WRITE).expect("reg");
+                mr.set_access(Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                    .expect("grant remote write");
                 let sink = ZSink {
                     addr: mr.addr(),
                     len: len as u32,
@@ -298,4 +339,23 @@ impl<P: Provider> App<P> {
             }
         }
     }
+}
+
+/// Pump both applications (A's on `ids.0`, B's on `ids.1`) until each has read the other's
+/// whole stream up to EOF, failing on any call error. False if `limit_ns` passed first.
+pub fn run_duplex(
+    p: &mut super::pair::Pair,
+    ids: (ConnId, ConnId),
+    x: &mut App<SimProvider>,
+    y: &mut App<SimProvider>,
+    limit_ns: u64,
+) -> bool {
+    p.run_until(limit_ns, |p| {
+        let now = p.now();
+        x.pump(&mut p.a, now, ids.0);
+        y.pump(&mut p.b, now, ids.1);
+        assert!(x.errors.is_empty(), "A's calls failed: {:?}", x.errors);
+        assert!(y.errors.is_empty(), "B's calls failed: {:?}", y.errors);
+        x.eof && y.eof
+    })
 }
