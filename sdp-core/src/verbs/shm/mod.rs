@@ -70,6 +70,9 @@ const OFF_WAKE: usize = 256;
 /// lowers it after its copy; the owner, after it invalidated a region, waits for an odd value
 /// it saw to change (`Inner::drain_copies`), so no copy lands after a deregistration returns.
 const OFF_INFLIGHT: usize = 320;
+/// The rkey of the region that copy touches (0: a posted receive, for a SEND), written before
+/// the odd value: an owner waits only for copies of the region it withdrew.
+const OFF_INFLIGHT_KEY: usize = 324;
 /// Longest a deregistration waits for a peer's copy in flight whose process is alive (a peer
 /// stopped in the middle of its copy, SIGSTOP or a debugger; a dead one ends the wait at once).
 const COPY_DRAIN_MAX: Duration = Duration::from_millis(250);
@@ -242,9 +245,13 @@ struct InFlight<'a> {
 }
 
 impl<'a> InFlight<'a> {
-    fn begin(word: &'a AtomicU32, seq: &'a mut u32) -> InFlight<'a> {
+    /// Announce a copy touching the peer's region `rkey` (0: one of its posted receives) in
+    /// its inbox `ib`.
+    fn begin(ib: &'a Mapping, rkey: u32, seq: &'a mut u32) -> InFlight<'a> {
+        let word = ib.u32(OFF_INFLIGHT);
+        ib.u32(OFF_INFLIGHT_KEY).store(rkey, Ordering::Relaxed);
         *seq = seq.wrapping_add(1) | 1;
-        word.store(*seq, Ordering::Relaxed);
+        word.store(*seq, Ordering::Release);
         // Our announcement before our reads of the peer's table: pairs with the owner's fence
         // between its invalidation and its read of the word (one of us sees the other).
         fence(Ordering::SeqCst);
@@ -371,14 +378,15 @@ impl Inner {
             .access
             .contains(Access::LOCAL_WRITE)
             .then_some((r.addr, r.len));
-        self.drain_copies(bad);
+        self.drain_copies(r.rkey, bad);
     }
 
     /// After our memory was withdrawn from peers (a key invalidated or its access reduced;
     /// `bad`: a range whose posted receives must no longer be written), wait for the copies
-    /// peers had announced in our inboxes (`OFF_INFLIGHT`) when they could still have seen it
-    /// valid. Holds no lock while waiting; bounded by the peer's death and `COPY_DRAIN_MAX`.
-    fn drain_copies(&self, bad: Option<(u64, u64)>) {
+    /// of that region (`rkey`; with `bad` also SENDs into a receive) peers had announced in our
+    /// inboxes (`OFF_INFLIGHT`) when they could still have seen it valid: not for copies of
+    /// other regions (a pipelined read of the next source). Holds no lock while waiting; bounded by the peer's death and `COPY_DRAIN_MAX`.
+    fn drain_copies(&self, rkey: u32, bad: Option<(u64, u64)>) {
         // Our invalidation before our reads of the words: pairs with `InFlight::begin`.
         fence(Ordering::SeqCst);
         let mut busy: Vec<(Arc<Ctl>, u32)> = Vec::new();
@@ -390,8 +398,10 @@ impl Inner {
                 if let Some((addr, len)) = bad {
                     mark_bad_recvs(ib, c.nslots, addr, len);
                 }
-                let v = ib.u32(OFF_INFLIGHT).load(Ordering::Relaxed);
-                if v & 1 == 1 {
+                let v = ib.u32(OFF_INFLIGHT).load(Ordering::Acquire);
+                // The key written before `v` (or a later one: then `v`'s copy is over).
+                let k = ib.u32(OFF_INFLIGHT_KEY).load(Ordering::Relaxed);
+                if v & 1 == 1 && (k == rkey || (k == 0 && bad.is_some())) {
                     busy.push((c, v));
                 }
             }
@@ -419,14 +429,15 @@ impl Inner {
         match regs.slots.get_mut(idx) {
             Some(Some(r)) if r.lkey == lkey => {
                 let reduced = !access.contains(r.access);
+                let lost_local_write =
+                    r.access.contains(Access::LOCAL_WRITE) && !access.contains(Access::LOCAL_WRITE);
                 r.access = access;
                 let r = *r;
                 self.write_entry(idx, r.rkey, access, r.addr, r.len);
                 drop(regs);
                 if reduced {
                     // A revocation: as a deregistration, no access of the old rights after.
-                    let bad = !access.contains(Access::LOCAL_WRITE);
-                    self.drain_copies(bad.then_some((r.addr, r.len)));
+                    self.drain_copies(r.rkey, lost_local_write.then_some((r.addr, r.len)));
                 }
                 Ok(())
             }
@@ -1362,7 +1373,7 @@ impl ShmEndpoint {
                     (ST_INLINE, Ok(()))
                 } else {
                     let s = wr.sge.expect("len > 0 has an sge");
-                    let _copy = InFlight::begin(ib.u32(OFF_INFLIGHT), &mut self.copy_seq);
+                    let _copy = InFlight::begin(ib, 0, &mut self.copy_seq);
                     // Announced: now the receive must still be good (the owner marks the
                     // receives of a region it deregisters bad) and the peer open.
                     let still_ok =
@@ -1438,7 +1449,7 @@ impl ShmEndpoint {
                 } else {
                     Access::REMOTE_WRITE
                 };
-                let _copy = InFlight::begin(peer.inbox.u32(OFF_INFLIGHT), &mut self.copy_seq);
+                let _copy = InFlight::begin(&peer.inbox, rb.rkey, &mut self.copy_seq);
                 // Announced before the key is looked up: a deregistration or revocation that
                 // we miss here waits for our copy (`Inner::drain_copies`); a large copy looks
                 // again before each of its chunks.
