@@ -1646,3 +1646,162 @@ pub unsafe extern "C" fn vfork() -> libc::pid_t {
     // SAFETY: fork takes no arguments; the caller does only what a vfork child may do.
     unsafe { real::fork() }
 }
+
+// splice: one side a pipe, the other an SDP stream. The stream's fd is the readiness pair's user
+// end, whose bytes are tokens, not the stream's: splicing it in the kernel would move tokens. So
+// the bytes go through a buffer, taken from their source only once they are at their
+// destination (a peek of the stream, or a `tee` of the pipe, then the consuming read), so a
+// short or failed move loses nothing. Shared streams (after fork) carry real bytes: the kernel
+// splices them.
+
+/// The most one emulated splice moves (as a pipe's default size).
+const SPLICE_MAX: usize = 64 * 1024;
+
+fn is_pipe(fd: c_int) -> bool {
+    // SAFETY: fstat fills the zeroed struct it is given.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a live stat struct.
+    unsafe { libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO }
+}
+
+/// An SDP stream into a pipe: peek, write into the pipe, then take what the pipe took.
+fn splice_from_stream(s: &Sock, sock: c_int, pipe: c_int, len: usize, nb: bool) -> ssize_t {
+    let mut want = len.min(SPLICE_MAX);
+    if nb {
+        // A nonblocking splice must not block on a full pipe: move at most its free room.
+        // SAFETY: fcntl and ioctl on an fd number, the ioctl into a live int.
+        let cap = unsafe { real::fcntl(pipe, libc::F_GETPIPE_SZ, 0) };
+        let mut queued: c_int = 0;
+        // SAFETY: as above.
+        if cap > 0
+            && unsafe { real::ioctl(pipe, libc::FIONREAD, &mut queued as *mut c_int as usize) } == 0
+        {
+            let room = (cap - queued).max(0) as usize;
+            if room == 0 {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+            want = want.min(room);
+        }
+    }
+    let mut buf = vec![0u8; want];
+    // The stream side blocks as its fd says (TCP's splice too: SPLICE_F_NONBLOCK is the pipe's).
+    let n = do_read(s, sock, &mut buf, libc::MSG_PEEK);
+    if n <= 0 {
+        return n;
+    }
+    // SAFETY: writes from our own buffer.
+    let w = unsafe { real::write(pipe, buf.as_ptr().cast(), n as usize) };
+    if w <= 0 {
+        return w;
+    }
+    // The bytes are in the pipe: take them from the stream (they are there, in order).
+    let taken = do_read(s, sock, &mut buf[..w as usize], libc::MSG_DONTWAIT);
+    debug_assert_eq!(taken, w);
+    w
+}
+
+/// A pipe into an SDP stream: `tee` the pipe's bytes (they stay in it), write them to the
+/// stream, then take from the pipe what the stream took.
+fn splice_to_stream(s: &Sock, pipe: c_int, sock: c_int, len: usize, nb: bool) -> ssize_t {
+    let mut p = [0 as c_int; 2];
+    // SAFETY: pipe2 fills the two-int array it is given.
+    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return -1;
+    }
+    let close = |p: &[c_int; 2]| {
+        // SAFETY: our own scratch pipe's fds.
+        unsafe {
+            real::close(p[0]);
+            real::close(p[1]);
+        }
+    };
+    let tflags = if nb { libc::SPLICE_F_NONBLOCK } else { 0 };
+    // SAFETY: tee between the caller's pipe and our scratch pipe; no memory is passed.
+    let t = unsafe { libc::tee(pipe, p[1], len.min(SPLICE_MAX), tflags) };
+    if t <= 0 {
+        let e = io::Error::last_os_error();
+        close(&p);
+        if t < 0 {
+            set_errno(errno_of(&e));
+        }
+        return t;
+    }
+    let mut buf = vec![0u8; t as usize];
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: reads into our own buffer.
+        let r = unsafe { real::read(p[0], buf[got..].as_mut_ptr().cast(), buf.len() - got) };
+        if r <= 0 {
+            break;
+        }
+        got += r as usize;
+    }
+    close(&p);
+    let w = do_write(s, sock, &buf[..got], 0);
+    if w <= 0 {
+        return w;
+    }
+    // The stream took `w` bytes: take them from the pipe (they are its first bytes).
+    let mut left = w as usize;
+    while left > 0 {
+        // SAFETY: reads into our own buffer.
+        let r = unsafe { real::read(pipe, buf.as_mut_ptr().cast(), left) };
+        if r <= 0 {
+            break;
+        }
+        left -= r as usize;
+    }
+    w
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    len: size_t,
+    flags: libc::c_uint,
+) -> ssize_t {
+    let (sin, sout) = (data(fd_in), data(fd_out));
+    if sin.is_none() && sout.is_none() {
+        // SAFETY: forwards the caller's arguments.
+        return unsafe { real::splice(fd_in, off_in, fd_out, off_out, len, flags) };
+    }
+    // SPLICE_F_NONBLOCK is about the pipe; the stream blocks as its fd's O_NONBLOCK says.
+    let nb = flags & libc::SPLICE_F_NONBLOCK != 0;
+    // As the kernel: one side must be a pipe; an offset for the pipe is ESPIPE, for the
+    // socket EINVAL (it cannot seek).
+    let fail = |e: c_int| {
+        set_errno(e);
+        -1
+    };
+    match (sin, sout) {
+        (Some(s), None) if is_pipe(fd_out) => {
+            if !off_out.is_null() {
+                return fail(libc::ESPIPE);
+            }
+            if !off_in.is_null() {
+                return fail(libc::EINVAL);
+            }
+            if len == 0 {
+                return 0;
+            }
+            splice_from_stream(&s, fd_in, fd_out, len, nb)
+        }
+        (None, Some(s)) if is_pipe(fd_in) => {
+            if !off_in.is_null() {
+                return fail(libc::ESPIPE);
+            }
+            if !off_out.is_null() {
+                return fail(libc::EINVAL);
+            }
+            if len == 0 {
+                return 0;
+            }
+            splice_to_stream(&s, fd_in, fd_out, len, nb)
+        }
+        _ => fail(libc::EINVAL),
+    }
+}

@@ -62,6 +62,7 @@ static const char *en(int e) {
     case ENOTSOCK: return "ENOTSOCK";
     case EFAULT: return "EFAULT";
     case EINTR: return "EINTR";
+    case ESPIPE: return "ESPIPE";
     default: {
         static char b[32];
         snprintf(b, sizeof b, "errno%d", e);
@@ -617,6 +618,62 @@ static void case_vfork_exec(void) {
     spawned_done("vfork-exec", child, pid);
 }
 
+static void peer_splice(int s) {
+    /* A request; the reply (spliced from a pipe by the other side); then EOF. */
+    CHECK(write(s, "spliced request", 15) == 15);
+    char b[64];
+    size_t got = 0;
+    while (got < 13) {
+        ssize_t r = read(s, b + got, sizeof b - got);
+        CHECK(r > 0);
+        got += r;
+    }
+    printf("peer got %.*s\n", (int)got, b);
+    fflush(stdout);
+}
+
+/* splice between the socket and pipes, both ways (haproxy's zero-copy forwarding). */
+static void case_splice(void) {
+    int s;
+    pid_t pid = start(peer_splice, &s);
+    int in[2], outp[2];
+    CHECK(pipe(in) == 0 && pipe(outp) == 0);
+    size_t got = 0;
+    while (got < 15) {
+        ssize_t n = splice(s, NULL, in[1], NULL, 15 - got, 0);
+        CHECK(n > 0);
+        got += n;
+    }
+    char b[64];
+    CHECK(read(in[0], b, sizeof b) == 15);
+    out("splice from socket: %.*s", 15, b);
+    /* Offsets and two non-pipes are refused as the kernel refuses them. */
+    loff_t off = 0;
+    ssize_t r = splice(s, &off, in[1], NULL, 10, 0);
+    int e = errno;
+    out("splice with an offset: %zd %s", r, en(e));
+    r = splice(s, NULL, s, NULL, 10, 0);
+    e = errno;
+    out("splice socket to socket: %zd %s", r, en(e));
+    /* Nothing to read on a nonblocking socket: EAGAIN. */
+    int fl = fcntl(s, F_GETFL);
+    CHECK(fcntl(s, F_SETFL, fl | O_NONBLOCK) == 0);
+    r = splice(s, NULL, in[1], NULL, 10, SPLICE_F_NONBLOCK);
+    e = errno;
+    out("splice nonblocking, nothing there: %zd %s", r, en(e));
+    CHECK(fcntl(s, F_SETFL, fl) == 0);
+    CHECK(write(outp[1], "spliced reply", 13) == 13);
+    size_t put = 0;
+    while (put < 13) {
+        ssize_t n = splice(outp[0], NULL, s, NULL, 13 - put, 0);
+        CHECK(n > 0);
+        put += n;
+    }
+    out("splice to socket: %zu", put);
+    close(in[0]); close(in[1]); close(outp[0]); close(outp[1]);
+    finish(pid, s);
+}
+
 static volatile sig_atomic_t sigurgs;
 static void on_urg(int sig) { (void)sig; sigurgs++; }
 
@@ -783,6 +840,7 @@ int main(int argc, char **argv) {
     RUN(fork_serve);
     RUN(fork_ignore);
     RUN(spawn_serve);
+    RUN(splice);
     RUN(vfork_exec);
     out("done");
     return 0;
