@@ -1456,3 +1456,29 @@ fn gathered_sends_arrive_whole() {
     let c = poll_n(&mut x, 1, T);
     assert_eq!(c[0].status, WcStatus::LocalProtection);
 }
+
+/// A connector that exits right after its handshake, before the acceptor looked at its RTU
+/// (its memory, which the acceptor's probe reads, is gone): the acceptor sees the connection
+/// established, then closed by the peer, as TCP hands such a connection to accept with its
+/// data and EOF; not a failed setup (which left the application's accept waiting forever).
+#[test]
+fn connector_gone_before_its_rtu_is_looked_at_is_established_then_closed() {
+    use std::io::BufReader;
+    let b = prov();
+    let mut l = b.listen(localhost(0), 8, QpCaps::default()).unwrap();
+    let port = l.local_addr().port();
+    let mut child = spawn_child("once", port, None);
+    let (mut y, _) = wait_request(&mut l);
+    y.accept(b"ok").unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let line = child_line(&mut out, "CHILD");
+    assert!(line.contains("Established"), "{line}");
+    assert!(child.wait().unwrap().success());
+    assert_eq!(
+        wait_cm(&mut y, T),
+        Some(CmEvent::Established {
+            private_data: vec![]
+        })
+    );
+    assert_eq!(wait_cm(&mut y, T), Some(CmEvent::Disconnected));
+}

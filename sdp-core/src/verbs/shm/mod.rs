@@ -108,6 +108,9 @@ const M_REQ: u8 = 1;
 const M_ACC: u8 = 2;
 const M_REJ: u8 = 3;
 const M_RTU: u8 = 4;
+/// How long an acceptor whose check of the connector failed at the RTU waits for it to have
+/// exited (a connector that connects and exits at once is half gone when we look).
+const RTU_EXIT_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 const M_DISC: u8 = 5;
 /// 2: fds only after the sender probed the other side (REQ none, ACC the acceptor's, RTU the
 /// connector's).
@@ -1862,10 +1865,25 @@ impl ShmEndpoint {
                         (QpState::Ready, M_RTU) if self.await_rtu => {
                             let proc = self.peer_proc.clone();
                             match proc
+                                .clone()
                                 .ok_or_else(String::new)
                                 .and_then(|p| Peer::attach(&self.inner, p, m.nslots, m.probe, fds))
                             {
                                 Ok(p) => self.peer = Some(p),
+                                Err(_) if proc.is_some_and(|p| p.exits_within(RTU_EXIT_WAIT)) => {
+                                    // The connector is gone already: it connected, perhaps
+                                    // wrote and closed, and exited before we looked (its
+                                    // memory, which the probe reads, goes first). As TCP hands
+                                    // such a connection to accept with its data and then EOF,
+                                    // it is established, then closed by the peer: what it
+                                    // sent is in our own inbox.
+                                    self.await_rtu = false;
+                                    self.cm.push_back(CmEvent::Established {
+                                        private_data: Vec::new(),
+                                    });
+                                    self.peer_closed();
+                                    return;
+                                }
                                 Err(_) => {
                                     self.fail(None);
                                     return;

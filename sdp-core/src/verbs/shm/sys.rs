@@ -715,6 +715,18 @@ impl Proc {
         !matches!(syscall!(poll(&mut p, 1, 0)), Ok(n) if n > 0)
     }
 
+    /// Wait up to `limit` for the process to exit; whether it did.
+    pub fn exits_within(&self, limit: std::time::Duration) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = limit.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `p` is one live pollfd.
+        matches!(syscall!(poll(&mut p, 1, ms)), Ok(n) if n > 0)
+    }
+
     fn gone() -> io::Error {
         io::Error::from_raw_os_error(libc::ESRCH)
     }
