@@ -53,7 +53,7 @@ crossed() { [ "$D0S" -gt 0 ] && [ "$D0R" -gt 0 ] && [ "$D1S" -gt 0 ] && [ "$D1R"
 
 # --- results --------------------------------------------------------------------------------------
 pass() { RIG_PASS=$((RIG_PASS + 1)); echo "RIG-CHECK: PASS $1${2:+ ($2)}"; }
-fail() { RIG_FAIL=$((RIG_FAIL + 1)); echo "RIG-CHECK: FAIL $1${2:+: $2}"; }
+fail() { RIG_FAIL=$((RIG_FAIL + 1)); echo "RIG-CHECK: ${FAIL_WORD:-FAIL} $1${2:+: $2}"; }
 finish() {
   n=$((RIG_PASS + RIG_FAIL))
   echo
@@ -111,6 +111,23 @@ rdma_pair() {   # rdma_pair NAME SERVER CLIENT
     pair_logs "$1" "$2" "$3"
     fail "$1" "${PAIR_WHY%; } (${PAIR_T}s; $(pkts))"
   fi
+}
+
+# rdma_pair_flaky NAME SERVER CLIENT: rdma_pair for a check known to fail now and then (each has a
+# TODO.md line): a failure is shown (RIG-CHECK: FLAKY-TRY) and the check runs once more, which must
+# pass; a pass then is reported as FLAKY, never silently.
+rdma_pair_flaky() {
+  f0=$RIG_FAIL
+  FAIL_WORD=FLAKY-TRY
+  rdma_pair "$@"
+  FAIL_WORD=
+  if [ "$RIG_FAIL" -gt "$f0" ]; then
+    RIG_FAIL=$f0
+    echo "RIG-CHECK: FLAKY? $1 failed on its first try (a known intermittent failure, TODO.md): once more"
+    rdma_pair "$@"
+    [ "$RIG_FAIL" = "$f0" ] && echo "RIG-CHECK: FLAKY $1 (passed on the second try)"
+  fi
+  return 0
 }
 
 run_check() {   # run_check NAME CMD [ARGS...]
