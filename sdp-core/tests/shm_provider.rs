@@ -223,19 +223,30 @@ fn addressing() {
         Err(VerbsError::AddrNotAvailable)
     ));
     // An explicit port: a second listener on the same key is refused, and no TCP socket is held.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut l = b.listen(localhost(port), 8, QpCaps::default()).unwrap();
-    assert_eq!(l.local_addr(), localhost(port));
-    assert!(matches!(
-        b.listen(localhost(port), 8, QpCaps::default()),
-        Err(VerbsError::AddrInUse)
-    ));
-    let tcp = TcpListener::bind(localhost(port)).expect("TCP may share the port");
-    drop(tcp);
+    // The port is a free TCP port at the time of the pick; another process (tests run in
+    // parallel) may take it before the TCP bind below: then the test picks again, a few times.
+    let mut tries = 0;
+    let (port, mut l) = loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let l = b.listen(localhost(port), 8, QpCaps::default()).unwrap();
+        assert_eq!(l.local_addr(), localhost(port));
+        assert!(matches!(
+            b.listen(localhost(port), 8, QpCaps::default()),
+            Err(VerbsError::AddrInUse)
+        ));
+        match TcpListener::bind(localhost(port)) {
+            Ok(tcp) => {
+                drop(tcp);
+                break (port, l);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 20 => tries += 1,
+            Err(e) => panic!("TCP may share the port: {e}"),
+        }
+    };
     // A listener on 127.0.0.1 is not reachable at 127.0.0.2.
     let mut x = a
         .connect(
