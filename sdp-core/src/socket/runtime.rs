@@ -394,8 +394,9 @@ impl<'a, P: Provider> Caller<'a, P> {
 
 impl<P: Provider> Drop for Caller<'_, P> {
     fn drop(&mut self) {
-        let now = self.0.origin.elapsed().as_nanos() as u64;
-        self.0.last_call.store(now, Ordering::Relaxed);
+        self.0
+            .last_call
+            .store(self.0.now().as_nanos(), Ordering::Relaxed);
         self.0.callers.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -923,10 +924,6 @@ impl<P: Provider + 'static> Shared<P> {
         act
     }
 
-    fn now(&self) -> Instant {
-        Instant::from_nanos(self.origin.elapsed().as_nanos() as u64)
-    }
-
     fn failed(&self) -> bool {
         self.failed.load(Ordering::SeqCst)
     }
@@ -1016,12 +1013,16 @@ impl<P: Provider + 'static> Shared<P> {
 }
 
 impl<P: Provider> Shared<P> {
+    fn now(&self) -> Instant {
+        Instant::from_nanos(self.origin.elapsed().as_nanos() as u64)
+    }
+
     /// A caller is in `block_on`, or left it less than `STANDBY` ago.
     fn callers_active(&self) -> bool {
         if self.callers.load(Ordering::SeqCst) > 0 {
             return true;
         }
-        let now = self.origin.elapsed().as_nanos() as u64;
+        let now = self.now().as_nanos();
         now.saturating_sub(self.last_call.load(Ordering::Relaxed)) < STANDBY.as_nanos() as u64
     }
 

@@ -49,9 +49,7 @@ pub(crate) fn eventfd() -> io::Result<OwnedFd> {
 
 /// Add `n` to an eventfd's counter.
 pub(crate) fn eventfd_signal(fd: &OwnedFd) {
-    let v: u64 = 1;
-    // SAFETY: writes 8 bytes from a live u64; an error (counter full) is harmless.
-    let _ = syscall!(write(fd.as_raw_fd(), (&v as *const u64).cast(), 8));
+    eventfd_signal_raw(fd.as_raw_fd());
 }
 
 /// Add 1 to the counter of an eventfd known by number only (it must stay open meanwhile).

@@ -1207,6 +1207,16 @@ fn publish_slot(peer: &Peer, sq_tail: &mut u32, base: usize, len: u32, status: u
     peer.wake();
 }
 
+/// A work request that went through: its completion if it asked for one.
+fn succeeded(wr: &SendWr, byte_len: u32) -> Exec {
+    Exec::Done(wr.signaled.then_some(Completion {
+        wr_id: wr.wr_id,
+        status: WcStatus::Success,
+        opcode: opcode(&wr.op),
+        byte_len,
+    }))
+}
+
 /// What a finished RDMA Read or Write completes with.
 fn rdma_result(r: std::io::Result<()>) -> Result<(), WcStatus> {
     match r {
@@ -1332,14 +1342,7 @@ impl ShmEndpoint {
                 .flatten()
                 .all(|s| s.len == 0 || regs.check(s, need))
         };
-        let done = |byte_len: u32| {
-            Exec::Done(wr.signaled.then_some(Completion {
-                wr_id: wr.wr_id,
-                status: WcStatus::Success,
-                opcode: opcode(&wr.op),
-                byte_len,
-            }))
-        };
+        let done = |byte_len: u32| succeeded(wr, byte_len);
         match wr.op {
             SendOp::Send => {
                 if !local_ok(Access::empty()) {
@@ -1530,12 +1533,7 @@ impl ShmEndpoint {
             Then::Rdma { len, .. } => rdma_result(r).map(|()| len),
         };
         Some(match ret {
-            Ok(len) => Exec::Done(wr.signaled.then_some(Completion {
-                wr_id: wr.wr_id,
-                status: WcStatus::Success,
-                opcode: opcode(&wr.op),
-                byte_len: len,
-            })),
+            Ok(len) => succeeded(wr, len),
             Err(st) => Exec::Fail(wc(wr, st)),
         })
     }
