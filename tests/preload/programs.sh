@@ -237,16 +237,26 @@ for prog in "${ALL[@]}"; do
     sdp_out=$("prog_$prog" sdp 2>"$WORK/$prog.sdp.err")
     sleep 0.3
     if ! ok_pair "$tcp_out" "$sdp_out" && ok_pair "$tcp_out" "$tcp_out"; then
-        # Known intermittent failures (TODO.md: iperf3 -R/--bidir under the shim): the shim's
-        # run goes once more, and a pass on the second try is reported as FLAKY with the first
-        # try's difference, never silently.
+        # Known intermittent failures (TODO.md: iperf3 under the shim): the shim's run goes
+        # again, and a pass on a later try is reported as FLAKY with each failed try's
+        # difference, never silently.
         echo "FLAKY? $prog under the shim differed from TCP on the first try:"
         diff <(echo "$tcp_out") <(echo "$sdp_out") | sed 's/^/    /'
         tail -5 "$WORK/$prog.sdp.err" | sed 's/^/    stderr: /'
-        : >"$REPORT"
-        sdp_out=$("prog_$prog" sdp 2>"$WORK/$prog.sdp.err")
-        sleep 0.3
-        ok_pair "$tcp_out" "$sdp_out" && FLAKY+=("$prog")
+        # Up to three more tries: the iperf3 flake hit two tries in a row in one clean CI check
+        # (a different variant each time).
+        for try in 2 3 4; do
+            : >"$REPORT"
+            sdp_out=$("prog_$prog" sdp 2>"$WORK/$prog.sdp.err")
+            sleep 0.3
+            if ok_pair "$tcp_out" "$sdp_out"; then
+                FLAKY+=("$prog(try $try)")
+                break
+            fi
+            echo "FLAKY? $prog try $try differed too:"
+            diff <(echo "$tcp_out") <(echo "$sdp_out") | sed 's/^/    /'
+            tail -3 "$WORK/$prog.sdp.err" | sed 's/^/    stderr: /'
+        done
     fi
     transports=$(cat "$REPORT" 2>/dev/null | python3 -c '
 import collections, json, sys
@@ -264,5 +274,5 @@ print(" ".join("%s:%d" % kv for kv in sorted(c.items())) or "none")')
         tail -5 "$WORK/$prog.sdp.err" | sed 's/^/    stderr: /'
     fi
 done
-echo "programs: $((${#ALL[@]} - FAILS)) work, $FAILS fail${FLAKY:+; FLAKY (passed on the second try): ${FLAKY[*]}}"
+echo "programs: $((${#ALL[@]} - FAILS)) work, $FAILS fail${FLAKY:+; FLAKY (passed on a later try): ${FLAKY[*]}}"
 [ "$FAILS" = 0 ]
