@@ -669,14 +669,15 @@ unsafe fn accept_common(
             return c;
         }
         let peer = app::from_sockaddr(&ss);
-        if peer.is_some_and(|p| l.is_doorbell(p)) {
+        if let Some(claim) = peer.and_then(|p| l.claim_doorbell(p)) {
             // SAFETY: `c` was just returned by accept and is ours.
             AppListener::close_doorbell(unsafe {
                 <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(c)
             });
             let taken = {
                 let _g = Internal::enter();
-                l.take(
+                l.take_claimed(
+                    claim,
                     flags & libc::SOCK_NONBLOCK != 0,
                     flags & libc::SOCK_CLOEXEC != 0,
                 )

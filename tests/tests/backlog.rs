@@ -287,11 +287,9 @@ fn connections_nobody_accepts_are_reset_after_the_timeout_and_freed() {
     assert_eq!(&b, b"ok");
 }
 
-#[test]
-fn the_shims_listener_keeps_the_applications_backlog() {
-    // The LD_PRELOAD shim's listener: SDP beside an application's kernel TCP listening socket,
-    // with the backlog the application gave listen(2).
-    let backlog = 2;
+/// A kernel TCP socket listening on a loopback port, as an application under the shim has,
+/// and its address.
+fn kernel_listener(backlog: u32) -> (OwnedFd, SocketAddr) {
     // SAFETY: plain socket calls on a fresh socket this test owns.
     let fd = unsafe {
         let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
@@ -310,14 +308,6 @@ fn the_shims_listener_keeps_the_applications_backlog() {
         assert_eq!(libc::listen(fd, backlog as i32), 0);
         OwnedFd::from_raw_fd(fd)
     };
-    let ls = shm_stack(Config::default());
-    let cs = shm_stack(Config::default());
-    let al = sdp_core::socket::app::AppListener::new(
-        fd.as_raw_fd(),
-        backlog,
-        &Options::sdp_only().with_stack(ls.clone()),
-    )
-    .unwrap();
     // SAFETY: sockaddr_in is plain data; zeroes are a valid value.
     let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
@@ -333,6 +323,56 @@ fn the_shims_listener_keeps_the_applications_backlog() {
         0
     );
     let addr = SocketAddr::from(([127, 0, 0, 1], u16::from_be(sa.sin_port)));
+    (fd, addr)
+}
+
+/// Whether `fd` polls readable within `ms` milliseconds.
+fn readable_within(fd: &OwnedFd, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    assert!(n >= 0, "poll: {}", std::io::Error::last_os_error());
+    n == 1
+}
+
+/// Accept one connection from a kernel listening socket: the fd and the peer's address.
+fn kernel_accept(fd: &OwnedFd) -> (OwnedFd, SocketAddr) {
+    // SAFETY: zeroed storage is valid; the kernel fills in at most its size.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: our own storage and length.
+    let c = unsafe {
+        libc::accept4(
+            fd.as_raw_fd(),
+            (&mut ss as *mut libc::sockaddr_storage).cast(),
+            &mut sl,
+            libc::SOCK_CLOEXEC,
+        )
+    };
+    assert!(c >= 0, "accept: {}", std::io::Error::last_os_error());
+    let peer = sdp_core::socket::app::from_sockaddr(&ss).expect("an inet peer");
+    // SAFETY: just returned by accept, ours.
+    (unsafe { OwnedFd::from_raw_fd(c) }, peer)
+}
+
+#[test]
+fn the_shims_listener_keeps_the_applications_backlog() {
+    // The LD_PRELOAD shim's listener: SDP beside an application's kernel TCP listening socket,
+    // with the backlog the application gave listen(2).
+    let backlog = 2;
+    let (fd, addr) = kernel_listener(backlog);
+    let ls = shm_stack(Config::default());
+    let cs = shm_stack(Config::default());
+    let al = sdp_core::socket::app::AppListener::new(
+        fd.as_raw_fd(),
+        backlog,
+        &Options::sdp_only().with_stack(ls.clone()),
+    )
+    .unwrap();
     let copts = Options::sdp_only().with_stack(cs);
     let (ok, err) = connect_many(
         addr,
@@ -347,4 +387,80 @@ fn the_shims_listener_keeps_the_applications_backlog() {
     drop(s);
     connect(addr, &copts, Duration::from_secs(3)).expect("room after a take");
     drop(al);
+}
+
+#[test]
+fn the_shims_listener_polls_readable_only_for_a_connection_to_accept() {
+    // The shim announces each SDP client ready to be accepted by a doorbell (a loopback TCP
+    // connection to the application's listening socket). The progress thread used to ring
+    // again for a client whose doorbell the application had accepted but whose SDP
+    // connection it had not taken yet: the listener then polled readable with nothing behind
+    // it, and an application's accept after select blocked in the kernel (iperf3's server
+    // hung in accept, its client spinning for 60 s, in about one run in 25).
+    let (fd, addr) = kernel_listener(16);
+    let ls = shm_stack(Config::default());
+    let cs = shm_stack(Config::default());
+    let al = sdp_core::socket::app::AppListener::new(
+        fd.as_raw_fd(),
+        16,
+        &Options::sdp_only().with_stack(ls),
+    )
+    .unwrap();
+    let copts = Options::sdp_only().with_stack(cs);
+    let mut c1 = connect(addr, &copts, Duration::from_secs(5)).unwrap();
+    assert!(readable_within(&fd, 5000), "no doorbell for a ready client");
+    let (bell, peer) = kernel_accept(&fd);
+    let claim = al
+        .claim_doorbell(peer)
+        .expect("the connection is a doorbell");
+    sdp_core::socket::app::AppListener::close_doorbell(bell);
+    // Progress on the listener's stack while the doorbell is in hand and its connection not
+    // taken yet: the client's bytes arrive on the waiting connection.
+    c1.write_all(b"first").unwrap();
+    assert!(
+        !readable_within(&fd, 500),
+        "the listener polls readable again for the connection whose doorbell is in hand"
+    );
+    let (s1, s1fd, _) = al
+        .take_claimed(claim, false, true)
+        .expect("the announced connection")
+        .unwrap();
+    assert!(
+        !readable_within(&fd, 300),
+        "the listener polls readable with no connection to accept"
+    );
+    let mut b = [0u8; 5];
+    let mut got = 0;
+    while got < b.len() {
+        got += s1
+            .read(s1fd.as_raw_fd(), &mut b[got..], Default::default())
+            .unwrap();
+    }
+    assert_eq!(&b, b"first");
+    // The next client gets a doorbell of its own.
+    let mut c2 = connect(addr, &copts, Duration::from_secs(5)).unwrap();
+    assert!(
+        readable_within(&fd, 5000),
+        "no doorbell for the second client"
+    );
+    let (bell, peer) = kernel_accept(&fd);
+    let claim = al
+        .claim_doorbell(peer)
+        .expect("the connection is a doorbell");
+    sdp_core::socket::app::AppListener::close_doorbell(bell);
+    let (s2, s2fd, _) = al.take_claimed(claim, false, true).unwrap().unwrap();
+    assert!(!readable_within(&fd, 300), "readable after both were taken");
+    c2.write_all(b"second").unwrap();
+    let mut b = [0u8; 6];
+    let mut got = 0;
+    while got < b.len() {
+        got += s2
+            .read(s2fd.as_raw_fd(), &mut b[got..], Default::default())
+            .unwrap();
+    }
+    assert_eq!(&b, b"second");
+    let mut r = [0u8; 1];
+    drop((s1, s1fd, s2, s2fd));
+    assert_eq!(c1.read(&mut r).unwrap(), 0);
+    assert_eq!(c2.read(&mut r).unwrap(), 0);
 }

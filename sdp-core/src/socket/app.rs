@@ -14,8 +14,10 @@
 //! An [`AppListener`] serves a kernel TCP listening socket the application owns: SDP clients
 //! are accepted on the same address, and each one ready to be accepted is announced by a
 //! *doorbell*, a loopback TCP connection to the listener, so the listener's own fd polls
-//! readable; [`AppListener::take`] recognises a doorbell among accepted connections and hands
-//! out the SDP connection instead.
+//! readable; [`AppListener::claim_doorbell`] recognises a doorbell among accepted connections
+//! and [`AppListener::take_claimed`] hands out the SDP connection instead. A doorbell is rung
+//! only for a connection that has none (see `Bells`), so the listener's fd never polls readable
+//! for nothing.
 
 use std::collections::HashMap;
 use std::io;
@@ -319,12 +321,22 @@ impl AppStream {
     }
 }
 
-/// Doorbells rung and not yet taken, by their local address.
+/// The doorbells of one listener. Invariant kept under the lock: `rung.len() + in_hand` is at
+/// least the number of SDP connections ready to be accepted (the sum over the stacks), so every
+/// ready connection has a doorbell; and a doorbell is rung only when that sum exceeds them, so
+/// the listener's fd does not poll readable for a connection that is not there (an
+/// application's `accept` after `select` would block in the kernel).
 #[derive(Default)]
 struct Bells {
+    /// Rung and not yet accepted from the kernel, by their local address.
     rung: HashMap<SocketAddr, OwnedFd>,
-    /// Rung and not yet taken (or dropped).
-    outstanding: usize,
+    /// Accepted from the kernel by the application ([`AppListener::claim_doorbell`]), their
+    /// SDP connection not yet taken: still counted, or the progress thread would ring again
+    /// for the connection about to be taken.
+    in_hand: usize,
+    /// Connections ready to be accepted, per SDP stack, as each stack last said (it says so
+    /// under its own lock, after every change: progress and accept alike).
+    ready: Vec<usize>,
 }
 
 struct BellShared {
@@ -333,18 +345,41 @@ struct BellShared {
 }
 
 impl BellShared {
-    /// Make sure there are at least `ready` doorbells outstanding.
-    fn ring_to(&self, ready: usize) {
+    /// Stack `i` has `ready` connections ready to be accepted.
+    fn set_ready(&self, i: usize, ready: usize) {
         let mut b = self.bells.lock();
-        while b.outstanding < ready {
-            match ring(self.target) {
+        if b.ready.len() <= i {
+            b.ready.resize(i + 1, 0);
+        }
+        b.ready[i] = ready;
+        Self::top_up(&mut b, self.target);
+    }
+
+    /// Ring until every ready connection has a doorbell.
+    fn top_up(b: &mut Bells, target: SocketAddr) {
+        let want: usize = b.ready.iter().sum();
+        while b.rung.len() + b.in_hand < want {
+            match ring(target) {
                 Ok((local, fd)) => {
                     b.rung.insert(local, fd);
-                    b.outstanding += 1;
                 }
                 Err(_) => return,
             }
         }
+    }
+}
+
+/// A doorbell the application accepted from the kernel, its SDP connection to be taken with
+/// [`AppListener::take_claimed`]. Dropping it untaken gives its count back.
+pub struct BellClaim {
+    shared: Arc<BellShared>,
+}
+
+impl Drop for BellClaim {
+    fn drop(&mut self) {
+        let mut b = self.shared.bells.lock();
+        b.in_hand = b.in_hand.saturating_sub(1);
+        BellShared::top_up(&mut b, self.shared.target);
     }
 }
 
@@ -411,7 +446,8 @@ impl AppListener {
             match s.0.listen(local, backlog) {
                 Ok(l) => {
                     let sh = shared.clone();
-                    s.0.set_listener_bell(l, Arc::new(move |n| sh.ring_to(n)))?;
+                    let i = sdp.len();
+                    s.0.set_listener_bell(l, Arc::new(move |n| sh.set_ready(i, n)))?;
                     sdp.push((s, l));
                 }
                 Err(e) => errs.push(format!("{}: {e}", s.transport())),
@@ -429,22 +465,38 @@ impl AppListener {
     }
 
     /// Whether a connection accepted from the TCP listener, coming from `peer`, is one of our
-    /// doorbells. If so it is consumed: the caller closes the accepted fd (with
-    /// [`AppListener::close_doorbell`]) and calls [`AppListener::take`].
-    pub fn is_doorbell(&self, peer: SocketAddr) -> bool {
+    /// doorbells. If so it is claimed: the caller closes the accepted fd (with
+    /// [`AppListener::close_doorbell`]) and takes the SDP connection with
+    /// [`AppListener::take_claimed`].
+    pub fn claim_doorbell(&self, peer: SocketAddr) -> Option<BellClaim> {
         let mut b = self.shared.bells.lock();
-        if b.rung.remove(&peer).is_some() {
-            b.outstanding = b.outstanding.saturating_sub(1);
-            true
-        } else {
-            false
-        }
+        b.rung.remove(&peer)?;
+        b.in_hand += 1;
+        Some(BellClaim {
+            shared: self.shared.clone(),
+        })
     }
 
     /// Close an accepted doorbell connection without leaving TIME_WAIT behind.
     pub fn close_doorbell(fd: OwnedFd) {
         let _ = sys::set_linger_zero(fd.as_raw_fd());
         drop(fd);
+    }
+
+    /// Take the SDP connection a doorbell announced (or another one ready: doorbells are
+    /// interchangeable), with its application fd; `None` if none is ready any more.
+    pub fn take_claimed(
+        &self,
+        claim: BellClaim,
+        nonblocking: bool,
+        cloexec: bool,
+    ) -> Option<io::Result<(AppStream, OwnedFd, SocketAddr)>> {
+        // The stack's accept says the new ready count (under its lock) before the claim's
+        // count goes back: never a moment where the connection being taken is counted ready
+        // without a doorbell counted for it.
+        let r = self.take(nonblocking, cloexec);
+        drop(claim);
+        r
     }
 
     /// Take an SDP connection that is ready to be accepted, if any, with its application fd.

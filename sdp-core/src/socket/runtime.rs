@@ -262,7 +262,8 @@ pub(crate) trait StackOps: Send + Sync {
     fn app_shutdown(&self, id: ConnId, user: RawFd, how: Shutdown) -> io::Result<()>;
     /// Counters and state for TCP_INFO, FIONREAD, SIOCOUTQ and reports.
     fn app_info(&self, id: ConnId) -> io::Result<super::app::AppInfo>;
-    /// Ring `bell` with the number of connections ready to accept whenever it changes.
+    /// Ring `bell` with the number of connections ready to accept whenever it changes (called
+    /// under the stack's lock, by progress and by accept alike).
     fn set_listener_bell(&self, l: ListenerId, bell: Bell) -> io::Result<()>;
     /// Send one urgent byte (MSG_OOB) after what was written.
     fn app_send_urgent(&self, id: ConnId, user: RawFd, byte: u8) -> io::Result<()>;
@@ -1393,8 +1394,11 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             // failed is never handed over, one established and reset or closed since is).
             let id = driver.accept_established(l)?;
             socks.insert(id, Sock::default());
-            let readable = driver.listen_stats(l).is_some_and(|s| s.ready > 0);
-            ls.ready.set(readable, false, false);
+            let ready = driver.listen_stats(l).map_or(0, |s| s.ready);
+            ls.ready.set(ready > 0, false, false);
+            if let Some(b) = &ls.bell {
+                b(ready);
+            }
             let peer = driver
                 .peer_addr(id)
                 .unwrap_or_else(|| SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0));
