@@ -173,19 +173,31 @@ pub(crate) fn poll(fds: &[(RawFd, i16)], timeout: Option<Duration>) -> io::Resul
     Ok(pfds.iter().map(|p| p.revents).collect())
 }
 
+static PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+extern "C" fn forget_pid() {
+    PID.store(0, std::sync::atomic::Ordering::Relaxed);
+}
+
+extern "C" fn register_forget_pid() {
+    // SAFETY: registers a plain function that stores to an atomic.
+    unsafe { libc::pthread_atfork(None, None, Some(forget_pid)) };
+}
+
+/// The child's pid must be known before any other atfork child handler runs: those run in the
+/// order they were registered, and one may drop sockets the child inherited (the shim's does),
+/// which must find the parent's stacks dead (see `Runtime::lock`) rather than wait on a lock
+/// another thread of the parent held at the fork. So the handler is registered when the
+/// library is loaded, before any code can register its own.
+#[used]
+#[link_section = ".init_array"]
+static REGISTER_FORGET_PID: extern "C" fn() = register_forget_pid;
+
 /// Process id. glibc does not cache it, and a system call on every lock of a runtime adds up:
-/// it is cached here and forgotten in a fork child (pthread_atfork), so a child sees its own.
-/// (A child made by a raw fork system call runs no atfork handler and would see the parent's.)
+/// it is cached here and forgotten in a fork child (pthread_atfork, registered at load), so a
+/// child sees its own. (A child made by a raw fork system call runs no atfork handler and
+/// would see the parent's.)
 pub(crate) fn getpid() -> u32 {
-    static PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    extern "C" fn forget() {
-        PID.store(0, std::sync::atomic::Ordering::Relaxed);
-    }
-    ONCE.call_once(|| {
-        // SAFETY: registers a plain function that stores to an atomic.
-        unsafe { libc::pthread_atfork(None, None, Some(forget)) };
-    });
     let p = PID.load(std::sync::atomic::Ordering::Relaxed);
     if p != 0 {
         return p;
