@@ -1532,7 +1532,7 @@ pub unsafe extern "C" fn sendmmsg(
     unsafe { real::sendmmsg(fd, v, n, flags) }
 }
 
-// Children that exec: posix_spawn(p), vfork. Neither runs the fork handlers, and the child's
+// Children that exec: posix_spawn(p), vfork, system, popen. None runs the fork handlers, and the child's
 // new program knows nothing of the shim's state: an SDP stream's fd it inherits is the user end
 // of the readiness pair, which carries real bytes only once the stream is shared (as at fork:
 // `socket::pump`). So every stream the child will inherit becomes shared first, and listeners it
@@ -1622,6 +1622,29 @@ pub unsafe extern "C" fn posix_spawn(
     before_spawn(&spawn_dups(fa));
     // SAFETY: forwards the caller's arguments.
     unsafe { real::posix_spawn(pid, path, fa, attr, argv, envp) }
+}
+
+// glibc's system() and popen() spawn their shell internally (no posix_spawn call the shim
+// sees), and the shell inherits every fd without FD_CLOEXEC.
+
+#[no_mangle]
+pub unsafe extern "C" fn system(cmd: *const libc::c_char) -> c_int {
+    // system(NULL) only asks whether a shell exists.
+    if !cmd.is_null() {
+        before_spawn(&[]);
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::system(cmd) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn popen(
+    cmd: *const libc::c_char,
+    mode: *const libc::c_char,
+) -> *mut libc::FILE {
+    before_spawn(&[]);
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::popen(cmd, mode) }
 }
 
 #[no_mangle]

@@ -618,6 +618,53 @@ static void case_vfork_exec(void) {
     spawned_done("vfork-exec", child, pid);
 }
 
+/* The path of this program, for a shell to run it (/proc/self/exe is the shell's there). */
+static const char *self_path(void) {
+    static char path[4096];
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+    CHECK(n > 0);
+    path[n] = 0;
+    return path;
+}
+
+/* system(3): a shell the server starts inherits the socket (no close-on-exec) by its number
+ * and runs the handler program on it (glibc spawns it internally). */
+static void case_system_serve(void) {
+    int s;
+    pid_t pid = start(peer_talk, &s);
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "exec '%s' serve-fd %d", self_path(), s);
+    int st = system(cmd);
+    close(s);
+    int pst;
+    CHECK(waitpid(pid, &pst, 0) == pid);
+    out("system-serve status %d peer exit %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+        WIFEXITED(pst) ? WEXITSTATUS(pst) : -1);
+    close(p2c[1]);
+    close(c2p[0]);
+}
+
+/* popen(3): the same through a pipe the server reads the handler's status line from. */
+static void case_popen_serve(void) {
+    int s;
+    pid_t pid = start(peer_talk, &s);
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "'%s' serve-fd %d && echo handler done", self_path(), s);
+    FILE *f = popen(cmd, "r");
+    CHECK(f != NULL);
+    close(s);
+    char line[64] = "";
+    CHECK(fgets(line, sizeof line, f) != NULL);
+    line[strcspn(line, "\n")] = 0;
+    int st = pclose(f);
+    int pst;
+    CHECK(waitpid(pid, &pst, 0) == pid);
+    out("popen-serve line '%s' status %d peer exit %d", line, WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+        WIFEXITED(pst) ? WEXITSTATUS(pst) : -1);
+    close(p2c[1]);
+    close(c2p[0]);
+}
+
 static void peer_splice(int s) {
     /* A request; the reply (spliced from a pipe by the other side); then EOF. */
     CHECK(write(s, "spliced request", 15) == 15);
@@ -843,6 +890,8 @@ int main(int argc, char **argv) {
     RUN(spawn_serve);
     RUN(splice);
     RUN(vfork_exec);
+    RUN(system_serve);
+    RUN(popen_serve);
     out("done");
     return 0;
 }
