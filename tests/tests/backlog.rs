@@ -359,6 +359,20 @@ fn kernel_accept(fd: &OwnedFd) -> (OwnedFd, SocketAddr) {
     (unsafe { OwnedFd::from_raw_fd(c) }, peer)
 }
 
+/// Read exactly `n` bytes from a shim-mode stream.
+fn app_read_exact(s: &sdp_core::socket::app::AppStream, fd: &OwnedFd, n: usize) -> Vec<u8> {
+    let mut b = vec![0u8; n];
+    let mut got = 0;
+    while got < n {
+        let r = s
+            .read(fd.as_raw_fd(), &mut b[got..], Default::default())
+            .unwrap();
+        assert!(r > 0, "EOF after {got} of {n} bytes");
+        got += r;
+    }
+    b
+}
+
 #[test]
 fn the_shims_listener_keeps_the_applications_backlog() {
     // The LD_PRELOAD shim's listener: SDP beside an application's kernel TCP listening socket,
@@ -429,14 +443,7 @@ fn the_shims_listener_polls_readable_only_for_a_connection_to_accept() {
         !readable_within(&fd, 300),
         "the listener polls readable with no connection to accept"
     );
-    let mut b = [0u8; 5];
-    let mut got = 0;
-    while got < b.len() {
-        got += s1
-            .read(s1fd.as_raw_fd(), &mut b[got..], Default::default())
-            .unwrap();
-    }
-    assert_eq!(&b, b"first");
+    assert_eq!(app_read_exact(&s1, &s1fd, 5), b"first");
     // The next client gets a doorbell of its own.
     let mut c2 = connect(addr, &copts, Duration::from_secs(5)).unwrap();
     assert!(
@@ -451,14 +458,7 @@ fn the_shims_listener_polls_readable_only_for_a_connection_to_accept() {
     let (s2, s2fd, _) = al.take_claimed(claim, false, true).unwrap().unwrap();
     assert!(!readable_within(&fd, 300), "readable after both were taken");
     c2.write_all(b"second").unwrap();
-    let mut b = [0u8; 6];
-    let mut got = 0;
-    while got < b.len() {
-        got += s2
-            .read(s2fd.as_raw_fd(), &mut b[got..], Default::default())
-            .unwrap();
-    }
-    assert_eq!(&b, b"second");
+    assert_eq!(app_read_exact(&s2, &s2fd, 6), b"second");
     let mut r = [0u8; 1];
     drop((s1, s1fd, s2, s2fd));
     assert_eq!(c1.read(&mut r).unwrap(), 0);
