@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Speed of unmodified programs under the LD_PRELOAD shim against kernel TCP loopback, measured
 # in the same run (interleaved, medians of RUNS): iperf3 (128 KiB writes), sockperf ping-pong
-# p50, redis-benchmark GET/SET with -P 1 and -P 16, nginx + wrk requests/s (1 KiB and 1 MiB).
-# Prints one row per measurement with the ratio shim / TCP. A benchmark, not a test.
+# p50, redis-benchmark GET/SET with -P 1 and -P 16, nginx + wrk requests/s (1 KiB and 1 MiB);
+# and the shim's cost on fds it does not own (tests/preload/passthrough.c: read/write on a pipe,
+# a file and an AF_UNIX pair, fcntl, in ns per call, with and without the shim).
+# Prints one row per measurement with the ratio shim / TCP (or shim / none). A benchmark, not a test.
 #
 #   tests/preload/bench.sh [RUNS]        (default 3; LOAD=N adds N CPU-bound processes)
 set -uo pipefail
@@ -89,3 +91,17 @@ measure "redis SET -P 16" req/s 1 eval 'f() { redis_rps "$1" set 16; }; f'
 measure "redis GET -P 16" req/s 1 eval 'f() { redis_rps "$1" get 16; }; f'
 measure "nginx+wrk 1 KiB" req/s 1 eval 'f() { nginx_rps "$1" 1k; }; f'
 measure "nginx+wrk 1 MiB" req/s 1 eval 'f() { nginx_rps "$1" 1m; }; f'
+
+# Calls on fds the shim does not own (target: within 2% of no shim).
+gcc -O2 -Wall -Werror -o "$WORK/passthrough" tests/preload/passthrough.c || exit 1
+for _ in $(seq "$RUNS"); do
+    env -u LD_PRELOAD "$WORK/passthrough" 100000 >>"$WORK/pt.none"
+    env LD_PRELOAD="$SO" "$WORK/passthrough" 100000 >>"$WORK/pt.shim"
+done
+printf '%-28s %10s %10s %-8s %6s\n' "not the shim's fds" none shim unit ratio
+for k in pipe file unix fcntl; do
+    mn=$(awk -v k=$k '$1 == k { print $2 }' "$WORK/pt.none" | median)
+    ms=$(awk -v k=$k '$1 == k { print $2 }' "$WORK/pt.shim" | median)
+    printf '%-28s %10s %10s %-8s %6s\n' "$k per call" "$mn" "$ms" ns \
+        "$(awk -v a="$ms" -v b="$mn" 'BEGIN { if (b > 0) printf "%.3fx", a / b; else print "-" }')"
+done
