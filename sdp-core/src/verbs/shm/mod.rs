@@ -1119,7 +1119,8 @@ pub struct ShmEndpoint {
     rnr_counted: bool,
     cq: VecDeque<Completion>,
     cm: VecDeque<CmEvent>,
-    last_check: Instant,
+    /// When the peer's socket was last checked (`sys::coarse_ms`).
+    last_check_ms: u64,
     /// Generation of our last shared copy (`assist`).
     assist_gen: u32,
     /// The first queued send's shared copy, waiting for the peer's chunks.
@@ -1280,7 +1281,7 @@ impl ShmEndpoint {
             rnr_counted: false,
             cq: VecDeque::new(),
             cm: VecDeque::new(),
-            last_check: Instant::now(),
+            last_check_ms: sys::coarse_ms(),
             assist_gen: 0,
             copying: None,
         })
@@ -2011,13 +2012,14 @@ impl Endpoint for ShmEndpoint {
         }
         if self.sock.is_some() {
             let hint = self.ctl.hint.swap(false, Ordering::Relaxed);
-            let now = Instant::now();
+            let now = sys::coarse_ms();
             if hint
                 || self.await_rtu
                 || self.state == QpState::Connecting
-                || now.duration_since(self.last_check) >= self.inner.cfg.liveness_interval
+                || now.saturating_sub(self.last_check_ms)
+                    >= self.inner.cfg.liveness_interval.as_millis() as u64
             {
-                self.last_check = now;
+                self.last_check_ms = now;
                 self.check_socket();
             }
         }

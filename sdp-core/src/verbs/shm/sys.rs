@@ -399,6 +399,18 @@ pub fn hung_up(fd: RawFd) -> bool {
         && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
 }
 
+/// Milliseconds of CLOCK_MONOTONIC_COARSE (a few ms of resolution; cheaper to read than the
+/// precise clock, which matters where every connection asks it in every progress round).
+pub fn coarse_ms() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a live timespec; CLOCK_MONOTONIC_COARSE always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) };
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+}
+
 pub fn timerfd() -> io::Result<OwnedFd> {
     Ok(owned(syscall!(timerfd_create(
         libc::CLOCK_MONOTONIC,
