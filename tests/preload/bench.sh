@@ -17,7 +17,7 @@ WORK=$(mktemp -d /tmp/sdp-bench-programs.XXXXXX)
 LOADPIDS=()
 trap 'kill "${LOADPIDS[@]}" 2>/dev/null; jobs -p | xargs -r kill 2>/dev/null; rm -rf "$WORK"' EXIT
 for _ in $(seq "${LOAD:-0}"); do (while :; do :; done) & LOADPIDS+=($!); done
-PORT=$((20000 + RANDOM % 20000))
+PORT=$((20000 + RANDOM % 10000))   # below the ephemeral range (32768-)
 
 . "$(dirname "$0")/lib.sh"
 pre() { if [ "$1" = sdp ]; then echo "env LD_PRELOAD=$SO"; else echo "env -u LD_PRELOAD"; fi; }

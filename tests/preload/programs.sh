@@ -39,7 +39,7 @@ SO=$ROOT/target/debug/libsdp_preload.so
 WORK=$(mktemp -d /tmp/sdp-programs.XXXXXX)
 trap 'jobs -p | xargs -r kill 2>/dev/null; rm -rf "$WORK"' EXIT
 # A fresh port per server (kept in a file: the programs run in subshells).
-echo $((20000 + RANDOM % 20000)) >"$WORK/port"
+echo $((20000 + RANDOM % 10000)) >"$WORK/port"   # below the ephemeral range (32768-)
 next_port() {
     local p; p=$(($(cat "$WORK/port") + 1))
     echo "$p" >"$WORK/port"

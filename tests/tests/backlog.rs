@@ -72,6 +72,22 @@ fn connect_many(
     (ok, err)
 }
 
+/// Connect `room` clients that the listener has room for (each with a generous timeout, so a
+/// loaded machine cannot make one of them miss), then `beyond` more with a short one (the
+/// listener is full: over TCP their SYNs are dropped, and the first retry comes after 1 s).
+fn connect_to_fill(
+    addr: SocketAddr,
+    opts: &Options,
+    room: usize,
+    beyond: usize,
+) -> (Vec<SdpStream>, Vec<ErrorKind>) {
+    let (mut ok, mut err) = connect_many(addr, opts, room, Duration::from_secs(10));
+    let (more, e) = connect_many(addr, opts, beyond, Duration::from_millis(500));
+    ok.extend(more);
+    err.extend(e);
+    (ok, err)
+}
+
 /// Wait until `f` holds, at most `limit`.
 fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     let t = Instant::now();
@@ -93,12 +109,7 @@ fn a_listener_that_never_accepts_holds_backlog_plus_one_like_tcp() {
             let l = SdpListener::bind_with("127.0.0.1:0", &side.listen).unwrap();
             let addr = l.local_addr().unwrap();
             let extra = 3;
-            let (ok, err) = connect_many(
-                addr,
-                &side.connect,
-                backlog as usize + 1 + extra,
-                Duration::from_millis(500),
-            );
+            let (ok, err) = connect_to_fill(addr, &side.connect, backlog as usize + 1, extra);
             assert!(ok.iter().all(|s| s.transport() == t), "{t}");
             if let Some(st) = &side.stack {
                 // Every connection beyond the backlog was turned away: none is held.
@@ -388,12 +399,7 @@ fn the_shims_listener_keeps_the_applications_backlog() {
     )
     .unwrap();
     let copts = Options::sdp_only().with_stack(cs);
-    let (ok, err) = connect_many(
-        addr,
-        &copts,
-        backlog as usize + 3,
-        Duration::from_millis(500),
-    );
+    let (ok, err) = connect_to_fill(addr, &copts, backlog as usize + 1, 2);
     assert_eq!(ok.len(), backlog as usize + 1, "errors {err:?}");
     assert!(err.iter().all(|k| *k == ErrorKind::TimedOut), "{err:?}");
     // Taking one makes room for one more.
