@@ -19,6 +19,7 @@ use super::iocb::Iocbs;
 use super::msgs::{self, Ext, Header, Hello, HelloAck, Mid, WireError};
 use super::recv::RxItem;
 use super::send::TxItem;
+use super::timers::{Timer, TimerTable};
 use super::Instant;
 use crate::verbs::{CmEvent, Completion, WcStatus, WorkRequest};
 
@@ -449,15 +450,7 @@ pub struct Conn<S: BufStore> {
     /// posted or held at most, no growth, until [`Conn::set_accepted`].
     pub(crate) queued: bool,
 
-    // Timers.
-    pub(crate) last_rx_at: Instant,
-    pub(crate) last_activity: Instant,
-    pub(crate) setup_deadline: Option<Instant>,
-    pub(crate) linger_deadline: Option<Instant>,
-    pub(crate) disconnect_deadline: Option<Instant>,
-    pub(crate) keepalive_at: Option<Instant>,
-    pub(crate) keepalive_outstanding: u32,
-    pub(crate) idle_check_at: Option<Instant>,
+    pub(crate) timers: TimerTable,
 
     // Outputs.
     pub(crate) wrs: VecDeque<WorkRequest>,
@@ -491,6 +484,8 @@ pub const MIN_RX_POSTED: u32 = DATA_CREDITS + 1;
 impl<S: BufStore> Conn<S> {
     fn new(cfg: Config, store: S, role: Role, now: Instant) -> Conn<S> {
         let rcv = cfg.rcv_size;
+        let mut timers = TimerTable::new(now);
+        timers.start(Timer::Setup, now + cfg.connect_timeout);
         Conn {
             send_size: 0,
             peer_max_adverts: 0,
@@ -529,14 +524,7 @@ impl<S: BufStore> Conn<S> {
             disconnect_issued: false,
             was_established: false,
             queued: false,
-            last_rx_at: now,
-            last_activity: now,
-            setup_deadline: Some(now + cfg.connect_timeout),
-            linger_deadline: None,
-            disconnect_deadline: None,
-            keepalive_at: None,
-            keepalive_outstanding: 0,
-            idle_check_at: None,
+            timers,
             wrs: VecDeque::new(),
             cm: VecDeque::new(),
             events: VecDeque::new(),
@@ -940,11 +928,10 @@ impl<S: BufStore> Conn<S> {
     fn established(&mut self, now: Instant) {
         self.state = State::Established;
         self.was_established = true;
-        self.setup_deadline = None;
-        self.last_rx_at = now;
-        self.last_activity = now;
-        self.arm_keepalive(now);
-        self.idle_check_at = Some(now + self.cfg.idle_shrink);
+        self.timers.stop(Timer::Setup);
+        self.heard_from_peer(now);
+        self.timers
+            .start(Timer::IdleCheck, now + self.cfg.idle_shrink);
         self.events.push_back(Event::Connected);
         self.events.push_back(Event::Writable);
         self.flush(now);
@@ -1012,46 +999,12 @@ impl<S: BufStore> Conn<S> {
         if self.state == State::Closed {
             return;
         }
-        if self.setup_deadline.is_some_and(|d| now >= d) {
-            self.setup_deadline = None;
-            self.fail(now, ConnError::TimedOut, true);
-            return;
-        }
-        if self.disconnect_deadline.is_some_and(|d| now >= d) {
-            self.disconnect_deadline = None;
-            self.finish(now);
-            return;
-        }
-        if self.linger_deadline.is_some_and(|d| now >= d) {
-            self.linger_deadline = None;
-            self.abort_with(now, ConnError::TimedOut);
-            return;
-        }
-        if self.keepalive_at.is_some_and(|d| now >= d) {
-            self.keepalive_due(now);
-        }
-        if self.iocbs.src_deadline().is_some_and(|d| now >= d) {
-            self.srcavail_timed_out(now);
-        }
-        if self.idle_check_at.is_some_and(|d| now >= d) {
-            self.idle_check(now);
-        }
-        self.flush(now);
+        self.expire_timers(now);
     }
 
     /// The earliest time [`Conn::handle_timeout`] must be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        [
-            self.setup_deadline,
-            self.disconnect_deadline,
-            self.linger_deadline,
-            self.keepalive_at,
-            self.iocbs.src_deadline(),
-            self.idle_check_at,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        self.next_deadline()
     }
 
     /// The next work request to post.
@@ -1116,7 +1069,7 @@ impl<S: BufStore> Conn<S> {
                     self.shut_wr = true;
                     self.close_tail();
                 }
-                self.linger_deadline = Some(now + self.cfg.linger);
+                self.timers.start(Timer::Linger, now + self.cfg.linger);
                 self.flush(now);
             }
         }
@@ -1167,10 +1120,11 @@ impl<S: BufStore> Conn<S> {
             self.disconnect_issued = true;
             self.cm.push_back(CmAction::Disconnect);
             self.state = State::Disconnecting;
-            self.disconnect_deadline = Some(now + self.cfg.disconnect_timeout);
-            self.keepalive_at = None;
-            self.linger_deadline = None;
-            self.idle_check_at = None;
+            self.timers
+                .start(Timer::Disconnect, now + self.cfg.disconnect_timeout);
+            self.timers.stop(Timer::Keepalive);
+            self.timers.stop(Timer::Linger);
+            self.timers.stop(Timer::IdleCheck);
         }
     }
 
@@ -1193,11 +1147,7 @@ impl<S: BufStore> Conn<S> {
             return;
         }
         self.state = State::Closed;
-        self.setup_deadline = None;
-        self.disconnect_deadline = None;
-        self.linger_deadline = None;
-        self.keepalive_at = None;
-        self.idle_check_at = None;
+        self.timers.stop_all();
         self.fail_pending_zcopy();
         if self.error.is_none() && !self.disconn_rcvd {
             self.error = Some(ConnError::Reset);
@@ -1252,11 +1202,6 @@ impl<S: BufStore> Conn<S> {
         self.tx_pool.release(&mut self.store);
         self.ctrl_pool.release(&mut self.store);
         self.rx_pool.release(&mut self.store);
-    }
-
-    pub(crate) fn arm_keepalive(&mut self, now: Instant) {
-        self.keepalive_at = self.probe_idle().map(|d| now + d);
-        self.keepalive_outstanding = 0;
     }
 
     /// Process a received BSDH's credit fields.

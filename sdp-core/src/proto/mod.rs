@@ -11,13 +11,14 @@
 //! | module  | sublayer |
 //! |---------|----------|
 //! | [`msgs`] | wire format (BSDH, extended headers, compact Hello) |
-//! | [`conn`] | connection state machine, credits, timers, errors |
+//! | [`conn`] | connection state machine, credits, errors |
+//! | [`timers`] | the timer table; keepalive, zero-window probe, idle shrink |
 //! | [`buff`] | registered buffers: the pool a connection sends and receives through |
 //! | [`advt`] | peer advertisements (SrcAvail / SinkAvail received) |
 //! | [`iocb`] | local zero-copy blocks (our SrcAvail / SinkAvail outstanding) |
 //! | [`send`] / [`sent`] | application data to SEND work requests / send completions |
 //! | [`recv`] / [`rcvd`] | receive posting and application reads / receive completions |
-//! | [`read`] / [`write`](mod@write) | RDMA Read (ZCopy read path) / RDMA Write (ZCopy write path, keepalive) |
+//! | [`read`] / [`write`](mod@write) | RDMA Read (ZCopy read path) / RDMA Write (ZCopy write path) |
 //! | [`table`] | the connection table |
 #![forbid(unsafe_code)]
 
@@ -32,6 +33,7 @@ pub mod recv;
 pub mod send;
 pub mod sent;
 pub mod table;
+pub mod timers;
 pub mod write;
 
 pub use buff::{Buf, BufStore};

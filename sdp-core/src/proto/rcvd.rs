@@ -42,9 +42,7 @@ impl<S: BufStore> Conn<S> {
                 return;
             }
         };
-        self.last_rx_at = now;
-        self.last_activity = now;
-        self.arm_keepalive(now);
+        self.heard_from_peer(now);
         if let Err(e) = self.on_bsdh(&h.bsdh) {
             self.rx_pool.put(&mut self.store, buf);
             self.protocol_error(now, e);
@@ -204,23 +202,6 @@ impl<S: BufStore> Conn<S> {
         {
             self.rx_target = (self.rx_target * 2).min(self.cfg.max_rx_bufs);
         }
-    }
-
-    /// No traffic for `idle_shrink`: shrink back to the initial buffer count and give idle
-    /// send buffers back.
-    pub(crate) fn idle_check(&mut self, now: Instant) {
-        let idle = now.saturating_since(self.last_activity) >= self.cfg.idle_shrink;
-        if idle {
-            self.rx_target = self
-                .cfg
-                .min_rx_bufs
-                .max(self.cfg.initial_rx_bufs.min(self.rx_target));
-            self.tx_pool.trim(&mut self.store, 0);
-            self.ctrl_pool.trim(&mut self.store, 1);
-            self.advts.bounce_pool.trim(&mut self.store, 0);
-            self.rx_pool.trim(&mut self.store, 0);
-        }
-        self.idle_check_at = Some(now + self.cfg.idle_shrink);
     }
 }
 

@@ -72,7 +72,7 @@ impl<S: BufStore> Conn<S> {
                     lkey: sink.lkey,
                 };
                 self.post_read(advt, local, n, None, Some(token));
-                self.last_activity = now;
+                self.timers.touch(now);
                 return Ok(ZRecv::Pending);
             }
             return Ok(ZRecv::Copy);
@@ -106,7 +106,7 @@ impl<S: BufStore> Conn<S> {
                 non_disc: 0,
             },
         );
-        self.last_activity = now;
+        self.timers.touch(now);
         self.flush(now);
         Ok(ZRecv::Pending)
     }
@@ -262,7 +262,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.after_src_progress(r.advt);
         self.start_eager_reads();
-        self.last_activity = now;
+        self.timers.touch(now);
     }
 
     /// An RDMA Read into the application's sink ended without its bytes (it failed, or the
@@ -505,7 +505,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.stats.zcopy_write_bytes += len as u64;
         self.stats.data_bytes_rcvd += len as u64;
-        self.last_activity = now;
+        self.timers.touch(now);
         self.events.push_back(Event::ZcopyReceived {
             token: s.token,
             bytes: len as usize,

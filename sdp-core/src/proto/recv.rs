@@ -83,7 +83,7 @@ impl<S: BufStore> Conn<S> {
             }
         }
         if copied > 0 {
-            self.last_activity = now;
+            self.timers.touch(now);
             self.flush(now);
             return Ok(copied);
         }

@@ -99,7 +99,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.tx_bytes += taken;
         self.stats.data_bytes_sent += taken as u64;
-        self.last_activity = now;
+        self.timers.touch(now);
         self.maybe_grow_send_size();
         self.flush(now);
         Ok(taken)
@@ -155,7 +155,7 @@ impl<S: BufStore> Conn<S> {
         self.tx_queue.push_back(TxItem::Src { key });
         self.tx_bytes += src.len as usize;
         self.stats.data_bytes_sent += src.len as u64;
-        self.last_activity = now;
+        self.timers.touch(now);
         self.flush(now);
         Ok(())
     }
@@ -480,7 +480,7 @@ impl<S: BufStore> Conn<S> {
             self.tx_data_outstanding += 1;
             self.stream_posts += 1;
             self.stats.zcopy_send_bytes += u64::from(n);
-            self.last_activity = now;
+            self.timers.touch(now);
             let key = self
                 .tx_inflight
                 .insert(Inflight::SendSrc { hdr, key, len: n });

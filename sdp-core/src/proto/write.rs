@@ -1,6 +1,7 @@
 //! RDMA Write path and the sending side of zero copy: SrcAvail advertisement of our sources
 //! and its completion (RdmaRdCompl), cancel (SrcAvailCancel / SendSm); RDMA Writes into a
-//! peer's SinkAvail followed by RdmaWrCompl; and the keepalive probe (a zero-byte RDMA Write).
+//! peer's SinkAvail followed by RdmaWrCompl. (The keepalive probe, also an RDMA Write,
+//! is in [`super::timers`].)
 //!
 //! # Pipelined zero copy (several SrcAvails outstanding)
 //!
@@ -43,16 +44,13 @@
 
 use super::advt::SinkAdvt;
 use super::buff::BufStore;
-use super::conn::{wrid, Conn, ConnError, Event, ProtocolError, CTRL_CREDITS, DATA_CREDITS};
+use super::conn::{wrid, Conn, Event, ProtocolError, CTRL_CREDITS};
 use super::iocb::SrcState;
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 use super::send::TxItem;
 use super::sent::Inflight;
 use super::Instant;
-use crate::verbs::{Completion, RemoteBuf, SendOp, SendWr, Sge, WcStatus, WorkRequest};
-
-/// Probe a peer this long after it last sent anything while we wait for its credits.
-pub(crate) const PERSIST: std::time::Duration = std::time::Duration::from_secs(1);
+use crate::verbs::{RemoteBuf, SendOp, SendWr, Sge, WorkRequest};
 
 impl<S: BufStore> Conn<S> {
     /// How many of our SrcAvails may be outstanding at once (at least 1).
@@ -203,7 +201,7 @@ impl<S: BufStore> Conn<S> {
                 s.deadline = Some(now + s.stall.unwrap_or(default_timeout));
             }
         }
-        self.last_activity = now;
+        self.timers.touch(now);
         for (key, bytes) in finished {
             self.finish_src(key, bytes);
         }
@@ -481,7 +479,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.stats.zcopy_write_bytes += placed as u64;
         self.stream_posts += 1;
-        self.last_activity = now;
+        self.timers.touch(now);
         self.post_ctrl(Mid::RdmaWrCompl, Ext::RdmaWrCompl { len: placed });
         true
     }
@@ -510,67 +508,6 @@ impl<S: BufStore> Conn<S> {
             // tx_bytes was reduced per write completion; finish_src subtracts only the
             // unwritten part (zero here).
             self.finish_src(key, bytes);
-        }
-    }
-
-    /// Keepalive timer: probe an idle peer with a zero-byte RDMA Write.
-    pub(crate) fn keepalive_due(&mut self, now: Instant) {
-        let Some(idle) = self.probe_idle() else {
-            self.keepalive_at = None;
-            return;
-        };
-        if now.saturating_since(self.last_rx_at) < idle {
-            self.keepalive_at = Some(self.last_rx_at + idle);
-            return;
-        }
-        if self.keepalive_outstanding >= self.cfg.keepalive_probes {
-            self.fail(now, ConnError::TimedOut, true);
-            return;
-        }
-        self.keepalive_outstanding += 1;
-        self.stats.keepalives_sent += 1;
-        let key = self.tx_inflight.insert(Inflight::Keepalive);
-        self.wrs.push_back(WorkRequest::Send(SendWr {
-            wr_id: wrid::KEEPALIVE | key as u64,
-            op: SendOp::Write(RemoteBuf { addr: 0, rkey: 0 }),
-            sge: None,
-            signaled: true,
-            payload: None,
-        }));
-        self.keepalive_at = Some(now + self.cfg.keepalive_interval);
-    }
-
-    /// How long without hearing from the peer before probing it: the keepalive setting, or,
-    /// while we wait for credits with data queued (the peer may be dead, and nothing of ours
-    /// is in flight to find out), the persist interval, like TCP's zero-window probes.
-    pub(crate) fn probe_idle(&self) -> Option<std::time::Duration> {
-        let persist = self.credit_stalled().then_some(PERSIST);
-        match (self.cfg.keepalive_idle, persist) {
-            (Some(k), Some(p)) => Some(k.min(p)),
-            (k, p) => k.or(p),
-        }
-    }
-
-    /// Data is queued, no credit to send it, and nothing in flight.
-    pub(crate) fn credit_stalled(&self) -> bool {
-        self.tx_credits < DATA_CREDITS && !self.tx_queue.is_empty() && self.tx_inflight.is_empty()
-    }
-
-    /// Keep the probe timer in step with the credit state (called after every round of work).
-    pub(crate) fn arm_persist(&mut self) {
-        if self.keepalive_at.is_none() && self.credit_stalled() {
-            self.keepalive_at = Some(self.last_rx_at + PERSIST);
-        }
-    }
-
-    pub(crate) fn on_keepalive_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
-        self.tx_inflight.try_remove(idx);
-        if wc.status == WcStatus::Success {
-            // The peer's HCA answered: it is alive.
-            self.last_rx_at = now;
-            self.arm_keepalive(now);
-        } else {
-            self.on_wc_error(now, wc.status);
         }
     }
 
