@@ -106,7 +106,7 @@ impl Advts {
             || self.send_sm_queued
             || self
                 .send_sm_mseq
-                .is_some_and(|m| (mseq_ack.wrapping_sub(m) as i32) < 0)
+                .is_some_and(|m| super::credits::seq_lt(mseq_ack, m))
     }
     /// The peer's sink can take our bytes.
     pub(crate) fn sink_usable(&self) -> bool {

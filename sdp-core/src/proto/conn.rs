@@ -1,20 +1,12 @@
-//! The connection: state machine, credits, timers, errors and the engine's public surface.
-//!
-//! Credits follow the SDP rule: every message is a SEND that consumes one receive buffer the peer
-//! posted. Each BSDH carries `bufs` (receive buffers the sender has posted), `mseq` (its sequence
-//! number) and `mseq_ack` (the last sequence number it received), so on every message received
-//! `credits = mseq_ack + 1 + bufs - next_mseq` exactly. A control message needs two credits: the
-//! last one is kept for a credit update, so two sides that both run out can always tell each
-//! other about new buffers and never deadlock. A message with stream bytes needs four
-//! ([`DATA_CREDITS`]): the peer keeps three receives posted however much unread data its
-//! application leaves, so replies (RdmaRdCompl, SendSm, ...) get through a full receive window,
-//! as TCP's ACKs need no window.
+//! The connection: state machine, errors and the engine's public surface. Credits and
+//! sequence numbers are in [`super::credits`], timers in [`super::timers`].
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::advt::Advts;
 use super::buff::{BufStore, Pool};
+use super::credits::Credits;
 use super::iocb::Iocbs;
 use super::msgs::{self, Ext, Header, Hello, HelloAck, Mid, WireError};
 use super::recv::RxItem;
@@ -386,22 +378,8 @@ pub struct Conn<S: BufStore> {
     /// Advertisements the peer accepts outstanding.
     pub(crate) peer_max_adverts: u8,
 
-    // Sequence numbers and credits.
-    pub(crate) next_mseq: u32,
-    pub(crate) last_rx_mseq: u32,
-    pub(crate) tx_credits: u32,
-    /// Credits the peer has as far as we know: `bufs` we last sent, less the messages received since.
-    pub(crate) peer_credits: u32,
-    /// For each message we sent and the peer has not acknowledged: (mseq, bufs, last_rx_mseq).
-    /// Tells us exactly how many credits the peer had left when it sent each message.
-    pub(crate) sent_log: VecDeque<(u32, u16, u32)>,
-    /// Credits the peer had left after its last message (exact, from `sent_log`).
-    pub(crate) peer_left: i64,
-    /// The peer's last message was a Data message (stream bytes or a credit update): it may
-    /// want the credits data needs, not just those of a control message.
-    pub(crate) peer_sent_data: bool,
-    /// Our last message was a Data message (so the peer knows we may want data credits).
-    pub(crate) sent_data_last: bool,
+    /// Sequence numbers and credits.
+    pub(crate) credits: Credits,
 
     // Send side (send.rs, sent.rs).
     pub(crate) tx_pool: Pool,
@@ -460,26 +438,7 @@ pub struct Conn<S: BufStore> {
     pub stats: ConnStats,
 }
 
-/// Most messages a receive queue holds; bounds what a peer can make us track.
-pub(crate) const MAX_CREDITS: i64 = u16::MAX as i64;
-
-/// Credits a control message needs (all but AbortConn and the credit update, and one that
-/// announces receives the peer does not know of): the last is kept for a credit update.
-pub const CTRL_CREDITS: u32 = 2;
-
-/// Credits a message carrying stream bytes (Data with a payload, a gathered SEND of a
-/// zero-copy source) needs. Data is the only message that holds a receive buffer until the
-/// peer's application reads it; a control message is consumed and reposted at once. Data
-/// leaves the peer three receives, however full of unread data its application keeps its
-/// window: a control message and a credit update can pass each way even while credit updates
-/// cross (each consumes one of the other side's receives). So a reply to a zero-copy transfer
-/// (RdmaRdCompl, SendSm, SrcAvailCancel, ...) always finds a credit, and a zero-copy send never
-/// waits for the peer's application to read something else first.
-pub const DATA_CREDITS: u32 = 4;
-
-/// Fewest receives a connection keeps posted (within its budget of `max_rx_bufs` posted plus
-/// held): one more than [`DATA_CREDITS`], so data still flows while a credit update crosses it.
-pub const MIN_RX_POSTED: u32 = DATA_CREDITS + 1;
+pub use super::credits::{CTRL_CREDITS, DATA_CREDITS, MIN_RX_POSTED};
 
 impl<S: BufStore> Conn<S> {
     fn new(cfg: Config, store: S, role: Role, now: Instant) -> Conn<S> {
@@ -489,14 +448,7 @@ impl<S: BufStore> Conn<S> {
         Conn {
             send_size: 0,
             peer_max_adverts: 0,
-            next_mseq: 1,
-            last_rx_mseq: 0,
-            tx_credits: 0,
-            peer_credits: 0,
-            sent_log: VecDeque::new(),
-            peer_left: i64::MAX,
-            peer_sent_data: true,
-            sent_data_last: false,
+            credits: Credits::default(),
             tx_pool: Pool::new(rcv),
             ctrl_pool: Pool::new(MAX_HDR as u32),
             tx_queue: VecDeque::new(),
@@ -559,17 +511,17 @@ impl<S: BufStore> Conn<S> {
             local_rcv_size: c.cfg.rcv_size,
             src_port,
         };
+        let bufs = c.rx_posted_count();
+        let (mseq, mseq_ack) = c.credits.hello_sent(bufs);
         let h = Header::new(
             Mid::Hello,
             Ext::Hello(hello),
             msgs::BsdhFlags::empty(),
-            c.rx_posted_count(),
-            0,
-            0,
+            bufs,
+            mseq,
+            mseq_ack,
             0,
         );
-        c.peer_credits = c.rx_posted_count() as u32;
-        c.sent_log.push_back((0, c.rx_posted_count(), 0));
         Ok((c, emit_private(&h)))
     }
 
@@ -625,7 +577,7 @@ impl<S: BufStore> Conn<S> {
         c.queued = queued;
         c.send_size = hello.local_rcv_size;
         c.peer_max_adverts = hello.max_adverts;
-        c.tx_credits = h.bsdh.bufs as u32;
+        c.credits.hello_rcvd(h.bsdh.bufs);
         // Honour the size the peer would like to send with, within our limits (a queued
         // connection keeps ours; the peer asks again with ChRcvBuf under load).
         let want = if queued {
@@ -644,17 +596,17 @@ impl<S: BufStore> Conn<S> {
             actual_rcv_size: want,
             desired_rcv_size: c.cfg.rcv_size,
         };
+        let bufs = c.rx_posted_count();
+        let (mseq, mseq_ack) = c.credits.hello_sent(bufs);
         let h = Header::new(
             Mid::HelloAck,
             Ext::HelloAck(ack),
             msgs::BsdhFlags::empty(),
-            c.rx_posted_count(),
-            0,
-            0,
+            bufs,
+            mseq,
+            mseq_ack,
             0,
         );
-        c.peer_credits = c.rx_posted_count() as u32;
-        c.sent_log.push_back((0, c.rx_posted_count(), 0));
         Ok((c, emit_private(&h)))
     }
 
@@ -668,10 +620,10 @@ impl<S: BufStore> Conn<S> {
             "state={:?} err={:?} credits={} peer_credits={} next_mseq={} last_rx={} tx_q={:?} inflight={} tx_bytes={} rx_q={} rx_posted={} rx_held={} srcs={:?} sink={} sink_cancel={} peer_srcs={} peer_sink={} disconn_sent={} disconn_rcvd={}",
             self.state,
             self.error,
-            self.tx_credits,
-            self.peer_credits,
-            self.next_mseq,
-            self.last_rx_mseq,
+            self.credits.tx(),
+            self.credits.peer(),
+            self.credits.next_mseq(),
+            self.credits.last_rx_mseq(),
             self.tx_queue.iter().take(6).map(|i| match i { TxItem::Data { len, .. } => format!("D{len}"), TxItem::Ctrl { mid, .. } => format!("{mid:?}"), TxItem::Src { key } => format!("S{key}") }).collect::<Vec<_>>(),
             self.tx_inflight.len(),
             self.tx_bytes,
@@ -722,8 +674,8 @@ impl<S: BufStore> Conn<S> {
     fn open_window(&mut self) {
         if self.state == State::Established
             && !self.queued
-            && self.rx_posted.len() as u32 > self.peer_credits
-            && self.tx_credits > 0
+            && self.credits.peer_unaware(self.rx_posted.len() as u32)
+            && self.credits.tx() > 0
             && !self.disconnect_issued
         {
             self.stats.credit_updates_sent += 1;
@@ -762,7 +714,7 @@ impl<S: BufStore> Conn<S> {
     }
     /// Credits we hold (receive buffers of the peer we may use).
     pub fn tx_credits(&self) -> u32 {
-        self.tx_credits
+        self.credits.tx()
     }
     /// Largest message we send (the peer's receive buffer size).
     pub fn send_size(&self) -> u32 {
@@ -917,7 +869,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.send_size = ack.actual_rcv_size;
         self.peer_max_adverts = ack.max_adverts;
-        self.tx_credits = h.bsdh.bufs as u32;
+        self.credits.hello_rcvd(h.bsdh.bufs);
         self.tx_pool = Pool::new(self.send_size);
         // The acceptor's `desired_rcv_size` (for its own sends) is not acted on here: the
         // buffers already posted keep their size, the peer learned it from the Hello, and a
@@ -1206,35 +1158,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Process a received BSDH's credit fields.
     pub(crate) fn on_bsdh(&mut self, h: &msgs::Bsdh) -> Result<(), ProtocolError> {
-        let want = self.last_rx_mseq.wrapping_add(1);
-        if h.mseq != want {
-            return Err(ProtocolError::Sequence { got: h.mseq, want });
-        }
-        self.last_rx_mseq = h.mseq;
-        // Messages we sent that the peer had not seen when it sent this one.
-        // No more can be in flight than the peer ever had buffers for.
-        let unacked = self.next_mseq.wrapping_sub(1).wrapping_sub(h.mseq_ack);
-        if unacked as i64 > MAX_CREDITS {
-            return Err(ProtocolError::BadAck {
-                mseq_ack: h.mseq_ack,
-            });
-        }
-        let credits = h.bufs as i64 - unacked as i64;
-        if !(0..=MAX_CREDITS).contains(&credits) {
-            return Err(ProtocolError::BadCredits(credits));
-        }
-        self.tx_credits = credits as u32;
-        self.peer_credits = self.peer_credits.saturating_sub(1);
-        self.peer_sent_data = h.mid == Mid::Data;
-        // How many credits the peer had left after sending this: the bufs of our message it had
-        // seen last, less its messages since we sent that one.
-        while self.sent_log.len() > 1 && self.sent_log[1].0.wrapping_sub(h.mseq_ack) as i32 <= 0 {
-            self.sent_log.pop_front();
-        }
-        self.peer_left = match self.sent_log.front() {
-            Some(&(m, bufs, rx)) if m == h.mseq_ack => bufs as i64 - h.mseq.wrapping_sub(rx) as i64,
-            _ => i64::MAX,
-        };
+        self.credits.on_bsdh(h)?;
         self.stats.msgs_rcvd += 1;
         Ok(())
     }
@@ -1248,21 +1172,7 @@ impl<S: BufStore> Conn<S> {
         payload: usize,
     ) -> Header {
         let bufs = self.rx_posted_count();
-        let h = Header::new(
-            mid,
-            ext,
-            flags,
-            bufs,
-            self.next_mseq,
-            self.last_rx_mseq,
-            payload,
-        );
-        self.sent_log
-            .push_back((self.next_mseq, bufs, self.last_rx_mseq));
-        self.sent_data_last = mid == Mid::Data;
-        self.next_mseq = self.next_mseq.wrapping_add(1);
-        self.tx_credits -= 1;
-        self.peer_credits = bufs as u32;
+        let h = self.credits.next_header(mid, ext, flags, payload, bufs);
         self.stats.msgs_sent += 1;
         h
     }

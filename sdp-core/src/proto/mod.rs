@@ -11,7 +11,8 @@
 //! | module  | sublayer |
 //! |---------|----------|
 //! | [`msgs`] | wire format (BSDH, extended headers, compact Hello) |
-//! | [`conn`] | connection state machine, credits, errors |
+//! | [`conn`] | connection state machine, errors |
+//! | [`credits`] | sequence numbers and credits (flow control) |
 //! | [`timers`] | the timer table; keepalive, zero-window probe, idle shrink |
 //! | [`buff`] | registered buffers: the pool a connection sends and receives through |
 //! | [`advt`] | peer advertisements (SrcAvail / SinkAvail received) |
@@ -25,6 +26,7 @@
 pub mod advt;
 pub mod buff;
 pub mod conn;
+pub mod credits;
 pub mod iocb;
 pub mod msgs;
 pub mod rcvd;

@@ -196,7 +196,7 @@ impl<S: BufStore> Conn<S> {
     /// buffers next time (up to the budget).
     fn slow_start_grow(&mut self) {
         // The peer sent at its last data credit (it keeps DATA_CREDITS - 1 for replies).
-        if self.peer_left < super::conn::DATA_CREDITS as i64
+        if self.credits.peer_at_last_data_credit()
             && self.rx_target < self.cfg.max_rx_bufs
             && !self.queued
         {

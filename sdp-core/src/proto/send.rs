@@ -2,7 +2,7 @@
 //! posting SENDs as credits allow. Small writes coalesce into the buffer at the tail of the queue.
 
 use super::buff::{Buf, BufStore};
-use super::conn::{wrid, CallError, Conn, ConnError, Event, State, CTRL_CREDITS, DATA_CREDITS};
+use super::conn::{wrid, CallError, Conn, ConnError, Event, State, CTRL_CREDITS};
 use super::iocb::{SrcState, ZSrc};
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 use super::sent::Inflight;
@@ -239,7 +239,7 @@ impl<S: BufStore> Conn<S> {
                         }
                         continue;
                     }
-                    if self.tx_credits < DATA_CREDITS {
+                    if !self.credits.can_send_data() {
                         self.stats.stalls_no_credit += 1;
                         self.ask_credits();
                         return;
@@ -263,13 +263,13 @@ impl<S: BufStore> Conn<S> {
                     // A control message is consumed and reposted at once by the peer, so when
                     // it also tells the peer about buffers it does not know of, it does all a
                     // credit update would: it may take the last credit, like the update.
-                    let carries_credits = self.rx_posted.len() as u32 > self.peer_credits;
+                    let carries_credits = self.credits.peer_unaware(self.rx_posted.len() as u32);
                     let need = if *mid == Mid::AbortConn || carries_credits {
                         1
                     } else {
                         CTRL_CREDITS
                     };
-                    if self.tx_credits < need {
+                    if self.credits.tx() < need {
                         return;
                     }
                     let Some(TxItem::Ctrl { mid, ext }) = self.tx_queue.pop_front() else {
@@ -319,7 +319,7 @@ impl<S: BufStore> Conn<S> {
                             && !self.iocbs.src_cancelling()
                             && self.split_candidate(key)
                         {
-                            if self.tx_credits < CTRL_CREDITS {
+                            if self.credits.tx() < CTRL_CREDITS {
                                 self.stats.stalls_no_credit += 1;
                                 return;
                             }
@@ -363,7 +363,7 @@ impl<S: BufStore> Conn<S> {
                     {
                         return;
                     }
-                    if self.tx_credits < CTRL_CREDITS {
+                    if self.credits.tx() < CTRL_CREDITS {
                         return;
                     }
                     if !self.advertise_src(now, key) {
@@ -461,7 +461,7 @@ impl<S: BufStore> Conn<S> {
                 self.tx_queue.pop_front();
                 return true;
             }
-            if self.tx_credits < DATA_CREDITS {
+            if !self.credits.can_send_data() {
                 self.stats.stalls_no_credit += 1;
                 self.ask_credits();
                 return false;
@@ -533,7 +533,7 @@ impl<S: BufStore> Conn<S> {
     /// Send AbortConn at once if any credit is left (best effort: the CM disconnect that
     /// follows tells the peer anyway).
     pub(crate) fn send_abort(&mut self) {
-        if self.tx_credits >= 1 {
+        if self.credits.tx() >= 1 {
             self.post_ctrl(Mid::AbortConn, Ext::None);
         }
     }
@@ -541,25 +541,12 @@ impl<S: BufStore> Conn<S> {
     /// Send a standalone credit update when the peer is about to run dry and we have buffers
     /// posted it does not know about. This may use the last credit.
     pub(crate) fn maybe_credit_update(&mut self) {
-        if self.state != State::Established || self.disconnect_issued || self.tx_credits == 0 {
+        if self.state != State::Established || self.disconnect_issued || self.credits.tx() == 0 {
             return;
         }
-        let posted = self.rx_posted.len() as u32;
-        // The peer needs DATA_CREDITS to send data, CTRL_CREDITS for anything else: below that
-        // it is starving. It wants data credits if its last message was Data (it streams, or
-        // it asked, see `ask_credits`); a peer that only answers our zero copy (SrcAvail,
-        // RdmaRdCompl) needs no update per round trip. Never more than all our receives but
-        // one: an update consumes one of the peer's, which it reposts and announces back, and
-        // updates crossing each other would go on forever.
-        let need = if self.peer_sent_data {
-            DATA_CREDITS
-        } else {
-            CTRL_CREDITS
-        };
-        let want = need.min(posted.saturating_sub(1));
-        if posted > self.peer_credits
-            && (self.peer_credits < want || self.peer_credits * 2 < posted)
-        {
+        // See `Credits::update_due` (a peer asks for data credits with an update of its own,
+        // see `ask_credits`).
+        if self.credits.update_due(self.rx_posted.len() as u32) {
             self.stats.credit_updates_sent += 1;
             self.post_ctrl(Mid::Data, Ext::None);
         }
@@ -569,8 +556,8 @@ impl<S: BufStore> Conn<S> {
     /// only a control message's credits and not announce the buffers it has; a credit update
     /// (a Data message) tells it we want data credits (it answers with an update of its own).
     fn ask_credits(&mut self) {
-        if self.sent_data_last
-            || self.tx_credits == 0
+        if self.credits.sent_data_last()
+            || self.credits.tx() == 0
             || self.state != State::Established
             || self.disconnect_issued
         {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::buff::BufStore;
 use super::conn::ConnError;
-use super::conn::{wrid, Conn, DATA_CREDITS};
+use super::conn::{wrid, Conn};
 use super::sent::Inflight;
 use super::Instant;
 use crate::verbs::{Completion, RemoteBuf, SendOp, SendWr, WcStatus, WorkRequest};
@@ -206,7 +206,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Data is queued, no credit to send it, and nothing in flight.
     fn credit_stalled(&self) -> bool {
-        self.tx_credits < DATA_CREDITS && !self.tx_queue.is_empty() && self.tx_inflight.is_empty()
+        !self.credits.can_send_data() && !self.tx_queue.is_empty() && self.tx_inflight.is_empty()
     }
 
     /// Keep the probe timer in step with the credit state (called after every round of work).

@@ -45,6 +45,7 @@
 use super::advt::SinkAdvt;
 use super::buff::BufStore;
 use super::conn::{wrid, Conn, Event, ProtocolError, CTRL_CREDITS};
+use super::credits::seq_gt;
 use super::iocb::SrcState;
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 use super::send::TxItem;
@@ -88,7 +89,7 @@ impl<S: BufStore> Conn<S> {
             }
             return false;
         }
-        self.advts.note_data_sent(self.next_mseq.wrapping_sub(1));
+        self.advts.note_data_sent(self.credits.last_sent_mseq());
         self.stats.srcavail_sent += 1;
         self.stream_posts += 1;
         true
@@ -373,7 +374,7 @@ impl<S: BufStore> Conn<S> {
                 context: "address range wraps",
             });
         }
-        let stale = (self.advts.last_stream_mseq.wrapping_sub(mseq_ack) as i32) > 0;
+        let stale = seq_gt(self.advts.last_stream_mseq, mseq_ack);
         if !stale && !self.shut_wr {
             self.advts.sink = Some(SinkAdvt { len, rkey, vaddr });
         }
@@ -392,7 +393,7 @@ impl<S: BufStore> Conn<S> {
     pub(crate) fn fill_sink(&mut self, now: Instant) -> bool {
         // The bytes go into the peer's sink, not a receive buffer: the RdmaWrCompl after them
         // is a control message.
-        if self.tx_credits < CTRL_CREDITS {
+        if self.credits.tx() < CTRL_CREDITS {
             return false;
         }
         let Some(sink) = self.advts.sink.take() else {
