@@ -10,14 +10,14 @@
 //! much unread data its application leaves, so replies (RdmaRdCompl, SendSm, ...) get through a
 //! full receive window, as TCP's ACKs need no window.
 //!
-//! Sequence numbers wrap at `u32::MAX`; every comparison goes through [`seq_lt`] / [`seq_gt`] /
-//! [`seq_le`] (serial number arithmetic over half the space). The initial sequence numbers are
-//! the Hello/HelloAck's (0 on the wire today); [`Credits::new`] takes them, so the wrap is
+//! Sequence numbers wrap at `u32::MAX`; every comparison goes through `seq_lt` / `seq_gt` /
+//! `seq_le` (serial number arithmetic over half the space). The initial sequence numbers are
+//! the Hello/HelloAck's (0 on the wire today); `Credits::new` takes them, so the wrap is
 //! testable.
 
 use std::collections::VecDeque;
 
-use super::conn::ProtocolError;
+use super::error::ProtocolError;
 use super::msgs::{Bsdh, BsdhFlags, Ext, Header, Mid};
 
 /// Most messages a receive queue holds; bounds what a peer can make us track.

@@ -11,7 +11,8 @@
 //! | module  | sublayer |
 //! |---------|----------|
 //! | [`msgs`] | wire format (BSDH, extended headers, compact Hello) |
-//! | [`conn`] | connection state machine, errors |
+//! | [`conn`] | the connection: state machine and the engine's public surface |
+//! | [`config`] / [`error`] | tunables / errors (with their errno) |
 //! | [`credits`] | sequence numbers and credits (flow control) |
 //! | [`timers`] | the timer table; keepalive, zero-window probe, idle shrink |
 //! | [`buff`] | registered buffers: the pool a connection sends and receives through |
@@ -25,8 +26,10 @@
 
 pub mod advt;
 pub mod buff;
+pub mod config;
 pub mod conn;
 pub mod credits;
+pub mod error;
 pub mod iocb;
 pub mod msgs;
 pub mod rcvd;

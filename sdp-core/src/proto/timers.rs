@@ -7,8 +7,8 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use super::buff::BufStore;
-use super::conn::ConnError;
 use super::conn::{wrid, Conn};
+use super::error::ConnError;
 use super::sent::Inflight;
 use super::Instant;
 use crate::verbs::{Completion, RemoteBuf, SendOp, SendWr, WcStatus, WorkRequest};
