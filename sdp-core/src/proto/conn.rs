@@ -1,5 +1,8 @@
-//! The connection: state machine, errors and the engine's public surface. Credits and
-//! sequence numbers are in [`super::credits`], timers in [`super::timers`].
+//! The connection: state machine, and the engine's whole public surface: every `pub fn` of
+//! [`Conn`] is in this file (application calls, inputs from below, outputs to poll). The
+//! sublayers do the work behind them: [`super::credits`] (sequence numbers and credits),
+//! [`super::timers`], the send half ([`super::send`], [`super::sent`], [`super::write`]) and
+//! the receive half ([`super::recv`], [`super::rcvd`], [`super::read`]).
 
 use std::collections::VecDeque;
 
@@ -8,7 +11,7 @@ use super::buff::{BufStore, Pool};
 pub use super::config::Config;
 use super::credits::Credits;
 pub use super::error::{CallError, ConnError, ProtocolError};
-use super::iocb::Iocbs;
+use super::iocb::{Iocbs, ZSink, ZSrc};
 use super::msgs::{self, Ext, Header, Hello, HelloAck, Mid};
 use super::recv::RxItem;
 use super::send::TxItem;
@@ -92,6 +95,16 @@ pub struct ConnStats {
     pub keepalives_sent: u64,
     pub resizes: u64,
     pub stalls_no_credit: u64,
+}
+
+/// What [`Conn::read_zcopy`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZRecv {
+    /// The transfer is under way; [`Event::ZcopyReceived`] reports it.
+    Pending,
+    /// Data (or EOF) is already queued, the sink is too small, or the peer streams by SEND
+    /// (its Data overtook our recent offers, so this one is not made): use [`Conn::read`].
+    Copy,
 }
 
 /// Which side opened the connection.
@@ -553,6 +566,123 @@ impl<S: BufStore> Conn<S> {
             _ => true,
         }
     }
+
+    // ---- Writing (the send half: send.rs, write.rs) ----
+
+    /// Copy application bytes into the send queue. Returns how many were taken (fewer than
+    /// offered when the send buffer fills up).
+    pub fn write(&mut self, now: Instant, data: &[u8]) -> Result<usize, CallError> {
+        self.queue_bytes(now, data)
+    }
+    /// Queue a zero-copy send of registered memory (`src` must grant remote read until
+    /// [`Event::ZcopySent`] for `token`). Small sources are refused with `Invalid`: copy them.
+    /// Once advertised, a source the peer makes no progress on for `srcavail_timeout` is
+    /// cancelled.
+    pub fn write_zcopy(&mut self, now: Instant, src: ZSrc, token: u64) -> Result<(), CallError> {
+        self.queue_zcopy(now, src, token, None)
+    }
+    /// Queue a zero-copy send that completes by zero copy only while the peer takes it: if the
+    /// peer makes no progress on it for `stall` (from now while it waits in the queue, from its
+    /// SrcAvail, and from each acknowledgement), it ends with what went ([`Event::ZcopySent`])
+    /// and the application sends the rest by copy. A blocking write uses this, so it never
+    /// waits for the peer's application longer than `stall` (TCP's returns once the bytes are
+    /// in the send buffer): a cancel waits only for the peer's engine, whose SendSm answers it
+    /// (its control messages always have a credit, see `DATA_CREDITS`), and a queued source
+    /// ends without a message. Committed advertisements (split zero copy) are never cancelled.
+    pub fn write_zcopy_bounded(
+        &mut self,
+        now: Instant,
+        src: ZSrc,
+        token: u64,
+        stall: std::time::Duration,
+    ) -> Result<(), CallError> {
+        self.queue_zcopy(now, src, token, Some(stall))
+    }
+    /// Send one urgent byte (MSG_OOB): it travels as the last byte of a Data message with
+    /// OOB_PRES, and the peer sees it apart from the stream.
+    pub fn send_urgent(&mut self, now: Instant, byte: u8) -> Result<(), CallError> {
+        self.queue_urgent(now, byte)
+    }
+    /// Bytes the application may still queue.
+    pub fn send_room(&self) -> usize {
+        self.cfg.sndbuf.saturating_sub(self.tx_bytes)
+    }
+    /// Give up a queued or advertised zero-copy send. [`Event::ZcopySent`] reports how many
+    /// bytes the peer got; the rest (and every later zero-copy send) must be sent again. An
+    /// advertised source cancels every outstanding advertisement (one SrcAvailCancel).
+    pub fn cancel_write_zcopy(&mut self, now: Instant, token: u64) {
+        self.cancel_src(now, token)
+    }
+    /// How many of our SrcAvails may be outstanding at once (at least 1).
+    pub fn src_window(&self) -> usize {
+        let peer = self.peer_max_adverts.max(1);
+        self.cfg
+            .max_srcavail_inflight
+            .min(self.cfg.max_adverts)
+            .min(peer)
+            .max(1) as usize
+    }
+    /// A zero-copy send is still queued or outstanding (plain writes wait behind it).
+    pub fn zcopy_outstanding(&self) -> bool {
+        !self.iocbs.srcs.is_empty()
+    }
+    /// Zero-copy sources (or split pieces) with sends in flight now (gathered SENDs or RDMA
+    /// Writes; at most `Config::zcopy_split_sends` in split zero copy).
+    pub fn zcopy_sends_inflight(&self) -> usize {
+        self.iocbs.src_sending()
+    }
+    /// Our SrcAvails outstanding now (at most [`Conn::src_window`]).
+    pub fn srcavail_inflight(&self) -> usize {
+        self.iocbs.src_inflight()
+    }
+
+    // ---- Reading (the receive half: recv.rs, read.rs) ----
+
+    /// Copy received bytes into `dst`. `Ok(0)` is end of stream (the peer's DisConn, after all
+    /// its data, or our own read shutdown). After a failure the data received before it is
+    /// still read first, then the error (as Linux does after a reset).
+    pub fn read(&mut self, now: Instant, dst: &mut [u8]) -> Result<usize, CallError> {
+        self.read_copy(now, dst)
+    }
+    /// Copy received bytes into `dst` without consuming them (MSG_PEEK): stops at a peer's
+    /// SrcAvail whose bytes have not been fetched. `Ok(0)` is end of stream; an error comes
+    /// only when no data is left to peek.
+    pub fn peek(&self, dst: &mut [u8]) -> Result<usize, CallError> {
+        self.peek_copy(dst)
+    }
+    /// A read would return at once with data, end of stream or an error (not merely start
+    /// fetching a peer's SrcAvail): what a readiness fd reports as readable.
+    pub fn read_ready(&self) -> bool {
+        self.stream_ready()
+    }
+    /// Whether an urgent byte (MSG_OOB) arrived and was not read yet.
+    pub fn urgent_pending(&self) -> bool {
+        self.urgent.is_some()
+    }
+    /// Take the urgent byte (MSG_OOB), if one arrived and was not read yet.
+    pub fn read_urgent(&mut self) -> Option<u8> {
+        self.urgent.take()
+    }
+    /// Receive into registered memory without copying. If the next stream bytes are a peer's
+    /// SrcAvail they are RDMA-Read straight into `sink`; if nothing is queued, a SinkAvail
+    /// invites the peer to RDMA-Write its next bytes into `sink`.
+    pub fn read_zcopy(
+        &mut self,
+        now: Instant,
+        sink: ZSink,
+        token: u64,
+    ) -> Result<ZRecv, CallError> {
+        self.start_read_zcopy(now, sink, token)
+    }
+    /// Give up a zero-copy receive (SinkAvailCancel). [`Event::ZcopyReceived`] still reports
+    /// how many bytes the peer placed before it saw the cancel.
+    pub fn cancel_read_zcopy(&mut self, now: Instant) {
+        if self.iocbs.sink_active() {
+            self.cancel_sink(now);
+            self.flush(now);
+        }
+    }
+    // ---- Inputs from below: CM events, completions, timers ----
 
     /// Handle a CM event reported on this connection's endpoint.
     pub fn handle_cm(&mut self, now: Instant, ev: CmEvent) {

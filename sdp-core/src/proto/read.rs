@@ -5,6 +5,7 @@
 
 use super::advt::{SrcAdvt, BOUNCE_WINDOW, EAGER_BOUNCE_BUFS};
 use super::buff::{Buf, BufStore};
+pub use super::conn::ZRecv;
 use super::conn::{wrid, CallError, Conn, Event, ProtocolError, State};
 use super::iocb::{SinkIocb, ZSink};
 use super::msgs::{Ext, Mid};
@@ -29,21 +30,9 @@ pub(crate) struct ReadReq {
     pub sink_token: Option<u64>,
 }
 
-/// What [`Conn::read_zcopy`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ZRecv {
-    /// The transfer is under way; [`Event::ZcopyReceived`] reports it.
-    Pending,
-    /// Data (or EOF) is already queued, the sink is too small, or the peer streams by SEND
-    /// (its Data overtook our recent offers, so this one is not made): use [`Conn::read`].
-    Copy,
-}
-
 impl<S: BufStore> Conn<S> {
-    /// Receive into registered memory without copying. If the next stream bytes are a peer's
-    /// SrcAvail they are RDMA-Read straight into `sink`; if nothing is queued, a SinkAvail
-    /// invites the peer to RDMA-Write its next bytes into `sink`.
-    pub fn read_zcopy(
+    /// Body of [`Conn::read_zcopy`].
+    pub(crate) fn start_read_zcopy(
         &mut self,
         now: Instant,
         sink: ZSink,
@@ -109,15 +98,6 @@ impl<S: BufStore> Conn<S> {
         self.timers.touch(now);
         self.flush(now);
         Ok(ZRecv::Pending)
-    }
-
-    /// Give up a zero-copy receive (SinkAvailCancel). [`Event::ZcopyReceived`] still reports
-    /// how many bytes the peer placed before it saw the cancel.
-    pub fn cancel_read_zcopy(&mut self, now: Instant) {
-        if self.iocbs.sink_active() {
-            self.cancel_sink(now);
-            self.flush(now);
-        }
     }
 
     fn post_read(

@@ -29,10 +29,8 @@ impl RxItem {
 }
 
 impl<S: BufStore> Conn<S> {
-    /// Copy received bytes into `dst`. `Ok(0)` is end of stream (the peer's DisConn, after all
-    /// its data, or our own read shutdown). After a failure the data received before it is
-    /// still read first, then the error (as Linux does after a reset).
-    pub fn read(&mut self, now: Instant, dst: &mut [u8]) -> Result<usize, CallError> {
+    /// Body of [`Conn::read`].
+    pub(crate) fn read_copy(&mut self, now: Instant, dst: &mut [u8]) -> Result<usize, CallError> {
         if matches!(self.state, State::Connecting | State::Accepting) {
             return Err(CallError::WouldBlock);
         }
@@ -94,10 +92,8 @@ impl<S: BufStore> Conn<S> {
         Err(CallError::WouldBlock)
     }
 
-    /// Copy received bytes into `dst` without consuming them (MSG_PEEK): stops at a peer's
-    /// SrcAvail whose bytes have not been fetched. `Ok(0)` is end of stream; an error comes
-    /// only when no data is left to peek.
-    pub fn peek(&self, dst: &mut [u8]) -> Result<usize, CallError> {
+    /// Body of [`Conn::peek`].
+    pub(crate) fn peek_copy(&self, dst: &mut [u8]) -> Result<usize, CallError> {
         if matches!(self.state, State::Connecting | State::Accepting) {
             return Err(CallError::WouldBlock);
         }
@@ -131,9 +127,8 @@ impl<S: BufStore> Conn<S> {
         Err(CallError::WouldBlock)
     }
 
-    /// A read would return at once with data, end of stream or an error (not merely start
-    /// fetching a peer's SrcAvail): what a readiness fd reports as readable.
-    pub fn read_ready(&self) -> bool {
+    /// Body of [`Conn::read_ready`].
+    pub(crate) fn stream_ready(&self) -> bool {
         match self.state {
             State::Connecting | State::Accepting => return false,
             State::Closed | State::Disconnecting => return true,
@@ -153,16 +148,6 @@ impl<S: BufStore> Conn<S> {
             }
         }
         self.disconn_rcvd || self.shut_rd
-    }
-
-    /// Whether an urgent byte (MSG_OOB) arrived and was not read yet.
-    pub fn urgent_pending(&self) -> bool {
-        self.urgent.is_some()
-    }
-
-    /// Take the urgent byte (MSG_OOB), if one arrived and was not read yet.
-    pub fn read_urgent(&mut self) -> Option<u8> {
-        self.urgent.take()
     }
 
     /// A consumed receive or bounce buffer goes back to its pool; `fill_rx` reposts.

@@ -38,9 +38,8 @@ impl TxItem {
 }
 
 impl<S: BufStore> Conn<S> {
-    /// Copy application bytes into the send queue. Returns how many were taken (fewer than
-    /// offered when the send buffer fills up).
-    pub fn write(&mut self, now: Instant, data: &[u8]) -> Result<usize, CallError> {
+    /// Body of [`Conn::write`].
+    pub(crate) fn queue_bytes(&mut self, now: Instant, data: &[u8]) -> Result<usize, CallError> {
         self.check_writable()?;
         if data.is_empty() {
             return Ok(0);
@@ -105,33 +104,7 @@ impl<S: BufStore> Conn<S> {
         Ok(taken)
     }
 
-    /// Queue a zero-copy send of registered memory (`src` must grant remote read until
-    /// [`Event::ZcopySent`] for `token`). Small sources are refused with `Invalid`: copy them.
-    /// Once advertised, a source the peer makes no progress on for `srcavail_timeout` is
-    /// cancelled.
-    pub fn write_zcopy(&mut self, now: Instant, src: ZSrc, token: u64) -> Result<(), CallError> {
-        self.queue_zcopy(now, src, token, None)
-    }
-
-    /// Queue a zero-copy send that completes by zero copy only while the peer takes it: if the
-    /// peer makes no progress on it for `stall` (from now while it waits in the queue, from its
-    /// SrcAvail, and from each acknowledgement), it ends with what went ([`Event::ZcopySent`])
-    /// and the application sends the rest by copy. A blocking write uses this, so it never
-    /// waits for the peer's application longer than `stall` (TCP's returns once the bytes are
-    /// in the send buffer): a cancel waits only for the peer's engine, whose SendSm answers it
-    /// (its control messages always have a credit, see `DATA_CREDITS`), and a queued source
-    /// ends without a message. Committed advertisements (split zero copy) are never cancelled.
-    pub fn write_zcopy_bounded(
-        &mut self,
-        now: Instant,
-        src: ZSrc,
-        token: u64,
-        stall: std::time::Duration,
-    ) -> Result<(), CallError> {
-        self.queue_zcopy(now, src, token, Some(stall))
-    }
-
-    fn queue_zcopy(
+    pub(crate) fn queue_zcopy(
         &mut self,
         now: Instant,
         src: ZSrc,
@@ -160,9 +133,8 @@ impl<S: BufStore> Conn<S> {
         Ok(())
     }
 
-    /// Send one urgent byte (MSG_OOB): it travels as the last byte of a Data message with
-    /// OOB_PRES, and the peer sees it apart from the stream.
-    pub fn send_urgent(&mut self, now: Instant, byte: u8) -> Result<(), CallError> {
+    /// Body of [`Conn::send_urgent`].
+    pub(crate) fn queue_urgent(&mut self, now: Instant, byte: u8) -> Result<(), CallError> {
         self.check_writable()?;
         let Some(buf) = self.tx_pool.get(&mut self.store) else {
             return Err(CallError::WouldBlock);
@@ -612,11 +584,6 @@ impl<S: BufStore> Conn<S> {
         self.send_size = size;
         self.tx_pool.resize(&mut self.store, size);
         Ok(())
-    }
-
-    /// Bytes the application may still queue.
-    pub fn send_room(&self) -> usize {
-        self.cfg.sndbuf.saturating_sub(self.tx_bytes)
     }
 
     pub(crate) fn wake_writer(&mut self) {

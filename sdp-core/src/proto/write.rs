@@ -54,16 +54,6 @@ use super::Instant;
 use crate::verbs::{RemoteBuf, SendOp, SendWr, Sge, WorkRequest};
 
 impl<S: BufStore> Conn<S> {
-    /// How many of our SrcAvails may be outstanding at once (at least 1).
-    pub fn src_window(&self) -> usize {
-        let peer = self.peer_max_adverts.max(1);
-        self.cfg
-            .max_srcavail_inflight
-            .min(self.cfg.max_adverts)
-            .min(peer)
-            .max(1) as usize
-    }
-
     /// Send SrcAvail for a queued source (the caller checked the credit, the window and that
     /// every earlier stream item went out).
     pub(crate) fn advertise_src(&mut self, now: Instant, key: u64) -> bool {
@@ -95,10 +85,8 @@ impl<S: BufStore> Conn<S> {
         true
     }
 
-    /// Give up a queued or advertised zero-copy send. [`Event::ZcopySent`] reports how many
-    /// bytes the peer got; the rest (and every later zero-copy send) must be sent again. An
-    /// advertised source cancels every outstanding advertisement (one SrcAvailCancel).
-    pub fn cancel_write_zcopy(&mut self, now: Instant, token: u64) {
+    /// Body of [`Conn::cancel_write_zcopy`].
+    pub(crate) fn cancel_src(&mut self, now: Instant, token: u64) {
         // The first piece of the source that can still end short (a source not cut is one
         // piece): pieces ahead of it that are committed advertisements or already sent in full
         // finish as they are, and the source ends after them.
@@ -528,21 +516,5 @@ impl<S: BufStore> Conn<S> {
             });
         }
         self.iocbs.sink_cancel_pending = false;
-    }
-
-    /// A zero-copy send is still queued or outstanding (plain writes wait behind it).
-    pub fn zcopy_outstanding(&self) -> bool {
-        !self.iocbs.srcs.is_empty()
-    }
-
-    /// Zero-copy sources (or split pieces) with sends in flight now (gathered SENDs or RDMA
-    /// Writes; at most `Config::zcopy_split_sends` in split zero copy).
-    pub fn zcopy_sends_inflight(&self) -> usize {
-        self.iocbs.src_sending()
-    }
-
-    /// Our SrcAvails outstanding now (at most [`Conn::src_window`]).
-    pub fn srcavail_inflight(&self) -> usize {
-        self.iocbs.src_inflight()
     }
 }
