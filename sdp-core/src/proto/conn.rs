@@ -13,9 +13,9 @@ use super::credits::Credits;
 pub use super::error::{CallError, ConnError, ProtocolError};
 use super::iocb::{Iocbs, ZSink, ZSrc};
 use super::msgs::{self, Ext, Header, Hello, HelloAck, Mid};
-use super::recv::RxItem;
-use super::send::TxItem;
+use super::rx::{RxHalf, RxItem};
 use super::timers::{Timer, TimerTable};
+use super::tx::{Inflight, TxHalf, TxItem};
 use super::Instant;
 use crate::verbs::{CmEvent, Completion, WcStatus, WorkRequest};
 
@@ -148,33 +148,11 @@ pub struct Conn<S: BufStore> {
     /// Sequence numbers and credits.
     pub(crate) credits: Credits,
 
-    // Send side (send.rs, sent.rs).
-    pub(crate) tx_pool: Pool,
-    pub(crate) ctrl_pool: Pool,
-    pub(crate) tx_queue: VecDeque<TxItem>,
-    pub(crate) tx_inflight: slab::Slab<super::sent::Inflight>,
-    /// Data bytes accepted from the application and not yet acknowledged by a completion.
-    pub(crate) tx_bytes: usize,
-    /// Data sends posted and not yet completed (for coalescing).
-    pub(crate) tx_data_outstanding: usize,
-    /// Stream items posted so far (Data messages with bytes, gathered SENDs, SrcAvails, RDMA
-    /// Writes into a sink): while it moves, the peer is taking the stream.
-    pub(crate) stream_posts: u64,
-    /// A ChRcvBuf we sent is waiting for its ack.
-    pub(crate) resize_pending: Option<u32>,
-    /// The peer asked us for a new receive size; we ack once every posted buffer has it.
-    pub(crate) resize_ack_due: Option<u32>,
-
-    // Receive side (recv.rs, rcvd.rs).
-    pub(crate) rx_pool: Pool,
-    pub(crate) rx_posted: slab::Slab<super::buff::Buf>,
-    /// Posted receives still of an old size (after a resize), oldest first.
-    pub(crate) rx_old_posted: usize,
-    pub(crate) rx_target: u32,
-    pub(crate) rx_queue: VecDeque<RxItem>,
-    /// Receive buffers holding unread data.
-    pub(crate) rx_held: usize,
-    pub(crate) rx_bytes: usize,
+    /// The send half (moved along by send.rs, sent.rs, write.rs).
+    pub(crate) tx: TxHalf,
+    /// The receive half (moved along by recv.rs, rcvd.rs, read.rs).
+    pub(crate) rx: RxHalf,
+    /// An urgent byte (MSG_OOB) not read yet (socket/runtime.rs puts a peeked one back).
     pub(crate) urgent: Option<u8>,
 
     // Zero copy (advt.rs, iocb.rs, read.rs, write.rs).
@@ -216,22 +194,8 @@ impl<S: BufStore> Conn<S> {
             send_size: 0,
             peer_max_adverts: 0,
             credits: Credits::default(),
-            tx_pool: Pool::new(rcv),
-            ctrl_pool: Pool::new(MAX_HDR as u32),
-            tx_queue: VecDeque::new(),
-            tx_inflight: slab::Slab::new(),
-            tx_bytes: 0,
-            tx_data_outstanding: 0,
-            stream_posts: 0,
-            resize_pending: None,
-            resize_ack_due: None,
-            rx_pool: Pool::new(rcv),
-            rx_posted: slab::Slab::new(),
-            rx_old_posted: 0,
-            rx_target: cfg.initial_rx_bufs,
-            rx_queue: VecDeque::new(),
-            rx_held: 0,
-            rx_bytes: 0,
+            tx: TxHalf::new(rcv, MAX_HDR as u32),
+            rx: RxHalf::new(rcv, cfg.initial_rx_bufs),
             urgent: None,
             advts: Advts::default(),
             iocbs: Iocbs::default(),
@@ -354,8 +318,8 @@ impl<S: BufStore> Conn<S> {
                 .desired_rcv_size
                 .clamp(c.cfg.rcv_size, c.cfg.max_rcv_size)
         };
-        c.rx_pool = Pool::new(want);
-        c.tx_pool = Pool::new(c.send_size);
+        c.rx.pool = Pool::new(want);
+        c.tx.pool = Pool::new(c.send_size);
         c.fill_rx()?;
         let ack = HelloAck {
             version: msgs::SDP_VERSION,
@@ -391,12 +355,12 @@ impl<S: BufStore> Conn<S> {
             self.credits.peer(),
             self.credits.next_mseq(),
             self.credits.last_rx_mseq(),
-            self.tx_queue.iter().take(6).map(|i| match i { TxItem::Data { len, .. } => format!("D{len}"), TxItem::Ctrl { mid, .. } => format!("{mid:?}"), TxItem::Src { key } => format!("S{key}") }).collect::<Vec<_>>(),
-            self.tx_inflight.len(),
-            self.tx_bytes,
-            self.rx_queue.len(),
-            self.rx_posted.len(),
-            self.rx_held,
+            self.tx.queue.iter().take(6).map(|i| match i { TxItem::Data { len, .. } => format!("D{len}"), TxItem::Ctrl { mid, .. } => format!("{mid:?}"), TxItem::Src { key } => format!("S{key}") }).collect::<Vec<_>>(),
+            self.tx.inflight.len(),
+            self.tx.bytes,
+            self.rx.queue.len(),
+            self.rx.posted.len(),
+            self.rx.held,
             self.iocbs.srcs.iter().map(|s| (s.key, s.token, s.state, s.acked, s.written)).collect::<Vec<_>>(),
             self.iocbs.sink.is_some(),
             self.iocbs.sink_cancel_pending,
@@ -441,7 +405,7 @@ impl<S: BufStore> Conn<S> {
     fn open_window(&mut self) {
         if self.state == State::Established
             && !self.queued
-            && self.credits.peer_unaware(self.rx_posted.len() as u32)
+            && self.credits.peer_unaware(self.rx.posted.len() as u32)
             && self.credits.tx() > 0
             && !self.disconnect_issued
         {
@@ -462,9 +426,9 @@ impl<S: BufStore> Conn<S> {
     /// Receive buffers to keep posted (the slow-start target).
     pub(crate) fn rx_post_target(&self) -> usize {
         if self.queued {
-            self.cfg.min_rx_bufs.min(self.rx_target) as usize
+            self.cfg.min_rx_bufs.min(self.rx.target) as usize
         } else {
-            self.rx_target as usize
+            self.rx.target as usize
         }
     }
     /// The error that ended the connection, if any.
@@ -489,23 +453,23 @@ impl<S: BufStore> Conn<S> {
     }
     /// Size of the receive buffers we post.
     pub fn rcv_size(&self) -> u32 {
-        self.rx_pool.size()
+        self.rx.pool.size()
     }
     /// Receive buffers posted now.
     pub fn rx_posted_now(&self) -> usize {
-        self.rx_posted.len()
+        self.rx.posted.len()
     }
     /// Bytes buffered for sending, unacknowledged.
     pub fn tx_queued_bytes(&self) -> usize {
-        self.tx_bytes
+        self.tx.bytes
     }
     /// Bytes received and not yet read.
     pub fn rx_queued_bytes(&self) -> usize {
-        self.rx_bytes
+        self.rx.bytes
     }
     /// The peer sent DisConn and every byte before it has been read (reads return 0).
     pub fn read_closed(&self) -> bool {
-        (self.disconn_rcvd || self.shut_rd) && self.rx_queue.is_empty()
+        (self.disconn_rcvd || self.shut_rd) && self.rx.queue.is_empty()
     }
     /// Our write half is shut.
     pub fn write_closed(&self) -> bool {
@@ -517,13 +481,13 @@ impl<S: BufStore> Conn<S> {
     pub fn close_pending(&self) -> bool {
         self.app_closed
             && self.state == State::Established
-            && !(self.disconn_sent && self.tx_inflight.is_empty())
+            && !(self.disconn_sent && self.tx.inflight.is_empty())
     }
     /// Bytes of a peer's SrcAvail that come next in the stream and may be read without a copy
     /// into a registered sink ([`Conn::read_zcopy`]); `None` if the next bytes are not one.
     pub fn next_is_zcopy(&self) -> Option<u32> {
-        match self.rx_queue.front() {
-            Some(super::recv::RxItem::Src { advt }) => {
+        match self.rx.queue.front() {
+            Some(RxItem::Src { advt }) => {
                 let a = self.advts.srcs.get(*advt)?;
                 if a.reads_inflight == 0 && !a.cancelled && a.requested < a.len {
                     Some(a.len - a.requested)
@@ -549,7 +513,7 @@ impl<S: BufStore> Conn<S> {
             State::Closed | State::Disconnecting => true,
             State::Established => {
                 self.error.is_some()
-                    || !self.rx_queue.is_empty()
+                    || !self.rx.queue.is_empty()
                     || self.disconn_rcvd
                     || self.shut_rd
                     || self.urgent.is_some()
@@ -561,7 +525,7 @@ impl<S: BufStore> Conn<S> {
         match self.state {
             State::Connecting | State::Accepting => false,
             State::Established => {
-                self.shut_wr || self.error.is_some() || self.tx_bytes < self.cfg.sndbuf
+                self.shut_wr || self.error.is_some() || self.tx.bytes < self.cfg.sndbuf
             }
             _ => true,
         }
@@ -605,7 +569,7 @@ impl<S: BufStore> Conn<S> {
     }
     /// Bytes the application may still queue.
     pub fn send_room(&self) -> usize {
-        self.cfg.sndbuf.saturating_sub(self.tx_bytes)
+        self.tx.room(self.cfg.sndbuf)
     }
     /// Give up a queued or advertised zero-copy send. [`Event::ZcopySent`] reports how many
     /// bytes the peer got; the rest (and every later zero-copy send) must be sent again. An
@@ -754,7 +718,7 @@ impl<S: BufStore> Conn<S> {
         self.send_size = ack.actual_rcv_size;
         self.peer_max_adverts = ack.max_adverts;
         self.credits.hello_rcvd(h.bsdh.bufs);
-        self.tx_pool = Pool::new(self.send_size);
+        self.tx.pool = Pool::new(self.send_size);
         // The acceptor's `desired_rcv_size` (for its own sends) is not acted on here: the
         // buffers already posted keep their size, the peer learned it from the Hello, and a
         // later ChRcvBuf from the peer moves it.
@@ -896,7 +860,7 @@ impl<S: BufStore> Conn<S> {
             State::Closed | State::Disconnecting => {}
             State::Connecting | State::Accepting => self.abort_with(now, ConnError::Aborted),
             State::Established => {
-                if self.rx_bytes > 0 || self.advts.has_src() {
+                if self.rx.bytes > 0 || self.advts.has_src() {
                     self.abort_with(now, ConnError::Aborted);
                     return;
                 }
@@ -969,7 +933,7 @@ impl<S: BufStore> Conn<S> {
         if self.state == State::Established
             && self.disconn_sent
             && self.disconn_rcvd
-            && self.tx_inflight.is_empty()
+            && self.tx.inflight.is_empty()
         {
             // The side that sent DisConn last would wait forever for a second disconnect if
             // both waited: both issue it (rdma_disconnect is fine from both ends).
@@ -997,8 +961,8 @@ impl<S: BufStore> Conn<S> {
     /// Give every buffer back to the store. Work requests still posted are dead: the driver
     /// destroys the endpoint on [`Event::Closed`].
     fn release_all(&mut self) {
-        for (_, inf) in std::mem::take(&mut self.tx_inflight) {
-            if let super::sent::Inflight::Read(r) = &inf {
+        for (_, inf) in std::mem::take(&mut self.tx.inflight) {
+            if let Inflight::Read(r) = &inf {
                 // A read into the application's sink that never completed: reported here,
                 // once (the endpoint is destroyed with it, so nothing writes the sink later).
                 let token = r.sink_token;
@@ -1006,38 +970,33 @@ impl<S: BufStore> Conn<S> {
             }
             inf.release(&mut self.store);
         }
-        for item in std::mem::take(&mut self.tx_queue) {
-            item.release(&mut self.store);
-        }
-        for (_, b) in std::mem::take(&mut self.rx_posted) {
-            self.store.free(b);
-        }
+        self.tx.drop_queue(&mut self.store);
+        self.rx.drop_posted(&mut self.store);
         // Received data stays readable, after an orderly close as after a failure (Linux
         // keeps a reset socket's receive queue: the data, then the error, then EOF); `read`
         // frees each buffer as it empties. A peer's advertised source cannot be read any
         // more, so the stream ends before the first one.
         if let Some(cut) = self
-            .rx_queue
+            .rx
+            .queue
             .iter()
             .position(|i| matches!(i, RxItem::Src { .. }))
         {
-            for item in self.rx_queue.split_off(cut) {
+            for item in self.rx.queue.split_off(cut) {
                 if let RxItem::Data { len, bounce, .. } = &item {
-                    self.rx_bytes -= *len as usize;
+                    self.rx.bytes -= *len as usize;
                     if !*bounce {
-                        self.rx_held -= 1;
+                        self.rx.held -= 1;
                     }
                 }
                 item.release(&mut self.store);
             }
         }
-        self.tx_bytes = 0;
         self.advts.release(&mut self.store);
         self.iocbs.release(&mut self.store);
         // The pools' counts are moot now: drop their idle buffers.
-        self.tx_pool.release(&mut self.store);
-        self.ctrl_pool.release(&mut self.store);
-        self.rx_pool.release(&mut self.store);
+        self.tx.release_pools(&mut self.store);
+        self.rx.pool.release(&mut self.store);
     }
 
     /// Process a received BSDH's credit fields.
@@ -1062,7 +1021,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     pub(crate) fn rx_posted_count(&self) -> u16 {
-        self.rx_posted.len().min(u16::MAX as usize) as u16
+        self.rx.posted_count()
     }
 
     /// Move everything along: post receives, send what credits allow, send a credit update if

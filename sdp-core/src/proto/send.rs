@@ -5,37 +5,13 @@ use super::buff::{Buf, BufStore};
 use super::conn::{wrid, CallError, Conn, ConnError, Event, State, CTRL_CREDITS};
 use super::iocb::{SrcState, ZSrc};
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
-use super::sent::Inflight;
+use super::tx::{Inflight, TxItem};
 use super::Instant;
 use crate::verbs::{SendOp, SendWr, WorkRequest};
 
 /// Split zero copy cuts no piece smaller than this: below it a source goes whole (its
 /// SrcAvail and RdmaRdCompl would cost more than the read saves the sender).
 const MIN_SPLIT_PIECE: u32 = 32 * 1024;
-
-/// Something queued for sending, in stream order.
-#[derive(Debug)]
-pub(crate) enum TxItem {
-    /// Application bytes in a send buffer, payload at [`BSDH_LEN`].
-    Data {
-        buf: Buf,
-        len: u32,
-        flags: BsdhFlags,
-    },
-    /// A control message without payload.
-    Ctrl { mid: Mid, ext: Ext },
-    /// A zero-copy source or piece (by key in [`super::iocb::Iocbs`]) to advertise with
-    /// SrcAvail or send by gathered SENDs.
-    Src { key: u64 },
-}
-
-impl TxItem {
-    pub(crate) fn release(self, store: &mut impl BufStore) {
-        if let TxItem::Data { buf, .. } = self {
-            store.free(buf);
-        }
-    }
-}
 
 impl<S: BufStore> Conn<S> {
     /// Body of [`Conn::write`].
@@ -48,7 +24,7 @@ impl<S: BufStore> Conn<S> {
             // Plain bytes may not overtake a zero-copy send that may still end short.
             return Err(CallError::WouldBlock);
         }
-        let room = self.cfg.sndbuf.saturating_sub(self.tx_bytes);
+        let room = self.tx.room(self.cfg.sndbuf);
         if room == 0 {
             self.stats.stalls_no_credit += 1;
             return Err(CallError::WouldBlock);
@@ -58,7 +34,7 @@ impl<S: BufStore> Conn<S> {
         let cap = self.send_size - BSDH_LEN as u32;
         while taken < want {
             // Append to the tail buffer if it has room and carries no urgent byte.
-            let appended = match self.tx_queue.back_mut() {
+            let appended = match self.tx.queue.back_mut() {
                 Some(TxItem::Data { buf, len, flags })
                     if *len < cap && flags.is_empty() && buf.size == self.send_size =>
                 {
@@ -74,13 +50,13 @@ impl<S: BufStore> Conn<S> {
                 taken += appended;
                 continue;
             }
-            let Some(buf) = self.tx_pool.get(&mut self.store) else {
+            let Some(buf) = self.tx.pool.get(&mut self.store) else {
                 break;
             };
             let n = (cap as usize).min(want - taken);
             self.store
                 .write(&buf, BSDH_LEN as u32, &data[taken..taken + n]);
-            self.tx_queue.push_back(TxItem::Data {
+            self.tx.queue.push_back(TxItem::Data {
                 buf,
                 len: n as u32,
                 flags: BsdhFlags::empty(),
@@ -90,13 +66,13 @@ impl<S: BufStore> Conn<S> {
         if taken == 0 {
             // Registered memory is exhausted. With sends outstanding their completions free
             // buffers; with none, this is a hard error for the call (not the connection).
-            return if self.tx_inflight.is_empty() && self.tx_queue.is_empty() {
+            return if self.tx.is_idle() {
                 Err(CallError::Conn(ConnError::NoMemory))
             } else {
                 Err(CallError::WouldBlock)
             };
         }
-        self.tx_bytes += taken;
+        self.tx.bytes += taken;
         self.stats.data_bytes_sent += taken as u64;
         self.timers.touch(now);
         self.maybe_grow_send_size();
@@ -125,8 +101,8 @@ impl<S: BufStore> Conn<S> {
             s.stall = stall;
             s.deadline = stall.map(|d| now + d);
         }
-        self.tx_queue.push_back(TxItem::Src { key });
-        self.tx_bytes += src.len as usize;
+        self.tx.queue.push_back(TxItem::Src { key });
+        self.tx.bytes += src.len as usize;
         self.stats.data_bytes_sent += src.len as u64;
         self.timers.touch(now);
         self.flush(now);
@@ -136,16 +112,16 @@ impl<S: BufStore> Conn<S> {
     /// Body of [`Conn::send_urgent`].
     pub(crate) fn queue_urgent(&mut self, now: Instant, byte: u8) -> Result<(), CallError> {
         self.check_writable()?;
-        let Some(buf) = self.tx_pool.get(&mut self.store) else {
+        let Some(buf) = self.tx.pool.get(&mut self.store) else {
             return Err(CallError::WouldBlock);
         };
         self.store.write(&buf, BSDH_LEN as u32, &[byte]);
-        self.tx_queue.push_back(TxItem::Data {
+        self.tx.queue.push_back(TxItem::Data {
             buf,
             len: 1,
             flags: BsdhFlags::OOB_PRES | BsdhFlags::OOB_PEND,
         });
-        self.tx_bytes += 1;
+        self.tx.bytes += 1;
         self.flush(now);
         Ok(())
     }
@@ -164,7 +140,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Queue DisConn after everything already queued (orderly close of our write half).
     pub(crate) fn close_tail(&mut self) {
-        self.tx_queue.push_back(TxItem::Ctrl {
+        self.tx.queue.push_back(TxItem::Ctrl {
             mid: Mid::DisConn,
             ext: Ext::None,
         });
@@ -173,21 +149,15 @@ impl<S: BufStore> Conn<S> {
     /// Queue a control message ahead of data (replies that must not wait behind a stalled
     /// stream, like SinkCancelAck or RdmaRdCompl).
     pub(crate) fn queue_ctrl_front(&mut self, mid: Mid, ext: Ext) {
-        // Keep control messages already at the front in order.
-        let pos = self
-            .tx_queue
-            .iter()
-            .position(|i| !matches!(i, TxItem::Ctrl { mid, .. } if *mid != Mid::DisConn))
-            .unwrap_or(self.tx_queue.len());
-        self.tx_queue.insert(pos, TxItem::Ctrl { mid, ext });
+        self.tx.queue_ctrl_front(mid, ext);
     }
 
     /// Post what the credits allow, in stream order (see `push_queue`). When stream items went,
     /// the peer is taking the stream: a bounded source queued behind them is not stalled.
     pub(crate) fn push_tx(&mut self, now: Instant) {
-        let before = self.stream_posts;
+        let before = self.tx.stream_posts;
         self.push_queue(now);
-        if self.stream_posts != before {
+        if self.tx.stream_posts != before {
             self.stream_moved(now);
         }
     }
@@ -197,7 +167,7 @@ impl<S: BufStore> Conn<S> {
     /// DisConn wait until every outstanding source is finished (see [`super::write`]).
     fn push_queue(&mut self, now: Instant) {
         loop {
-            let Some(front) = self.tx_queue.front() else {
+            let Some(front) = self.tx.queue.front() else {
                 return;
             };
             let outstanding = self.iocbs.src_advertised();
@@ -220,13 +190,13 @@ impl<S: BufStore> Conn<S> {
                     let full = *len + BSDH_LEN as u32 >= self.send_size;
                     if !self.cfg.nodelay
                         && !full
-                        && self.tx_queue.len() == 1
-                        && self.tx_data_outstanding > 0
+                        && self.tx.queue.len() == 1
+                        && self.tx.data_outstanding > 0
                         && flags.is_empty()
                     {
                         return;
                     }
-                    let Some(TxItem::Data { buf, len, flags }) = self.tx_queue.pop_front() else {
+                    let Some(TxItem::Data { buf, len, flags }) = self.tx.queue.pop_front() else {
                         unreachable!()
                     };
                     self.post_data(buf, len, flags);
@@ -235,7 +205,7 @@ impl<S: BufStore> Conn<S> {
                     // A control message is consumed and reposted at once by the peer, so when
                     // it also tells the peer about buffers it does not know of, it does all a
                     // credit update would: it may take the last credit, like the update.
-                    let carries_credits = self.credits.peer_unaware(self.rx_posted.len() as u32);
+                    let carries_credits = self.credits.peer_unaware(self.rx.posted.len() as u32);
                     let need = if *mid == Mid::AbortConn || carries_credits {
                         1
                     } else {
@@ -244,10 +214,10 @@ impl<S: BufStore> Conn<S> {
                     if self.credits.tx() < need {
                         return;
                     }
-                    let Some(TxItem::Ctrl { mid, ext }) = self.tx_queue.pop_front() else {
+                    let Some(TxItem::Ctrl { mid, ext }) = self.tx.queue.pop_front() else {
                         unreachable!()
                     };
-                    if mid == Mid::SinkAvail && !self.rx_queue.is_empty() {
+                    if mid == Mid::SinkAvail && !self.rx.queue.is_empty() {
                         // Data arrived while the SinkAvail waited for a credit: bytes written
                         // into the sink would overtake it. Withdraw the offer unsent.
                         self.withdraw_sink();
@@ -257,7 +227,7 @@ impl<S: BufStore> Conn<S> {
                         self.disconn_sent = true;
                     }
                     if !self.post_ctrl(mid, ext) {
-                        self.tx_queue.push_front(TxItem::Ctrl { mid, ext });
+                        self.tx.queue.push_front(TxItem::Ctrl { mid, ext });
                         return;
                     }
                     if mid == Mid::SinkAvail {
@@ -302,7 +272,7 @@ impl<S: BufStore> Conn<S> {
                                 s.committed = true;
                                 s.deadline = None;
                             }
-                            self.tx_queue.pop_front();
+                            self.tx.queue.pop_front();
                             continue;
                         }
                         let sends = self.cfg.zcopy_split_sends as usize;
@@ -343,7 +313,7 @@ impl<S: BufStore> Conn<S> {
                     }
                     // The source stays in `iocbs` until the peer is done with it; the stream
                     // moves on to the next item (only another source may go before it ends).
-                    self.tx_queue.pop_front();
+                    self.tx.queue.pop_front();
                 }
             }
         }
@@ -378,7 +348,7 @@ impl<S: BufStore> Conn<S> {
         let n = s.src.len.div_ceil(cap);
         let piece = s.src.len.div_ceil(n);
         if let Some(rest) = self.iocbs.cut_src(key, piece) {
-            self.tx_queue.insert(1, TxItem::Src { key: rest });
+            self.tx.queue.insert(1, TxItem::Src { key: rest });
         }
     }
 
@@ -397,9 +367,9 @@ impl<S: BufStore> Conn<S> {
         h.emit(&mut hdr).expect("BSDH fits");
         self.store.write(&buf, 0, &hdr);
         self.advts.note_data_sent(h.bsdh.mseq);
-        self.tx_data_outstanding += 1;
-        self.stream_posts += 1;
-        let key = self.tx_inflight.insert(Inflight::Msg {
+        self.tx.data_outstanding += 1;
+        self.tx.stream_posts += 1;
+        let key = self.tx.inflight.insert(Inflight::Msg {
             buf,
             ctrl: false,
             data: len,
@@ -430,7 +400,7 @@ impl<S: BufStore> Conn<S> {
             if s.written == s.src.len {
                 // Nothing left (a source is never empty; kept for robustness).
                 s.state = SrcState::Written;
-                self.tx_queue.pop_front();
+                self.tx.queue.pop_front();
                 return true;
             }
             if !self.credits.can_send_data() {
@@ -438,7 +408,7 @@ impl<S: BufStore> Conn<S> {
                 self.ask_credits();
                 return false;
             }
-            let Some(hdr) = self.ctrl_pool.get(&mut self.store) else {
+            let Some(hdr) = self.tx.ctrl_pool.get(&mut self.store) else {
                 return false;
             };
             let s = self.iocbs.find_src(key).expect("found above");
@@ -449,12 +419,13 @@ impl<S: BufStore> Conn<S> {
             h.emit(&mut bytes).expect("BSDH fits");
             self.store.write(&hdr, 0, &bytes);
             self.advts.note_data_sent(h.bsdh.mseq);
-            self.tx_data_outstanding += 1;
-            self.stream_posts += 1;
+            self.tx.data_outstanding += 1;
+            self.tx.stream_posts += 1;
             self.stats.zcopy_send_bytes += u64::from(n);
             self.timers.touch(now);
             let key = self
-                .tx_inflight
+                .tx
+                .inflight
                 .insert(Inflight::SendSrc { hdr, key, len: n });
             self.wrs.push_back(WorkRequest::Send(SendWr {
                 wr_id: wrid::SEND | key as u64,
@@ -464,7 +435,7 @@ impl<S: BufStore> Conn<S> {
                 signaled: true,
             }));
             if done {
-                self.tx_queue.pop_front();
+                self.tx.queue.pop_front();
                 return true;
             }
         }
@@ -472,7 +443,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Post a control message now (the caller checked the credit). False if no buffer.
     pub(crate) fn post_ctrl(&mut self, mid: Mid, ext: Ext) -> bool {
-        let Some(buf) = self.ctrl_pool.get(&mut self.store) else {
+        let Some(buf) = self.tx.ctrl_pool.get(&mut self.store) else {
             return false;
         };
         let h = self.next_header(mid, ext, BsdhFlags::empty(), 0);
@@ -487,7 +458,7 @@ impl<S: BufStore> Conn<S> {
             self.advts.send_sm_queued = false;
             self.advts.send_sm_mseq = Some(h.bsdh.mseq);
         }
-        let key = self.tx_inflight.insert(Inflight::Msg {
+        let key = self.tx.inflight.insert(Inflight::Msg {
             buf,
             ctrl: true,
             data: 0,
@@ -518,7 +489,7 @@ impl<S: BufStore> Conn<S> {
         }
         // See `Credits::update_due` (a peer asks for data credits with an update of its own,
         // see `ask_credits`).
-        if self.credits.update_due(self.rx_posted.len() as u32) {
+        if self.credits.update_due(self.rx.posted.len() as u32) {
             self.stats.credit_updates_sent += 1;
             self.post_ctrl(Mid::Data, Ext::None);
         }
@@ -542,17 +513,12 @@ impl<S: BufStore> Conn<S> {
     /// When the application keeps more than a few buffers queued, ask the peer for larger
     /// receive buffers (ChRcvBuf): fewer, larger messages.
     fn maybe_grow_send_size(&mut self) {
-        if self.resize_pending.is_some() || self.send_size >= self.cfg.max_rcv_size {
+        if self.tx.resize_pending.is_some() || self.send_size >= self.cfg.max_rcv_size {
             return;
         }
-        let queued = self
-            .tx_queue
-            .iter()
-            .filter(|i| matches!(i, TxItem::Data { .. }))
-            .count();
-        if queued >= 4 {
+        if self.tx.queued_data_bufs() >= 4 {
             let want = (self.send_size.saturating_mul(4)).min(self.cfg.max_rcv_size);
-            self.resize_pending = Some(want);
+            self.tx.resize_pending = Some(want);
             self.stats.resizes += 1;
             self.queue_ctrl_front(Mid::ChRcvBuf, Ext::ChRcvBuf { size: want });
         }
@@ -560,7 +526,7 @@ impl<S: BufStore> Conn<S> {
 
     /// The peer acknowledged our ChRcvBuf: every buffer it has posted is `size` now.
     pub(crate) fn on_resize_ack(&mut self, size: u32) -> Result<(), super::conn::ProtocolError> {
-        let Some(asked) = self.resize_pending.take() else {
+        let Some(asked) = self.tx.resize_pending.take() else {
             return Err(super::conn::ProtocolError::Unexpected {
                 mid: Mid::ChRcvBufAck,
                 context: "no ChRcvBuf outstanding",
@@ -582,12 +548,12 @@ impl<S: BufStore> Conn<S> {
             });
         }
         self.send_size = size;
-        self.tx_pool.resize(&mut self.store, size);
+        self.tx.pool.resize(&mut self.store, size);
         Ok(())
     }
 
     pub(crate) fn wake_writer(&mut self) {
-        if self.tx_bytes < self.cfg.sndbuf {
+        if self.tx.bytes < self.cfg.sndbuf {
             self.events.push_back(Event::Writable);
         }
     }

@@ -48,8 +48,8 @@ use super::conn::{wrid, Conn, Event, ProtocolError, CTRL_CREDITS};
 use super::credits::seq_gt;
 use super::iocb::SrcState;
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
-use super::send::TxItem;
-use super::sent::Inflight;
+use super::tx::Inflight;
+use super::tx::TxItem;
 use super::Instant;
 use crate::verbs::{RemoteBuf, SendOp, SendWr, Sge, WorkRequest};
 
@@ -81,7 +81,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.advts.note_data_sent(self.credits.last_sent_mseq());
         self.stats.srcavail_sent += 1;
-        self.stream_posts += 1;
+        self.tx.stream_posts += 1;
         true
     }
 
@@ -109,8 +109,8 @@ impl<S: BufStore> Conn<S> {
                 let (len, written, inflight) = (s.src.len, s.written, s.writes_inflight);
                 s.src.len = written;
                 s.state = SrcState::Written;
-                self.tx_bytes -= (len - written) as usize;
-                self.unqueue_src(key);
+                self.tx.bytes -= (len - written) as usize;
+                self.tx.unqueue_src(key);
                 self.stats.srcavail_cancelled += 1;
                 let next = self
                     .iocbs
@@ -267,23 +267,12 @@ impl<S: BufStore> Conn<S> {
                 let unsent = (s.src.len - s.written) as usize;
                 s.state = SrcState::Done;
                 s.done_bytes = bytes;
-                self.tx_bytes -= unsent;
+                self.tx.bytes -= unsent;
             }
         }
-        self.unqueue_src(key);
+        self.tx.unqueue_src(key);
         self.report_done();
         self.wake_writer();
-    }
-
-    /// Take a source's item out of the send queue (if still there).
-    fn unqueue_src(&mut self, key: u64) {
-        if let Some(pos) = self
-            .tx_queue
-            .iter()
-            .position(|i| matches!(i, TxItem::Src { key: k } if *k == key))
-        {
-            self.tx_queue.remove(pos);
-        }
     }
 
     /// Report the finished sources at the front, in stream order ([`Event::ZcopySent`] once
@@ -316,7 +305,7 @@ impl<S: BufStore> Conn<S> {
         };
         let keys: Vec<u64> = self.iocbs.srcs.iter().skip(pos).map(|s| s.key).collect();
         for k in &keys {
-            self.unqueue_src(*k);
+            self.tx.unqueue_src(*k);
         }
         let mut unsent = 0;
         let mut cancelled = 0;
@@ -337,7 +326,7 @@ impl<S: BufStore> Conn<S> {
             s.done_bytes = if i == 0 { bytes } else { s.written as usize };
             s.state = SrcState::Done;
         }
-        self.tx_bytes -= unsent;
+        self.tx.bytes -= unsent;
         self.stats.srcavail_cancelled += cancelled;
         self.report_done();
         self.wake_writer();
@@ -394,10 +383,10 @@ impl<S: BufStore> Conn<S> {
                 addr: sink.vaddr + placed as u64,
                 rkey: sink.rkey,
             };
-            match self.tx_queue.front() {
+            match self.tx.queue.front() {
                 Some(TxItem::Data { len, flags, .. }) if flags.is_empty() => {
                     let len = *len;
-                    let Some(TxItem::Data { buf, .. }) = self.tx_queue.pop_front() else {
+                    let Some(TxItem::Data { buf, .. }) = self.tx.queue.pop_front() else {
                         unreachable!()
                     };
                     let n = len.min(room);
@@ -408,18 +397,18 @@ impl<S: BufStore> Conn<S> {
                         // A pool buffer smaller than the rest (never, as ChRcvBufAck only
                         // grows the send size; checked so no peer input writes beyond one)
                         // counts as none.
-                        let nb = self.tx_pool.get(&mut self.store).and_then(|nb| {
+                        let nb = self.tx.pool.get(&mut self.store).and_then(|nb| {
                             if nb.size >= BSDH_LEN as u32 + (len - n) {
                                 Some(nb)
                             } else {
-                                self.tx_pool.put(&mut self.store, nb);
+                                self.tx.pool.put(&mut self.store, nb);
                                 None
                             }
                         });
                         match nb {
                             Some(nb) => {
                                 self.store.write(&nb, BSDH_LEN as u32, &rest);
-                                self.tx_queue.push_front(TxItem::Data {
+                                self.tx.queue.push_front(TxItem::Data {
                                     buf: nb,
                                     len: len - n,
                                     flags: BsdhFlags::empty(),
@@ -427,7 +416,7 @@ impl<S: BufStore> Conn<S> {
                             }
                             None => {
                                 // No buffer for the split: keep the item whole, sink unused.
-                                self.tx_queue.push_front(TxItem::Data {
+                                self.tx.queue.push_front(TxItem::Data {
                                     buf,
                                     len,
                                     flags: BsdhFlags::empty(),
@@ -454,7 +443,7 @@ impl<S: BufStore> Conn<S> {
                     let (local, done) = s.take(room);
                     let n = local.len;
                     if done {
-                        self.tx_queue.pop_front();
+                        self.tx.queue.pop_front();
                     }
                     self.post_write(Inflight::WriteSrc { key, len: n }, remote, local);
                     placed += n;
@@ -467,7 +456,7 @@ impl<S: BufStore> Conn<S> {
             return false;
         }
         self.stats.zcopy_write_bytes += placed as u64;
-        self.stream_posts += 1;
+        self.tx.stream_posts += 1;
         self.timers.touch(now);
         self.post_ctrl(Mid::RdmaWrCompl, Ext::RdmaWrCompl { len: placed });
         true
@@ -475,7 +464,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Post an RDMA Write of `local` into the peer's `remote`, tracked as `inf`.
     fn post_write(&mut self, inf: Inflight, remote: RemoteBuf, local: Sge) {
-        let key = self.tx_inflight.insert(inf);
+        let key = self.tx.inflight.insert(inf);
         self.wrs.push_back(WorkRequest::Send(SendWr {
             wr_id: wrid::WRITE | key as u64,
             op: SendOp::Write(remote),
