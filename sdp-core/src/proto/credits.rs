@@ -42,16 +42,19 @@ pub const DATA_CREDITS: u32 = 4;
 pub const MIN_RX_POSTED: u32 = DATA_CREDITS + 1;
 
 /// `a` comes before `b` in sequence space (serial number arithmetic).
+#[inline]
 pub(crate) fn seq_lt(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) < 0
 }
 
 /// `a` comes after `b` in sequence space.
+#[inline]
 pub(crate) fn seq_gt(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) > 0
 }
 
 /// `a` is `b` or comes before it in sequence space.
+#[inline]
 pub(crate) fn seq_le(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) <= 0
 }
@@ -89,6 +92,7 @@ impl Default for Credits {
 impl Credits {
     /// Before the Hello exchange: our Hello (or HelloAck) carries `isn`, the peer's carries
     /// `peer_isn` (both 0 on the wire today).
+    #[inline]
     pub(crate) fn new(isn: u32, peer_isn: u32) -> Credits {
         Credits {
             next_mseq: isn,
@@ -103,6 +107,7 @@ impl Credits {
     }
 
     /// Our Hello or HelloAck goes out announcing `bufs` receives: its `(mseq, mseq_ack)`.
+    #[inline]
     pub(crate) fn hello_sent(&mut self, bufs: u16) -> (u32, u32) {
         let (mseq, ack) = (self.next_mseq, self.last_rx_mseq);
         self.sent_log.push_back((mseq, bufs, ack));
@@ -112,11 +117,13 @@ impl Credits {
     }
 
     /// The peer's Hello or HelloAck announced `bufs` receives.
+    #[inline]
     pub(crate) fn hello_rcvd(&mut self, bufs: u16) {
         self.tx = bufs as u32;
     }
 
     /// Check a received BSDH's sequence and credit fields and take them in.
+    #[inline]
     pub(crate) fn on_bsdh(&mut self, h: &Bsdh) -> Result<(), ProtocolError> {
         let want = self.last_rx_mseq.wrapping_add(1);
         if h.mseq != want {
@@ -152,6 +159,7 @@ impl Credits {
 
     /// Build a message header announcing `bufs` posted receives, consuming one credit (the
     /// caller checked there is one).
+    #[inline]
     pub(crate) fn next_header(
         &mut self,
         mid: Mid,
@@ -179,28 +187,35 @@ impl Credits {
     }
 
     /// Credits we hold.
+    #[inline]
     pub(crate) fn tx(&self) -> u32 {
         self.tx
     }
     /// Enough credits for a message with stream bytes.
+    #[inline]
     pub(crate) fn can_send_data(&self) -> bool {
         self.tx >= DATA_CREDITS
     }
     /// Credits the peer has as far as we know.
+    #[inline]
     pub(crate) fn peer(&self) -> u32 {
         self.peer
     }
     /// We have `posted` receives the peer does not know of (a message of ours would tell it).
+    #[inline]
     pub(crate) fn peer_unaware(&self, posted: u32) -> bool {
         posted > self.peer
     }
     /// Sequence number of our last message.
+    #[inline]
     pub(crate) fn last_sent_mseq(&self) -> u32 {
         self.next_mseq.wrapping_sub(1)
     }
+    #[inline]
     pub(crate) fn next_mseq(&self) -> u32 {
         self.next_mseq
     }
+    #[inline]
     pub(crate) fn last_rx_mseq(&self) -> u32 {
         self.last_rx_mseq
     }

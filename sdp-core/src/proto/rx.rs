@@ -21,6 +21,7 @@ pub(crate) enum RxItem {
 }
 
 impl RxItem {
+    #[inline]
     pub(crate) fn release(self, store: &mut impl BufStore) {
         if let RxItem::Data { buf, .. } = self {
             store.free(buf);
@@ -50,6 +51,7 @@ pub(crate) struct RxHalf {
 }
 
 impl RxHalf {
+    #[inline]
     pub(crate) fn new(size: u32, target: u32) -> RxHalf {
         RxHalf {
             pool: Pool::new(size),
@@ -63,10 +65,12 @@ impl RxHalf {
         }
     }
     /// Receives posted, as a BSDH's `bufs` announces them.
+    #[inline]
     pub(crate) fn posted_count(&self) -> u16 {
         self.posted.len().min(u16::MAX as usize) as u16
     }
     /// Give every posted receive back (the connection is finished).
+    #[inline]
     pub(crate) fn drop_posted(&mut self, store: &mut impl BufStore) {
         for (_, b) in std::mem::take(&mut self.posted) {
             store.free(b);

@@ -54,6 +54,7 @@ pub(crate) struct TimerTable {
 }
 
 impl TimerTable {
+    #[inline]
     pub(crate) fn new(now: Instant) -> TimerTable {
         TimerTable {
             at: [None; Timer::ALL.len()],
@@ -62,25 +63,32 @@ impl TimerTable {
             keepalive_outstanding: 0,
         }
     }
+    #[inline]
     pub(crate) fn get(&self, t: Timer) -> Option<Instant> {
         self.at[t as usize]
     }
+    #[inline]
     pub(crate) fn set(&mut self, t: Timer, at: Option<Instant>) {
         self.at[t as usize] = at;
     }
+    #[inline]
     pub(crate) fn start(&mut self, t: Timer, at: Instant) {
         self.set(t, Some(at));
     }
+    #[inline]
     pub(crate) fn stop(&mut self, t: Timer) {
         self.set(t, None);
     }
+    #[inline]
     pub(crate) fn stop_all(&mut self) {
         self.at = [None; Timer::ALL.len()];
     }
+    #[inline]
     pub(crate) fn is_armed(&self, t: Timer) -> bool {
         self.get(t).is_some()
     }
     /// The data moved now.
+    #[inline]
     pub(crate) fn touch(&mut self, now: Instant) {
         self.last_activity = now;
     }

@@ -24,6 +24,7 @@ pub(crate) enum TxItem {
 }
 
 impl TxItem {
+    #[inline]
     pub(crate) fn release(self, store: &mut impl BufStore) {
         if let TxItem::Data { buf, .. } = self {
             store.free(buf);
@@ -61,6 +62,7 @@ pub(crate) enum Inflight {
 }
 
 impl Inflight {
+    #[inline]
     pub(crate) fn release(self, store: &mut impl BufStore) {
         match self {
             Inflight::Msg { buf, .. }
@@ -99,6 +101,7 @@ pub(crate) struct TxHalf {
 }
 
 impl TxHalf {
+    #[inline]
     pub(crate) fn new(size: u32, ctrl_size: u32) -> TxHalf {
         TxHalf {
             pool: Pool::new(size),
@@ -112,14 +115,17 @@ impl TxHalf {
         }
     }
     /// Bytes the application may still queue within `sndbuf`.
+    #[inline]
     pub(crate) fn room(&self, sndbuf: usize) -> usize {
         sndbuf.saturating_sub(self.bytes)
     }
     /// Nothing queued and nothing in flight.
+    #[inline]
     pub(crate) fn is_idle(&self) -> bool {
         self.inflight.is_empty() && self.queue.is_empty()
     }
     /// Data buffers waiting in the queue.
+    #[inline]
     pub(crate) fn queued_data_bufs(&self) -> usize {
         self.queue
             .iter()
@@ -127,6 +133,7 @@ impl TxHalf {
             .count()
     }
     /// Take a source's item out of the queue (if still there).
+    #[inline]
     pub(crate) fn unqueue_src(&mut self, key: u64) {
         if let Some(pos) = self
             .queue
@@ -139,6 +146,7 @@ impl TxHalf {
     /// Queue a control message ahead of data (replies that must not wait behind a stalled
     /// stream, like SinkCancelAck or RdmaRdCompl), behind control messages already at the
     /// front (in order).
+    #[inline]
     pub(crate) fn queue_ctrl_front(&mut self, mid: Mid, ext: Ext) {
         let pos = self
             .queue
@@ -148,6 +156,7 @@ impl TxHalf {
         self.queue.insert(pos, TxItem::Ctrl { mid, ext });
     }
     /// Everything queued is dropped (the connection is finished): `bytes` is zero again.
+    #[inline]
     pub(crate) fn drop_queue(&mut self, store: &mut impl BufStore) {
         for item in std::mem::take(&mut self.queue) {
             item.release(store);
@@ -155,6 +164,7 @@ impl TxHalf {
         self.bytes = 0;
     }
     /// Give the idle buffers of both pools back.
+    #[inline]
     pub(crate) fn release_pools(&mut self, store: &mut impl BufStore) {
         self.pool.release(store);
         self.ctrl_pool.release(store);
