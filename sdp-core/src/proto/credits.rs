@@ -226,10 +226,12 @@ impl Credits {
     }
     /// The peer sent its last message at its last data credit (it keeps `DATA_CREDITS` - 1 for
     /// replies): it waits for our updates, the window is smaller than the round trip needs.
+    #[inline]
     pub(crate) fn peer_at_last_data_credit(&self) -> bool {
         self.peer_left < DATA_CREDITS as i64
     }
     /// Our last message was a Data message.
+    #[inline]
     pub(crate) fn sent_data_last(&self) -> bool {
         self.sent_data_last
     }
@@ -243,6 +245,7 @@ impl Credits {
     /// per round trip. Never more than all our receives but one: an update consumes one of the
     /// peer's, which it reposts and announces back, and updates crossing each other would go
     /// on forever.
+    #[inline]
     pub(crate) fn update_due(&self, posted: u32) -> bool {
         let need = if self.peer_sent_data {
             DATA_CREDITS
