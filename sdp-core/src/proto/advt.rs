@@ -67,6 +67,14 @@ impl Default for Advts {
 }
 
 impl Advts {
+    /// Our sequence numbers moved by `ours` (see `Credits::shift`).
+    #[cfg(feature = "harness")]
+    pub(crate) fn shift(&mut self, ours: u32) {
+        self.last_stream_mseq = self.last_stream_mseq.wrapping_add(ours);
+        if let Some(m) = self.send_sm_mseq.as_mut() {
+            *m = m.wrapping_add(ours);
+        }
+    }
     pub(crate) fn note_data_sent(&mut self, mseq: u32) {
         self.last_stream_mseq = mseq;
     }

@@ -341,6 +341,21 @@ impl<S: BufStore> Conn<S> {
         Ok((c, emit_private(&h)))
     }
 
+    /// Test hook (feature `harness`): move every sequence number of this connection by `ours`
+    /// (its own messages) and `peers` (the peer's), as if the Hellos had carried other initial
+    /// sequence numbers (the wire's are 0). Call it on both ends of a quiet connection (no
+    /// message in flight) with the offsets swapped on the peer, and the stream runs on across
+    /// the wrap at `u32::MAX`.
+    #[cfg(feature = "harness")]
+    #[doc(hidden)]
+    pub fn shift_sequence_numbers(&mut self, ours: u32, peers: u32) {
+        self.credits.shift(ours, peers);
+        self.advts.shift(ours);
+    }
+    /// Our next message's sequence number (diagnostics).
+    pub fn next_mseq(&self) -> u32 {
+        self.credits.next_mseq()
+    }
     /// The connection's state.
     pub fn state(&self) -> State {
         self.state

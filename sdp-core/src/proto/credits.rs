@@ -186,6 +186,19 @@ impl Credits {
         h
     }
 
+    /// Move every sequence number by `ours` (our messages) and `peers` (the peer's), as if the
+    /// Hellos had carried other initial sequence numbers (a test hook, see
+    /// `Conn::shift_sequence_numbers`).
+    #[cfg(feature = "harness")]
+    pub(crate) fn shift(&mut self, ours: u32, peers: u32) {
+        self.next_mseq = self.next_mseq.wrapping_add(ours);
+        self.last_rx_mseq = self.last_rx_mseq.wrapping_add(peers);
+        for (m, _, rx) in self.sent_log.iter_mut() {
+            *m = m.wrapping_add(ours);
+            *rx = rx.wrapping_add(peers);
+        }
+    }
+
     /// Credits we hold.
     #[inline]
     pub(crate) fn tx(&self) -> u32 {
