@@ -498,13 +498,13 @@ fn bench_credit(c: &mut Criterion) {
     let mut buf = [0u8; SMALL];
 
     // Send path: write() of one 64-byte message through to its send completion. The peer
-    // returns credits with an update whenever the engine gets down to its last two.
+    // returns credits with an update whenever the engine has fewer than a Data message needs.
     g.throughput(Throughput::Elements(BATCH));
     g.bench_function("engine_send_64B", |b| {
         let mut s = Scripted::new(small_cfg());
         b.iter(|| {
             for _ in 0..BATCH {
-                if s.conn.tx_credits() < 2 {
+                if s.conn.tx_credits() < sdp_core::proto::conn::DATA_CREDITS {
                     s.inject(&[]);
                 }
                 assert_eq!(s.conn.write(s.now, black_box(&msg)), Ok(SMALL));

@@ -67,6 +67,14 @@ impl Default for Advts {
 }
 
 impl Advts {
+    /// Our sequence numbers moved by `ours` (see `Credits::shift`).
+    #[cfg(feature = "harness")]
+    pub(crate) fn shift(&mut self, ours: u32) {
+        self.last_stream_mseq = self.last_stream_mseq.wrapping_add(ours);
+        if let Some(m) = self.send_sm_mseq.as_mut() {
+            *m = m.wrapping_add(ours);
+        }
+    }
     pub(crate) fn note_data_sent(&mut self, mseq: u32) {
         self.last_stream_mseq = mseq;
     }
@@ -106,7 +114,7 @@ impl Advts {
             || self.send_sm_queued
             || self
                 .send_sm_mseq
-                .is_some_and(|m| (mseq_ack.wrapping_sub(m) as i32) < 0)
+                .is_some_and(|m| super::credits::seq_lt(mseq_ack, m))
     }
     /// The peer's sink can take our bytes.
     pub(crate) fn sink_usable(&self) -> bool {

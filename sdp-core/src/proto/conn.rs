@@ -1,175 +1,23 @@
-//! The connection: state machine, credits, timers, errors and the engine's public surface.
-//!
-//! Credits follow the SDP rule: every message is a SEND that consumes one receive buffer the peer
-//! posted. Each BSDH carries `bufs` (receive buffers the sender has posted), `mseq` (its sequence
-//! number) and `mseq_ack` (the last sequence number it received), so on every message received
-//! `credits = mseq_ack + 1 + bufs - next_mseq` exactly. A control message needs two credits: the
-//! last one is kept for a credit update, so two sides that both run out can always tell each
-//! other about new buffers and never deadlock. A message with stream bytes needs four
-//! ([`DATA_CREDITS`]): the peer keeps three receives posted however much unread data its
-//! application leaves, so replies (RdmaRdCompl, SendSm, ...) get through a full receive window,
-//! as TCP's ACKs need no window.
+//! The connection: state machine, and the engine's whole public surface: every `pub fn` of
+//! [`Conn`] is in this file (application calls, inputs from below, outputs to poll). The
+//! sublayers do the work behind them: [`super::credits`] (sequence numbers and credits),
+//! [`super::timers`], the send half ([`super::send`], [`super::sent`], [`super::write`]) and
+//! the receive half ([`super::recv`], [`super::rcvd`], [`super::read`]).
 
 use std::collections::VecDeque;
-use std::time::Duration;
 
 use super::advt::Advts;
 use super::buff::{BufStore, Pool};
-use super::iocb::Iocbs;
-use super::msgs::{self, Ext, Header, Hello, HelloAck, Mid, WireError};
-use super::recv::RxItem;
-use super::send::TxItem;
+pub use super::config::Config;
+use super::credits::Credits;
+pub use super::error::{CallError, ConnError, ProtocolError};
+use super::iocb::{Iocbs, ZSink, ZSrc};
+use super::msgs::{self, Ext, Header, Hello, HelloAck, Mid};
+use super::rx::{RxHalf, RxItem};
+use super::timers::{Timer, TimerTable};
+use super::tx::{Inflight, TxHalf, TxItem};
 use super::Instant;
 use crate::verbs::{CmEvent, Completion, WcStatus, WorkRequest};
-
-/// Tunables of a connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Config {
-    /// Size of our receive buffers at start (what the peer may send in one message).
-    pub rcv_size: u32,
-    /// Largest receive buffer size a peer may ask for with ChRcvBuf.
-    pub max_rcv_size: u32,
-    /// Receive buffers posted at start (slow start begins here; never fewer than
-    /// `MIN_RX_POSTED`, 5, are posted).
-    pub initial_rx_bufs: u32,
-    /// Fewest receive buffers kept posted when idle (never fewer than `MIN_RX_POSTED`).
-    pub min_rx_bufs: u32,
-    /// Receive buffers posted plus held with unread data, at most (SO_RCVBUF / buffer size; at
-    /// least 5: a peer needs four credits to send data, see `DATA_CREDITS`).
-    pub max_rx_bufs: u32,
-    /// Bytes the application may have queued and unacknowledged on the send side (SO_SNDBUF).
-    pub sndbuf: usize,
-    /// Sends of at least this many bytes go by zero copy (SrcAvail) when the caller offers
-    /// registered memory.
-    pub zcopy_threshold: usize,
-    /// How a zero-copy send travels: `Some(true)` as Data messages whose payload the HCA
-    /// gathers straight from the registered source (no copy here, the peer copies out of its
-    /// receive buffers, no round trip), `Some(false)` by SrcAvail + the peer's RDMA Read (no
-    /// copy at either end). `None`: the provider decides (`Provider::prefers_send_gather`;
-    /// the driver fills it in). A peer's SinkAvail is filled by RDMA Write either way.
-    pub zcopy_by_send: Option<bool>,
-    /// Split zero copy between the two ends (with `zcopy_by_send` only): a source that fits
-    /// one bounce buffer goes by SrcAvail + the peer's RDMA Read whenever no such advertisement
-    /// is outstanding, and the sources behind it go on as gathered SENDs at once. On a software
-    /// device the packet work of a SEND runs on the sender's CPU and that of an RDMA Read on the
-    /// reader's, so both CPUs work on one stream. The peer reads such an advertisement at once
-    /// and in full (into a bounce buffer), so it is never cancelled. `None`: as
-    /// `zcopy_by_send` (the driver fills it in).
-    pub zcopy_split: Option<bool>,
-    /// Split zero copy: committed advertisements outstanding at once (at least 1; also bounded
-    /// by the SrcAvail window; default 3). More hands the reader's CPU a larger share.
-    pub zcopy_split_reads: u8,
-    /// Split zero copy: sources (or pieces) sent by gathered SEND and not yet completed, at
-    /// most (0: no bound beyond the credits; default 2). A bound keeps the sender from handing every
-    /// queued piece to SEND while the reads are out, so the next piece goes to whichever path
-    /// frees first and the two ends' CPUs share the stream by their rates.
-    pub zcopy_split_sends: u8,
-    /// Disable coalescing of small writes while a send is outstanding (TCP_NODELAY).
-    pub nodelay: bool,
-    /// Peer advertisements (SrcAvail/SinkAvail) we accept outstanding at once.
-    pub max_adverts: u8,
-    /// Our SrcAvails outstanding at once (pipelined zero copy): the data source advertises the
-    /// next queued zero-copy send while the peer still reads earlier ones. Bounded further by
-    /// `max_adverts` and by the peer's `max_adverts` from its Hello/HelloAck. 1 waits for each
-    /// advertisement to finish before the next (a round trip per zero-copy send).
-    pub max_srcavail_inflight: u8,
-    /// Idle time before keepalive probes start; `None` disables keepalive.
-    pub keepalive_idle: Option<Duration>,
-    /// Interval between keepalive probes.
-    pub keepalive_interval: Duration,
-    /// Failed probes (no completion within the interval) before the peer is declared dead.
-    pub keepalive_probes: u32,
-    /// Connection setup must finish within this.
-    pub connect_timeout: Duration,
-    /// After close with data still queued, keep sending this long before aborting.
-    pub linger: Duration,
-    /// How long an orderly disconnect may take before the connection is torn down.
-    pub disconnect_timeout: Duration,
-    /// A SrcAvail not fully read by the peer within this is cancelled (SrcAvailCancel) and the
-    /// rest goes by BCopy.
-    pub srcavail_timeout: Duration,
-    /// A connection without traffic this long shrinks its buffers (slow start starts over).
-    pub idle_shrink: Duration,
-    /// Receive buffers a connection waiting in a listen queue posts plus holds with unread
-    /// data, at most (within `min_rx_bufs..=max_rx_bufs`); it posts `min_rx_bufs` at a time
-    /// and does not grow until the application accepts it. The default, 12 of `rcv_size`,
-    /// holds 8 messages (256 KiB, what a TCP socket not yet accepted takes and then some: its
-    /// initial receive buffer is 128 KiB on Linux) and leaves the peer the credits it keeps
-    /// back for control messages (`DATA_CREDITS` - 1) and its DisConn: a client may write a
-    /// request, or write and exit, before the server accepts, and loses nothing
-    /// (docs/providers.md, "Listen backlog").
-    pub unaccepted_rx_bufs: u32,
-    /// A connection a listener set up and the application did not accept within this is
-    /// aborted (its peer sees a reset) and its resources freed: remote hosts must not hold
-    /// our memory forever (docs/providers.md, "Listen backlog").
-    pub unaccepted_timeout: Duration,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            rcv_size: 32 * 1024,
-            max_rcv_size: 256 * 1024,
-            initial_rx_bufs: 4,
-            min_rx_bufs: 2,
-            max_rx_bufs: 64,
-            sndbuf: 4 << 20,
-            zcopy_threshold: 64 * 1024,
-            zcopy_by_send: None,
-            zcopy_split: None,
-            zcopy_split_reads: 3,
-            zcopy_split_sends: 2,
-            nodelay: false,
-            max_adverts: 8,
-            max_srcavail_inflight: 4,
-            keepalive_idle: None,
-            keepalive_interval: Duration::from_secs(1),
-            keepalive_probes: 3,
-            connect_timeout: Duration::from_secs(10),
-            linger: Duration::from_secs(30),
-            disconnect_timeout: Duration::from_secs(5),
-            srcavail_timeout: Duration::from_secs(2),
-            idle_shrink: Duration::from_secs(1),
-            unaccepted_rx_bufs: 12,
-            unaccepted_timeout: Duration::from_secs(60),
-        }
-    }
-}
-
-impl Config {
-    /// Check the values are usable; the error names the field.
-    pub fn validate(&self) -> Result<(), &'static str> {
-        let ok_size = |s: u32| (msgs::MIN_RCV_SIZE..=msgs::MAX_RCV_SIZE).contains(&s);
-        if !ok_size(self.rcv_size) {
-            return Err("rcv_size");
-        }
-        if !ok_size(self.max_rcv_size) || self.max_rcv_size < self.rcv_size {
-            return Err("max_rcv_size");
-        }
-        if self.min_rx_bufs < 2 || self.initial_rx_bufs < self.min_rx_bufs {
-            return Err("initial_rx_bufs/min_rx_bufs");
-        }
-        if self.max_rx_bufs < self.initial_rx_bufs
-            || self.max_rx_bufs < MIN_RX_POSTED
-            || self.max_rx_bufs > u16::MAX as u32
-        {
-            return Err("max_rx_bufs");
-        }
-        if self.sndbuf == 0 {
-            return Err("sndbuf");
-        }
-        if self.zcopy_threshold == 0 {
-            return Err("zcopy_threshold");
-        }
-        if self.max_adverts == 0 {
-            return Err("max_adverts");
-        }
-        if self.max_srcavail_inflight == 0 {
-            return Err("max_srcavail_inflight");
-        }
-        Ok(())
-    }
-}
 
 /// Where the connection is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -193,104 +41,6 @@ pub enum Shutdown {
     Read,
     Write,
     Both,
-}
-
-/// Why the peer's behaviour broke the protocol. Each one ends the connection with AbortConn.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProtocolError {
-    #[error("malformed message: {0}")]
-    Wire(#[from] WireError),
-    #[error("message {mid:?} not allowed in this state ({context})")]
-    Unexpected { mid: Mid, context: &'static str },
-    #[error("message sequence number {got} where {want} was due")]
-    Sequence { got: u32, want: u32 },
-    #[error("peer acknowledged message {mseq_ack} that was never sent")]
-    BadAck { mseq_ack: u32 },
-    #[error("peer advertised an impossible credit count ({0})")]
-    BadCredits(i64),
-    #[error("message of {len} bytes exceeds the negotiated receive size {max}")]
-    TooLong { len: usize, max: u32 },
-    #[error("peer sent more advertisements than the {0} negotiated")]
-    TooManyAdverts(u8),
-    #[error("completion length {got} does not match the {want} bytes requested")]
-    BadTransferLength { got: u64, want: u64 },
-    #[error("peer acknowledged {got} bytes of a {want}-byte zero-copy transfer")]
-    BadComplLength { got: u64, want: u64 },
-    #[error("connection setup: {0}")]
-    Setup(&'static str),
-}
-
-/// Why a connection failed. [`ConnError::errno`] gives the answer a TCP socket would give.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConnError {
-    #[error("connection refused")]
-    Refused,
-    #[error("connection rejected by the peer: {0}")]
-    Rejected(String),
-    #[error("connection reset by peer")]
-    Reset,
-    #[error("connection timed out")]
-    TimedOut,
-    #[error("no route to host")]
-    Unreachable,
-    #[error("connection aborted locally")]
-    Aborted,
-    #[error("the RDMA device was removed")]
-    DeviceRemoved,
-    #[error("protocol violation by the peer: {0}")]
-    Protocol(#[from] ProtocolError),
-    #[error("transport error: {0:?}")]
-    Transport(WcStatus),
-    #[error("out of registered memory")]
-    NoMemory,
-}
-
-impl ConnError {
-    /// The errno a TCP socket reports for the same failure.
-    pub fn errno(&self) -> i32 {
-        match self {
-            ConnError::Refused | ConnError::Rejected(_) => libc::ECONNREFUSED,
-            ConnError::Reset => libc::ECONNRESET,
-            ConnError::TimedOut | ConnError::Transport(_) => libc::ETIMEDOUT,
-            ConnError::Unreachable => libc::EHOSTUNREACH,
-            ConnError::Aborted => libc::ECONNABORTED,
-            ConnError::DeviceRemoved => libc::ENETDOWN,
-            ConnError::Protocol(_) => libc::EPROTO,
-            ConnError::NoMemory => libc::ENOBUFS,
-        }
-    }
-}
-
-/// Errors of application calls.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CallError {
-    /// Nothing can be done now; try again after the next event (EAGAIN).
-    #[error("operation would block")]
-    WouldBlock,
-    /// The write half is shut (EPIPE).
-    #[error("broken pipe")]
-    BrokenPipe,
-    /// Not connected yet, or the call does not fit the state (ENOTCONN / EINVAL).
-    #[error("not connected")]
-    NotConnected,
-    /// An argument is out of range (EINVAL).
-    #[error("invalid argument: {0}")]
-    Invalid(&'static str),
-    /// The connection failed.
-    #[error(transparent)]
-    Conn(#[from] ConnError),
-}
-
-impl CallError {
-    pub fn errno(&self) -> i32 {
-        match self {
-            CallError::WouldBlock => libc::EAGAIN,
-            CallError::BrokenPipe => libc::EPIPE,
-            CallError::NotConnected => libc::ENOTCONN,
-            CallError::Invalid(_) => libc::EINVAL,
-            CallError::Conn(e) => e.errno(),
-        }
-    }
 }
 
 /// What the driver must ask of the connection manager.
@@ -347,6 +97,16 @@ pub struct ConnStats {
     pub stalls_no_credit: u64,
 }
 
+/// What [`Conn::read_zcopy`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZRecv {
+    /// The transfer is under way; [`Event::ZcopyReceived`] reports it.
+    Pending,
+    /// Data (or EOF) is already queued, the sink is too small, or the peer streams by SEND
+    /// (its Data overtook our recent offers, so this one is not made): use [`Conn::read`].
+    Copy,
+}
+
 /// Which side opened the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
@@ -385,50 +145,14 @@ pub struct Conn<S: BufStore> {
     /// Advertisements the peer accepts outstanding.
     pub(crate) peer_max_adverts: u8,
 
-    // Sequence numbers and credits.
-    pub(crate) next_mseq: u32,
-    pub(crate) last_rx_mseq: u32,
-    pub(crate) tx_credits: u32,
-    /// Credits the peer has as far as we know: `bufs` we last sent, less the messages received since.
-    pub(crate) peer_credits: u32,
-    /// For each message we sent and the peer has not acknowledged: (mseq, bufs, last_rx_mseq).
-    /// Tells us exactly how many credits the peer had left when it sent each message.
-    pub(crate) sent_log: VecDeque<(u32, u16, u32)>,
-    /// Credits the peer had left after its last message (exact, from `sent_log`).
-    pub(crate) peer_left: i64,
-    /// The peer's last message was a Data message (stream bytes or a credit update): it may
-    /// want the credits data needs, not just those of a control message.
-    pub(crate) peer_sent_data: bool,
-    /// Our last message was a Data message (so the peer knows we may want data credits).
-    pub(crate) sent_data_last: bool,
+    /// Sequence numbers and credits.
+    pub(crate) credits: Credits,
 
-    // Send side (send.rs, sent.rs).
-    pub(crate) tx_pool: Pool,
-    pub(crate) ctrl_pool: Pool,
-    pub(crate) tx_queue: VecDeque<TxItem>,
-    pub(crate) tx_inflight: slab::Slab<super::sent::Inflight>,
-    /// Data bytes accepted from the application and not yet acknowledged by a completion.
-    pub(crate) tx_bytes: usize,
-    /// Data sends posted and not yet completed (for coalescing).
-    pub(crate) tx_data_outstanding: usize,
-    /// Stream items posted so far (Data messages with bytes, gathered SENDs, SrcAvails, RDMA
-    /// Writes into a sink): while it moves, the peer is taking the stream.
-    pub(crate) stream_posts: u64,
-    /// A ChRcvBuf we sent is waiting for its ack.
-    pub(crate) resize_pending: Option<u32>,
-    /// The peer asked us for a new receive size; we ack once every posted buffer has it.
-    pub(crate) resize_ack_due: Option<u32>,
-
-    // Receive side (recv.rs, rcvd.rs).
-    pub(crate) rx_pool: Pool,
-    pub(crate) rx_posted: slab::Slab<super::buff::Buf>,
-    /// Posted receives still of an old size (after a resize), oldest first.
-    pub(crate) rx_old_posted: usize,
-    pub(crate) rx_target: u32,
-    pub(crate) rx_queue: VecDeque<RxItem>,
-    /// Receive buffers holding unread data.
-    pub(crate) rx_held: usize,
-    pub(crate) rx_bytes: usize,
+    /// The send half (moved along by send.rs, sent.rs, write.rs).
+    pub(crate) tx: TxHalf,
+    /// The receive half (moved along by recv.rs, rcvd.rs, read.rs).
+    pub(crate) rx: RxHalf,
+    /// An urgent byte (MSG_OOB) not read yet (socket/runtime.rs puts a peeked one back).
     pub(crate) urgent: Option<u8>,
 
     // Zero copy (advt.rs, iocb.rs, read.rs, write.rs).
@@ -449,15 +173,7 @@ pub struct Conn<S: BufStore> {
     /// posted or held at most, no growth, until [`Conn::set_accepted`].
     pub(crate) queued: bool,
 
-    // Timers.
-    pub(crate) last_rx_at: Instant,
-    pub(crate) last_activity: Instant,
-    pub(crate) setup_deadline: Option<Instant>,
-    pub(crate) linger_deadline: Option<Instant>,
-    pub(crate) disconnect_deadline: Option<Instant>,
-    pub(crate) keepalive_at: Option<Instant>,
-    pub(crate) keepalive_outstanding: u32,
-    pub(crate) idle_check_at: Option<Instant>,
+    pub(crate) timers: TimerTable,
 
     // Outputs.
     pub(crate) wrs: VecDeque<WorkRequest>,
@@ -467,57 +183,19 @@ pub struct Conn<S: BufStore> {
     pub stats: ConnStats,
 }
 
-/// Most messages a receive queue holds; bounds what a peer can make us track.
-pub(crate) const MAX_CREDITS: i64 = u16::MAX as i64;
-
-/// Credits a control message needs (all but AbortConn and the credit update, and one that
-/// announces receives the peer does not know of): the last is kept for a credit update.
-pub const CTRL_CREDITS: u32 = 2;
-
-/// Credits a message carrying stream bytes (Data with a payload, a gathered SEND of a
-/// zero-copy source) needs. Data is the only message that holds a receive buffer until the
-/// peer's application reads it; a control message is consumed and reposted at once. Data
-/// leaves the peer three receives, however full of unread data its application keeps its
-/// window: a control message and a credit update can pass each way even while credit updates
-/// cross (each consumes one of the other side's receives). So a reply to a zero-copy transfer
-/// (RdmaRdCompl, SendSm, SrcAvailCancel, ...) always finds a credit, and a zero-copy send never
-/// waits for the peer's application to read something else first.
-pub const DATA_CREDITS: u32 = 4;
-
-/// Fewest receives a connection keeps posted (within its budget of `max_rx_bufs` posted plus
-/// held): one more than [`DATA_CREDITS`], so data still flows while a credit update crosses it.
-pub const MIN_RX_POSTED: u32 = DATA_CREDITS + 1;
+pub use super::credits::{CTRL_CREDITS, DATA_CREDITS, MIN_RX_POSTED};
 
 impl<S: BufStore> Conn<S> {
     fn new(cfg: Config, store: S, role: Role, now: Instant) -> Conn<S> {
         let rcv = cfg.rcv_size;
+        let mut timers = TimerTable::new(now);
+        timers.start(Timer::Setup, now + cfg.connect_timeout);
         Conn {
             send_size: 0,
             peer_max_adverts: 0,
-            next_mseq: 1,
-            last_rx_mseq: 0,
-            tx_credits: 0,
-            peer_credits: 0,
-            sent_log: VecDeque::new(),
-            peer_left: i64::MAX,
-            peer_sent_data: true,
-            sent_data_last: false,
-            tx_pool: Pool::new(rcv),
-            ctrl_pool: Pool::new(MAX_HDR as u32),
-            tx_queue: VecDeque::new(),
-            tx_inflight: slab::Slab::new(),
-            tx_bytes: 0,
-            tx_data_outstanding: 0,
-            stream_posts: 0,
-            resize_pending: None,
-            resize_ack_due: None,
-            rx_pool: Pool::new(rcv),
-            rx_posted: slab::Slab::new(),
-            rx_old_posted: 0,
-            rx_target: cfg.initial_rx_bufs,
-            rx_queue: VecDeque::new(),
-            rx_held: 0,
-            rx_bytes: 0,
+            credits: Credits::default(),
+            tx: TxHalf::new(rcv, MAX_HDR as u32),
+            rx: RxHalf::new(rcv, cfg.initial_rx_bufs),
             urgent: None,
             advts: Advts::default(),
             iocbs: Iocbs::default(),
@@ -529,14 +207,7 @@ impl<S: BufStore> Conn<S> {
             disconnect_issued: false,
             was_established: false,
             queued: false,
-            last_rx_at: now,
-            last_activity: now,
-            setup_deadline: Some(now + cfg.connect_timeout),
-            linger_deadline: None,
-            disconnect_deadline: None,
-            keepalive_at: None,
-            keepalive_outstanding: 0,
-            idle_check_at: None,
+            timers,
             wrs: VecDeque::new(),
             cm: VecDeque::new(),
             events: VecDeque::new(),
@@ -571,17 +242,17 @@ impl<S: BufStore> Conn<S> {
             local_rcv_size: c.cfg.rcv_size,
             src_port,
         };
+        let bufs = c.rx_posted_count();
+        let (mseq, mseq_ack) = c.credits.hello_sent(bufs);
         let h = Header::new(
             Mid::Hello,
             Ext::Hello(hello),
             msgs::BsdhFlags::empty(),
-            c.rx_posted_count(),
-            0,
-            0,
+            bufs,
+            mseq,
+            mseq_ack,
             0,
         );
-        c.peer_credits = c.rx_posted_count() as u32;
-        c.sent_log.push_back((0, c.rx_posted_count(), 0));
         Ok((c, emit_private(&h)))
     }
 
@@ -637,7 +308,7 @@ impl<S: BufStore> Conn<S> {
         c.queued = queued;
         c.send_size = hello.local_rcv_size;
         c.peer_max_adverts = hello.max_adverts;
-        c.tx_credits = h.bsdh.bufs as u32;
+        c.credits.hello_rcvd(h.bsdh.bufs);
         // Honour the size the peer would like to send with, within our limits (a queued
         // connection keeps ours; the peer asks again with ChRcvBuf under load).
         let want = if queued {
@@ -647,8 +318,8 @@ impl<S: BufStore> Conn<S> {
                 .desired_rcv_size
                 .clamp(c.cfg.rcv_size, c.cfg.max_rcv_size)
         };
-        c.rx_pool = Pool::new(want);
-        c.tx_pool = Pool::new(c.send_size);
+        c.rx.pool = Pool::new(want);
+        c.tx.pool = Pool::new(c.send_size);
         c.fill_rx()?;
         let ack = HelloAck {
             version: msgs::SDP_VERSION,
@@ -656,20 +327,35 @@ impl<S: BufStore> Conn<S> {
             actual_rcv_size: want,
             desired_rcv_size: c.cfg.rcv_size,
         };
+        let bufs = c.rx_posted_count();
+        let (mseq, mseq_ack) = c.credits.hello_sent(bufs);
         let h = Header::new(
             Mid::HelloAck,
             Ext::HelloAck(ack),
             msgs::BsdhFlags::empty(),
-            c.rx_posted_count(),
-            0,
-            0,
+            bufs,
+            mseq,
+            mseq_ack,
             0,
         );
-        c.peer_credits = c.rx_posted_count() as u32;
-        c.sent_log.push_back((0, c.rx_posted_count(), 0));
         Ok((c, emit_private(&h)))
     }
 
+    /// Test hook (feature `harness`): move every sequence number of this connection by `ours`
+    /// (its own messages) and `peers` (the peer's), as if the Hellos had carried other initial
+    /// sequence numbers (the wire's are 0). Call it on both ends of a quiet connection (no
+    /// message in flight) with the offsets swapped on the peer, and the stream runs on across
+    /// the wrap at `u32::MAX`.
+    #[cfg(feature = "harness")]
+    #[doc(hidden)]
+    pub fn shift_sequence_numbers(&mut self, ours: u32, peers: u32) {
+        self.credits.shift(ours, peers);
+        self.advts.shift(ours);
+    }
+    /// Our next message's sequence number (diagnostics).
+    pub fn next_mseq(&self) -> u32 {
+        self.credits.next_mseq()
+    }
     /// The connection's state.
     pub fn state(&self) -> State {
         self.state
@@ -680,16 +366,16 @@ impl<S: BufStore> Conn<S> {
             "state={:?} err={:?} credits={} peer_credits={} next_mseq={} last_rx={} tx_q={:?} inflight={} tx_bytes={} rx_q={} rx_posted={} rx_held={} srcs={:?} sink={} sink_cancel={} peer_srcs={} peer_sink={} disconn_sent={} disconn_rcvd={}",
             self.state,
             self.error,
-            self.tx_credits,
-            self.peer_credits,
-            self.next_mseq,
-            self.last_rx_mseq,
-            self.tx_queue.iter().take(6).map(|i| match i { TxItem::Data { len, .. } => format!("D{len}"), TxItem::Ctrl { mid, .. } => format!("{mid:?}"), TxItem::Src { key } => format!("S{key}") }).collect::<Vec<_>>(),
-            self.tx_inflight.len(),
-            self.tx_bytes,
-            self.rx_queue.len(),
-            self.rx_posted.len(),
-            self.rx_held,
+            self.credits.tx(),
+            self.credits.peer(),
+            self.credits.next_mseq(),
+            self.credits.last_rx_mseq(),
+            self.tx.queue.iter().take(6).map(|i| match i { TxItem::Data { len, .. } => format!("D{len}"), TxItem::Ctrl { mid, .. } => format!("{mid:?}"), TxItem::Src { key } => format!("S{key}") }).collect::<Vec<_>>(),
+            self.tx.inflight.len(),
+            self.tx.bytes,
+            self.rx.queue.len(),
+            self.rx.posted.len(),
+            self.rx.held,
             self.iocbs.srcs.iter().map(|s| (s.key, s.token, s.state, s.acked, s.written)).collect::<Vec<_>>(),
             self.iocbs.sink.is_some(),
             self.iocbs.sink_cancel_pending,
@@ -734,8 +420,8 @@ impl<S: BufStore> Conn<S> {
     fn open_window(&mut self) {
         if self.state == State::Established
             && !self.queued
-            && self.rx_posted.len() as u32 > self.peer_credits
-            && self.tx_credits > 0
+            && self.credits.peer_unaware(self.rx.posted.len() as u32)
+            && self.credits.tx() > 0
             && !self.disconnect_issued
         {
             self.stats.credit_updates_sent += 1;
@@ -755,9 +441,9 @@ impl<S: BufStore> Conn<S> {
     /// Receive buffers to keep posted (the slow-start target).
     pub(crate) fn rx_post_target(&self) -> usize {
         if self.queued {
-            self.cfg.min_rx_bufs.min(self.rx_target) as usize
+            self.cfg.min_rx_bufs.min(self.rx.target) as usize
         } else {
-            self.rx_target as usize
+            self.rx.target as usize
         }
     }
     /// The error that ended the connection, if any.
@@ -774,7 +460,7 @@ impl<S: BufStore> Conn<S> {
     }
     /// Credits we hold (receive buffers of the peer we may use).
     pub fn tx_credits(&self) -> u32 {
-        self.tx_credits
+        self.credits.tx()
     }
     /// Largest message we send (the peer's receive buffer size).
     pub fn send_size(&self) -> u32 {
@@ -782,23 +468,23 @@ impl<S: BufStore> Conn<S> {
     }
     /// Size of the receive buffers we post.
     pub fn rcv_size(&self) -> u32 {
-        self.rx_pool.size()
+        self.rx.pool.size()
     }
     /// Receive buffers posted now.
     pub fn rx_posted_now(&self) -> usize {
-        self.rx_posted.len()
+        self.rx.posted.len()
     }
     /// Bytes buffered for sending, unacknowledged.
     pub fn tx_queued_bytes(&self) -> usize {
-        self.tx_bytes
+        self.tx.bytes
     }
     /// Bytes received and not yet read.
     pub fn rx_queued_bytes(&self) -> usize {
-        self.rx_bytes
+        self.rx.bytes
     }
     /// The peer sent DisConn and every byte before it has been read (reads return 0).
     pub fn read_closed(&self) -> bool {
-        (self.disconn_rcvd || self.shut_rd) && self.rx_queue.is_empty()
+        (self.disconn_rcvd || self.shut_rd) && self.rx.queue.is_empty()
     }
     /// Our write half is shut.
     pub fn write_closed(&self) -> bool {
@@ -810,13 +496,13 @@ impl<S: BufStore> Conn<S> {
     pub fn close_pending(&self) -> bool {
         self.app_closed
             && self.state == State::Established
-            && !(self.disconn_sent && self.tx_inflight.is_empty())
+            && !(self.disconn_sent && self.tx.inflight.is_empty())
     }
     /// Bytes of a peer's SrcAvail that come next in the stream and may be read without a copy
     /// into a registered sink ([`Conn::read_zcopy`]); `None` if the next bytes are not one.
     pub fn next_is_zcopy(&self) -> Option<u32> {
-        match self.rx_queue.front() {
-            Some(super::recv::RxItem::Src { advt }) => {
+        match self.rx.queue.front() {
+            Some(RxItem::Src { advt }) => {
                 let a = self.advts.srcs.get(*advt)?;
                 if a.reads_inflight == 0 && !a.cancelled && a.requested < a.len {
                     Some(a.len - a.requested)
@@ -842,7 +528,7 @@ impl<S: BufStore> Conn<S> {
             State::Closed | State::Disconnecting => true,
             State::Established => {
                 self.error.is_some()
-                    || !self.rx_queue.is_empty()
+                    || !self.rx.queue.is_empty()
                     || self.disconn_rcvd
                     || self.shut_rd
                     || self.urgent.is_some()
@@ -854,11 +540,128 @@ impl<S: BufStore> Conn<S> {
         match self.state {
             State::Connecting | State::Accepting => false,
             State::Established => {
-                self.shut_wr || self.error.is_some() || self.tx_bytes < self.cfg.sndbuf
+                self.shut_wr || self.error.is_some() || self.tx.bytes < self.cfg.sndbuf
             }
             _ => true,
         }
     }
+
+    // ---- Writing (the send half: send.rs, write.rs) ----
+
+    /// Copy application bytes into the send queue. Returns how many were taken (fewer than
+    /// offered when the send buffer fills up).
+    pub fn write(&mut self, now: Instant, data: &[u8]) -> Result<usize, CallError> {
+        self.queue_bytes(now, data)
+    }
+    /// Queue a zero-copy send of registered memory (`src` must grant remote read until
+    /// [`Event::ZcopySent`] for `token`). Small sources are refused with `Invalid`: copy them.
+    /// Once advertised, a source the peer makes no progress on for `srcavail_timeout` is
+    /// cancelled.
+    pub fn write_zcopy(&mut self, now: Instant, src: ZSrc, token: u64) -> Result<(), CallError> {
+        self.queue_zcopy(now, src, token, None)
+    }
+    /// Queue a zero-copy send that completes by zero copy only while the peer takes it: if the
+    /// peer makes no progress on it for `stall` (from now while it waits in the queue, from its
+    /// SrcAvail, and from each acknowledgement), it ends with what went ([`Event::ZcopySent`])
+    /// and the application sends the rest by copy. A blocking write uses this, so it never
+    /// waits for the peer's application longer than `stall` (TCP's returns once the bytes are
+    /// in the send buffer): a cancel waits only for the peer's engine, whose SendSm answers it
+    /// (its control messages always have a credit, see `DATA_CREDITS`), and a queued source
+    /// ends without a message. Committed advertisements (split zero copy) are never cancelled.
+    pub fn write_zcopy_bounded(
+        &mut self,
+        now: Instant,
+        src: ZSrc,
+        token: u64,
+        stall: std::time::Duration,
+    ) -> Result<(), CallError> {
+        self.queue_zcopy(now, src, token, Some(stall))
+    }
+    /// Send one urgent byte (MSG_OOB): it travels as the last byte of a Data message with
+    /// OOB_PRES, and the peer sees it apart from the stream.
+    pub fn send_urgent(&mut self, now: Instant, byte: u8) -> Result<(), CallError> {
+        self.queue_urgent(now, byte)
+    }
+    /// Bytes the application may still queue.
+    pub fn send_room(&self) -> usize {
+        self.tx.room(self.cfg.sndbuf)
+    }
+    /// Give up a queued or advertised zero-copy send. [`Event::ZcopySent`] reports how many
+    /// bytes the peer got; the rest (and every later zero-copy send) must be sent again. An
+    /// advertised source cancels every outstanding advertisement (one SrcAvailCancel).
+    pub fn cancel_write_zcopy(&mut self, now: Instant, token: u64) {
+        self.cancel_src(now, token)
+    }
+    /// How many of our SrcAvails may be outstanding at once (at least 1).
+    pub fn src_window(&self) -> usize {
+        let peer = self.peer_max_adverts.max(1);
+        self.cfg
+            .max_srcavail_inflight
+            .min(self.cfg.max_adverts)
+            .min(peer)
+            .max(1) as usize
+    }
+    /// A zero-copy send is still queued or outstanding (plain writes wait behind it).
+    pub fn zcopy_outstanding(&self) -> bool {
+        !self.iocbs.srcs.is_empty()
+    }
+    /// Zero-copy sources (or split pieces) with sends in flight now (gathered SENDs or RDMA
+    /// Writes; at most `Config::zcopy_split_sends` in split zero copy).
+    pub fn zcopy_sends_inflight(&self) -> usize {
+        self.iocbs.src_sending()
+    }
+    /// Our SrcAvails outstanding now (at most [`Conn::src_window`]).
+    pub fn srcavail_inflight(&self) -> usize {
+        self.iocbs.src_inflight()
+    }
+
+    // ---- Reading (the receive half: recv.rs, read.rs) ----
+
+    /// Copy received bytes into `dst`. `Ok(0)` is end of stream (the peer's DisConn, after all
+    /// its data, or our own read shutdown). After a failure the data received before it is
+    /// still read first, then the error (as Linux does after a reset).
+    pub fn read(&mut self, now: Instant, dst: &mut [u8]) -> Result<usize, CallError> {
+        self.read_copy(now, dst)
+    }
+    /// Copy received bytes into `dst` without consuming them (MSG_PEEK): stops at a peer's
+    /// SrcAvail whose bytes have not been fetched. `Ok(0)` is end of stream; an error comes
+    /// only when no data is left to peek.
+    pub fn peek(&self, dst: &mut [u8]) -> Result<usize, CallError> {
+        self.peek_copy(dst)
+    }
+    /// A read would return at once with data, end of stream or an error (not merely start
+    /// fetching a peer's SrcAvail): what a readiness fd reports as readable.
+    pub fn read_ready(&self) -> bool {
+        self.stream_ready()
+    }
+    /// Whether an urgent byte (MSG_OOB) arrived and was not read yet.
+    pub fn urgent_pending(&self) -> bool {
+        self.urgent.is_some()
+    }
+    /// Take the urgent byte (MSG_OOB), if one arrived and was not read yet.
+    pub fn read_urgent(&mut self) -> Option<u8> {
+        self.urgent.take()
+    }
+    /// Receive into registered memory without copying. If the next stream bytes are a peer's
+    /// SrcAvail they are RDMA-Read straight into `sink`; if nothing is queued, a SinkAvail
+    /// invites the peer to RDMA-Write its next bytes into `sink`.
+    pub fn read_zcopy(
+        &mut self,
+        now: Instant,
+        sink: ZSink,
+        token: u64,
+    ) -> Result<ZRecv, CallError> {
+        self.start_read_zcopy(now, sink, token)
+    }
+    /// Give up a zero-copy receive (SinkAvailCancel). [`Event::ZcopyReceived`] still reports
+    /// how many bytes the peer placed before it saw the cancel.
+    pub fn cancel_read_zcopy(&mut self, now: Instant) {
+        if self.iocbs.sink_active() {
+            self.cancel_sink(now);
+            self.flush(now);
+        }
+    }
+    // ---- Inputs from below: CM events, completions, timers ----
 
     /// Handle a CM event reported on this connection's endpoint.
     pub fn handle_cm(&mut self, now: Instant, ev: CmEvent) {
@@ -929,8 +732,8 @@ impl<S: BufStore> Conn<S> {
         }
         self.send_size = ack.actual_rcv_size;
         self.peer_max_adverts = ack.max_adverts;
-        self.tx_credits = h.bsdh.bufs as u32;
-        self.tx_pool = Pool::new(self.send_size);
+        self.credits.hello_rcvd(h.bsdh.bufs);
+        self.tx.pool = Pool::new(self.send_size);
         // The acceptor's `desired_rcv_size` (for its own sends) is not acted on here: the
         // buffers already posted keep their size, the peer learned it from the Hello, and a
         // later ChRcvBuf from the peer moves it.
@@ -940,11 +743,10 @@ impl<S: BufStore> Conn<S> {
     fn established(&mut self, now: Instant) {
         self.state = State::Established;
         self.was_established = true;
-        self.setup_deadline = None;
-        self.last_rx_at = now;
-        self.last_activity = now;
-        self.arm_keepalive(now);
-        self.idle_check_at = Some(now + self.cfg.idle_shrink);
+        self.timers.stop(Timer::Setup);
+        self.heard_from_peer(now);
+        self.timers
+            .start(Timer::IdleCheck, now + self.cfg.idle_shrink);
         self.events.push_back(Event::Connected);
         self.events.push_back(Event::Writable);
         self.flush(now);
@@ -1012,46 +814,12 @@ impl<S: BufStore> Conn<S> {
         if self.state == State::Closed {
             return;
         }
-        if self.setup_deadline.is_some_and(|d| now >= d) {
-            self.setup_deadline = None;
-            self.fail(now, ConnError::TimedOut, true);
-            return;
-        }
-        if self.disconnect_deadline.is_some_and(|d| now >= d) {
-            self.disconnect_deadline = None;
-            self.finish(now);
-            return;
-        }
-        if self.linger_deadline.is_some_and(|d| now >= d) {
-            self.linger_deadline = None;
-            self.abort_with(now, ConnError::TimedOut);
-            return;
-        }
-        if self.keepalive_at.is_some_and(|d| now >= d) {
-            self.keepalive_due(now);
-        }
-        if self.iocbs.src_deadline().is_some_and(|d| now >= d) {
-            self.srcavail_timed_out(now);
-        }
-        if self.idle_check_at.is_some_and(|d| now >= d) {
-            self.idle_check(now);
-        }
-        self.flush(now);
+        self.expire_timers(now);
     }
 
     /// The earliest time [`Conn::handle_timeout`] must be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        [
-            self.setup_deadline,
-            self.disconnect_deadline,
-            self.linger_deadline,
-            self.keepalive_at,
-            self.iocbs.src_deadline(),
-            self.idle_check_at,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        self.next_deadline()
     }
 
     /// The next work request to post.
@@ -1107,7 +875,7 @@ impl<S: BufStore> Conn<S> {
             State::Closed | State::Disconnecting => {}
             State::Connecting | State::Accepting => self.abort_with(now, ConnError::Aborted),
             State::Established => {
-                if self.rx_bytes > 0 || self.advts.has_src() {
+                if self.rx.bytes > 0 || self.advts.has_src() {
                     self.abort_with(now, ConnError::Aborted);
                     return;
                 }
@@ -1116,7 +884,7 @@ impl<S: BufStore> Conn<S> {
                     self.shut_wr = true;
                     self.close_tail();
                 }
-                self.linger_deadline = Some(now + self.cfg.linger);
+                self.timers.start(Timer::Linger, now + self.cfg.linger);
                 self.flush(now);
             }
         }
@@ -1167,10 +935,11 @@ impl<S: BufStore> Conn<S> {
             self.disconnect_issued = true;
             self.cm.push_back(CmAction::Disconnect);
             self.state = State::Disconnecting;
-            self.disconnect_deadline = Some(now + self.cfg.disconnect_timeout);
-            self.keepalive_at = None;
-            self.linger_deadline = None;
-            self.idle_check_at = None;
+            self.timers
+                .start(Timer::Disconnect, now + self.cfg.disconnect_timeout);
+            self.timers.stop(Timer::Keepalive);
+            self.timers.stop(Timer::Linger);
+            self.timers.stop(Timer::IdleCheck);
         }
     }
 
@@ -1179,7 +948,7 @@ impl<S: BufStore> Conn<S> {
         if self.state == State::Established
             && self.disconn_sent
             && self.disconn_rcvd
-            && self.tx_inflight.is_empty()
+            && self.tx.inflight.is_empty()
         {
             // The side that sent DisConn last would wait forever for a second disconnect if
             // both waited: both issue it (rdma_disconnect is fine from both ends).
@@ -1193,11 +962,7 @@ impl<S: BufStore> Conn<S> {
             return;
         }
         self.state = State::Closed;
-        self.setup_deadline = None;
-        self.disconnect_deadline = None;
-        self.linger_deadline = None;
-        self.keepalive_at = None;
-        self.idle_check_at = None;
+        self.timers.stop_all();
         self.fail_pending_zcopy();
         if self.error.is_none() && !self.disconn_rcvd {
             self.error = Some(ConnError::Reset);
@@ -1211,8 +976,8 @@ impl<S: BufStore> Conn<S> {
     /// Give every buffer back to the store. Work requests still posted are dead: the driver
     /// destroys the endpoint on [`Event::Closed`].
     fn release_all(&mut self) {
-        for (_, inf) in std::mem::take(&mut self.tx_inflight) {
-            if let super::sent::Inflight::Read(r) = &inf {
+        for (_, inf) in std::mem::take(&mut self.tx.inflight) {
+            if let Inflight::Read(r) = &inf {
                 // A read into the application's sink that never completed: reported here,
                 // once (the endpoint is destroyed with it, so nothing writes the sink later).
                 let token = r.sink_token;
@@ -1220,76 +985,38 @@ impl<S: BufStore> Conn<S> {
             }
             inf.release(&mut self.store);
         }
-        for item in std::mem::take(&mut self.tx_queue) {
-            item.release(&mut self.store);
-        }
-        for (_, b) in std::mem::take(&mut self.rx_posted) {
-            self.store.free(b);
-        }
+        self.tx.drop_queue(&mut self.store);
+        self.rx.drop_posted(&mut self.store);
         // Received data stays readable, after an orderly close as after a failure (Linux
         // keeps a reset socket's receive queue: the data, then the error, then EOF); `read`
         // frees each buffer as it empties. A peer's advertised source cannot be read any
         // more, so the stream ends before the first one.
         if let Some(cut) = self
-            .rx_queue
+            .rx
+            .queue
             .iter()
             .position(|i| matches!(i, RxItem::Src { .. }))
         {
-            for item in self.rx_queue.split_off(cut) {
+            for item in self.rx.queue.split_off(cut) {
                 if let RxItem::Data { len, bounce, .. } = &item {
-                    self.rx_bytes -= *len as usize;
+                    self.rx.bytes -= *len as usize;
                     if !*bounce {
-                        self.rx_held -= 1;
+                        self.rx.held -= 1;
                     }
                 }
                 item.release(&mut self.store);
             }
         }
-        self.tx_bytes = 0;
         self.advts.release(&mut self.store);
         self.iocbs.release(&mut self.store);
         // The pools' counts are moot now: drop their idle buffers.
-        self.tx_pool.release(&mut self.store);
-        self.ctrl_pool.release(&mut self.store);
-        self.rx_pool.release(&mut self.store);
-    }
-
-    pub(crate) fn arm_keepalive(&mut self, now: Instant) {
-        self.keepalive_at = self.probe_idle().map(|d| now + d);
-        self.keepalive_outstanding = 0;
+        self.tx.release_pools(&mut self.store);
+        self.rx.pool.release(&mut self.store);
     }
 
     /// Process a received BSDH's credit fields.
     pub(crate) fn on_bsdh(&mut self, h: &msgs::Bsdh) -> Result<(), ProtocolError> {
-        let want = self.last_rx_mseq.wrapping_add(1);
-        if h.mseq != want {
-            return Err(ProtocolError::Sequence { got: h.mseq, want });
-        }
-        self.last_rx_mseq = h.mseq;
-        // Messages we sent that the peer had not seen when it sent this one.
-        // No more can be in flight than the peer ever had buffers for.
-        let unacked = self.next_mseq.wrapping_sub(1).wrapping_sub(h.mseq_ack);
-        if unacked as i64 > MAX_CREDITS {
-            return Err(ProtocolError::BadAck {
-                mseq_ack: h.mseq_ack,
-            });
-        }
-        let credits = h.bufs as i64 - unacked as i64;
-        if !(0..=MAX_CREDITS).contains(&credits) {
-            return Err(ProtocolError::BadCredits(credits));
-        }
-        self.tx_credits = credits as u32;
-        self.peer_credits = self.peer_credits.saturating_sub(1);
-        self.peer_sent_data = h.mid == Mid::Data;
-        // How many credits the peer had left after sending this: the bufs of our message it had
-        // seen last, less its messages since we sent that one.
-        while self.sent_log.len() > 1 && self.sent_log[1].0.wrapping_sub(h.mseq_ack) as i32 <= 0 {
-            self.sent_log.pop_front();
-        }
-        self.peer_left = match self.sent_log.front() {
-            Some(&(m, bufs, rx)) if m == h.mseq_ack => bufs as i64 - h.mseq.wrapping_sub(rx) as i64,
-            _ => i64::MAX,
-        };
+        self.credits.on_bsdh(h)?;
         self.stats.msgs_rcvd += 1;
         Ok(())
     }
@@ -1303,27 +1030,13 @@ impl<S: BufStore> Conn<S> {
         payload: usize,
     ) -> Header {
         let bufs = self.rx_posted_count();
-        let h = Header::new(
-            mid,
-            ext,
-            flags,
-            bufs,
-            self.next_mseq,
-            self.last_rx_mseq,
-            payload,
-        );
-        self.sent_log
-            .push_back((self.next_mseq, bufs, self.last_rx_mseq));
-        self.sent_data_last = mid == Mid::Data;
-        self.next_mseq = self.next_mseq.wrapping_add(1);
-        self.tx_credits -= 1;
-        self.peer_credits = bufs as u32;
+        let h = self.credits.next_header(mid, ext, flags, payload, bufs);
         self.stats.msgs_sent += 1;
         h
     }
 
     pub(crate) fn rx_posted_count(&self) -> u16 {
-        self.rx_posted.len().min(u16::MAX as usize) as u16
+        self.rx.posted_count()
     }
 
     /// Move everything along: post receives, send what credits allow, send a credit update if

@@ -11,27 +11,38 @@
 //! | module  | sublayer |
 //! |---------|----------|
 //! | [`msgs`] | wire format (BSDH, extended headers, compact Hello) |
-//! | [`conn`] | connection state machine, credits, timers, errors |
+//! | [`conn`] | the connection: state machine and the engine's public surface |
+//! | [`config`] / [`error`] | tunables / errors (with their errno) |
+//! | [`credits`] | sequence numbers and credits (flow control) |
+//! | [`timers`] / [`timeouts`] | the timer table / what each timer does: keepalive, zero-window probe, idle shrink, ... |
 //! | [`buff`] | registered buffers: the pool a connection sends and receives through |
 //! | [`advt`] | peer advertisements (SrcAvail / SinkAvail received) |
 //! | [`iocb`] | local zero-copy blocks (our SrcAvail / SinkAvail outstanding) |
+//! | `tx` / `rx` | the send half's and the receive half's state (queues, buffers, in flight) |
 //! | [`send`] / [`sent`] | application data to SEND work requests / send completions |
 //! | [`recv`] / [`rcvd`] | receive posting and application reads / receive completions |
-//! | [`read`] / [`write`](mod@write) | RDMA Read (ZCopy read path) / RDMA Write (ZCopy write path, keepalive) |
+//! | [`read`] / [`write`](mod@write) | RDMA Read (ZCopy read path) / RDMA Write (ZCopy write path) |
 //! | [`table`] | the connection table |
 #![forbid(unsafe_code)]
 
 pub mod advt;
 pub mod buff;
+pub mod config;
 pub mod conn;
+pub mod credits;
+pub mod error;
 pub mod iocb;
 pub mod msgs;
 pub mod rcvd;
 pub mod read;
 pub mod recv;
+pub(crate) mod rx;
 pub mod send;
 pub mod sent;
 pub mod table;
+pub mod timeouts;
+pub mod timers;
+pub(crate) mod tx;
 pub mod write;
 
 pub use buff::{Buf, BufStore};

@@ -7,27 +7,27 @@
 use super::buff::BufStore;
 use super::conn::{Conn, Event, ProtocolError, MAX_HDR};
 use super::msgs::{BsdhFlags, Ext, Header, Mid, BSDH_LEN, MIN_RCV_SIZE};
-use super::recv::RxItem;
+use super::rx::RxItem;
 use super::Instant;
 use crate::verbs::{Completion, WcStatus};
 
 impl<S: BufStore> Conn<S> {
     pub(crate) fn on_recv_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
-        let Some(buf) = self.rx_posted.try_remove(idx) else {
+        let Some(buf) = self.rx.posted.try_remove(idx) else {
             return;
         };
-        let old_size = buf.size != self.rx_pool.size();
+        let old_size = buf.size != self.rx.pool.size();
         if old_size {
-            self.rx_old_posted = self.rx_old_posted.saturating_sub(1);
+            self.rx.old_posted = self.rx.old_posted.saturating_sub(1);
         }
         if wc.status != WcStatus::Success {
-            self.rx_pool.put(&mut self.store, buf);
+            self.rx.pool.put(&mut self.store, buf);
             self.on_wc_error(now, wc.status);
             return;
         }
         let len = wc.byte_len as usize;
         if len > buf.size as usize {
-            self.rx_pool.put(&mut self.store, buf);
+            self.rx.pool.put(&mut self.store, buf);
             self.protocol_error(now, ProtocolError::TooLong { len, max: buf.size });
             return;
         }
@@ -37,26 +37,24 @@ impl<S: BufStore> Conn<S> {
         let h = match parse_received(&hdr[..n], len) {
             Ok(h) => h,
             Err(e) => {
-                self.rx_pool.put(&mut self.store, buf);
+                self.rx.pool.put(&mut self.store, buf);
                 self.protocol_error(now, e.into());
                 return;
             }
         };
-        self.last_rx_at = now;
-        self.last_activity = now;
-        self.arm_keepalive(now);
+        self.heard_from_peer(now);
         if let Err(e) = self.on_bsdh(&h.bsdh) {
-            self.rx_pool.put(&mut self.store, buf);
+            self.rx.pool.put(&mut self.store, buf);
             self.protocol_error(now, e);
             return;
         }
-        if self.resize_ack_due.is_some() && self.rx_old_posted == 0 {
-            let size = self.resize_ack_due.take().expect("checked");
+        if self.rx.resize_ack_due.is_some() && self.rx.old_posted == 0 {
+            let size = self.rx.resize_ack_due.take().expect("checked");
             self.queue_ctrl_front(Mid::ChRcvBufAck, Ext::ChRcvBufAck { size });
         }
         let payload = len - h.header_len();
         if self.disconn_rcvd && carries_stream(h.bsdh.mid, payload) {
-            self.rx_pool.put(&mut self.store, buf);
+            self.rx.pool.put(&mut self.store, buf);
             self.protocol_error(
                 now,
                 ProtocolError::Unexpected {
@@ -70,14 +68,14 @@ impl<S: BufStore> Conn<S> {
             Ext::None if h.bsdh.mid == Mid::Data => {
                 if payload == 0 {
                     // A pure credit update.
-                    self.rx_pool.put(&mut self.store, buf);
+                    self.rx.pool.put(&mut self.store, buf);
                     Ok(())
                 } else {
                     self.on_data(now, buf, payload as u32, h.bsdh.flags)
                 }
             }
             _ => {
-                self.rx_pool.put(&mut self.store, buf);
+                self.rx.pool.put(&mut self.store, buf);
                 self.on_control(now, &h)
             }
         };
@@ -109,17 +107,17 @@ impl<S: BufStore> Conn<S> {
         if len > 0 && self.app_closed {
             // Data for a socket the application closed: nobody will read it. TCP answers
             // with a reset, so the writer learns at once; so do we (AbortConn).
-            self.rx_pool.put(&mut self.store, buf);
+            self.rx.pool.put(&mut self.store, buf);
             self.abort_with(now, super::conn::ConnError::Aborted);
             return Ok(());
         }
         if len == 0 || self.shut_rd {
-            self.rx_pool.put(&mut self.store, buf);
+            self.rx.pool.put(&mut self.store, buf);
             return Ok(());
         }
-        self.rx_held += 1;
-        self.rx_bytes += len as usize;
-        self.rx_queue.push_back(RxItem::Data {
+        self.rx.held += 1;
+        self.rx.bytes += len as usize;
+        self.rx.queue.push_back(RxItem::Data {
             buf,
             off: BSDH_LEN as u32,
             len,
@@ -167,20 +165,21 @@ impl<S: BufStore> Conn<S> {
                 // we grant from now on, and ack once every buffer still posted has that size.
                 // A queued connection keeps its size (the ack says so) until it is accepted.
                 let grant = if self.queued {
-                    self.rx_pool.size()
+                    self.rx.pool.size()
                 } else {
                     size.clamp(MIN_RCV_SIZE, self.cfg.max_rcv_size)
                 };
-                self.rx_pool.resize(&mut self.store, grant);
-                self.rx_old_posted = self
-                    .rx_posted
+                self.rx.pool.resize(&mut self.store, grant);
+                self.rx.old_posted = self
+                    .rx
+                    .posted
                     .iter()
                     .filter(|(_, b)| b.size != grant)
                     .count();
-                if self.rx_old_posted == 0 {
+                if self.rx.old_posted == 0 {
                     self.queue_ctrl_front(Mid::ChRcvBufAck, Ext::ChRcvBufAck { size: grant });
                 } else {
-                    self.resize_ack_due = Some(grant);
+                    self.rx.resize_ack_due = Some(grant);
                 }
                 self.stats.resizes += 1;
                 Ok(())
@@ -198,29 +197,12 @@ impl<S: BufStore> Conn<S> {
     /// buffers next time (up to the budget).
     fn slow_start_grow(&mut self) {
         // The peer sent at its last data credit (it keeps DATA_CREDITS - 1 for replies).
-        if self.peer_left < super::conn::DATA_CREDITS as i64
-            && self.rx_target < self.cfg.max_rx_bufs
+        if self.credits.peer_at_last_data_credit()
+            && self.rx.target < self.cfg.max_rx_bufs
             && !self.queued
         {
-            self.rx_target = (self.rx_target * 2).min(self.cfg.max_rx_bufs);
+            self.rx.target = (self.rx.target * 2).min(self.cfg.max_rx_bufs);
         }
-    }
-
-    /// No traffic for `idle_shrink`: shrink back to the initial buffer count and give idle
-    /// send buffers back.
-    pub(crate) fn idle_check(&mut self, now: Instant) {
-        let idle = now.saturating_since(self.last_activity) >= self.cfg.idle_shrink;
-        if idle {
-            self.rx_target = self
-                .cfg
-                .min_rx_bufs
-                .max(self.cfg.initial_rx_bufs.min(self.rx_target));
-            self.tx_pool.trim(&mut self.store, 0);
-            self.ctrl_pool.trim(&mut self.store, 1);
-            self.advts.bounce_pool.trim(&mut self.store, 0);
-            self.rx_pool.trim(&mut self.store, 0);
-        }
-        self.idle_check_at = Some(now + self.cfg.idle_shrink);
     }
 }
 

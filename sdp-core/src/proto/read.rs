@@ -5,12 +5,13 @@
 
 use super::advt::{SrcAdvt, BOUNCE_WINDOW, EAGER_BOUNCE_BUFS};
 use super::buff::{Buf, BufStore};
+pub use super::conn::ZRecv;
 use super::conn::{wrid, CallError, Conn, Event, ProtocolError, State};
 use super::iocb::{SinkIocb, ZSink};
 use super::msgs::{Ext, Mid};
-use super::recv::RxItem;
-use super::send::TxItem;
-use super::sent::Inflight;
+use super::rx::RxItem;
+use super::tx::TxItem;
+use super::tx::{Inflight, ReadReq};
 use super::Instant;
 use crate::verbs::{Completion, RemoteBuf, SendOp, SendWr, Sge, WcStatus, WorkRequest};
 
@@ -18,32 +19,9 @@ use crate::verbs::{Completion, RemoteBuf, SendOp, SendWr, Sge, WcStatus, WorkReq
 /// 2^`MAX_SINK_BACKOFF` is made while the peer keeps streaming.
 const MAX_SINK_BACKOFF: u8 = 6;
 
-/// An RDMA Read in flight.
-#[derive(Debug)]
-pub(crate) struct ReadReq {
-    pub advt: usize,
-    pub len: u32,
-    /// Bounce buffer the bytes land in (plain reads).
-    pub bounce: Option<Buf>,
-    /// The application's sink token (zero-copy reads).
-    pub sink_token: Option<u64>,
-}
-
-/// What [`Conn::read_zcopy`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ZRecv {
-    /// The transfer is under way; [`Event::ZcopyReceived`] reports it.
-    Pending,
-    /// Data (or EOF) is already queued, the sink is too small, or the peer streams by SEND
-    /// (its Data overtook our recent offers, so this one is not made): use [`Conn::read`].
-    Copy,
-}
-
 impl<S: BufStore> Conn<S> {
-    /// Receive into registered memory without copying. If the next stream bytes are a peer's
-    /// SrcAvail they are RDMA-Read straight into `sink`; if nothing is queued, a SinkAvail
-    /// invites the peer to RDMA-Write its next bytes into `sink`.
-    pub fn read_zcopy(
+    /// Body of [`Conn::read_zcopy`].
+    pub(crate) fn start_read_zcopy(
         &mut self,
         now: Instant,
         sink: ZSink,
@@ -61,7 +39,7 @@ impl<S: BufStore> Conn<S> {
         if sink.len == 0 {
             return Ok(ZRecv::Copy);
         }
-        if let Some(RxItem::Src { advt }) = self.rx_queue.front() {
+        if let Some(RxItem::Src { advt }) = self.rx.queue.front() {
             let advt = *advt;
             let a = &self.advts.srcs[advt];
             if a.reads_inflight == 0 && !a.cancelled && a.requested < a.len {
@@ -72,12 +50,12 @@ impl<S: BufStore> Conn<S> {
                     lkey: sink.lkey,
                 };
                 self.post_read(advt, local, n, None, Some(token));
-                self.last_activity = now;
+                self.timers.touch(now);
                 return Ok(ZRecv::Pending);
             }
             return Ok(ZRecv::Copy);
         }
-        if !self.rx_queue.is_empty() || self.read_closed() || self.urgent.is_some() {
+        if !self.rx.queue.is_empty() || self.read_closed() || self.urgent.is_some() {
             return Ok(ZRecv::Copy);
         }
         if (sink.len as usize) < self.cfg.zcopy_threshold {
@@ -106,18 +84,9 @@ impl<S: BufStore> Conn<S> {
                 non_disc: 0,
             },
         );
-        self.last_activity = now;
+        self.timers.touch(now);
         self.flush(now);
         Ok(ZRecv::Pending)
-    }
-
-    /// Give up a zero-copy receive (SinkAvailCancel). [`Event::ZcopyReceived`] still reports
-    /// how many bytes the peer placed before it saw the cancel.
-    pub fn cancel_read_zcopy(&mut self, now: Instant) {
-        if self.iocbs.sink_active() {
-            self.cancel_sink(now);
-            self.flush(now);
-        }
     }
 
     fn post_read(
@@ -135,7 +104,7 @@ impl<S: BufStore> Conn<S> {
         };
         a.requested += n;
         a.reads_inflight += 1;
-        let key = self.tx_inflight.insert(Inflight::Read(ReadReq {
+        let key = self.tx.inflight.insert(Inflight::Read(ReadReq {
             advt,
             len: n,
             bounce,
@@ -157,7 +126,8 @@ impl<S: BufStore> Conn<S> {
     /// stream order, as the data source attributes them.
     pub(crate) fn start_bounce_reads(&mut self, _now: Instant) {
         let ids: Vec<usize> = self
-            .rx_queue
+            .rx
+            .queue
             .iter()
             .map_while(|i| match i {
                 RxItem::Src { advt } => Some(*advt),
@@ -194,7 +164,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     pub(crate) fn on_read_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
-        let Some(Inflight::Read(r)) = self.tx_inflight.try_remove(idx) else {
+        let Some(Inflight::Read(r)) = self.tx.inflight.try_remove(idx) else {
             return;
         };
         if wc.status != WcStatus::Success {
@@ -236,11 +206,12 @@ impl<S: BufStore> Conn<S> {
             (Some(buf), _) => {
                 // Bytes land in stream order just before the advertisement.
                 let pos = self
-                    .rx_queue
+                    .rx
+                    .queue
                     .iter()
                     .position(|i| matches!(i, RxItem::Src { advt } if *advt == r.advt))
-                    .unwrap_or(self.rx_queue.len());
-                self.rx_queue.insert(
+                    .unwrap_or(self.rx.queue.len());
+                self.rx.queue.insert(
                     pos,
                     RxItem::Data {
                         buf,
@@ -249,7 +220,7 @@ impl<S: BufStore> Conn<S> {
                         bounce: true,
                     },
                 );
-                self.rx_bytes += r.len as usize;
+                self.rx.bytes += r.len as usize;
                 self.events.push_back(Event::Readable);
             }
             (None, Some(token)) => {
@@ -262,7 +233,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.after_src_progress(r.advt);
         self.start_eager_reads();
-        self.last_activity = now;
+        self.timers.touch(now);
     }
 
     /// An RDMA Read into the application's sink ended without its bytes (it failed, or the
@@ -291,7 +262,8 @@ impl<S: BufStore> Conn<S> {
         }
         let mut inflight: u32 = self.advts.srcs.iter().map(|(_, a)| a.reads_inflight).sum();
         let ids: Vec<usize> = self
-            .rx_queue
+            .rx
+            .queue
             .iter()
             .filter_map(|i| match i {
                 RxItem::Src { advt } => Some(*advt),
@@ -325,11 +297,12 @@ impl<S: BufStore> Conn<S> {
     fn after_src_progress(&mut self, advt: usize) {
         if self.advts.src_exhausted(advt) {
             if let Some(pos) = self
-                .rx_queue
+                .rx
+                .queue
                 .iter()
                 .position(|i| matches!(i, RxItem::Src { advt: a } if *a == advt))
             {
-                self.rx_queue.remove(pos);
+                self.rx.queue.remove(pos);
             }
             self.src_consumed(advt);
         }
@@ -394,7 +367,7 @@ impl<S: BufStore> Conn<S> {
             self.refuse_src(id);
             return Ok(());
         }
-        self.rx_queue.push_back(RxItem::Src { advt: id });
+        self.rx.queue.push_back(RxItem::Src { advt: id });
         self.events.push_back(Event::Readable);
         self.start_eager_reads();
         Ok(())
@@ -405,7 +378,8 @@ impl<S: BufStore> Conn<S> {
     /// the messages crossed, and our RdmaRdCompls finish the peer's sources).
     pub(crate) fn on_src_cancel(&mut self, _now: Instant) -> Result<(), ProtocolError> {
         let ids: Vec<usize> = self
-            .rx_queue
+            .rx
+            .queue
             .iter()
             .filter_map(|i| match i {
                 RxItem::Src { advt } => Some(*advt),
@@ -465,7 +439,7 @@ impl<S: BufStore> Conn<S> {
     /// Take back a SinkAvail that was never sent: the sink completes empty, and a cancel queued
     /// for it goes too.
     pub(crate) fn withdraw_sink(&mut self) {
-        self.tx_queue.retain(|i| {
+        self.tx.queue.retain(|i| {
             !matches!(
                 i,
                 TxItem::Ctrl {
@@ -505,7 +479,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.stats.zcopy_write_bytes += len as u64;
         self.stats.data_bytes_rcvd += len as u64;
-        self.last_activity = now;
+        self.timers.touch(now);
         self.events.push_back(Event::ZcopyReceived {
             token: s.token,
             bytes: len as usize,

@@ -3,41 +3,18 @@
 
 use super::buff::{Buf, BufStore};
 use super::conn::{wrid, CallError, Conn, ConnError, State};
+use super::rx::RxItem;
 use super::Instant;
 use crate::verbs::{RecvWr, WorkRequest};
 
-/// Received stream contents, in order.
-#[derive(Debug)]
-pub(crate) enum RxItem {
-    /// Bytes in a receive buffer (`bounce`: in an RDMA Read bounce buffer instead).
-    Data {
-        buf: Buf,
-        off: u32,
-        len: u32,
-        bounce: bool,
-    },
-    /// A peer's SrcAvail (index into [`super::advt::Advts`]): its bytes come next in the stream.
-    Src { advt: usize },
-}
-
-impl RxItem {
-    pub(crate) fn release(self, store: &mut impl BufStore) {
-        if let RxItem::Data { buf, .. } = self {
-            store.free(buf);
-        }
-    }
-}
-
 impl<S: BufStore> Conn<S> {
-    /// Copy received bytes into `dst`. `Ok(0)` is end of stream (the peer's DisConn, after all
-    /// its data, or our own read shutdown). After a failure the data received before it is
-    /// still read first, then the error (as Linux does after a reset).
-    pub fn read(&mut self, now: Instant, dst: &mut [u8]) -> Result<usize, CallError> {
+    /// Body of [`Conn::read`].
+    pub(crate) fn read_copy(&mut self, now: Instant, dst: &mut [u8]) -> Result<usize, CallError> {
         if matches!(self.state, State::Connecting | State::Accepting) {
             return Err(CallError::WouldBlock);
         }
         if let Some(e) = &self.error {
-            if !matches!(self.rx_queue.front(), Some(RxItem::Data { .. })) {
+            if !matches!(self.rx.queue.front(), Some(RxItem::Data { .. })) {
                 return Err(CallError::Conn(e.clone()));
             }
         }
@@ -46,7 +23,7 @@ impl<S: BufStore> Conn<S> {
         }
         let mut copied = 0;
         while copied < dst.len() {
-            let Some(item) = self.rx_queue.front_mut() else {
+            let Some(item) = self.rx.queue.front_mut() else {
                 break;
             };
             match item {
@@ -56,9 +33,9 @@ impl<S: BufStore> Conn<S> {
                     *off += n as u32;
                     *len -= n as u32;
                     copied += n;
-                    self.rx_bytes -= n;
+                    self.rx.bytes -= n;
                     if *len == 0 {
-                        let Some(RxItem::Data { buf, bounce, .. }) = self.rx_queue.pop_front()
+                        let Some(RxItem::Data { buf, bounce, .. }) = self.rx.queue.pop_front()
                         else {
                             unreachable!()
                         };
@@ -72,7 +49,7 @@ impl<S: BufStore> Conn<S> {
                         break;
                     }
                     if self.advts.src_exhausted(advt) {
-                        self.rx_queue.pop_front();
+                        self.rx.queue.pop_front();
                         self.src_consumed(advt);
                         continue;
                     }
@@ -83,7 +60,7 @@ impl<S: BufStore> Conn<S> {
             }
         }
         if copied > 0 {
-            self.last_activity = now;
+            self.timers.touch(now);
             self.flush(now);
             return Ok(copied);
         }
@@ -94,15 +71,13 @@ impl<S: BufStore> Conn<S> {
         Err(CallError::WouldBlock)
     }
 
-    /// Copy received bytes into `dst` without consuming them (MSG_PEEK): stops at a peer's
-    /// SrcAvail whose bytes have not been fetched. `Ok(0)` is end of stream; an error comes
-    /// only when no data is left to peek.
-    pub fn peek(&self, dst: &mut [u8]) -> Result<usize, CallError> {
+    /// Body of [`Conn::peek`].
+    pub(crate) fn peek_copy(&self, dst: &mut [u8]) -> Result<usize, CallError> {
         if matches!(self.state, State::Connecting | State::Accepting) {
             return Err(CallError::WouldBlock);
         }
         let mut copied = 0;
-        for item in &self.rx_queue {
+        for item in &self.rx.queue {
             if copied == dst.len() {
                 break;
             }
@@ -131,9 +106,8 @@ impl<S: BufStore> Conn<S> {
         Err(CallError::WouldBlock)
     }
 
-    /// A read would return at once with data, end of stream or an error (not merely start
-    /// fetching a peer's SrcAvail): what a readiness fd reports as readable.
-    pub fn read_ready(&self) -> bool {
+    /// Body of [`Conn::read_ready`].
+    pub(crate) fn stream_ready(&self) -> bool {
         match self.state {
             State::Connecting | State::Accepting => return false,
             State::Closed | State::Disconnecting => return true,
@@ -142,7 +116,7 @@ impl<S: BufStore> Conn<S> {
         if self.error.is_some() {
             return true;
         }
-        for item in &self.rx_queue {
+        for item in &self.rx.queue {
             match item {
                 RxItem::Data { .. } => return true,
                 RxItem::Src { advt } => {
@@ -155,22 +129,12 @@ impl<S: BufStore> Conn<S> {
         self.disconn_rcvd || self.shut_rd
     }
 
-    /// Whether an urgent byte (MSG_OOB) arrived and was not read yet.
-    pub fn urgent_pending(&self) -> bool {
-        self.urgent.is_some()
-    }
-
-    /// Take the urgent byte (MSG_OOB), if one arrived and was not read yet.
-    pub fn read_urgent(&mut self) -> Option<u8> {
-        self.urgent.take()
-    }
-
     /// A consumed receive or bounce buffer goes back to its pool; `fill_rx` reposts.
     pub(crate) fn give_back_rx(&mut self, buf: Buf, bounce: bool) {
         if self.state == State::Closed {
             // Reading what an orderly close left behind: nothing will be posted again.
             if !bounce {
-                self.rx_held -= 1;
+                self.rx.held -= 1;
             }
             self.store.free(buf);
         } else if bounce {
@@ -178,8 +142,8 @@ impl<S: BufStore> Conn<S> {
             // Room for eager reads again (split zero copy).
             self.start_eager_reads();
         } else {
-            self.rx_held -= 1;
-            self.rx_pool.put(&mut self.store, buf);
+            self.rx.held -= 1;
+            self.rx.pool.put(&mut self.store, buf);
         }
     }
 
@@ -194,14 +158,14 @@ impl<S: BufStore> Conn<S> {
         let target = self
             .rx_post_target()
             .max(super::conn::MIN_RX_POSTED as usize);
-        while self.rx_posted.len() < target && self.rx_posted.len() + self.rx_held < max {
-            let Some(buf) = self.rx_pool.get(&mut self.store) else {
-                if self.rx_posted.is_empty() {
+        while self.rx.posted.len() < target && self.rx.posted.len() + self.rx.held < max {
+            let Some(buf) = self.rx.pool.get(&mut self.store) else {
+                if self.rx.posted.is_empty() {
                     return Err(ConnError::NoMemory);
                 }
                 break;
             };
-            let key = self.rx_posted.insert(buf);
+            let key = self.rx.posted.insert(buf);
             self.wrs.push_back(WorkRequest::Recv(RecvWr {
                 wr_id: wrid::RECV | key as u64,
                 sge: buf.sge(buf.size),
@@ -211,14 +175,14 @@ impl<S: BufStore> Conn<S> {
         // is the one the next arrival's re-post needs, so under load no buffer is registered
         // and deregistered per message. The rest (after an idle shrink lowered the target)
         // is given back.
-        let keep = self.rx_target as usize;
-        self.rx_pool.trim(&mut self.store, keep);
+        let keep = self.rx.target as usize;
+        self.rx.pool.trim(&mut self.store, keep);
         Ok(())
     }
 
     /// Drop everything received and not read (read half shut).
     pub(crate) fn discard_rx(&mut self) {
-        while let Some(item) = self.rx_queue.pop_front() {
+        while let Some(item) = self.rx.queue.pop_front() {
             match item {
                 RxItem::Data { buf, bounce, .. } => self.give_back_rx(buf, bounce),
                 RxItem::Src { advt } => {
@@ -228,7 +192,7 @@ impl<S: BufStore> Conn<S> {
                 }
             }
         }
-        self.rx_bytes = 0;
+        self.rx.bytes = 0;
         // One SendSm for every advertisement refused (it ends all of them on the peer's side).
         self.maybe_send_sm();
     }

@@ -2,10 +2,10 @@
 //! posting SENDs as credits allow. Small writes coalesce into the buffer at the tail of the queue.
 
 use super::buff::{Buf, BufStore};
-use super::conn::{wrid, CallError, Conn, ConnError, Event, State, CTRL_CREDITS, DATA_CREDITS};
+use super::conn::{wrid, CallError, Conn, ConnError, Event, State, CTRL_CREDITS};
 use super::iocb::{SrcState, ZSrc};
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
-use super::sent::Inflight;
+use super::tx::{Inflight, TxItem};
 use super::Instant;
 use crate::verbs::{SendOp, SendWr, WorkRequest};
 
@@ -13,34 +13,9 @@ use crate::verbs::{SendOp, SendWr, WorkRequest};
 /// SrcAvail and RdmaRdCompl would cost more than the read saves the sender).
 const MIN_SPLIT_PIECE: u32 = 32 * 1024;
 
-/// Something queued for sending, in stream order.
-#[derive(Debug)]
-pub(crate) enum TxItem {
-    /// Application bytes in a send buffer, payload at [`BSDH_LEN`].
-    Data {
-        buf: Buf,
-        len: u32,
-        flags: BsdhFlags,
-    },
-    /// A control message without payload.
-    Ctrl { mid: Mid, ext: Ext },
-    /// A zero-copy source or piece (by key in [`super::iocb::Iocbs`]) to advertise with
-    /// SrcAvail or send by gathered SENDs.
-    Src { key: u64 },
-}
-
-impl TxItem {
-    pub(crate) fn release(self, store: &mut impl BufStore) {
-        if let TxItem::Data { buf, .. } = self {
-            store.free(buf);
-        }
-    }
-}
-
 impl<S: BufStore> Conn<S> {
-    /// Copy application bytes into the send queue. Returns how many were taken (fewer than
-    /// offered when the send buffer fills up).
-    pub fn write(&mut self, now: Instant, data: &[u8]) -> Result<usize, CallError> {
+    /// Body of [`Conn::write`].
+    pub(crate) fn queue_bytes(&mut self, now: Instant, data: &[u8]) -> Result<usize, CallError> {
         self.check_writable()?;
         if data.is_empty() {
             return Ok(0);
@@ -49,7 +24,7 @@ impl<S: BufStore> Conn<S> {
             // Plain bytes may not overtake a zero-copy send that may still end short.
             return Err(CallError::WouldBlock);
         }
-        let room = self.cfg.sndbuf.saturating_sub(self.tx_bytes);
+        let room = self.tx.room(self.cfg.sndbuf);
         if room == 0 {
             self.stats.stalls_no_credit += 1;
             return Err(CallError::WouldBlock);
@@ -59,7 +34,7 @@ impl<S: BufStore> Conn<S> {
         let cap = self.send_size - BSDH_LEN as u32;
         while taken < want {
             // Append to the tail buffer if it has room and carries no urgent byte.
-            let appended = match self.tx_queue.back_mut() {
+            let appended = match self.tx.queue.back_mut() {
                 Some(TxItem::Data { buf, len, flags })
                     if *len < cap && flags.is_empty() && buf.size == self.send_size =>
                 {
@@ -75,13 +50,13 @@ impl<S: BufStore> Conn<S> {
                 taken += appended;
                 continue;
             }
-            let Some(buf) = self.tx_pool.get(&mut self.store) else {
+            let Some(buf) = self.tx.pool.get(&mut self.store) else {
                 break;
             };
             let n = (cap as usize).min(want - taken);
             self.store
                 .write(&buf, BSDH_LEN as u32, &data[taken..taken + n]);
-            self.tx_queue.push_back(TxItem::Data {
+            self.tx.queue.push_back(TxItem::Data {
                 buf,
                 len: n as u32,
                 flags: BsdhFlags::empty(),
@@ -91,47 +66,21 @@ impl<S: BufStore> Conn<S> {
         if taken == 0 {
             // Registered memory is exhausted. With sends outstanding their completions free
             // buffers; with none, this is a hard error for the call (not the connection).
-            return if self.tx_inflight.is_empty() && self.tx_queue.is_empty() {
+            return if self.tx.is_idle() {
                 Err(CallError::Conn(ConnError::NoMemory))
             } else {
                 Err(CallError::WouldBlock)
             };
         }
-        self.tx_bytes += taken;
+        self.tx.bytes += taken;
         self.stats.data_bytes_sent += taken as u64;
-        self.last_activity = now;
+        self.timers.touch(now);
         self.maybe_grow_send_size();
         self.flush(now);
         Ok(taken)
     }
 
-    /// Queue a zero-copy send of registered memory (`src` must grant remote read until
-    /// [`Event::ZcopySent`] for `token`). Small sources are refused with `Invalid`: copy them.
-    /// Once advertised, a source the peer makes no progress on for `srcavail_timeout` is
-    /// cancelled.
-    pub fn write_zcopy(&mut self, now: Instant, src: ZSrc, token: u64) -> Result<(), CallError> {
-        self.queue_zcopy(now, src, token, None)
-    }
-
-    /// Queue a zero-copy send that completes by zero copy only while the peer takes it: if the
-    /// peer makes no progress on it for `stall` (from now while it waits in the queue, from its
-    /// SrcAvail, and from each acknowledgement), it ends with what went ([`Event::ZcopySent`])
-    /// and the application sends the rest by copy. A blocking write uses this, so it never
-    /// waits for the peer's application longer than `stall` (TCP's returns once the bytes are
-    /// in the send buffer): a cancel waits only for the peer's engine, whose SendSm answers it
-    /// (its control messages always have a credit, see `DATA_CREDITS`), and a queued source
-    /// ends without a message. Committed advertisements (split zero copy) are never cancelled.
-    pub fn write_zcopy_bounded(
-        &mut self,
-        now: Instant,
-        src: ZSrc,
-        token: u64,
-        stall: std::time::Duration,
-    ) -> Result<(), CallError> {
-        self.queue_zcopy(now, src, token, Some(stall))
-    }
-
-    fn queue_zcopy(
+    pub(crate) fn queue_zcopy(
         &mut self,
         now: Instant,
         src: ZSrc,
@@ -152,28 +101,27 @@ impl<S: BufStore> Conn<S> {
             s.stall = stall;
             s.deadline = stall.map(|d| now + d);
         }
-        self.tx_queue.push_back(TxItem::Src { key });
-        self.tx_bytes += src.len as usize;
+        self.tx.queue.push_back(TxItem::Src { key });
+        self.tx.bytes += src.len as usize;
         self.stats.data_bytes_sent += src.len as u64;
-        self.last_activity = now;
+        self.timers.touch(now);
         self.flush(now);
         Ok(())
     }
 
-    /// Send one urgent byte (MSG_OOB): it travels as the last byte of a Data message with
-    /// OOB_PRES, and the peer sees it apart from the stream.
-    pub fn send_urgent(&mut self, now: Instant, byte: u8) -> Result<(), CallError> {
+    /// Body of [`Conn::send_urgent`].
+    pub(crate) fn queue_urgent(&mut self, now: Instant, byte: u8) -> Result<(), CallError> {
         self.check_writable()?;
-        let Some(buf) = self.tx_pool.get(&mut self.store) else {
+        let Some(buf) = self.tx.pool.get(&mut self.store) else {
             return Err(CallError::WouldBlock);
         };
         self.store.write(&buf, BSDH_LEN as u32, &[byte]);
-        self.tx_queue.push_back(TxItem::Data {
+        self.tx.queue.push_back(TxItem::Data {
             buf,
             len: 1,
             flags: BsdhFlags::OOB_PRES | BsdhFlags::OOB_PEND,
         });
-        self.tx_bytes += 1;
+        self.tx.bytes += 1;
         self.flush(now);
         Ok(())
     }
@@ -192,7 +140,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Queue DisConn after everything already queued (orderly close of our write half).
     pub(crate) fn close_tail(&mut self) {
-        self.tx_queue.push_back(TxItem::Ctrl {
+        self.tx.queue.push_back(TxItem::Ctrl {
             mid: Mid::DisConn,
             ext: Ext::None,
         });
@@ -201,21 +149,15 @@ impl<S: BufStore> Conn<S> {
     /// Queue a control message ahead of data (replies that must not wait behind a stalled
     /// stream, like SinkCancelAck or RdmaRdCompl).
     pub(crate) fn queue_ctrl_front(&mut self, mid: Mid, ext: Ext) {
-        // Keep control messages already at the front in order.
-        let pos = self
-            .tx_queue
-            .iter()
-            .position(|i| !matches!(i, TxItem::Ctrl { mid, .. } if *mid != Mid::DisConn))
-            .unwrap_or(self.tx_queue.len());
-        self.tx_queue.insert(pos, TxItem::Ctrl { mid, ext });
+        self.tx.queue_ctrl_front(mid, ext);
     }
 
     /// Post what the credits allow, in stream order (see `push_queue`). When stream items went,
     /// the peer is taking the stream: a bounded source queued behind them is not stalled.
     pub(crate) fn push_tx(&mut self, now: Instant) {
-        let before = self.stream_posts;
+        let before = self.tx.stream_posts;
         self.push_queue(now);
-        if self.stream_posts != before {
+        if self.tx.stream_posts != before {
             self.stream_moved(now);
         }
     }
@@ -225,7 +167,7 @@ impl<S: BufStore> Conn<S> {
     /// DisConn wait until every outstanding source is finished (see [`super::write`]).
     fn push_queue(&mut self, now: Instant) {
         loop {
-            let Some(front) = self.tx_queue.front() else {
+            let Some(front) = self.tx.queue.front() else {
                 return;
             };
             let outstanding = self.iocbs.src_advertised();
@@ -239,7 +181,7 @@ impl<S: BufStore> Conn<S> {
                         }
                         continue;
                     }
-                    if self.tx_credits < DATA_CREDITS {
+                    if !self.credits.can_send_data() {
                         self.stats.stalls_no_credit += 1;
                         self.ask_credits();
                         return;
@@ -248,13 +190,13 @@ impl<S: BufStore> Conn<S> {
                     let full = *len + BSDH_LEN as u32 >= self.send_size;
                     if !self.cfg.nodelay
                         && !full
-                        && self.tx_queue.len() == 1
-                        && self.tx_data_outstanding > 0
+                        && self.tx.queue.len() == 1
+                        && self.tx.data_outstanding > 0
                         && flags.is_empty()
                     {
                         return;
                     }
-                    let Some(TxItem::Data { buf, len, flags }) = self.tx_queue.pop_front() else {
+                    let Some(TxItem::Data { buf, len, flags }) = self.tx.queue.pop_front() else {
                         unreachable!()
                     };
                     self.post_data(buf, len, flags);
@@ -263,19 +205,19 @@ impl<S: BufStore> Conn<S> {
                     // A control message is consumed and reposted at once by the peer, so when
                     // it also tells the peer about buffers it does not know of, it does all a
                     // credit update would: it may take the last credit, like the update.
-                    let carries_credits = self.rx_posted.len() as u32 > self.peer_credits;
+                    let carries_credits = self.credits.peer_unaware(self.rx.posted.len() as u32);
                     let need = if *mid == Mid::AbortConn || carries_credits {
                         1
                     } else {
                         CTRL_CREDITS
                     };
-                    if self.tx_credits < need {
+                    if self.credits.tx() < need {
                         return;
                     }
-                    let Some(TxItem::Ctrl { mid, ext }) = self.tx_queue.pop_front() else {
+                    let Some(TxItem::Ctrl { mid, ext }) = self.tx.queue.pop_front() else {
                         unreachable!()
                     };
-                    if mid == Mid::SinkAvail && !self.rx_queue.is_empty() {
+                    if mid == Mid::SinkAvail && !self.rx.queue.is_empty() {
                         // Data arrived while the SinkAvail waited for a credit: bytes written
                         // into the sink would overtake it. Withdraw the offer unsent.
                         self.withdraw_sink();
@@ -285,7 +227,7 @@ impl<S: BufStore> Conn<S> {
                         self.disconn_sent = true;
                     }
                     if !self.post_ctrl(mid, ext) {
-                        self.tx_queue.push_front(TxItem::Ctrl { mid, ext });
+                        self.tx.queue.push_front(TxItem::Ctrl { mid, ext });
                         return;
                     }
                     if mid == Mid::SinkAvail {
@@ -319,7 +261,7 @@ impl<S: BufStore> Conn<S> {
                             && !self.iocbs.src_cancelling()
                             && self.split_candidate(key)
                         {
-                            if self.tx_credits < CTRL_CREDITS {
+                            if self.credits.tx() < CTRL_CREDITS {
                                 self.stats.stalls_no_credit += 1;
                                 return;
                             }
@@ -330,7 +272,7 @@ impl<S: BufStore> Conn<S> {
                                 s.committed = true;
                                 s.deadline = None;
                             }
-                            self.tx_queue.pop_front();
+                            self.tx.queue.pop_front();
                             continue;
                         }
                         let sends = self.cfg.zcopy_split_sends as usize;
@@ -363,7 +305,7 @@ impl<S: BufStore> Conn<S> {
                     {
                         return;
                     }
-                    if self.tx_credits < CTRL_CREDITS {
+                    if self.credits.tx() < CTRL_CREDITS {
                         return;
                     }
                     if !self.advertise_src(now, key) {
@@ -371,7 +313,7 @@ impl<S: BufStore> Conn<S> {
                     }
                     // The source stays in `iocbs` until the peer is done with it; the stream
                     // moves on to the next item (only another source may go before it ends).
-                    self.tx_queue.pop_front();
+                    self.tx.queue.pop_front();
                 }
             }
         }
@@ -406,7 +348,7 @@ impl<S: BufStore> Conn<S> {
         let n = s.src.len.div_ceil(cap);
         let piece = s.src.len.div_ceil(n);
         if let Some(rest) = self.iocbs.cut_src(key, piece) {
-            self.tx_queue.insert(1, TxItem::Src { key: rest });
+            self.tx.queue.insert(1, TxItem::Src { key: rest });
         }
     }
 
@@ -425,9 +367,9 @@ impl<S: BufStore> Conn<S> {
         h.emit(&mut hdr).expect("BSDH fits");
         self.store.write(&buf, 0, &hdr);
         self.advts.note_data_sent(h.bsdh.mseq);
-        self.tx_data_outstanding += 1;
-        self.stream_posts += 1;
-        let key = self.tx_inflight.insert(Inflight::Msg {
+        self.tx.data_outstanding += 1;
+        self.tx.stream_posts += 1;
+        let key = self.tx.inflight.insert(Inflight::Msg {
             buf,
             ctrl: false,
             data: len,
@@ -458,15 +400,15 @@ impl<S: BufStore> Conn<S> {
             if s.written == s.src.len {
                 // Nothing left (a source is never empty; kept for robustness).
                 s.state = SrcState::Written;
-                self.tx_queue.pop_front();
+                self.tx.queue.pop_front();
                 return true;
             }
-            if self.tx_credits < DATA_CREDITS {
+            if !self.credits.can_send_data() {
                 self.stats.stalls_no_credit += 1;
                 self.ask_credits();
                 return false;
             }
-            let Some(hdr) = self.ctrl_pool.get(&mut self.store) else {
+            let Some(hdr) = self.tx.ctrl_pool.get(&mut self.store) else {
                 return false;
             };
             let s = self.iocbs.find_src(key).expect("found above");
@@ -477,12 +419,13 @@ impl<S: BufStore> Conn<S> {
             h.emit(&mut bytes).expect("BSDH fits");
             self.store.write(&hdr, 0, &bytes);
             self.advts.note_data_sent(h.bsdh.mseq);
-            self.tx_data_outstanding += 1;
-            self.stream_posts += 1;
+            self.tx.data_outstanding += 1;
+            self.tx.stream_posts += 1;
             self.stats.zcopy_send_bytes += u64::from(n);
-            self.last_activity = now;
+            self.timers.touch(now);
             let key = self
-                .tx_inflight
+                .tx
+                .inflight
                 .insert(Inflight::SendSrc { hdr, key, len: n });
             self.wrs.push_back(WorkRequest::Send(SendWr {
                 wr_id: wrid::SEND | key as u64,
@@ -492,7 +435,7 @@ impl<S: BufStore> Conn<S> {
                 signaled: true,
             }));
             if done {
-                self.tx_queue.pop_front();
+                self.tx.queue.pop_front();
                 return true;
             }
         }
@@ -500,7 +443,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Post a control message now (the caller checked the credit). False if no buffer.
     pub(crate) fn post_ctrl(&mut self, mid: Mid, ext: Ext) -> bool {
-        let Some(buf) = self.ctrl_pool.get(&mut self.store) else {
+        let Some(buf) = self.tx.ctrl_pool.get(&mut self.store) else {
             return false;
         };
         let h = self.next_header(mid, ext, BsdhFlags::empty(), 0);
@@ -515,7 +458,7 @@ impl<S: BufStore> Conn<S> {
             self.advts.send_sm_queued = false;
             self.advts.send_sm_mseq = Some(h.bsdh.mseq);
         }
-        let key = self.tx_inflight.insert(Inflight::Msg {
+        let key = self.tx.inflight.insert(Inflight::Msg {
             buf,
             ctrl: true,
             data: 0,
@@ -533,7 +476,7 @@ impl<S: BufStore> Conn<S> {
     /// Send AbortConn at once if any credit is left (best effort: the CM disconnect that
     /// follows tells the peer anyway).
     pub(crate) fn send_abort(&mut self) {
-        if self.tx_credits >= 1 {
+        if self.credits.tx() >= 1 {
             self.post_ctrl(Mid::AbortConn, Ext::None);
         }
     }
@@ -541,25 +484,12 @@ impl<S: BufStore> Conn<S> {
     /// Send a standalone credit update when the peer is about to run dry and we have buffers
     /// posted it does not know about. This may use the last credit.
     pub(crate) fn maybe_credit_update(&mut self) {
-        if self.state != State::Established || self.disconnect_issued || self.tx_credits == 0 {
+        if self.state != State::Established || self.disconnect_issued || self.credits.tx() == 0 {
             return;
         }
-        let posted = self.rx_posted.len() as u32;
-        // The peer needs DATA_CREDITS to send data, CTRL_CREDITS for anything else: below that
-        // it is starving. It wants data credits if its last message was Data (it streams, or
-        // it asked, see `ask_credits`); a peer that only answers our zero copy (SrcAvail,
-        // RdmaRdCompl) needs no update per round trip. Never more than all our receives but
-        // one: an update consumes one of the peer's, which it reposts and announces back, and
-        // updates crossing each other would go on forever.
-        let need = if self.peer_sent_data {
-            DATA_CREDITS
-        } else {
-            CTRL_CREDITS
-        };
-        let want = need.min(posted.saturating_sub(1));
-        if posted > self.peer_credits
-            && (self.peer_credits < want || self.peer_credits * 2 < posted)
-        {
+        // See `Credits::update_due` (a peer asks for data credits with an update of its own,
+        // see `ask_credits`).
+        if self.credits.update_due(self.rx.posted.len() as u32) {
             self.stats.credit_updates_sent += 1;
             self.post_ctrl(Mid::Data, Ext::None);
         }
@@ -569,8 +499,8 @@ impl<S: BufStore> Conn<S> {
     /// only a control message's credits and not announce the buffers it has; a credit update
     /// (a Data message) tells it we want data credits (it answers with an update of its own).
     fn ask_credits(&mut self) {
-        if self.sent_data_last
-            || self.tx_credits == 0
+        if self.credits.sent_data_last()
+            || self.credits.tx() == 0
             || self.state != State::Established
             || self.disconnect_issued
         {
@@ -583,17 +513,12 @@ impl<S: BufStore> Conn<S> {
     /// When the application keeps more than a few buffers queued, ask the peer for larger
     /// receive buffers (ChRcvBuf): fewer, larger messages.
     fn maybe_grow_send_size(&mut self) {
-        if self.resize_pending.is_some() || self.send_size >= self.cfg.max_rcv_size {
+        if self.tx.resize_pending.is_some() || self.send_size >= self.cfg.max_rcv_size {
             return;
         }
-        let queued = self
-            .tx_queue
-            .iter()
-            .filter(|i| matches!(i, TxItem::Data { .. }))
-            .count();
-        if queued >= 4 {
+        if self.tx.queued_data_bufs() >= 4 {
             let want = (self.send_size.saturating_mul(4)).min(self.cfg.max_rcv_size);
-            self.resize_pending = Some(want);
+            self.tx.resize_pending = Some(want);
             self.stats.resizes += 1;
             self.queue_ctrl_front(Mid::ChRcvBuf, Ext::ChRcvBuf { size: want });
         }
@@ -601,7 +526,7 @@ impl<S: BufStore> Conn<S> {
 
     /// The peer acknowledged our ChRcvBuf: every buffer it has posted is `size` now.
     pub(crate) fn on_resize_ack(&mut self, size: u32) -> Result<(), super::conn::ProtocolError> {
-        let Some(asked) = self.resize_pending.take() else {
+        let Some(asked) = self.tx.resize_pending.take() else {
             return Err(super::conn::ProtocolError::Unexpected {
                 mid: Mid::ChRcvBufAck,
                 context: "no ChRcvBuf outstanding",
@@ -623,17 +548,12 @@ impl<S: BufStore> Conn<S> {
             });
         }
         self.send_size = size;
-        self.tx_pool.resize(&mut self.store, size);
+        self.tx.pool.resize(&mut self.store, size);
         Ok(())
     }
 
-    /// Bytes the application may still queue.
-    pub fn send_room(&self) -> usize {
-        self.cfg.sndbuf.saturating_sub(self.tx_bytes)
-    }
-
     pub(crate) fn wake_writer(&mut self) {
-        if self.tx_bytes < self.cfg.sndbuf {
+        if self.tx.bytes < self.cfg.sndbuf {
             self.events.push_back(Event::Writable);
         }
     }

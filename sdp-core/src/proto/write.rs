@@ -1,6 +1,7 @@
 //! RDMA Write path and the sending side of zero copy: SrcAvail advertisement of our sources
 //! and its completion (RdmaRdCompl), cancel (SrcAvailCancel / SendSm); RDMA Writes into a
-//! peer's SinkAvail followed by RdmaWrCompl; and the keepalive probe (a zero-byte RDMA Write).
+//! peer's SinkAvail followed by RdmaWrCompl. (The keepalive probe, also an RDMA Write,
+//! is in [`super::timers`].)
 //!
 //! # Pipelined zero copy (several SrcAvails outstanding)
 //!
@@ -43,28 +44,16 @@
 
 use super::advt::SinkAdvt;
 use super::buff::BufStore;
-use super::conn::{wrid, Conn, ConnError, Event, ProtocolError, CTRL_CREDITS, DATA_CREDITS};
+use super::conn::{wrid, Conn, Event, ProtocolError, CTRL_CREDITS};
+use super::credits::seq_gt;
 use super::iocb::SrcState;
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
-use super::send::TxItem;
-use super::sent::Inflight;
+use super::tx::Inflight;
+use super::tx::TxItem;
 use super::Instant;
-use crate::verbs::{Completion, RemoteBuf, SendOp, SendWr, Sge, WcStatus, WorkRequest};
-
-/// Probe a peer this long after it last sent anything while we wait for its credits.
-pub(crate) const PERSIST: std::time::Duration = std::time::Duration::from_secs(1);
+use crate::verbs::{RemoteBuf, SendOp, SendWr, Sge, WorkRequest};
 
 impl<S: BufStore> Conn<S> {
-    /// How many of our SrcAvails may be outstanding at once (at least 1).
-    pub fn src_window(&self) -> usize {
-        let peer = self.peer_max_adverts.max(1);
-        self.cfg
-            .max_srcavail_inflight
-            .min(self.cfg.max_adverts)
-            .min(peer)
-            .max(1) as usize
-    }
-
     /// Send SrcAvail for a queued source (the caller checked the credit, the window and that
     /// every earlier stream item went out).
     pub(crate) fn advertise_src(&mut self, now: Instant, key: u64) -> bool {
@@ -90,16 +79,14 @@ impl<S: BufStore> Conn<S> {
             }
             return false;
         }
-        self.advts.note_data_sent(self.next_mseq.wrapping_sub(1));
+        self.advts.note_data_sent(self.credits.last_sent_mseq());
         self.stats.srcavail_sent += 1;
-        self.stream_posts += 1;
+        self.tx.stream_posts += 1;
         true
     }
 
-    /// Give up a queued or advertised zero-copy send. [`Event::ZcopySent`] reports how many
-    /// bytes the peer got; the rest (and every later zero-copy send) must be sent again. An
-    /// advertised source cancels every outstanding advertisement (one SrcAvailCancel).
-    pub fn cancel_write_zcopy(&mut self, now: Instant, token: u64) {
+    /// Body of [`Conn::cancel_write_zcopy`].
+    pub(crate) fn cancel_src(&mut self, now: Instant, token: u64) {
         // The first piece of the source that can still end short (a source not cut is one
         // piece): pieces ahead of it that are committed advertisements or already sent in full
         // finish as they are, and the source ends after them.
@@ -122,8 +109,8 @@ impl<S: BufStore> Conn<S> {
                 let (len, written, inflight) = (s.src.len, s.written, s.writes_inflight);
                 s.src.len = written;
                 s.state = SrcState::Written;
-                self.tx_bytes -= (len - written) as usize;
-                self.unqueue_src(key);
+                self.tx.bytes -= (len - written) as usize;
+                self.tx.unqueue_src(key);
                 self.stats.srcavail_cancelled += 1;
                 let next = self
                     .iocbs
@@ -203,7 +190,7 @@ impl<S: BufStore> Conn<S> {
                 s.deadline = Some(now + s.stall.unwrap_or(default_timeout));
             }
         }
-        self.last_activity = now;
+        self.timers.touch(now);
         for (key, bytes) in finished {
             self.finish_src(key, bytes);
         }
@@ -280,23 +267,12 @@ impl<S: BufStore> Conn<S> {
                 let unsent = (s.src.len - s.written) as usize;
                 s.state = SrcState::Done;
                 s.done_bytes = bytes;
-                self.tx_bytes -= unsent;
+                self.tx.bytes -= unsent;
             }
         }
-        self.unqueue_src(key);
+        self.tx.unqueue_src(key);
         self.report_done();
         self.wake_writer();
-    }
-
-    /// Take a source's item out of the send queue (if still there).
-    fn unqueue_src(&mut self, key: u64) {
-        if let Some(pos) = self
-            .tx_queue
-            .iter()
-            .position(|i| matches!(i, TxItem::Src { key: k } if *k == key))
-        {
-            self.tx_queue.remove(pos);
-        }
     }
 
     /// Report the finished sources at the front, in stream order ([`Event::ZcopySent`] once
@@ -329,7 +305,7 @@ impl<S: BufStore> Conn<S> {
         };
         let keys: Vec<u64> = self.iocbs.srcs.iter().skip(pos).map(|s| s.key).collect();
         for k in &keys {
-            self.unqueue_src(*k);
+            self.tx.unqueue_src(*k);
         }
         let mut unsent = 0;
         let mut cancelled = 0;
@@ -350,7 +326,7 @@ impl<S: BufStore> Conn<S> {
             s.done_bytes = if i == 0 { bytes } else { s.written as usize };
             s.state = SrcState::Done;
         }
-        self.tx_bytes -= unsent;
+        self.tx.bytes -= unsent;
         self.stats.srcavail_cancelled += cancelled;
         self.report_done();
         self.wake_writer();
@@ -375,7 +351,7 @@ impl<S: BufStore> Conn<S> {
                 context: "address range wraps",
             });
         }
-        let stale = (self.advts.last_stream_mseq.wrapping_sub(mseq_ack) as i32) > 0;
+        let stale = seq_gt(self.advts.last_stream_mseq, mseq_ack);
         if !stale && !self.shut_wr {
             self.advts.sink = Some(SinkAdvt { len, rkey, vaddr });
         }
@@ -394,7 +370,7 @@ impl<S: BufStore> Conn<S> {
     pub(crate) fn fill_sink(&mut self, now: Instant) -> bool {
         // The bytes go into the peer's sink, not a receive buffer: the RdmaWrCompl after them
         // is a control message.
-        if self.tx_credits < CTRL_CREDITS {
+        if self.credits.tx() < CTRL_CREDITS {
             return false;
         }
         let Some(sink) = self.advts.sink.take() else {
@@ -407,10 +383,10 @@ impl<S: BufStore> Conn<S> {
                 addr: sink.vaddr + placed as u64,
                 rkey: sink.rkey,
             };
-            match self.tx_queue.front() {
+            match self.tx.queue.front() {
                 Some(TxItem::Data { len, flags, .. }) if flags.is_empty() => {
                     let len = *len;
-                    let Some(TxItem::Data { buf, .. }) = self.tx_queue.pop_front() else {
+                    let Some(TxItem::Data { buf, .. }) = self.tx.queue.pop_front() else {
                         unreachable!()
                     };
                     let n = len.min(room);
@@ -421,18 +397,18 @@ impl<S: BufStore> Conn<S> {
                         // A pool buffer smaller than the rest (never, as ChRcvBufAck only
                         // grows the send size; checked so no peer input writes beyond one)
                         // counts as none.
-                        let nb = self.tx_pool.get(&mut self.store).and_then(|nb| {
+                        let nb = self.tx.pool.get(&mut self.store).and_then(|nb| {
                             if nb.size >= BSDH_LEN as u32 + (len - n) {
                                 Some(nb)
                             } else {
-                                self.tx_pool.put(&mut self.store, nb);
+                                self.tx.pool.put(&mut self.store, nb);
                                 None
                             }
                         });
                         match nb {
                             Some(nb) => {
                                 self.store.write(&nb, BSDH_LEN as u32, &rest);
-                                self.tx_queue.push_front(TxItem::Data {
+                                self.tx.queue.push_front(TxItem::Data {
                                     buf: nb,
                                     len: len - n,
                                     flags: BsdhFlags::empty(),
@@ -440,7 +416,7 @@ impl<S: BufStore> Conn<S> {
                             }
                             None => {
                                 // No buffer for the split: keep the item whole, sink unused.
-                                self.tx_queue.push_front(TxItem::Data {
+                                self.tx.queue.push_front(TxItem::Data {
                                     buf,
                                     len,
                                     flags: BsdhFlags::empty(),
@@ -467,7 +443,7 @@ impl<S: BufStore> Conn<S> {
                     let (local, done) = s.take(room);
                     let n = local.len;
                     if done {
-                        self.tx_queue.pop_front();
+                        self.tx.queue.pop_front();
                     }
                     self.post_write(Inflight::WriteSrc { key, len: n }, remote, local);
                     placed += n;
@@ -480,15 +456,15 @@ impl<S: BufStore> Conn<S> {
             return false;
         }
         self.stats.zcopy_write_bytes += placed as u64;
-        self.stream_posts += 1;
-        self.last_activity = now;
+        self.tx.stream_posts += 1;
+        self.timers.touch(now);
         self.post_ctrl(Mid::RdmaWrCompl, Ext::RdmaWrCompl { len: placed });
         true
     }
 
     /// Post an RDMA Write of `local` into the peer's `remote`, tracked as `inf`.
     fn post_write(&mut self, inf: Inflight, remote: RemoteBuf, local: Sge) {
-        let key = self.tx_inflight.insert(inf);
+        let key = self.tx.inflight.insert(inf);
         self.wrs.push_back(WorkRequest::Send(SendWr {
             wr_id: wrid::WRITE | key as u64,
             op: SendOp::Write(remote),
@@ -513,67 +489,6 @@ impl<S: BufStore> Conn<S> {
         }
     }
 
-    /// Keepalive timer: probe an idle peer with a zero-byte RDMA Write.
-    pub(crate) fn keepalive_due(&mut self, now: Instant) {
-        let Some(idle) = self.probe_idle() else {
-            self.keepalive_at = None;
-            return;
-        };
-        if now.saturating_since(self.last_rx_at) < idle {
-            self.keepalive_at = Some(self.last_rx_at + idle);
-            return;
-        }
-        if self.keepalive_outstanding >= self.cfg.keepalive_probes {
-            self.fail(now, ConnError::TimedOut, true);
-            return;
-        }
-        self.keepalive_outstanding += 1;
-        self.stats.keepalives_sent += 1;
-        let key = self.tx_inflight.insert(Inflight::Keepalive);
-        self.wrs.push_back(WorkRequest::Send(SendWr {
-            wr_id: wrid::KEEPALIVE | key as u64,
-            op: SendOp::Write(RemoteBuf { addr: 0, rkey: 0 }),
-            sge: None,
-            signaled: true,
-            payload: None,
-        }));
-        self.keepalive_at = Some(now + self.cfg.keepalive_interval);
-    }
-
-    /// How long without hearing from the peer before probing it: the keepalive setting, or,
-    /// while we wait for credits with data queued (the peer may be dead, and nothing of ours
-    /// is in flight to find out), the persist interval, like TCP's zero-window probes.
-    pub(crate) fn probe_idle(&self) -> Option<std::time::Duration> {
-        let persist = self.credit_stalled().then_some(PERSIST);
-        match (self.cfg.keepalive_idle, persist) {
-            (Some(k), Some(p)) => Some(k.min(p)),
-            (k, p) => k.or(p),
-        }
-    }
-
-    /// Data is queued, no credit to send it, and nothing in flight.
-    pub(crate) fn credit_stalled(&self) -> bool {
-        self.tx_credits < DATA_CREDITS && !self.tx_queue.is_empty() && self.tx_inflight.is_empty()
-    }
-
-    /// Keep the probe timer in step with the credit state (called after every round of work).
-    pub(crate) fn arm_persist(&mut self) {
-        if self.keepalive_at.is_none() && self.credit_stalled() {
-            self.keepalive_at = Some(self.last_rx_at + PERSIST);
-        }
-    }
-
-    pub(crate) fn on_keepalive_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
-        self.tx_inflight.try_remove(idx);
-        if wc.status == WcStatus::Success {
-            // The peer's HCA answered: it is alive.
-            self.last_rx_at = now;
-            self.arm_keepalive(now);
-        } else {
-            self.on_wc_error(now, wc.status);
-        }
-    }
-
     /// Zero-copy work can never finish now: report what reached the peer.
     pub(crate) fn fail_pending_zcopy(&mut self) {
         for s in self.iocbs.srcs.iter_mut() {
@@ -590,21 +505,5 @@ impl<S: BufStore> Conn<S> {
             });
         }
         self.iocbs.sink_cancel_pending = false;
-    }
-
-    /// A zero-copy send is still queued or outstanding (plain writes wait behind it).
-    pub fn zcopy_outstanding(&self) -> bool {
-        !self.iocbs.srcs.is_empty()
-    }
-
-    /// Zero-copy sources (or split pieces) with sends in flight now (gathered SENDs or RDMA
-    /// Writes; at most `Config::zcopy_split_sends` in split zero copy).
-    pub fn zcopy_sends_inflight(&self) -> usize {
-        self.iocbs.src_sending()
-    }
-
-    /// Our SrcAvails outstanding now (at most [`Conn::src_window`]).
-    pub fn srcavail_inflight(&self) -> usize {
-        self.iocbs.src_inflight()
     }
 }

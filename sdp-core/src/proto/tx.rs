@@ -1,0 +1,172 @@
+//! The send half's state: what is queued for sending, what is in flight on the send queue,
+//! and the buffers it sends from. No protocol decisions here (those are in [`super::send`],
+//! [`super::sent`] and [`super::write`], which move items through it).
+
+use std::collections::VecDeque;
+
+use super::buff::{Buf, BufStore, Pool};
+use super::msgs::{BsdhFlags, Ext, Mid};
+
+/// Something queued for sending, in stream order.
+#[derive(Debug)]
+pub(crate) enum TxItem {
+    /// Application bytes in a send buffer, payload at [`BSDH_LEN`].
+    Data {
+        buf: Buf,
+        len: u32,
+        flags: BsdhFlags,
+    },
+    /// A control message without payload.
+    Ctrl { mid: Mid, ext: Ext },
+    /// A zero-copy source or piece (by key in [`super::iocb::Iocbs`]) to advertise with
+    /// SrcAvail or send by gathered SENDs.
+    Src { key: u64 },
+}
+
+impl TxItem {
+    #[inline]
+    pub(crate) fn release(self, store: &mut impl BufStore) {
+        if let TxItem::Data { buf, .. } = self {
+            store.free(buf);
+        }
+    }
+}
+
+/// An RDMA Read in flight.
+#[derive(Debug)]
+pub(crate) struct ReadReq {
+    pub advt: usize,
+    pub len: u32,
+    /// Bounce buffer the bytes land in (plain reads).
+    pub bounce: Option<Buf>,
+    /// The application's sink token (zero-copy reads).
+    pub sink_token: Option<u64>,
+}
+
+/// A send-queue work request in flight (SEND, RDMA Write, RDMA Read or keepalive).
+#[derive(Debug)]
+pub(crate) enum Inflight {
+    /// A SEND from a send buffer (`ctrl`: from the control pool); `data` payload bytes.
+    Msg { buf: Buf, ctrl: bool, data: u32 },
+    /// RDMA Write of queued bytes from a send buffer into the peer's sink.
+    WriteData { buf: Buf, data: u32 },
+    /// RDMA Write of part of a zero-copy source into the peer's sink.
+    WriteSrc { key: u64, len: u32 },
+    /// A Data message: header from a control buffer, `len` payload bytes gathered from a
+    /// zero-copy source.
+    SendSrc { hdr: Buf, key: u64, len: u32 },
+    /// RDMA Read of a peer's source: into a bounce buffer, or into the application's sink.
+    Read(ReadReq),
+    /// Zero-byte RDMA Write keepalive probe.
+    Keepalive,
+}
+
+impl Inflight {
+    #[inline]
+    pub(crate) fn release(self, store: &mut impl BufStore) {
+        match self {
+            Inflight::Msg { buf, .. }
+            | Inflight::WriteData { buf, .. }
+            | Inflight::SendSrc { hdr: buf, .. } => store.free(buf),
+            Inflight::Read(r) => {
+                if let Some(b) = r.bounce {
+                    store.free(b);
+                }
+            }
+            Inflight::WriteSrc { .. } | Inflight::Keepalive => {}
+        }
+    }
+}
+
+/// The send half of a connection.
+#[derive(Debug)]
+pub(crate) struct TxHalf {
+    /// Send buffers for Data messages (the peer's receive size).
+    pub(crate) pool: Pool,
+    /// Buffers for control messages and gathered SENDs' headers.
+    pub(crate) ctrl_pool: Pool,
+    /// Stream items and control messages waiting to go, in order.
+    pub(crate) queue: VecDeque<TxItem>,
+    /// Send-queue work requests posted and not completed, by the index in their wr_id.
+    pub(crate) inflight: slab::Slab<Inflight>,
+    /// Data bytes accepted from the application and not yet acknowledged by a completion.
+    pub(crate) bytes: usize,
+    /// Data sends posted and not yet completed (for coalescing).
+    pub(crate) data_outstanding: usize,
+    /// Stream items posted so far (Data messages with bytes, gathered SENDs, SrcAvails, RDMA
+    /// Writes into a sink): while it moves, the peer is taking the stream.
+    pub(crate) stream_posts: u64,
+    /// A ChRcvBuf we sent is waiting for its ack.
+    pub(crate) resize_pending: Option<u32>,
+}
+
+impl TxHalf {
+    #[inline]
+    pub(crate) fn new(size: u32, ctrl_size: u32) -> TxHalf {
+        TxHalf {
+            pool: Pool::new(size),
+            ctrl_pool: Pool::new(ctrl_size),
+            queue: VecDeque::new(),
+            inflight: slab::Slab::new(),
+            bytes: 0,
+            data_outstanding: 0,
+            stream_posts: 0,
+            resize_pending: None,
+        }
+    }
+    /// Bytes the application may still queue within `sndbuf`.
+    #[inline]
+    pub(crate) fn room(&self, sndbuf: usize) -> usize {
+        sndbuf.saturating_sub(self.bytes)
+    }
+    /// Nothing queued and nothing in flight.
+    #[inline]
+    pub(crate) fn is_idle(&self) -> bool {
+        self.inflight.is_empty() && self.queue.is_empty()
+    }
+    /// Data buffers waiting in the queue.
+    #[inline]
+    pub(crate) fn queued_data_bufs(&self) -> usize {
+        self.queue
+            .iter()
+            .filter(|i| matches!(i, TxItem::Data { .. }))
+            .count()
+    }
+    /// Take a source's item out of the queue (if still there).
+    #[inline]
+    pub(crate) fn unqueue_src(&mut self, key: u64) {
+        if let Some(pos) = self
+            .queue
+            .iter()
+            .position(|i| matches!(i, TxItem::Src { key: k } if *k == key))
+        {
+            self.queue.remove(pos);
+        }
+    }
+    /// Queue a control message ahead of data (replies that must not wait behind a stalled
+    /// stream, like SinkCancelAck or RdmaRdCompl), behind control messages already at the
+    /// front (in order).
+    #[inline]
+    pub(crate) fn queue_ctrl_front(&mut self, mid: Mid, ext: Ext) {
+        let pos = self
+            .queue
+            .iter()
+            .position(|i| !matches!(i, TxItem::Ctrl { mid, .. } if *mid != Mid::DisConn))
+            .unwrap_or(self.queue.len());
+        self.queue.insert(pos, TxItem::Ctrl { mid, ext });
+    }
+    /// Everything queued is dropped (the connection is finished): `bytes` is zero again.
+    #[inline]
+    pub(crate) fn drop_queue(&mut self, store: &mut impl BufStore) {
+        for item in std::mem::take(&mut self.queue) {
+            item.release(store);
+        }
+        self.bytes = 0;
+    }
+    /// Give the idle buffers of both pools back.
+    #[inline]
+    pub(crate) fn release_pools(&mut self, store: &mut impl BufStore) {
+        self.pool.release(store);
+        self.ctrl_pool.release(store);
+    }
+}
