@@ -17,13 +17,20 @@ WORK=$(mktemp -d /tmp/sdp-bench-programs.XXXXXX)
 LOADPIDS=()
 trap 'kill "${LOADPIDS[@]}" 2>/dev/null; jobs -p | xargs -r kill 2>/dev/null; rm -rf "$WORK"' EXIT
 for _ in $(seq "${LOAD:-0}"); do (while :; do :; done) & LOADPIDS+=($!); done
-PORT=$((20000 + RANDOM % 10000))   # below the ephemeral range (32768-)
+# A fresh port per server, below the ephemeral range (32768-), kept in a file: the
+# measurements run in subshells (a variable's increment would be lost, and every server would
+# get the same port, some of them failing to bind it while it is in TIME_WAIT).
+echo $((20000 + RANDOM % 10000)) >"$WORK/port"
+next_port() {
+    PORT=$(($(cat "$WORK/port") + 1))
+    echo "$PORT" >"$WORK/port"
+}
 
 . "$(dirname "$0")/lib.sh"
 pre() { if [ "$1" = sdp ]; then echo "env LD_PRELOAD=$SO"; else echo "env -u LD_PRELOAD"; fi; }
 
 iperf3_gbps() {
-    PORT=$((PORT + 1))
+    next_port
     $(pre "$1") iperf3 -s -1 -p $PORT >/dev/null 2>&1 &
     wait_port $PORT
     $(pre "$1") iperf3 -c 127.0.0.1 -p $PORT -t 2 -l 128K --json 2>/dev/null |
@@ -31,7 +38,7 @@ iperf3_gbps() {
     wait
 }
 sockperf_p50() {
-    PORT=$((PORT + 1))
+    next_port
     $(pre "$1") sockperf server --tcp -i 127.0.0.1 -p $PORT >/dev/null 2>&1 &
     local s=$!
     wait_port $PORT
@@ -40,7 +47,7 @@ sockperf_p50() {
     kill $s; wait $s 2>/dev/null
 }
 redis_rps() { # MODE TEST PIPELINE
-    PORT=$((PORT + 1))
+    next_port
     $(pre "$1") redis-server --port $PORT --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 &
     local s=$!
     wait_port $PORT
@@ -49,7 +56,7 @@ redis_rps() { # MODE TEST PIPELINE
     kill $s; wait $s 2>/dev/null
 }
 nginx_rps() { # MODE FILE
-    PORT=$((PORT + 1))
+    next_port
     mkdir -p "$WORK/www" "$WORK/ng"
     [ -f "$WORK/www/1k" ] || head -c 1024 /dev/urandom >"$WORK/www/1k"
     [ -f "$WORK/www/1m" ] || head -c 1048576 /dev/urandom >"$WORK/www/1m"
