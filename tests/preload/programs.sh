@@ -5,7 +5,8 @@
 # bytes. Installs the Debian packages it needs. Prints a works/fails table; exits non-zero if
 # any program fails. Loopback only.
 #
-#   tests/preload/programs.sh [PROGRAM...]      (default: all)
+#   tests/preload/programs.sh [PROGRAM...]      (default: all; LOAD=N adds N CPU-bound processes,
+#                                               for the whole run: the busy-host case)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -38,6 +39,8 @@ SO=$ROOT/target/debug/libsdp_preload.so
 
 WORK=$(mktemp -d /tmp/sdp-programs.XXXXXX)
 trap 'jobs -p | xargs -r kill 2>/dev/null; rm -rf "$WORK"' EXIT
+for _ in $(seq "${LOAD:-0}"); do (while :; do :; done) & done
+[ "${LOAD:-0}" = 0 ] || echo "load: ${LOAD} CPU-bound processes for the whole run"
 # A fresh port per server (kept in a file: the programs run in subshells).
 echo $((20000 + RANDOM % 10000)) >"$WORK/port"   # below the ephemeral range (32768-)
 next_port() {
