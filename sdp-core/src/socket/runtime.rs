@@ -109,24 +109,40 @@ impl AdaptiveSpin {
 /// involuntary context switch during its poll), something else wanted that CPU, possibly the
 /// peer it waits for, and polling on would take the CPU from it. Then this thread's blocking
 /// calls sleep at once for a while (20 ms, doubling while it happens again, up to 1 s), after
-/// which one poll probes again. Per thread: a busy host's threads each learn it by
-/// themselves. (A fixed `SDP_SPIN_US` is used as it is.)
+/// which one poll probes again. The back-off is forgotten only after [`SPIN_FORGIVE`] without
+/// a preemption: a busy host leaves some polls clean, and forgetting at the first one let
+/// polling come back every 20 ms, each return costing a preempted waiter a scheduler slice
+/// (p99 of 0.6-1 ms under `sdp-bench compare --load 1`). Per thread: a busy host's threads
+/// each learn it by themselves. (A fixed `SDP_SPIN_US` is used as it is.)
 struct SpinGuard;
 
 /// The shortest and longest time a thread does not poll after it was preempted polling.
 const SPIN_OFF_MIN: Duration = Duration::from_millis(20);
 const SPIN_OFF_MAX: Duration = Duration::from_secs(1);
+/// A thread not preempted while polling for this long starts again from no back-off.
+const SPIN_FORGIVE: Duration = Duration::from_secs(2);
+
+/// One thread's polling back-off (see [`SpinGuard`]).
+#[derive(Clone, Copy)]
+struct SpinOff {
+    /// No polling before this.
+    until: Option<std::time::Instant>,
+    /// The last back-off given.
+    backoff: Duration,
+    /// When a poll was last preempted.
+    preempted: Option<std::time::Instant>,
+}
 
 thread_local! {
-    /// Until when this thread does not poll, and the back-off that set it.
-    static SPIN_OFF: std::cell::Cell<(Option<std::time::Instant>, Duration)> =
-        const { std::cell::Cell::new((None, Duration::ZERO)) };
+    static SPIN_OFF: std::cell::Cell<SpinOff> = const {
+        std::cell::Cell::new(SpinOff { until: None, backoff: Duration::ZERO, preempted: None })
+    };
 }
 
 impl SpinGuard {
     /// May this thread poll now?
     fn allowed() -> bool {
-        SPIN_OFF.with(|c| match c.get().0 {
+        SPIN_OFF.with(|c| match c.get().until {
             Some(t) => std::time::Instant::now() >= t,
             None => true,
         })
@@ -138,14 +154,24 @@ impl SpinGuard {
             return;
         };
         SPIN_OFF.with(|c| {
-            let (_, backoff) = c.get();
+            let mut s = c.get();
+            let now = std::time::Instant::now();
             if after > before {
-                let backoff = (backoff * 2).clamp(SPIN_OFF_MIN, SPIN_OFF_MAX);
-                c.set((Some(std::time::Instant::now() + backoff), backoff));
-            } else if start.elapsed() > Duration::from_micros(5) {
-                // A clean poll: the CPUs have room again.
-                c.set((None, Duration::ZERO));
+                s.backoff = (s.backoff * 2).clamp(SPIN_OFF_MIN, SPIN_OFF_MAX);
+                s.until = Some(now + s.backoff);
+                s.preempted = Some(now);
+            } else if start.elapsed() > Duration::from_micros(5)
+                && s.preempted
+                    .is_none_or(|t| now.duration_since(t) >= SPIN_FORGIVE)
+            {
+                // Clean polls for a while: the CPUs have room again.
+                s = SpinOff {
+                    until: None,
+                    backoff: Duration::ZERO,
+                    preempted: None,
+                };
             }
+            c.set(s);
         });
     }
 }
