@@ -5,7 +5,7 @@
 use sdp_core::proto::table::ConnId;
 use sdp_core::proto::{Config, State};
 use sdp_tests::pair::{Pair, PairSpec};
-use sdp_tests::stream::{run_duplex, Duplex, Mode};
+use sdp_tests::stream::{run_duplex_all, Duplex, Mode};
 
 /// Connect, let the pair go quiet, then move A's numbers so that its next message is `a_next`
 /// and B's so that its next is `b_next`.
@@ -39,19 +39,15 @@ fn wrap_duplex(seed: u64, mode: Mode, a_next: u32, b_next: u32) {
         max_msg: 200_000,
     }
     .apps();
-    let ok = run_duplex(&mut p, (a, b), &mut app_a, &mut app_b, 600_000_000_000);
-    assert!(
-        ok,
-        "transfer stalled ({mode:?}): A sent {} got {}, B sent {} got {}\nA: {}\nB: {}",
-        app_a.sent,
-        app_a.received,
-        app_b.sent,
-        app_b.received,
-        p.a.conn(a).map(|c| c.debug_state()).unwrap_or_default(),
-        p.b.conn(b).map(|c| c.debug_state()).unwrap_or_default()
+    run_duplex_all(
+        &mut p,
+        (a, b),
+        &mut app_a,
+        &mut app_b,
+        600_000_000_000,
+        bytes,
+        &format!("{mode:?}"),
     );
-    assert_eq!(app_a.received, bytes);
-    assert_eq!(app_b.received, bytes);
     // Both crossed the wrap (well past it: thousands of messages went each way).
     let na = p.a.conn(a).map(|c| c.next_mseq()).unwrap();
     let nb = p.b.conn(b).map(|c| c.next_mseq()).unwrap();

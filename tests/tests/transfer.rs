@@ -12,7 +12,7 @@ use sdp_core::proto::{Config, Event, Instant, State};
 use sdp_core::verbs::sim::SimConfig;
 use sdp_core::verbs::{Access, MemoryRegion, Provider};
 use sdp_tests::pair::{Pair, PairSpec, A_IP, B_IP};
-use sdp_tests::stream::{run_duplex, App, Bytes, Duplex, Mode};
+use sdp_tests::stream::{run_duplex, run_duplex_all, App, Bytes, Duplex, Mode};
 
 /// Both directions at once; returns the pair for further checks.
 fn duplex(
@@ -36,19 +36,15 @@ fn duplex(
         max_msg,
     }
     .apps();
-    let ok = run_duplex(&mut p, (a, b), &mut app_a, &mut app_b, 600_000_000_000);
-    assert!(
-        ok,
-        "transfer stalled: A sent {} got {}, B sent {} got {}\nA: {}\nB: {}",
-        app_a.sent,
-        app_a.received,
-        app_b.sent,
-        app_b.received,
-        p.a.conn(a).map(|c| c.debug_state()).unwrap_or_default(),
-        p.b.conn(b).map(|c| c.debug_state()).unwrap_or_default()
+    run_duplex_all(
+        &mut p,
+        (a, b),
+        &mut app_a,
+        &mut app_b,
+        600_000_000_000,
+        bytes,
+        "duplex",
     );
-    assert_eq!(app_a.received, bytes);
-    assert_eq!(app_b.received, bytes);
     // Both DisConns crossed: the connections close in order.
     p.run_until(10_000_000_000, |p| {
         p.a.conn(a).is_none_or(|c| c.state() == State::Closed)

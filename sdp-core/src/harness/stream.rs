@@ -359,3 +359,28 @@ pub fn run_duplex(
         x.eof && y.eof
     })
 }
+
+/// [`run_duplex`] that must finish within `limit_ns` with each side having read `bytes`: panics
+/// otherwise, with `what`, both sides' counts and both connections' state.
+pub fn run_duplex_all(
+    p: &mut super::pair::Pair,
+    ids: (ConnId, ConnId),
+    x: &mut App<SimProvider>,
+    y: &mut App<SimProvider>,
+    limit_ns: u64,
+    bytes: u64,
+    what: &str,
+) {
+    let ok = run_duplex(p, ids, x, y, limit_ns);
+    assert!(
+        ok,
+        "transfer stalled ({what}): A sent {} got {}, B sent {} got {}\nA: {}\nB: {}",
+        x.sent,
+        x.received,
+        y.sent,
+        y.received,
+        p.a.conn(ids.0).map(|c| c.debug_state()).unwrap_or_default(),
+        p.b.conn(ids.1).map(|c| c.debug_state()).unwrap_or_default()
+    );
+    assert_eq!((x.received, y.received), (bytes, bytes), "{what}");
+}
