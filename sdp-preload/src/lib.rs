@@ -1532,11 +1532,11 @@ pub unsafe extern "C" fn sendmmsg(
     unsafe { real::sendmmsg(fd, v, n, flags) }
 }
 
-// Children that exec: posix_spawn(p), vfork, system, popen. None runs the fork handlers, and the child's
-// new program knows nothing of the shim's state: an SDP stream's fd it inherits is the user end
-// of the readiness pair, which carries real bytes only once the stream is shared (as at fork:
-// `socket::pump`). So every stream the child will inherit becomes shared first, and listeners it
-// inherits serve kernel TCP only (the child could accept the shim's doorbells).
+// Children that exec: posix_spawn(p), vfork, system, popen. None runs the fork handlers, and
+// the child's new program knows nothing of the shim's state: an SDP stream's fd it inherits is
+// the user end of the readiness pair, which carries real bytes only once the stream is shared
+// (as at fork: `socket::pump`). So every stream the child will inherit becomes shared first, and
+// listeners it inherits serve kernel TCP only (the child could accept the shim's doorbells).
 
 /// fds the application asked `posix_spawn_file_actions_adddup2` to give a child: (file actions
 /// object, fd). Only the shim's own fds are kept.

@@ -352,6 +352,17 @@ struct LSock {
     bell: Option<Bell>,
 }
 
+impl LSock {
+    /// The listener has `ready` connections ready to accept: its readiness fd and its bell
+    /// say so (under the stack's lock).
+    fn set_ready(&mut self, ready: usize) {
+        self.ready.set(ready > 0, false, false);
+        if let Some(b) = &self.bell {
+            b(ready);
+        }
+    }
+}
+
 /// See [`LSock::bell`].
 pub(crate) type Bell = Arc<dyn Fn(usize) + Send + Sync>;
 
@@ -1017,11 +1028,7 @@ impl<P: Provider + 'static> Shared<P> {
             ..
         } = g;
         for (lid, ls) in lsocks.iter_mut() {
-            let ready = driver.listen_stats(*lid).map_or(0, |s| s.ready);
-            ls.ready.set(ready > 0, false, false);
-            if let Some(b) = &ls.bell {
-                b(ready);
-            }
+            ls.set_ready(driver.listen_stats(*lid).map_or(0, |s| s.ready));
         }
         for (&id, s) in socks.iter_mut() {
             for ev in driver.take_events(id) {
@@ -1420,11 +1427,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             // failed is never handed over, one established and reset or closed since is).
             let id = driver.accept_established(l)?;
             socks.insert(id, Sock::default());
-            let ready = driver.listen_stats(l).map_or(0, |s| s.ready);
-            ls.ready.set(ready > 0, false, false);
-            if let Some(b) = &ls.bell {
-                b(ready);
-            }
+            ls.set_ready(driver.listen_stats(l).map_or(0, |s| s.ready));
             let peer = driver
                 .peer_addr(id)
                 .unwrap_or_else(|| SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0));
