@@ -97,6 +97,8 @@ struct Entry<P: Provider> {
     /// Local and peer address, kept when the endpoint goes (`accept` reports them, as TCP
     /// does for a connection that ended before it was accepted).
     addrs: Option<(SocketAddr, SocketAddr)>,
+    /// In [`Driver::touched`] since the socket layer last took it.
+    touched: bool,
 }
 
 struct ListenEntry<P: Provider> {
@@ -143,6 +145,11 @@ pub struct Driver<P: Provider> {
     sends: Vec<SendWr>,
     /// The time of the latest call that passed one (for calls that take none).
     now: Instant,
+    /// Connections something happened to (a round of progress found work, or a call ran on
+    /// them) since [`Driver::take_touched`]: the socket layer looks at these, not at all.
+    touched: Vec<ConnId>,
+    /// Scratch for a round's connection ids.
+    ids: Vec<ConnId>,
 }
 
 /// Errors of driver calls.
@@ -187,6 +194,8 @@ impl<P: Provider> Driver<P> {
             ],
             sends: Vec::with_capacity(POST_BATCH),
             now: Instant::default(),
+            touched: Vec::new(),
+            ids: Vec::new(),
         }
     }
 
@@ -215,6 +224,7 @@ impl<P: Provider> Driver<P> {
             events: Vec::new(),
             released: false,
             addrs: None,
+            touched: false,
         });
         self.pump(now, id);
         Ok(id)
@@ -371,6 +381,7 @@ impl<P: Provider> Driver<P> {
                             events: Vec::new(),
                             released: false,
                             addrs: None,
+                            touched: false,
                         };
                         let posted = post_all(&mut entry.conn, &mut ep, &mut self.sends);
                         if posted.is_err() || ep.accept(&ack).is_err() {
@@ -395,9 +406,12 @@ impl<P: Provider> Driver<P> {
                 }
             }
         }
-        for id in self.conns.ids() {
+        let mut ids = std::mem::take(&mut self.ids);
+        self.conns.ids_into(&mut ids);
+        for &id in &ids {
             activity += self.progress(now, id);
         }
+        self.ids = ids;
         activity
     }
 
@@ -405,6 +419,14 @@ impl<P: Provider> Driver<P> {
         let Some(e) = self.conns.get_mut(id) else {
             return 0;
         };
+        // An idle connection costs a few loads: its endpoint saw nothing new and no timer of
+        // its engine is due. Everything else that changes an engine (the application's
+        // calls) pumps it at once (`with_conn`), so there is nothing left to post either.
+        if e.ep.as_ref().is_some_and(|ep| ep.quiet())
+            && e.conn.poll_timeout().is_none_or(|t| t > now)
+        {
+            return 0;
+        }
         let mut activity = 0;
         if let Some(ep) = e.ep.as_mut() {
             // Completions first: they happened before any disconnect the CM reports now, and
@@ -432,6 +454,10 @@ impl<P: Provider> Driver<P> {
         let Some(e) = self.conns.get_mut(id) else {
             return;
         };
+        if !e.touched {
+            e.touched = true;
+            self.touched.push(id);
+        }
         if let Some(ep) = e.ep.as_mut() {
             if let Err(err) = post_all(&mut e.conn, ep, &mut self.sends) {
                 // The engine never posts beyond the caps it sized; a refusal means the
@@ -477,8 +503,8 @@ impl<P: Provider> Driver<P> {
     /// The earliest deadline of any connection or listen queue.
     pub fn next_deadline(&self) -> Option<Instant> {
         let mut best: Option<Instant> = None;
-        for id in self.conns.ids() {
-            if let Some(t) = self.conns.get(id).and_then(|e| e.conn.poll_timeout()) {
+        for (_, e) in self.conns.iter() {
+            if let Some(t) = e.conn.poll_timeout() {
                 best = Some(best.map_or(t, |b| b.min(t)));
             }
         }
@@ -594,6 +620,17 @@ impl<P: Provider> Driver<P> {
             .get_mut(id)
             .map(|e| std::mem::take(&mut e.events))
             .unwrap_or_default()
+    }
+
+    /// The connections something happened to since the last call (each once, in no order;
+    /// some may be gone from the table since). Appends to `out`.
+    pub fn take_touched(&mut self, out: &mut Vec<ConnId>) {
+        for id in self.touched.drain(..) {
+            if let Some(e) = self.conns.get_mut(id) {
+                e.touched = false;
+            }
+            out.push(id);
+        }
     }
 
     /// Ids of the connections in the table (including ones finishing in the background).

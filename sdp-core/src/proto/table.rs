@@ -80,6 +80,16 @@ impl<T> Table<T> {
             .map(|(i, s)| ConnId::new(i, s.gen))
             .collect()
     }
+    /// The ids, without allocating (as `ids` into a vector the caller keeps).
+    pub fn ids_into(&self, out: &mut Vec<ConnId>) {
+        out.clear();
+        out.extend(self.slots.iter().map(|(i, s)| ConnId::new(i, s.gen)));
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (ConnId, &T)> {
+        self.slots
+            .iter()
+            .map(|(i, s)| (ConnId::new(i, s.gen), &s.value))
+    }
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (ConnId, &mut T)> {
         self.slots
             .iter_mut()

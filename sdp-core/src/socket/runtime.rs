@@ -371,6 +371,10 @@ struct Inner<P: Provider> {
     socks: HashMap<ConnId, Sock>,
     lsocks: HashMap<ListenerId, LSock>,
     next_token: u64,
+    /// Scratch for the connections a round of progress looks at ([`Driver::take_touched`]).
+    touched: Vec<ConnId>,
+    /// Sockets with a pump (shared application fds), so rounds without any skip the walk.
+    pumps: usize,
 }
 
 /// Called before each round of progress with the current time (the simulator advances its
@@ -513,6 +517,8 @@ impl<P: Provider + 'static> Runtime<P> {
                 socks: HashMap::new(),
                 lsocks: HashMap::new(),
                 next_token: 1,
+                touched: Vec::new(),
+                pumps: 0,
             }),
             cond: Condvar::new(),
             origin: std::time::Instant::now(),
@@ -941,7 +947,12 @@ impl<P: Provider + 'static> Shared<P> {
 
     /// Move the bytes of shared application fds; close those every holder closed.
     fn run_pumps(g: &mut Inner<P>, now: Instant) -> usize {
-        let Inner { driver, socks, .. } = g;
+        let Inner {
+            driver,
+            socks,
+            pumps,
+            ..
+        } = g;
         let mut act = 0;
         let mut done = Vec::new();
         for (&id, s) in socks.iter_mut() {
@@ -958,6 +969,7 @@ impl<P: Provider + 'static> Shared<P> {
         }
         for id in done {
             socks.remove(&id);
+            *pumps -= 1;
         }
         act
     }
@@ -1017,20 +1029,32 @@ impl<P: Provider + 'static> Shared<P> {
             t(now);
         }
         let mut act = g.driver.poll(now);
-        act += Self::run_pumps(g, now);
+        if g.pumps > 0 {
+            act += Self::run_pumps(g, now);
+        }
         if act == 0 {
+            // What calls touched since waits for a round with something to do, as before:
+            // the calls brought their own sockets up to date.
             return 0;
         }
         let Inner {
             driver,
             socks,
             lsocks,
+            touched,
             ..
         } = g;
         for (lid, ls) in lsocks.iter_mut() {
             ls.set_ready(driver.listen_stats(*lid).map_or(0, |s| s.ready));
         }
-        for (&id, s) in socks.iter_mut() {
+        // Only the connections something happened to: the others are as the last round left
+        // them (a busy server's idle connections cost nothing here).
+        touched.clear();
+        driver.take_touched(touched);
+        for &id in touched.iter() {
+            let Some(s) = socks.get_mut(&id) else {
+                continue;
+            };
             for ev in driver.take_events(id) {
                 match ev {
                     Event::ZcopySent { token, bytes } | Event::ZcopyReceived { token, bytes } => {
@@ -1321,10 +1345,15 @@ fn progress_loop<P: Provider + 'static>(sh: &Shared<P>, notify: Option<RawFd>) {
             fds.push((s.fd(), libc::POLLIN));
         }
         // Shared application fds: wake when an application writes or room comes back.
-        fds.extend(sh.inner.lock().socks.values().filter_map(|s| {
-            let p = s.pump.as_ref()?;
-            Some((p.fd()?, libc::POLLIN | libc::POLLRDHUP | p.wants_out()))
-        }));
+        {
+            let g = sh.inner.lock();
+            if g.pumps > 0 {
+                fds.extend(g.socks.values().filter_map(|s| {
+                    let p = s.pump.as_ref()?;
+                    Some((p.fd()?, libc::POLLIN | libc::POLLRDHUP | p.wants_out()))
+                }));
+            }
+        }
         let revents = match sys::poll(&fds, Some(timeout)) {
             Ok(r) => r,
             Err(_) => {
@@ -1701,6 +1730,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
                 return;
             }
             g.socks.remove(&id);
+            g.pumps -= 1;
             return;
         }
         g.socks.remove(&id);
@@ -1885,7 +1915,12 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     fn app_share(&self, id: ConnId, user: RawFd) -> io::Result<()> {
         let mut g = self.lock()?;
         let now = self.now();
-        let Inner { driver, socks, .. } = &mut *g;
+        let Inner {
+            driver,
+            socks,
+            pumps,
+            ..
+        } = &mut *g;
         let s = socks
             .get_mut(&id)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
@@ -1897,6 +1932,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             let mut p = super::pump::Pump::new(ours, eof_out);
             p.run(driver, now, id);
             s.pump = Some(p);
+            *pumps += 1;
         }
         drop(g);
         sys::eventfd_signal(&self.sh.wake);

@@ -264,6 +264,14 @@ pub trait Endpoint: Send {
     fn poll_cq(&mut self, out: &mut [Completion]) -> usize;
     /// The next CM event on this endpoint, if any.
     fn poll_cm(&mut self) -> Option<CmEvent>;
+    /// True when nothing happened to the endpoint since it was last polled: `poll_cq` and
+    /// `poll_cm` would find nothing and the provider has no work of its own pending on it
+    /// (queued sends, a copy in progress, a check that is due). A cheap look (a few loads)
+    /// that lets a progress round pass idle connections by. `false` is always correct (the
+    /// default: the endpoint is polled every round).
+    fn quiet(&self) -> bool {
+        false
+    }
     /// Passive side: accept the connect request with our private data.
     fn accept(&mut self, private_data: &[u8]) -> Result<(), VerbsError>;
     /// Passive side: refuse the connect request.

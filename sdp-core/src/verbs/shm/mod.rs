@@ -18,8 +18,10 @@
 //!   with `process_vm_readv`/`process_vm_writev`. It announces the copy in the owner's inbox
 //!   first (`OFF_INFLIGHT`), and a deregistration or revocation waits for it to end.
 //! * **Notification.** [`Provider::notify_fd`] is an epoll fd holding the provider's eventfd,
-//!   the connection sockets and the listeners; [`Provider::arm`] sets the wake flag of every
-//!   inbox, and a peer writes the eventfd only when it finds the flag set.
+//!   the connection sockets and the listeners. Each provider has a *bell page* every peer maps:
+//!   a peer rings its connection's bell after each change it makes, and writes the eventfd only
+//!   when it finds the page's wake flag set ([`Provider::arm`] sets it). A round of progress
+//!   passes connections whose bell is silent by ([`Endpoint::quiet`]).
 
 mod assist;
 pub(crate) mod sys;
@@ -63,8 +65,7 @@ const OFF_HEAD: usize = 64;
 const OFF_TAIL: usize = 128;
 /// Owner's state: 0 open, 1 closed.
 const OFF_STATE: usize = 192;
-/// Owner wants an eventfd write at the peer's next change.
-const OFF_WAKE: usize = 256;
+// 256: unused (the wake flag, now in the bell page).
 /// The peer's copies into or out of the owner's memory (written by the peer): odd while one
 /// runs. The peer raises it before it checks the owner's key table (or receive slot) and
 /// lowers it after its copy; the owner, after it invalidated a region, waits for an odd value
@@ -76,6 +77,29 @@ const OFF_INFLIGHT_KEY: usize = 324;
 /// Longest a deregistration waits for a peer's copy in flight whose process is alive (a peer
 /// stopped in the middle of its copy, SIGSTOP or a debugger; a dead one ends the wait at once).
 const COPY_DRAIN_MAX: Duration = Duration::from_millis(250);
+// The bell page: one per provider, a sealed memfd every peer maps writable. A peer rings the
+// bell of the connection it changed (SEND, receives posted, close, a copy to help with) and then,
+// if the owner armed, writes its eventfd: a round of progress passes every connection whose bell
+// is silent by with one load from this page, instead of a look at each connection's inbox (a
+// page per connection; the cache and TLB misses of hundreds of them were most of a busy server's
+// round). A peer can ring any bell of the page: that costs the owner a needless look, no more.
+const BELLS_LEN: usize = 16384;
+const BELLS_MAGIC: u32 = 0x5344_5042;
+const B_MAGIC: usize = 0;
+/// The owner wants an eventfd write at the next change of any of its connections (`arm`).
+const B_WAKE: usize = 64;
+const B_BASE: usize = 128;
+/// Bells on the page (4 bytes each); an endpoint whose token is beyond has none and is looked
+/// at in every round.
+const NBELLS: usize = (BELLS_LEN - B_BASE) / 4;
+/// "No bell" in the handshake.
+const NO_BELL: u16 = u16::MAX;
+const _: () = assert!(NBELLS < NO_BELL as usize);
+
+fn bell_off(token: usize) -> Option<usize> {
+    (token < NBELLS).then_some(B_BASE + 4 * token)
+}
+
 const SLOT: usize = 512;
 const S_ADDR: usize = 0;
 const S_LEN: usize = 8;
@@ -113,8 +137,8 @@ const M_RTU: u8 = 4;
 const RTU_EXIT_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 const M_DISC: u8 = 5;
 /// 2: fds only after the sender probed the other side (REQ none, ACC the acceptor's, RTU the
-/// connector's).
-const M_VERSION: u8 = 2;
+/// connector's). 3: a fourth fd, the bell page, and the sender's bell.
+const M_VERSION: u8 = 3;
 const M_HDR: usize = 40;
 
 /// A busy listener looks for new connections at least this often (epoll's hint brings them at
@@ -278,6 +302,9 @@ struct Inner {
     keys: Mapping,
     _keys_fd: OwnedFd,
     keys_ro: OwnedFd,
+    /// Our bell page (`BELLS_LEN`) and the fd peers map it with.
+    bells: Mapping,
+    bells_fd: OwnedFd,
     regs: RwLock<Regs>,
     ctls: Mutex<slab::Slab<Weak<Ctl>>>,
     rnr_waiting: AtomicUsize,
@@ -494,6 +521,9 @@ impl ShmProvider {
         let keys = Mapping::map(keys_fd.as_fd(), KT_LEN, true).map_err(os)?;
         sys::seal_future_writes(keys_fd.as_fd()).map_err(os)?;
         let keys_ro = sys::reopen_readonly(keys_fd.as_fd()).map_err(os)?;
+        let bells_fd = sys::memfd_sealed("sdp-shm-bells", BELLS_LEN).map_err(os)?;
+        let bells = Mapping::map(bells_fd.as_fd(), BELLS_LEN, true).map_err(os)?;
+        bells.u32(B_MAGIC).store(BELLS_MAGIC, Ordering::Relaxed);
         let epoll = sys::epoll_create().map_err(os)?;
         let evfd = sys::eventfd().map_err(os)?;
         let timer = sys::timerfd().map_err(os)?;
@@ -515,6 +545,8 @@ impl ShmProvider {
                 keys,
                 _keys_fd: keys_fd,
                 keys_ro,
+                bells,
+                bells_fd,
                 regs: RwLock::new(Regs {
                     slots: vec![None],
                     gens: vec![0],
@@ -600,6 +632,9 @@ struct Peer {
     nslots: u32,
     keys: Mapping,
     evfd: OwnedFd,
+    /// The peer's bell page, and the offset of our connection's bell in it (if it has one).
+    bells: Mapping,
+    bell: Option<usize>,
     wakeups: Arc<AtomicU64>,
 }
 
@@ -607,11 +642,11 @@ impl Peer {
     fn attach(
         inner: &Inner,
         proc: Arc<Proc>,
-        nslots: u32,
-        probe: u64,
+        m: &Msg<'_>,
         fds: Vec<OwnedFd>,
     ) -> Result<Peer, String> {
-        let [inbox_fd, evfd, keys_fd]: [OwnedFd; 3] = fds
+        let (nslots, probe) = (m.nslots, m.probe);
+        let [inbox_fd, evfd, keys_fd, bells_fd]: [OwnedFd; 4] = fds
             .try_into()
             .map_err(|_| "SDP shm: bad handshake (fds)".to_string())?;
         if nslots == 0 || nslots > MAX_SLOTS {
@@ -626,6 +661,20 @@ impl Peer {
             Ok((sz, true)) if sz >= KT_LEN => {}
             _ => return Err("SDP shm: bad handshake (key table not a sealed memfd)".into()),
         }
+        match sys::sealed_size(bells_fd.as_fd()) {
+            Ok((sz, true)) if sz >= BELLS_LEN => {}
+            _ => return Err("SDP shm: bad handshake (bell page not a sealed memfd)".into()),
+        }
+        let bells = Mapping::map(bells_fd.as_fd(), BELLS_LEN, true)
+            .map_err(|e| format!("SDP shm: cannot map the peer's bell page: {e}"))?;
+        if bells.u32(B_MAGIC).load(Ordering::Relaxed) != BELLS_MAGIC {
+            return Err("SDP shm: bad handshake (bell page magic)".into());
+        }
+        let bell = match m.bell {
+            NO_BELL => None,
+            b if (b as usize) < NBELLS => bell_off(b as usize),
+            _ => return Err("SDP shm: bad handshake (bell)".into()),
+        };
         let inbox = Mapping::map(inbox_fd.as_fd(), len, true)
             .map_err(|e| format!("SDP shm: cannot map the peer's inbox: {e}"))?;
         if inbox.u32(OFF_MAGIC).load(Ordering::Relaxed) != INBOX_MAGIC {
@@ -650,6 +699,8 @@ impl Peer {
             nslots,
             keys,
             evfd,
+            bells,
+            bell,
             wakeups: inner.wakeups.clone(),
         })
     }
@@ -685,10 +736,18 @@ impl Peer {
         self.inbox.u32(OFF_STATE).load(Ordering::Acquire) != 0
     }
 
-    /// Write the peer's eventfd if it asked to be woken.
+    /// Ring our connection's bell in the peer's page: its next round looks at the connection.
+    fn ring(&self) {
+        if let Some(b) = self.bell {
+            self.bells.u32(b).store(1, Ordering::Release);
+        }
+    }
+
+    /// Ring the bell, then write the peer's eventfd if it asked to be woken.
     fn wake(&self) {
+        self.ring();
         fence(Ordering::SeqCst);
-        let w = self.inbox.u32(OFF_WAKE);
+        let w = self.bells.u32(B_WAKE);
         if w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::AcqRel) != 0 {
             sys::eventfd_signal(self.evfd.as_fd());
             self.wakeups.fetch_add(1, Ordering::Relaxed);
@@ -699,6 +758,8 @@ impl Peer {
 struct Msg<'a> {
     kind: u8,
     consumer: bool,
+    /// The sender's bell for this connection in its bell page (`NO_BELL`: none).
+    bell: u16,
     nslots: u32,
     probe: u64,
     addr: SocketAddr,
@@ -720,6 +781,7 @@ fn encode(m: &Msg<'_>) -> Vec<u8> {
     b[32..34].copy_from_slice(&m.addr.port().to_le_bytes());
     b[34] = v4;
     b[36..38].copy_from_slice(&(m.pd.len() as u16).to_le_bytes());
+    b[38..40].copy_from_slice(&m.bell.to_le_bytes());
     b[M_HDR..].copy_from_slice(m.pd);
     b
 }
@@ -739,6 +801,7 @@ fn decode(b: &[u8]) -> Option<Msg<'_>> {
     Some(Msg {
         kind: b[0],
         consumer: b[2] != 0,
+        bell: u16::from_le_bytes([b[38], b[39]]),
         nslots: u32::from_le_bytes(b[4..8].try_into().ok()?),
         probe: u64::from_le_bytes(b[8..16].try_into().ok()?),
         addr: SocketAddr::new(ip, u16::from_le_bytes([b[32], b[33]])),
@@ -750,6 +813,7 @@ fn send_simple(sock: &OwnedFd, kind: u8, consumer: bool, pd: &[u8]) {
     let m = encode(&Msg {
         kind,
         consumer,
+        bell: NO_BELL,
         nslots: 0,
         probe: 0,
         addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
@@ -966,6 +1030,7 @@ impl Provider for ShmProvider {
         }
         let m = encode(&Msg {
             kind: M_REQ,
+            bell: NO_BELL,
             consumer: false,
             nslots,
             probe: sys::probe_addr(),
@@ -1003,14 +1068,13 @@ impl Provider for ShmProvider {
                 }
             }
         });
-        for (_, w) in ctls.iter() {
-            if let Some(c) = w.upgrade() {
-                if let Some(ib) = &c.inbox {
-                    ib.u32(OFF_WAKE).store(1, Ordering::Relaxed);
-                }
-            }
-        }
         drop(ctls);
+        // One flag for every connection: the first peer to ring a bell after it writes the
+        // eventfd. (Stored only when taken: peers read it at each of their sends.)
+        let w = inner.bells.u32(B_WAKE);
+        if w.load(Ordering::Relaxed) == 0 {
+            w.store(1, Ordering::Relaxed);
+        }
         fence(Ordering::SeqCst);
         if inner.rnr_waiting.load(Ordering::Relaxed) > 0 {
             sys::timerfd_set(inner.timer.as_fd(), 10_000_000);
@@ -1317,7 +1381,7 @@ impl ShmEndpoint {
     /// make the notify fd readable, so the arm-poll-sleep protocol loses nothing.
     fn self_notify(&self) {
         fence(Ordering::SeqCst);
-        let w = self.inbox.u32(OFF_WAKE);
+        let w = self.inner.bells.u32(B_WAKE);
         if w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::AcqRel) != 0 {
             sys::eventfd_signal(self.inner.evfd.as_fd());
         }
@@ -1401,6 +1465,8 @@ impl ShmEndpoint {
                                     )
                                 })
                         } else if len as usize >= assist::ASSIST_MIN_SEND {
+                            // Ask the peer's help: its next round looks at this connection.
+                            peer.ring();
                             match assist::start_shared(
                                 &self.inbox,
                                 &mut self.assist_gen,
@@ -1478,6 +1544,7 @@ impl ShmEndpoint {
                 // with LOCAL_WRITE for a Read.
                 let r = unsafe {
                     if len as usize >= assist::ASSIST_MIN {
+                        peer.ring();
                         match assist::start_shared(
                             &self.inbox,
                             &mut self.assist_gen,
@@ -1729,7 +1796,20 @@ impl ShmEndpoint {
         self.fail(None);
     }
 
+    /// Our bell's number for the handshake.
+    fn bell(&self) -> u16 {
+        bell_off(self.token).map_or(NO_BELL, |_| self.token as u16)
+    }
+
     fn progress(&mut self) {
+        // Silence our bell before looking: a peer's change from now on rings it again.
+        if let Some(b) = bell_off(self.token) {
+            let bell = self.inner.bells.u32(b);
+            if bell.load(Ordering::Relaxed) != 0 {
+                bell.store(0, Ordering::Relaxed);
+                fence(Ordering::SeqCst);
+            }
+        }
         if self.state == QpState::Error {
             // A shared Read kept by `fail` until the peer's chunks are done.
             if let Some(wr) = self.pending.front().copied() {
@@ -1830,7 +1910,7 @@ impl ShmEndpoint {
                                 self.abort_connect();
                                 return;
                             };
-                            match Peer::attach(&self.inner, proc, m.nslots, m.probe, fds) {
+                            match Peer::attach(&self.inner, proc, &m, fds) {
                                 Ok(p) => {
                                     // We reached the acceptor's memory: now our fds, with
                                     // the RTU.
@@ -1866,7 +1946,7 @@ impl ShmEndpoint {
                             match proc
                                 .clone()
                                 .ok_or_else(String::new)
-                                .and_then(|p| Peer::attach(&self.inner, p, m.nslots, m.probe, fds))
+                                .and_then(|p| Peer::attach(&self.inner, p, &m, fds))
                             {
                                 Ok(p) => self.peer = Some(p),
                                 Err(_) if proc.is_some_and(|p| p.exits_within(RTU_EXIT_WAIT)) => {
@@ -1915,6 +1995,7 @@ impl ShmEndpoint {
         };
         let m = encode(&Msg {
             kind: M_RTU,
+            bell: self.bell(),
             consumer: false,
             nslots: self.nslots,
             probe: sys::probe_addr(),
@@ -1925,6 +2006,7 @@ impl ShmEndpoint {
             ib.as_fd(),
             self.inner.evfd.as_fd(),
             self.inner.keys_ro.as_fd(),
+            self.inner.bells_fd.as_fd(),
         ];
         sys::send_msg(s.as_fd(), &m, &fds).is_ok()
     }
@@ -2003,6 +2085,28 @@ impl Endpoint for ShmEndpoint {
         n
     }
 
+    fn quiet(&self) -> bool {
+        // The bell covers what the peer does (`Peer::wake` rings it after every change it makes
+        // to our inbox or its own state; `progress` silences it before it looks); the rest is
+        // ours: queued completions, events and sends, a copy under way, the socket (epoll's hint
+        // and the liveness check).
+        let Some(b) = bell_off(self.token) else {
+            return false;
+        };
+        self.state == QpState::Ready
+            && !self.await_rtu
+            && self.peer.is_some()
+            && self.cq.is_empty()
+            && self.cm.is_empty()
+            && self.pending.is_empty()
+            && self.copying.is_none()
+            && self.inner.bells.u32(b).load(Ordering::Relaxed) == 0
+            && !self.ctl.hint.load(Ordering::Relaxed)
+            && (self.sock.is_none()
+                || sys::coarse_ms().saturating_sub(self.last_check_ms)
+                    < self.inner.cfg.liveness_interval.as_millis() as u64)
+    }
+
     fn poll_cm(&mut self) -> Option<CmEvent> {
         if let Some(ev) = self.cm.pop_front() {
             return Some(ev);
@@ -2040,6 +2144,7 @@ impl Endpoint for ShmEndpoint {
         };
         let m = encode(&Msg {
             kind: M_ACC,
+            bell: self.bell(),
             consumer: false,
             nslots: self.nslots,
             probe: sys::probe_addr(),
@@ -2050,6 +2155,7 @@ impl Endpoint for ShmEndpoint {
             inbox_fd.as_fd(),
             self.inner.evfd.as_fd(),
             self.inner.keys_ro.as_fd(),
+            self.inner.bells_fd.as_fd(),
         ];
         sys::send_msg(sock.as_fd(), &m, &fds).map_err(|_| VerbsError::NotConnected)?;
         self.inbox_fd = None;
@@ -2426,6 +2532,7 @@ mod tests {
         let (ib_fd, _ib, nslots) = new_inbox(8).unwrap();
         let acc = encode(&Msg {
             kind: M_ACC,
+            bell: NO_BELL,
             consumer: false,
             nslots,
             probe: 8,
@@ -2436,6 +2543,7 @@ mod tests {
             ib_fd.as_fd(),
             other.inner.evfd.as_fd(),
             other.inner.keys_ro.as_fd(),
+            other.inner.bells_fd.as_fd(),
         ];
         sys::send_msg(s.as_fd(), &acc, &fds).unwrap();
         let end = Instant::now() + Duration::from_secs(5);
