@@ -1493,3 +1493,59 @@ fn connector_gone_before_its_rtu_is_looked_at_is_established_then_closed() {
     );
     assert_eq!(wait_cm(&mut y, T), Some(CmEvent::Disconnected));
 }
+
+/// Poll until the endpoint reports quiet (nothing left to look at); false if it never does.
+fn settle(ep: &mut ShmEndpoint) -> bool {
+    let end = Instant::now() + T;
+    let mut buf = [Completion {
+        wr_id: 0,
+        status: WcStatus::Flushed,
+        opcode: WcOpcode::Recv,
+        byte_len: 0,
+    }; 16];
+    while Instant::now() < end {
+        while ep.poll_cq(&mut buf) > 0 {}
+        while ep.poll_cm().is_some() {}
+        if ep.quiet() {
+            return true;
+        }
+        std::thread::yield_now();
+    }
+    false
+}
+
+/// `quiet` (a round of progress passes the endpoint by) holds only while nothing happened:
+/// each thing the peer does (posting receives, a SEND, a disconnect) and each completion of our
+/// own ends it until we polled.
+#[test]
+fn quiet_until_the_peer_or_a_completion_says_otherwise() {
+    let a = prov();
+    let b = prov();
+    let (mut x, mut y) = pair(&a, &b);
+    assert!(settle(&mut x) && settle(&mut y), "a fresh pair settles");
+
+    let rmr = b.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    y.post_recv(&RecvWr {
+        wr_id: 7,
+        sge: rmr.sge(0, 4096),
+    })
+    .unwrap();
+    assert!(!x.quiet(), "the peer posted a receive");
+    assert!(settle(&mut x));
+
+    let mut smr = a.reg_mr(1000, Access::empty()).unwrap();
+    fill(&mut smr, 3);
+    x.post_send(&send_wr(1, SendOp::Send, Some(smr.sge(0, 1000))))
+        .unwrap();
+    assert!(!x.quiet(), "our SEND's completion is to be polled");
+    assert!(!y.quiet(), "the peer's SEND landed");
+    let rc = poll_n(&mut y, 1, T);
+    assert_eq!((rc[0].wr_id, rc[0].byte_len), (7, 1000));
+    let sc = poll_n(&mut x, 1, T);
+    assert_eq!((sc[0].wr_id, sc[0].status), (1, WcStatus::Success));
+    assert!(settle(&mut x) && settle(&mut y));
+
+    x.disconnect().unwrap();
+    assert!(!y.quiet(), "the peer disconnected");
+    assert_eq!(wait_cm(&mut y, T), Some(CmEvent::Disconnected));
+}
