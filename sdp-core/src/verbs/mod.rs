@@ -408,7 +408,7 @@ pub(crate) fn check_grant(
     len: usize,
     access: Access,
 ) -> Result<(), VerbsError> {
-    if len == 0 || !off.checked_add(len).is_some_and(|end| end <= region_len) {
+    if len == 0 || off.checked_add(len).is_none_or(|end| end > region_len) {
         return Err(VerbsError::Invalid("grant out of the region"));
     }
     if access.intersects(Access::REMOTE_WRITE | Access::READ_SINK)
