@@ -57,9 +57,11 @@ impl<P: Provider> MrStore<P> {
 
 impl<P: Provider> BufStore for MrStore<P> {
     fn alloc(&mut self, size: u32) -> Option<Buf> {
+        // Receive and bounce buffers; bounce buffers are RDMA Read sinks (on iWARP that
+        // takes remote write: READ_SINK asks for it there, and only for these).
         let mr = self
             .provider
-            .reg_mr(size as usize, Access::LOCAL_WRITE)
+            .reg_mr(size as usize, Access::LOCAL_WRITE | Access::READ_SINK)
             .ok()?;
         let buf = Buf {
             id: 0,

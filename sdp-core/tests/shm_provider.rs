@@ -702,14 +702,94 @@ fn rdma_access_violations() {
     assert_eq!(poll_n(&mut x, 1, T)[0].status, WcStatus::LocalProtection);
 }
 
-/// Deregistering or revoking a region while a peer's large RDMA Write into it is under way
-/// returns only once no more of it can land (the owner waits for the copy in flight, the
-/// writer looks at the key again before each chunk): after `drop(mr)` / `set_access` the
-/// memory is the owner's alone.
+/// A grant (`advertise`) has a key-table entry of its own: a peer reaches only its range,
+/// with only its rights, until `revoke`; the region's own key gives nothing remote.
+#[test]
+fn a_grant_reaches_only_its_range_until_revoked() {
+    let a = prov();
+    let b = prov();
+    let mut mr = b.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
+    let bytes: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
+    mr.write(0, &bytes);
+    let before = b.registered_regions();
+    let g = mr.advertise(1000, 4096, Access::REMOTE_READ).unwrap();
+    assert_eq!((g.addr, g.len), (mr.addr() + 1000, 4096));
+    assert_ne!(g.rkey, mr.rkey());
+    let g2 = mr.advertise(1000, 4096, Access::REMOTE_READ).unwrap();
+    assert_ne!(g2.rkey, g.rkey, "each grant has its own rkey");
+    assert_eq!(b.registered_regions(), before + 2);
+    mr.revoke(&g2).unwrap();
+    assert_eq!(b.registered_regions(), before + 1);
+
+    // Inside the window: the bytes arrive.
+    let (mut x, _y) = pair(&a, &b);
+    let sink = a.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let rb = RemoteBuf {
+        addr: g.addr + 100,
+        rkey: g.rkey,
+    };
+    x.post_send(&send_wr(1, SendOp::Read(rb), Some(sink.sge(0, 2900))))
+        .unwrap();
+    assert_eq!(poll_n(&mut x, 1, T)[0].status, WcStatus::Success);
+    let mut got = vec![0u8; 2900];
+    sink.read(0, &mut got);
+    assert_eq!(got, bytes[1100..4000]);
+
+    let read_at = |addr: u64, rkey: u32| move |_: &ShmMr| SendOp::Read(RemoteBuf { addr, rkey });
+    // The whole window (`expect_remote_access` reads 4096 bytes): fine.
+    let (mut x, _y) = pair(&a, &b);
+    x.post_send(&send_wr(
+        1,
+        SendOp::Read(RemoteBuf {
+            addr: g.addr,
+            rkey: g.rkey,
+        }),
+        Some(sink.sge(0, 4096)),
+    ))
+    .unwrap();
+    assert_eq!(poll_n(&mut x, 1, T)[0].status, WcStatus::Success);
+    // One byte before the window, one byte past it, and the region's own key: refused.
+    expect_remote_access(&a, &b, read_at(g.addr - 1, g.rkey), &mr);
+    expect_remote_access(&a, &b, read_at(g.addr + 1, g.rkey), &mr);
+    expect_remote_access(&a, &b, read_at(g.addr, mr.rkey()), &mr);
+    // Only the rights granted: no RDMA Write through a read grant.
+    let (addr, rkey) = (g.addr, g.rkey);
+    expect_remote_access(
+        &a,
+        &b,
+        move |_| SendOp::Write(RemoteBuf { addr, rkey }),
+        &mr,
+    );
+
+    // Revoked: refused, and not revocable twice.
+    mr.revoke(&g).unwrap();
+    assert!(mr.revoke(&g).is_err());
+    expect_remote_access(&a, &b, read_at(g.addr + 100, g.rkey), &mr);
+    assert_eq!(b.registered_regions(), before);
+
+    // Bad arguments; grants die with their region.
+    assert!(mr.advertise(8000, 193, Access::REMOTE_READ).is_err());
+    assert!(mr.advertise(0, 0, Access::REMOTE_READ).is_err());
+    assert!(mr.advertise(0, 16, Access::REMOTE_WRITE).is_err());
+    let _g = mr.advertise(0, 16, Access::REMOTE_READ).unwrap();
+    drop(mr);
+    assert_eq!(b.registered_regions(), before - 1);
+}
+
+/// Deregistering or revoking a region (or a grant of it) while a peer's large RDMA Write into
+/// it is under way returns only once no more of it can land (the owner waits for the copy in
+/// flight, the writer looks at the key again before each chunk): after `drop(mr)` /
+/// `set_access` / `revoke` the memory is the owner's alone.
 #[test]
 fn dereg_and_revoke_wait_for_a_copy_in_flight() {
     use std::ptr::NonNull;
-    for revoke in [false, true] {
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum How {
+        Dereg,
+        SetAccess,
+        Grant,
+    }
+    for how in [How::Dereg, How::SetAccess, How::Grant] {
         let a = prov();
         let b = prov();
         let (mut x, _y) = pair(&a, &b);
@@ -719,17 +799,25 @@ fn dereg_and_revoke_wait_for_a_copy_in_flight() {
         let mut sink = vec![0u8; n];
         let base = sink.as_mut_ptr() as usize;
         // SAFETY: `sink` outlives the region (dropped or revoked below, freed at the end).
-        let mr = unsafe {
-            b.reg_mr_at(
-                NonNull::new(base as *mut u8).unwrap(),
-                n,
-                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-            )
-        }
-        .unwrap();
-        let rb = RemoteBuf {
-            addr: mr.addr(),
-            rkey: mr.rkey(),
+        let base_access = match how {
+            How::Grant => Access::LOCAL_WRITE,
+            _ => Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        };
+        let mut mr =
+            unsafe { b.reg_mr_at(NonNull::new(base as *mut u8).unwrap(), n, base_access) }.unwrap();
+        let grant = (how == How::Grant).then(|| {
+            mr.advertise(0, n, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .unwrap()
+        });
+        let rb = match grant {
+            Some(g) => RemoteBuf {
+                addr: g.addr,
+                rkey: g.rkey,
+            },
+            None => RemoteBuf {
+                addr: mr.addr(),
+                rkey: mr.rkey(),
+            },
         };
         let sge = src.sge(0, n as u32);
         let mut mr = Some(mr);
@@ -746,13 +834,14 @@ fn dereg_and_revoke_wait_for_a_copy_in_flight() {
                 assert!(Instant::now() < end, "the write did not start");
                 std::hint::spin_loop();
             }
-            if revoke {
-                mr.as_mut()
+            match how {
+                How::SetAccess => mr
+                    .as_mut()
                     .unwrap()
                     .set_access(Access::LOCAL_WRITE)
-                    .unwrap();
-            } else {
-                drop(mr.take());
+                    .unwrap(),
+                How::Grant => mr.as_mut().unwrap().revoke(&grant.unwrap()).unwrap(),
+                How::Dereg => drop(mr.take()),
             }
             // The memory is ours again: mark its last page (the write had not got there).
             for i in 0..4096 {
@@ -767,7 +856,7 @@ fn dereg_and_revoke_wait_for_a_copy_in_flight() {
                 .count();
             assert_eq!(
                 landed, 0,
-                "revoke={revoke}: the write landed after the region was withdrawn ({:?})",
+                "{how:?}: the write landed after the region was withdrawn ({:?})",
                 c[0].status
             );
         });

@@ -12,7 +12,11 @@ use crate::proto::read::ZRecv;
 use crate::proto::table::ConnId;
 use crate::proto::{Event, Instant, Shutdown};
 use crate::verbs::sim::SimProvider;
-use crate::verbs::{Access, MemoryRegion, Provider};
+use crate::verbs::{Access, Grant, MemoryRegion, Provider};
+
+/// Bytes of a zero-copy source's or sink's region on either side of what is advertised: a peer
+/// that reached beyond its grant would fail the transfer (remote access error).
+const GUARD: usize = 40;
 
 /// How the application moves bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,12 +86,12 @@ pub struct App<P: Provider = SimProvider> {
     pending: Vec<u8>,
     next_token: u64,
     /// Zero-copy sends outstanding, oldest first.
-    src: std::collections::VecDeque<(u64, P::Mr, Vec<u8>)>,
+    src: std::collections::VecDeque<(u64, P::Mr, Grant, Vec<u8>)>,
     /// Bytes of short zero-copy completions to send again (before `pending`).
     redo: Vec<u8>,
     /// Zero-copy sends kept outstanding at once (pipelined zero copy); 1 by default.
     pub src_window: usize,
-    sink: Option<(u64, P::Mr)>,
+    sink: Option<(u64, P::Mr, Grant)>,
     /// Errors reported by calls or events (the test decides whether they are expected).
     pub errors: Vec<CallError>,
     pub events: Vec<Event>,
@@ -171,9 +175,10 @@ impl<P: Provider> App<P> {
     }
 
     fn on_sent(&mut self, token: u64, bytes: usize) {
-        let Some((t, _mr, data)) = self.src.pop_front() else {
+        let Some((t, mut mr, grant, data)) = self.src.pop_front() else {
             panic!("ZcopySent without a source")
         };
+        mr.revoke(&grant).expect("revoke the source's grant");
         assert_eq!(t, token, "ZcopySent out of order");
         assert!(bytes <= data.len());
         assert!(
@@ -192,13 +197,14 @@ impl<P: Provider> App<P> {
     }
 
     fn on_received(&mut self, token: u64, bytes: usize) {
-        let Some((t, mr)) = self.sink.take() else {
+        let Some((t, mut mr, grant)) = self.sink.take() else {
             panic!("ZcopyReceived without a sink")
         };
+        mr.revoke(&grant).expect("revoke the sink's grant");
         assert_eq!(t, token);
-        assert!(bytes <= mr.len());
+        assert!(bytes <= grant.len);
         let mut got = vec![0u8; bytes];
-        mr.read(0, &mut got);
+        mr.read(GUARD, &mut got);
         self.check(&got);
     }
 
@@ -225,7 +231,7 @@ impl<P: Provider> App<P> {
             }
             let generated = self.sent
                 + self.pending.len() as u64
-                + self.src.iter().map(|s| s.2.len() as u64).sum::<u64>();
+                + self.src.iter().map(|s| s.3.len() as u64).sum::<u64>();
             if self.pending.is_empty() {
                 if generated >= self.to_send {
                     // Shut only once every zero-copy send is done (a short one sends again).
@@ -247,24 +253,26 @@ impl<P: Provider> App<P> {
             }
             if self.mode.src() && self.pending.len() >= self.zcopy_min {
                 let p = d.provider().clone();
-                // Least access: the source is readable by the peer only once it holds the
-                // data (set_access may change the keys: they are taken after it).
-                let mut mr = p.reg_mr(self.pending.len(), Access::empty()).expect("reg");
-                mr.write(0, &self.pending);
-                mr.set_access(Access::REMOTE_READ)
+                // Least access: the peer may read the source's bytes, only them (not the
+                // guard bytes around them), through a grant taken once they are in place.
+                let len = self.pending.len();
+                let mut mr = p.reg_mr(len + 2 * GUARD, Access::empty()).expect("reg");
+                mr.write(GUARD, &self.pending);
+                let grant = mr
+                    .advertise(GUARD, len, Access::REMOTE_READ)
                     .expect("grant remote read");
                 let src = ZSrc {
-                    addr: mr.addr(),
-                    len: self.pending.len() as u32,
-                    lkey: mr.lkey(),
-                    rkey: mr.rkey(),
+                    addr: grant.addr,
+                    len: len as u32,
+                    lkey: grant.lkey,
+                    rkey: grant.rkey,
                 };
                 let token = self.next_token;
                 match d.write_zcopy(now, id, src, token) {
                     Ok(()) => {
                         self.next_token += 1;
                         let data = std::mem::take(&mut self.pending);
-                        self.src.push_back((token, mr, data));
+                        self.src.push_back((token, mr, grant, data));
                         continue;
                     }
                     Err(CallError::WouldBlock) => return,
@@ -297,23 +305,27 @@ impl<P: Provider> App<P> {
             if self.mode.sink() && self.sizes.random_bool(0.5) {
                 let len = self.sizes.random_range(self.zcopy_min..=4 * self.zcopy_min);
                 let p = d.provider().clone();
-                let mut mr = p.reg_mr(len, Access::LOCAL_WRITE).expect("reg");
-                mr.set_access(Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                let mut mr = p.reg_mr(len + 2 * GUARD, Access::LOCAL_WRITE).expect("reg");
+                // The peer may write the sink's bytes (SinkAvail), only them; an RDMA Read of
+                // its source lands there too.
+                let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::READ_SINK;
+                let grant = mr
+                    .advertise(GUARD, len, access)
                     .expect("grant remote write");
                 let sink = ZSink {
-                    addr: mr.addr(),
+                    addr: grant.addr,
                     len: len as u32,
-                    lkey: mr.lkey(),
-                    rkey: mr.rkey(),
+                    lkey: grant.lkey,
+                    rkey: grant.rkey,
                 };
                 let token = self.next_token;
                 match d.read_zcopy(now, id, sink, token) {
                     Ok(ZRecv::Pending) => {
                         self.next_token += 1;
-                        self.sink = Some((token, mr));
+                        self.sink = Some((token, mr, grant));
                         return;
                     }
-                    Ok(ZRecv::Copy) => {}
+                    Ok(ZRecv::Copy) => mr.revoke(&grant).expect("revoke the sink's grant"),
                     Err(CallError::WouldBlock) => return,
                     Err(e) => {
                         self.errors.push(e);

@@ -42,7 +42,7 @@ use crate::proto::iocb::{ZSink, ZSrc};
 use crate::proto::read::ZRecv;
 use crate::proto::table::ConnId;
 use crate::proto::{Config, ConnError, Event, Instant, Shutdown, State};
-use crate::verbs::{Access, MemoryRegion, Provider, VerbsError, REJECT_QUEUE_FULL};
+use crate::verbs::{Access, Grant, MemoryRegion, Provider, VerbsError, REJECT_QUEUE_FULL};
 
 /// `SDP_SPIN_US` if set: a fixed time a blocking call polls by itself before it sleeps.
 fn spin_fixed() -> Option<Duration> {
@@ -313,6 +313,9 @@ pub(crate) enum ZStart {
 struct ZSend {
     token: u64,
     mr: DynMr,
+    /// What the peer may read of `mr` (the source's bytes), revoked when the engine reports
+    /// the source finished.
+    grant: Grant,
     off: usize,
     len: usize,
     /// Set once the engine reported the source finished: what reached the peer by zero copy
@@ -777,20 +780,41 @@ impl<P: Provider + 'static> Runtime<P> {
 
     /// Send `len` bytes of registered memory at `mr[off..]` by zero copy, waiting until the peer
     /// has them; returns bytes sent (fewer if the peer cancelled, or, with a `stall` bound, if
-    /// the peer stopped taking them: send the rest again).
+    /// the peer stopped taking them: send the rest again). The peer may read those bytes, and
+    /// nothing else of `mr`, through a grant of their own, until the call returns.
     fn zcopy_send(
         &self,
         id: ConnId,
-        mr: &DynMr,
+        mr: &mut DynMr,
         off: usize,
         len: usize,
         stall: Option<Duration>,
     ) -> io::Result<usize> {
+        let grant = mr
+            .advertise(off, len, Access::REMOTE_READ)
+            .map_err(verbs_err)?;
+        let r = self.zcopy_send_granted(id, &grant, stall);
+        // Every way out (finished, cancelled, failed, never queued): the engine is done with
+        // the source, so the peer's access ends here.
+        let revoke = mr.revoke(&grant);
+        let sent = r?;
+        revoke.map_err(verbs_err)?;
+        Ok(sent)
+    }
+
+    /// Body of [`Self::zcopy_send`]: advertise `grant` and wait for the engine to end it.
+    fn zcopy_send_granted(
+        &self,
+        id: ConnId,
+        grant: &Grant,
+        stall: Option<Duration>,
+    ) -> io::Result<usize> {
+        let len = grant.len;
         let src = ZSrc {
-            addr: mr.addr() + off as u64,
+            addr: grant.addr,
             len: len as u32,
-            lkey: mr.lkey(),
-            rkey: mr.rkey(),
+            lkey: grant.lkey,
+            rkey: grant.rkey,
         };
         let mut token = 0;
         self.block_on(Wait::default(), |g, now| {
@@ -817,19 +841,48 @@ impl<P: Provider + 'static> Runtime<P> {
     }
 
     /// Receive the next bytes straight into registered memory when they are a peer's zero-copy
-    /// source. `Ok(None)`: they are not; read by copy.
+    /// source. `Ok(None)`: they are not; read by copy. The sink is `len` bytes at `mr[off..]`
+    /// under a grant of their own (an RDMA Read sink: on iWARP the peer's read response
+    /// writes it), revoked before the call returns.
     fn zcopy_recv(
         &self,
         id: ConnId,
-        mr: &DynMr,
+        mr: &mut DynMr,
         off: usize,
         len: usize,
     ) -> io::Result<Option<usize>> {
+        // Registering a grant costs more than a look: only when there is a source to read.
+        if !self.next_is_zcopy(id)? {
+            return Ok(None);
+        }
+        let len = len.min(u32::MAX as usize);
+        let grant = mr
+            .advertise(off, len, Access::LOCAL_WRITE | Access::READ_SINK)
+            .map_err(verbs_err)?;
+        let r = self.zcopy_recv_granted(id, &grant);
+        let revoke = mr.revoke(&grant);
+        let n = r?;
+        revoke.map_err(verbs_err)?;
+        Ok(n)
+    }
+
+    /// Whether the next stream bytes of `id` are a peer's zero-copy source we may read.
+    fn next_is_zcopy(&self, id: ConnId) -> io::Result<bool> {
+        let g = self.lock()?;
+        let c = g
+            .driver
+            .conn(id)
+            .ok_or_else(|| driver_err(crate::driver::DriverError::BadId))?;
+        Ok(c.next_is_zcopy().is_some())
+    }
+
+    /// Body of [`Self::zcopy_recv`]: read into `grant` and wait for the engine to end it.
+    fn zcopy_recv_granted(&self, id: ConnId, grant: &Grant) -> io::Result<Option<usize>> {
         let sink = ZSink {
-            addr: mr.addr() + off as u64,
-            len: len as u32,
-            lkey: mr.lkey(),
-            rkey: mr.rkey(),
+            addr: grant.addr,
+            len: grant.len as u32,
+            lkey: grant.lkey,
+            rkey: grant.rkey,
         };
         let token = {
             let mut g = self.lock()?;
@@ -1122,7 +1175,7 @@ fn settle_zsends<P: Provider>(driver: &mut Driver<P>, now: Instant, id: ConnId, 
             continue;
         };
         let bytes = zdone.swap_remove(i).1.min(z.len);
-        let revoke = z.mr.set_access(z.mr.access() - Access::REMOTE_READ);
+        let revoke = z.mr.revoke(&z.grant);
         let failed = driver.conn(id).and_then(|c| c.error().cloned());
         z.done = Some(match (revoke, failed) {
             (Err(e), _) => Err(verbs_err(e)),
@@ -1553,13 +1606,8 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             mr.read(off, &mut tmp);
             return self.write_copy(id, &tmp, Wait::default());
         }
-        // Remote read only while the transfer is outstanding.
-        mr.set_access(mr.access() | Access::REMOTE_READ)
-            .map_err(verbs_err)?;
-        let r = self.zcopy_send(id, mr, off, len.min(u32::MAX as usize), None);
-        let revoke = mr.set_access(mr.access() - Access::REMOTE_READ);
-        let sent = r?;
-        revoke.map_err(verbs_err)?;
+        // The peer reads these bytes (only these) while the transfer is outstanding.
+        let sent = self.zcopy_send(id, mr, off, len.min(u32::MAX as usize), None)?;
         if sent < len {
             let mut tmp = vec![0u8; len - sent];
             mr.read(off + sent, &mut tmp);
@@ -1617,14 +1665,16 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             let r = self.send_registered(id, &mut mr, off, len);
             return ZStart::Done(mr, r);
         }
-        if let Err(e) = mr.set_access(mr.access() | Access::REMOTE_READ) {
-            return ZStart::Done(mr, Err(verbs_err(e)));
-        }
+        // The peer reads these bytes (only these) until the engine reports the source done.
+        let grant = match mr.advertise(off, len, Access::REMOTE_READ) {
+            Ok(g) => g,
+            Err(e) => return ZStart::Done(mr, Err(verbs_err(e))),
+        };
         let src = ZSrc {
-            addr: mr.addr() + off as u64,
+            addr: grant.addr,
             len: len as u32,
-            lkey: mr.lkey(),
-            rkey: mr.rkey(),
+            lkey: grant.lkey,
+            rkey: grant.rkey,
         };
         let mut slot = Some(mr);
         let mut token = 0;
@@ -1645,6 +1695,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
                     s.zsends.push_back(ZSend {
                         token,
                         mr,
+                        grant,
                         off,
                         len,
                         done: None,
@@ -1659,7 +1710,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             (Ok(()), _) => ZStart::Pending(token),
             (Err(e), Some(mut mr)) => {
                 // Never advertised: take the peer's access back.
-                let _ = mr.set_access(mr.access() - Access::REMOTE_READ);
+                let _ = mr.revoke(&grant);
                 ZStart::Done(mr, Err(e))
             }
             (Err(e), None) => {
@@ -2003,7 +2054,7 @@ impl<P: Provider + 'static> Runtime<P> {
     /// deregistered once the peer has read it. `Ok(None)` if the provider cannot register
     /// caller memory.
     pub(crate) fn write_user_zcopy(&self, id: ConnId, buf: &[u8]) -> io::Result<Option<usize>> {
-        let mr = {
+        let mut mr = {
             let g = self.lock()?;
             let p = g.driver.provider().clone();
             drop(g);
@@ -2014,7 +2065,7 @@ impl<P: Provider + 'static> Runtime<P> {
                 p.reg_mr_at(
                     NonNull::new(buf.as_ptr() as *mut u8).expect("slice pointer is not null"),
                     buf.len(),
-                    Access::REMOTE_READ,
+                    Access::empty(),
                 )
             };
             match r {
@@ -2028,7 +2079,13 @@ impl<P: Provider + 'static> Runtime<P> {
         };
         // Like TCP's, the write must not wait for the peer's application: zero copy only while
         // the peer takes the bytes, the rest by copy (which blocks only on a full send buffer).
-        let sent = self.zcopy_send(id, &mr, 0, buf.len(), Some(zcopy_write_stall(buf.len())))?;
+        let sent = self.zcopy_send(
+            id,
+            &mut mr,
+            0,
+            buf.len(),
+            Some(zcopy_write_stall(buf.len())),
+        )?;
         drop(mr);
         if sent < buf.len() {
             self.write_copy(id, &buf[sent..], Wait::default())?;
@@ -2055,7 +2112,7 @@ impl<P: Provider + 'static> Runtime<P> {
                 Access::LOCAL_WRITE,
             )
         };
-        let mr: DynMr = match r {
+        let mut mr: DynMr = match r {
             Ok(mr) => Box::new(mr),
             Err(VerbsError::Invalid(_)) => {
                 self.sh.user_zcopy.store(false, Ordering::Relaxed);
@@ -2064,7 +2121,7 @@ impl<P: Provider + 'static> Runtime<P> {
             Err(e) => return Err(verbs_err(e)),
         };
         self.sh.user_zreads.fetch_add(1, Ordering::Relaxed);
-        let r = self.zcopy_recv(id, &mr, 0, buf.len());
+        let r = self.zcopy_recv(id, &mut mr, 0, buf.len());
         drop(mr);
         r
     }

@@ -734,6 +734,22 @@ impl crate::verbs::MemoryRegion for HeapMr {
     fn set_access(&mut self, _: crate::verbs::Access) -> Result<(), crate::verbs::VerbsError> {
         Ok(())
     }
+    fn advertise(
+        &mut self,
+        _: usize,
+        _: usize,
+        _: crate::verbs::Access,
+    ) -> Result<crate::verbs::Grant, crate::verbs::VerbsError> {
+        // A TCP stream moves bytes by copy: nothing is ever advertised to a peer.
+        Err(crate::verbs::VerbsError::Invalid(
+            "plain memory has no remote keys",
+        ))
+    }
+    fn revoke(&mut self, _: &crate::verbs::Grant) -> Result<(), crate::verbs::VerbsError> {
+        Err(crate::verbs::VerbsError::Invalid(
+            "plain memory has no remote keys",
+        ))
+    }
     fn read(&self, off: usize, dst: &mut [u8]) {
         dst.copy_from_slice(&self.bytes()[off..off + dst.len()]);
     }

@@ -41,6 +41,41 @@ bitflags::bitflags! {
         const REMOTE_WRITE = 1 << 1;
         /// A peer may RDMA Read from the region.
         const REMOTE_READ = 1 << 2;
+        /// The memory receives RDMA Read responses (a Read's local SGE; needs `LOCAL_WRITE`).
+        /// IB and RoCE need nothing more for that; iWARP places read data as a remote write
+        /// tagged with the sink's key, so there the `rdma` provider adds remote write, and
+        /// only to what asked for this flag: engine bounce buffers and a zero-copy sink's
+        /// [`Grant`], never every locally writable region.
+        const READ_SINK = 1 << 3;
+    }
+}
+
+/// A window of a registered region advertised to a peer (SrcAvail, SinkAvail): its own keys,
+/// reaching only `len` bytes at `addr` with only the access it was asked for, until
+/// [`MemoryRegion::revoke`] (or the region's deregistration). A peer Read or Write through
+/// `rkey` outside the window, without its right, or after the revocation fails with
+/// [`WcStatus::RemoteAccess`]. `lkey` names the same window locally (an RDMA Read sink's SGE
+/// uses it: on iWARP the responder tags its data with it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Grant {
+    /// First byte of the window, as in [`Sge::addr`] and [`RemoteBuf::addr`].
+    pub addr: u64,
+    pub len: usize,
+    pub lkey: u32,
+    pub rkey: u32,
+    /// The provider's name for the grant within its region.
+    pub id: u64,
+}
+
+impl Grant {
+    /// The SGE covering `len` bytes at `off` of the window.
+    pub fn sge(&self, off: usize, len: u32) -> Sge {
+        assert!(off + len as usize <= self.len, "sge out of the grant");
+        Sge {
+            addr: self.addr + off as u64,
+            len,
+            lkey: self.lkey,
+        }
     }
 }
 
@@ -230,8 +265,19 @@ pub trait MemoryRegion: Send {
         None
     }
     /// Change the access rights (`ibv_rereg_mr`); revoking remote access makes later peer
-    /// accesses fail with [`WcStatus::RemoteAccess`].
+    /// accesses fail with [`WcStatus::RemoteAccess`]. This changes the whole region: to let a
+    /// peer reach one transfer's bytes, use [`MemoryRegion::advertise`].
     fn set_access(&mut self, access: Access) -> Result<(), VerbsError>;
+    /// Grant `access` to `len` bytes at `off` (and nothing else) under keys of their own, for
+    /// one advertisement, whatever the region's own rights. `len` 0 or a range out of the
+    /// region is [`VerbsError::Invalid`]; so is `REMOTE_WRITE` or `READ_SINK` without
+    /// `LOCAL_WRITE`. Each grant gets a distinct rkey. Dropping the region revokes its grants.
+    fn advertise(&mut self, off: usize, len: usize, access: Access) -> Result<Grant, VerbsError>;
+    /// End a grant: once this returns no peer access through its keys succeeds, and none that
+    /// started before is still running (providers whose peers copy by themselves wait for
+    /// such copies, as a deregistration does). A grant already revoked, or of another region,
+    /// is [`VerbsError::Invalid`].
+    fn revoke(&mut self, grant: &Grant) -> Result<(), VerbsError>;
     /// Copy `dst.len()` bytes out of the region starting at `off`. Panics if out of bounds
     /// (a local programming error, never reachable from peer input).
     fn read(&self, off: usize, dst: &mut [u8]);
@@ -361,4 +407,24 @@ pub trait Provider: Send + Sync {
     fn arm(&self) -> Result<(), VerbsError> {
         Ok(())
     }
+}
+
+/// The checks every provider's [`MemoryRegion::advertise`] makes of its arguments.
+pub(crate) fn check_grant(
+    region_len: usize,
+    off: usize,
+    len: usize,
+    access: Access,
+) -> Result<(), VerbsError> {
+    if len == 0 || off.checked_add(len).is_none_or(|end| end > region_len) {
+        return Err(VerbsError::Invalid("grant out of the region"));
+    }
+    if access.intersects(Access::REMOTE_WRITE | Access::READ_SINK)
+        && !access.contains(Access::LOCAL_WRITE)
+    {
+        return Err(VerbsError::Invalid(
+            "REMOTE_WRITE and READ_SINK need LOCAL_WRITE",
+        ));
+    }
+    Ok(())
 }

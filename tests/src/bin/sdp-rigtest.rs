@@ -33,10 +33,11 @@ use sdp_core::proto::iocb::{ZSink, ZSrc};
 use sdp_core::proto::read::ZRecv;
 use sdp_core::proto::table::ConnId;
 use sdp_core::proto::{Config, Conn, ConnError, Event, Instant, Shutdown, State};
+use sdp_core::verbs::rdma::RdmaEndpoint;
 use sdp_core::verbs::rdma::{RdmaProvider, WRONG_DEVICE_REJECT};
 use sdp_core::verbs::{
-    Access, CmEvent, Completion, Endpoint, Listener, MemoryRegion, Provider, QpCaps, SendOp,
-    SendWr, VerbsError, WcOpcode, WcStatus, WorkRequest,
+    Access, CmEvent, Completion, Endpoint, Listener, MemoryRegion, Provider, QpCaps, RemoteBuf,
+    SendOp, SendWr, VerbsError, WcOpcode, WcStatus, WorkRequest,
 };
 use sdp_tests::stream::{App, Mode};
 
@@ -935,6 +936,117 @@ fn devices(a: IpAddr, b: IpAddr) -> Res<()> {
     check(
         matches!(r, Err(VerbsError::Invalid(_))),
         format!("remote write without local write: {:?}", r.err()),
+    )?;
+    grants(&pa, &pb, b, check)
+}
+
+/// A connected raw pair: an endpoint of `pa` connected to a listener of `pb` on `b:port`
+/// (the passive endpoint is returned to keep the connection up).
+fn raw_pair(
+    pa: &RdmaProvider,
+    pb: &RdmaProvider,
+    b: IpAddr,
+    port: u16,
+) -> Res<(RdmaEndpoint, RdmaEndpoint)> {
+    let caps = QpCaps::default();
+    let mut l = pb
+        .listen(SocketAddr::new(b, port), 8, caps)
+        .map_err(|e| format!("listen {b}:{port}: {e}"))?;
+    let mut ep = pa
+        .connect(SocketAddr::new(b, port), None, caps, b"grant")
+        .map_err(|e| format!("connect: {e}"))?;
+    let end = StdInstant::now() + Duration::from_secs(10);
+    let mut req = None;
+    while req.is_none() && StdInstant::now() < end {
+        let _ = ep.poll_cm();
+        req = l.poll_request();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (mut pep, _) = req.ok_or("no connect request")?;
+    pep.accept(b"").map_err(|e| format!("accept: {e}"))?;
+    let up = raw_wait(pa, &mut ep, Duration::from_secs(10), |_, ev| ev);
+    if !matches!(up, Some(CmEvent::Established { .. })) {
+        return Err(format!("connect to {b}:{port}: {up:?}"));
+    }
+    let up = raw_wait(pb, &mut pep, Duration::from_secs(10), |_, ev| ev);
+    if !matches!(up, Some(CmEvent::Established { .. })) {
+        return Err(format!("accept on {b}:{port}: {up:?}"));
+    }
+    Ok((ep, pep))
+}
+
+/// Grants (issue 14 §4): a peer's RDMA Read through a grant's rkey reaches its range, not a
+/// byte outside it, and nothing once it is revoked; the region's own key reaches nothing.
+/// Every refused Read errors its QP, so each gets a connection of its own.
+fn grants(
+    pa: &RdmaProvider,
+    pb: &RdmaProvider,
+    b: IpAddr,
+    check: impl Fn(bool, String) -> Res<()>,
+) -> Res<()> {
+    let mut mr = pb
+        .reg_mr(16384, Access::LOCAL_WRITE)
+        .map_err(|e| format!("reg_mr: {e}"))?;
+    let data: Vec<u8> = (0..16384u32).map(|i| (i * 7 % 251) as u8).collect();
+    mr.write(0, &data);
+    let g = mr
+        .advertise(4096, 4096, Access::REMOTE_READ)
+        .map_err(|e| format!("advertise: {e}"))?;
+    let sink = pa
+        .reg_mr(4096, Access::LOCAL_WRITE | Access::READ_SINK)
+        .map_err(|e| format!("reg_mr: {e}"))?;
+    let mut port = 7490;
+    let mut read = |addr: u64, rkey: u32| -> Res<Option<WcStatus>> {
+        let (mut ep, _pep) = raw_pair(pa, pb, b, port)?;
+        port += 1;
+        let wr = SendWr {
+            wr_id: 0x6772,
+            op: SendOp::Read(RemoteBuf { addr, rkey }),
+            sge: Some(sink.sge(0, 4096)),
+            signaled: true,
+            payload: None,
+        };
+        ep.post_send(&wr).map_err(|e| format!("post_send: {e}"))?;
+        let mut wcs = [Completion {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+        }; 4];
+        Ok(raw_wait(pa, &mut ep, Duration::from_secs(10), |ep, _| {
+            let n = ep.poll_cq(&mut wcs);
+            wcs[..n]
+                .iter()
+                .find(|c| c.wr_id == wr.wr_id)
+                .map(|c| c.status)
+        }))
+    };
+    let st = read(g.addr, g.rkey)?;
+    let mut got = vec![0u8; 4096];
+    sink.read(0, &mut got);
+    check(
+        st == Some(WcStatus::Success) && got == data[4096..8192],
+        format!(
+            "grant: a Read of its 4096 bytes: {st:?}, bytes right: {}",
+            got == data[4096..8192]
+        ),
+    )?;
+    for (what, addr, rkey) in [
+        ("one byte before it", g.addr - 1, g.rkey),
+        ("one byte past it", g.addr + 1, g.rkey),
+        ("the region's own key", g.addr, mr.rkey()),
+    ] {
+        let st = read(addr, rkey)?;
+        check(
+            matches!(st, Some(s) if s != WcStatus::Success),
+            format!("grant: a Read {what} is refused: {st:?}"),
+        )?;
+    }
+    mr.revoke(&g).map_err(|e| format!("revoke: {e}"))?;
+    let st = read(g.addr, g.rkey)?;
+    check(
+        matches!(st, Some(s) if s != WcStatus::Success),
+        format!("grant: a Read after revoke is refused: {st:?}"),
     )
 }
 

@@ -84,20 +84,25 @@ pub(crate) fn wc_opcode(opcode: u32, fallback: WcOpcode) -> WcOpcode {
     }
 }
 
-/// The `ibv_access_flags` for a region that needs `access`. Remote write without local write
-/// is refused, as `ibv_reg_mr` does. On iWARP an RDMA Read places its data with what the
-/// standard models as a remote write, so any locally writable region (which may be an RDMA
-/// Read sink) also gets remote write there.
+/// The `ibv_access_flags` for a region (or a grant) that needs `access`. Remote write without
+/// local write is refused, as `ibv_reg_mr` does. On iWARP an RDMA Read places its data with
+/// what the standard models as a remote write tagged with the sink's key, so memory asked for
+/// as a Read sink ([`Access::READ_SINK`]) also gets remote write there; IB and RoCE need no
+/// more than local write. Nothing else gets a right it did not ask for.
 pub(crate) fn access_flags(access: Access, transport: Transport) -> Result<u32, VerbsError> {
-    if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
-        return Err(VerbsError::Invalid("REMOTE_WRITE needs LOCAL_WRITE"));
+    if access.intersects(Access::REMOTE_WRITE | Access::READ_SINK)
+        && !access.contains(Access::LOCAL_WRITE)
+    {
+        return Err(VerbsError::Invalid(
+            "REMOTE_WRITE and READ_SINK need LOCAL_WRITE",
+        ));
     }
     let mut f = 0;
     if access.contains(Access::LOCAL_WRITE) {
         f |= ACCESS_LOCAL_WRITE;
-        if transport == Transport::Iwarp {
-            f |= ACCESS_REMOTE_WRITE;
-        }
+    }
+    if access.contains(Access::READ_SINK) && transport == Transport::Iwarp {
+        f |= ACCESS_REMOTE_WRITE;
     }
     if access.contains(Access::REMOTE_WRITE) {
         f |= ACCESS_REMOTE_WRITE;
@@ -106,6 +111,11 @@ pub(crate) fn access_flags(access: Access, transport: Transport) -> Result<u32, 
         f |= ACCESS_REMOTE_READ;
     }
     Ok(f)
+}
+
+/// Whether `flags` give a peer anything.
+pub(crate) fn remote_flags(flags: u32) -> bool {
+    flags & (ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ) != 0
 }
 
 /// Whether a REJECTED event came from the peer's application (`rdma_reject`) rather than from
@@ -309,11 +319,23 @@ mod tests {
         );
         assert_eq!(access_flags(Access::REMOTE_READ, ib), Ok(4));
         assert!(access_flags(Access::REMOTE_WRITE, ib).is_err());
-        // iWARP: locally writable regions may be RDMA Read sinks, which need remote write.
+        // A Read sink needs nothing more on IB.
+        assert_eq!(
+            access_flags(Access::LOCAL_WRITE | Access::READ_SINK, ib),
+            Ok(1)
+        );
+        assert!(access_flags(Access::READ_SINK, ib).is_err());
+        // iWARP: RDMA Read sinks need remote write, and only they get it.
         let iw = Transport::Iwarp;
-        assert_eq!(access_flags(Access::LOCAL_WRITE, iw), Ok(3));
+        assert_eq!(access_flags(Access::LOCAL_WRITE, iw), Ok(1));
+        assert_eq!(
+            access_flags(Access::LOCAL_WRITE | Access::READ_SINK, iw),
+            Ok(3)
+        );
         assert_eq!(access_flags(Access::REMOTE_READ, iw), Ok(4));
         assert_eq!(access_flags(Access::empty(), iw), Ok(0));
+        assert!(!remote_flags(1));
+        assert!(remote_flags(3) && remote_flags(4));
     }
 
     #[test]

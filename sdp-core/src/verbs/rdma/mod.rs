@@ -45,8 +45,13 @@
 //!   with the least access asked for. [`MemoryRegion::set_access`] uses `ibv_rereg_mr` with
 //!   `IBV_REREG_MR_CHANGE_ACCESS`; if the device refuses (Soft-RoCE does), the region is
 //!   deregistered and registered again, which **changes its keys**: always take `lkey()` /
-//!   `rkey()` after `set_access`. On iWARP, locally writable regions also get remote write,
-//!   because an RDMA Read sink needs it there.
+//!   `rkey()` after `set_access`. [`MemoryRegion::advertise`] registers the granted sub-range
+//!   once more (`ibv_reg_mr` on `addr + off`, `len` bytes, only the rights asked for): its own
+//!   lkey and rkey, deregistered by [`MemoryRegion::revoke`] or with the region. A grant that
+//!   gives a peer nothing on this device and asks for no more than the region has (a Read
+//!   sink on IB/RoCE) needs no registration: it names the region's lkey and has rkey 0. On
+//!   iWARP an RDMA Read sink needs remote write: only memory asked for with
+//!   [`Access::READ_SINK`] (engine bounce buffers, zero-copy sink grants) gets it.
 
 mod map;
 
@@ -62,8 +67,8 @@ use rdma_sys as rs;
 
 use self::map::Transport;
 use super::{
-    Access, CmEvent, Completion, Endpoint, Listener, MemoryRegion, Provider, QpCaps, RecvWr,
-    SendOp, SendWr, VerbsError, WcOpcode,
+    check_grant, Access, CmEvent, Completion, Endpoint, Grant, Listener, MemoryRegion, Provider,
+    QpCaps, RecvWr, SendOp, SendWr, VerbsError, WcOpcode,
 };
 
 /// Address and route resolution time limit.
@@ -895,6 +900,8 @@ impl Provider for RdmaProvider {
             size,
             len,
             access,
+            grants: Vec::new(),
+            next_grant: 1,
         })
     }
 
@@ -1061,6 +1068,51 @@ pub struct RdmaMr {
     size: usize,
     len: usize,
     access: Access,
+    /// Grants not yet revoked, by id; each deregisters its sub-range when dropped, which the
+    /// region does before it frees its memory.
+    grants: Vec<(u64, SubMr)>,
+    next_grant: u64,
+}
+
+/// A registration of part of a region's memory (a grant), deregistered on drop.
+struct SubMr(NonNull<rs::ibv_mr>);
+
+impl SubMr {
+    /// Register `len` bytes at `addr` with `flags` on `pd`.
+    ///
+    /// # Safety
+    /// `pd` must be live, and `addr..addr + len` must stay allocated until the result is
+    /// dropped.
+    unsafe fn register(
+        pd: *mut rs::ibv_pd,
+        addr: *mut u8,
+        len: usize,
+        flags: u32,
+    ) -> Result<SubMr, VerbsError> {
+        // SAFETY: per the caller, pd is live and the memory outlives the registration.
+        let mr = unsafe { rs::ibv_reg_mr(pd, addr.cast(), len, flags as i32) };
+        match NonNull::new(mr) {
+            Some(mr) => Ok(SubMr(mr)),
+            None => Err(match errno() {
+                libc::ENOMEM | libc::EFAULT | libc::EPERM => {
+                    VerbsError::NoResources("registered memory (RLIMIT_MEMLOCK?)")
+                }
+                e => map::errno_error(e, "ibv_reg_mr (grant)"),
+            }),
+        }
+    }
+    fn keys(&self) -> (u32, u32) {
+        // SAFETY: the registration is live while self is.
+        unsafe { ((*self.0.as_ptr()).lkey, (*self.0.as_ptr()).rkey) }
+    }
+}
+
+impl Drop for SubMr {
+    fn drop(&mut self) {
+        // SAFETY: registered in SubMr::register, deregistered once, here. Once it returns the
+        // HCA refuses the keys (a peer's access fails with a remote access error).
+        unsafe { rs::ibv_dereg_mr(self.0.as_ptr()) };
+    }
 }
 
 // SAFETY: the region owns its memory; ibv_mr handles may be used from any thread.
@@ -1163,6 +1215,48 @@ impl MemoryRegion for RdmaMr {
         self.access = access;
         Ok(())
     }
+    fn advertise(&mut self, off: usize, len: usize, access: Access) -> Result<Grant, VerbsError> {
+        check_grant(self.len, off, len, access)?;
+        let flags = map::access_flags(access, self.sh.transport)?;
+        let addr = self.addr() + off as u64;
+        let own = map::access_flags(self.access, self.sh.transport)?;
+        if !map::remote_flags(flags) && flags & !own == 0 && !self.mr.is_null() {
+            // Nothing for a peer, nothing the region lacks: the region's own lkey serves.
+            return Ok(Grant {
+                addr,
+                len,
+                lkey: self.lkey(),
+                rkey: 0,
+                id: 0,
+            });
+        }
+        // SAFETY: pd is live; the range is inside the region's memory (checked above), which
+        // stays allocated until the region is dropped, and the region drops its grants first.
+        let sub = unsafe { SubMr::register(self.sh.pd, self.buf.as_ptr().add(off), len, flags) }?;
+        let (lkey, rkey) = sub.keys();
+        let id = self.next_grant;
+        self.next_grant += 1;
+        self.grants.push((id, sub));
+        Ok(Grant {
+            addr,
+            len,
+            lkey,
+            rkey,
+            id,
+        })
+    }
+    fn revoke(&mut self, grant: &Grant) -> Result<(), VerbsError> {
+        if grant.id == 0 {
+            // Registered nothing (see advertise).
+            return Ok(());
+        }
+        let Some(i) = self.grants.iter().position(|(id, _)| *id == grant.id) else {
+            return Err(VerbsError::Invalid("no such grant"));
+        };
+        // Dropping the registration deregisters it.
+        self.grants.swap_remove(i);
+        Ok(())
+    }
     fn read(&self, off: usize, dst: &mut [u8]) {
         self.check(off, dst.len(), "read");
         // SAFETY: bounds checked; buf is valid for len bytes; dst does not alias it.
@@ -1179,6 +1273,8 @@ impl MemoryRegion for RdmaMr {
 
 impl Drop for RdmaMr {
     fn drop(&mut self) {
+        // The grants' registrations go before the memory they cover.
+        self.grants.clear();
         // SAFETY: mr (if any) is live and deregistered once, before its memory is freed; buf
         // was allocated by alloc_pages with size.
         unsafe {

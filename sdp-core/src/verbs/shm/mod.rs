@@ -38,8 +38,8 @@ use parking_lot::{Mutex, RwLock};
 
 use self::sys::{Mapping, Proc, RawBuf, Recv};
 use super::{
-    Access, CmEvent, Completion, Endpoint, Listener, MemoryRegion, Provider, QpCaps, RecvWr,
-    SendOp, SendWr, Sge, VerbsError, WcOpcode, WcStatus,
+    check_grant, Access, CmEvent, Completion, Endpoint, Grant, Listener, MemoryRegion, Provider,
+    QpCaps, RecvWr, SendOp, SendWr, Sge, VerbsError, WcOpcode, WcStatus,
 };
 
 /// `IBV_WC_REM_INV_REQ_ERR`: the SEND was longer than the receive buffer.
@@ -841,6 +841,7 @@ impl Provider for ShmProvider {
         Ok(ShmMr {
             inner: self.inner.clone(),
             reg,
+            grants: Vec::new(),
             mem,
             _map: Some(map),
         })
@@ -858,6 +859,7 @@ impl Provider for ShmProvider {
         Ok(ShmMr {
             inner: self.inner.clone(),
             reg,
+            grants: Vec::new(),
             mem,
             _map: None,
         })
@@ -1087,6 +1089,9 @@ impl Provider for ShmProvider {
 pub struct ShmMr {
     inner: Arc<Inner>,
     reg: Reg,
+    /// Grants not yet revoked: one key-table entry each, covering only the granted range
+    /// (deregistered with the region).
+    grants: Vec<Reg>,
     mem: RawBuf,
     _map: Option<Mapping>,
 }
@@ -1127,6 +1132,36 @@ impl MemoryRegion for ShmMr {
         self.reg.access = access;
         Ok(())
     }
+    fn advertise(&mut self, off: usize, len: usize, access: Access) -> Result<Grant, VerbsError> {
+        check_grant(self.reg.len as usize, off, len, access)?;
+        // An entry of its own in the key table: a peer checks the range and rights of the
+        // rkey it was given, so it reaches this range and nothing else of the region.
+        let r = self
+            .inner
+            .register(self.reg.addr + off as u64, len, access)?;
+        self.grants.push(r);
+        Ok(Grant {
+            addr: r.addr,
+            len,
+            lkey: r.lkey,
+            rkey: r.rkey,
+            id: u64::from(r.lkey),
+        })
+    }
+    fn revoke(&mut self, grant: &Grant) -> Result<(), VerbsError> {
+        let Some(i) = self
+            .grants
+            .iter()
+            .position(|r| u64::from(r.lkey) == grant.id && r.rkey == grant.rkey)
+        else {
+            return Err(VerbsError::Invalid("no such grant"));
+        };
+        let r = self.grants.swap_remove(i);
+        // As a deregistration: the entry is withdrawn, then the copies peers had announced
+        // on it are waited for, so none lands (or reads) after this returns.
+        self.inner.deregister(r.lkey);
+        Ok(())
+    }
     fn read(&self, off: usize, dst: &mut [u8]) {
         self.mem.read(off, dst);
     }
@@ -1137,7 +1172,10 @@ impl MemoryRegion for ShmMr {
 
 impl Drop for ShmMr {
     fn drop(&mut self) {
-        // Deregister (under the write lock) before the memory goes away.
+        // Deregister (under the write lock) before the memory goes away, grants first.
+        for r in self.grants.drain(..) {
+            self.inner.deregister(r.lkey);
+        }
         self.inner.deregister(self.reg.lkey);
     }
 }

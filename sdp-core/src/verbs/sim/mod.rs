@@ -22,6 +22,9 @@
 //!   and addresses are never reused. `REMOTE_WRITE` without `LOCAL_WRITE` is refused with
 //!   [`VerbsError::Invalid`], as `ibv_reg_mr` does. [`MemoryRegion::set_access`] changes the
 //!   rights checked by later accesses; dropping the [`SimMr`] deregisters it.
+//!   [`MemoryRegion::advertise`] makes a checked window: fresh keys that reach only the
+//!   granted range with only the granted rights, until [`MemoryRegion::revoke`] (or the
+//!   region's deregistration) withdraws them; `READ_SINK` changes nothing here.
 //! * **Send queue execution.** Each posted send WR executes (local SGE checked, bytes sampled)
 //!   when the QP's transmit direction is free: serialization takes `bytes / bandwidth`, WRs go out
 //!   in order, back to back. A message arrives at the peer `latency + link extra delay + jitter`
@@ -146,8 +149,8 @@ use parking_lot::Mutex;
 
 use self::world::{Id, World};
 use super::{
-    Access, CmEvent, Completion, Endpoint, Listener, MemoryRegion, Provider, QpCaps, RecvWr,
-    SendWr, VerbsError,
+    check_grant, Access, CmEvent, Completion, Endpoint, Grant, Listener, MemoryRegion, Provider,
+    QpCaps, RecvWr, SendWr, VerbsError,
 };
 
 pub use self::world::{MR_BASE, PAGE, WC_REM_INV_REQ_ERR, WC_REM_OP_ERR};
@@ -602,6 +605,20 @@ impl MemoryRegion for SimMr {
         self.world.lock().set_access(self.id, access)?;
         self.access = access;
         Ok(())
+    }
+    fn advertise(&mut self, off: usize, len: usize, access: Access) -> Result<Grant, VerbsError> {
+        check_grant(self.len, off, len, access)?;
+        let (id, lkey, rkey) = self.world.lock().advertise(self.id, off, len, access)?;
+        Ok(Grant {
+            addr: self.addr + off as u64,
+            len,
+            lkey,
+            rkey,
+            id,
+        })
+    }
+    fn revoke(&mut self, grant: &Grant) -> Result<(), VerbsError> {
+        self.world.lock().revoke(self.id, grant.id)
     }
     fn read(&self, off: usize, dst: &mut [u8]) {
         self.check(off, dst.len(), "read");

@@ -1,9 +1,10 @@
 //! Unit tests of the world's internals; behaviour is tested in `tests/sim_provider.rs`.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use super::world::World;
 use super::*;
+use crate::verbs::{RemoteBuf, SendOp, WcOpcode, WcStatus};
 
 fn ip(n: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 0, n))
@@ -58,4 +59,130 @@ fn dead_host_refuses_everything() {
     ));
     w.restart(ip(1));
     assert!(w.listen(ip(1), addr, 1).is_ok());
+}
+
+/// A connected pair of endpoints (client on host 1, server on host 2), both ready.
+fn pair(f: &SimFabric, port: u16) -> (SimEndpoint, SimEndpoint) {
+    let client = f.provider(ip(1));
+    let server = f.provider(ip(2));
+    let addr = SocketAddr::new(ip(2), port);
+    let mut l = server.listen(addr, 4, QpCaps::default()).unwrap();
+    let mut a = client.connect(addr, None, QpCaps::default(), b"").unwrap();
+    f.run_until_idle(u64::MAX);
+    let (mut b, _) = l.poll_request().unwrap();
+    b.accept(b"").unwrap();
+    f.run_until_idle(u64::MAX);
+    assert!(matches!(a.poll_cm(), Some(CmEvent::Established { .. })));
+    assert!(matches!(b.poll_cm(), Some(CmEvent::Established { .. })));
+    (a, b)
+}
+
+/// RDMA Read `len` bytes at `addr` through `rkey` from `ep`'s peer into `sink`; the status.
+fn read_status(
+    f: &SimFabric,
+    ep: &mut SimEndpoint,
+    sink: &SimMr,
+    addr: u64,
+    rkey: u32,
+    len: u32,
+) -> WcStatus {
+    let wr = SendWr {
+        wr_id: 9,
+        op: SendOp::Read(RemoteBuf { addr, rkey }),
+        sge: Some(sink.sge(0, len)),
+        payload: None,
+        signaled: true,
+    };
+    ep.post_send(&wr).unwrap();
+    f.run_until_idle(u64::MAX);
+    let mut wc = [Completion {
+        wr_id: 0,
+        status: WcStatus::Flushed,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+    }];
+    assert_eq!(ep.poll_cq(&mut wc), 1);
+    assert_eq!(wc[0].wr_id, 9);
+    wc[0].status
+}
+
+#[test]
+fn a_grant_reaches_only_its_range_until_revoked() {
+    let f = SimFabric::new(3);
+    let server = f.provider(ip(2));
+    let client = f.provider(ip(1));
+    let mut mr = server.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
+    let bytes: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
+    mr.write(0, &bytes);
+    let sink = client.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
+
+    let g = mr.advertise(1000, 3000, Access::REMOTE_READ).unwrap();
+    assert_eq!((g.addr, g.len), (mr.addr() + 1000, 3000));
+    assert_ne!(g.rkey, mr.rkey());
+    let g2 = mr.advertise(1000, 3000, Access::REMOTE_READ).unwrap();
+    assert_ne!(g2.rkey, g.rkey, "each grant has its own rkey");
+    mr.revoke(&g2).unwrap();
+
+    // Inside the window: the bytes arrive.
+    let (mut a, _b) = pair(&f, 7001);
+    assert_eq!(
+        read_status(&f, &mut a, &sink, g.addr + 100, g.rkey, 2900),
+        WcStatus::Success
+    );
+    let mut got = vec![0u8; 2900];
+    sink.read(0, &mut got);
+    assert_eq!(got, bytes[1100..4000]);
+
+    // One byte before it, one past it, and the region's own key: refused.
+    let (mut a, _b) = pair(&f, 7002);
+    assert_eq!(
+        read_status(&f, &mut a, &sink, g.addr - 1, g.rkey, 16),
+        WcStatus::RemoteAccess
+    );
+    let (mut a, _b) = pair(&f, 7003);
+    assert_eq!(
+        read_status(&f, &mut a, &sink, g.addr + 2990, g.rkey, 11),
+        WcStatus::RemoteAccess
+    );
+    let (mut a, _b) = pair(&f, 7004);
+    assert_eq!(
+        read_status(&f, &mut a, &sink, g.addr, mr.rkey(), 16),
+        WcStatus::RemoteAccess
+    );
+    // Only the access granted: no RDMA Write through a read grant.
+    let (mut a, _b) = pair(&f, 7005);
+    let wr = SendWr {
+        wr_id: 9,
+        op: SendOp::Write(RemoteBuf {
+            addr: g.addr,
+            rkey: g.rkey,
+        }),
+        sge: Some(sink.sge(0, 16)),
+        payload: None,
+        signaled: true,
+    };
+    a.post_send(&wr).unwrap();
+    f.run_until_idle(u64::MAX);
+    let mut wc = [Completion {
+        wr_id: 0,
+        status: WcStatus::Flushed,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+    }];
+    assert_eq!(a.poll_cq(&mut wc), 1);
+    assert_eq!(wc[0].status, WcStatus::RemoteAccess);
+
+    // Revoked: the same read that worked is refused, and the grant cannot be revoked twice.
+    mr.revoke(&g).unwrap();
+    assert!(mr.revoke(&g).is_err());
+    let (mut a, _b) = pair(&f, 7006);
+    assert_eq!(
+        read_status(&f, &mut a, &sink, g.addr + 100, g.rkey, 16),
+        WcStatus::RemoteAccess
+    );
+
+    // Bad arguments.
+    assert!(mr.advertise(8000, 193, Access::REMOTE_READ).is_err());
+    assert!(mr.advertise(0, 0, Access::REMOTE_READ).is_err());
+    assert!(mr.advertise(0, 16, Access::REMOTE_WRITE).is_err());
 }

@@ -36,8 +36,9 @@ const EPHEMERAL_LAST: u16 = 60999;
 
 pub(crate) struct Host {
     pub alive: bool,
-    by_lkey: BTreeMap<u32, Id>,
-    by_rkey: BTreeMap<u32, Id>,
+    /// Key → the region it names, and the grant within it (`None`: the region's own key).
+    by_lkey: BTreeMap<u32, (Id, Option<Id>)>,
+    by_rkey: BTreeMap<u32, (Id, Option<Id>)>,
     next_addr: u64,
     ports: BTreeSet<u16>,
     listeners: BTreeMap<u16, Id>,
@@ -72,6 +73,18 @@ pub(crate) struct Mr {
     /// Still registered on a live host (false once the host crashed: keys are gone, the handle
     /// keeps its bytes for local reads and writes).
     live: bool,
+    /// Windows advertised with their own keys ([`crate::verbs::MemoryRegion::advertise`]).
+    grants: BTreeMap<Id, Window>,
+}
+
+/// A grant: `len` bytes at `off` of its region, reachable through its own keys with `access`.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    off: u64,
+    len: u64,
+    access: Access,
+    lkey: u32,
+    rkey: u32,
 }
 
 struct SqEntry {
@@ -492,8 +505,8 @@ impl World {
         let lkey = self.new_key();
         let rkey = self.new_key();
         let h = self.host_mut(ip);
-        h.by_lkey.insert(lkey, id);
-        h.by_rkey.insert(rkey, id);
+        h.by_lkey.insert(lkey, (id, None));
+        h.by_rkey.insert(rkey, (id, None));
         h.stats.registered_bytes += len64;
         h.stats.registered_regions += 1;
         h.stats.peak_registered_bytes = h.stats.peak_registered_bytes.max(h.stats.registered_bytes);
@@ -507,9 +520,66 @@ impl World {
                 lkey,
                 rkey,
                 live: true,
+                grants: BTreeMap::new(),
             },
         );
         Ok((id, lkey, rkey, addr))
+    }
+
+    /// A grant of `access` to `len` bytes at `off` of region `id`, under fresh keys; returns
+    /// the grant's id and keys. Arguments are checked by the caller (`check_grant`).
+    pub fn advertise(
+        &mut self,
+        id: Id,
+        off: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<(Id, u32, u32), VerbsError> {
+        let (host, live) = match self.mrs.get(&id) {
+            Some(mr) => (mr.host, mr.live),
+            None => return Err(VerbsError::Invalid("memory region is gone")),
+        };
+        if !live {
+            return Err(dead_err());
+        }
+        self.live_host(host)?;
+        let gid = self.new_id();
+        let lkey = self.new_key();
+        let rkey = self.new_key();
+        let h = self.host_mut(host);
+        h.by_lkey.insert(lkey, (id, Some(gid)));
+        h.by_rkey.insert(rkey, (id, Some(gid)));
+        let w = Window {
+            off: off as u64,
+            len: len as u64,
+            access,
+            lkey,
+            rkey,
+        };
+        self.mrs
+            .get_mut(&id)
+            .expect("checked above")
+            .grants
+            .insert(gid, w);
+        Ok((gid, lkey, rkey))
+    }
+
+    /// End grant `gid` of region `id`: its keys name nothing any more.
+    pub fn revoke(&mut self, id: Id, gid: Id) -> Result<(), VerbsError> {
+        let Some(mr) = self.mrs.get_mut(&id) else {
+            return Err(VerbsError::Invalid("memory region is gone"));
+        };
+        let Some(w) = mr.grants.remove(&gid) else {
+            return Err(VerbsError::Invalid("no such grant"));
+        };
+        let (host, live) = (mr.host, mr.live);
+        if live {
+            if let Some(h) = self.hosts.get_mut(&host) {
+                h.by_lkey.remove(&w.lkey);
+                h.by_rkey.remove(&w.rkey);
+            }
+        }
+        Ok(())
     }
 
     pub fn dereg_mr(&mut self, id: Id) {
@@ -522,6 +592,10 @@ impl World {
         if let Some(h) = self.hosts.get_mut(&mr.host) {
             h.by_lkey.remove(&mr.lkey);
             h.by_rkey.remove(&mr.rkey);
+            for w in mr.grants.values() {
+                h.by_lkey.remove(&w.lkey);
+                h.by_rkey.remove(&w.rkey);
+            }
             h.stats.registered_bytes -= mr.data.len() as u64;
             h.stats.registered_regions -= 1;
         }
@@ -549,18 +623,26 @@ impl World {
         need: Access,
     ) -> Option<(Id, usize)> {
         let h = self.hosts.get(&ip)?;
-        let id = *if remote {
+        let (id, grant) = *if remote {
             h.by_rkey.get(&key)
         } else {
             h.by_lkey.get(&key)
         }?;
         let mr = self.mrs.get(&id)?;
-        if !mr.live || !mr.access.contains(need) {
+        // The window the key reaches: a grant's, or the whole region.
+        let (start, size, access) = match grant {
+            Some(g) => {
+                let w = mr.grants.get(&g)?;
+                (w.off, w.len, w.access)
+            }
+            None => (0, mr.data.len() as u64, mr.access),
+        };
+        if !mr.live || !access.contains(need) {
             return None;
         }
         let off = addr.checked_sub(mr.addr)?;
         let end = off.checked_add(u64::from(len))?;
-        if end > mr.data.len() as u64 {
+        if off < start || end > start + size {
             return None;
         }
         Some((id, usize::try_from(off).ok()?))
