@@ -152,6 +152,10 @@ pub struct Driver<P: Provider> {
     touched: Vec<ConnId>,
     /// Scratch for a round's connection ids.
     ids: Vec<ConnId>,
+    /// The earliest engine timer, as of the last round and every pump since: never later than
+    /// the true one (a timer stopped since leaves it early: one needless wakeup), so
+    /// [`Driver::next_deadline`] need not look at every connection.
+    timers: Option<Instant>,
 }
 
 /// Errors of driver calls.
@@ -198,6 +202,7 @@ impl<P: Provider> Driver<P> {
             now: Instant::default(),
             touched: Vec::new(),
             ids: Vec::new(),
+            timers: None,
         }
     }
 
@@ -410,6 +415,8 @@ impl<P: Provider> Driver<P> {
         }
         let mut ids = std::mem::take(&mut self.ids);
         self.conns.ids_into(&mut ids);
+        // Each connection's timer folds in as the round passes it (`progress`, `pump`).
+        self.timers = None;
         for &id in &ids {
             activity += self.progress(now, id);
         }
@@ -424,9 +431,9 @@ impl<P: Provider> Driver<P> {
         // An idle connection costs a few loads: its endpoint saw nothing new and no timer of
         // its engine is due. Everything else that changes an engine (the application's
         // calls) pumps it at once (`with_conn`), so there is nothing left to post either.
-        if e.ep.as_ref().is_some_and(|ep| ep.quiet())
-            && e.conn.poll_timeout().is_none_or(|t| t > now)
-        {
+        let timer = e.conn.poll_timeout();
+        if e.ep.as_ref().is_some_and(|ep| ep.quiet()) && timer.is_none_or(|t| t > now) {
+            self.timers = earliest(self.timers, timer);
             return 0;
         }
         let mut activity = 0;
@@ -491,6 +498,8 @@ impl<P: Provider> Driver<P> {
             }
             e.events.push(ev);
         }
+        // Whatever this pump follows (a round, a call) may have moved the engine's timers.
+        self.timers = earliest(self.timers, e.conn.poll_timeout());
         if e.conn.state() == State::Closed {
             // Destroy the QP; the engine already gave its buffers back.
             if let Some(ep) = e.ep.take() {
@@ -502,14 +511,10 @@ impl<P: Provider> Driver<P> {
         }
     }
 
-    /// The earliest deadline of any connection or listen queue.
+    /// The earliest deadline of any connection or listen queue (possibly earlier than any:
+    /// see `timers`).
     pub fn next_deadline(&self) -> Option<Instant> {
-        let mut best: Option<Instant> = None;
-        for (_, e) in self.conns.iter() {
-            if let Some(t) = e.conn.poll_timeout() {
-                best = Some(best.map_or(t, |b| b.min(t)));
-            }
-        }
+        let mut best = self.timers;
         for lid in self.listeners.ids() {
             // The queue is in arrival order: its first connection times out first.
             if let Some(&(_, since)) = self.listeners.get(lid).and_then(|e| e.queue.front()) {
@@ -690,6 +695,14 @@ fn drain_cq<S: BufStore, E: Endpoint>(
         if n < scratch.len() {
             return total;
         }
+    }
+}
+
+/// The earlier of two optional instants.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
