@@ -82,6 +82,10 @@ peer_up() {
 }
 run_check "$ROLE:peer-ping" peer_up
 ip neigh show
+# the route to the peer's address leaves by eth0 (in one kernel, the peer's address is local and the
+# same lookup gives "local ... dev lo", which is why IPv6 fails in the one-guest rig: README.md)
+ip -6 route get "$P6" from "$ME6" oif eth0
+ip route get "$P4" from "$ME4" oif eth0
 
 port() {   # port FAMILY SCENARIO: 74xx over IPv4, 75xx over IPv6
   n=0
