@@ -7,7 +7,8 @@
 #   guest B: eth0 192.168.79.2/24 fd00:79::2/64 + rxe0 (the SDP clients)
 # Coordination, over kernel TCP on the same NIC, one check at a time (IPv4, then IPv6): A starts the
 # server of a check, waits until it listens, then opens the check's beacon (a one-shot TCP listener on
-# the SDP port - 100); B waits for the beacon (at most 120 s), then runs the client.  Each side checks
+# the SDP port - 100); B waits for the beacon (at most 120 s), then runs the client.  At the end B
+# tells A it is done (TCP 7398), and only then does A power off.  Each side checks
 # its own process and its own rxe0's packet counters, and prints its own RIG-CHECK lines and
 # RIG-RESULT; tests/rig/run requires both guests to pass.
 # Usage: two.sh a|b [MTU]
@@ -111,6 +112,10 @@ counters() {
 # For each check: start the server, wait until it listens, open the check's beacon (a one-shot TCP
 # listener on the SDP port - 100); B probes the beacon, then runs its client; A waits for the server.
 if [ "$ROLE" = a ]; then
+  # B's last checks (refused: nobody listens, A's kernel answers) need A up: A powers off only when B
+  # says it is done (it connects to this one-shot listener), or 120 s after A's own last check
+  $NC -l 7398 >/dev/null 2>&1 </dev/null &
+  done_pid=$!
   for f in $FAMILIES; do
     if [ "$f" = 4 ]; then ip_a=$A4; else ip_a=$A6; fi
     section "A: SDP servers over IPv$f on rxe0 ($ip_a)"
@@ -138,6 +143,13 @@ if [ "$ROLE" = a ]; then
       fi
     done
   done
+  t0=$(now); i=0
+  while [ $i -lt 1200 ] && kill -0 $done_pid 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+  if kill -0 $done_pid 2>/dev/null; then
+    kill $done_pid; echo "  B did not say it was done within 120 s"
+  else
+    echo "  B is done ($(since "$t0")s after A's last check)"
+  fi
   echo "  A's rxe0: $(counters)"
   finish
   exit 0
@@ -163,7 +175,7 @@ for f in $FAMILIES; do
         timeout 120 $SDP client kill "$dst" "$ip_b" >"$LOGD/$name.cli" 2>&1 &
         cpid=$!
         i=0
-        while [ $i -lt 300 ] && ! grep -q '^connected' "$LOGD/$name.cli" && kill -0 $cpid 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+        while [ $i -lt 300 ] && ! grep -q '^connected' "$LOGD/$name.cli" 2>/dev/null && kill -0 $cpid 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
         if grep -q '^connected' "$LOGD/$name.cli"; then
           sleep 2   # data in flight both ways
           kill -9 $cpid; wait $cpid 2>/dev/null; rc=0
@@ -187,5 +199,7 @@ for f in $FAMILIES; do
     fi
   done
 done
+i=0   # tell A that B is done (A stays up until then)
+while [ $i -lt 60 ] && ! $NC -z -w 1 $A4 7398 2>/dev/null; do sleep 1; i=$((i + 1)); done
 echo "  B's rxe0: $(counters)"
 finish
