@@ -37,6 +37,7 @@ pub fn json_str(s: &str) -> String {
     o
 }
 
+mod exec;
 mod real;
 mod report;
 mod rules;

@@ -63,6 +63,7 @@ static const char *en(int e) {
     case EFAULT: return "EFAULT";
     case EINTR: return "EINTR";
     case ESPIPE: return "ESPIPE";
+    case ENOENT: return "ENOENT";
     default: {
         static char b[32];
         snprintf(b, sizeof b, "errno%d", e);
@@ -493,6 +494,43 @@ static void case_bulk_then_exit(void) {
     close(c2p[0]);
 }
 
+static void peer_big_then_exec(int s) {
+    /* 4 MiB (as peer_big), then an exec of a new program with no fork: the socket has
+     * FD_CLOEXEC, so the exec closes it, and everything written before arrives, then EOF. A
+     * failed exec first (no such file) leaves the connection as it was. */
+    CHECK(fcntl(s, F_SETFD, FD_CLOEXEC) == 0);
+    peer_big(s);
+    execlp("sdp-corners-no-such-program", "x", (char *)NULL);
+    int e = errno;
+    CHECK(write(s, "", 0) == 0);
+    printf("peer exec of a missing program: %s, socket still open\n", en(e));
+    fflush(stdout);
+    execl("/proc/self/exe", "corners", "exit-quietly", (char *)NULL);
+    CHECK(0);
+}
+
+/* A peer writes 4 MiB and then execs another program (exec without fork). */
+static void case_bulk_then_exec(void) {
+    int s;
+    pid_t pid = start(peer_big_then_exec, &s);
+    sleep_ms(100);
+    static char b[100000];
+    unsigned sum = 0;
+    size_t total = 0;
+    ssize_t r;
+    while ((r = read(s, b, sizeof b)) > 0) {
+        for (ssize_t i = 0; i < r; i++) sum += (unsigned char)b[i];
+        total += r;
+    }
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    out("bulk before exec got %zu sum %u end %zd exit %d", total, sum, r,
+        WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    close(s);
+    close(p2c[1]);
+    close(c2p[0]);
+}
+
 static void peer_talk(int s) {
     /* Request, reply, request, reply, then EOF. */
     char b[64];
@@ -866,6 +904,8 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc > 2 && strcmp(argv[1], "serve-fd") == 0)
         return serve_fd(atoi(argv[2]));
+    if (argc > 1 && strcmp(argv[1], "exit-quietly") == 0)
+        return 0;
     const char *only = argc > 1 ? argv[1] : NULL;
 #define RUN(name)                                    \
     if (!only || strcmp(only, #name) == 0) {         \
@@ -881,6 +921,7 @@ int main(int argc, char **argv) {
     RUN(dup);
     RUN(sigio_and_timeout);
     RUN(bulk_then_exit);
+    RUN(bulk_then_exec);
     RUN(urgent);
     RUN(eintr);
     RUN(sndtimeo);

@@ -1364,10 +1364,17 @@ fn progress_loop<P: Provider + 'static>(sh: &Shared<P>, notify: Option<RawFd>) {
             if !standby {
                 let _ = g.driver.provider().arm();
             }
-            if sh.step(&mut g) > 0 {
+            let act = sh.step(&mut g);
+            if act > 0 {
                 sh.wake_waiters();
-                // Keep going while there is work; arm again before each look.
-                continue;
+                // Keep going while there is work. With a notify fd armed before this round's
+                // look, go to it instead: whatever arrived since the arm makes it readable and
+                // the wait returns at once, and a round that would find nothing (most often
+                // the case: the application thread just woken wants the lock for its read) is
+                // not run. In standby (not armed) or without a notify fd: look again now.
+                if standby || notify.is_none() {
+                    continue;
+                }
             }
             let now = sh.now();
             let cap = if standby {
