@@ -178,6 +178,10 @@ impl<P: Provider> Driver<P> {
                 .unwrap_or_else(|| provider.prefers_send_gather()),
         );
         cfg.zcopy_split = Some(cfg.zcopy_split.unwrap_or(cfg.zcopy_by_send == Some(true)));
+        cfg.initiator_sends_first = Some(
+            cfg.initiator_sends_first
+                .unwrap_or_else(|| provider.initiator_sends_first()),
+        );
         let caps = QpCaps {
             max_send_wr: 4 * cfg.max_rx_bufs + 64,
             max_recv_wr: cfg.max_rx_bufs + 8,

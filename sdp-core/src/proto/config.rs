@@ -39,6 +39,15 @@ pub struct Config {
     /// and in full (into a bounce buffer), so it is never cancelled. `None`: as
     /// `zcopy_by_send` (the driver fills it in).
     pub zcopy_split: Option<bool>,
+    /// The transport requires the connecting side to send the first message (iWARP's MPA, RFC
+    /// 5044; RFC 6581 added a ready-to-receive handshake for the other order, which the CM does
+    /// not use here): the connecting side sends a credit update as soon as it is connected, and
+    /// the accepting side posts no send (a message, an RDMA Read or Write) until its first
+    /// receive completes. Otherwise a peer's early message reaches the connecting side while it
+    /// still reads the CM's reply and its kernel fails the connection (siw: "peer sent extra
+    /// data", EPROTO). `None`: the provider decides (`Provider::initiator_sends_first`; the
+    /// driver fills it in).
+    pub initiator_sends_first: Option<bool>,
     /// Split zero copy: committed advertisements outstanding at once (at least 1; also bounded
     /// by the SrcAvail window; default 3). More hands the reader's CPU a larger share.
     pub zcopy_split_reads: u8,
@@ -100,6 +109,7 @@ impl Default for Config {
             zcopy_threshold: 64 * 1024,
             zcopy_by_send: None,
             zcopy_split: None,
+            initiator_sends_first: None,
             zcopy_split_reads: 3,
             zcopy_split_sends: 2,
             nodelay: false,

@@ -177,6 +177,9 @@ pub struct Conn<S: BufStore> {
 
     // Outputs.
     pub(crate) wrs: VecDeque<WorkRequest>,
+    /// The accepting side of a transport whose connecting side sends first
+    /// (`Config::initiator_sends_first`): sends stay queued until a receive completes.
+    pub(crate) hold_sends: bool,
     pub(crate) cm: VecDeque<CmAction>,
     pub(crate) events: VecDeque<Event>,
 
@@ -209,6 +212,7 @@ impl<S: BufStore> Conn<S> {
             queued: false,
             timers,
             wrs: VecDeque::new(),
+            hold_sends: role == Role::Passive && cfg.initiator_sends_first == Some(true),
             cm: VecDeque::new(),
             events: VecDeque::new(),
             stats: ConnStats::default(),
@@ -749,6 +753,12 @@ impl<S: BufStore> Conn<S> {
             .start(Timer::IdleCheck, now + self.cfg.idle_shrink);
         self.events.push_back(Event::Connected);
         self.events.push_back(Event::Writable);
+        if self.role == Role::Active && self.cfg.initiator_sends_first == Some(true) {
+            // The transport wants our message first (the peer holds its own until then): a
+            // credit update, which every peer takes.
+            self.stats.credit_updates_sent += 1;
+            self.post_ctrl(Mid::Data, Ext::None);
+        }
         self.flush(now);
         // Accepted by the application while it was being set up (see `set_accepted`).
         self.open_window();
@@ -822,8 +832,16 @@ impl<S: BufStore> Conn<S> {
         self.next_deadline()
     }
 
-    /// The next work request to post.
+    /// The next work request to post. While sends are held (`Config::initiator_sends_first`,
+    /// the accepting side before its first receive), only receives.
     pub fn poll_wr(&mut self) -> Option<WorkRequest> {
+        if self.hold_sends {
+            let i = self
+                .wrs
+                .iter()
+                .position(|w| matches!(w, WorkRequest::Recv(_)))?;
+            return self.wrs.remove(i);
+        }
         self.wrs.pop_front()
     }
     /// The next CM action to perform.

@@ -25,6 +25,8 @@ impl<S: BufStore> Conn<S> {
             self.on_wc_error(now, wc.status);
             return;
         }
+        // The peer has sent: whatever we held for it may go (`Config::initiator_sends_first`).
+        self.hold_sends = false;
         let len = wc.byte_len as usize;
         if len > buf.size as usize {
             self.rx.pool.put(&mut self.store, buf);

@@ -353,6 +353,11 @@ pub trait Provider: Send + Sync {
     fn prefers_send_gather(&self) -> bool {
         false
     }
+    /// Whether the connecting side must send the first message of a connection before the
+    /// accepting side sends anything (iWARP: MPA requires it; `Config::initiator_sends_first`).
+    fn initiator_sends_first(&self) -> bool {
+        false
+    }
     /// Register `len` zeroed bytes with the given access.
     fn reg_mr(&self, len: usize, access: Access) -> Result<Self::Mr, VerbsError>;
     /// Register memory the caller owns (`ibv_reg_mr` on an existing buffer), for zero-copy

@@ -865,6 +865,10 @@ impl Provider for RdmaProvider {
         self.sh.software && self.sh.gather
     }
 
+    fn initiator_sends_first(&self) -> bool {
+        self.is_iwarp()
+    }
+
     fn reg_mr(&self, len: usize, access: Access) -> Result<RdmaMr, VerbsError> {
         let flags = map::access_flags(access, self.sh.transport)?;
         let size = len
