@@ -474,18 +474,26 @@ static void peer_big(int s) {
     fflush(stdout);
 }
 
+/* Read s to its end: bytes, their running sum, and the last read's result (0 at EOF). */
+static ssize_t read_all_sum(int s, size_t *total, unsigned *sum) {
+    static char b[100000];
+    ssize_t r;
+    *total = 0;
+    *sum = 0;
+    while ((r = read(s, b, sizeof b)) > 0) {
+        for (ssize_t i = 0; i < r; i++) *sum += (unsigned char)b[i];
+        *total += r;
+    }
+    return r;
+}
+
 static void case_bulk_then_exit(void) {
     int s;
     pid_t pid = start(peer_big, &s);
     sleep_ms(100);
-    static char b[100000];
-    unsigned sum = 0;
-    size_t total = 0;
-    ssize_t r;
-    while ((r = read(s, b, sizeof b)) > 0) {
-        for (ssize_t i = 0; i < r; i++) sum += (unsigned char)b[i];
-        total += r;
-    }
+    unsigned sum;
+    size_t total;
+    ssize_t r = read_all_sum(s, &total, &sum);
     int st;
     CHECK(waitpid(pid, &st, 0) == pid);
     out("bulk got %zu sum %u end %zd", total, sum, r);
@@ -514,14 +522,9 @@ static void case_bulk_then_exec(void) {
     int s;
     pid_t pid = start(peer_big_then_exec, &s);
     sleep_ms(100);
-    static char b[100000];
-    unsigned sum = 0;
-    size_t total = 0;
-    ssize_t r;
-    while ((r = read(s, b, sizeof b)) > 0) {
-        for (ssize_t i = 0; i < r; i++) sum += (unsigned char)b[i];
-        total += r;
-    }
+    unsigned sum;
+    size_t total;
+    ssize_t r = read_all_sum(s, &total, &sum);
     int st;
     CHECK(waitpid(pid, &st, 0) == pid);
     out("bulk before exec got %zu sum %u end %zd exit %d", total, sum, r,
