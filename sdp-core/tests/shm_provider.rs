@@ -46,15 +46,20 @@ fn wait_request(l: &mut impl Listener<Endpoint = ShmEndpoint>) -> (ShmEndpoint, 
     }
 }
 
-fn poll_n(ep: &mut ShmEndpoint, n: usize, limit: Duration) -> Vec<Completion> {
-    let end = Instant::now() + limit;
-    let mut out = Vec::new();
-    let mut buf = [Completion {
+/// A scratch array for `poll_cq`.
+fn wc_buf() -> [Completion; 16] {
+    [Completion {
         wr_id: 0,
         status: WcStatus::Flushed,
         opcode: WcOpcode::Recv,
         byte_len: 0,
-    }; 16];
+    }; 16]
+}
+
+fn poll_n(ep: &mut ShmEndpoint, n: usize, limit: Duration) -> Vec<Completion> {
+    let end = Instant::now() + limit;
+    let mut out = Vec::new();
+    let mut buf = wc_buf();
     while out.len() < n {
         let k = ep.poll_cq(&mut buf);
         out.extend_from_slice(&buf[..k]);
@@ -1586,12 +1591,7 @@ fn connector_gone_before_its_rtu_is_looked_at_is_established_then_closed() {
 /// Poll until the endpoint reports quiet (nothing left to look at); false if it never does.
 fn settle(ep: &mut ShmEndpoint) -> bool {
     let end = Instant::now() + T;
-    let mut buf = [Completion {
-        wr_id: 0,
-        status: WcStatus::Flushed,
-        opcode: WcOpcode::Recv,
-        byte_len: 0,
-    }; 16];
+    let mut buf = wc_buf();
     while Instant::now() < end {
         while ep.poll_cq(&mut buf) > 0 {}
         while ep.poll_cm().is_some() {}
