@@ -522,8 +522,7 @@ impl<P: Provider> Driver<P> {
         for lid in self.listeners.ids() {
             // The queue is in arrival order: its first connection times out first.
             if let Some(&(_, since)) = self.listeners.get(lid).and_then(|e| e.queue.front()) {
-                let t = since + self.cfg.unaccepted_timeout;
-                best = Some(best.map_or(t, |b| b.min(t)));
+                best = earliest(best, Some(since + self.cfg.unaccepted_timeout));
             }
         }
         best

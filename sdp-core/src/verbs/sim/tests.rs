@@ -86,9 +86,14 @@ fn read_status(
     rkey: u32,
     len: u32,
 ) -> WcStatus {
+    op_status(f, ep, sink, SendOp::Read(RemoteBuf { addr, rkey }), len)
+}
+
+/// Post `op` over `len` bytes of `sink` on `ep` and run the fabric; the completion's status.
+fn op_status(f: &SimFabric, ep: &mut SimEndpoint, sink: &SimMr, op: SendOp, len: u32) -> WcStatus {
     let wr = SendWr {
         wr_id: 9,
-        op: SendOp::Read(RemoteBuf { addr, rkey }),
+        op,
         sge: Some(sink.sge(0, len)),
         payload: None,
         signaled: true,
@@ -151,26 +156,14 @@ fn a_grant_reaches_only_its_range_until_revoked() {
     );
     // Only the access granted: no RDMA Write through a read grant.
     let (mut a, _b) = pair(&f, 7005);
-    let wr = SendWr {
-        wr_id: 9,
-        op: SendOp::Write(RemoteBuf {
-            addr: g.addr,
-            rkey: g.rkey,
-        }),
-        sge: Some(sink.sge(0, 16)),
-        payload: None,
-        signaled: true,
-    };
-    a.post_send(&wr).unwrap();
-    f.run_until_idle(u64::MAX);
-    let mut wc = [Completion {
-        wr_id: 0,
-        status: WcStatus::Flushed,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-    }];
-    assert_eq!(a.poll_cq(&mut wc), 1);
-    assert_eq!(wc[0].status, WcStatus::RemoteAccess);
+    let write = SendOp::Write(RemoteBuf {
+        addr: g.addr,
+        rkey: g.rkey,
+    });
+    assert_eq!(
+        op_status(&f, &mut a, &sink, write, 16),
+        WcStatus::RemoteAccess
+    );
 
     // Revoked: the same read that worked is refused, and the grant cannot be revoked twice.
     mr.revoke(&g).unwrap();
