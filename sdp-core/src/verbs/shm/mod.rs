@@ -28,7 +28,7 @@ pub(crate) mod sys;
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -746,13 +746,22 @@ impl Peer {
     /// Ring the bell, then write the peer's eventfd if it asked to be woken.
     fn wake(&self) {
         self.ring();
-        fence(Ordering::SeqCst);
-        let w = self.bells.u32(B_WAKE);
-        if w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::AcqRel) != 0 {
-            sys::eventfd_signal(self.evfd.as_fd());
+        if signal_if_armed(&self.bells, self.evfd.as_fd()) {
             self.wakeups.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// After a change: if the owner of `bells` armed (`arm`), take its wake flag and write its
+/// eventfd `evfd`. True if it wrote.
+fn signal_if_armed(bells: &Mapping, evfd: BorrowedFd<'_>) -> bool {
+    fence(Ordering::SeqCst);
+    let w = bells.u32(B_WAKE);
+    if w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::AcqRel) != 0 {
+        sys::eventfd_signal(evfd);
+        return true;
+    }
+    false
 }
 
 struct Msg<'a> {
@@ -1418,11 +1427,7 @@ impl ShmEndpoint {
     /// Completions or events appeared locally (not through the peer): if the owner armed,
     /// make the notify fd readable, so the arm-poll-sleep protocol loses nothing.
     fn self_notify(&self) {
-        fence(Ordering::SeqCst);
-        let w = self.inner.bells.u32(B_WAKE);
-        if w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::AcqRel) != 0 {
-            sys::eventfd_signal(self.inner.evfd.as_fd());
-        }
+        signal_if_armed(&self.inner.bells, self.inner.evfd.as_fd());
     }
 
     /// Execute one send-queue WR now if possible.
