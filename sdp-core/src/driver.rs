@@ -643,6 +643,18 @@ impl<P: Provider> Driver<P> {
         }
     }
 
+    /// The provider's device went away ([`Provider::device_lost`]): drop every connection
+    /// (endpoint and buffers) and every listener at once, so nothing of this driver holds the
+    /// device, and let the provider give it back ([`Provider::release_device`]). Their ids are
+    /// unknown from now on: the socket layer has failed them first.
+    pub fn release_device(&mut self) {
+        self.conns = Table::default();
+        self.listeners = Table::default();
+        self.touched.clear();
+        self.timers = None;
+        self.provider.release_device();
+    }
+
     /// Ids of the connections in the table (including ones finishing in the background).
     pub fn conn_ids(&self) -> Vec<ConnId> {
         self.conns.ids()

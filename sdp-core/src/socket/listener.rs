@@ -5,7 +5,9 @@ use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use super::runtime::Wait;
 use super::stack::{Choice, Options, Stack};
@@ -19,15 +21,33 @@ const DEFAULT_BACKLOG: u32 = 128;
 /// A listening socket.
 pub struct SdpListener {
     /// SDP listeners on the same address: shm, and an RDMA device.
-    sdp: Vec<(Stack, ListenerId)>,
+    sdp: Mutex<Vec<Sub>>,
     tcp: Option<TcpListener>,
     local: SocketAddr,
+    backlog: u32,
+    /// The stacks were chosen here (not given with [`Options::with_stack`]): one whose device
+    /// went away is made anew when the device comes back.
+    own_stacks: bool,
     nonblocking: AtomicBool,
     /// Why SDP is not listening, in automatic mode (visible through `sdp_error`).
     sdp_error: Option<String>,
-    /// The readiness fd handed out by `as_raw_fd` when both kinds listen (an epoll set).
+    /// The readiness fd handed out by `as_raw_fd` when both kinds listen, or RDMA does (an
+    /// epoll set: it stays the same fd when a listener is made anew).
     ready: std::sync::OnceLock<Option<std::os::fd::OwnedFd>>,
 }
+
+/// One SDP listener of an [`SdpListener`].
+struct Sub {
+    stack: Stack,
+    id: ListenerId,
+    /// Its readiness fd, while it is in the `ready` epoll set.
+    fd: Option<RawFd>,
+    /// Its stack failed (the device went away): when to try listening anew.
+    retry_at: Option<Instant>,
+}
+
+/// How often a listener whose device went away looks for it again (at `accept`).
+const RELISTEN_EVERY: Duration = Duration::from_secs(1);
 
 impl std::fmt::Debug for SdpListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -35,7 +55,12 @@ impl std::fmt::Debug for SdpListener {
             .field("local", &self.local)
             .field(
                 "sdp",
-                &self.sdp.iter().map(|s| s.0.transport()).collect::<Vec<_>>(),
+                &self
+                    .sdp
+                    .lock()
+                    .iter()
+                    .map(|s| s.stack.transport())
+                    .collect::<Vec<_>>(),
             )
             .field("tcp", &self.tcp.is_some())
             .finish()
@@ -44,8 +69,8 @@ impl std::fmt::Debug for SdpListener {
 
 impl Drop for SdpListener {
     fn drop(&mut self) {
-        for (stack, l) in &self.sdp {
-            stack.0.close_listener(*l);
+        for sub in self.sdp.get_mut().iter() {
+            sub.stack.0.close_listener(sub.id);
         }
     }
 }
@@ -103,7 +128,12 @@ impl SdpListener {
                                 if let Some(la) = s.0.listener_addr(l) {
                                     local = la;
                                 }
-                                sdp.push((s, l));
+                                sdp.push(Sub {
+                                    stack: s,
+                                    id: l,
+                                    fd: None,
+                                    retry_at: None,
+                                });
                             }
                             Err(e) => errs.push(format!("{}: {e}", s.transport().name())),
                         }
@@ -122,9 +152,11 @@ impl SdpListener {
             }
         }
         Ok(SdpListener {
-            sdp,
+            sdp: Mutex::new(sdp),
             tcp,
             local,
+            backlog,
+            own_stacks: opts.stack.is_none(),
             nonblocking: AtomicBool::new(false),
             sdp_error,
             ready: std::sync::OnceLock::new(),
@@ -138,8 +170,8 @@ impl SdpListener {
     /// Whether SDP clients are accepted (the first SDP transport listening), and if not why
     /// (automatic mode keeps serving TCP).
     pub fn sdp_status(&self) -> Result<super::Transport, String> {
-        match (self.sdp.first(), &self.sdp_error) {
-            (Some((s, _)), _) => Ok(s.transport()),
+        match (self.sdp.lock().first(), &self.sdp_error) {
+            (Some(sub), _) => Ok(sub.stack.transport()),
             (None, Some(e)) => Err(e.clone()),
             (None, None) => Err("SDP not requested".into()),
         }
@@ -149,7 +181,11 @@ impl SdpListener {
     /// missing, if any were tried and failed.
     pub fn sdp_transports(&self) -> (Vec<super::Transport>, Option<String>) {
         (
-            self.sdp.iter().map(|(s, _)| s.transport()).collect(),
+            self.sdp
+                .lock()
+                .iter()
+                .map(|s| s.stack.transport())
+                .collect(),
             self.sdp_error.clone(),
         )
     }
@@ -162,20 +198,34 @@ impl SdpListener {
     /// Accept the next client, SDP or TCP.
     pub fn accept(&self) -> io::Result<(SdpStream, SocketAddr)> {
         loop {
-            for (stack, l) in &self.sdp {
-                match stack.0.accept(
-                    *l,
-                    Wait {
-                        nonblocking: true,
-                        ..Wait::default()
-                    },
-                ) {
-                    Ok((id, peer)) => {
-                        let s = SdpStream::from_core(Core::new(stack.clone(), id));
-                        return Ok((s, peer));
+            let mut fds = Vec::with_capacity(3);
+            {
+                let mut subs = self.sdp.lock();
+                self.revive(&mut subs);
+                for sub in subs.iter().filter(|s| s.retry_at.is_none()) {
+                    match sub.stack.0.accept(
+                        sub.id,
+                        Wait {
+                            nonblocking: true,
+                            ..Wait::default()
+                        },
+                    ) {
+                        Ok((id, peer)) => {
+                            let s = SdpStream::from_core(Core::new(sub.stack.clone(), id));
+                            return Ok((s, peer));
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        // Its device went away since `revive` looked: the next round does.
+                        Err(_) if !sub.stack.0.alive() => {}
+                        Err(e) => return Err(e),
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
+                }
+                if !self.nonblocking.load(Ordering::Relaxed) {
+                    for sub in subs.iter().filter(|s| s.retry_at.is_none()) {
+                        if let Ok(fd) = sub.stack.0.listener_fd(sub.id) {
+                            fds.push((fd, libc::POLLIN));
+                        }
+                    }
                 }
             }
             if let Some(t) = &self.tcp {
@@ -191,14 +241,53 @@ impl SdpListener {
             if self.nonblocking.load(Ordering::Relaxed) {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            let mut fds = Vec::with_capacity(3);
-            for (stack, l) in &self.sdp {
-                fds.push((stack.0.listener_fd(*l)?, libc::POLLIN));
-            }
             if let Some(t) = &self.tcp {
                 fds.push((t.as_raw_fd(), libc::POLLIN));
             }
             sys::poll(&fds, Some(Duration::from_millis(500)))?;
+        }
+    }
+
+    /// SDP listeners whose stack failed (their device went away: the stack let go of
+    /// everything on it) leave the `ready` set; each is made anew on a fresh stack when the
+    /// device is back (looked for at most every [`RELISTEN_EVERY`]), as a TCP listener on an
+    /// address serves again when the address comes back.
+    fn revive(&self, subs: &mut [Sub]) {
+        let now = Instant::now();
+        for sub in subs.iter_mut() {
+            if sub.retry_at.is_none() {
+                if sub.stack.0.alive() {
+                    continue;
+                }
+                // Just noticed: out of the epoll set (its fd reports the failure for good).
+                if let (Some(fd), Some(Some(ep))) = (sub.fd.take(), self.ready.get()) {
+                    let _ = sys::epoll_del(ep.as_raw_fd(), fd);
+                }
+                sub.retry_at = Some(now);
+            }
+            if !self.own_stacks || sub.retry_at.is_some_and(|t| t > now) {
+                continue;
+            }
+            sub.retry_at = Some(now + RELISTEN_EVERY);
+            let Ok(stack) = super::stack::stack_again(&sub.stack, self.local) else {
+                continue;
+            };
+            let Ok(id) = stack.0.listen(self.local, self.backlog) else {
+                continue;
+            };
+            if let Some(Some(ep)) = self.ready.get() {
+                match stack.0.listener_fd(id) {
+                    Ok(fd) if sys::epoll_add(ep.as_raw_fd(), fd).is_ok() => sub.fd = Some(fd),
+                    _ => {
+                        stack.0.close_listener(id);
+                        continue;
+                    }
+                }
+            }
+            let old = std::mem::replace(&mut sub.stack, stack);
+            old.0.close_listener(sub.id);
+            sub.id = id;
+            sub.retry_at = None;
         }
     }
 
@@ -220,15 +309,21 @@ impl AsRawFd for SdpListener {
     /// An fd that polls readable when `accept` would not block: the SDP listener's readiness
     /// fd, the TCP socket, or (several listening) an epoll set holding them all.
     fn as_raw_fd(&self) -> RawFd {
-        match (self.sdp.as_slice(), &self.tcp) {
-            ([(s, l)], None) => s.0.listener_fd(*l).unwrap_or(-1),
+        let mut subs = self.sdp.lock();
+        match (subs.as_mut_slice(), &self.tcp) {
+            // One shm listener: its own fd (shm has no device to lose).
+            ([sub], None) if sub.stack.transport() == super::Transport::Shm => {
+                sub.stack.0.listener_fd(sub.id).unwrap_or(-1)
+            }
             ([], Some(t)) => t.as_raw_fd(),
             ([], None) => -1,
             (sdp, tcp) => {
                 let ep = self.ready.get_or_init(|| {
                     let mut fds = Vec::with_capacity(sdp.len() + 1);
-                    for (s, l) in sdp {
-                        fds.push(s.0.listener_fd(*l).ok()?);
+                    for sub in sdp.iter_mut().filter(|s| s.retry_at.is_none()) {
+                        let fd = sub.stack.0.listener_fd(sub.id).ok()?;
+                        sub.fd = Some(fd);
+                        fds.push(fd);
                     }
                     fds.extend(tcp.as_ref().map(|t| t.as_raw_fd()));
                     sys::epoll_of(&fds).ok()

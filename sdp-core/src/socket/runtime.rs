@@ -410,9 +410,12 @@ struct Shared<P: Provider> {
     stop: AtomicBool,
     /// Test hook: the progress thread panics at its next round.
     inject_panic: AtomicBool,
-    /// A panic broke the stack's progress (its state may be inconsistent): every call fails
-    /// with EIO from now on.
+    /// A panic broke the stack's progress (its state may be inconsistent), or its device went
+    /// away: every call fails from now on, with `fail_errno`.
     failed: AtomicBool,
+    /// The errno of every call on a failed stack: EIO after a panic, ENETDOWN after the
+    /// device went away (0 until it failed).
+    fail_errno: std::sync::atomic::AtomicI32,
     /// The provider can register application memory (cleared at its first refusal).
     user_zcopy: AtomicBool,
     /// Plain reads that went by zero copy (`read_user_zcopy` registered the caller's buffer).
@@ -499,11 +502,6 @@ fn driver_err(e: crate::driver::DriverError) -> io::Error {
     }
 }
 
-/// The error of every call on a stack whose progress panicked.
-fn stack_failed() -> io::Error {
-    io::Error::from_raw_os_error(libc::EIO)
-}
-
 fn dead() -> io::Error {
     io::Error::other("SDP socket inherited across fork(): it belongs to the parent process")
 }
@@ -541,6 +539,7 @@ impl<P: Provider + 'static> Runtime<P> {
             stop: AtomicBool::new(false),
             inject_panic: AtomicBool::new(false),
             failed: AtomicBool::new(false),
+            fail_errno: std::sync::atomic::AtomicI32::new(0),
             user_zcopy: AtomicBool::new(true),
             user_zreads: std::sync::atomic::AtomicU64::new(0),
             name,
@@ -566,7 +565,7 @@ impl<P: Provider + 'static> Runtime<P> {
             return Err(dead());
         }
         if self.sh.failed() {
-            return Err(stack_failed());
+            return Err(self.sh.fail_error());
         }
         Ok(self.sh.inner.lock())
     }
@@ -647,7 +646,7 @@ impl<P: Provider + 'static> Runtime<P> {
         let mut waited = false;
         loop {
             if self.sh.failed() {
-                return Err(stack_failed());
+                return Err(self.sh.fail_error());
             }
             let now = self.now();
             let mut r = f(&mut g, now);
@@ -1031,6 +1030,23 @@ impl<P: Provider + 'static> Shared<P> {
         self.failed.load(Ordering::SeqCst)
     }
 
+    /// The error of every call on the failed stack (EIO after a panic, ENETDOWN after the
+    /// device went away).
+    fn fail_error(&self) -> io::Error {
+        match self.fail_errno.load(Ordering::SeqCst) {
+            0 => io::Error::from_raw_os_error(libc::EIO),
+            e => io::Error::from_raw_os_error(e),
+        }
+    }
+
+    /// Mark the stack failed with `errno` (the first reason stays).
+    fn mark_failed(&self, errno: i32) {
+        let _ = self
+            .fail_errno
+            .compare_exchange(0, errno, Ordering::SeqCst, Ordering::SeqCst);
+        self.failed.store(true, Ordering::SeqCst);
+    }
+
     /// Wake the progress thread if the engine's next timer (under the lock `g`) is earlier
     /// than the one it sleeps towards.
     fn kick_progress_for_timers(&self, g: &Inner<P>) {
@@ -1048,30 +1064,67 @@ impl<P: Provider + 'static> Shared<P> {
         let guard = FailOnUnwind(self);
         let act = self.step_inner(g);
         std::mem::forget(guard);
+        if g.driver.provider().device_lost() && !self.failed() {
+            self.lose_device(g);
+        }
         act
+    }
+
+    /// The provider's device went away (`rdma link delete`, a hot-unplugged HCA): fail the
+    /// stack with ENETDOWN (its connections are dead with the device; TCP's would have
+    /// stalled until a timeout) and drop everything the stack made on the device at once, so
+    /// the kernel can finish the removal while the application still holds its sockets (a
+    /// device without `disassociate_ucontext`, as Soft-RoCE, waits until then). Listeners
+    /// find the device again when it comes back (`SdpListener`).
+    fn lose_device(&self, g: &mut Inner<P>) {
+        self.mark_failed(libc::ENETDOWN);
+        self.wake_waiters();
+        self.fail_locked(g);
+        g.driver.release_device();
+        self.wake_waiters();
+        // The progress thread sees the failure and stops.
+        sys::eventfd_signal(&self.wake);
     }
 
     /// The stack failed: from now on every call fails with EIO, and whoever waits wakes up
     /// to see it. Then, as far as the (possibly broken) state allows, every connection is
     /// aborted so its peer learns at once, and every readiness fd reports hung up.
     fn fail_stack(&self) {
-        self.failed.store(true, Ordering::SeqCst);
+        self.mark_failed(libc::EIO);
         self.wake_waiters();
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut g = self.inner.lock();
-            let now = self.now();
-            for id in g.driver.conn_ids() {
-                g.driver.abort(now, id);
-            }
-            let Inner { socks, lsocks, .. } = &mut *g;
-            for r in socks.values_mut().filter_map(|s| s.ready.as_mut()) {
-                r.set(true, true, true);
-            }
-            for ls in lsocks.values_mut() {
-                ls.ready.set(true, false, false);
-            }
+            self.fail_locked(&mut g);
         }));
         self.wake_waiters();
+    }
+
+    /// Abort every connection and show the failure on every fd the application may watch:
+    /// readiness fds hung up, application fds (the shim's) reset, listeners readable (their
+    /// accept reports it).
+    fn fail_locked(&self, g: &mut Inner<P>) {
+        let now = self.now();
+        for id in g.driver.conn_ids() {
+            g.driver.abort(now, id);
+        }
+        let Inner { socks, lsocks, .. } = g;
+        for s in socks.values_mut() {
+            if let Some(r) = s.ready.as_mut() {
+                r.set(true, true, true);
+            }
+            if let Some(a) = s.app.as_mut() {
+                a.update(
+                    super::ready::AppState {
+                        err: true,
+                        ..Default::default()
+                    },
+                    None,
+                );
+            }
+        }
+        for ls in lsocks.values_mut() {
+            ls.ready.set(true, false, false);
+        }
     }
 
     /// One round of progress: the driver polls everything, then the runtime collects events,
@@ -1152,6 +1205,10 @@ struct FailOnUnwind<'a, P: Provider>(&'a Shared<P>);
 
 impl<P: Provider> Drop for FailOnUnwind<'_, P> {
     fn drop(&mut self) {
+        let _ =
+            self.0
+                .fail_errno
+                .compare_exchange(0, libc::EIO, Ordering::SeqCst, Ordering::SeqCst);
         self.0.failed.store(true, Ordering::SeqCst);
         self.0.wake_waiters();
         // The progress thread sees it and aborts the connections.

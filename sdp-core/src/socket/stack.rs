@@ -243,6 +243,22 @@ impl Options {
     }
 }
 
+/// A stack of the same transport as `dead` (one that failed: its device went away) for a
+/// listener on `addr`, made anew: `NotFound` while the device is not back. Only RDMA stacks
+/// lose devices.
+pub(crate) fn stack_again(dead: &Stack, addr: SocketAddr) -> io::Result<Stack> {
+    match dead.transport() {
+        super::Transport::Rdma => {
+            let ip = addr.ip();
+            rdma_stack(None, (!ip.is_unspecified()).then_some(ip))
+        }
+        _ => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "only RDMA stacks are made anew",
+        )),
+    }
+}
+
 /// An SDP provider kind the automatic choice may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Prov {

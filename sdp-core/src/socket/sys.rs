@@ -225,14 +225,27 @@ pub(crate) fn epoll_of(fds: &[RawFd]) -> io::Result<OwnedFd> {
     // SAFETY: the fd was just returned by epoll_create1 and is owned by nobody else.
     let ep = unsafe { OwnedFd::from_raw_fd(ep) };
     for &fd in fds {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: fd as u64,
-        };
-        // SAFETY: `ev` is a live epoll_event; `fd` is an open fd owned by the caller.
-        syscall!(epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev))?;
+        epoll_add(ep.as_raw_fd(), fd)?;
     }
     Ok(ep)
+}
+
+/// Watch `fd` for POLLIN (level-triggered) in the epoll set `ep`.
+pub(crate) fn epoll_add(ep: RawFd, fd: RawFd) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: fd as u64,
+    };
+    // SAFETY: `ev` is a live epoll_event; the fds are the caller's.
+    syscall!(epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev))?;
+    Ok(())
+}
+
+/// Stop watching `fd` in the epoll set `ep`.
+pub(crate) fn epoll_del(ep: RawFd, fd: RawFd) -> io::Result<()> {
+    // SAFETY: the fds are the caller's; DEL takes no event.
+    syscall!(epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()))?;
+    Ok(())
 }
 
 /// This host's interface addresses.

@@ -412,6 +412,20 @@ pub trait Provider: Send + Sync {
     fn arm(&self) -> Result<(), VerbsError> {
         Ok(())
     }
+    /// Whether the device went away (RDMA: a `DEVICE_REMOVAL` event on any of the provider's
+    /// CM ids). Every endpoint and listener of it is dead (each reports
+    /// [`CmEvent::DeviceRemoval`]); the device itself is freed only when everything made on it
+    /// is gone: drop every endpoint, listener and region, then call
+    /// [`Provider::release_device`]. Until then the kernel cannot finish removing it (`rdma
+    /// link delete` waits on a device without `disassociate_ucontext`, as Soft-RoCE).
+    fn device_lost(&self) -> bool {
+        false
+    }
+    /// After [`Provider::device_lost`], once every endpoint, listener and region made on it is
+    /// dropped: give up the provider's own hold on the device (its protection domain,
+    /// completion channel, CM id). Every later call fails with [`VerbsError::NoDevice`]; the
+    /// notify fd stays valid. Objects still alive keep the device until they are dropped.
+    fn release_device(&self) {}
 }
 
 /// The checks every provider's [`MemoryRegion::advertise`] makes of its arguments.

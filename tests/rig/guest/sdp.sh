@@ -123,5 +123,16 @@ sdp_survivor sdp-kill9    kill    7477
 if [ -z "$PFX" ] && [ -x /rig/bin/sdp-soak ]; then
   run_check sdp-soak env SDP_PROVIDERS=rdma /rig/bin/sdp-soak --transport sdp --listen "$B:7600" \
     --source-ip "$A" --seconds 20 --gib 1 --workers 2 --faults stop,pclose,wclose,kill --fault-interval 1
+  # The same with the server's device deleted and added back under it every ~3 s (and kill -9): the
+  # server's stack fails its sockets with ENETDOWN and lets go of the device at once (else `rdma link
+  # delete` waits for the process), its listener listens again when the device is back.
+  run_check sdp-soak-linkdel env SDP_PROVIDERS=rdma /rig/bin/sdp-soak --transport sdp --listen "$B:7601" \
+    --source-ip "$A" --seconds 20 --gib 1 --workers 2 --faults cmd,kill --fault-interval 3 \
+    --fault-cmd "timeout 30 rdma link delete $DEV1; rdma link add $DEV1 type $DEVTYPE netdev $NET1; sleep 2"
+  i=0
+  while [ $i -lt 100 ] && ! grep -q ACTIVE /sys/class/infiniband/$DEV1/ports/1/state 2>/dev/null; do
+    [ $i = 0 ] && rdma link add "$DEV1" type "$DEVTYPE" netdev "$NET1" 2>/dev/null
+    sleep 0.1; i=$((i + 1))
+  done
 fi
 sdp_survivor sdp-linkdel  linkdel 7478   # last: it deletes rxe1 (and adds it back)

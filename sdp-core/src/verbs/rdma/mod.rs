@@ -147,6 +147,48 @@ struct Shared {
     /// A software device (Soft-RoCE, siw): the kernel builds every packet on the CPU.
     software: bool,
     st: Mutex<State>,
+    /// The device went away: a `DEVICE_REMOVAL` event came on one of our CM ids.
+    lost: std::sync::atomic::AtomicBool,
+    /// `true` once the device was given back (`pd`, `comp` and `anchor` destroyed). Held for
+    /// reading while a CM id or region is made, for writing to release.
+    released: parking_lot::RwLock<bool>,
+    /// [`Provider::release_device`] was called: give the device back as soon as no object
+    /// made on it is left.
+    release_wanted: std::sync::atomic::AtomicBool,
+    /// Endpoints, listeners and regions alive (each holds a [`Hold`]).
+    objects: std::sync::atomic::AtomicUsize,
+}
+
+/// An endpoint's, listener's or region's hold on the provider: counted, so that after the
+/// device was lost it is given back when the last object made on it goes.
+struct Hold(Arc<Shared>);
+
+impl Hold {
+    fn new(sh: &Arc<Shared>) -> Hold {
+        sh.objects.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Hold(sh.clone())
+    }
+}
+
+impl std::ops::Deref for Hold {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        // After the object's own Drop: its verbs objects are destroyed, `st` is let go.
+        if self
+            .0
+            .objects
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            self.0.try_release();
+        }
+    }
 }
 
 /// `vendor_id` of Soft-RoCE (rdma_rxe) and of siw (soft iWARP).
@@ -301,6 +343,10 @@ impl Shared {
                 gather: attr.max_sge >= 2,
                 software: SOFTWARE_VENDORS.contains(&attr.vendor_id),
                 st: Mutex::new(State::default()),
+                lost: std::sync::atomic::AtomicBool::new(false),
+                released: parking_lot::RwLock::new(false),
+                release_wanted: std::sync::atomic::AtomicBool::new(false),
+                objects: std::sync::atomic::AtomicUsize::new(0),
             })
         }
     }
@@ -348,6 +394,10 @@ impl Shared {
         if kind == map::EV_CONNECT_REQUEST {
             self.on_request(st, id, listen_id, pd);
             return;
+        }
+        if kind == map::EV_DEVICE_REMOVAL {
+            // On any of our ids (the anchor's included): the whole device is going.
+            self.lost.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         match st.ids.get_mut(&(id as usize)) {
             Some(Slot::Ep(ep)) => match kind {
@@ -560,6 +610,7 @@ impl Shared {
     }
 
     fn create_id(&self) -> Result<*mut rs::rdma_cm_id, VerbsError> {
+        self.check_device()?;
         let mut id = ptr::null_mut();
         // SAFETY: the channel is live; id receives the new CM id.
         if unsafe {
@@ -609,17 +660,76 @@ fn bind_addr(id: *mut rs::rdma_cm_id, addr: SocketAddr) -> Result<(), VerbsError
     Ok(())
 }
 
-impl Drop for Shared {
-    fn drop(&mut self) {
-        // Every endpoint, listener and region holds an Arc of self: all are gone.
-        // SAFETY: the handles are live and nothing else uses them any more; destroyed in
-        // reverse order of creation.
+impl Shared {
+    /// Give the device back if it was lost, the provider's owner asked for it
+    /// ([`Provider::release_device`]) and no object made on it is left.
+    fn try_release(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if !self.lost.load(SeqCst) || !self.release_wanted.load(SeqCst) {
+            return;
+        }
+        let st = self.st.lock();
+        let mut released = self.released.write();
+        // Objects are made only with `st` or `released` held: the count cannot grow meanwhile.
+        if *released || self.objects.load(SeqCst) != 0 || !st.ids.is_empty() || !st.cqs.is_empty() {
+            return;
+        }
+        // SAFETY: nothing made on the device is alive (above), and nothing is made after:
+        // `released` is set before the locks are let go.
+        unsafe { self.destroy_device_handles() };
+        *released = true;
+        drop(released);
+        drop(st);
+        // librdmacm keeps a context it opened until it sees the device gone from the list
+        // (`sync_devices_list`, run by `rdma_get_devices`) with no id on it any more: let it
+        // close ours now, so the kernel can finish the removal. (It opens the devices still
+        // there, as any `rdma_get_devices` caller does.)
+        // SAFETY: no arguments; the list (possibly NULL) goes back to rdma_free_devices.
+        unsafe {
+            let list = rs::rdma_get_devices(ptr::null_mut());
+            if !list.is_null() {
+                rs::rdma_free_devices(list);
+            }
+        }
+    }
+
+    /// `NoDevice` once the device went away (nothing new is made on it).
+    fn check_device(&self) -> Result<(), VerbsError> {
+        if self.lost.load(std::sync::atomic::Ordering::SeqCst) || *self.released.read() {
+            return Err(VerbsError::NoDevice(format!(
+                "the RDMA device {} was removed",
+                self.device
+            )));
+        }
+        Ok(())
+    }
+
+    /// Destroy the handles that hold the device (completion channel, protection domain, the
+    /// anchor id). Called once, with nothing made on them left.
+    ///
+    /// # Safety
+    /// No endpoint, listener or region of this provider is alive, and none is made after.
+    unsafe fn destroy_device_handles(&self) {
+        // SAFETY: per the caller, the handles are live and unused; destroyed in reverse
+        // order of creation.
         unsafe {
             rs::ibv_destroy_comp_channel(self.comp);
             rs::ibv_dealloc_pd(self.pd);
             rs::rdma_destroy_id(self.anchor);
-            rs::rdma_destroy_event_channel(self.channel);
         }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Every endpoint, listener and region holds an Arc of self: all are gone.
+        if !*self.released.get_mut() {
+            // SAFETY: nothing made on the handles is left (see above), and they are live
+            // (not released).
+            unsafe { self.destroy_device_handles() };
+        }
+        // SAFETY: the channel is live and has no ids left.
+        unsafe { rs::rdma_destroy_event_channel(self.channel) };
     }
 }
 
@@ -871,6 +981,14 @@ impl Provider for RdmaProvider {
 
     fn reg_mr(&self, len: usize, access: Access) -> Result<RdmaMr, VerbsError> {
         let flags = map::access_flags(access, self.sh.transport)?;
+        // Held while registering: the device is not released under us.
+        let gate = self.sh.released.read();
+        if *gate {
+            return Err(VerbsError::NoDevice(format!(
+                "the RDMA device {} was removed",
+                self.sh.device
+            )));
+        }
         let size = len
             .max(1)
             .checked_next_multiple_of(PAGE)
@@ -898,7 +1016,7 @@ impl Provider for RdmaProvider {
             });
         }
         Ok(RdmaMr {
-            sh: self.sh.clone(),
+            sh: Hold::new(&self.sh),
             mr,
             buf,
             size,
@@ -950,7 +1068,7 @@ impl Provider for RdmaProvider {
             }),
         );
         Ok(RdmaListener {
-            sh: sh.clone(),
+            sh: Hold::new(sh),
             id,
             local,
         })
@@ -1020,7 +1138,7 @@ impl Provider for RdmaProvider {
             }),
         );
         Ok(RdmaEndpoint {
-            sh: sh.clone(),
+            sh: Hold::new(sh),
             id,
             cq,
             qp: ptr::null_mut(),
@@ -1038,6 +1156,10 @@ impl Provider for RdmaProvider {
         let sh = &self.sh;
         let mut st = sh.st.lock();
         sh.pump_cm(&mut st);
+        if *sh.released.read() {
+            // No completion channel any more (nor CQs: they went first).
+            return Ok(());
+        }
         loop {
             let mut cq = ptr::null_mut();
             let mut ctx = ptr::null_mut();
@@ -1060,11 +1182,24 @@ impl Provider for RdmaProvider {
         }
         res
     }
+
+    fn device_lost(&self) -> bool {
+        self.sh.lost.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn release_device(&self) {
+        if self.device_lost() {
+            self.sh
+                .release_wanted
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            self.sh.try_release();
+        }
+    }
 }
 
 /// A registered region of page-aligned memory owned by the region.
 pub struct RdmaMr {
-    sh: Arc<Shared>,
+    sh: Hold,
     /// Null only if re-registration failed (then every access fails at the HCA).
     mr: *mut rs::ibv_mr,
     buf: NonNull<u8>,
@@ -1354,7 +1489,7 @@ fn fill_send_wr(swr: &mut rs::ibv_send_wr, sge: &mut [rs::ibv_sge; 2], wr: &Send
 
 /// One connection: CM id, RC QP and its CQ.
 pub struct RdmaEndpoint {
-    sh: Arc<Shared>,
+    sh: Hold,
     id: *mut rs::rdma_cm_id,
     cq: *mut rs::ibv_cq,
     /// Null until the QP exists (active side: after route resolution).
@@ -1586,7 +1721,7 @@ impl Drop for RdmaEndpoint {
 
 /// A listening CM id.
 pub struct RdmaListener {
-    sh: Arc<Shared>,
+    sh: Hold,
     id: *mut rs::rdma_cm_id,
     local: SocketAddr,
 }
@@ -1633,7 +1768,7 @@ impl Listener for RdmaListener {
         let r = l.requests.pop_front()?;
         Some((
             RdmaEndpoint {
-                sh: self.sh.clone(),
+                sh: Hold::new(&self.sh.0),
                 id: r.id,
                 cq: r.cq,
                 qp: r.qp,

@@ -138,7 +138,7 @@
 //! message is always fatal to the QP, except for `drop_next_send`, which is not RC-faithful on
 //! purpose); CM retries (a lost disconnect request is simply lost, and a lost RTU leaves the
 //! passive side without `Established`); address resolution (`AddrError`/`RouteError` are never
-//! produced; `DeviceRemoval` and `AddrChange` neither).
+//! produced; `AddrChange` neither; `DeviceRemoval` only from [`Faults::remove_device`]).
 
 mod world;
 
@@ -443,6 +443,14 @@ impl Faults {
         self.world.lock().crash(ip);
     }
 
+    /// Remove host `ip`'s device while its processes live on (`rdma link delete`): every
+    /// endpoint errors and reports [`CmEvent::DeviceRemoval`], listeners stop, new objects fail
+    /// with `NoDevice`, and [`Provider::device_lost`] says so. Unlike [`Faults::crash`], the
+    /// host's stats keep counting endpoints and regions until their handles are dropped.
+    pub fn remove_device(&self, ip: IpAddr) {
+        self.world.lock().remove_device(ip);
+    }
+
     /// Bring a crashed host back, empty: new registrations, listeners and connections work;
     /// everything from before the crash stays dead.
     pub fn restart(&self, ip: IpAddr) {
@@ -490,6 +498,14 @@ impl SimProvider {
 }
 
 impl Provider for SimProvider {
+    fn device_lost(&self) -> bool {
+        self.world
+            .lock()
+            .hosts
+            .get(&self.ip)
+            .is_some_and(|h| h.device_lost)
+    }
+
     type Mr = SimMr;
     type Endpoint = SimEndpoint;
     type Listener = SimListener;

@@ -36,6 +36,8 @@ const EPHEMERAL_LAST: u16 = 60999;
 
 pub(crate) struct Host {
     pub alive: bool,
+    /// The device was removed ([`World::remove_device`]): nothing new is made on it.
+    pub device_lost: bool,
     /// Key → the region it names, and the grant within it (`None`: the region's own key).
     by_lkey: BTreeMap<u32, (Id, Option<Id>)>,
     by_rkey: BTreeMap<u32, (Id, Option<Id>)>,
@@ -51,6 +53,7 @@ impl Host {
     fn new() -> Host {
         Host {
             alive: true,
+            device_lost: false,
             by_lkey: BTreeMap::new(),
             by_rkey: BTreeMap::new(),
             next_addr: MR_BASE,
@@ -382,6 +385,9 @@ impl World {
 
     fn live_host(&mut self, ip: IpAddr) -> Result<&mut Host, VerbsError> {
         match self.hosts.get_mut(&ip) {
+            Some(h) if h.device_lost => Err(VerbsError::NoDevice(format!(
+                "sim host {ip}: device removed"
+            ))),
             Some(h) if h.alive => Ok(h),
             _ => Err(VerbsError::NoDevice(format!("sim host {ip} crashed"))),
         }
@@ -1850,6 +1856,38 @@ impl World {
         self.corrupt.remove(&ip);
         self.drop_next.remove(&ip);
         self.bump_links_of(ip);
+    }
+
+    /// The host's device goes away while its processes live on: every QP errors (its work
+    /// requests flushed, its peer told) and reports `DeviceRemoval`, listeners stop (their
+    /// queued requests dropped), new objects fail with `NoDevice`. Regions and endpoints stay
+    /// counted in the host's stats until their handles are dropped.
+    pub fn remove_device(&mut self, ip: IpAddr) {
+        let Some(h) = self.hosts.get_mut(&ip) else {
+            return;
+        };
+        if !h.alive || h.device_lost {
+            return;
+        }
+        h.device_lost = true;
+        let qps: Vec<Id> = h.qps.iter().copied().collect();
+        let lis: Vec<Id> = h.listeners.values().copied().collect();
+        for id in qps {
+            self.qp_error(id, None, true);
+            self.push_cm(id, CmEvent::DeviceRemoval);
+        }
+        for lid in lis {
+            let pending: Vec<Id> = match self.listeners.get_mut(&lid) {
+                Some(l) => {
+                    l.live = false;
+                    l.pending.drain(..).map(|(q, _)| q).collect()
+                }
+                None => Vec::new(),
+            };
+            for q in pending {
+                self.destroy_qp(q);
+            }
+        }
     }
 
     pub fn restart(&mut self, ip: IpAddr) {
