@@ -716,6 +716,12 @@ unsafe fn accept_common(
             // SAFETY: the caller's buffers.
             unsafe { put_sockaddr(p, addr, len) };
         }
+        {
+            // A kernel TCP client: SDP listeners whose device went away listen again once
+            // it is back (clients fell back to TCP meanwhile).
+            let _g = Internal::enter();
+            l.maintain();
+        }
         report::push(report::Record {
             role: "server",
             peer,

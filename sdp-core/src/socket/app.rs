@@ -397,8 +397,20 @@ fn ring(target: SocketAddr) -> io::Result<(SocketAddr, OwnedFd)> {
 
 /// SDP listeners beside an application's kernel TCP listening socket (see the module docs).
 pub struct AppListener {
-    sdp: Vec<(Stack, ListenerId)>,
+    sdp: Mutex<Vec<AppSub>>,
     shared: Arc<BellShared>,
+    local: SocketAddr,
+    backlog: u32,
+    /// The stacks were chosen here: one whose device went away is made anew when it is back.
+    own_stacks: bool,
+}
+
+/// One SDP listener of an [`AppListener`] (its index is its doorbell count's).
+struct AppSub {
+    stack: Stack,
+    id: ListenerId,
+    /// Its stack failed (the device went away): when to try listening anew.
+    retry_at: Option<std::time::Instant>,
 }
 
 impl std::fmt::Debug for AppListener {
@@ -407,7 +419,12 @@ impl std::fmt::Debug for AppListener {
             .field("target", &self.shared.target)
             .field(
                 "sdp",
-                &self.sdp.iter().map(|s| s.0.transport()).collect::<Vec<_>>(),
+                &self
+                    .sdp
+                    .lock()
+                    .iter()
+                    .map(|s| s.stack.transport())
+                    .collect::<Vec<_>>(),
             )
             .finish()
     }
@@ -415,8 +432,8 @@ impl std::fmt::Debug for AppListener {
 
 impl Drop for AppListener {
     fn drop(&mut self) {
-        for (stack, l) in &self.sdp {
-            stack.0.close_listener(*l);
+        for sub in self.sdp.get_mut().iter() {
+            sub.stack.0.close_listener(sub.id);
         }
     }
 }
@@ -448,7 +465,11 @@ impl AppListener {
                     let sh = shared.clone();
                     let i = sdp.len();
                     s.0.set_listener_bell(l, Arc::new(move |n| sh.set_ready(i, n)))?;
-                    sdp.push((s, l));
+                    sdp.push(AppSub {
+                        stack: s,
+                        id: l,
+                        retry_at: None,
+                    });
                 }
                 Err(e) => errs.push(format!("{}: {e}", s.transport())),
             }
@@ -456,12 +477,63 @@ impl AppListener {
         if sdp.is_empty() {
             return Err(io::Error::other(errs.join("; ")));
         }
-        Ok(AppListener { sdp, shared })
+        Ok(AppListener {
+            sdp: Mutex::new(sdp),
+            shared,
+            local,
+            backlog,
+            own_stacks: opts.stack.is_none(),
+        })
     }
 
     /// The SDP transports listening.
     pub fn transports(&self) -> Vec<Transport> {
-        self.sdp.iter().map(|(s, _)| s.transport()).collect()
+        self.sdp
+            .lock()
+            .iter()
+            .map(|s| s.stack.transport())
+            .collect()
+    }
+
+    /// Look after SDP listeners whose stack failed (their device went away): each is made
+    /// anew on a fresh stack once the device is back, at most every second. The shim calls
+    /// this when the application accepts a kernel TCP client: the SDP clients that came while
+    /// nobody listened over SDP fell back to TCP, so they are what brings it back.
+    pub fn maintain(&self) {
+        let now = std::time::Instant::now();
+        let mut subs = self.sdp.lock();
+        for (i, sub) in subs.iter_mut().enumerate() {
+            if sub.retry_at.is_none() {
+                if sub.stack.0.alive() {
+                    continue;
+                }
+                sub.retry_at = Some(now);
+                self.shared.set_ready(i, 0);
+            }
+            if !self.own_stacks || sub.retry_at.is_some_and(|t| t > now) {
+                continue;
+            }
+            sub.retry_at = Some(now + std::time::Duration::from_secs(1));
+            let Ok(stack) = super::stack::stack_again(&sub.stack, self.local) else {
+                continue;
+            };
+            let Ok(id) = stack.0.listen(self.local, self.backlog) else {
+                continue;
+            };
+            let sh = self.shared.clone();
+            if stack
+                .0
+                .set_listener_bell(id, Arc::new(move |n| sh.set_ready(i, n)))
+                .is_err()
+            {
+                stack.0.close_listener(id);
+                continue;
+            }
+            let old = std::mem::replace(&mut sub.stack, stack);
+            old.0.close_listener(sub.id);
+            sub.id = id;
+            sub.retry_at = None;
+        }
     }
 
     /// Whether a connection accepted from the TCP listener, coming from `peer`, is one of our
@@ -505,19 +577,21 @@ impl AppListener {
         nonblocking: bool,
         cloexec: bool,
     ) -> Option<io::Result<(AppStream, OwnedFd, SocketAddr)>> {
-        for (stack, l) in &self.sdp {
+        for sub in self.sdp.lock().iter().filter(|s| s.retry_at.is_none()) {
             let w = super::runtime::Wait {
                 nonblocking: true,
                 ..Default::default()
             };
-            match stack.0.accept(*l, w) {
+            match sub.stack.0.accept(sub.id, w) {
                 Ok((id, peer)) => {
                     return Some(
-                        AppStream::accepted(stack.clone(), id, nonblocking, cloexec)
+                        AppStream::accepted(sub.stack.clone(), id, nonblocking, cloexec)
                             .map(|(s, fd)| (s, fd, peer)),
                     );
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                // Its device went away: nothing to take there (`maintain` looks after it).
+                Err(_) if !sub.stack.0.alive() => {}
                 Err(e) => return Some(Err(e)),
             }
         }

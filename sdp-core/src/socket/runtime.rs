@@ -1080,6 +1080,12 @@ impl<P: Provider + 'static> Shared<P> {
         self.mark_failed(libc::ENETDOWN);
         self.wake_waiters();
         self.fail_locked(g);
+        // Asynchronous zero-copy sends hold their regions until the application collects
+        // them, which on a failed stack it cannot: let them go now (a later `wait` reports the
+        // failure), or they would hold the device.
+        for s in g.socks.values_mut() {
+            s.zsends.clear();
+        }
         g.driver.release_device();
         self.wake_waiters();
         // The progress thread sees the failure and stops.

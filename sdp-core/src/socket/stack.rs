@@ -306,6 +306,10 @@ fn rdma_stack(peer: Option<IpAddr>, local: Option<IpAddr>) -> io::Result<Stack> 
     use crate::verbs::rdma::RdmaProvider;
     let not_found =
         |e: &dyn std::fmt::Display| io::Error::new(io::ErrorKind::NotFound, e.to_string());
+    // A stack whose device went away leaves the list first, even while its device is missing
+    // (an `SdpListener` asks every second until it is back), so that it goes as soon as its
+    // sockets do.
+    RDMA.lock().retain(|(_, _, s)| s.0.alive());
     let p = match (local, peer) {
         (Some(ip), _) => RdmaProvider::for_local_addr(ip).map_err(|e| not_found(&e))?,
         (None, Some(ip)) => {
