@@ -10,8 +10,8 @@ use std::time::Duration;
 use super::runtime::Wait;
 use super::stack::{Choice, Options, Stack};
 use super::stream::{Core, SdpStream};
-use super::sys;
 use crate::driver::ListenerId;
+use crate::sys;
 
 /// The backlog of a listener without [`Options::backlog`] (`std::net::TcpListener`'s).
 const DEFAULT_BACKLOG: u32 = 128;

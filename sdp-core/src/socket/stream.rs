@@ -12,10 +12,10 @@ use parking_lot::Mutex;
 
 use super::runtime::{DynMr, Wait, ZStart};
 use super::stack::{Choice, Options, Stack};
-use super::sys;
 use super::Transport;
 use crate::proto::table::ConnId;
 use crate::proto::Shutdown;
+use crate::sys;
 
 /// The SDP side of a stream, shared by its clones; the connection closes when the last clone
 /// goes (as with a dup'd fd).
@@ -291,7 +291,7 @@ impl SdpStream {
         }
         match &self.inner {
             Inner::Sdp(c) => c.stack.0.set_sndbuf(c.id, bytes),
-            Inner::Tcp(s) => super::sys::setsockopt_int(
+            Inner::Tcp(s) => sys::setsockopt_int(
                 s.as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_SNDBUF,
@@ -303,17 +303,7 @@ impl SdpStream {
         match &self.inner {
             Inner::Sdp(c) => c.stack.0.sndbuf(c.id),
             Inner::Tcp(s) => {
-                let mut v: libc::c_int = 0;
-                let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-                // SAFETY: passes a live c_int and its length for the kernel to fill in.
-                super::sys::syscall!(getsockopt(
-                    s.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_SNDBUF,
-                    (&mut v as *mut libc::c_int).cast(),
-                    &mut l
-                ))?;
-                Ok(v as usize)
+                Ok(sys::getsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF)? as usize)
             }
         }
     }
