@@ -30,6 +30,7 @@ pub mod driver;
 pub mod harness;
 pub mod proto;
 pub mod socket;
+mod sys;
 pub mod verbs;
 
 pub use socket::{Choice, Options, SdpListener, SdpStream, Transport};

@@ -28,11 +28,11 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 
 use super::stack::{Options, Stack};
-use super::sys;
 use super::Transport;
 use crate::driver::ListenerId;
 use crate::proto::table::ConnId;
 use crate::proto::{Shutdown, State};
+use crate::sys;
 
 static THREAD_START: OnceLock<fn()> = OnceLock::new();
 

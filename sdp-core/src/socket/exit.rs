@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::sys;
+use crate::sys;
 
 /// What [`flush_at_exit`] needs of a stack.
 pub(crate) trait ExitFlush: Send + Sync {

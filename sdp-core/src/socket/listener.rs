@@ -3,7 +3,7 @@
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -12,8 +12,8 @@ use parking_lot::Mutex;
 use super::runtime::Wait;
 use super::stack::{Choice, Options, Stack};
 use super::stream::{Core, SdpStream};
-use super::sys;
 use crate::driver::ListenerId;
+use crate::sys;
 
 /// The backlog of a listener without [`Options::backlog`] (`std::net::TcpListener`'s).
 const DEFAULT_BACKLOG: u32 = 128;
@@ -261,7 +261,7 @@ impl SdpListener {
                 }
                 // Just noticed: out of the epoll set (its fd reports the failure for good).
                 if let (Some(fd), Some(Some(ep))) = (sub.fd.take(), self.ready.get()) {
-                    let _ = sys::epoll_del(ep.as_raw_fd(), fd);
+                    sys::epoll_del(ep.as_fd(), fd);
                 }
                 sub.retry_at = Some(now);
             }
@@ -277,7 +277,9 @@ impl SdpListener {
             };
             if let Some(Some(ep)) = self.ready.get() {
                 match stack.0.listener_fd(id) {
-                    Ok(fd) if sys::epoll_add(ep.as_raw_fd(), fd).is_ok() => sub.fd = Some(fd),
+                    Ok(fd) if sys::epoll_add(ep.as_fd(), fd, fd as u64, false).is_ok() => {
+                        sub.fd = Some(fd)
+                    }
                     _ => {
                         stack.0.close_listener(id);
                         continue;

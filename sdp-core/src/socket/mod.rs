@@ -67,7 +67,6 @@ mod runtime;
 mod stack;
 pub mod stat;
 mod stream;
-pub(crate) mod sys;
 
 pub use exit::{exit_linger, flush_at_exit, DEFAULT_EXIT_LINGER};
 pub use listener::{Incoming, SdpListener};

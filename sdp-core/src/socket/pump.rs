@@ -9,11 +9,11 @@
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use super::sys;
 use crate::driver::Driver;
 use crate::proto::conn::CallError;
 use crate::proto::table::ConnId;
 use crate::proto::{Instant, Shutdown};
+use crate::sys;
 use crate::verbs::Provider;
 
 const CHUNK: usize = 64 * 1024;

@@ -35,13 +35,13 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::ready::{AppReady, AppState, ReadyFd};
-use super::sys;
 use crate::driver::{Driver, ListenerId};
 use crate::proto::conn::CallError;
 use crate::proto::iocb::{ZSink, ZSrc};
 use crate::proto::read::ZRecv;
 use crate::proto::table::ConnId;
 use crate::proto::{Config, ConnError, Event, Instant, Shutdown, State};
+use crate::sys;
 use crate::verbs::{Access, Grant, MemoryRegion, Provider, VerbsError, REJECT_QUEUE_FULL};
 
 /// `SDP_SPIN_US` if set: a fixed time a blocking call polls by itself before it sleeps.

@@ -8,8 +8,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::runtime::{Runtime, StackOps};
-use super::{sys, Transport};
+use super::Transport;
 use crate::proto::Config;
+use crate::sys;
 use crate::verbs::Provider;
 
 /// An SDP stack: the progress engine of one provider in this process. Cheap to clone.
@@ -96,8 +97,7 @@ impl Stack {
 fn guard_fork() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        // SAFETY: registers plain functions that only lock and unlock the registries.
-        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_release), Some(fork_release)) };
+        sys::atfork(Some(fork_prepare), Some(fork_release), Some(fork_release));
     });
 }
 
@@ -318,7 +318,7 @@ fn rdma_stack(peer: Option<IpAddr>, local: Option<IpAddr>) -> io::Result<Stack> 
         (None, None) => {
             let mut found = None;
             let mut why = String::from("no RDMA device has an address");
-            for ip in sys::local_ips() {
+            for ip in sys::local_addrs() {
                 if ip.is_loopback() {
                     continue;
                 }

@@ -16,7 +16,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use super::sys;
+use crate::sys;
 
 /// One connection of one process, as `key -> value`.
 pub type StatLine = BTreeMap<String, String>;
@@ -24,8 +24,7 @@ pub type StatLine = BTreeMap<String, String>;
 const PREFIX: &str = "sdp-stat/";
 
 fn uid() -> u32 {
-    // SAFETY: getuid cannot fail.
-    unsafe { libc::getuid() }
+    sys::getuid()
 }
 
 /// A stack's statistics socket (see the module docs).

@@ -1,5 +1,6 @@
 //! [`SdpStream`]: a connected stream socket over SDP or, as a fallback, kernel TCP.
 
+use std::cell::Cell;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown as NetShutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
@@ -11,10 +12,10 @@ use parking_lot::Mutex;
 
 use super::runtime::{DynMr, Wait, ZStart};
 use super::stack::{Choice, Options, Stack};
-use super::sys;
 use super::Transport;
 use crate::proto::table::ConnId;
 use crate::proto::Shutdown;
+use crate::sys;
 
 /// The SDP side of a stream, shared by its clones; the connection closes when the last clone
 /// goes (as with a dup'd fd).
@@ -290,7 +291,7 @@ impl SdpStream {
         }
         match &self.inner {
             Inner::Sdp(c) => c.stack.0.set_sndbuf(c.id, bytes),
-            Inner::Tcp(s) => super::sys::setsockopt_int(
+            Inner::Tcp(s) => sys::setsockopt_int(
                 s.as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_SNDBUF,
@@ -302,17 +303,7 @@ impl SdpStream {
         match &self.inner {
             Inner::Sdp(c) => c.stack.0.sndbuf(c.id),
             Inner::Tcp(s) => {
-                let mut v: libc::c_int = 0;
-                let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-                // SAFETY: passes a live c_int and its length for the kernel to fill in.
-                super::sys::syscall!(getsockopt(
-                    s.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_SNDBUF,
-                    (&mut v as *mut libc::c_int).cast(),
-                    &mut l
-                ))?;
-                Ok(v as usize)
+                Ok(sys::getsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF)? as usize)
             }
         }
     }
@@ -676,39 +667,23 @@ impl Drop for PendingSend {
 }
 
 /// Plain heap memory standing in for a registered buffer on a TCP stream.
+///
+/// The bytes are `Cell`s because [`MemoryRegion::host_ptr`](crate::verbs::MemoryRegion::host_ptr)
+/// hands out a pointer from `&self` that [`RegisteredBuf::as_mut_slice`] writes through: the
+/// memory has to allow writes behind a shared reference, which a `Box<[u8]>` does not.
 struct HeapMr {
-    ptr: std::ptr::NonNull<u8>,
-    len: usize,
+    buf: Box<[Cell<u8>]>,
 }
-
-// SAFETY: HeapMr owns its allocation exclusively (like a Box<[u8]>).
-unsafe impl Send for HeapMr {}
 
 impl HeapMr {
     fn new(len: usize) -> HeapMr {
-        let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
-        let ptr = std::ptr::NonNull::new(Box::into_raw(b) as *mut u8).expect("Box is not null");
-        HeapMr { ptr, len }
+        HeapMr {
+            buf: vec![Cell::new(0u8); len].into_boxed_slice(),
+        }
     }
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: ptr/len come from a live boxed slice owned by self.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in bytes(); `&mut self` makes this the only reference.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for HeapMr {
-    fn drop(&mut self) {
-        // SAFETY: ptr/len are exactly what Box::into_raw gave in HeapMr::new.
-        drop(unsafe {
-            Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-                self.ptr.as_ptr(),
-                self.len,
-            ))
-        });
+    fn ptr(&self) -> std::ptr::NonNull<u8> {
+        // `Cell<u8>` has the layout of `u8`.
+        std::ptr::NonNull::from(&*self.buf).cast::<u8>()
     }
 }
 
@@ -720,16 +695,16 @@ impl crate::verbs::MemoryRegion for HeapMr {
         0
     }
     fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as u64
+        self.ptr().as_ptr() as u64
     }
     fn len(&self) -> usize {
-        self.len
+        self.buf.len()
     }
     fn access(&self) -> crate::verbs::Access {
         crate::verbs::Access::LOCAL_WRITE
     }
     fn host_ptr(&self) -> Option<std::ptr::NonNull<u8>> {
-        Some(self.ptr)
+        Some(self.ptr())
     }
     fn set_access(&mut self, _: crate::verbs::Access) -> Result<(), crate::verbs::VerbsError> {
         Ok(())
@@ -751,10 +726,15 @@ impl crate::verbs::MemoryRegion for HeapMr {
         ))
     }
     fn read(&self, off: usize, dst: &mut [u8]) {
-        dst.copy_from_slice(&self.bytes()[off..off + dst.len()]);
+        let src = &self.buf[off..off + dst.len()];
+        for (d, c) in dst.iter_mut().zip(src) {
+            *d = c.get();
+        }
     }
     fn write(&mut self, off: usize, src: &[u8]) {
-        self.bytes_mut()[off..off + src.len()].copy_from_slice(src);
+        for (c, s) in self.buf[off..off + src.len()].iter_mut().zip(src) {
+            *c.get_mut() = *s;
+        }
     }
 }
 
@@ -764,4 +744,29 @@ fn range_len(range: &std::ops::Range<usize>) -> io::Result<usize> {
         .end
         .checked_sub(range.start)
         .ok_or_else(|| invalid("bad range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HeapMr;
+    use crate::verbs::MemoryRegion;
+
+    #[test]
+    fn heap_mr_bytes_written_through_host_ptr_read_back() {
+        let mut mr = HeapMr::new(16);
+        assert_eq!(mr.len(), 16);
+        let p = mr.host_ptr().unwrap();
+        assert_eq!(mr.addr(), p.as_ptr() as u64);
+        // As RegisteredBuf::as_mut_slice does: write through the host pointer.
+        // SAFETY: p is valid for len() bytes while mr lives, and nothing else refers to them.
+        let s = unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), mr.len()) };
+        s.copy_from_slice(&[7u8; 16]);
+        mr.write(4, &[1, 2, 3]);
+        let mut out = [0u8; 8];
+        mr.read(2, &mut out);
+        assert_eq!(out, [7, 7, 1, 2, 3, 7, 7, 7]);
+        let empty = HeapMr::new(0);
+        assert!(empty.is_empty());
+        assert!(empty.host_ptr().is_some());
+    }
 }

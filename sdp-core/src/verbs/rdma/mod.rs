@@ -1,6 +1,7 @@
 //! The `rdma` provider: real RDMA devices through librdmacm and libibverbs (rdma-sys).
 //!
-//! All FFI of the crate lives in this module; every `unsafe` block says why it is sound.
+//! All librdmacm/libibverbs FFI of the crate lives in this module (the host's system calls are
+//! `crate::sys`'s); every `unsafe` block says why it is sound.
 //!
 //! # Model
 //!

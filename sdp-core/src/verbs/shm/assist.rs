@@ -30,7 +30,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use super::sys::{self, Mapping, Proc};
+use crate::sys::{self, Mapping, Proc};
 
 /// Claim word: generation (high 32 bits) and next chunk (low 32 bits, `IDLE`: withdrawn).
 pub(super) const A_CLAIM: usize = 512;
@@ -367,7 +367,7 @@ mod tests {
         let h = {
             let (inbox, stop, helped) = (inbox.clone(), stop.clone(), helped.clone());
             std::thread::spawn(move || {
-                let me = Proc::open(sys::getpid()).unwrap();
+                let me = Proc::open(sys::getpid_now()).unwrap();
                 // The helper's only registration: `theirs`, rkey 7.
                 let check = |_op: Op, rkey: u32, addr: u64, len: u64| {
                     rkey == 7 && addr >= theirs_addr && addr + len <= theirs_addr + n as u64
@@ -378,7 +378,7 @@ mod tests {
             })
         };
         let mut gen = 0;
-        let me = Proc::open(sys::getpid()).unwrap();
+        let me = Proc::open(sys::getpid_now()).unwrap();
         let mut mine = vec![0u8; n];
         // At least 20 rounds, and on until the helper took a chunk: on a loaded machine its
         // thread may not get a CPU during the first ones (bounded, then the assert below says).

@@ -24,7 +24,6 @@
 //!   passes connections whose bell is silent by ([`Endpoint::quiet`]).
 
 mod assist;
-pub(crate) mod sys;
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -36,11 +35,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
-use self::sys::{Mapping, Proc, RawBuf, Recv};
 use super::{
     check_grant, Access, CmEvent, Completion, Endpoint, Grant, Listener, MemoryRegion, Provider,
     QpCaps, RecvWr, SendOp, SendWr, Sge, VerbsError, WcOpcode, WcStatus,
 };
+use crate::sys::{self, Mapping, Proc, RawBuf, Recv};
 
 /// `IBV_WC_REM_INV_REQ_ERR`: the SEND was longer than the receive buffer.
 pub const WC_REM_INV_REQ_ERR: u32 = 9;
@@ -533,7 +532,7 @@ impl ShmProvider {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         let salt = (t
-            ^ u64::from(sys::getpid() as u32).wrapping_mul(0x9e37_79b9)
+            ^ u64::from(sys::getpid_now() as u32).wrapping_mul(0x9e37_79b9)
             ^ (&keys as *const Mapping as u64)) as u16;
         Ok(ShmProvider {
             inner: Arc::new(Inner {
@@ -555,7 +554,7 @@ impl ShmProvider {
                 }),
                 ctls: Mutex::new(slab::Slab::new()),
                 rnr_waiting: AtomicUsize::new(0),
-                next_port: AtomicU32::new(sys::getpid() as u32),
+                next_port: AtomicU32::new(sys::getpid_now() as u32),
                 refused_uid: AtomicU64::new(0),
                 wakeups: Arc::new(AtomicU64::new(0)),
                 assisted: AtomicU64::new(0),
@@ -1068,11 +1067,11 @@ impl Provider for ShmProvider {
 
     fn arm(&self) -> Result<(), VerbsError> {
         let inner = &self.inner;
-        sys::drain_counter(inner.evfd.as_fd());
+        sys::eventfd_drain(inner.evfd.as_fd());
         let ctls = inner.ctls.lock();
         sys::epoll_drain(inner.epoll.as_fd(), |tok| match tok {
-            TOKEN_EVFD => sys::drain_counter(inner.evfd.as_fd()),
-            TOKEN_TIMER => sys::drain_counter(inner.timer.as_fd()),
+            TOKEN_EVFD => sys::eventfd_drain(inner.evfd.as_fd()),
+            TOKEN_TIMER => sys::eventfd_drain(inner.timer.as_fd()),
             t => {
                 if let Some(c) = ctls.get((t - TOKEN_BASE) as usize).and_then(Weak::upgrade) {
                     c.hint.store(true, Ordering::Relaxed);
@@ -2503,7 +2502,7 @@ mod tests {
             CopyWait::PeerGone
         );
         // A live peer's copy that completes ends the wait as done.
-        let me = Proc::open(sys::getpid()).unwrap();
+        let me = Proc::open(sys::getpid_now()).unwrap();
         let w = Arc::new(AtomicU32::new(9));
         let w2 = w.clone();
         let t = std::thread::spawn(move || {

@@ -1,0 +1,276 @@
+//! File descriptors: our own fds kept out of the application's numbers, flags, eventfd,
+//! timerfd, epoll and poll.
+
+use std::io;
+use std::mem::zeroed;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// Own an fd a system call just created, moved out of the application's numbers ([`high_fd`]).
+pub(crate) fn owned(fd: RawFd) -> OwnedFd {
+    // SAFETY: `fd` was just returned by a successful system call that created it; nobody
+    // else owns it.
+    unsafe { OwnedFd::from_raw_fd(high_fd(fd)) }
+}
+
+/// Move an fd this library made for itself to a high number (close-on-exec), so the low numbers
+/// stay the application's, as they would be without SDP: programs size tables by the fds they
+/// get (wrk, select's FD_SETSIZE) or expect the lowest free one. The floor is half the soft
+/// RLIMIT_NOFILE, at most 1024; the fd stays where it is if nothing is free there.
+pub fn high_fd(fd: RawFd) -> RawFd {
+    static FLOOR: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    let floor = *FLOOR.get_or_init(|| {
+        // SAFETY: an all-zero rlimit is valid; getrlimit writes into it.
+        let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+            return 0;
+        }
+        (r.rlim_cur / 2).min(1024) as i32
+    });
+    if fd < 0 || fd >= floor {
+        return fd;
+    }
+    // SAFETY: duplicates an fd we own; the original is closed only if that worked.
+    let hi = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor) };
+    if hi < 0 {
+        return fd;
+    }
+    // SAFETY: `fd` is ours and replaced by `hi`.
+    unsafe { libc::close(fd) };
+    hi
+}
+
+/// [`high_fd`] for an owned fd.
+pub(crate) fn high_owned(fd: OwnedFd) -> OwnedFd {
+    use std::os::fd::IntoRawFd;
+    // SAFETY: the fd was ours; high_fd() returns it or its replacement, which we own.
+    unsafe { OwnedFd::from_raw_fd(high_fd(fd.into_raw_fd())) }
+}
+
+/// Set or clear O_NONBLOCK and FD_CLOEXEC on an fd.
+pub(crate) fn set_fd_flags(fd: RawFd, nonblocking: bool, cloexec: bool) -> io::Result<()> {
+    // SAFETY: fcntl on an fd the caller owns, with integer arguments only.
+    let fl = syscall!(fcntl(fd, libc::F_GETFL))?;
+    let want = if nonblocking {
+        fl | libc::O_NONBLOCK
+    } else {
+        fl & !libc::O_NONBLOCK
+    };
+    if want != fl {
+        // SAFETY: as above.
+        syscall!(fcntl(fd, libc::F_SETFL, want))?;
+    }
+    // SAFETY: as above.
+    syscall!(fcntl(
+        fd,
+        libc::F_SETFD,
+        if cloexec { libc::FD_CLOEXEC } else { 0 }
+    ))?;
+    Ok(())
+}
+
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let fl = syscall!(fcntl(fd.as_raw_fd(), libc::F_GETFL))?;
+    syscall!(fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK))?;
+    Ok(())
+}
+
+pub fn eventfd() -> io::Result<OwnedFd> {
+    Ok(owned(syscall!(eventfd(
+        0,
+        libc::EFD_NONBLOCK | libc::EFD_CLOEXEC
+    ))?))
+}
+
+/// Add 1 to an eventfd's counter (never blocks: a full counter is already readable).
+pub(crate) fn eventfd_signal(fd: impl AsFd) {
+    eventfd_signal_raw(fd.as_fd().as_raw_fd());
+}
+
+/// Add 1 to the counter of an eventfd known by number only (it must stay open meanwhile).
+pub(crate) fn eventfd_signal_raw(fd: RawFd) {
+    let v: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64; an error (counter full) is harmless.
+    let _ = syscall!(write(fd, (&v as *const u64).cast(), 8));
+}
+
+/// Read (reset) an eventfd or timerfd counter; nonblocking (EAGAIN, counter zero, is
+/// harmless).
+pub(crate) fn eventfd_drain(fd: impl AsFd) {
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a live u64.
+    let _ = syscall!(read(fd.as_fd().as_raw_fd(), (&mut v as *mut u64).cast(), 8));
+}
+
+pub fn timerfd() -> io::Result<OwnedFd> {
+    Ok(owned(syscall!(timerfd_create(
+        libc::CLOCK_MONOTONIC,
+        libc::TFD_NONBLOCK | libc::TFD_CLOEXEC
+    ))?))
+}
+
+/// Fire once after `ns` nanoseconds (0 disarms).
+pub fn timerfd_set(fd: BorrowedFd<'_>, ns: u64) {
+    let spec = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: (ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+        },
+    };
+    // SAFETY: `spec` is a live itimerspec; the old value is not wanted.
+    let _ = syscall!(timerfd_settime(
+        fd.as_raw_fd(),
+        0,
+        &spec,
+        std::ptr::null_mut()
+    ));
+}
+
+pub fn epoll_create() -> io::Result<OwnedFd> {
+    Ok(owned(syscall!(epoll_create1(libc::EPOLL_CLOEXEC))?))
+}
+
+/// Register `fd` with `token`; `edge`: edge-triggered.
+pub fn epoll_add(ep: BorrowedFd<'_>, fd: RawFd, token: u64, edge: bool) -> io::Result<()> {
+    let mut events = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
+    if edge {
+        events |= libc::EPOLLET as u32;
+    }
+    let mut ev = libc::epoll_event { events, u64: token };
+    // SAFETY: `ev` is a live epoll_event.
+    syscall!(epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev))?;
+    Ok(())
+}
+
+/// Remove `fd` from the set.
+pub fn epoll_del(ep: BorrowedFd<'_>, fd: RawFd) {
+    let mut ev = libc::epoll_event { events: 0, u64: 0 };
+    // SAFETY: `ev` is a live epoll_event (ignored by DEL).
+    let _ = syscall!(epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev));
+}
+
+/// Take every ready event without waiting; calls `f(token)` for each.
+pub fn epoll_drain(ep: BorrowedFd<'_>, mut f: impl FnMut(u64)) {
+    // SAFETY: epoll_event is plain data.
+    let mut evs: [libc::epoll_event; 64] = unsafe { zeroed() };
+    loop {
+        // SAFETY: `evs` is a live array of 64 events.
+        let n = match syscall!(epoll_wait(ep.as_raw_fd(), evs.as_mut_ptr(), 64, 0)) {
+            Ok(n) => n as usize,
+            Err(_) => return,
+        };
+        for ev in &evs[..n] {
+            let token = ev.u64;
+            f(token);
+        }
+        if n < 64 {
+            return;
+        }
+    }
+}
+
+/// A close-on-exec epoll fd watching `fds` for POLLIN (level-triggered): it polls readable
+/// while any of them does.
+pub(crate) fn epoll_of(fds: &[RawFd]) -> io::Result<OwnedFd> {
+    let ep = syscall!(epoll_create1(libc::EPOLL_CLOEXEC))?;
+    // SAFETY: the fd was just returned by epoll_create1 and is owned by nobody else.
+    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    for &fd in fds {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: `ev` is a live epoll_event; `fd` is an open fd owned by the caller.
+        syscall!(epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev))?;
+    }
+    Ok(ep)
+}
+
+/// Wait until one of `fds` polls for `events` or the timeout passes (`None`: forever).
+/// Returns the revents of each fd.
+pub(crate) fn poll(fds: &[(RawFd, i16)], timeout: Option<Duration>) -> io::Result<Vec<i16>> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&(fd, events)| libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        })
+        .collect();
+    let ms = match timeout {
+        None => -1,
+        // Round up so a short timeout does not become a busy loop.
+        Some(d) => d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32,
+    };
+    // SAFETY: `pfds` is a live array of `pfds.len()` pollfd structs.
+    match syscall!(poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms)) {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+        Err(e) => return Err(e),
+    }
+    Ok(pfds.iter().map(|p| p.revents).collect())
+}
+
+/// Wait until `a` or `b` is readable or `timeout` passes (no allocation: a hot path).
+pub(crate) fn poll_two(a: RawFd, b: RawFd, timeout: Duration) -> io::Result<()> {
+    let mut pfds = [
+        libc::pollfd {
+            fd: a,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: b,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    // SAFETY: `pfds` is a live array of two pollfd structs.
+    match syscall!(poll(pfds.as_mut_ptr(), 2, ms)) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// One fd's poll events now (no waiting).
+pub(crate) fn poll_now(fd: RawFd, events: i16) -> io::Result<i16> {
+    Ok(poll(&[(fd, events)], Some(Duration::ZERO))?[0])
+}
+
+/// Wait on an epoll fd (for tests and simple progress loops); returns whether it fired.
+pub fn poll_readable(fd: RawFd, timeout_ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is one live pollfd.
+    matches!(syscall!(poll(&mut p, 1, timeout_ms)), Ok(n) if n > 0)
+}
+
+/// Whether `fd` reports a hang-up (or an error) right now.
+pub fn hung_up(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: `p` is one live pollfd.
+    matches!(syscall!(poll(&mut p, 1, 0)), Ok(n) if n > 0)
+        && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
+}
+
+/// Whether `fd` is close-on-exec (for tests).
+#[cfg(test)]
+pub(crate) fn is_cloexec(fd: RawFd) -> io::Result<bool> {
+    // SAFETY: fcntl on an fd the caller owns, with integer arguments only.
+    let flags = syscall!(fcntl(fd, libc::F_GETFD))?;
+    Ok(flags & libc::FD_CLOEXEC != 0)
+}

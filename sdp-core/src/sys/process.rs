@@ -1,0 +1,341 @@
+//! Processes: our pid and uid, fork and exit handlers, the clock, and copies to and from a
+//! peer process (`process_vm_readv`/`writev`, guarded by a pidfd).
+
+use std::io;
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::AtomicU64;
+
+use super::{hung_up, owned};
+
+static PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+extern "C" fn forget_pid() {
+    PID.store(0, std::sync::atomic::Ordering::Relaxed);
+}
+
+extern "C" fn register_forget_pid() {
+    atfork(None, None, Some(forget_pid));
+}
+
+/// The child's pid must be known before any other atfork child handler runs: those run in the
+/// order they were registered, and one may drop sockets the child inherited (the shim's does),
+/// which must find the parent's stacks dead (see `Runtime::lock`) rather than wait on a lock
+/// another thread of the parent held at the fork. So the handler is registered when the
+/// library is loaded, before any code can register its own.
+#[used]
+#[link_section = ".init_array"]
+static REGISTER_FORGET_PID: extern "C" fn() = register_forget_pid;
+
+/// Process id. glibc does not cache it, and a system call on every lock of a runtime adds up:
+/// it is cached here and forgotten in a fork child (pthread_atfork, registered at load), so a
+/// child sees its own. (A child made by a raw fork system call runs no atfork handler and
+/// would see the parent's.)
+pub(crate) fn getpid() -> u32 {
+    let p = PID.load(std::sync::atomic::Ordering::Relaxed);
+    if p != 0 {
+        return p;
+    }
+    // SAFETY: getpid cannot fail.
+    let p = unsafe { libc::getpid() as u32 };
+    PID.store(p, std::sync::atomic::Ordering::Relaxed);
+    p
+}
+
+/// The process id from the kernel on every call (see [`getpid`] for the cached one).
+pub fn getpid_now() -> i32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() }
+}
+
+pub fn getuid() -> u32 {
+    // SAFETY: getuid has no preconditions.
+    unsafe { libc::getuid() }
+}
+
+/// Register fork handlers (`pthread_atfork(3)`): `prepare` runs in the forking thread before
+/// the fork, `parent` and `child` after it in each process.
+pub(crate) fn atfork(
+    prepare: Option<extern "C" fn()>,
+    parent: Option<extern "C" fn()>,
+    child: Option<extern "C" fn()>,
+) {
+    // SAFETY: the handlers are safe functions that live as long as the program; being
+    // `extern "C"`, one that panics aborts instead of unwinding into libc.
+    unsafe {
+        libc::pthread_atfork(
+            prepare.map(|f| f as unsafe extern "C" fn()),
+            parent.map(|f| f as unsafe extern "C" fn()),
+            child.map(|f| f as unsafe extern "C" fn()),
+        )
+    };
+}
+
+/// Register `f` to run at process exit (`atexit(3)`): `exit()`, `std::process::exit` and
+/// returning from `main` run it; `_exit` and fatal signals do not.
+pub(crate) fn atexit(f: extern "C" fn()) {
+    // SAFETY: `f` is a plain function that lives as long as the program and never unwinds.
+    unsafe { libc::atexit(f) };
+}
+
+/// This thread's involuntary context switches so far (`None` if the kernel does not say).
+pub(crate) fn involuntary_switches() -> Option<u64> {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a live rusage struct.
+    syscall!(getrusage(libc::RUSAGE_THREAD, &mut ru)).ok()?;
+    Some(ru.ru_nivcsw as u64)
+}
+
+/// Milliseconds of CLOCK_MONOTONIC_COARSE (a few ms of resolution; cheaper to read than the
+/// precise clock, which matters where every connection asks it in every progress round).
+pub fn coarse_ms() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a live timespec; CLOCK_MONOTONIC_COARSE always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) };
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+}
+
+/// `SO_PEERPIDFD` (Linux 6.5; the same number on every architecture but sparc, mips, parisc
+/// and alpha, which libc 0.2 does not export for them all).
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// The peer process of a connection, by pidfd: every copy to or from it goes through here, so
+/// a copy can only reach the very process that connected, never one that got its pid after it
+/// died (`process_vm_*` take a pid, not a pidfd: see [`Proc::write`] for the window left).
+pub struct Proc {
+    pid: i32,
+    pidfd: OwnedFd,
+    /// When `alive` last saw the process running (ns since `epoch()`; 0: never).
+    seen: AtomicU64,
+}
+
+/// How long a liveness check is trusted: copies within this of the last check skip the
+/// system call (one `poll` costs ~0.3-1 us, a 64 KiB copy ~5 us). A dead peer's pid would
+/// have to be reaped and handed out again (the allocator wraps around `pid_max` first) within
+/// this time to be written.
+pub const LIVENESS_TRUST: std::time::Duration = std::time::Duration::from_millis(1);
+
+fn epoch() -> std::time::Instant {
+    static E: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *E.get_or_init(std::time::Instant::now)
+}
+
+impl Proc {
+    /// The process at the other end of the connected Unix socket `sock`, whose `SO_PEERCRED`
+    /// pid is `pid`: `SO_PEERPIDFD` (the kernel's own reference, taken at connect/listen), or
+    /// on kernels before 6.5 `pidfd_open(pid)` followed by a check that the peer still holds
+    /// its end of the socket (a process that got the pid after the peer died cannot hold it,
+    /// unless the peer passed it on before dying: the window of the fallback).
+    pub fn of_peer(sock: BorrowedFd<'_>, pid: i32) -> io::Result<Proc> {
+        let mut fd: libc::c_int = -1;
+        let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `fd` is a live c_int of `len` bytes.
+        let r = syscall!(getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut fd as *mut libc::c_int).cast(),
+            &mut len
+        ));
+        if r.is_ok() && fd >= 0 {
+            return Ok(Proc {
+                pid,
+                pidfd: owned(fd),
+                seen: AtomicU64::new(0),
+            });
+        }
+        let p = Proc::open(pid)?;
+        if hung_up(sock.as_raw_fd()) || !p.alive() {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        Ok(p)
+    }
+
+    /// `pidfd_open(pid)`: the process that has `pid` now.
+    pub fn open(pid: i32) -> io::Result<Proc> {
+        // SAFETY: pidfd_open takes a pid and flags; no memory is passed.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Proc {
+            pid,
+            pidfd: owned(fd as RawFd),
+            seen: AtomicU64::new(0),
+        })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// [`Proc::alive`], trusting a check younger than [`LIVENESS_TRUST`] (for the copies).
+    pub fn alive_recently(&self) -> bool {
+        let now = epoch().elapsed().as_nanos() as u64 + 1;
+        let seen = self.seen.load(std::sync::atomic::Ordering::Relaxed);
+        if seen != 0 && now.saturating_sub(seen) < LIVENESS_TRUST.as_nanos() as u64 {
+            return true;
+        }
+        let alive = self.alive();
+        if alive {
+            self.seen.store(now, std::sync::atomic::Ordering::Relaxed);
+        }
+        alive
+    }
+
+    /// Whether the process is still running: a pidfd polls readable once it has exited (every
+    /// thread past `exit_notify`, so none of its system calls, copies included, is still
+    /// running), and its pid cannot have been given to another process before that.
+    pub fn alive(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `p` is one live pollfd.
+        !matches!(syscall!(poll(&mut p, 1, 0)), Ok(n) if n > 0)
+    }
+
+    /// Wait up to `limit` for the process to exit; whether it did.
+    pub fn exits_within(&self, limit: std::time::Duration) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = limit.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `p` is one live pollfd.
+        matches!(syscall!(poll(&mut p, 1, ms)), Ok(n) if n > 0)
+    }
+
+    fn gone() -> io::Error {
+        io::Error::from_raw_os_error(libc::ESRCH)
+    }
+
+    /// `Ok` if the process is alive (checked within [`LIVENESS_TRUST`]), else `ESRCH`.
+    pub fn check(&self) -> io::Result<()> {
+        if self.alive_recently() {
+            Ok(())
+        } else {
+            Err(Proc::gone())
+        }
+    }
+
+    /// One copy of a batch the caller brackets with [`Proc::check`]: before the first (and,
+    /// for reads, after the last) copy.
+    ///
+    /// # Safety
+    /// As [`vm_write`].
+    pub unsafe fn write_in_batch(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { vm_write(self.pid, local, remote, len) }
+    }
+
+    /// As [`Proc::write_in_batch`], reading.
+    ///
+    /// # Safety
+    /// As [`vm_read`].
+    pub unsafe fn read_in_batch(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { vm_read(self.pid, local, remote, len) }
+    }
+
+    /// Copy `len` bytes from our `local` address into the process at `remote`; `ESRCH` if it
+    /// has exited. What is left: the process may exit, be reaped and its pid be handed to a new
+    /// process between the liveness check (at most [`LIVENESS_TRUST`] old) and the copy's
+    /// system call (the pid allocator would have to wrap around `pid_max` in between).
+    ///
+    /// # Safety
+    /// As [`vm_write`].
+    pub unsafe fn write(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+        if !self.alive_recently() {
+            return Err(Proc::gone());
+        }
+        // SAFETY: the caller's contract.
+        unsafe { vm_write(self.pid, local, remote, len) }
+    }
+
+    /// Copy `len` bytes from the process at `remote` to our `local` address; `ESRCH` if it has
+    /// exited (checked as for [`Proc::write`]).
+    ///
+    /// # Safety
+    /// As [`vm_read`].
+    pub unsafe fn read(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+        if !self.alive_recently() {
+            return Err(Proc::gone());
+        }
+        // SAFETY: the caller's contract.
+        unsafe { vm_read(self.pid, local, remote, len) }
+    }
+}
+
+/// Copy `len` bytes from our `local` address into process `pid` at `remote`.
+/// Returns `Err` (with errno) unless every byte was written.
+///
+/// # Safety
+/// `local..local + len` must be mapped and readable in this process.
+unsafe fn vm_write(pid: i32, local: u64, remote: u64, len: usize) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let l = libc::iovec {
+            iov_base: (local as usize + done) as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        let r = libc::iovec {
+            iov_base: (remote as usize + done) as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        // SAFETY: the kernel reads our range (valid per the caller) and writes the other
+        // process; a bad remote range is an error (EFAULT), not undefined behaviour here.
+        let n = syscall!(process_vm_writev(pid, &l, 1, &r, 1, 0))? as usize;
+        if n == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// Copy `len` bytes from process `pid` at `remote` to our `local` address.
+///
+/// # Safety
+/// `local..local + len` must be mapped, writable, and not referenced by Rust references.
+unsafe fn vm_read(pid: i32, local: u64, remote: u64, len: usize) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let l = libc::iovec {
+            iov_base: (local as usize + done) as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        let r = libc::iovec {
+            iov_base: (remote as usize + done) as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        // SAFETY: the kernel writes our range (valid per the caller) from the other process.
+        let n = syscall!(process_vm_readv(pid, &l, 1, &r, 1, 0))? as usize;
+        if n == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+static PROBE: u64 = 0x5344_505f_5348_4d21;
+
+/// Address of a word the peer reads with process_vm_readv to prove it can reach our memory.
+pub fn probe_addr() -> u64 {
+    &PROBE as *const u64 as u64
+}
+
+/// Whether we can read the probe word at `addr` of the process (ptrace access, right process).
+pub fn probe(p: &Proc, addr: u64) -> io::Result<bool> {
+    let mut v: u64 = 0;
+    // SAFETY: the local range is the live `v`.
+    unsafe { p.read((&mut v as *mut u64) as u64, addr, 8)? };
+    Ok(v == PROBE)
+}

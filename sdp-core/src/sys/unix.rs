@@ -1,0 +1,286 @@
+//! Unix sockets: socket pairs, abstract-name stream and seqpacket sockets, peer credentials
+//! and fd passing (SCM_RIGHTS).
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use super::{high_fd, owned};
+
+/// A connected pair of nonblocking, close-on-exec AF_UNIX stream sockets.
+pub(crate) fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid array of two ints the kernel fills in.
+    syscall!(socketpair(
+        libc::AF_UNIX,
+        libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        0,
+        fds.as_mut_ptr()
+    ))?;
+    // SAFETY: both fds were just returned by socketpair and are owned by nobody else. The
+    // first is the application's; the second, ours, moves out of the application's numbers.
+    Ok(unsafe {
+        (
+            OwnedFd::from_raw_fd(fds[0]),
+            OwnedFd::from_raw_fd(high_fd(fds[1])),
+        )
+    })
+}
+
+/// `sockaddr_un` for an abstract name (no leading NUL in `name`), and its length.
+fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: an all-zero sockaddr_un is a valid value.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    if name.len() + 1 > a.sun_path.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    for (i, &b) in name.iter().enumerate() {
+        a.sun_path[i + 1] = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    Ok((a, len as libc::socklen_t))
+}
+
+/// A nonblocking, close-on-exec AF_UNIX stream socket listening on an abstract name.
+pub(crate) fn abstract_listener(name: &[u8]) -> io::Result<OwnedFd> {
+    let (a, len) = abstract_addr(name)?;
+    let fd = syscall!(socket(
+        libc::AF_UNIX,
+        libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        0
+    ))?;
+    // SAFETY: the fd was just returned by socket() and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(high_fd(fd)) };
+    // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
+    syscall!(bind(
+        fd.as_raw_fd(),
+        &a as *const _ as *const libc::sockaddr,
+        len
+    ))?;
+    syscall!(listen(fd.as_raw_fd(), 16))?;
+    Ok(fd)
+}
+
+/// A blocking, close-on-exec AF_UNIX stream connection to an abstract name.
+pub(crate) fn abstract_connect(name: &[u8]) -> io::Result<OwnedFd> {
+    let (a, len) = abstract_addr(name)?;
+    let fd = syscall!(socket(
+        libc::AF_UNIX,
+        libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+        0
+    ))?;
+    // SAFETY: the fd was just returned by socket() and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
+    syscall!(connect(
+        fd.as_raw_fd(),
+        &a as *const _ as *const libc::sockaddr,
+        len
+    ))?;
+    Ok(fd)
+}
+
+/// Accept one waiting connection without blocking (`None`: none waits).
+pub(crate) fn accept_nb(fd: RawFd) -> io::Result<Option<OwnedFd>> {
+    // SAFETY: no address is asked for.
+    match syscall!(accept4(
+        fd,
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        libc::SOCK_CLOEXEC
+    )) {
+        // SAFETY: the fd was just returned by accept4 and is owned by nobody else.
+        Ok(c) => Ok(Some(unsafe { OwnedFd::from_raw_fd(c) })),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The uid of a connected AF_UNIX socket's peer (SO_PEERCRED).
+pub(crate) fn peer_uid(fd: RawFd) -> io::Result<u32> {
+    // SAFETY: an all-zero ucred is a valid value.
+    let mut c: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut l = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `c` and `l` are live and describe the struct's size.
+    syscall!(getsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_PEERCRED,
+        (&mut c as *mut libc::ucred).cast(),
+        &mut l
+    ))?;
+    Ok(c.uid)
+}
+
+fn seqpacket() -> io::Result<OwnedFd> {
+    Ok(owned(syscall!(socket(
+        libc::AF_UNIX,
+        libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        0
+    ))?))
+}
+
+/// A listening seqpacket socket on an abstract name.
+pub fn seqpacket_listen(name: &[u8], backlog: u32) -> io::Result<OwnedFd> {
+    let fd = seqpacket()?;
+    let (a, len) = abstract_addr(name).map_err(|_| io::Error::other("rendezvous name too long"))?;
+    // SAFETY: `a` is a live sockaddr_un of `len` bytes.
+    syscall!(bind(
+        fd.as_raw_fd(),
+        (&a as *const libc::sockaddr_un).cast(),
+        len
+    ))?;
+    syscall!(listen(fd.as_raw_fd(), backlog.clamp(1, 4096) as i32))?;
+    Ok(fd)
+}
+
+/// Connect (nonblocking) to an abstract name.
+pub fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
+    let fd = seqpacket()?;
+    let (a, len) = abstract_addr(name).map_err(|_| io::Error::other("rendezvous name too long"))?;
+    // SAFETY: `a` is a live sockaddr_un of `len` bytes.
+    syscall!(connect(
+        fd.as_raw_fd(),
+        (&a as *const libc::sockaddr_un).cast(),
+        len
+    ))?;
+    Ok(fd)
+}
+
+/// Accept one pending connection (nonblocking); `None` if there is none.
+pub fn accept(fd: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    // SAFETY: null address arguments are allowed.
+    match syscall!(accept4(
+        fd.as_raw_fd(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC
+    )) {
+        Ok(s) => Ok(Some(owned(s))),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The peer's (pid, uid) as the kernel recorded them at connect/listen time.
+pub fn peer_cred(fd: BorrowedFd<'_>) -> io::Result<(i32, u32)> {
+    // SAFETY: ucred is plain data.
+    let mut c: libc::ucred = unsafe { zeroed() };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `c` is a live ucred of `len` bytes.
+    syscall!(getsockopt(
+        fd.as_raw_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_PEERCRED,
+        (&mut c as *mut libc::ucred).cast(),
+        &mut len
+    ))?;
+    Ok((c.pid, c.uid))
+}
+
+const MAX_FDS: usize = 4;
+
+/// Send one message with up to four fds; never blocks (`WouldBlock` if the socket is full).
+pub fn send_msg(fd: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    assert!(fds.len() <= MAX_FDS);
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain data.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        // SAFETY: CMSG_SPACE only computes a size.
+        let space = unsafe { libc::CMSG_SPACE((fds.len() * size_of::<RawFd>()) as u32) } as usize;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: msg_control points at `cbuf` (64 bytes, 8-aligned), which holds `space`
+        // bytes for up to four fds; the first header is inside it.
+        unsafe {
+            let cm = libc::CMSG_FIRSTHDR(&msg);
+            (*cm).cmsg_level = libc::SOL_SOCKET;
+            (*cm).cmsg_type = libc::SCM_RIGHTS;
+            (*cm).cmsg_len = libc::CMSG_LEN((fds.len() * size_of::<RawFd>()) as u32) as usize;
+            let p = libc::CMSG_DATA(cm) as *mut RawFd;
+            for (i, f) in fds.iter().enumerate() {
+                p.add(i).write_unaligned(f.as_raw_fd());
+            }
+        }
+    }
+    // SAFETY: `msg` describes live buffers (iov over `data`, control over `cbuf`).
+    let n = syscall!(sendmsg(
+        fd.as_raw_fd(),
+        &msg,
+        libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT
+    ))?;
+    if n as usize != data.len() {
+        return Err(io::Error::other("short seqpacket send"));
+    }
+    Ok(())
+}
+
+/// What [`recv_msg`] got.
+pub enum Recv {
+    /// Nothing to read now.
+    Empty,
+    /// The peer closed (or died).
+    Eof,
+    /// A message of this many bytes, with the fds it carried.
+    Msg(usize, Vec<OwnedFd>),
+}
+
+/// Receive one message (nonblocking) with the fds it carries.
+pub fn recv_msg(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Recv {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain data.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: `msg` describes live buffers.
+    let n = match syscall!(recvmsg(
+        fd.as_raw_fd(),
+        &mut msg,
+        libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC
+    )) {
+        Ok(n) => n as usize,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Recv::Empty,
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => return Recv::Empty,
+        Err(_) => return Recv::Eof,
+    };
+    let mut fds = Vec::new();
+    // SAFETY: walking the control messages the kernel wrote into `cbuf`, within
+    // msg_controllen; each SCM_RIGHTS payload holds (cmsg_len - CMSG_LEN(0)) / 4 fds that are
+    // now ours.
+    unsafe {
+        let mut cm = libc::CMSG_FIRSTHDR(&msg);
+        while !cm.is_null() {
+            if (*cm).cmsg_level == libc::SOL_SOCKET && (*cm).cmsg_type == libc::SCM_RIGHTS {
+                let bytes = (*cm).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let p = libc::CMSG_DATA(cm) as *const RawFd;
+                for i in 0..bytes / size_of::<RawFd>() {
+                    fds.push(owned(p.add(i).read_unaligned()));
+                }
+            }
+            cm = libc::CMSG_NXTHDR(&msg, cm);
+        }
+    }
+    if n == 0 && fds.is_empty() {
+        return Recv::Eof;
+    }
+    if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+        // Oversized or with too many fds: drop it (the fds close with the Vec).
+        return Recv::Msg(0, Vec::new());
+    }
+    Recv::Msg(n, fds)
+}
