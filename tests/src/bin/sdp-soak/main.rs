@@ -728,6 +728,9 @@ struct Soak {
     reports: Mutex<HashMap<u64, Report>>,
     reports_cv: Condvar,
     stats: Mutex<Stats>,
+    /// A `--fault-cmd` is running (from the marking of the sessions under way to its end):
+    /// sessions that start meanwhile may fail with it too.
+    cmd_running: AtomicBool,
 }
 
 impl Soak {
@@ -840,10 +843,13 @@ fn serve(soak: Arc<Soak>, s: SdpStream) {
         ended: AtomicU64::new(0),
         hang: AtomicBool::new(false),
     });
-    soak.sessions
-        .lock()
-        .unwrap()
-        .insert(plan.session, sess.clone());
+    {
+        let mut sessions = soak.sessions.lock().unwrap();
+        if soak.cmd_running.load(Relaxed) {
+            *sess.fault.lock().unwrap() = Some((Fault::Cmd, now_ms()));
+        }
+        sessions.insert(plan.session, sess.clone());
+    }
     let mine = xfer::duplex(s, plan.parent_side(), sess.ctl.clone());
     let ended = now_ms();
     sess.ended.store(ended, Relaxed);
@@ -1169,7 +1175,9 @@ fn scheduler(soak: Arc<Soak>) {
                 }
             }
             Fault::Cmd => {
-                // Every session under way may fail now.
+                // Every session under way may fail now, and those that start before the
+                // command is over.
+                soak.cmd_running.store(true, Relaxed);
                 for s in soak.sessions.lock().unwrap().values() {
                     let mut f = s.fault.lock().unwrap();
                     if f.is_none() && s.ended.load(Relaxed) == 0 {
@@ -1178,6 +1186,7 @@ fn scheduler(soak: Arc<Soak>) {
                 }
                 let cmd = soak.args.fault_cmd.as_deref().unwrap_or("true");
                 let st = Command::new("sh").args(["-c", cmd]).status();
+                soak.cmd_running.store(false, Relaxed);
                 if !matches!(&st, Ok(s) if s.success()) {
                     soak.stats
                         .lock()
@@ -1263,6 +1272,7 @@ fn main() {
         reports: Mutex::new(HashMap::new()),
         reports_cv: Condvar::new(),
         stats: Mutex::new(Stats::default()),
+        cmd_running: AtomicBool::new(false),
         args: args.clone(),
     });
     println!(
