@@ -177,18 +177,29 @@ pub fn epoll_drain(ep: BorrowedFd<'_>, mut f: impl FnMut(u64)) {
 /// A close-on-exec epoll fd watching `fds` for POLLIN (level-triggered): it polls readable
 /// while any of them does.
 pub(crate) fn epoll_of(fds: &[RawFd]) -> io::Result<OwnedFd> {
-    let ep = syscall!(epoll_create1(libc::EPOLL_CLOEXEC))?;
-    // SAFETY: the fd was just returned by epoll_create1 and is owned by nobody else.
-    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    let ep = epoll_create_plain()?;
     for &fd in fds {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: fd as u64,
-        };
-        // SAFETY: `ev` is a live epoll_event; `fd` is an open fd owned by the caller.
-        syscall!(epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev))?;
+        epoll_add_in(ep.as_fd(), fd)?;
     }
     Ok(ep)
+}
+
+/// A close-on-exec epoll fd, left at the number the kernel gave.
+pub(crate) fn epoll_create_plain() -> io::Result<OwnedFd> {
+    let ep = syscall!(epoll_create1(libc::EPOLL_CLOEXEC))?;
+    // SAFETY: the fd was just returned by epoll_create1 and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(ep) })
+}
+
+/// Watch `fd` for POLLIN (level-triggered), with the fd number as the token.
+pub(crate) fn epoll_add_in(ep: BorrowedFd<'_>, fd: RawFd) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: fd as u64,
+    };
+    // SAFETY: `ev` is a live epoll_event; `fd` is an open fd owned by the caller.
+    syscall!(epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev))?;
+    Ok(())
 }
 
 /// Wait until one of `fds` polls for `events` or the timeout passes (`None`: forever).

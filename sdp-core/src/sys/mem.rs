@@ -76,6 +76,18 @@ impl Mapping {
         self.ptr
     }
 
+    /// Leave the mapping out of forked children (`MADV_DONTFORK`; the rdma provider's regions).
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub fn dont_fork(&self) -> io::Result<()> {
+        // SAFETY: advises on exactly our own mapping; no memory is accessed.
+        syscall!(madvise(
+            self.ptr.as_ptr().cast(),
+            self.len,
+            libc::MADV_DONTFORK
+        ))?;
+        Ok(())
+    }
+
     /// The `u32` at byte offset `off` (our own layout constant; checked).
     pub fn u32(&self, off: usize) -> &AtomicU32 {
         assert!(

@@ -5,12 +5,13 @@
 //! exit handlers, the clock, copies to and from a peer process). Everything is re-exported
 //! here: callers write `sys::eventfd()`.
 //!
-//! Every libc call of the crate is made here, except the RDMA provider's calls into
-//! librdmacm/libibverbs (`verbs::rdma`). The unsafe code elsewhere is not system calls: the
-//! socket layer's registered-buffer slices and borrowed readiness fd (`socket::stream`), its
+//! Every libc call of the crate is made here; the calls into librdmacm/libibverbs are the RDMA
+//! provider's (`verbs::rdma::ffi`). The unsafe code elsewhere is not system calls: the socket
+//! layer's registered-buffer slices and borrowed readiness fd (`socket::stream`), its
 //! fork-time unlock of the stack registries (`socket::stack`) and its registration of caller
 //! memory (`socket::runtime`); the shm provider's copies to and from registered memory and
-//! its copy assists (`verbs::shm`); the RDMA provider (`verbs::rdma`).
+//! its copy assists (`verbs::shm`); the RDMA provider's memory registrations
+//! (`verbs::rdma`).
 
 /// Call a libc function that returns -1 and sets errno on failure.
 macro_rules! syscall {

@@ -1,7 +1,10 @@
 //! The `rdma` provider: real RDMA devices through librdmacm and libibverbs (rdma-sys).
 //!
-//! All librdmacm/libibverbs FFI of the crate lives in this module (the host's system calls are
-//! `crate::sys`'s); every `unsafe` block says why it is sound.
+//! All librdmacm/libibverbs FFI of the crate is in `ffi.rs`: owning wrappers of the event
+//! channel, CM ids (with their QPs), the device, PD, completion channel, CQs and memory
+//! registrations, destroyed on drop in the order the libraries want. This file is safe code
+//! over them, but for the three memory registrations (`ffi::Mr::register`: the memory must
+//! outlive the registration). The host's system calls are `crate::sys`'s.
 //!
 //! # Model
 //!
@@ -54,23 +57,28 @@
 //!   iWARP an RDMA Read sink needs remote write: only memory asked for with
 //!   [`Access::READ_SINK`] (engine bounce buffers, zero-copy sink grants) gets it.
 
+mod ffi;
 mod map;
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::ffi::CStr;
+use std::collections::{HashMap, VecDeque};
+use std::mem::MaybeUninit;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::ptr::{self, NonNull};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use parking_lot::{MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard};
 use rdma_sys as rs;
 
+use self::ffi::{errno, CmId, CompChannel, ConnParam, Cq, Device, EventChannel, Mr, Pd, Qp};
 use self::map::Transport;
 use super::{
     check_grant, Access, CmEvent, Completion, Endpoint, Grant, Listener, MemoryRegion, Provider,
-    QpCaps, RecvWr, SendOp, SendWr, VerbsError, WcOpcode,
+    QpCaps, RecvWr, SendWr, VerbsError, WcOpcode,
 };
+use crate::sys::{self, Mapping};
 
 /// Address and route resolution time limit.
 const RESOLVE_TIMEOUT_MS: i32 = 2000;
@@ -87,54 +95,26 @@ const RDMA_MAX_INIT_DEPTH: u8 = 0xff;
 pub const WRONG_DEVICE_REJECT: &[u8] = b"SDP: wrong RDMA device";
 const PAGE: usize = 4096;
 
-fn errno() -> i32 {
-    std::io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
+/// An `io::Error` of the host's system calls as its errno.
+fn os_errno(e: std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
 }
 
-fn set_nonblocking(fd: RawFd) -> Result<(), VerbsError> {
-    // SAFETY: fcntl on an fd we own; F_GETFL/F_SETFL take and return plain integers.
-    let rc = unsafe {
-        let fl = libc::fcntl(fd, libc::F_GETFL);
-        if fl < 0 {
-            -1
-        } else {
-            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK)
-        }
-    };
-    if rc < 0 {
-        return Err(map::errno_error(errno(), "fcntl O_NONBLOCK"));
-    }
-    Ok(())
+/// What holds the device: given back (dropped, in the order of the fields: completion
+/// channel, PD, the device with its CM id) when the provider goes, or once it was lost and
+/// nothing made on it is left ([`Provider::release_device`]).
+struct DevParts {
+    comp: Arc<CompChannel>,
+    pd: Pd,
+    dev: Arc<Device>,
 }
 
-/// The address in a CM id's route (`src`: local side; else the peer's).
-///
-/// # Safety
-/// `id` must be a live CM id.
-unsafe fn id_addr(id: *mut rs::rdma_cm_id, src: bool) -> Option<SocketAddr> {
-    // SAFETY: per the caller, id is live; the address unions are plain old data of the size
-    // of a sockaddr_storage.
-    unsafe {
-        let a = &(*id).route.addr;
-        let bytes = if src {
-            map::storage_bytes(&a.src_addr_union.src_storage)
-        } else {
-            map::storage_bytes(&a.dst_addr_union.dst_storage)
-        };
-        map::from_sockaddr_bytes(bytes)
-    }
-}
-
-/// The device handles of a provider, and the bookkeeping its objects share.
+/// The device handles of a provider, and the bookkeeping its objects share. The device's
+/// handles drop first, then the event channel.
 struct Shared {
-    ctx: *mut rs::ibv_context,
-    pd: *mut rs::ibv_pd,
-    channel: *mut rs::rdma_event_channel,
-    comp: *mut rs::ibv_comp_channel,
-    /// The id that selected the device; it keeps librdmacm's reference on it.
-    anchor: *mut rs::rdma_cm_id,
+    /// `None` once the device was given back. Held for reading while anything is made on it.
+    parts: RwLock<Option<DevParts>>,
+    channel: Arc<EventChannel>,
     epfd: OwnedFd,
     transport: Transport,
     local_ip: IpAddr,
@@ -149,15 +129,12 @@ struct Shared {
     software: bool,
     st: Mutex<State>,
     /// The device went away: a `DEVICE_REMOVAL` event came on one of our CM ids.
-    lost: std::sync::atomic::AtomicBool,
-    /// `true` once the device was given back (`pd`, `comp` and `anchor` destroyed). Held for
-    /// reading while a CM id or region is made, for writing to release.
-    released: parking_lot::RwLock<bool>,
-    /// [`Provider::release_device`] was called: give the device back as soon as no object
+    lost: AtomicBool,
+    /// [`Provider::release_device`] was called: give the device back as soon as nothing
     /// made on it is left.
-    release_wanted: std::sync::atomic::AtomicBool,
+    release_wanted: AtomicBool,
     /// Endpoints, listeners and regions alive (each holds a [`Hold`]).
-    objects: std::sync::atomic::AtomicUsize,
+    objects: AtomicUsize,
 }
 
 /// An endpoint's, listener's or region's hold on the provider: counted, so that after the
@@ -166,27 +143,23 @@ struct Hold(Arc<Shared>);
 
 impl Hold {
     fn new(sh: &Arc<Shared>) -> Hold {
-        sh.objects.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        sh.objects.fetch_add(1, Ordering::SeqCst);
         Hold(sh.clone())
     }
 }
 
 impl std::ops::Deref for Hold {
-    type Target = Shared;
-    fn deref(&self) -> &Shared {
+    type Target = Arc<Shared>;
+    fn deref(&self) -> &Arc<Shared> {
         &self.0
     }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        // After the object's own Drop: its verbs objects are destroyed, `st` is let go.
-        if self
-            .0
-            .objects
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
-            == 1
-        {
+        // After the object's own Drop and its other fields: its verbs objects are gone and
+        // `st` is let go.
+        if self.0.objects.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.0.try_release();
         }
     }
@@ -195,18 +168,9 @@ impl Drop for Hold {
 /// `vendor_id` of Soft-RoCE (rdma_rxe) and of siw (soft iWARP).
 const SOFTWARE_VENDORS: [u32; 2] = [0x00ff_ffff, 0x0062_6d74];
 
-// SAFETY: the verbs and CM objects behind the pointers may be used from any thread (libibverbs
-// and librdmacm lock internally); the provider's own mutable bookkeeping is behind `st`, and
-// objects are only destroyed with `st` held or when the last reference is gone.
-unsafe impl Send for Shared {}
-// SAFETY: as above.
-unsafe impl Sync for Shared {}
-
 #[derive(Default)]
 struct State {
     ids: HashMap<usize, Slot>,
-    /// Every live CQ, for `arm`.
-    cqs: HashSet<usize>,
 }
 
 enum Slot {
@@ -214,10 +178,24 @@ enum Slot {
     Listener(ListenSlot),
 }
 
+/// One connection's verbs objects: its CQ and its CM id (with the QP, once made). Dropped
+/// with the provider's lock held (the endpoint and the slot drop theirs under it), so no
+/// `arm` touches the CQ meanwhile: QP first, then the CQ, then the id.
+struct Conn {
+    cq: Cq,
+    id: CmId,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // The QP before the CQ it uses; the fields then drop in order (CQ, id).
+        self.id.destroy_qp();
+    }
+}
+
 struct EpSlot {
+    conn: Arc<Conn>,
     events: VecDeque<CmEvent>,
-    cq: *mut rs::ibv_cq,
-    qp: *mut rs::ibv_qp,
     /// Active side until `rdma_connect`: what to connect with.
     connect: Option<(Vec<u8>, QpCaps)>,
     /// Receives posted before the QP existed.
@@ -235,178 +213,93 @@ struct ListenSlot {
 
 /// A connect request with its QP, waiting for `poll_request`.
 struct Request {
-    id: *mut rs::rdma_cm_id,
-    cq: *mut rs::ibv_cq,
-    qp: *mut rs::ibv_qp,
+    conn: Arc<Conn>,
     private_data: Vec<u8>,
     local: SocketAddr,
     peer: SocketAddr,
 }
 
 impl Shared {
-    /// Opens the provider on the device `anchor` is bound to.
-    ///
-    /// # Safety
-    /// `channel` and `anchor` must be live, `anchor` created on `channel`; on success they are
-    /// owned by the result, on error they are destroyed.
-    unsafe fn open(
-        channel: *mut rs::rdma_event_channel,
-        anchor: *mut rs::rdma_cm_id,
+    /// Opens the provider on the device `anchor` (an id of `channel`) is bound to.
+    fn open(
+        channel: Arc<EventChannel>,
+        anchor: CmId,
         local_ip: IpAddr,
     ) -> Result<Shared, VerbsError> {
-        // SAFETY: per the caller, anchor and channel are live; everything created here is
-        // destroyed on the error path in reverse order.
-        unsafe {
-            let fail = |e: VerbsError, pd: *mut rs::ibv_pd, comp: *mut rs::ibv_comp_channel| {
-                if !comp.is_null() {
-                    rs::ibv_destroy_comp_channel(comp);
-                }
-                if !pd.is_null() {
-                    rs::ibv_dealloc_pd(pd);
-                }
-                rs::rdma_destroy_id(anchor);
-                rs::rdma_destroy_event_channel(channel);
-                Err(e)
-            };
-            let ctx = (*anchor).verbs;
-            if ctx.is_null() {
-                return fail(
-                    VerbsError::NoDevice(format!("{local_ip}: not bound to an RDMA device")),
-                    ptr::null_mut(),
-                    ptr::null_mut(),
-                );
-            }
-            let dev = (*ctx).device;
-            let device = CStr::from_ptr((*dev).name.as_ptr())
-                .to_string_lossy()
-                .into_owned();
-            let transport = if (*dev).transport_type == rs::ibv_transport_type::IBV_TRANSPORT_IWARP
-            {
-                Transport::Iwarp
-            } else {
-                Transport::Ib
-            };
-            let mut attr: rs::ibv_device_attr = std::mem::zeroed();
-            if rs::ibv_query_device(ctx, &mut attr) != 0 {
-                return fail(
-                    map::errno_error(errno(), "ibv_query_device"),
-                    ptr::null_mut(),
-                    ptr::null_mut(),
-                );
-            }
-            let pd = rs::ibv_alloc_pd(ctx);
-            if pd.is_null() {
-                return fail(
-                    map::errno_error(errno(), "ibv_alloc_pd"),
-                    ptr::null_mut(),
-                    ptr::null_mut(),
-                );
-            }
-            let comp = rs::ibv_create_comp_channel(ctx);
-            if comp.is_null() {
-                return fail(
-                    map::errno_error(errno(), "ibv_create_comp_channel"),
-                    pd,
-                    ptr::null_mut(),
-                );
-            }
-            let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
-            if ep < 0 {
-                return fail(map::errno_error(errno(), "epoll_create1"), pd, comp);
-            }
-            let epfd = OwnedFd::from_raw_fd(ep);
-            for fd in [(*channel).fd, (*comp).fd] {
-                if let Err(e) = set_nonblocking(fd) {
-                    return fail(e, pd, comp);
-                }
-                let mut ev = libc::epoll_event {
-                    events: libc::EPOLLIN as u32,
-                    u64: fd as u64,
-                };
-                if libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) != 0 {
-                    return fail(map::errno_error(errno(), "epoll_ctl"), pd, comp);
-                }
-            }
-            Ok(Shared {
-                ctx,
-                pd,
-                channel,
-                comp,
-                anchor,
-                epfd,
-                transport,
-                local_ip,
-                device,
-                max_qp_wr: attr.max_qp_wr.max(1) as u32,
-                max_cqe: attr.max_cqe.max(1) as u32,
-                init_depth: attr.max_qp_init_rd_atom.clamp(1, 16) as u8,
-                resp_res: attr.max_qp_rd_atom.clamp(1, 16) as u8,
-                gather: attr.max_sge >= 2,
-                software: SOFTWARE_VENDORS.contains(&attr.vendor_id),
-                st: Mutex::new(State::default()),
-                lost: std::sync::atomic::AtomicBool::new(false),
-                released: parking_lot::RwLock::new(false),
-                release_wanted: std::sync::atomic::AtomicBool::new(false),
-                objects: std::sync::atomic::AtomicUsize::new(0),
-            })
+        // On an error, what was made so far is destroyed in reverse order as it drops.
+        let Ok(dev) = Device::open(anchor) else {
+            return Err(VerbsError::NoDevice(format!(
+                "{local_ip}: not bound to an RDMA device"
+            )));
+        };
+        let info = dev
+            .query()
+            .map_err(|e| map::errno_error(e, "ibv_query_device"))?;
+        let transport = if info.iwarp {
+            Transport::Iwarp
+        } else {
+            Transport::Ib
+        };
+        let attr = info.attr;
+        let pd = Pd::alloc(&dev).map_err(|e| map::errno_error(e, "ibv_alloc_pd"))?;
+        let comp =
+            CompChannel::new(&dev).map_err(|e| map::errno_error(e, "ibv_create_comp_channel"))?;
+        let epfd = sys::epoll_create_plain()
+            .map_err(|e| map::errno_error(os_errno(e), "epoll_create1"))?;
+        for fd in [channel.as_fd(), comp.as_fd()] {
+            sys::set_nonblocking(fd)
+                .map_err(|e| map::errno_error(os_errno(e), "fcntl O_NONBLOCK"))?;
+            sys::epoll_add_in(epfd.as_fd(), fd.as_raw_fd())
+                .map_err(|e| map::errno_error(os_errno(e), "epoll_ctl"))?;
         }
+        Ok(Shared {
+            parts: RwLock::new(Some(DevParts { comp, pd, dev })),
+            channel,
+            epfd,
+            transport,
+            local_ip,
+            device: info.name,
+            max_qp_wr: attr.max_qp_wr.max(1) as u32,
+            max_cqe: attr.max_cqe.max(1) as u32,
+            init_depth: attr.max_qp_init_rd_atom.clamp(1, 16) as u8,
+            resp_res: attr.max_qp_rd_atom.clamp(1, 16) as u8,
+            gather: attr.max_sge >= 2,
+            software: SOFTWARE_VENDORS.contains(&attr.vendor_id),
+            st: Mutex::new(State::default()),
+            lost: AtomicBool::new(false),
+            release_wanted: AtomicBool::new(false),
+            objects: AtomicUsize::new(0),
+        })
     }
 
     /// Read every pending CM event, acknowledge it and queue it where it belongs.
     fn pump_cm(&self, st: &mut State) {
-        loop {
-            let mut ev: *mut rs::rdma_cm_event = ptr::null_mut();
-            // SAFETY: the channel lives as long as self; its fd is nonblocking, so this returns
-            // at once (-1/EAGAIN) when nothing is pending.
-            if unsafe { rs::rdma_get_cm_event(self.channel, &mut ev) } != 0 {
-                break;
-            }
-            // SAFETY: ev is valid until rdma_ack_cm_event; the private data pointer (if any)
-            // points to private_data_len bytes owned by the event, copied before the ack.
-            let (kind, status, id, listen_id, pd) = unsafe {
-                let e = &*ev;
-                let conn = &e.param.conn;
-                let pd = if conn.private_data.is_null() || conn.private_data_len == 0 {
-                    Vec::new()
-                } else {
-                    std::slice::from_raw_parts(
-                        conn.private_data as *const u8,
-                        conn.private_data_len as usize,
-                    )
-                    .to_vec()
-                };
-                (e.event, e.status, e.id, e.listen_id, pd)
-            };
-            // SAFETY: ev came from rdma_get_cm_event and is acknowledged exactly once.
-            unsafe { rs::rdma_ack_cm_event(ev) };
-            self.dispatch(st, kind, status, id, listen_id, pd);
+        while let Some(ev) = self.channel.get_event() {
+            self.dispatch(st, ev);
         }
     }
 
-    fn dispatch(
-        &self,
-        st: &mut State,
-        kind: u32,
-        status: i32,
-        id: *mut rs::rdma_cm_id,
-        listen_id: *mut rs::rdma_cm_id,
-        pd: Vec<u8>,
-    ) {
-        if kind == map::EV_CONNECT_REQUEST {
-            self.on_request(st, id, listen_id, pd);
-            return;
-        }
+    fn dispatch(&self, st: &mut State, ev: ffi::Event) {
+        let kind = ev.kind;
         if kind == map::EV_DEVICE_REMOVAL {
             // On any of our ids (the anchor's included): the whole device is going.
-            self.lost.store(true, std::sync::atomic::Ordering::SeqCst);
+            self.lost.store(true, Ordering::SeqCst);
         }
-        match st.ids.get_mut(&(id as usize)) {
+        if kind == map::EV_CONNECT_REQUEST {
+            if let Some(id) = ev.new_id {
+                self.on_request(st, id, ev.listen_id, ev.private_data);
+            }
+            return;
+        }
+        match st.ids.get_mut(&ev.id) {
             Some(Slot::Ep(ep)) => match kind {
-                map::EV_ADDR_RESOLVED => self.on_addr_resolved(ep, id),
-                map::EV_ROUTE_RESOLVED => self.on_route_resolved(ep, id),
+                map::EV_ADDR_RESOLVED => self.on_addr_resolved(ep),
+                map::EV_ROUTE_RESOLVED => self.on_route_resolved(ep),
                 _ => {
-                    if let Some(ev) = map::cm_event(kind, status, &pd, self.transport) {
-                        ep.events.push_back(ev);
+                    if let Some(e) =
+                        map::cm_event(kind, ev.status, &ev.private_data, self.transport)
+                    {
+                        ep.events.push_back(e);
                     }
                 }
             },
@@ -417,10 +310,9 @@ impl Shared {
         }
     }
 
-    fn on_addr_resolved(&self, ep: &mut EpSlot, id: *mut rs::rdma_cm_id) {
-        // SAFETY: id is live (its slot exists, and slots are removed before ids are destroyed).
-        let verbs = unsafe { (*id).verbs };
-        if verbs != self.ctx {
+    fn on_addr_resolved(&self, ep: &mut EpSlot) {
+        let id = &ep.conn.id;
+        if !self.is_ctx(id.verbs()) {
             ep.failure = Some(format!(
                 "the CM resolved the destination through another device than {}",
                 self.device
@@ -428,17 +320,16 @@ impl Shared {
             ep.events.push_back(CmEvent::AddrError);
             return;
         }
-        // SAFETY: as above; resolve_route only starts the resolution.
-        if unsafe { rs::rdma_resolve_route(id, RESOLVE_TIMEOUT_MS) } != 0 {
+        if let Err(e) = id.resolve_route(RESOLVE_TIMEOUT_MS) {
             ep.failure = Some(format!(
                 "rdma_resolve_route: {}",
-                std::io::Error::from_raw_os_error(errno())
+                std::io::Error::from_raw_os_error(e)
             ));
             ep.events.push_back(CmEvent::RouteError);
         }
     }
 
-    fn on_route_resolved(&self, ep: &mut EpSlot, id: *mut rs::rdma_cm_id) {
+    fn on_route_resolved(&self, ep: &mut EpSlot) {
         let Some((private_data, caps)) = ep.connect.take() else {
             return;
         };
@@ -446,21 +337,17 @@ impl Shared {
             ep.failure = Some(what);
             ep.events.push_back(CmEvent::ConnectError);
         };
-        let qp = match self.create_qp(id, ep.cq, caps) {
+        let conn = ep.conn.clone();
+        let qp = match self.create_qp(&conn, caps) {
             Ok(qp) => qp,
             Err(e) => return fail(ep, format!("creating the QP: {e}")),
         };
-        ep.qp = qp;
         for wr in std::mem::take(&mut ep.pending_recvs) {
             if let Err(e) = post_recv(qp, &wr) {
                 return fail(ep, format!("posting a queued receive: {e}"));
             }
         }
-        let mut param = self.conn_param(&private_data, false);
-        // SAFETY: id is live with a QP; param points to private_data, which outlives the call
-        // (librdmacm copies it).
-        if unsafe { rs::rdma_connect(id, &mut param) } != 0 {
-            let e = errno();
+        if let Err(e) = conn.id.connect(&self.conn_param(false), &private_data) {
             if e == libc::ECONNREFUSED {
                 // iWARP makes its TCP connection inside rdma_connect: nobody listening (a
                 // reset) fails the call itself instead of arriving as REJECTED, as on IB.
@@ -478,70 +365,43 @@ impl Shared {
         }
     }
 
-    fn on_request(
-        &self,
-        st: &mut State,
-        id: *mut rs::rdma_cm_id,
-        listen_id: *mut rs::rdma_cm_id,
-        private_data: Vec<u8>,
-    ) {
-        let caps = match st.ids.get(&(listen_id as usize)) {
+    fn on_request(&self, st: &mut State, id: CmId, listen_id: usize, private_data: Vec<u8>) {
+        let caps = match st.ids.get(&listen_id) {
             Some(Slot::Listener(l)) if !l.removed => l.caps,
-            _ => {
-                // SAFETY: a new id from a request event: ours to reject and destroy.
-                unsafe { reject_destroy(id, b"SDP: not listening") };
-                return;
-            }
+            _ => return reject_destroy(id, b"SDP: not listening"),
         };
-        // SAFETY: id is the live new id of the request.
-        let verbs = unsafe { (*id).verbs };
-        if verbs != self.ctx {
-            if let Some(Slot::Listener(l)) = st.ids.get_mut(&(listen_id as usize)) {
+        if !self.is_ctx(id.verbs()) {
+            if let Some(Slot::Listener(l)) = st.ids.get_mut(&listen_id) {
                 l.wrong_device += 1;
             }
-            // SAFETY: as above.
-            unsafe { reject_destroy(id, WRONG_DEVICE_REJECT) };
-            return;
+            return reject_destroy(id, WRONG_DEVICE_REJECT);
         }
         let cq = match self.create_cq(caps) {
             Ok(cq) => cq,
-            Err(_) => {
-                // SAFETY: as above.
-                unsafe { reject_destroy(id, b"SDP: out of resources") };
-                return;
-            }
+            Err(_) => return reject_destroy(id, b"SDP: out of resources"),
         };
-        let qp = match self.create_qp(id, cq, caps) {
-            Ok(qp) => qp,
-            Err(_) => {
-                // SAFETY: cq was just created and is unused; id as above.
-                unsafe {
-                    rs::ibv_destroy_cq(cq);
-                    reject_destroy(id, b"SDP: out of resources");
-                }
-                return;
-            }
-        };
-        // SAFETY: id is live.
-        let (local, peer) = unsafe { (id_addr(id, true), id_addr(id, false)) };
+        if self.create_qp_on(&id, &cq, caps).is_err() {
+            // The CQ first (unused), then the id.
+            drop(cq);
+            return reject_destroy(id, b"SDP: out of resources");
+        }
+        let (local, peer) = (id.addr(true), id.addr(false));
         let unspec = SocketAddr::new(self.local_ip, 0);
-        st.cqs.insert(cq as usize);
+        let key = id.key();
+        let conn = Arc::new(Conn { cq, id });
         st.ids.insert(
-            id as usize,
+            key,
             Slot::Ep(EpSlot {
+                conn: conn.clone(),
                 events: VecDeque::new(),
-                cq,
-                qp,
                 connect: None,
                 pending_recvs: Vec::new(),
                 failure: None,
             }),
         );
-        if let Some(Slot::Listener(l)) = st.ids.get_mut(&(listen_id as usize)) {
+        if let Some(Slot::Listener(l)) = st.ids.get_mut(&listen_id) {
             l.requests.push_back(Request {
-                id,
-                cq,
-                qp,
+                conn,
                 private_data,
                 local: local.unwrap_or(unspec),
                 peer: peer.unwrap_or(unspec),
@@ -549,48 +409,73 @@ impl Shared {
         }
     }
 
-    fn create_cq(&self, caps: QpCaps) -> Result<*mut rs::ibv_cq, VerbsError> {
-        let cqe = (caps.max_send_wr as u64 + caps.max_recv_wr as u64 + 16).min(self.max_cqe as u64);
-        // SAFETY: ctx and comp are live for the life of self.
-        let cq = unsafe { rs::ibv_create_cq(self.ctx, cqe as i32, ptr::null_mut(), self.comp, 0) };
-        if cq.is_null() {
-            return Err(map::errno_error(errno(), "ibv_create_cq"));
+    /// Whether `ctx` is this provider's device context (never once it was given back).
+    fn is_ctx(&self, ctx: *mut rs::ibv_context) -> bool {
+        self.parts
+            .read()
+            .as_ref()
+            .is_some_and(|p| p.dev.ctx() == ctx)
+    }
+
+    /// The device's handles, held for reading; `NoDevice` once the device went away.
+    fn parts(&self) -> Result<MappedRwLockReadGuard<'_, DevParts>, VerbsError> {
+        let gone = || VerbsError::NoDevice(format!("the RDMA device {} was removed", self.device));
+        if self.lost.load(Ordering::SeqCst) {
+            return Err(gone());
         }
+        RwLockReadGuard::try_map(self.parts.read(), |p| p.as_ref()).map_err(|_| gone())
+    }
+
+    /// Give the device back if it was lost, the provider's owner asked for it
+    /// ([`Provider::release_device`]) and nothing made on it is left.
+    fn try_release(&self) {
+        if !self.lost.load(Ordering::SeqCst) || !self.release_wanted.load(Ordering::SeqCst) {
+            return;
+        }
+        let st = self.st.lock();
+        let mut parts = self.parts.write();
+        // Objects are made only with `st` or `parts` held: the count cannot grow meanwhile.
+        if parts.is_none() || self.objects.load(Ordering::SeqCst) != 0 || !st.ids.is_empty() {
+            return;
+        }
+        let gone = parts.take();
+        drop(parts);
+        drop(st);
+        drop(gone);
+        // librdmacm keeps a context it opened until it sees the device gone from the list
+        // with no id on it any more: let it look now, so the kernel can finish the removal.
+        ffi::resync_devices();
+    }
+
+    fn create_cq(&self, caps: QpCaps) -> Result<Cq, VerbsError> {
+        let cqe = (caps.max_send_wr as u64 + caps.max_recv_wr as u64 + 16).min(self.max_cqe as u64);
+        let p = self.parts()?;
+        let cq = Cq::new(&p.dev, &p.comp, cqe as i32)
+            .map_err(|e| map::errno_error(e, "ibv_create_cq"))?;
         // Armed from the start, so the first completion is notified even before `arm`.
-        // SAFETY: cq was just created.
-        unsafe { rs::ibv_req_notify_cq(cq, 0) };
+        cq.req_notify();
         Ok(cq)
     }
 
-    fn create_qp(
-        &self,
-        id: *mut rs::rdma_cm_id,
-        cq: *mut rs::ibv_cq,
-        caps: QpCaps,
-    ) -> Result<*mut rs::ibv_qp, VerbsError> {
-        // SAFETY: ibv_qp_init_attr is plain old data (pointers and integers); zero is valid.
-        let mut attr: rs::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        attr.send_cq = cq;
-        attr.recv_cq = cq;
-        attr.qp_type = rs::ibv_qp_type::IBV_QPT_RC;
-        attr.sq_sig_all = 0;
-        attr.cap.max_send_wr = caps.max_send_wr.clamp(1, self.max_qp_wr);
-        attr.cap.max_recv_wr = caps.max_recv_wr.clamp(1, self.max_qp_wr);
-        attr.cap.max_send_sge = if self.gather { 2 } else { 1 };
-        attr.cap.max_recv_sge = 1;
-        attr.cap.max_inline_data = caps.max_inline;
-        // SAFETY: id is live and bound to self.ctx (checked by the callers), pd belongs to it.
-        if unsafe { rs::rdma_create_qp(id, self.pd, &mut attr) } != 0 {
-            return Err(map::errno_error(errno(), "rdma_create_qp"));
-        }
-        // SAFETY: rdma_create_qp stored the QP in the id.
-        Ok(unsafe { (*id).qp })
+    fn create_qp<'a>(&self, conn: &'a Conn, caps: QpCaps) -> Result<&'a Qp, VerbsError> {
+        self.create_qp_on(&conn.id, &conn.cq, caps)
     }
 
-    fn conn_param(&self, private_data: &[u8], accept: bool) -> rs::rdma_conn_param {
-        rs::rdma_conn_param {
-            private_data: private_data.as_ptr() as *const libc::c_void,
-            private_data_len: private_data.len() as u8,
+    fn create_qp_on<'a>(&self, id: &'a CmId, cq: &Cq, caps: QpCaps) -> Result<&'a Qp, VerbsError> {
+        let cap = rs::ibv_qp_cap {
+            max_send_wr: caps.max_send_wr.clamp(1, self.max_qp_wr),
+            max_recv_wr: caps.max_recv_wr.clamp(1, self.max_qp_wr),
+            max_send_sge: if self.gather { 2 } else { 1 },
+            max_recv_sge: 1,
+            max_inline_data: caps.max_inline,
+        };
+        // The id is bound to the provider's device (checked by the callers), the PD its.
+        id.create_qp(&self.parts()?.pd, cq, cap)
+            .map_err(|e| map::errno_error(e, "rdma_create_qp"))
+    }
+
+    fn conn_param(&self, accept: bool) -> ConnParam {
+        ConnParam {
             responder_resources: if accept {
                 RDMA_MAX_RESP_RES
             } else {
@@ -605,133 +490,23 @@ impl Shared {
             retry_count: 7,
             // RNR retries forever, as rsockets does: the engine's credits keep receives posted.
             rnr_retry_count: 7,
-            srq: 0,
-            qp_num: 0,
         }
-    }
-
-    fn create_id(&self) -> Result<*mut rs::rdma_cm_id, VerbsError> {
-        self.check_device()?;
-        let mut id = ptr::null_mut();
-        // SAFETY: the channel is live; id receives the new CM id.
-        if unsafe {
-            rs::rdma_create_id(
-                self.channel,
-                &mut id,
-                ptr::null_mut(),
-                rs::rdma_port_space::RDMA_PS_TCP,
-            )
-        } != 0
-        {
-            return Err(map::errno_error(errno(), "rdma_create_id"));
-        }
-        Ok(id)
     }
 }
 
-/// Reject a request's id and destroy it.
-///
-/// # Safety
-/// `id` must be a live id of a connect request with no QP, not used afterwards.
-unsafe fn reject_destroy(id: *mut rs::rdma_cm_id, why: &[u8]) {
-    // SAFETY: per the caller.
-    unsafe {
-        rs::rdma_reject(
-            id,
-            why.as_ptr() as *const libc::c_void,
-            why.len().min(MAX_REJECT_PRIVATE_DATA) as u8,
-        );
-        rs::rdma_destroy_id(id);
-    }
+/// Reject a request's id (which has no QP) and destroy it.
+fn reject_destroy(id: CmId, why: &[u8]) {
+    let _ = id.reject(&why[..why.len().min(MAX_REJECT_PRIVATE_DATA)]);
 }
 
 /// Bind `id` to `addr`.
-fn bind_addr(id: *mut rs::rdma_cm_id, addr: SocketAddr) -> Result<(), VerbsError> {
-    let mut ss = map::to_sockaddr(addr);
-    // SAFETY: id is live; ss is a valid socket address of its family.
-    let rc = unsafe { rs::rdma_bind_addr(id, &mut ss as *mut _ as *mut libc::sockaddr) };
-    if rc != 0 {
-        return Err(match errno() {
-            libc::EADDRNOTAVAIL | libc::ENODEV => {
-                VerbsError::NoDevice(format!("{addr}: no RDMA device has this address"))
-            }
-            e => map::errno_error(e, "rdma_bind_addr"),
-        });
-    }
-    Ok(())
-}
-
-impl Shared {
-    /// Give the device back if it was lost, the provider's owner asked for it
-    /// ([`Provider::release_device`]) and no object made on it is left.
-    fn try_release(&self) {
-        use std::sync::atomic::Ordering::SeqCst;
-        if !self.lost.load(SeqCst) || !self.release_wanted.load(SeqCst) {
-            return;
+fn bind_addr(id: &CmId, addr: SocketAddr) -> Result<(), VerbsError> {
+    id.bind_addr(addr).map_err(|e| match e {
+        libc::EADDRNOTAVAIL | libc::ENODEV => {
+            VerbsError::NoDevice(format!("{addr}: no RDMA device has this address"))
         }
-        let st = self.st.lock();
-        let mut released = self.released.write();
-        // Objects are made only with `st` or `released` held: the count cannot grow meanwhile.
-        if *released || self.objects.load(SeqCst) != 0 || !st.ids.is_empty() || !st.cqs.is_empty() {
-            return;
-        }
-        // SAFETY: nothing made on the device is alive (above), and nothing is made after:
-        // `released` is set before the locks are let go.
-        unsafe { self.destroy_device_handles() };
-        *released = true;
-        drop(released);
-        drop(st);
-        // librdmacm keeps a context it opened until it sees the device gone from the list
-        // (`sync_devices_list`, run by `rdma_get_devices`) with no id on it any more: let it
-        // close ours now, so the kernel can finish the removal. (It opens the devices still
-        // there, as any `rdma_get_devices` caller does.)
-        // SAFETY: no arguments; the list (possibly NULL) goes back to rdma_free_devices.
-        unsafe {
-            let list = rs::rdma_get_devices(ptr::null_mut());
-            if !list.is_null() {
-                rs::rdma_free_devices(list);
-            }
-        }
-    }
-
-    /// `NoDevice` once the device went away (nothing new is made on it).
-    fn check_device(&self) -> Result<(), VerbsError> {
-        if self.lost.load(std::sync::atomic::Ordering::SeqCst) || *self.released.read() {
-            return Err(VerbsError::NoDevice(format!(
-                "the RDMA device {} was removed",
-                self.device
-            )));
-        }
-        Ok(())
-    }
-
-    /// Destroy the handles that hold the device (completion channel, protection domain, the
-    /// anchor id). Called once, with nothing made on them left.
-    ///
-    /// # Safety
-    /// No endpoint, listener or region of this provider is alive, and none is made after.
-    unsafe fn destroy_device_handles(&self) {
-        // SAFETY: per the caller, the handles are live and unused; destroyed in reverse
-        // order of creation.
-        unsafe {
-            rs::ibv_destroy_comp_channel(self.comp);
-            rs::ibv_dealloc_pd(self.pd);
-            rs::rdma_destroy_id(self.anchor);
-        }
-    }
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        // Every endpoint, listener and region holds an Arc of self: all are gone.
-        if !*self.released.get_mut() {
-            // SAFETY: nothing made on the handles is left (see above), and they are live
-            // (not released).
-            unsafe { self.destroy_device_handles() };
-        }
-        // SAFETY: the channel is live and has no ids left.
-        unsafe { rs::rdma_destroy_event_channel(self.channel) };
-    }
+        e => map::errno_error(e, "rdma_bind_addr"),
+    })
 }
 
 /// Memory for a region: pages of its own (an anonymous mapping, never shared with other heap
@@ -741,83 +516,11 @@ impl Drop for Shared {
 /// on newer kernels fork copies pinned pages at once instead, so every fork would copy all
 /// registered memory. The child has no use for it: it holds none of the parent's QPs (a child
 /// that touches a parent's region gets SIGSEGV).
-fn alloc_pages(size: usize) -> Result<NonNull<u8>, VerbsError> {
-    // SAFETY: a fresh anonymous mapping at an address the kernel picks.
-    let p = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(VerbsError::NoResources("memory"));
-    }
-    // SAFETY: the mapping just made, `size` bytes.
-    if unsafe { libc::madvise(p, size, libc::MADV_DONTFORK) } != 0 {
-        let e = map::errno_error(errno(), "madvise(MADV_DONTFORK)");
-        // SAFETY: the mapping just made, unused.
-        unsafe { libc::munmap(p, size) };
-        return Err(e);
-    }
-    NonNull::new(p.cast()).ok_or(VerbsError::NoResources("memory"))
-}
-
-/// # Safety
-/// `buf`, `size` come from [`alloc_pages`] and nothing (no registration) uses the memory.
-unsafe fn free_pages(buf: NonNull<u8>, size: usize) {
-    // SAFETY: the caller's contract.
-    unsafe { libc::munmap(buf.as_ptr().cast(), size) };
-}
-
-fn new_channel() -> Result<*mut rs::rdma_event_channel, VerbsError> {
-    // Before the first verbs call of the process: libibverbs then keeps its own queue memory
-    // and registered ranges out of forked children on kernels without copy-on-fork for pinned
-    // pages (since rdma-core 35 a no-op where the kernel handles fork). An application that
-    // used verbs before us gets EINVAL: ignored, our regions are DONTFORK anyway.
-    static FORK_INIT: std::sync::Once = std::sync::Once::new();
-    // SAFETY: no arguments.
-    FORK_INIT.call_once(|| unsafe {
-        rs::ibv_fork_init();
-    });
-    // SAFETY: no arguments; NULL on failure.
-    let ch = unsafe { rs::rdma_create_event_channel() };
-    if ch.is_null() {
-        return Err(VerbsError::NoDevice(format!(
-            "rdma_create_event_channel: {} (is rdma_ucm loaded?)",
-            std::io::Error::from_raw_os_error(errno())
-        )));
-    }
-    // SAFETY: ch is live.
-    if let Err(e) = set_nonblocking(unsafe { (*ch).fd }) {
-        // SAFETY: ch is live and unused.
-        unsafe { rs::rdma_destroy_event_channel(ch) };
-        return Err(e);
-    }
-    Ok(ch)
-}
-
-fn new_id(ch: *mut rs::rdma_event_channel) -> Result<*mut rs::rdma_cm_id, VerbsError> {
-    let mut id = ptr::null_mut();
-    // SAFETY: ch is live.
-    if unsafe {
-        rs::rdma_create_id(
-            ch,
-            &mut id,
-            ptr::null_mut(),
-            rs::rdma_port_space::RDMA_PS_TCP,
-        )
-    } != 0
-    {
-        let e = map::errno_error(errno(), "rdma_create_id");
-        // SAFETY: ch is live and has no ids.
-        unsafe { rs::rdma_destroy_event_channel(ch) };
-        return Err(e);
-    }
-    Ok(id)
+fn alloc_pages(size: usize) -> Result<Mapping, VerbsError> {
+    let m = Mapping::anon(size).map_err(|_| VerbsError::NoResources("memory"))?;
+    m.dont_fork()
+        .map_err(|e| map::errno_error(os_errno(e), "madvise(MADV_DONTFORK)"))?;
+    Ok(m)
 }
 
 /// A real RDMA device (context + protection domain + connection manager).
@@ -844,92 +547,43 @@ impl RdmaProvider {
                 "an unspecified address names no device: give one of the device's addresses",
             ));
         }
-        let ch = new_channel()?;
-        let id = new_id(ch)?;
-        if let Err(e) = bind_addr(id, SocketAddr::new(ip, 0)) {
-            // SAFETY: id and ch are live and unused.
-            unsafe {
-                rs::rdma_destroy_id(id);
-                rs::rdma_destroy_event_channel(ch);
-            }
-            return Err(e);
-        }
-        // SAFETY: ch and id are live, id was created on ch; open takes them over.
-        let sh = unsafe { Shared::open(ch, id, ip)? };
+        let ch = EventChannel::new()?;
+        let id = ch.create_id()?;
+        bind_addr(&id, SocketAddr::new(ip, 0))?;
+        let sh = Shared::open(ch, id, ip)?;
         Ok(RdmaProvider { sh: Arc::new(sh) })
     }
 
     /// The device through which the CM reaches `dst`; the provider's local address is the
     /// source address the CM picked. Blocks for the address resolution (at most ~2 s).
     pub fn for_peer(dst: SocketAddr) -> Result<RdmaProvider, VerbsError> {
-        let ch = new_channel()?;
-        let id = new_id(ch)?;
-        let cleanup = || {
-            // SAFETY: id and ch are live and unused once we give up.
-            unsafe {
-                rs::rdma_destroy_id(id);
-                rs::rdma_destroy_event_channel(ch);
-            }
-        };
-        let mut ss = map::to_sockaddr(dst);
-        // SAFETY: id is live; ss is a valid socket address.
-        if unsafe {
-            rs::rdma_resolve_addr(
-                id,
-                ptr::null_mut(),
-                &mut ss as *mut _ as *mut libc::sockaddr,
-                RESOLVE_TIMEOUT_MS,
-            )
-        } != 0
-        {
-            let e = map::errno_error(errno(), "rdma_resolve_addr");
-            cleanup();
-            return Err(e);
-        }
+        let ch = EventChannel::new()?;
+        let id = ch.create_id()?;
+        id.resolve_addr(dst, RESOLVE_TIMEOUT_MS)
+            .map_err(|e| map::errno_error(e, "rdma_resolve_addr"))?;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         loop {
-            let mut ev: *mut rs::rdma_cm_event = ptr::null_mut();
-            // SAFETY: ch is live and nonblocking.
-            if unsafe { rs::rdma_get_cm_event(ch, &mut ev) } == 0 {
-                // SAFETY: ev is valid until acknowledged, once.
-                let kind = unsafe {
-                    let k = (*ev).event;
-                    rs::rdma_ack_cm_event(ev);
-                    k
-                };
-                if kind == map::EV_ADDR_RESOLVED {
+            if let Some(ev) = ch.get_event() {
+                if ev.kind == map::EV_ADDR_RESOLVED {
                     break;
                 }
-                cleanup();
                 return Err(VerbsError::NoDevice(format!(
                     "{dst}: address resolution failed ({})",
-                    map::cm_event_name(kind)
+                    map::cm_event_name(ev.kind)
                 )));
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
-                cleanup();
                 return Err(VerbsError::NoDevice(format!(
                     "{dst}: address resolution timed out"
                 )));
             }
-            let mut pfd = libc::pollfd {
-                // SAFETY: ch is live.
-                fd: unsafe { (*ch).fd },
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(1000) as i32) };
+            sys::poll_readable(ch.fd(), left.as_millis().min(1000) as i32);
         }
-        // SAFETY: id is live and resolved.
-        let local = unsafe { id_addr(id, true) };
-        let Some(local) = local else {
-            cleanup();
+        let Some(local) = id.addr(true) else {
             return Err(VerbsError::NoDevice(format!("{dst}: no source address")));
         };
-        // SAFETY: ch and id are live, id was created on ch; open takes them over.
-        let sh = unsafe { Shared::open(ch, id, local.ip())? };
+        let sh = Shared::open(ch, id, local.ip())?;
         Ok(RdmaProvider { sh: Arc::new(sh) })
     }
 
@@ -946,15 +600,9 @@ impl RdmaProvider {
     /// Sleep until [`Provider::notify_fd`] is readable or `timeout` passes (the last step of
     /// the waiting protocol, after `arm` and one more poll). True if the fd is readable.
     pub fn wait(&self, timeout: std::time::Duration) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: self.sh.epfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
         // Round up, so a deadline a few microseconds away is not a busy loop.
         let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd for the duration of the call.
-        unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
+        sys::poll_readable(self.sh.epfd.as_raw_fd(), ms)
     }
 
     /// Whether the device is iWARP (its RDMA Read sinks need remote write access).
@@ -982,48 +630,29 @@ impl Provider for RdmaProvider {
 
     fn reg_mr(&self, len: usize, access: Access) -> Result<RdmaMr, VerbsError> {
         let flags = map::access_flags(access, self.sh.transport)?;
-        // Held while registering: the device is not released under us.
-        let gate = self.sh.released.read();
-        if *gate {
-            return Err(VerbsError::NoDevice(format!(
-                "the RDMA device {} was removed",
-                self.sh.device
-            )));
-        }
         let size = len
             .max(1)
             .checked_next_multiple_of(PAGE)
             .ok_or(VerbsError::Invalid("region too large"))?;
         let buf = alloc_pages(size)?;
-        // SAFETY: pd is live; buf points to size >= len.max(1) bytes that stay allocated (and
-        // registered) until the region is dropped.
-        let mr = unsafe {
-            rs::ibv_reg_mr(
-                self.sh.pd,
-                buf.as_ptr() as *mut libc::c_void,
-                len.max(1),
-                flags as i32,
-            )
-        };
-        if mr.is_null() {
-            let e = errno();
-            // SAFETY: allocated above with this size, not registered.
-            unsafe { free_pages(buf, size) };
-            return Err(match e {
-                libc::ENOMEM | libc::EFAULT | libc::EPERM => {
-                    VerbsError::NoResources("registered memory (RLIMIT_MEMLOCK?)")
-                }
-                e => map::errno_error(e, "ibv_reg_mr"),
-            });
-        }
+        // Held until the region counts: the device is not given back under it.
+        let parts = self.sh.parts()?;
+        // SAFETY: buf holds size >= len.max(1) bytes that stay mapped until the region is
+        // dropped, which drops the registration first and the provider (and its PD) after.
+        let mr = unsafe { Mr::register(&parts.pd, buf.ptr().as_ptr(), len.max(1), flags) };
+        let mr = mr.map_err(|e| match e {
+            libc::ENOMEM | libc::EFAULT | libc::EPERM => {
+                VerbsError::NoResources("registered memory (RLIMIT_MEMLOCK?)")
+            }
+            e => map::errno_error(e, "ibv_reg_mr"),
+        })?;
         Ok(RdmaMr {
-            sh: Hold::new(&self.sh),
-            mr,
+            grants: Vec::new(),
+            mr: Some(mr),
             buf,
-            size,
+            sh: Hold::new(&self.sh),
             len,
             access,
-            grants: Vec::new(),
             next_grant: 1,
         })
     }
@@ -1036,31 +665,21 @@ impl Provider for RdmaProvider {
     ) -> Result<RdmaListener, VerbsError> {
         let sh = &self.sh;
         let mut st = sh.st.lock();
-        let id = sh.create_id()?;
-        let destroy = |e| {
-            // SAFETY: id is live and unused.
-            unsafe { rs::rdma_destroy_id(id) };
-            Err(e)
-        };
-        if let Err(e) = bind_addr(id, addr) {
-            return destroy(e);
-        }
-        // SAFETY: id is live and bound.
-        let verbs = unsafe { (*id).verbs };
-        if !addr.ip().is_unspecified() && verbs != sh.ctx {
-            return destroy(VerbsError::NoDevice(format!(
+        drop(sh.parts()?);
+        let id = sh.channel.create_id()?;
+        bind_addr(&id, addr)?;
+        if !addr.ip().is_unspecified() && !sh.is_ctx(id.verbs()) {
+            return Err(VerbsError::NoDevice(format!(
                 "{addr} belongs to another RDMA device than this provider's {}",
                 sh.device
             )));
         }
-        // SAFETY: id is live and bound.
-        if unsafe { rs::rdma_listen(id, backlog.min(i32::MAX as u32) as i32) } != 0 {
-            return destroy(map::errno_error(errno(), "rdma_listen"));
-        }
-        // SAFETY: id is live.
-        let local = unsafe { id_addr(id, true) }.unwrap_or(addr);
+        id.listen(backlog.min(i32::MAX as u32) as i32)
+            .map_err(|e| map::errno_error(e, "rdma_listen"))?;
+        let local = id.addr(true).unwrap_or(addr);
+        let key = id.key();
         st.ids.insert(
-            id as usize,
+            key,
             Slot::Listener(ListenSlot {
                 caps,
                 requests: VecDeque::new(),
@@ -1070,7 +689,8 @@ impl Provider for RdmaProvider {
         );
         Ok(RdmaListener {
             sh: Hold::new(sh),
-            id,
+            key,
+            id: Some(id),
             local,
         })
     }
@@ -1087,52 +707,30 @@ impl Provider for RdmaProvider {
         }
         let sh = &self.sh;
         let mut st = sh.st.lock();
-        let id = sh.create_id()?;
-        let destroy = |e| {
-            // SAFETY: id is live and has no QP.
-            unsafe { rs::rdma_destroy_id(id) };
-            Err(e)
-        };
+        drop(sh.parts()?);
+        let id = sh.channel.create_id()?;
         let bind = src.unwrap_or(SocketAddr::new(sh.local_ip, 0));
-        if let Err(e) = bind_addr(id, bind) {
-            return destroy(e);
-        }
-        // SAFETY: id is live and bound.
-        if unsafe { (*id).verbs } != sh.ctx {
-            return destroy(VerbsError::NoDevice(format!(
+        bind_addr(&id, bind)?;
+        if !sh.is_ctx(id.verbs()) {
+            return Err(VerbsError::NoDevice(format!(
                 "source {bind} belongs to another RDMA device than this provider's {}",
                 sh.device
             )));
         }
-        let cq = match sh.create_cq(caps) {
-            Ok(cq) => cq,
-            Err(e) => return destroy(e),
-        };
-        // SAFETY: id is live and bound.
-        let local = unsafe { id_addr(id, true) }.unwrap_or(bind);
-        let mut ss = map::to_sockaddr(dst);
-        // SAFETY: id is live and bound (src NULL: resolve from the bound address); ss valid.
-        if unsafe {
-            rs::rdma_resolve_addr(
-                id,
-                ptr::null_mut(),
-                &mut ss as *mut _ as *mut libc::sockaddr,
-                RESOLVE_TIMEOUT_MS,
-            )
-        } != 0
-        {
-            let e = map::errno_error(errno(), "rdma_resolve_addr");
-            // SAFETY: cq is unused.
-            unsafe { rs::ibv_destroy_cq(cq) };
-            return destroy(e);
+        let cq = sh.create_cq(caps)?;
+        let local = id.addr(true).unwrap_or(bind);
+        if let Err(e) = id.resolve_addr(dst, RESOLVE_TIMEOUT_MS) {
+            // The CQ (unused) first, then the id.
+            drop(cq);
+            return Err(map::errno_error(e, "rdma_resolve_addr"));
         }
-        st.cqs.insert(cq as usize);
+        let key = id.key();
+        let conn = Arc::new(Conn { cq, id });
         st.ids.insert(
-            id as usize,
+            key,
             Slot::Ep(EpSlot {
+                conn: conn.clone(),
                 events: VecDeque::new(),
-                cq,
-                qp: ptr::null_mut(),
                 connect: Some((private_data.to_vec(), caps)),
                 pending_recvs: Vec::new(),
                 failure: None,
@@ -1140,9 +738,9 @@ impl Provider for RdmaProvider {
         );
         Ok(RdmaEndpoint {
             sh: Hold::new(sh),
-            id,
-            cq,
-            qp: ptr::null_mut(),
+            key,
+            conn: Some(conn),
+            has_qp: false,
             caps,
             local,
             peer: dst,
@@ -1157,26 +755,16 @@ impl Provider for RdmaProvider {
         let sh = &self.sh;
         let mut st = sh.st.lock();
         sh.pump_cm(&mut st);
-        if *sh.released.read() {
-            // No completion channel any more (nor CQs: they went first).
-            return Ok(());
-        }
-        loop {
-            let mut cq = ptr::null_mut();
-            let mut ctx = ptr::null_mut();
-            // SAFETY: comp is live and nonblocking; returns -1 when no event is pending. The
-            // CQ it names is live: CQs are destroyed only with `st` held.
-            if unsafe { rs::ibv_get_cq_event(sh.comp, &mut cq, &mut ctx) } != 0 {
-                break;
-            }
-            // SAFETY: one event of cq was received above.
-            unsafe { rs::ibv_ack_cq_events(cq, 1) };
+        match sh.parts.read().as_ref() {
+            Some(p) => p.comp.drain(),
+            // Given back: no completion channel, no CQ.
+            None => return Ok(()),
         }
         // Arm every CQ even if one fails (a CQ of a removed device); report the first error.
         let mut res = Ok(());
-        for &cq in &st.cqs {
-            // SAFETY: the registry holds live CQs only (removed before destruction).
-            let rc = unsafe { rs::ibv_req_notify_cq(cq as *mut rs::ibv_cq, 0) };
+        for slot in st.ids.values() {
+            let Slot::Ep(ep) = slot else { continue };
+            let rc = ep.conn.cq.req_notify();
             if rc != 0 && res.is_ok() {
                 res = Err(map::errno_error(rc, "ibv_req_notify_cq"));
             }
@@ -1185,78 +773,31 @@ impl Provider for RdmaProvider {
     }
 
     fn device_lost(&self) -> bool {
-        self.sh.lost.load(std::sync::atomic::Ordering::SeqCst)
+        self.sh.lost.load(Ordering::SeqCst)
     }
 
     fn release_device(&self) {
         if self.device_lost() {
-            self.sh
-                .release_wanted
-                .store(true, std::sync::atomic::Ordering::SeqCst);
+            self.sh.release_wanted.store(true, Ordering::SeqCst);
             self.sh.try_release();
         }
     }
 }
 
-/// A registered region of page-aligned memory owned by the region.
+/// A registered region of page-aligned memory owned by the region. The fields drop in order:
+/// the grants' registrations, the region's, the memory, then the provider (with the PD).
 pub struct RdmaMr {
+    /// Grants not yet revoked, by id; each deregisters its sub-range when dropped.
+    grants: Vec<(u64, Mr)>,
+    /// `None` only if re-registration failed (then every access fails at the HCA).
+    mr: Option<Mr>,
+    /// Whole pages, at least `len` bytes.
+    buf: Mapping,
     sh: Hold,
-    /// Null only if re-registration failed (then every access fails at the HCA).
-    mr: *mut rs::ibv_mr,
-    buf: NonNull<u8>,
-    /// Bytes mapped at `buf` (whole pages).
-    size: usize,
     len: usize,
     access: Access,
-    /// Grants not yet revoked, by id; each deregisters its sub-range when dropped, which the
-    /// region does before it frees its memory.
-    grants: Vec<(u64, SubMr)>,
     next_grant: u64,
 }
-
-/// A registration of part of a region's memory (a grant), deregistered on drop.
-struct SubMr(NonNull<rs::ibv_mr>);
-
-impl SubMr {
-    /// Register `len` bytes at `addr` with `flags` on `pd`.
-    ///
-    /// # Safety
-    /// `pd` must be live, and `addr..addr + len` must stay allocated until the result is
-    /// dropped.
-    unsafe fn register(
-        pd: *mut rs::ibv_pd,
-        addr: *mut u8,
-        len: usize,
-        flags: u32,
-    ) -> Result<SubMr, VerbsError> {
-        // SAFETY: per the caller, pd is live and the memory outlives the registration.
-        let mr = unsafe { rs::ibv_reg_mr(pd, addr.cast(), len, flags as i32) };
-        match NonNull::new(mr) {
-            Some(mr) => Ok(SubMr(mr)),
-            None => Err(match errno() {
-                libc::ENOMEM | libc::EFAULT | libc::EPERM => {
-                    VerbsError::NoResources("registered memory (RLIMIT_MEMLOCK?)")
-                }
-                e => map::errno_error(e, "ibv_reg_mr (grant)"),
-            }),
-        }
-    }
-    fn keys(&self) -> (u32, u32) {
-        // SAFETY: the registration is live while self is.
-        unsafe { ((*self.0.as_ptr()).lkey, (*self.0.as_ptr()).rkey) }
-    }
-}
-
-impl Drop for SubMr {
-    fn drop(&mut self) {
-        // SAFETY: registered in SubMr::register, deregistered once, here. Once it returns the
-        // HCA refuses the keys (a peer's access fails with a remote access error).
-        unsafe { rs::ibv_dereg_mr(self.0.as_ptr()) };
-    }
-}
-
-// SAFETY: the region owns its memory; ibv_mr handles may be used from any thread.
-unsafe impl Send for RdmaMr {}
 
 impl std::fmt::Debug for RdmaMr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -1279,36 +820,25 @@ impl RdmaMr {
         );
     }
 
-    fn register(&self, flags: u32) -> *mut rs::ibv_mr {
-        // SAFETY: pd is live; buf holds at least len.max(1) bytes owned by self.
-        unsafe {
-            rs::ibv_reg_mr(
-                self.sh.pd,
-                self.buf.as_ptr() as *mut libc::c_void,
-                self.len.max(1),
-                flags as i32,
-            )
-        }
+    fn register(&self, flags: u32) -> Option<Mr> {
+        // This region counts: the device's handles are there while it lives.
+        let parts = self.sh.parts.read();
+        let pd = &parts.as_ref()?.pd;
+        // SAFETY: buf holds at least len.max(1) bytes owned by self, which drops the
+        // registration before the memory and the provider.
+        unsafe { Mr::register(pd, self.buf.ptr().as_ptr(), self.len.max(1), flags) }.ok()
     }
 }
 
 impl MemoryRegion for RdmaMr {
     fn lkey(&self) -> u32 {
-        if self.mr.is_null() {
-            return 0;
-        }
-        // SAFETY: mr is live while self is.
-        unsafe { (*self.mr).lkey }
+        self.mr.as_ref().map_or(0, |m| m.keys().0)
     }
     fn rkey(&self) -> u32 {
-        if self.mr.is_null() {
-            return 0;
-        }
-        // SAFETY: as above.
-        unsafe { (*self.mr).rkey }
+        self.mr.as_ref().map_or(0, |m| m.keys().1)
     }
     fn addr(&self) -> u64 {
-        self.buf.as_ptr() as u64
+        self.buf.ptr().as_ptr() as u64
     }
     fn len(&self) -> usize {
         self.len
@@ -1317,41 +847,27 @@ impl MemoryRegion for RdmaMr {
         self.access
     }
     fn host_ptr(&self) -> Option<NonNull<u8>> {
-        Some(self.buf)
+        Some(self.buf.ptr())
     }
     fn set_access(&mut self, access: Access) -> Result<(), VerbsError> {
         let flags = map::access_flags(access, self.sh.transport)?;
-        if !self.mr.is_null() {
-            // SAFETY: mr is live; with CHANGE_ACCESS only, pd/addr/length are ignored.
-            let rc = unsafe {
-                rs::ibv_rereg_mr(
-                    self.mr,
-                    rs::ibv_rereg_mr_flags::IBV_REREG_MR_CHANGE_ACCESS.0 as i32,
-                    ptr::null_mut(),
-                    ptr::null_mut(),
-                    0,
-                    flags as i32,
-                )
-            };
-            if rc == 0 {
+        if let Some(mr) = &self.mr {
+            if mr.rereg_access(flags) == 0 {
                 self.access = access;
                 return Ok(());
             }
             // Refused (or left undefined): deregister and register anew; the keys change.
-            // SAFETY: mr is live and deregistered once; cleared right after.
-            unsafe { rs::ibv_dereg_mr(self.mr) };
-            self.mr = ptr::null_mut();
+            self.mr = None;
         }
-        let mr = self.register(flags);
-        if mr.is_null() {
+        let Some(mr) = self.register(flags) else {
             let e = map::errno_error(errno(), "ibv_reg_mr (set_access)");
             // Keep a registration with the old rights if we can.
             if let Ok(old) = map::access_flags(self.access, self.sh.transport) {
                 self.mr = self.register(old);
             }
             return Err(e);
-        }
-        self.mr = mr;
+        };
+        self.mr = Some(mr);
         self.access = access;
         Ok(())
     }
@@ -1360,7 +876,7 @@ impl MemoryRegion for RdmaMr {
         let flags = map::access_flags(access, self.sh.transport)?;
         let addr = self.addr() + off as u64;
         let own = map::access_flags(self.access, self.sh.transport)?;
-        if !map::remote_flags(flags) && flags & !own == 0 && !self.mr.is_null() {
+        if !map::remote_flags(flags) && flags & !own == 0 && self.mr.is_some() {
             // Nothing for a peer, nothing the region lacks: the region's own lkey serves.
             return Ok(Grant {
                 addr,
@@ -1370,9 +886,24 @@ impl MemoryRegion for RdmaMr {
                 id: 0,
             });
         }
-        // SAFETY: pd is live; the range is inside the region's memory (checked above), which
-        // stays allocated until the region is dropped, and the region drops its grants first.
-        let sub = unsafe { SubMr::register(self.sh.pd, self.buf.as_ptr().add(off), len, flags) }?;
+        let parts = self.sh.parts()?;
+        // SAFETY: the range is inside the region's memory (checked above), which stays mapped
+        // until the region is dropped, and the region drops its grants first (and the
+        // provider with the PD after).
+        let sub = unsafe {
+            Mr::register(
+                &parts.pd,
+                self.buf.ptr().as_ptr().wrapping_add(off),
+                len,
+                flags,
+            )
+        };
+        let sub = sub.map_err(|e| match e {
+            libc::ENOMEM | libc::EFAULT | libc::EPERM => {
+                VerbsError::NoResources("registered memory (RLIMIT_MEMLOCK?)")
+            }
+            e => map::errno_error(e, "ibv_reg_mr (grant)"),
+        })?;
         let (lkey, rkey) = sub.keys();
         let id = self.next_grant;
         self.next_grant += 1;
@@ -1399,110 +930,32 @@ impl MemoryRegion for RdmaMr {
     }
     fn read(&self, off: usize, dst: &mut [u8]) {
         self.check(off, dst.len(), "read");
-        // SAFETY: bounds checked; buf is valid for len bytes; dst does not alias it.
-        unsafe {
-            ptr::copy_nonoverlapping(self.buf.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
-        };
+        self.buf.read_bytes(off, dst);
     }
     fn write(&mut self, off: usize, src: &[u8]) {
         self.check(off, src.len(), "write");
-        // SAFETY: bounds checked; buf is valid for len bytes; src does not alias it.
-        unsafe { ptr::copy_nonoverlapping(src.as_ptr(), self.buf.as_ptr().add(off), src.len()) };
+        self.buf.write_bytes(off, src);
     }
 }
 
-impl Drop for RdmaMr {
-    fn drop(&mut self) {
-        // The grants' registrations go before the memory they cover.
-        self.grants.clear();
-        // SAFETY: mr (if any) is live and deregistered once, before its memory is freed; buf
-        // was allocated by alloc_pages with size.
-        unsafe {
-            if !self.mr.is_null() {
-                rs::ibv_dereg_mr(self.mr);
-            }
-            free_pages(self.buf, self.size);
-        }
-    }
-}
-
-fn post_recv(qp: *mut rs::ibv_qp, wr: &RecvWr) -> Result<(), VerbsError> {
-    let mut sge = rs::ibv_sge {
-        addr: wr.sge.addr,
-        length: wr.sge.len,
-        lkey: wr.sge.lkey,
-    };
-    let mut rwr = rs::ibv_recv_wr {
-        wr_id: wr.wr_id,
-        next: ptr::null_mut(),
-        sg_list: &mut sge,
-        num_sge: 1,
-    };
-    let mut bad = ptr::null_mut();
-    // SAFETY: qp is live; rwr and sge are valid for the call (the provider copies them).
-    let rc = unsafe { rs::ibv_post_recv(qp, &mut rwr, &mut bad) };
-    if rc != 0 {
-        return Err(map::errno_error(rc, "receive queue"));
-    }
-    Ok(())
-}
-
-/// Fill one send work request (not linked, `sg_list` not set: the caller points it at `sge`
-/// once the arrays are in place).
-fn fill_send_wr(swr: &mut rs::ibv_send_wr, sge: &mut [rs::ibv_sge; 2], wr: &SendWr) {
-    let ib = |s: crate::verbs::Sge| rs::ibv_sge {
-        addr: s.addr,
-        length: s.len,
-        lkey: s.lkey,
-    };
-    swr.wr_id = wr.wr_id;
-    swr.next = ptr::null_mut();
-    swr.sg_list = ptr::null_mut();
-    swr.num_sge = 0;
-    if let Some(s) = wr.sge {
-        if s.len > 0 || wr.op == SendOp::Send {
-            sge[0] = ib(s);
-            swr.num_sge = 1;
-            if let (Some(p), SendOp::Send) = (wr.payload, wr.op) {
-                sge[1] = ib(p);
-                swr.num_sge = 2;
-            }
-        }
-    }
-    let (opcode, remote) = match wr.op {
-        SendOp::Send => (rs::ibv_wr_opcode::IBV_WR_SEND, None),
-        SendOp::Write(r) => (rs::ibv_wr_opcode::IBV_WR_RDMA_WRITE, Some(r)),
-        SendOp::Read(r) => (rs::ibv_wr_opcode::IBV_WR_RDMA_READ, Some(r)),
-    };
-    swr.opcode = opcode;
-    if let Some(r) = remote {
-        swr.wr.rdma = rs::rdma_t {
-            remote_addr: r.addr,
-            rkey: r.rkey,
-        };
-    }
-    swr.send_flags = if wr.signaled {
-        rs::ibv_send_flags::IBV_SEND_SIGNALED.0
-    } else {
-        0
-    };
+fn post_recv(qp: &Qp, wr: &RecvWr) -> Result<(), VerbsError> {
+    qp.post_recv(wr)
+        .map_err(|rc| map::errno_error(rc, "receive queue"))
 }
 
 /// One connection: CM id, RC QP and its CQ.
 pub struct RdmaEndpoint {
     sh: Hold,
-    id: *mut rs::rdma_cm_id,
-    cq: *mut rs::ibv_cq,
-    /// Null until the QP exists (active side: after route resolution).
-    qp: *mut rs::ibv_qp,
+    /// The id's key in the provider's table.
+    key: usize,
+    /// `None` only in `drop`, which drops it with the provider's lock held.
+    conn: Option<Arc<Conn>>,
+    /// The QP exists (active side: after route resolution) and the endpoint has seen it.
+    has_qp: bool,
     caps: QpCaps,
     local: SocketAddr,
     peer: SocketAddr,
 }
-
-// SAFETY: the id/QP/CQ are owned by this endpoint and usable from any thread; shared
-// bookkeeping is behind the provider's mutex.
-unsafe impl Send for RdmaEndpoint {}
 
 impl std::fmt::Debug for RdmaEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -1514,30 +967,31 @@ impl std::fmt::Debug for RdmaEndpoint {
 }
 
 impl RdmaEndpoint {
+    fn conn(&self) -> &Arc<Conn> {
+        self.conn.as_ref().expect("taken only in drop")
+    }
+
     /// Why the provider itself failed this connection attempt (device mismatch, QP creation,
     /// `rdma_connect`), if it did; the engine only sees the `CmEvent`.
     pub fn failure(&self) -> Option<String> {
-        match self.sh.st.lock().ids.get(&(self.id as usize)) {
+        match self.sh.st.lock().ids.get(&self.key) {
             Some(Slot::Ep(ep)) => ep.failure.clone(),
             _ => None,
         }
     }
 
-    /// The QP, once it exists; `Err` with the receive queued if it does not yet.
-    fn qp_or_queue(
-        &mut self,
-        recv: Option<&RecvWr>,
-    ) -> Result<Option<*mut rs::ibv_qp>, VerbsError> {
-        if !self.qp.is_null() {
-            return Ok(Some(self.qp));
+    /// Whether the QP exists; `Ok(false)` with the receive queued if it does not yet.
+    fn qp_or_queue(&mut self, recv: Option<&RecvWr>) -> Result<bool, VerbsError> {
+        if self.has_qp {
+            return Ok(true);
         }
         let mut st = self.sh.st.lock();
-        let Some(Slot::Ep(ep)) = st.ids.get_mut(&(self.id as usize)) else {
+        let Some(Slot::Ep(ep)) = st.ids.get_mut(&self.key) else {
             return Err(VerbsError::NotConnected);
         };
-        if !ep.qp.is_null() {
-            self.qp = ep.qp;
-            return Ok(Some(self.qp));
+        if ep.conn.id.qp().is_some() {
+            self.has_qp = true;
+            return Ok(true);
         }
         match recv {
             Some(wr) if ep.failure.is_none() => {
@@ -1545,18 +999,24 @@ impl RdmaEndpoint {
                     return Err(VerbsError::QueueFull("receive queue"));
                 }
                 ep.pending_recvs.push(*wr);
-                Ok(None)
+                Ok(false)
             }
             _ => Err(VerbsError::NotConnected),
         }
+    }
+
+    /// The QP; `has_qp` says it exists.
+    fn qp(&self) -> &Qp {
+        self.conn().id.qp().expect("has_qp")
     }
 }
 
 impl Endpoint for RdmaEndpoint {
     fn post_recv(&mut self, wr: &RecvWr) -> Result<(), VerbsError> {
-        match self.qp_or_queue(Some(wr))? {
-            Some(qp) => post_recv(qp, wr),
-            None => Ok(()),
+        if self.qp_or_queue(Some(wr))? {
+            post_recv(self.qp(), wr)
+        } else {
+            Ok(())
         }
     }
 
@@ -1565,68 +1025,30 @@ impl Endpoint for RdmaEndpoint {
     }
 
     fn post_sends(&mut self, wrs: &[SendWr]) -> Result<(), VerbsError> {
-        const CHAIN: usize = 16;
-        let Some(qp) = self.qp_or_queue(None)? else {
+        if !self.qp_or_queue(None)? {
             return Err(VerbsError::NotConnected);
-        };
+        }
         if !self.sh.gather && wrs.iter().any(|w| w.payload.is_some()) {
             return Err(VerbsError::Invalid("the device gathers one SGE per send"));
         }
-        for part in wrs.chunks(CHAIN) {
-            let zero = rs::ibv_sge {
-                addr: 0,
-                length: 0,
-                lkey: 0,
-            };
-            let mut sges = [[zero; 2]; CHAIN];
-            // SAFETY: ibv_send_wr is plain old data (integers, pointers, unions of them); zero
-            // is a valid value for every field.
-            let mut swrs: [rs::ibv_send_wr; CHAIN] = unsafe { std::mem::zeroed() };
-            for (i, wr) in part.iter().enumerate() {
-                fill_send_wr(&mut swrs[i], &mut sges[i], wr);
-            }
-            // Link the list only now: the array does not move while the provider reads it.
-            let base = swrs.as_mut_ptr();
-            for i in 0..part.len() {
-                let sw = &mut swrs[i];
-                if sw.num_sge > 0 {
-                    sw.sg_list = sges[i].as_mut_ptr();
-                }
-                sw.next = if i + 1 < part.len() {
-                    // SAFETY: i + 1 < part.len() <= CHAIN, so the pointer stays in the array.
-                    unsafe { base.add(i + 1) }
-                } else {
-                    ptr::null_mut()
-                };
-            }
-            let mut bad = ptr::null_mut();
-            // SAFETY: qp is live; swrs[..part.len()] form a null-terminated list whose
-            // sg_list pointers point into `sges`; both arrays live across the call (the
-            // provider copies them).
-            let rc = unsafe { rs::ibv_post_send(qp, base, &mut bad) };
-            if rc != 0 {
-                return Err(map::errno_error(rc, "send queue"));
-            }
-        }
-        Ok(())
+        self.qp()
+            .post_sends(wrs)
+            .map_err(|rc| map::errno_error(rc, "send queue"))
     }
 
     fn poll_cq(&mut self, out: &mut [Completion]) -> usize {
         const BATCH: usize = 32;
+        let cq = &self.conn().cq;
         let mut done = 0;
         while done < out.len() {
             let want = (out.len() - done).min(BATCH);
-            let mut wcs: [std::mem::MaybeUninit<rs::ibv_wc>; BATCH] =
-                [const { std::mem::MaybeUninit::uninit() }; BATCH];
-            // SAFETY: cq is live; wcs has room for `want` entries, of which the provider
-            // initializes the first n it returns.
-            let n = unsafe { rs::ibv_poll_cq(self.cq, want as i32, wcs.as_mut_ptr().cast()) };
-            if n <= 0 {
+            let mut wcs: [MaybeUninit<rs::ibv_wc>; BATCH] =
+                [const { MaybeUninit::uninit() }; BATCH];
+            let got = cq.poll(&mut wcs[..want]);
+            if got.is_empty() {
                 break;
             }
-            for w in &wcs[..n as usize] {
-                // SAFETY: initialized by ibv_poll_cq.
-                let w = unsafe { w.assume_init_ref() };
+            for w in got {
                 out[done] = Completion {
                     wr_id: w.wr_id,
                     status: map::wc_status(w.status),
@@ -1635,7 +1057,7 @@ impl Endpoint for RdmaEndpoint {
                 };
                 done += 1;
             }
-            if (n as usize) < want {
+            if got.len() < want {
                 break;
             }
         }
@@ -1645,7 +1067,7 @@ impl Endpoint for RdmaEndpoint {
     fn poll_cm(&mut self) -> Option<CmEvent> {
         let mut st = self.sh.st.lock();
         self.sh.pump_cm(&mut st);
-        match st.ids.get_mut(&(self.id as usize)) {
+        match st.ids.get_mut(&self.key) {
             Some(Slot::Ep(ep)) => ep.events.pop_front(),
             _ => None,
         }
@@ -1655,42 +1077,27 @@ impl Endpoint for RdmaEndpoint {
         if private_data.len() > MAX_ACCEPT_PRIVATE_DATA {
             return Err(VerbsError::Invalid("accept private data over 196 bytes"));
         }
-        let mut param = self.sh.conn_param(private_data, true);
-        // SAFETY: id is a live request id with a QP; param points to private_data for the
-        // call (librdmacm copies it).
-        if unsafe { rs::rdma_accept(self.id, &mut param) } != 0 {
-            return Err(map::errno_error(errno(), "rdma_accept"));
-        }
-        Ok(())
+        self.conn()
+            .id
+            .accept(&self.sh.conn_param(true), private_data)
+            .map_err(|e| map::errno_error(e, "rdma_accept"))
     }
 
     fn reject(&mut self, private_data: &[u8]) -> Result<(), VerbsError> {
         if private_data.len() > MAX_REJECT_PRIVATE_DATA {
             return Err(VerbsError::Invalid("reject private data over 148 bytes"));
         }
-        // SAFETY: id is live; the private data is valid for the call.
-        if unsafe {
-            rs::rdma_reject(
-                self.id,
-                private_data.as_ptr() as *const libc::c_void,
-                private_data.len() as u8,
-            )
-        } != 0
-        {
-            return Err(map::errno_error(errno(), "rdma_reject"));
-        }
-        Ok(())
+        self.conn()
+            .id
+            .reject(private_data)
+            .map_err(|e| map::errno_error(e, "rdma_reject"))
     }
 
     fn disconnect(&mut self) -> Result<(), VerbsError> {
-        // SAFETY: id is live.
-        if unsafe { rs::rdma_disconnect(self.id) } != 0 {
-            return Err(match errno() {
-                libc::EINVAL | libc::ENOTCONN => VerbsError::NotConnected,
-                e => map::errno_error(e, "rdma_disconnect"),
-            });
-        }
-        Ok(())
+        self.conn().id.disconnect().map_err(|e| match e {
+            libc::EINVAL | libc::ENOTCONN => VerbsError::NotConnected,
+            e => map::errno_error(e, "rdma_disconnect"),
+        })
     }
 
     fn local_addr(&self) -> SocketAddr {
@@ -1705,30 +1112,24 @@ impl Endpoint for RdmaEndpoint {
 impl Drop for RdmaEndpoint {
     fn drop(&mut self) {
         let mut st = self.sh.st.lock();
-        st.ids.remove(&(self.id as usize));
-        st.cqs.remove(&(self.cq as usize));
-        // SAFETY: id, its QP (if any) and cq are owned by this endpoint; destroyed with `st`
-        // held (no `arm` can touch the CQ), QP before CQ, then the id. Every CM event of the
-        // id was acknowledged when read, so rdma_destroy_id does not wait.
-        unsafe {
-            if !(*self.id).qp.is_null() {
-                rs::rdma_destroy_qp(self.id);
-            }
-            rs::ibv_destroy_cq(self.cq);
-            rs::rdma_destroy_id(self.id);
-        }
+        let slot = st.ids.remove(&self.key);
+        // The id, its QP and the CQ go with the last reference, here, with `st` held (no
+        // `arm` can touch the CQ).
+        drop(slot);
+        drop(self.conn.take());
+        drop(st);
     }
 }
 
 /// A listening CM id.
 pub struct RdmaListener {
     sh: Hold,
-    id: *mut rs::rdma_cm_id,
+    /// The id's key in the provider's table.
+    key: usize,
+    /// `None` only in `drop`, which destroys it with the provider's lock held.
+    id: Option<CmId>,
     local: SocketAddr,
 }
-
-// SAFETY: the id is owned by the listener; shared bookkeeping is behind the provider's mutex.
-unsafe impl Send for RdmaListener {}
 
 impl std::fmt::Debug for RdmaListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -1741,7 +1142,7 @@ impl std::fmt::Debug for RdmaListener {
 impl RdmaListener {
     /// Requests rejected because they arrived on another device than the provider's.
     pub fn wrong_device_rejects(&self) -> u64 {
-        match self.sh.st.lock().ids.get(&(self.id as usize)) {
+        match self.sh.st.lock().ids.get(&self.key) {
             Some(Slot::Listener(l)) => l.wrong_device,
             _ => 0,
         }
@@ -1749,7 +1150,7 @@ impl RdmaListener {
 
     /// Whether the device went away (DEVICE_REMOVAL): no request will come any more.
     pub fn device_removed(&self) -> bool {
-        match self.sh.st.lock().ids.get(&(self.id as usize)) {
+        match self.sh.st.lock().ids.get(&self.key) {
             Some(Slot::Listener(l)) => l.removed,
             _ => true,
         }
@@ -1762,17 +1163,17 @@ impl Listener for RdmaListener {
     fn poll_request(&mut self) -> Option<(RdmaEndpoint, Vec<u8>)> {
         let mut st = self.sh.st.lock();
         self.sh.pump_cm(&mut st);
-        let Some(Slot::Listener(l)) = st.ids.get_mut(&(self.id as usize)) else {
+        let Some(Slot::Listener(l)) = st.ids.get_mut(&self.key) else {
             return None;
         };
         let caps = l.caps;
         let r = l.requests.pop_front()?;
         Some((
             RdmaEndpoint {
-                sh: Hold::new(&self.sh.0),
-                id: r.id,
-                cq: r.cq,
-                qp: r.qp,
+                sh: Hold::new(&self.sh),
+                key: r.conn.id.key(),
+                conn: Some(r.conn),
+                has_qp: true,
                 caps,
                 local: r.local,
                 peer: r.peer,
@@ -1789,22 +1190,19 @@ impl Listener for RdmaListener {
 impl Drop for RdmaListener {
     fn drop(&mut self) {
         let mut st = self.sh.st.lock();
-        if let Some(Slot::Listener(l)) = st.ids.remove(&(self.id as usize)) {
+        if let Some(Slot::Listener(l)) = st.ids.remove(&self.key) {
             for r in l.requests {
-                st.ids.remove(&(r.id as usize));
-                st.cqs.remove(&(r.cq as usize));
-                // SAFETY: the request's id, QP and CQ were never handed out; rejected and
-                // destroyed here in order (QP, CQ, id) with `st` held.
-                unsafe {
-                    rs::rdma_reject(r.id, ptr::null(), 0);
-                    rs::rdma_destroy_qp(r.id);
-                    rs::ibv_destroy_cq(r.cq);
-                    rs::rdma_destroy_id(r.id);
-                }
+                // The request's id, QP and CQ were never handed out: rejected, then destroyed
+                // here in order (QP, CQ, id) with `st` held, as the last references go.
+                let slot = st.ids.remove(&r.conn.id.key());
+                let _ = r.conn.id.reject(&[]);
+                drop(slot);
+                drop(r);
             }
         }
-        // SAFETY: the listening id is live and owned by self; its events were acknowledged.
-        unsafe { rs::rdma_destroy_id(self.id) };
+        // The listening id, with `st` held; its events were acknowledged.
+        drop(self.id.take());
+        drop(st);
     }
 }
 
@@ -1841,19 +1239,18 @@ mod tests {
     fn region_memory_is_dontfork_and_its_own() {
         let size = 3 * PAGE;
         let p = alloc_pages(size).unwrap();
-        let addr = p.as_ptr() as usize;
+        let addr = p.ptr().as_ptr() as usize;
         assert_eq!(addr % PAGE, 0);
         for at in [addr, addr + size - 1] {
             let f = vm_flags(at);
             assert!(f.split_whitespace().any(|w| w == "dc"), "{at:#x}: {f}");
         }
-        // SAFETY: inside the mapping just made.
-        let bytes = unsafe { std::slice::from_raw_parts(p.as_ptr(), size) };
+        let mut bytes = vec![1u8; size];
+        p.read_bytes(0, &mut bytes);
         assert!(bytes.iter().all(|&b| b == 0));
         let heap = Box::new([7u8; 64]);
         let f = vm_flags(heap.as_ptr() as usize);
         assert!(!f.split_whitespace().any(|w| w == "dc"), "heap: {f}");
-        // SAFETY: from alloc_pages, unused.
-        unsafe { free_pages(p, size) };
+        drop(p);
     }
 }
