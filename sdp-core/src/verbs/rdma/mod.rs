@@ -444,7 +444,12 @@ impl Shared {
         drop(gone);
         // librdmacm keeps a context it opened until it sees the device gone from the list
         // with no id on it any more: let it look now, so the kernel can finish the removal.
-        ffi::resync_devices();
+        // On a thread of its own: this may be the drop of any object, with any of the
+        // socket layer's locks held, and the look opens devices (slow, and it waits on the
+        // kernel while one is being added or removed).
+        let _ = std::thread::Builder::new()
+            .name("sdp-rdma-resync".into())
+            .spawn(ffi::resync_devices);
     }
 
     fn create_cq(&self, caps: QpCaps) -> Result<Cq, VerbsError> {
