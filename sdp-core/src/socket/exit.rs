@@ -50,14 +50,10 @@ extern "C" fn at_exit() {
 /// How long an exiting process waits for its SDP connections to deliver what was written:
 /// `SDP_EXIT_LINGER_MS` (milliseconds), by default 10 s.
 pub fn exit_linger() -> Duration {
-    std::env::var("SDP_EXIT_LINGER_MS")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map_or(DEFAULT_EXIT_LINGER, Duration::from_millis)
+    super::tunables::tunables().exit_linger
 }
 
-/// The exit linger without `SDP_EXIT_LINGER_MS`.
-pub const DEFAULT_EXIT_LINGER: Duration = Duration::from_secs(10);
+pub use super::tunables::DEFAULT_EXIT_LINGER;
 
 /// Finish this process's SDP connections as the kernel finishes a process's TCP sockets when
 /// it exits: every connection the application still holds is closed (its queued data is sent,

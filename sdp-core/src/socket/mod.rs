@@ -67,6 +67,7 @@ mod runtime;
 mod stack;
 pub mod stat;
 mod stream;
+mod tunables;
 
 pub use exit::{exit_linger, flush_at_exit, DEFAULT_EXIT_LINGER};
 pub use listener::{Incoming, SdpListener};

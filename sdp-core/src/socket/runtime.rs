@@ -46,13 +46,7 @@ use crate::verbs::{Access, Grant, MemoryRegion, Provider, VerbsError, REJECT_QUE
 
 /// `SDP_SPIN_US` if set: a fixed time a blocking call polls by itself before it sleeps.
 fn spin_fixed() -> Option<Duration> {
-    static SPIN: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
-        std::env::var("SDP_SPIN_US")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .map(Duration::from_micros)
-    })
+    super::tunables::tunables().spin
 }
 
 /// The least a blocking call polls before it sleeps (`SDP_SPIN_US` if set).
@@ -2242,10 +2236,12 @@ impl<P: Provider + 'static> Runtime<P> {
     /// [`USER_ZCOPY_MIN_SHM`] / [`USER_ZCOPY_MIN_RDMA`], never below the engine's threshold.
     pub(crate) fn user_zcopy_min(&self) -> usize {
         let floor = self.zcopy_threshold().max(1);
-        let v = env_size("SDP_ZCOPY_MIN").unwrap_or(match self.sh.name {
-            "rdma" => USER_ZCOPY_MIN_RDMA,
-            _ => USER_ZCOPY_MIN_SHM,
-        });
+        let v = super::tunables::tunables()
+            .zcopy_min
+            .unwrap_or(match self.sh.name {
+                "rdma" => USER_ZCOPY_MIN_RDMA,
+                _ => USER_ZCOPY_MIN_SHM,
+            });
         v.max(floor)
     }
 }
@@ -2257,13 +2253,7 @@ impl<P: Provider + 'static> Runtime<P> {
 /// SrcAvail) starts within microseconds; one that is busy elsewhere (writing to us itself,
 /// computing) would hold the writer, which TCP never does once the bytes fit its send buffer.
 fn zcopy_write_stall(len: usize) -> Duration {
-    static FIXED: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
-    let fixed = *FIXED.get_or_init(|| {
-        std::env::var("SDP_ZCOPY_STALL_US")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .map(Duration::from_micros)
-    });
+    let fixed = super::tunables::tunables().zcopy_stall;
     fixed.unwrap_or(ZCOPY_STALL + Duration::from_nanos((len / STALL_COPY_RATE) as u64))
 }
 
@@ -2276,18 +2266,6 @@ const STALL_COPY_RATE: usize = 2;
 pub(crate) const USER_ZCOPY_MIN_SHM: usize = 128 * 1024;
 /// Default smallest plain write sent by zero copy over RDMA (registration is costly there).
 pub(crate) const USER_ZCOPY_MIN_RDMA: usize = 1024 * 1024;
-
-/// A byte count from the environment: digits with an optional `k`/`m` suffix (binary units).
-fn env_size(name: &str) -> Option<usize> {
-    let v = std::env::var(name).ok()?;
-    let v = v.trim().to_ascii_lowercase();
-    let (num, mul) = match v.as_bytes().last()? {
-        b'k' => (&v[..v.len() - 1], 1024),
-        b'm' => (&v[..v.len() - 1], 1024 * 1024),
-        _ => (&v[..], 1),
-    };
-    num.parse::<usize>().ok()?.checked_mul(mul)
-}
 
 #[cfg(test)]
 mod spin_tests {

@@ -271,9 +271,7 @@ enum Prov {
 /// on this host is reached over shm unless `SDP_PROVIDERS` leaves it out.
 fn providers() -> Vec<Prov> {
     // Read once: a program may clear its environment after starting (nginx does).
-    static LIST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let list =
-        LIST.get_or_init(|| std::env::var("SDP_PROVIDERS").unwrap_or_else(|_| "shm,rdma".into()));
+    let list = &super::tunables::tunables().providers;
     let mut v = Vec::new();
     for name in list.split(',').map(str::trim) {
         let p = match name {

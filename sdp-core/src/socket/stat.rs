@@ -36,7 +36,7 @@ pub(crate) struct StatServer {
 impl StatServer {
     /// Listen for the stack `name` of this process; `None` if turned off or impossible.
     pub(crate) fn new(name: &str) -> Option<StatServer> {
-        if std::env::var("SDP_STAT").is_ok_and(|v| v == "0") {
+        if !super::tunables::tunables().stat {
             return None;
         }
         static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
