@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use sdp_core::proto::conn::CallError;
 use sdp_core::proto::{Config, ConnError, Shutdown, State};
+use sdp_core::socket::Errno;
 use sdp_tests::pair::{closed, Pair, A_IP, B_IP, PORT};
 
 const SEC: u64 = 1_000_000_000;

@@ -9,6 +9,7 @@ use sdp_core::proto::msgs::{Mid, WireError};
 use sdp_core::proto::table::ConnId;
 use sdp_core::proto::ProtocolError::{self, Wire};
 use sdp_core::proto::{Config, ConnError, State};
+use sdp_core::socket::Errno;
 use sdp_core::verbs::WcStatus;
 use sdp_tests::pair::{Pair, A_IP, B_IP, PORT};
 

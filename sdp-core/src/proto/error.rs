@@ -1,5 +1,6 @@
 //! Errors: the peer's protocol violations, why a connection failed, and why an application
-//! call did not go through (each with the errno a TCP socket gives).
+//! call did not go through (the errno a TCP socket gives for each is the socket layer's:
+//! `socket::errno_of`).
 
 use super::msgs::{Mid, WireError};
 use crate::verbs::WcStatus;
@@ -29,7 +30,8 @@ pub enum ProtocolError {
     Setup(&'static str),
 }
 
-/// Why a connection failed. [`ConnError::errno`] gives the answer a TCP socket would give.
+/// Why a connection failed (the socket layer gives the errno a TCP socket would:
+/// `socket::errno_of`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConnError {
     #[error("connection refused")]
@@ -54,22 +56,6 @@ pub enum ConnError {
     NoMemory,
 }
 
-impl ConnError {
-    /// The errno a TCP socket reports for the same failure.
-    pub fn errno(&self) -> i32 {
-        match self {
-            ConnError::Refused | ConnError::Rejected(_) => libc::ECONNREFUSED,
-            ConnError::Reset => libc::ECONNRESET,
-            ConnError::TimedOut | ConnError::Transport(_) => libc::ETIMEDOUT,
-            ConnError::Unreachable => libc::EHOSTUNREACH,
-            ConnError::Aborted => libc::ECONNABORTED,
-            ConnError::DeviceRemoved => libc::ENETDOWN,
-            ConnError::Protocol(_) => libc::EPROTO,
-            ConnError::NoMemory => libc::ENOBUFS,
-        }
-    }
-}
-
 /// Errors of application calls.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CallError {
@@ -88,16 +74,4 @@ pub enum CallError {
     /// The connection failed.
     #[error(transparent)]
     Conn(#[from] ConnError),
-}
-
-impl CallError {
-    pub fn errno(&self) -> i32 {
-        match self {
-            CallError::WouldBlock => libc::EAGAIN,
-            CallError::BrokenPipe => libc::EPIPE,
-            CallError::NotConnected => libc::ENOTCONN,
-            CallError::Invalid(_) => libc::EINVAL,
-            CallError::Conn(e) => e.errno(),
-        }
-    }
 }

@@ -59,6 +59,7 @@
 //! once, then EOF, as on Linux.
 
 pub mod app;
+mod errors;
 mod exit;
 mod listener;
 mod pump;
@@ -68,6 +69,7 @@ mod stack;
 pub mod stat;
 mod stream;
 mod tunables;
+pub use errors::{errno_of, Errno};
 
 pub use exit::{exit_linger, flush_at_exit, DEFAULT_EXIT_LINGER};
 pub use listener::{Incoming, SdpListener};

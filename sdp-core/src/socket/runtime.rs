@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
+use super::errors::{driver_err, io_err, verbs_err, Errno};
 use super::ready::{AppReady, AppState, ReadyFd};
 use crate::driver::{Driver, ListenerId};
 use crate::proto::conn::CallError;
@@ -460,39 +461,6 @@ impl<P: Provider + 'static> Drop for Runtime<P> {
     fn drop(&mut self) {
         self.sh.stop.store(true, Ordering::SeqCst);
         sys::eventfd_signal(&self.sh.wake);
-    }
-}
-
-fn io_err(e: CallError) -> io::Error {
-    match e {
-        CallError::WouldBlock => io::ErrorKind::WouldBlock.into(),
-        e => io::Error::from_raw_os_error(e.errno()),
-    }
-}
-
-fn verbs_err(e: VerbsError) -> io::Error {
-    let errno = match &e {
-        VerbsError::NoDevice(_) => libc::ENETUNREACH,
-        VerbsError::AddrInUse => libc::EADDRINUSE,
-        VerbsError::AddrNotAvailable => libc::EADDRNOTAVAIL,
-        VerbsError::QueueFull(_) | VerbsError::NoResources(_) => libc::ENOBUFS,
-        VerbsError::Invalid(_) => libc::EINVAL,
-        VerbsError::NotConnected => libc::ENOTCONN,
-        VerbsError::Os(_) => libc::EIO,
-    };
-    io::Error::new(
-        io::Error::from_raw_os_error(errno).kind(),
-        format!("{e} (os error {errno})"),
-    )
-}
-
-fn driver_err(e: crate::driver::DriverError) -> io::Error {
-    use crate::driver::DriverError as D;
-    match e {
-        D::BadId => io::Error::from_raw_os_error(libc::EBADF),
-        D::Verbs(v) => verbs_err(v),
-        D::Conn(c) => io::Error::from_raw_os_error(c.errno()),
-        D::Call(c) => io_err(c),
     }
 }
 

@@ -33,6 +33,7 @@ use sdp_core::proto::iocb::{ZSink, ZSrc};
 use sdp_core::proto::read::ZRecv;
 use sdp_core::proto::table::ConnId;
 use sdp_core::proto::{Config, Conn, ConnError, Event, Instant, Shutdown, State};
+use sdp_core::socket::Errno;
 use sdp_core::verbs::rdma::RdmaEndpoint;
 use sdp_core::verbs::rdma::{RdmaProvider, WRONG_DEVICE_REJECT};
 use sdp_core::verbs::{
