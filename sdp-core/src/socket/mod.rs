@@ -68,7 +68,7 @@ mod runtime;
 mod stack;
 pub mod stat;
 mod stream;
-mod tunables;
+pub(crate) mod tunables;
 pub use errors::{errno_of, Errno};
 
 pub use exit::{exit_linger, flush_at_exit, DEFAULT_EXIT_LINGER};

@@ -1,0 +1,169 @@
+//! How a blocking call waits: how long it polls before it sleeps (adaptive, or
+//! `SDP_SPIN_US`), and how a thread preempted while polling stops polling for a while.
+
+use super::*;
+
+/// `SDP_SPIN_US` if set: a fixed time a blocking call polls by itself before it sleeps.
+pub(super) fn spin_fixed() -> Option<Duration> {
+    crate::socket::tunables::tunables().spin
+}
+
+/// The least a blocking call polls before it sleeps (`SDP_SPIN_US` if set).
+pub(super) fn spin_time() -> Duration {
+    spin_fixed().unwrap_or(SPIN_BASE)
+}
+
+/// The adaptive poll time starts here and never goes below it.
+pub(super) const SPIN_BASE: Duration = Duration::from_micros(50);
+/// The adaptive poll time never goes above this.
+pub(super) const SPIN_MAX: Duration = Duration::from_micros(500);
+
+/// How long blocking calls poll before they sleep, learnt from how long recent waits took
+/// (like an adaptive mutex): waits that end within a millisecond raise it towards 1.5 times
+/// their length (at most [`SPIN_MAX`]), so a peer that answers quickly is caught without a
+/// sleep and a wakeup, which cost more than the poll; longer waits bring it back to
+/// [`SPIN_BASE`], so an idle connection does not burn CPU. A fixed `SDP_SPIN_US` turns it off.
+#[derive(Debug)]
+pub(super) struct AdaptiveSpin {
+    ns: std::sync::atomic::AtomicU64,
+}
+
+impl AdaptiveSpin {
+    pub(super) fn new() -> AdaptiveSpin {
+        AdaptiveSpin {
+            ns: std::sync::atomic::AtomicU64::new(spin_time().as_nanos() as u64),
+        }
+    }
+    pub(super) fn get(&self) -> Duration {
+        match spin_fixed() {
+            Some(d) => d,
+            None => Duration::from_nanos(self.ns.load(Ordering::Relaxed)),
+        }
+    }
+    /// A blocking call's wait ended after `waited`.
+    pub(super) fn record(&self, waited: Duration) {
+        if spin_fixed().is_some() {
+            return;
+        }
+        let base = SPIN_BASE.as_nanos() as u64;
+        let max = SPIN_MAX.as_nanos() as u64;
+        let w = waited.as_nanos() as u64;
+        let target = if w < 1_000_000 {
+            (w + w / 2).clamp(base, max)
+        } else {
+            base
+        };
+        let old = self.ns.load(Ordering::Relaxed);
+        self.ns.store((old * 3 + target) / 4, Ordering::Relaxed);
+    }
+}
+
+/// Polling pays only while the CPUs have room: when a thread that polls is preempted (an
+/// involuntary context switch during its poll), something else wanted that CPU, possibly the
+/// peer it waits for, and polling on would take the CPU from it. Then this thread's blocking
+/// calls sleep at once for a while (20 ms, doubling while it happens again, up to 1 s), after
+/// which one poll probes again. The back-off is forgotten only after [`SPIN_FORGIVE`] without
+/// a preemption: a busy host leaves some polls clean, and forgetting at the first one let
+/// polling come back every 20 ms, each return costing a preempted waiter a scheduler slice
+/// (p99 of 0.6-1 ms under `sdp-bench compare --load 1`). Per thread: a busy host's threads
+/// each learn it by themselves. (A fixed `SDP_SPIN_US` is used as it is.)
+pub(super) struct SpinGuard;
+
+/// The shortest and longest time a thread does not poll after it was preempted polling.
+pub(super) const SPIN_OFF_MIN: Duration = Duration::from_millis(20);
+pub(super) const SPIN_OFF_MAX: Duration = Duration::from_secs(1);
+/// A thread not preempted while polling for this long starts again from no back-off.
+pub(super) const SPIN_FORGIVE: Duration = Duration::from_secs(2);
+
+/// One thread's polling back-off (see [`SpinGuard`]).
+#[derive(Clone, Copy)]
+pub(super) struct SpinOff {
+    /// No polling before this.
+    until: Option<std::time::Instant>,
+    /// The last back-off given.
+    backoff: Duration,
+    /// When a poll was last preempted.
+    preempted: Option<std::time::Instant>,
+}
+
+thread_local! {
+    pub(super) static SPIN_OFF: std::cell::Cell<SpinOff> = const {
+        std::cell::Cell::new(SpinOff { until: None, backoff: Duration::ZERO, preempted: None })
+    };
+}
+
+impl SpinGuard {
+    /// May this thread poll now?
+    pub(super) fn allowed() -> bool {
+        SPIN_OFF.with(|c| match c.get().until {
+            Some(t) => std::time::Instant::now() >= t,
+            None => true,
+        })
+    }
+
+    /// A poll that ran from `start` with `ivcsw0` involuntary context switches before ended.
+    pub(super) fn ended(start: std::time::Instant, ivcsw0: Option<u64>) {
+        let (Some(before), Some(after)) = (ivcsw0, sys::involuntary_switches()) else {
+            return;
+        };
+        SPIN_OFF.with(|c| {
+            let mut s = c.get();
+            let now = std::time::Instant::now();
+            if after > before {
+                s.backoff = (s.backoff * 2).clamp(SPIN_OFF_MIN, SPIN_OFF_MAX);
+                s.until = Some(now + s.backoff);
+                s.preempted = Some(now);
+            } else if start.elapsed() > Duration::from_micros(5)
+                && s.preempted
+                    .is_none_or(|t| now.duration_since(t) >= SPIN_FORGIVE)
+            {
+                // Clean polls for a while: the CPUs have room again.
+                s = SpinOff {
+                    until: None,
+                    backoff: Duration::ZERO,
+                    preempted: None,
+                };
+            }
+            c.set(s);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adaptive_spin_follows_short_waits_and_falls_back_after_long_ones() {
+        if spin_fixed().is_some() {
+            // SDP_SPIN_US fixes the poll time: nothing adapts.
+            let s = AdaptiveSpin::new();
+            s.record(Duration::from_micros(300));
+            assert_eq!(s.get(), spin_fixed().unwrap());
+            return;
+        }
+        let s = AdaptiveSpin::new();
+        assert_eq!(s.get(), SPIN_BASE);
+        // Replies that come after ~200 us: the poll grows towards 300 us, never past it.
+        for _ in 0..50 {
+            s.record(Duration::from_micros(200));
+        }
+        let grown = s.get();
+        assert!(grown > Duration::from_micros(280) && grown <= Duration::from_micros(300));
+        // Very short waits never push it under the base.
+        for _ in 0..50 {
+            s.record(Duration::from_micros(1));
+        }
+        assert_eq!(s.get(), SPIN_BASE);
+        // Waits near a millisecond are capped at SPIN_MAX.
+        for _ in 0..50 {
+            s.record(Duration::from_micros(900));
+        }
+        assert!(s.get() <= SPIN_MAX && s.get() > SPIN_MAX - Duration::from_micros(5));
+        // An idle connection (long waits) brings it back to the base.
+        for _ in 0..50 {
+            s.record(Duration::from_secs(2));
+        }
+        assert!(s.get() < SPIN_BASE + Duration::from_micros(1));
+    }
+}
