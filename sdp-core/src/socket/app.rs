@@ -514,25 +514,19 @@ impl AppListener {
                 continue;
             }
             sub.retry_at = Some(now + std::time::Duration::from_secs(1));
-            let Ok(stack) = super::stack::stack_again(&sub.stack, self.local) else {
-                continue;
-            };
-            let Ok(id) = stack.0.listen(self.local, self.backlog) else {
-                continue;
-            };
             let sh = self.shared.clone();
-            if stack
-                .0
-                .set_listener_bell(id, Arc::new(move |n| sh.set_ready(i, n)))
-                .is_err()
-            {
-                stack.0.close_listener(id);
-                continue;
+            let bell = |s: &Stack, id| {
+                s.0.set_listener_bell(id, Arc::new(move |n| sh.set_ready(i, n)))
+            };
+            if super::stack::listen_again(
+                &mut sub.stack,
+                &mut sub.id,
+                self.local,
+                self.backlog,
+                bell,
+            ) {
+                sub.retry_at = None;
             }
-            let old = std::mem::replace(&mut sub.stack, stack);
-            old.0.close_listener(sub.id);
-            sub.id = id;
-            sub.retry_at = None;
         }
     }
 

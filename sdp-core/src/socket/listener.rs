@@ -269,27 +269,26 @@ impl SdpListener {
                 continue;
             }
             sub.retry_at = Some(now + RELISTEN_EVERY);
-            let Ok(stack) = super::stack::stack_again(&sub.stack, self.local) else {
-                continue;
-            };
-            let Ok(id) = stack.0.listen(self.local, self.backlog) else {
-                continue;
-            };
-            if let Some(Some(ep)) = self.ready.get() {
-                match stack.0.listener_fd(id) {
-                    Ok(fd) if sys::epoll_add(ep.as_fd(), fd, fd as u64, false).is_ok() => {
-                        sub.fd = Some(fd)
-                    }
-                    _ => {
-                        stack.0.close_listener(id);
-                        continue;
-                    }
+            // In the epoll set handed out, if there is one.
+            let fd = &mut sub.fd;
+            let watch = |s: &Stack, id| match self.ready.get() {
+                Some(Some(ep)) => {
+                    let f = s.0.listener_fd(id)?;
+                    sys::epoll_add(ep.as_fd(), f, f as u64, false)?;
+                    *fd = Some(f);
+                    Ok(())
                 }
+                _ => Ok(()),
+            };
+            if super::stack::listen_again(
+                &mut sub.stack,
+                &mut sub.id,
+                self.local,
+                self.backlog,
+                watch,
+            ) {
+                sub.retry_at = None;
             }
-            let old = std::mem::replace(&mut sub.stack, stack);
-            old.0.close_listener(sub.id);
-            sub.id = id;
-            sub.retry_at = None;
         }
     }
 

@@ -246,7 +246,7 @@ impl Options {
 /// A stack of the same transport as `dead` (one that failed: its device went away) for a
 /// listener on `addr`, made anew: `NotFound` while the device is not back. Only RDMA stacks
 /// lose devices.
-pub(crate) fn stack_again(dead: &Stack, addr: SocketAddr) -> io::Result<Stack> {
+fn stack_again(dead: &Stack, addr: SocketAddr) -> io::Result<Stack> {
     match dead.transport() {
         super::Transport::Rdma => {
             let ip = addr.ip();
@@ -257,6 +257,32 @@ pub(crate) fn stack_again(dead: &Stack, addr: SocketAddr) -> io::Result<Stack> {
             "only RDMA stacks are made anew",
         )),
     }
+}
+
+/// Listen anew on `addr` for a listener whose stack failed (its device went away): on a fresh
+/// stack ([`stack_again`]), finished by `attach` (a doorbell, an epoll set), then put in place
+/// of the old one, which is closed. False (nothing changed) while the device is not back.
+pub(crate) fn listen_again(
+    stack: &mut Stack,
+    id: &mut crate::driver::ListenerId,
+    addr: SocketAddr,
+    backlog: u32,
+    attach: impl FnOnce(&Stack, crate::driver::ListenerId) -> io::Result<()>,
+) -> bool {
+    let Ok(new) = stack_again(stack, addr) else {
+        return false;
+    };
+    let Ok(nid) = new.0.listen(addr, backlog) else {
+        return false;
+    };
+    if attach(&new, nid).is_err() {
+        new.0.close_listener(nid);
+        return false;
+    }
+    let old = std::mem::replace(stack, new);
+    old.0.close_listener(*id);
+    *id = nid;
+    true
 }
 
 /// An SDP provider kind the automatic choice may use.
