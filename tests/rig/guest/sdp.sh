@@ -58,6 +58,45 @@ sdp_survivor() {
   fi
 }
 
+# sdp_other_device NAME PORT: a process that lost a device and looked at librdmacm's device list again
+# (which opens every device there: librdmacm keeps them open) must not hold up the removal of another
+# device later. A listener on $DEV1 (sdp-peer, automatic mode) loses $DEV1, $DEV1 comes back, then
+# rxe0, on which the process has no id at all, is deleted: that must finish in 15 s (with no watcher
+# of the device list it waited until the process exited).
+sdp_other_device() {
+  name=$1 port=$2
+  t0=$(now); base=$(listeners); why=""
+  env SDP_PROVIDERS=rdma timeout 120 $PEER serve "$B:$port" auto 1 2 1024 >"$LOGD/$name.srv" 2>&1 &
+  spid=$!
+  wait_listen "$base" "$spid" || why="server not listening; "
+  timeout 30 rdma link delete "$DEV1" || why="${why}rdma link delete $DEV1 failed; "
+  rdma link add "$DEV1" type "$DEVTYPE" netdev "$NET1" || why="${why}rdma link add $DEV1 failed; "
+  i=0
+  while [ $i -lt 100 ] && ! grep -q ACTIVE /sys/class/infiniband/$DEV1/ports/1/state 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+  sleep 2   # the listener listens again on the device come back
+  tk=$(now)
+  rdma link delete rxe0 & dpid=$!
+  i=0
+  while [ $i -lt 150 ] && kill -0 $dpid 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+  if kill -0 $dpid 2>/dev/null; then
+    why="${why}rdma link delete rxe0 still waiting after 15 s (on: $(for p in /proc/[0-9]*; do ls -l $p/fd 2>/dev/null | grep -q uverbs && cat $p/comm; done | sort -u | tr '\n' ' ')); "
+    kill -9 $spid
+  fi
+  wait $dpid || why="${why}rdma link delete rxe0 failed; "
+  took=$(since "$tk")
+  kill $spid 2>/dev/null; wait $spid 2>/dev/null
+  rdma link add rxe0 type "$DEVTYPE" netdev veth0 || why="${why}rdma link add rxe0 failed; "
+  i=0
+  while [ $i -lt 100 ] && ! grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+  grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null || why="${why}rxe0 not ACTIVE again; "
+  if [ -z "$why" ]; then
+    pass "$name" "rxe0 deleted in ${took}s beside a process that had lost $DEV1"
+  else
+    echo "  server:"; show "$LOGD/$name.srv" | tail -10
+    fail "$name" "${why%; } ($(since "$t0")s)"
+  fi
+}
+
 # sock_pair NAME SERVER_ENV MODE CLIENT_ENV WANT_LISTEN WANT: the socket API (SdpListener/SdpStream in
 # sdp-peer, automatic mode) between rxe1 ($B, server) and rxe0 ($A, client source address): a checksummed
 # duplex exchange; the server must listen on WANT_LISTEN and both ends must report transport WANT.
@@ -134,5 +173,6 @@ if [ -z "$PFX" ] && [ -x /rig/bin/sdp-soak ]; then
     [ $i = 0 ] && rdma link add "$DEV1" type "$DEVTYPE" netdev "$NET1" 2>/dev/null
     sleep 0.1; i=$((i + 1))
   done
+  [ -x $PEER ] && sdp_other_device sdp-other-dev 7602
 fi
 sdp_survivor sdp-linkdel  linkdel 7478   # last: it deletes rxe1 (and adds it back)

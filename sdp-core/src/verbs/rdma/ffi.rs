@@ -737,8 +737,8 @@ impl Drop for Mr {
 
 /// Have librdmacm look at the device list again (`rdma_get_devices`, freed at once): a
 /// context it opened for a device that went away is closed then, once no id is on it, so the
-/// kernel can finish removing the device. (It opens the devices still there, as any
-/// `rdma_get_devices` caller does.)
+/// kernel can finish removing the device. It opens every device still there, as any
+/// `rdma_get_devices` caller does: devices.rs watches them from then on.
 pub(super) fn resync_devices() {
     // SAFETY: no arguments; the list (possibly NULL) goes straight back to rdma_free_devices.
     unsafe {

@@ -57,6 +57,7 @@
 //!   iWARP an RDMA Read sink needs remote write: only memory asked for with
 //!   [`Access::READ_SINK`] (engine bounce buffers, zero-copy sink grants) gets it.
 
+mod devices;
 mod ffi;
 mod map;
 
@@ -443,13 +444,9 @@ impl Shared {
         drop(st);
         drop(gone);
         // librdmacm keeps a context it opened until it sees the device gone from the list
-        // with no id on it any more: let it look now, so the kernel can finish the removal.
-        // On a thread of its own: this may be the drop of any object, with any of the
-        // socket layer's locks held, and the look opens devices (slow, and it waits on the
-        // kernel while one is being added or removed).
-        let _ = std::thread::Builder::new()
-            .name("sdp-rdma-resync".into())
-            .spawn(ffi::resync_devices);
+        // with no id on it any more: let it look now, so the kernel can finish the removal
+        // (and whenever another device goes: devices.rs).
+        devices::resync_soon();
     }
 
     fn create_cq(&self, caps: QpCaps) -> Result<Cq, VerbsError> {

@@ -344,8 +344,81 @@ struct Res {
     regions: usize,
 }
 
+/// Open fds, verbs contexts left out ([`is_context_fd`]).
 fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+    fd_targets().iter().filter(|t| !is_context_fd(t)).count()
+}
+
+/// What the open fds are, by kind (`anon_inode:[eventfd]`, `/dev/infiniband/uverbs0`,
+/// `socket:`...), counted: a leak report says what leaked.
+fn fd_kinds() -> std::collections::BTreeMap<String, usize> {
+    let mut kinds = std::collections::BTreeMap::new();
+    for t in fd_targets() {
+        // socket:[1234], pipe:[5678]: the kind without the inode.
+        let kind = match t.find(":[") {
+            Some(i)
+                if t[i + 2..]
+                    .trim_end_matches(']')
+                    .bytes()
+                    .all(|b| b.is_ascii_digit()) =>
+            {
+                t[..i + 1].to_string()
+            }
+            _ => t,
+        };
+        *kinds.entry(kind).or_insert(0) += 1;
+    }
+    kinds
+}
+
+fn fd_targets() -> Vec<String> {
+    std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            std::fs::read_link(e.path()).map_or_else(|_| "?".into(), |t| t.to_string_lossy().into())
+        })
+        .collect()
+}
+
+/// An fd of a verbs context (its command fd, or its async event fd). librdmacm keeps one
+/// context per device it has opened, for the life of the device, and a look at the device
+/// list (the stack has one after losing a device) opens every device there: these are not
+/// counted as the process's fds but checked by [`contexts_wrong`].
+fn is_context_fd(t: &str) -> bool {
+    t.starts_with("/dev/infiniband/uverbs") || t == "anon_inode:[infinibandevent]"
+}
+
+/// What is wrong with the verbs contexts the process holds: more than one on a device, or one
+/// on a device that is gone (which `rdma link delete` would wait for).
+fn contexts_wrong() -> Option<String> {
+    let mut seen = HashSet::new();
+    let mut wrong = Vec::new();
+    for t in fd_targets() {
+        if !t.starts_with("/dev/infiniband/uverbs") {
+            continue;
+        }
+        if t.ends_with("(deleted)") || !std::path::Path::new(&t).exists() {
+            wrong.push(format!("{t}: device gone"));
+        } else if !seen.insert(t.clone()) {
+            wrong.push(format!("{t}: a second context"));
+        }
+    }
+    (!wrong.is_empty()).then(|| wrong.join(", "))
+}
+
+/// The kinds of fd there are more of now than in `base`.
+fn fds_over(base: &std::collections::BTreeMap<String, usize>) -> String {
+    fd_kinds()
+        .into_iter()
+        .filter(|(k, _)| !is_context_fd(k))
+        .filter_map(|(k, n)| {
+            let b = base.get(&k).copied().unwrap_or(0);
+            (n > b).then(|| format!("{} x{}", k, n - b))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn measure(stack: Option<&(Stack, ShmProvider)>) -> Res {
@@ -1253,6 +1326,7 @@ fn main() {
         .unwrap_or_else(|e| die(format!("listen on {}: {e}", args.listen)));
     let addr = listener.local_addr().unwrap_or_else(|e| die(e)).to_string();
     let base = measure(stack.as_ref());
+    let base_kinds = fd_kinds();
     let exe = std::env::current_exe().unwrap_or_else(|e| die(e));
     let soak = Arc::new(Soak {
         exe,
@@ -1399,15 +1473,24 @@ fn main() {
             fault.map_or("none", |f| f.name())
         ));
     }
-    let leaked = over != Res::default() || !procs.is_empty() || st.worker_leaks > 0;
+    let contexts = contexts_wrong();
+    let leaked =
+        over != Res::default() || !procs.is_empty() || st.worker_leaks > 0 || contexts.is_some();
     if over != Res::default() {
         st.fail(format!(
-            "parent leaked: {} fds, {} connections, {} registered bytes, {} regions",
-            over.fds, over.conns, over.reg_bytes, over.regions
+            "parent leaked: {} fds ({}), {} connections, {} registered bytes, {} regions",
+            over.fds,
+            fds_over(&base_kinds),
+            over.conns,
+            over.reg_bytes,
+            over.regions
         ));
     }
     if !procs.is_empty() {
         st.fail(format!("worker processes left: {procs:?}"));
+    }
+    if let Some(w) = &contexts {
+        st.fail(format!("parent's verbs contexts: {w}"));
     }
     let injected: u64 = st.injected.iter().sum();
     let survived: u64 = st.survived.iter().sum();
