@@ -437,3 +437,31 @@ pub fn tcp_reserve(addr: SocketAddr) -> io::Result<(OwnedFd, u16)> {
     let port = local_addr_of(fd.as_raw_fd())?.port();
     Ok((fd, port))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockaddr_round_trip() {
+        // The scope id of a link-local IPv6 address survives (the CM needs it to pick the link).
+        for s in [
+            "192.168.77.2:7471",
+            "0.0.0.0:0",
+            "[fe80::1%3]:9",
+            "[::]:65535",
+        ] {
+            let a: SocketAddr = s.parse().unwrap();
+            let (ss, len) = sockaddr_of(a);
+            assert_eq!(sockaddr_to(&ss), Some(a), "{s}");
+            let want = match a {
+                SocketAddr::V4(_) => std::mem::size_of::<libc::sockaddr_in>(),
+                SocketAddr::V6(_) => std::mem::size_of::<libc::sockaddr_in6>(),
+            };
+            assert_eq!(len as usize, want, "{s}");
+        }
+        let mut ss = sockaddr_of("[::1]:1".parse().unwrap()).0;
+        ss.ss_family = libc::AF_UNIX as libc::sa_family_t;
+        assert_eq!(sockaddr_to(&ss), None);
+    }
+}

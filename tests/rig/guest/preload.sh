@@ -234,12 +234,53 @@ pl_run() {
   fi
 }
 
+# pl_relisten: the shim's listener listens over RDMA again once its device is back (issue 14). redis-server
+# under the shim on $B; a redis-cli PING under the shim goes over rdma; rxe1 is deleted (the server lets
+# go of it at once, else the delete waits) and added back; the next PING finds no SDP listener and falls
+# back to kernel TCP, and that accept makes the server listen over RDMA again: the PING after it must go
+# over rdma. Each client's transport is read from its own SDP_REPORT.
+pl_relisten() {
+  name=preload-relisten PL_WHY="" t0p=$(now) PL_ST=$PL_SRV_T PL_CT=$PL_CLI_T
+  rm -f $PLD/$name.*.report "$LOGD/$name.cli"
+  E="env LD_PRELOAD=$PRE $PL_SHIM_ENV"
+  tr_of() { grep -o '"transport":"[a-z]*"' "$PLD/$name.$1.report" 2>/dev/null | head -1 | cut -d'"' -f4; }
+  ping_as() {   # ping_as TAG WANT: one PING under the shim, whose socket must be over WANT
+    echo "--- $1" >>"$LOGD/$name.cli"
+    timeout 20 $E SDP_REPORT=$PLD/$name.$1.report redis-cli -h $B -p 7503 ping >>"$LOGD/$name.cli" 2>&1 ||
+      PL_WHY="${PL_WHY}$1: redis-cli failed; "
+    t=$(tr_of "$1")
+    [ "$t" = "$2" ] || PL_WHY="${PL_WHY}$1: the client went over ${t:-nothing} (want $2); "
+  }
+  if pl_srv "$name" "$E SDP_REPORT=$PLD/$name.srv.report redis-server --bind $B --port 7503 --save '' --appendonly no --protected-mode no --daemonize no --dir $PLD"; then
+    ping_as before rdma
+    tk=$(now)
+    timeout 30 rdma link delete rxe1 || PL_WHY="${PL_WHY}rdma link delete rxe1 failed or waited 30 s; "
+    took=$(since "$tk")
+    rdma link add rxe1 type rxe netdev veth1 || PL_WHY="${PL_WHY}rdma link add rxe1 failed; "
+    i=0
+    while [ $i -lt 100 ] && ! grep -q ACTIVE /sys/class/infiniband/rxe1/ports/1/state 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+    ping_as fallback tcp
+    ping_as after rdma
+    n=$(grep -c PONG "$LOGD/$name.cli")
+    [ "$n" = 3 ] || PL_WHY="${PL_WHY}$n PONGs of 3; "
+    pl_stop TERM
+  fi
+  if [ -z "$PL_WHY" ]; then
+    pass "$name" "rdma, then tcp while no SDP listener, then rdma again; rxe1 deleted in ${took}s ($(since "$t0p")s)"
+  else
+    echo "  server:"; show "$LOGD/$name.srv" 2>/dev/null | tail -8
+    echo "  clients:"; show "$LOGD/$name.cli" 2>/dev/null | tail -12
+    fail "$name" "${PL_WHY%; } ($(since "$t0p")s)"
+  fi
+}
+
 # bench.sh sources this file for its functions only
 [ "${PL_LIB_ONLY:-0}" = 1 ] && return 0
 PL_PROGS=${PL_PROGS:-nc iperf3 redis sockperf nginx}
 : >$PL_TABLE
 section "preload: unmodified programs under the project's shim, SDP over rdma (server $B, client $A)"
 for p in $PL_PROGS; do pl_run sdp "$p"; done
+[ "${PL_RELISTEN:-1}" = 1 ] && pl_relisten
 if [ -f $RSP ]; then
   section "preload: the same programs under rsockets' librspreload (findings, not rig failures)"
   for p in $PL_PROGS; do pl_run rs "$p"; done

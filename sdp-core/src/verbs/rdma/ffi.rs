@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 use rdma_sys as rs;
 
 use super::map;
+use crate::sys;
 use crate::verbs::{RecvWr, SendOp, SendWr, VerbsError};
 
 /// The thread's errno after a failed librdmacm/libibverbs call.
@@ -224,18 +225,17 @@ impl CmId {
         // sockaddr_storage.
         unsafe {
             let a = &(*self.raw()).route.addr;
-            let bytes = if src {
-                map::storage_bytes(&a.src_addr_union.src_storage)
+            sys::sockaddr_to(if src {
+                &a.src_addr_union.src_storage
             } else {
-                map::storage_bytes(&a.dst_addr_union.dst_storage)
-            };
-            map::from_sockaddr_bytes(bytes)
+                &a.dst_addr_union.dst_storage
+            })
         }
     }
 
     /// `rdma_bind_addr`; `Err(errno)`.
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<(), i32> {
-        let mut ss = map::to_sockaddr(addr);
+        let (mut ss, _) = sys::sockaddr_of(addr);
         // SAFETY: the id is live; ss is a valid socket address of its family.
         rc_errno(unsafe {
             rs::rdma_bind_addr(self.raw(), &mut ss as *mut _ as *mut libc::sockaddr)
@@ -244,7 +244,7 @@ impl CmId {
 
     /// `rdma_resolve_addr` from the bound address (src NULL); `Err(errno)`.
     pub fn resolve_addr(&self, dst: SocketAddr, timeout_ms: i32) -> Result<(), i32> {
-        let mut ss = map::to_sockaddr(dst);
+        let (mut ss, _) = sys::sockaddr_of(dst);
         // SAFETY: the id is live; ss is a valid socket address.
         rc_errno(unsafe {
             rs::rdma_resolve_addr(

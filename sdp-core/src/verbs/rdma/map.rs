@@ -1,8 +1,6 @@
 //! Pure translations between the verbs/CM C values and the provider layer's types. No FFI calls
 //! and no device: everything here is unit-tested on the host.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-
 use crate::verbs::{Access, CmEvent, VerbsError, WcOpcode, WcStatus};
 
 // ibv_wc_status values (verbs.h); spelled out so the mapping is testable without bindings.
@@ -198,81 +196,6 @@ pub(crate) fn errno_error(errno: i32, what: &'static str) -> VerbsError {
     }
 }
 
-/// A socket address as `sockaddr_storage` (for the CM's bind/resolve calls).
-pub(crate) fn to_sockaddr(addr: SocketAddr) -> libc::sockaddr_storage {
-    // An all-zero sockaddr_storage is a valid (AF_UNSPEC) value; we fill in one family.
-    let mut ss = zeroed_storage();
-    match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            write_into(&mut ss, &sin);
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            write_into(&mut ss, &sin6);
-        }
-    }
-    ss
-}
-
-/// The socket address in the first bytes of `raw` (a `sockaddr_in` or `sockaddr_in6` as the
-/// CM stores them), or `None` for another family.
-pub(crate) fn from_sockaddr_bytes(raw: &[u8]) -> Option<SocketAddr> {
-    let family = u16::from_ne_bytes([*raw.first()?, *raw.get(1)?]) as i32;
-    let port = u16::from_be_bytes([*raw.get(2)?, *raw.get(3)?]);
-    match family {
-        libc::AF_INET => {
-            let o: [u8; 4] = raw.get(4..8)?.try_into().ok()?;
-            Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::from(o)), port))
-        }
-        libc::AF_INET6 => {
-            let o: [u8; 16] = raw.get(8..24)?.try_into().ok()?;
-            Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::from(o)), port))
-        }
-        _ => None,
-    }
-}
-
-pub(crate) fn zeroed_storage() -> libc::sockaddr_storage {
-    let ss = std::mem::MaybeUninit::<libc::sockaddr_storage>::zeroed();
-    // SAFETY: every field of sockaddr_storage is an integer or an array of integers, for which
-    // all-zero bytes are a valid value.
-    unsafe { ss.assume_init() }
-}
-
-fn write_into<T: Copy>(ss: &mut libc::sockaddr_storage, v: &T) {
-    assert!(std::mem::size_of::<T>() <= std::mem::size_of::<libc::sockaddr_storage>());
-    // SAFETY: T (sockaddr_in/sockaddr_in6) is smaller than sockaddr_storage, which is aligned
-    // for every socket address type; both are plain old data.
-    unsafe { std::ptr::write(ss as *mut libc::sockaddr_storage as *mut T, *v) }
-}
-
-/// The bytes of a `sockaddr_storage` (for [`from_sockaddr_bytes`]).
-pub(crate) fn storage_bytes(ss: &libc::sockaddr_storage) -> &[u8] {
-    // SAFETY: sockaddr_storage is plain old data of size_of bytes, fully initialized.
-    unsafe {
-        std::slice::from_raw_parts(
-            ss as *const libc::sockaddr_storage as *const u8,
-            std::mem::size_of::<libc::sockaddr_storage>(),
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -420,22 +343,6 @@ mod tests {
             assert_eq!(cm_event(internal, 0, &[], ib), None, "{internal}");
         }
         assert_eq!(cm_event_name(EV_REJECTED), "REJECTED");
-    }
-
-    #[test]
-    fn sockaddr_round_trip() {
-        for s in [
-            "192.168.77.2:7471",
-            "0.0.0.0:0",
-            "[fe80::1]:9",
-            "[::]:65535",
-        ] {
-            let a: SocketAddr = s.parse().unwrap();
-            let ss = to_sockaddr(a);
-            assert_eq!(from_sockaddr_bytes(storage_bytes(&ss)), Some(a), "{s}");
-        }
-        assert_eq!(from_sockaddr_bytes(&[0; 16]), None);
-        assert_eq!(from_sockaddr_bytes(&[2]), None);
     }
 
     #[test]
