@@ -459,7 +459,9 @@ impl AppListener {
         });
         let mut sdp = Vec::new();
         let mut errs = Vec::new();
-        for s in opts.listen_stacks(local)? {
+        let (stacks, missing) = opts.listen_stacks(local)?;
+        errs.extend(missing);
+        for s in stacks {
             match s.0.listen(local, backlog) {
                 Ok(l) => {
                     let sh = shared.clone();

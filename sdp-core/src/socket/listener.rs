@@ -119,7 +119,8 @@ impl SdpListener {
         if !matches!(opts.choice, Choice::Tcp) {
             let mut errs = Vec::new();
             match opts.listen_stacks(local) {
-                Ok(stacks) => {
+                Ok((stacks, missing)) => {
+                    errs.extend(missing);
                     for s in stacks {
                         // The first listener fixes the port (port 0 without TCP); the others
                         // listen on the same one.

@@ -188,7 +188,7 @@ impl Options {
             let r = match p {
                 Prov::Shm if sys::is_local_ip(ip) && self.source_ip.is_none() => Stack::shm(),
                 Prov::Shm => continue,
-                Prov::Rdma => rdma_stack(Some(ip), self.source_ip),
+                Prov::Rdma => rdma_stack(Some(ip), self.source_ip, self.iwarp_allowed()),
             };
             match r {
                 Ok(s) => return Ok(Some(s)),
@@ -207,12 +207,22 @@ impl Options {
         }
     }
 
+    /// Whether SDP may go over an iWARP device. iWARP's connections are kernel TCP connections
+    /// on the application's own port (the CM's port space is TCP's): an automatic listener
+    /// cannot listen there beside its kernel TCP socket (EADDRINUSE), and an automatic
+    /// connect would reach whatever TCP server owns the port and write an MPA request into
+    /// its stream. So only an explicit SDP choice ([`Options::sdp_only`]) uses iWARP;
+    /// automatic mode keeps to kernel TCP (or shm) there.
+    fn iwarp_allowed(&self) -> bool {
+        matches!(self.choice, Choice::Sdp)
+    }
+
     /// The SDP stacks a listener on `addr` listens on: the one given, else shm and (for a
-    /// device address, or 0.0.0.0) the RDMA device, as [`providers`] allows. Errors only if
-    /// there is none.
-    pub(crate) fn listen_stacks(&self, addr: SocketAddr) -> io::Result<Vec<Stack>> {
+    /// device address, or 0.0.0.0) the RDMA device, as [`providers`] allows, with why each
+    /// other allowed provider has none. Errors only if there is none.
+    pub(crate) fn listen_stacks(&self, addr: SocketAddr) -> io::Result<(Vec<Stack>, Vec<String>)> {
         if let Some(s) = &self.stack {
-            return Ok(vec![s.clone()]);
+            return Ok((vec![s.clone()], Vec::new()));
         }
         let mut out = Vec::new();
         let mut errs = Vec::new();
@@ -224,7 +234,11 @@ impl Options {
                     if ip.is_loopback() {
                         continue;
                     }
-                    rdma_stack(None, (!ip.is_unspecified()).then_some(ip))
+                    rdma_stack(
+                        None,
+                        (!ip.is_unspecified()).then_some(ip),
+                        self.iwarp_allowed(),
+                    )
                 }
             };
             match r {
@@ -239,7 +253,7 @@ impl Options {
                 errs.join("; ")
             }));
         }
-        Ok(out)
+        Ok((out, errs))
     }
 }
 
@@ -250,7 +264,9 @@ fn stack_again(dead: &Stack, addr: SocketAddr) -> io::Result<Stack> {
     match dead.transport() {
         super::Transport::Rdma => {
             let ip = addr.ip();
-            rdma_stack(None, (!ip.is_unspecified()).then_some(ip))
+            // Only an explicit SDP listener had an iWARP stack (an automatic one holds the
+            // kernel TCP port, which an iWARP listen would fail on anyway).
+            rdma_stack(None, (!ip.is_unspecified()).then_some(ip), true)
         }
         _ => Err(io::Error::new(
             io::ErrorKind::Unsupported,
@@ -324,9 +340,10 @@ static RDMA: Mutex<Vec<(String, IpAddr, Stack)>> = Mutex::new(Vec::new());
 
 /// The RDMA stack for a connection to `peer` (the device the route picks) or from `local`
 /// (the device owning that address), or for a wildcard listener (`None, None`: the first
-/// device with an address). `NotFound` if there is no device or route.
+/// device with an address, iWARP ones only if `iwarp`). `NotFound` if there is no device or
+/// route, or the device is iWARP and `iwarp` is false ([`Options::iwarp_allowed`]).
 #[cfg(feature = "rdma")]
-fn rdma_stack(peer: Option<IpAddr>, local: Option<IpAddr>) -> io::Result<Stack> {
+fn rdma_stack(peer: Option<IpAddr>, local: Option<IpAddr>, iwarp: bool) -> io::Result<Stack> {
     use crate::verbs::rdma::RdmaProvider;
     let not_found =
         |e: &dyn std::fmt::Display| io::Error::new(io::ErrorKind::NotFound, e.to_string());
@@ -347,6 +364,7 @@ fn rdma_stack(peer: Option<IpAddr>, local: Option<IpAddr>) -> io::Result<Stack> 
                     continue;
                 }
                 match RdmaProvider::for_local_addr(ip) {
+                    Ok(p) if p.is_iwarp() && !iwarp => why = iwarp_refused(&p),
                     Ok(p) => {
                         found = Some(p);
                         break;
@@ -357,6 +375,9 @@ fn rdma_stack(peer: Option<IpAddr>, local: Option<IpAddr>) -> io::Result<Stack> 
             found.ok_or_else(|| not_found(&why))?
         }
     };
+    if p.is_iwarp() && !iwarp {
+        return Err(not_found(&iwarp_refused(&p)));
+    }
     let (dev, ip) = (p.device_name().to_string(), p.local_ip());
     guard_fork();
     let mut g = RDMA.lock();
@@ -369,8 +390,18 @@ fn rdma_stack(peer: Option<IpAddr>, local: Option<IpAddr>) -> io::Result<Stack> 
     Ok(s)
 }
 
+/// Why automatic mode does not use an iWARP device ([`Options::iwarp_allowed`]).
+#[cfg(feature = "rdma")]
+fn iwarp_refused(p: &crate::verbs::rdma::RdmaProvider) -> String {
+    format!(
+        "{} is iWARP, whose connections use TCP's ports: automatic mode uses kernel TCP there \
+         (SDP over iWARP needs an explicit SDP choice on both ends)",
+        p.device_name()
+    )
+}
+
 #[cfg(not(feature = "rdma"))]
-fn rdma_stack(_peer: Option<IpAddr>, _local: Option<IpAddr>) -> io::Result<Stack> {
+fn rdma_stack(_peer: Option<IpAddr>, _local: Option<IpAddr>, _iwarp: bool) -> io::Result<Stack> {
     Err(io::Error::new(
         io::ErrorKind::NotFound,
         "built without the rdma feature",

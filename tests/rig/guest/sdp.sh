@@ -104,9 +104,6 @@ PEER=/rig/bin/sdp-peer
 SOCK_BYTES=8388608
 sock_pair() {
   name=$1 senv=$2 mode=$3 cenv=$4 wl=$5 want=$6 port=$7
-  case " ${SOCK_SKIP:-} " in
-    *" $name "*) echo "  $PFX$name: NOT RUN over $DEVTYPE: $SOCK_SKIP_WHY"; return ;;
-  esac
   rdma_pair "$PFX$name" "env $senv $PEER serve $B:$port $mode 11 22 $SOCK_BYTES" \
     "env $cenv SDP_PEER_SRC=$A SDP_PEER_SHOW=1 $PEER duplex $B:$port $mode 22 11 $SOCK_BYTES"
   why=""
@@ -146,7 +143,21 @@ if skip_check sdp-junk-after-hello; then :; else
 rdma_pair  ${PFX}sdp-junk-after-hello   "$SDP server junk-after-hello $B:7476"   "$SDP client junk-after-hello $B:7476 $A"
 show "$LOGD/${PFX}sdp-junk-after-hello.srv" | grep -E 'bad connection|failed during setup'
 fi
-if [ -x $PEER ]; then
+if [ -x $PEER ] && [ "$DEVTYPE" = siw ]; then
+  section "${PFX}sdp: the socket API over iWARP (SDP only when chosen: iWARP's connections use TCP's ports)"
+  # iWARP's CM connects over kernel TCP to the application's own port: an automatic listener cannot
+  # listen over iWARP beside its kernel TCP socket, and an automatic connect would write an MPA request
+  # into whatever TCP server owns the port (it did: 56 bytes "MPA ID Req Frame..." reached nc, and
+  # sdp-peer's TCP listener answered it with data, which oopsed 6.1's siw). So automatic mode keeps to
+  # kernel TCP over iWARP, and SDP over iWARP is an explicit choice at both ends (SDP_PEER_LISTEN=sdp:
+  # an SDP-only listener; modes zcopy and bcopy connect SDP-only).
+  #         name              server env                                  mode   client env            listens  stream
+  sock_pair sock-auto-tcp     "SDP_X=1"                                   auto   "SDP_PROVIDERS=rdma"  shm      tcp   7480
+  sock_pair sock-registered   "SDP_PROVIDERS=rdma SDP_PEER_LISTEN=sdp"    zcopy  "SDP_PROVIDERS=rdma"  rdma     rdma  7481
+  sock_pair sock-bcopy        "SDP_PROVIDERS=rdma SDP_PEER_LISTEN=sdp"    bcopy  "SDP_X=1"             rdma     rdma  7482
+  # a kernel-TCP-only server: the automatic connector goes to TCP at once (no MPA request reaches it)
+  sock_pair sock-tcp-fallback "SDP_PROVIDERS=none"                        auto   "SDP_PROVIDERS=rdma"  ""       tcp   7483
+elif [ -x $PEER ]; then
   section "sdp: the socket API picks RDMA by itself (SdpListener/SdpStream, automatic mode)"
   #         name              server env             mode   client env            listens   stream
   sock_pair sock-auto-rdma    "SDP_X=1"              auto   "SDP_X=1"             shm,rdma  rdma  7480

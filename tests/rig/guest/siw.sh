@@ -30,12 +30,8 @@ if [ -d /sys/class/infiniband/siw0 ] && [ -d /sys/class/infiniband/siw1 ]; then
   rdma_pair  siw-ib_send_lat_cm  "ib_send_lat -R -d siw1 -s 64 -n $N_PP -F"       "$CM_SRC_A ib_send_lat -R -d siw0 -s 64 -n $N_PP -F $B"
   if [ -x /rig/bin/sdp-rigtest ]; then
     PFX=siw- DEV1=siw1 NET1=veth3 DEVTYPE=siw
-    # The socket API's connections (sdp-peer) made the 6.1 kernel oops in siw's CM (NULL private
-    # data handed to iw_cm in siw_cm_upcall(CONNECT_REPLY, -EINVAL)); TODO.md.  Not run until known.
-    SOCK_SKIP="sock-auto-rdma sock-registered sock-bcopy sock-tcp-fallback"
-    SOCK_SKIP_WHY="sdp-peer's connections made this kernel oops in siw's CM (siw_cm_upcall -> iw_cm kmemdup of NULL private data; TODO.md)"
     . /rig/sdp.sh
-    PFX="" DEV1=rxe1 NET1=veth1 DEVTYPE=rxe SOCK_SKIP=""
+    PFX="" DEV1=rxe1 NET1=veth1 DEVTYPE=rxe
   fi
   FABRIC=rxe
   A=$OA B=$OB CM_SRC_A=$OCM

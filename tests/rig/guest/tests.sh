@@ -29,9 +29,21 @@ topology_ok() {
 }
 run_check topology topology_ok
 
+# commands given with tests/rig/run --guest-test CMD, one check each
+extra_tests() {
+  i=0
+  while IFS= read -r cmd; do
+    [ -n "$cmd" ] || continue
+    i=$((i + 1))
+    # shellcheck disable=SC2086
+    run_check "guest-test-$i:$(basename "${cmd%% *}")" sh -c "$cmd"
+  done </rig/extra-tests
+}
+
 if [ "${RIG_SIW_ONLY:-0}" = 1 ]; then
   section "rxe checks skipped (tests/rig/run --siw-only)"
   . /rig/siw.sh
+  extra_tests
   finish
   exit 0
 fi
@@ -68,14 +80,7 @@ if [ "${RIG_SIW:-0}" = 1 ]; then . /rig/siw.sh; fi
 section "project tests"
 # the project's own guest test binary, when tests/rig/run --extra DIR brought one
 if [ -x /extra/sdp-rig-tests ]; then run_suite sdp-rig-tests /extra/sdp-rig-tests; else echo "  (no /extra/sdp-rig-tests)"; fi
-# commands given with tests/rig/run --guest-test CMD, one check each
-i=0
-while IFS= read -r cmd; do
-  [ -n "$cmd" ] || continue
-  i=$((i + 1))
-  # shellcheck disable=SC2086
-  run_check "guest-test-$i:$(basename "${cmd%% *}")" sh -c "$cmd"
-done </rig/extra-tests
+extra_tests
 
 # ping-pong latency rows (guest/lat.sh; short in the default run: 64 B; --bench: 64 B, 4 KiB, 64 KiB)
 if [ "${RIG_LAT:-1}" = 1 ]; then . /rig/lat.sh; fi

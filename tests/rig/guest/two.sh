@@ -136,20 +136,20 @@ fab_addrs() {
 # addr FAMILY HOST-IP PORT: host:port as sdp-rigtest parses it
 addr() { if [ "$1" = 4 ]; then echo "$2:$3"; else echo "[$2]:$3"; fi; }
 # The socket API's checks (sock-*: SdpListener/SdpStream of sdp-peer, a checksummed 8 MiB duplex
-# exchange; each end must say its stream is over rdma). sock_env CHECK: sets senv (both ends'
-# environment) and mode (sdp-peer's): automatic (every provider, the connector picks), or rdma only with
-# registered buffers (zero copy) or plain copies.
+# exchange). sock_env CHECK: sets senv and cenv (server's and client's environment), mode (sdp-peer's),
+# wl (the transports the server must list as listening) and want (what both streams must be over):
+# automatic (every provider, the connector picks), or rdma only with registered buffers (zero copy) or
+# plain copies. Over iWARP, whose connections use TCP's ports, automatic mode keeps to kernel TCP (an
+# automatic listener cannot listen over iWARP beside its TCP socket, and an automatic connect would write
+# an MPA request into the port's TCP server): sock-auto must go over tcp there, and the rdma-only checks
+# listen SDP-only (SDP_PEER_LISTEN=sdp).
 sock_env() {
+  if [ "$FAB" = siw ]; then sl="SDP_PEER_LISTEN=sdp" aw=tcp awl=shm; else sl="" aw=rdma awl=shm,rdma; fi
   case $1 in
-    sock-auto) senv="SDP_X=1" mode=auto ;;
-    sock-registered) senv="SDP_PROVIDERS=rdma" mode=zcopy ;;
-    sock-bcopy) senv="SDP_PROVIDERS=rdma" mode=bcopy ;;
+    sock-auto) senv="SDP_X=1" cenv="SDP_X=1" mode=auto wl=$awl want=$aw ;;
+    sock-registered) senv="SDP_PROVIDERS=rdma $sl" cenv="SDP_PROVIDERS=rdma" mode=zcopy wl=rdma want=rdma ;;
+    sock-bcopy) senv="SDP_PROVIDERS=rdma $sl" cenv="SDP_X=1" mode=bcopy wl=rdma want=rdma ;;
   esac
-}
-# not over siw: in one kernel the socket API's connections made 6.1's siw CM oops (TODO.md)
-skip_sock() {
-  case $1 in sock-*) [ "$FAB" = siw ] && { echo "  ${pfx}v$f-$1: NOT RUN over siw (TODO.md)"; return 0; } ;; esac
-  return 1
 }
 
 # counters of rxe0 that are not zero, and eth0's drops (what a slow or lossy link shows)
@@ -174,7 +174,6 @@ if [ "$ROLE" = a ]; then
     section "A: SDP servers over IPv$f on $dev ($ip_a)"
     for c in $CHECKS; do
       [ "$c" = refused ] && continue   # nobody listens: B's client must get ECONNREFUSED
-      skip_sock "$c" && continue
       name=${pfx}v$f-sdp-$c
       p=$(port "$fab" "$f" "$c")
       base=$(listeners); s0=$(snap); t0=$(now); why=""
@@ -201,8 +200,8 @@ if [ "$ROLE" = a ]; then
       [ $rc = 0 ] || why="${why}server exit $rc; "
       crossed || why="${why}$(pkts | cut -d' ' -f1) counters did not both increase; "
       case $c in sock-*)
-        grep -q '^listening .*rdma' "$LOGD/$name.srv" || why="${why}not listening over rdma; "
-        grep -q '^accepted rdma$' "$LOGD/$name.srv" || why="${why}accepted stream not over rdma; " ;;
+        grep -q "^listening $wl " "$LOGD/$name.srv" || why="${why}not listening on $wl ($(grep '^listening' "$LOGD/$name.srv")); "
+        grep -q "^accepted $want\$" "$LOGD/$name.srv" || why="${why}accepted stream not over $want; " ;;
       esac
       if [ -z "$why" ]; then
         show "$LOGD/$name.srv" | grep -E 'moved|closed|bad connection|failed during setup|ECONN|refused' | tail -2
@@ -230,7 +229,6 @@ for fab in $FABRICS; do for f in $FAMILIES; do
   fab_addrs "$fab" "$f"
   section "B: SDP clients over IPv$f ($dev $ip_b -> A $ip_a)"
   for c in $CHECKS; do
-    skip_sock "$c" && continue
     name=${pfx}v$f-sdp-$c
     p=$(port "$fab" "$f" "$c")
     dst=$(addr "$f" "$ip_a" "$p")
@@ -258,9 +256,9 @@ for fab in $FABRICS; do for f in $FAMILIES; do
       sock-*)
         sock_env "$c"
         # shellcheck disable=SC2086
-        timeout 300 env $senv SDP_PEER_SRC="$ip_b" SDP_PEER_SHOW=1 $PEER duplex "$dst" $mode 22 11 $SOCK_BYTES \
+        timeout 300 env $cenv SDP_PEER_SRC="$ip_b" SDP_PEER_SHOW=1 $PEER duplex "$dst" $mode 22 11 $SOCK_BYTES \
           >"$LOGD/$name.cli" 2>&1; rc=$?
-        [ $rc = 0 ] && ! grep -q '^transport rdma$' "$LOGD/$name.cli" && rc=99 ;;
+        [ $rc = 0 ] && ! grep -q "^transport $want\$" "$LOGD/$name.cli" && rc=99 ;;
       *)
         timeout 300 $SDP client "$c" "$dst" "$ip_b" >"$LOGD/$name.cli" 2>&1; rc=$? ;;
     esac
@@ -271,7 +269,7 @@ for fab in $FABRICS; do for f in $FAMILIES; do
     else
       show "$LOGD/$name.cli" | tail -10
       why="client exit $rc"
-      [ $rc = 99 ] && why="the client's stream was not over rdma ($(grep '^transport' "$LOGD/$name.cli"))"
+      [ $rc = 99 ] && why="the client's stream was not over $want ($(grep '^transport' "$LOGD/$name.cli"))"
       [ "$c" = refused ] || crossed || why="$why; $(pkts | cut -d' ' -f1) counters did not both increase"
       fail "B:$name" "$why ($(since "$t0")s; $(pkts))"
     fi

@@ -33,8 +33,10 @@
 //! * `zsend ADDR CHOICE BYTES`: write BYTES of pattern 3 in one blocking write (a zero-copy
 //!   source in auto mode), again and again until killed.
 //!
-//! `SDP_PEER_SRC=IP` sets the connector's source address (`Options::source_ip`), so over RDMA
-//! the connection leaves through that address's device; `SDP_PEER_SHOW=1` makes `duplex`
+//! `SDP_PEER_LISTEN=sdp` makes `serve` listen over SDP only (no kernel TCP listener: what SDP
+//! over iWARP needs, whose connections use TCP's ports). `SDP_PEER_SRC=IP` sets the
+//! connector's source address (`Options::source_ip`), so over RDMA the connection leaves
+//! through that address's device; `SDP_PEER_SHOW=1` makes `duplex`
 //! print the stream's transport before `ok`. `SDP_PEER_SRCAVAIL_TIMEOUT_MS=N` gives SDP over
 //! shm a stack of its own with `srcavail_timeout` N ms (tests take that safety net away to
 //! show a behaviour does not rest on it).
@@ -260,8 +262,11 @@ fn main() {
                     .parse::<u64>()
                     .unwrap_or_else(|e| die(format!("{e}")))
             };
-            let l =
-                SdpListener::bind(arg(1).as_str()).unwrap_or_else(|e| die(format!("bind: {e}")));
+            let l = match std::env::var("SDP_PEER_LISTEN").as_deref() {
+                Ok("sdp") => SdpListener::bind_with(arg(1).as_str(), &Options::sdp_only()),
+                _ => SdpListener::bind(arg(1).as_str()),
+            }
+            .unwrap_or_else(|e| die(format!("bind: {e}")));
             let (ts, why) = l.sdp_transports();
             let names: Vec<String> = ts.iter().map(|t| t.to_string()).collect();
             println!(
