@@ -7,12 +7,16 @@
 #                               iteration); rstream prints only the mean (usec/xfer)
 #   sdp-lat                     SDP BCopy over the rdma provider (sdp-rigtest pp-server/pp-client,
 #                               TCP_NODELAY, event-driven waits: arm the CQ and sleep when idle)
+#   sdp-sock-lat                SDP over rdma through the socket API, as an application gets it
+#                               (sdp-peer pp-serve/pp: SdpListener/SdpStream, blocking read/write,
+#                               TCP_NODELAY; the runtime polls a while before it sleeps, docs/waiting.md)
 # Every figure is one-way latency in usec, i.e. round trip / 2, as perftest and rstream print it.
 # One line per measurement: RIG-BENCH: {"tool":..,"size_bytes":..,"run":..,"lat_usec":..,...}; the host
 # (tests/rig/run) prints the table of medians and the ratios to ib_send_lat and rstream-lat.
-# --sdp-variant NAME=ENV adds rows sdp-lat+NAME (e.g. SDP_SPIN_US=50: poll that long before arming).
+# --sdp-variant NAME=ENV adds rows sdp-lat+NAME and sdp-sock-lat+NAME (e.g. SDP_SPIN_US=50: poll that long
+# before arming).
 LAT_SIZES=${RIG_LAT_SIZES:-64}
-LAT_TOOLS=${RIG_LAT_TOOLS:-ib_send_lat ib_write_lat rstream-lat sdp-lat}
+LAT_TOOLS=${RIG_LAT_TOOLS:-ib_send_lat ib_write_lat rstream-lat sdp-lat sdp-sock-lat}
 LAT_RUNS=${RIG_LAT_RUNS:-3}
 lat_want() { case " $LAT_TOOLS " in *" $1 "*) return 0 ;; esac; return 1; }
 lat_iters() { if [ "$1" -ge 65536 ]; then echo 200; else echo 1000; fi; }
@@ -63,12 +67,18 @@ lat_rstream() {   # SIZE RUN
 
 lat_sdp() {   # SIZE RUN TOOL ENVPREFIX
   it=$(lat_iters "$1"); name=lat-$3-$1-$2
-  if lat_pair "$name" "$4$SDP pp-server $B:7495 $1 $it" "$4$SDP pp-client $B:7495 $A $1 $it"; then
+  if [ "${3%%+*}" = sdp-sock-lat ]; then
+    srv="${4}env SDP_PROVIDERS=rdma $PEER pp-serve $B:7496 $1"
+    cli="${4}env SDP_PROVIDERS=rdma SDP_PEER_SRC=$A $PEER pp $B:7496 sdp $1 $it"
+  else
+    srv="$4$SDP pp-server $B:7495 $1 $it" cli="$4$SDP pp-client $B:7495 $A $1 $it"
+  fi
+  if lat_pair "$name" "$srv" "$cli"; then
     p50=$(sed -n 's/^PP-CLIENT .*rtt_p50_usec=\([0-9.]*\).*/\1/p' "$LOGD/$name.cli")
     p99=$(sed -n 's/^PP-CLIENT .*rtt_p99_usec=\([0-9.]*\).*/\1/p' "$LOGD/$name.cli")
     avg=$(sed -n 's/^PP-CLIENT .*rtt_avg_usec=\([0-9.]*\).*/\1/p' "$LOGD/$name.cli")
     if [ -n "$p50" ] && [ -n "$avg" ]; then
-      show "$LOGD/$name.cli" "$LOGD/$name.srv" | grep -E 'loop|PP-SERVER'
+      show "$LOGD/$name.cli" "$LOGD/$name.srv" | grep -E 'loop|PP-SERVER|transport='
       h() { awk -v v="$1" 'BEGIN{printf "%.2f", v / 2}'; }
       lat_row "$3" "$1" "$2" "$(h "$p50")" p50 "\"avg_usec\":$(h "$avg"),\"p99_usec\":$(h "${p99:-0}"),\"iters\":$it"
       pass "$name" "round trip p50 $p50 usec, avg $avg; $(pkts)"; return
@@ -79,18 +89,20 @@ lat_sdp() {   # SIZE RUN TOOL ENVPREFIX
 }
 
 section "latency: ping-pong, $LAT_RUNS runs, sizes $LAT_SIZES, tools $LAT_TOOLS (one-way usec = round trip / 2)"
-SDP=/rig/bin/sdp-rigtest
+SDP=/rig/bin/sdp-rigtest PEER=/rig/bin/sdp-peer
 lrun=1
 while [ $lrun -le "$LAT_RUNS" ]; do
   for lsize in $LAT_SIZES; do
     for t in ib_send_lat ib_write_lat ib_send_lat-ev; do if lat_want $t; then lat_perftest $t "$lsize" $lrun; fi; done
     if lat_want rstream-lat; then lat_rstream "$lsize" $lrun; fi
+    if lat_want sdp-sock-lat && [ -x $PEER ]; then lat_sdp "$lsize" $lrun sdp-sock-lat ""; fi
     if lat_want sdp-lat && [ -x $SDP ]; then
       lat_sdp "$lsize" $lrun sdp-lat ""
       if [ -s /rig/sdp-variants ]; then
         while IFS= read -r v; do
           [ -n "$v" ] || continue
           lat_sdp "$lsize" $lrun "sdp-lat+${v%%=*}" "env ${v#*=} "
+          if lat_want sdp-sock-lat && [ -x $PEER ]; then lat_sdp "$lsize" $lrun "sdp-sock-lat+${v%%=*}" "env ${v#*=} "; fi
         done </rig/sdp-variants
       fi
     fi

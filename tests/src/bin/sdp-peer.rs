@@ -33,7 +33,12 @@
 //! * `zsend ADDR CHOICE BYTES`: write BYTES of pattern 3 in one blocking write (a zero-copy
 //!   source in auto mode), again and again until killed.
 //!
-//! `SDP_PEER_LISTEN=sdp` makes `serve` listen over SDP only (no kernel TCP listener: what SDP
+//! * `pp-serve ADDR SIZE`: listen, accept one client and echo SIZE-byte messages until EOF.
+//! * `pp ADDR CHOICE SIZE ITERS`: ping-pong SIZE-byte messages (after a warm-up) through the
+//!   blocking socket API, as an application would; prints `PP-CLIENT transport=T size=...
+//!   rtt_p50_usec=...` (sdp-rigtest's ping-pong drives the driver itself, with its own wait).
+//!
+//! `SDP_PEER_LISTEN=sdp` makes `serve` and `pp-serve` listen over SDP only (no kernel TCP listener: what SDP
 //! over iWARP needs, whose connections use TCP's ports). `SDP_PEER_SRC=IP` sets the
 //! connector's source address (`Options::source_ip`), so over RDMA the connection leaves
 //! through that address's device; `SDP_PEER_SHOW=1` makes `duplex`
@@ -262,11 +267,7 @@ fn main() {
                     .parse::<u64>()
                     .unwrap_or_else(|e| die(format!("{e}")))
             };
-            let l = match std::env::var("SDP_PEER_LISTEN").as_deref() {
-                Ok("sdp") => SdpListener::bind_with(arg(1).as_str(), &Options::sdp_only()),
-                _ => SdpListener::bind(arg(1).as_str()),
-            }
-            .unwrap_or_else(|e| die(format!("bind: {e}")));
+            let l = listen(&arg(1));
             let (ts, why) = l.sdp_transports();
             let names: Vec<String> = ts.iter().map(|t| t.to_string()).collect();
             println!(
@@ -372,8 +373,92 @@ fn main() {
                 }
             }
         }
+        "pp-serve" => {
+            let l = listen(&arg(1));
+            let (mut s, _) = l.accept().unwrap_or_else(|e| die(format!("accept: {e}")));
+            let _ = s.set_nodelay(true);
+            let mut buf = vec![0u8; num(&arg(2)) as usize];
+            let mut n = 0u64;
+            loop {
+                match read_full(&mut s, &mut buf) {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(e) => die(format!("read: {e}")),
+                }
+                s.write_all(&buf)
+                    .unwrap_or_else(|e| die(format!("write: {e}")));
+                n += 1;
+            }
+            println!("PP-SERVER transport={} exchanges={n}", s.transport());
+        }
+        "pp" => {
+            let (size, iters) = (num(&arg(3)) as usize, num(&arg(4)));
+            let mut s = connect(&arg(1), &arg(2));
+            let _ = s.set_nodelay(true);
+            let warm = (iters / 10).clamp(5, 100);
+            let mut out = vec![0u8; size];
+            let mut back = vec![0u8; size];
+            let mut rtts = Vec::with_capacity(iters as usize);
+            for i in 0..warm + iters {
+                for (k, b) in out.iter_mut().enumerate() {
+                    *b = (i as usize * 7 + k * 131) as u8;
+                }
+                let t = std::time::Instant::now();
+                s.write_all(&out)
+                    .unwrap_or_else(|e| die(format!("write: {e}")));
+                match read_full(&mut s, &mut back) {
+                    Ok(true) => {}
+                    Ok(false) => die(format!("exchange {i}: EOF")),
+                    Err(e) => die(format!("exchange {i}: read: {e}")),
+                }
+                if i >= warm {
+                    rtts.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                if back != out {
+                    die(format!("exchange {i}: the echo differs from what was sent"));
+                }
+            }
+            s.shutdown(Shutdown::Write)
+                .unwrap_or_else(|e| die(format!("shutdown: {e}")));
+            rtts.sort_by(f64::total_cmp);
+            let pct = |p: f64| rtts[((rtts.len() as f64 - 1.0) * p).round() as usize];
+            let avg = rtts.iter().sum::<f64>() / rtts.len() as f64;
+            println!(
+                "PP-CLIENT transport={} size={size} iters={iters} rtt_p50_usec={:.1} rtt_p99_usec={:.1} rtt_min_usec={:.1} rtt_avg_usec={avg:.1}",
+                s.transport(),
+                pct(0.5),
+                pct(0.99),
+                rtts[0]
+            );
+        }
         other => die(format!("unknown command {other}")),
     }
+}
+
+fn num(s: &str) -> u64 {
+    s.parse().unwrap_or_else(|e| die(format!("{s:?}: {e}")))
+}
+
+/// A listener on `addr`: automatic, or SDP only with `SDP_PEER_LISTEN=sdp`.
+fn listen(addr: &str) -> SdpListener {
+    match std::env::var("SDP_PEER_LISTEN").as_deref() {
+        Ok("sdp") => SdpListener::bind_with(addr, &Options::sdp_only()),
+        _ => SdpListener::bind(addr),
+    }
+    .unwrap_or_else(|e| die(format!("bind: {e}")))
+}
+
+/// Fill `buf` from `s`: true when full, false at EOF before the first byte.
+fn read_full(s: &mut SdpStream, buf: &mut [u8]) -> std::io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        match s.read(&mut buf[got..])? {
+            0 if got == 0 => return Ok(false),
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => got += n,
+        }
+    }
+    Ok(true)
 }
 
 /// fork(): the parent's stream keeps working, the child's inherited copy fails without
