@@ -23,7 +23,7 @@ ROLE=$1 MTU=${2:-9000}
 SDP=/rig/bin/sdp-rigtest
 NC=/bin/nc.openbsd
 A4=192.168.79.1 B4=192.168.79.2 A6=fd00:79::1 B6=fd00:79::2
-CHECKS=${RIG_TWO_CHECKS:-bcopy zcopy zsend halfclose abort garbage-hello junk-after-hello kill refused sock-auto sock-registered sock-bcopy}
+CHECKS=${RIG_TWO_CHECKS:-bcopy zcopy zsend halfclose abort garbage-hello junk-after-hello kill refused sock-auto sock-registered sock-bcopy linkdel}
 PEER=/rig/bin/sdp-peer
 SOCK_BYTES=8388608
 FAMILIES=${RIG_TWO_FAMILIES:-4 6}
@@ -115,7 +115,7 @@ ip route get "$P4" from "$ME4" oif eth0
 port() {   # port FABRIC FAMILY SCENARIO: rxe 74xx (IPv4), 75xx (IPv6); siw 76xx, 77xx
   n=0
   for c in bcopy zcopy zsend halfclose abort garbage-hello junk-after-hello kill refused \
-           sock-auto sock-registered sock-bcopy; do
+           sock-auto sock-registered sock-bcopy linkdel; do
     [ "$c" = "$3" ] && break
     n=$((n + 1))
   done
@@ -125,10 +125,10 @@ port() {   # port FABRIC FAMILY SCENARIO: rxe 74xx (IPv4), 75xx (IPv6); siw 76xx
 # fab_addrs FABRIC FAMILY: sets ip_a ip_b (A's and B's addresses) and dev
 fab_addrs() {
   case $1$2 in
-    rxe4) ip_a=$A4 ip_b=$B4 dev=rxe0 ;;
-    rxe6) ip_a=$A6 ip_b=$B6 dev=rxe0 ;;
-    siw4) ip_a=192.168.80.1 ip_b=192.168.80.2 dev=siw0 ;;
-    siw6) ip_a=fd00:80::1 ip_b=fd00:80::2 dev=siw0 ;;
+    rxe4) ip_a=$A4 ip_b=$B4 dev=rxe0 nic=eth0 ;;
+    rxe6) ip_a=$A6 ip_b=$B6 dev=rxe0 nic=eth0 ;;
+    siw4) ip_a=192.168.80.1 ip_b=192.168.80.2 dev=siw0 nic=eth1 ;;
+    siw6) ip_a=fd00:80::1 ip_b=fd00:80::2 dev=siw0 nic=eth1 ;;
   esac
   FAB=$1
   if [ "$1" = rxe ]; then pfx=""; else pfx="$1-"; fi
@@ -194,11 +194,30 @@ if [ "$ROLE" = a ]; then
       esac
       $NC -l $((p - 1000)) >/dev/null 2>&1 </dev/null &
       bpid=$!
+      if [ "$c" = linkdel ]; then
+        # A's device goes away under a transfer both ways: A's server fails with ENETDOWN, and B's
+        # client, whose peer vanished without a word, must get an error too (within 20 s of the last
+        # progress), never hang. The counters are read before (a new device starts from zero; pkts
+        # below prints these).
+        i=0
+        while [ $i -lt 600 ] && ! grep -q '^accepted' "$LOGD/$name.srv" && kill -0 $spid 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+        sleep 2
+        deltas "$s0"
+        crossed || why="${why}$(pkts | cut -d' ' -f1) counters did not both increase; "
+        timeout 60 rdma link delete "$dev" || why="${why}rdma link delete $dev failed or waited 60 s; "
+      fi
       wait "$spid"; rc=$?
       kill "$bpid" 2>/dev/null; wait "$bpid" 2>/dev/null
-      deltas "$s0"
       [ $rc = 0 ] || why="${why}server exit $rc; "
-      crossed || why="${why}$(pkts | cut -d' ' -f1) counters did not both increase; "
+      if [ "$c" = linkdel ]; then
+        rdma link add "$dev" type "$fab" netdev "$nic" || why="${why}rdma link add $dev failed; "
+        i=0
+        while [ $i -lt 100 ] && ! grep -q ACTIVE /sys/class/infiniband/$dev/ports/1/state 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+        grep -q ACTIVE /sys/class/infiniband/$dev/ports/1/state 2>/dev/null || why="${why}$dev not ACTIVE again; "
+      else
+        deltas "$s0"
+        crossed || why="${why}$(pkts | cut -d' ' -f1) counters did not both increase; "
+      fi
       case $c in sock-*)
         grep -q "^listening $wl " "$LOGD/$name.srv" || why="${why}not listening on $wl ($(grep '^listening' "$LOGD/$name.srv")); "
         grep -q "^accepted $want\$" "$LOGD/$name.srv" || why="${why}accepted stream not over $want; " ;;

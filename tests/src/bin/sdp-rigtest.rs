@@ -445,6 +445,8 @@ fn server(sc: &str, addr: SocketAddr) -> Res<()> {
             // Stream both ways until the transfer breaks: the client process is killed (kill)
             // or our device is deleted (linkdel). Pass if it breaks with an error, in time.
             let id = rt.accept(l, Duration::from_secs(30))?;
+            // (two guests: the shell deletes the device once the transfer runs)
+            println!("accepted");
             survive(&mut rt, id, true)
         }
         "garbage-hello" | "junk-after-hello" => {
