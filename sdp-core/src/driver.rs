@@ -19,12 +19,26 @@
 //! connection posts only a few receive buffers ([`Conn::accept_queued`]), and one the
 //! application has not taken within [`Config::unaccepted_timeout`] is aborted: its peer sees
 //! a reset, its memory and endpoint are freed.
+//!
+//! **The one door.** The socket layer (`socket::runtime`) reaches engines and the provider only
+//! through the driver: its calls (`connect`, `write`, `read_zcopy`, `set_nodelay`, ...), a
+//! connection's [`ConnView`] (state, error, readiness, queues, counters), a few named queries
+//! ([`Driver::next_is_zcopy`], [`Driver::conn_error`], [`Driver::close_pending`],
+//! [`Driver::tx_queued`]) and the provider calls it needs ([`Driver::arm`],
+//! [`Driver::device_lost`], [`Driver::reg_mr`], [`Driver::caller_memory`]). [`Driver::conn`],
+//! [`Driver::with_conn`] and [`Driver::provider`] hand out the engine and the provider
+//! themselves, for tests, benches and the harness only (a unit test keeps them out of
+//! `socket/`). An engine's events reach the socket layer through [`Driver::take_events`]
+//! (zero-copy reports; `Closed`); readiness is no event, the socket layer reads it from the
+//! [`ConnView`] of each connection a round or a call touched ([`Driver::take_touched`]).
 
 use std::net::SocketAddr;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::proto::buff::{Buf, BufStore};
 use crate::proto::conn::CallError;
+use crate::proto::conn::ConnStats;
 use crate::proto::iocb::{ZSink, ZSrc};
 use crate::proto::read::ZRecv;
 use crate::proto::table::{ConnId, Table};
@@ -210,6 +224,13 @@ impl<P: Provider> Driver<P> {
         }
     }
 
+    /// The provider itself.
+    ///
+    /// Not for the socket layer, which reaches the provider only through the calls below
+    /// ([`Driver::arm`], [`Driver::device_lost`], [`Driver::reg_mr`],
+    /// [`Driver::caller_memory`]): public for the tests, the benches, the harness and the
+    /// examples, which register memory and drive waits themselves.
+    #[doc(hidden)]
     pub fn provider(&self) -> &Arc<P> {
         &self.provider
     }
@@ -533,6 +554,11 @@ impl<P: Provider> Driver<P> {
     }
 
     /// Run `f` on a connection's engine, then post what it produced.
+    ///
+    /// Not for the socket layer, which changes an engine only through the driver's named
+    /// calls: public for the tests, which reach engine calls the socket layer has no use for
+    /// (cancels, sequence-number shifts).
+    #[doc(hidden)]
     pub fn with_conn<R>(
         &mut self,
         now: Instant,
@@ -545,8 +571,125 @@ impl<P: Provider> Driver<P> {
     }
 
     /// Read-only access to a connection's engine.
+    ///
+    /// Not for the socket layer, which reads a connection only through [`Driver::view`] and
+    /// the named queries below: public for the tests, the benches and the harness, which
+    /// look at the engine's internals (sequence numbers, counters, `debug_state`).
+    #[doc(hidden)]
     pub fn conn(&self, id: ConnId) -> Option<&Conn<MrStore<P>>> {
         self.conns.get(id).map(|e| &e.conn)
+    }
+
+    // ---- What the socket layer reads and asks of a connection and of the provider ----
+    //
+    // The socket layer (`socket::runtime`) reaches the engine and the provider only through
+    // these and the calls above (`connect`, `write`, `read`, ...), never through
+    // [`Driver::conn`], [`Driver::with_conn`] or [`Driver::provider`].
+
+    /// What the socket layer reads of a connection at once (its state, error, readiness and
+    /// counters); `None` for an unknown id.
+    pub fn view(&self, id: ConnId) -> Option<ConnView<'_, P>> {
+        self.conns.get(id).map(|e| ConnView(&e.conn))
+    }
+
+    /// The connection's error, if it failed; `None` also for an unknown id.
+    pub fn conn_error(&self, id: ConnId) -> Option<&ConnError> {
+        self.conns.get(id).and_then(|e| e.conn.error())
+    }
+
+    /// Whether the next stream bytes are a peer's zero-copy source that
+    /// [`Driver::read_zcopy`] may take ([`Conn::next_is_zcopy`]).
+    pub fn next_is_zcopy(&self, id: ConnId) -> Result<bool, DriverError> {
+        let e = self.conns.get(id).ok_or(DriverError::BadId)?;
+        Ok(e.conn.next_is_zcopy().is_some())
+    }
+
+    /// The application closed the connection and something of ours has yet to reach the peer
+    /// ([`Conn::close_pending`]); false for an unknown id.
+    pub fn close_pending(&self, id: ConnId) -> bool {
+        self.conns.get(id).is_some_and(|e| e.conn.close_pending())
+    }
+
+    /// Bytes written and not yet acknowledged by the peer; 0 for an unknown id.
+    pub fn tx_queued(&self, id: ConnId) -> usize {
+        self.conns.get(id).map_or(0, |e| e.conn.tx_queued_bytes())
+    }
+
+    /// Copy received bytes without consuming them (`MSG_PEEK`).
+    pub fn peek(
+        &self,
+        id: ConnId,
+        dst: &mut [u8],
+    ) -> Result<Result<usize, CallError>, DriverError> {
+        let e = self.conns.get(id).ok_or(DriverError::BadId)?;
+        Ok(e.conn.peek(dst))
+    }
+
+    /// TCP_NODELAY in force; `None` for an unknown id.
+    pub fn nodelay(&self, id: ConnId) -> Option<bool> {
+        self.conns.get(id).map(|e| e.conn.config().nodelay)
+    }
+    /// TCP_NODELAY.
+    pub fn set_nodelay(&mut self, now: Instant, id: ConnId, on: bool) -> Result<(), DriverError> {
+        self.with_conn(now, id, |c| c.set_nodelay(on))
+    }
+    /// SO_SNDBUF in force; `None` for an unknown id.
+    pub fn sndbuf(&self, id: ConnId) -> Option<usize> {
+        self.conns.get(id).map(|e| e.conn.config().sndbuf)
+    }
+    /// SO_SNDBUF.
+    pub fn set_sndbuf(
+        &mut self,
+        now: Instant,
+        id: ConnId,
+        bytes: usize,
+    ) -> Result<(), DriverError> {
+        self.with_conn(now, id, |c| c.set_sndbuf(bytes))
+    }
+
+    /// Send one urgent byte (MSG_OOB) after what was written.
+    pub fn send_urgent(
+        &mut self,
+        now: Instant,
+        id: ConnId,
+        byte: u8,
+    ) -> Result<Result<(), CallError>, DriverError> {
+        self.with_conn(now, id, |c| c.send_urgent(now, byte))
+    }
+    /// Take the urgent byte (MSG_OOB), or with `peek` look at it; `None` if there is none.
+    pub fn read_urgent(
+        &mut self,
+        now: Instant,
+        id: ConnId,
+        peek: bool,
+    ) -> Result<Option<u8>, DriverError> {
+        self.with_conn(now, id, |c| {
+            let b = c.read_urgent();
+            if peek {
+                c.urgent = b;
+            }
+            b
+        })
+    }
+
+    /// Ask the provider for a notification at its next news ([`Provider::arm`]).
+    pub fn arm(&self) -> Result<(), VerbsError> {
+        self.provider.arm()
+    }
+    /// Whether the provider's device went away ([`Provider::device_lost`]; then
+    /// [`Driver::release_device`]).
+    pub fn device_lost(&self) -> bool {
+        self.provider.device_lost()
+    }
+    /// Register `len` zeroed bytes on the provider ([`Provider::reg_mr`]).
+    pub fn reg_mr(&self, len: usize, access: Access) -> Result<P::Mr, VerbsError> {
+        self.provider.reg_mr(len, access)
+    }
+    /// A handle that registers the caller's own memory on the provider for one call
+    /// ([`CallerMemory::reg_mr_at`]), usable after the lock that guards the driver is let go
+    /// (a registration can take long: nobody else's progress should wait for it).
+    pub fn caller_memory(&self) -> CallerMemory<P> {
+        CallerMemory(self.provider.clone())
     }
 
     pub fn write(&mut self, now: Instant, id: ConnId, data: &[u8]) -> Result<usize, CallError> {
@@ -692,6 +835,88 @@ impl<P: Provider> Driver<P> {
     }
 }
 
+/// A connection as the socket layer sees it ([`Driver::view`]): the engine's state, error,
+/// readiness, queues and counters, read-only.
+pub struct ConnView<'a, P: Provider>(&'a Conn<MrStore<P>>);
+
+impl<P: Provider> ConnView<'_, P> {
+    pub fn state(&self) -> State {
+        self.0.state()
+    }
+    /// Why the connection failed, if it did.
+    pub fn error(&self) -> Option<&ConnError> {
+        self.0.error()
+    }
+    /// A read would not block: data, EOF or an error ([`Conn::is_readable`]).
+    pub fn is_readable(&self) -> bool {
+        self.0.is_readable()
+    }
+    /// A read would return at once with data, end of stream or an error, not merely start
+    /// fetching a peer's zero-copy source ([`Conn::read_ready`]).
+    pub fn read_ready(&self) -> bool {
+        self.0.read_ready()
+    }
+    /// A write would not block ([`Conn::is_writable`]).
+    pub fn is_writable(&self) -> bool {
+        self.0.is_writable()
+    }
+    /// The peer's DisConn (or our read shutdown) and every byte before it read.
+    pub fn read_closed(&self) -> bool {
+        self.0.read_closed()
+    }
+    /// Our write half is shut.
+    pub fn write_closed(&self) -> bool {
+        self.0.write_closed()
+    }
+    /// An urgent byte (MSG_OOB) arrived and was not read yet.
+    pub fn urgent_pending(&self) -> bool {
+        self.0.urgent_pending()
+    }
+    /// Bytes received and not yet read.
+    pub fn rx_queued(&self) -> usize {
+        self.0.rx_queued_bytes()
+    }
+    /// Bytes written and not yet acknowledged by the peer.
+    pub fn tx_queued(&self) -> usize {
+        self.0.tx_queued_bytes()
+    }
+    /// Credits held (receive buffers of the peer we may use).
+    pub fn tx_credits(&self) -> u32 {
+        self.0.tx_credits()
+    }
+    /// Largest message sent (the peer's receive buffer size).
+    pub fn send_size(&self) -> u32 {
+        self.0.send_size()
+    }
+    /// The engine's counters.
+    pub fn stats(&self) -> &ConnStats {
+        &self.0.stats
+    }
+}
+
+/// Registers the caller's own memory on a driver's provider ([`Driver::caller_memory`]).
+pub struct CallerMemory<P: Provider>(Arc<P>);
+
+impl<P: Provider> CallerMemory<P> {
+    /// Register memory the caller owns, for one call ([`Provider::reg_mr_at`]): dropping the
+    /// region deregisters it and leaves the memory alone. Providers that cannot do this
+    /// return [`VerbsError::Invalid`].
+    ///
+    /// # Safety
+    /// As [`Provider::reg_mr_at`]: `addr..addr + len` must stay allocated for the life of the
+    /// returned region, and while the region grants remote access the caller must expect the
+    /// peer to read or write it.
+    pub unsafe fn reg_mr_at(
+        &self,
+        addr: NonNull<u8>,
+        len: usize,
+        access: Access,
+    ) -> Result<P::Mr, VerbsError> {
+        // SAFETY: the caller keeps `Provider::reg_mr_at`'s contract, which this one repeats.
+        unsafe { self.0.reg_mr_at(addr, len, access) }
+    }
+}
+
 /// Feed the engine every completion waiting in the endpoint's CQ (none while connecting).
 fn drain_cq<S: BufStore, E: Endpoint>(
     conn: &mut Conn<S>,
@@ -761,4 +986,46 @@ fn post_all<S: BufStore, E: Endpoint>(
         sends.clear();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The socket layer reaches engines and the provider only through the driver's narrow
+    /// calls (the module docs' "one door"): none of its sources hands itself the engine or
+    /// the provider.
+    #[test]
+    fn the_socket_layer_goes_through_the_driver() {
+        fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for e in std::fs::read_dir(dir).expect("socket/ is readable") {
+                let path = e.expect("a directory entry").path();
+                if path.is_dir() {
+                    sources(&path, out);
+                } else if path.extension().is_some_and(|x| x == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/socket");
+        let mut files = Vec::new();
+        sources(&root, &mut files);
+        assert!(files.len() > 10, "socket/ sources found: {files:?}");
+        let mut found = Vec::new();
+        for f in &files {
+            let text = std::fs::read_to_string(f).expect("a readable source");
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                for door in [".conn(", ".with_conn(", ".provider()"] {
+                    if code.contains(door) {
+                        found.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        // A call split over lines (`g.driver` then `.conn(id)`) still has the method on one.
+        assert!(
+            found.is_empty(),
+            "the socket layer reaches past the driver:\n{}",
+            found.join("\n")
+        );
+    }
 }

@@ -51,14 +51,15 @@ pub enum CmAction {
 }
 
 /// Notifications for the application.
+///
+/// Readiness is not among them: whether a read or a write would block is read from the
+/// connection's state after each round of progress ([`Conn::is_readable`],
+/// [`Conn::read_ready`], [`Conn::is_writable`]; the socket layer through the driver's
+/// `ConnView`), as often as that changes, so there is no event to miss or to pile up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// The connection is established.
     Connected,
-    /// Data (or EOF, or an error) can be read.
-    Readable,
-    /// Space opened up for writing.
-    Writable,
     /// Urgent data arrived (SIGURG).
     Urgent,
     /// A zero-copy send finished: `bytes` of it reached the peer. Fewer than offered means the
@@ -752,7 +753,6 @@ impl<S: BufStore> Conn<S> {
         self.timers
             .start(Timer::IdleCheck, now + self.cfg.idle_shrink);
         self.events.push_back(Event::Connected);
-        self.events.push_back(Event::Writable);
         if self.role == Role::Active && self.cfg.initiator_sends_first == Some(true) {
             // The transport wants our message first (the peer holds its own until then): a
             // credit update, which every peer takes.
@@ -871,7 +871,6 @@ impl<S: BufStore> Conn<S> {
         if matches!(how, Shutdown::Read | Shutdown::Both) && !self.shut_rd {
             self.shut_rd = true;
             self.discard_rx();
-            self.events.push_back(Event::Readable);
         }
         if matches!(how, Shutdown::Write | Shutdown::Both) && !self.shut_wr {
             self.shut_wr = true;
@@ -928,7 +927,7 @@ impl<S: BufStore> Conn<S> {
         self.abort_with(now, ConnError::Protocol(e));
     }
 
-    /// Enter the error path: record the error, wake the application, disconnect.
+    /// Enter the error path: record the error (reads and writes see it), disconnect.
     pub(crate) fn fail(&mut self, now: Instant, err: ConnError, disconnect: bool) {
         if self.state == State::Closed {
             return;
@@ -936,8 +935,6 @@ impl<S: BufStore> Conn<S> {
         if self.error.is_none() {
             self.error = Some(err);
         }
-        self.events.push_back(Event::Readable);
-        self.events.push_back(Event::Writable);
         match self.state {
             State::Connecting | State::Accepting if !disconnect => self.finish(now),
             _ => {
@@ -986,8 +983,6 @@ impl<S: BufStore> Conn<S> {
             self.error = Some(ConnError::Reset);
         }
         self.release_all();
-        self.events.push_back(Event::Readable);
-        self.events.push_back(Event::Writable);
         self.events.push_back(Event::Closed(self.error.clone()));
     }
 

@@ -125,7 +125,6 @@ impl<S: BufStore> Conn<S> {
             len,
             bounce: false,
         });
-        self.events.push_back(Event::Readable);
         Ok(())
     }
 
@@ -138,7 +137,6 @@ impl<S: BufStore> Conn<S> {
                     if self.iocbs.sink_active() {
                         self.cancel_sink(now);
                     }
-                    self.events.push_back(Event::Readable);
                     Ok(())
                 }
                 Mid::AbortConn => {

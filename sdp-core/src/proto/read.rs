@@ -221,7 +221,6 @@ impl<S: BufStore> Conn<S> {
                     },
                 );
                 self.rx.bytes += r.len as usize;
-                self.events.push_back(Event::Readable);
             }
             (None, Some(token)) => {
                 self.events.push_back(Event::ZcopyReceived {
@@ -368,7 +367,6 @@ impl<S: BufStore> Conn<S> {
             return Ok(());
         }
         self.rx.queue.push_back(RxItem::Src { advt: id });
-        self.events.push_back(Event::Readable);
         self.start_eager_reads();
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! posting SENDs as credits allow. Small writes coalesce into the buffer at the tail of the queue.
 
 use super::buff::{Buf, BufStore};
-use super::conn::{wrid, CallError, Conn, ConnError, Event, State, CTRL_CREDITS};
+use super::conn::{wrid, CallError, Conn, ConnError, State, CTRL_CREDITS};
 use super::iocb::{SrcState, ZSrc};
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 use super::tx::{Inflight, TxItem};
@@ -550,12 +550,6 @@ impl<S: BufStore> Conn<S> {
         self.send_size = size;
         self.tx.pool.resize(&mut self.store, size);
         Ok(())
-    }
-
-    pub(crate) fn wake_writer(&mut self) {
-        if self.tx.bytes < self.cfg.sndbuf {
-            self.events.push_back(Event::Writable);
-        }
     }
 }
 

@@ -20,13 +20,11 @@ impl<S: BufStore> Conn<S> {
                     self.tx.pool.put(&mut self.store, buf);
                     self.tx.data_outstanding -= 1;
                     self.tx.bytes -= data as usize;
-                    self.wake_writer();
                 }
             }
             Inflight::WriteData { buf, data } => {
                 self.tx.pool.put(&mut self.store, buf);
                 self.tx.bytes -= data as usize;
-                self.wake_writer();
             }
             Inflight::WriteSrc { key, len } => {
                 self.tx.bytes -= len as usize;

@@ -272,7 +272,6 @@ impl<S: BufStore> Conn<S> {
         }
         self.tx.unqueue_src(key);
         self.report_done();
-        self.wake_writer();
     }
 
     /// Report the finished sources at the front, in stream order ([`Event::ZcopySent`] once
@@ -329,7 +328,6 @@ impl<S: BufStore> Conn<S> {
         self.tx.bytes -= unsent;
         self.stats.srcavail_cancelled += cancelled;
         self.report_done();
-        self.wake_writer();
     }
 
     /// SinkAvail received. Honoured only if the peer had seen every stream byte we sent

@@ -441,7 +441,7 @@ impl<P: Provider + 'static> Runtime<P> {
                 ..Wait::default()
             },
             |g, _| {
-                let c = g.driver.conn(id)?;
+                let c = g.driver.view(id)?;
                 match c.state() {
                     State::Connecting => None,
                     State::Established => Some(Ok(())),
@@ -457,9 +457,7 @@ impl<P: Provider + 'static> Runtime<P> {
             Ok(()) => Ok(id),
             Err(e) => {
                 let full = self.lock().is_ok_and(|g| {
-                    g.driver.conn(id).is_some_and(|c| {
-                        matches!(c.error(), Some(ConnError::Rejected(why)) if why == REJECT_QUEUE_FULL)
-                    })
+                    matches!(g.driver.conn_error(id), Some(ConnError::Rejected(why)) if why == REJECT_QUEUE_FULL)
                 });
                 self.close(id);
                 if full {
@@ -546,7 +544,7 @@ impl<P: Provider + 'static> Runtime<P> {
                     let me = fd.as_raw_fd();
                     // Ask the provider to make `notify` readable at the next news, then look
                     // once more (news between our last look and the arming made no wakeup).
-                    let _ = g.driver.provider().arm();
+                    let _ = g.driver.arm();
                     if self.sh.step(&mut g) > 0 {
                         self.sh.sleep_fds.lock().push(fd);
                         self.sh.wake_waiters();
@@ -605,7 +603,7 @@ impl<P: Provider + 'static> Runtime<P> {
             // The engine is gone (closed and released), and its endpoint with it: nothing
             // reaches the memory any more, and no report will come.
             g.driver
-                .conn(id)
+                .view(id)
                 .is_none()
                 .then(|| Err(io::Error::from_raw_os_error(libc::ECONNRESET)))
         })
@@ -715,12 +713,7 @@ impl<P: Provider + 'static> Runtime<P> {
 
     /// Whether the next stream bytes of `id` are a peer's zero-copy source we may read.
     fn next_is_zcopy(&self, id: ConnId) -> io::Result<bool> {
-        let g = self.lock()?;
-        let c = g
-            .driver
-            .conn(id)
-            .ok_or_else(|| driver_err(crate::driver::DriverError::BadId))?;
-        Ok(c.next_is_zcopy().is_some())
+        self.lock()?.driver.next_is_zcopy(id).map_err(driver_err)
     }
 
     /// Body of [`Self::zcopy_recv`]: read into `grant` and wait for the engine to end it.
@@ -734,11 +727,7 @@ impl<P: Provider + 'static> Runtime<P> {
         let token = {
             let mut g = self.lock()?;
             let now = self.now();
-            let c = g
-                .driver
-                .conn(id)
-                .ok_or_else(|| driver_err(crate::driver::DriverError::BadId))?;
-            if c.next_is_zcopy().is_none() {
+            if !g.driver.next_is_zcopy(id).map_err(driver_err)? {
                 return Ok(None);
             }
             let token = g.next_token;
@@ -816,9 +805,9 @@ impl<P: Provider + 'static> Shared<P> {
         let pid = self.pid.to_string();
         let mut out = String::new();
         for id in g.driver.conn_ids() {
-            let Some(c) = g.driver.conn(id) else { continue };
+            let Some(c) = g.driver.view(id) else { continue };
             let addr = |a: Option<SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
-            let s = &c.stats;
+            let s = c.stats();
             out.push_str(&super::stat::line(&[
                 ("pid", pid.clone()),
                 ("stack", self.name.to_string()),
@@ -832,8 +821,8 @@ impl<P: Provider + 'static> Shared<P> {
                     "zcopy_bytes",
                     (s.zcopy_read_bytes + s.zcopy_write_bytes + s.zcopy_send_bytes).to_string(),
                 ),
-                ("rx_queued", c.rx_queued_bytes().to_string()),
-                ("tx_queued", c.tx_queued_bytes().to_string()),
+                ("rx_queued", c.rx_queued().to_string()),
+                ("tx_queued", c.tx_queued().to_string()),
                 ("credits", c.tx_credits().to_string()),
                 ("send_size", c.send_size().to_string()),
                 (
@@ -912,7 +901,7 @@ impl<P: Provider + 'static> Shared<P> {
         let guard = FailOnUnwind(self);
         let act = self.step_inner(g);
         std::mem::forget(guard);
-        if g.driver.provider().device_lost() && !self.failed() {
+        if g.driver.device_lost() && !self.failed() {
             self.lose_device(g);
         }
         act
@@ -1087,7 +1076,7 @@ fn settle_zsends<P: Provider>(driver: &mut Driver<P>, now: Instant, id: ConnId, 
         };
         let bytes = zdone.swap_remove(i).1.min(z.len);
         let revoke = z.mr.revoke(&z.grant);
-        let failed = driver.conn(id).and_then(|c| c.error().cloned());
+        let failed = driver.conn_error(id).cloned();
         z.done = Some(match (revoke, failed) {
             (Err(e), _) => Err(verbs_err(e)),
             (Ok(()), Some(e)) if bytes < z.len => Err(io::Error::from_raw_os_error(e.errno())),
@@ -1121,7 +1110,7 @@ fn refresh_sock<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut Sock) {
     let Some(r) = s.ready.as_mut() else {
         return;
     };
-    match driver.conn(id) {
+    match driver.view(id) {
         Some(c) => {
             let hup = c.state() == State::Closed || (c.read_closed() && c.write_closed());
             r.set(c.is_readable(), c.is_writable(), hup)
@@ -1132,10 +1121,10 @@ fn refresh_sock<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut Sock) {
 
 /// What an application fd of the connection should report.
 fn app_state<P: Provider>(driver: &Driver<P>, id: ConnId) -> AppState {
-    match driver.conn(id) {
+    match driver.view(id) {
         Some(c) => AppState {
             readable: c.read_ready(),
-            rx_total: c.stats.data_bytes_rcvd,
+            rx_total: c.stats().data_bytes_rcvd,
             writable: c.is_writable(),
             rdhup: c.read_closed() || c.state() == State::Closed,
             hup: c.state() == State::Closed && c.error().is_none()
@@ -1219,7 +1208,7 @@ impl<P: Provider + 'static> Shared<P> {
             .driver
             .conn_ids()
             .into_iter()
-            .all(|id| !g.driver.conn(id).is_some_and(|c| c.close_pending()))
+            .all(|id| !g.driver.close_pending(id))
     }
 }
 
@@ -1341,7 +1330,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             && self.sh.user_zcopy.load(Ordering::Relaxed);
         loop {
             let r = self.block_on(w, |g, now| {
-                if try_z && g.driver.conn(id).and_then(|c| c.next_is_zcopy()).is_some() {
+                if try_z && g.driver.next_is_zcopy(id) == Ok(true) {
                     return Some(Ok(None));
                 }
                 let r = match g.driver.read(now, id, buf) {
@@ -1423,7 +1412,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         // Wait for something to read, then take it straight into the region if it is a
         // zero-copy source, by copy otherwise.
         self.block_on(Wait::default(), |g, _| {
-            let c = g.driver.conn(id)?;
+            let c = g.driver.view(id)?;
             c.is_readable().then_some(Ok(()))
         })?;
         if let Some(n) = self.zcopy_recv(id, mr, off, len)? {
@@ -1439,7 +1428,6 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         let g = self.lock()?;
         let mr = g
             .driver
-            .provider()
             .reg_mr(len, Access::LOCAL_WRITE)
             .map_err(verbs_err)?;
         Ok(Box::new(mr))
@@ -1600,7 +1588,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         // After a failure there is no peer (getpeername gives ENOTCONN on a reset TCP socket).
         let failed = g
             .driver
-            .conn(id)
+            .view(id)
             .is_some_and(|c| c.state() == State::Closed && c.error().is_some());
         match (g.driver.local_addr(id), g.driver.peer_addr(id)) {
             (Some(l), Some(p)) if !failed => Ok((l, p)),
@@ -1610,31 +1598,25 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
 
     fn set_nodelay(&self, id: ConnId, on: bool) -> io::Result<()> {
         self.with_sock(id, |g, now| {
-            g.driver
-                .with_conn(now, id, |c| c.set_nodelay(on))
-                .map_err(driver_err)
+            g.driver.set_nodelay(now, id, on).map_err(driver_err)
         })
     }
     fn nodelay(&self, id: ConnId) -> io::Result<bool> {
         self.with_sock(id, |g, _| {
             g.driver
-                .conn(id)
-                .map(|c| c.config().nodelay)
+                .nodelay(id)
                 .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
         })
     }
     fn set_sndbuf(&self, id: ConnId, bytes: usize) -> io::Result<()> {
         self.with_sock(id, |g, now| {
-            g.driver
-                .with_conn(now, id, |c| c.set_sndbuf(bytes))
-                .map_err(driver_err)
+            g.driver.set_sndbuf(now, id, bytes).map_err(driver_err)
         })
     }
     fn sndbuf(&self, id: ConnId) -> io::Result<usize> {
         self.with_sock(id, |g, _| {
             g.driver
-                .conn(id)
-                .map(|c| c.config().sndbuf)
+                .sndbuf(id)
                 .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
         })
     }
@@ -1645,7 +1627,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             if s.error_taken {
                 return Ok(None);
             }
-            let e: Option<ConnError> = driver.conn(id).and_then(|c| c.error().cloned());
+            let e: Option<ConnError> = driver.conn_error(id).cloned();
             Ok(e.map(|e| {
                 s.error_taken = true;
                 io::Error::from_raw_os_error(e.errno())
@@ -1655,7 +1637,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     fn send_queue_len(&self, id: ConnId) -> io::Result<usize> {
         self.with_sock(id, |g, _| {
             let backlog = g.socks.get(&id).map_or(0, |s| s.zbacklog.len());
-            let queued = g.driver.conn(id).map_or(0, |c| c.tx_queued_bytes());
+            let queued = g.driver.tx_queued(id);
             Ok(queued + backlog)
         })
     }
@@ -1687,10 +1669,9 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     fn app_read(&self, id: ConnId, user: RawFd, buf: &mut [u8], peek: bool) -> io::Result<usize> {
         self.app_call(id, user, |g, now| {
             if peek {
-                match g.driver.conn(id) {
-                    Some(c) => c.peek(buf),
-                    None => Err(CallError::Conn(ConnError::Reset)),
-                }
+                g.driver
+                    .peek(id, buf)
+                    .unwrap_or(Err(CallError::Conn(ConnError::Reset)))
             } else {
                 g.driver.read(now, id, buf)
             }
@@ -1714,17 +1695,16 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         let g = self.lock()?;
         let c = g
             .driver
-            .conn(id)
+            .view(id)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        let s = c.stats();
         Ok(super::app::AppInfo {
             state: c.state(),
-            rx_queued: c.rx_queued_bytes(),
-            tx_queued: c.tx_queued_bytes(),
-            bytes_in: c.stats.data_bytes_rcvd,
-            bytes_out: c.stats.data_bytes_sent,
-            zcopy_bytes: c.stats.zcopy_read_bytes
-                + c.stats.zcopy_write_bytes
-                + c.stats.zcopy_send_bytes,
+            rx_queued: c.rx_queued(),
+            tx_queued: c.tx_queued(),
+            bytes_in: s.data_bytes_rcvd,
+            bytes_out: s.data_bytes_sent,
+            zcopy_bytes: s.zcopy_read_bytes + s.zcopy_write_bytes + s.zcopy_send_bytes,
             credits: c.tx_credits(),
             send_size: c.send_size(),
             read_closed: c.read_closed(),
@@ -1737,7 +1717,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     fn app_send_urgent(&self, id: ConnId, user: RawFd, byte: u8) -> io::Result<()> {
         self.app_call(id, user, |g, now| {
             g.driver
-                .with_conn(now, id, |c| c.send_urgent(now, byte))
+                .send_urgent(now, id, byte)
                 .unwrap_or(Err(CallError::Conn(ConnError::Reset)))
         })
     }
@@ -1745,13 +1725,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     fn app_read_urgent(&self, id: ConnId, user: RawFd, peek: bool) -> io::Result<Option<u8>> {
         self.app_call(id, user, |g, now| {
             g.driver
-                .with_conn(now, id, |c| {
-                    let b = c.read_urgent();
-                    if peek {
-                        c.urgent = b;
-                    }
-                    b
-                })
+                .read_urgent(now, id, peek)
                 .map_err(|_| CallError::Conn(ConnError::Reset))
         })
     }

@@ -53,7 +53,7 @@ pub(super) fn progress_loop<P: Provider + 'static>(sh: &Shared<P>, notify: Optio
             // listener fds and doorbells): those need every event at once.
             let standby = stopped_at.is_none() && sh.callers_active() && !watched(&g);
             if !standby {
-                let _ = g.driver.provider().arm();
+                let _ = g.driver.arm();
             }
             let act = sh.step(&mut g);
             if act > 0 {

@@ -11,7 +11,7 @@ impl<P: Provider + 'static> Runtime<P> {
     pub(crate) fn write_user_zcopy(&self, id: ConnId, buf: &[u8]) -> io::Result<Option<usize>> {
         let mut mr = {
             let g = self.lock()?;
-            let p = g.driver.provider().clone();
+            let p = g.driver.caller_memory();
             drop(g);
             // SAFETY: `buf` outlives the region: the region is dropped (deregistered) before
             // this function returns, and zcopy_send returns only once the engine reports the
@@ -53,11 +53,11 @@ impl<P: Provider + 'static> Runtime<P> {
     pub(crate) fn read_user_zcopy(&self, id: ConnId, buf: &mut [u8]) -> io::Result<Option<usize>> {
         {
             let g = self.lock()?;
-            if g.driver.conn(id).and_then(|c| c.next_is_zcopy()).is_none() {
+            if g.driver.next_is_zcopy(id) != Ok(true) {
                 return Ok(None);
             }
         }
-        let p = self.lock()?.driver.provider().clone();
+        let p = self.lock()?.driver.caller_memory();
         // SAFETY: as in write_user_zcopy: the region is dropped before return, and only after
         // the engine reported the RDMA Read into it finished or failed.
         let r = unsafe {
