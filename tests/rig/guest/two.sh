@@ -231,6 +231,7 @@ if [ "$ROLE" = a ]; then
       fi
     done
   done; done
+  if [ "${RIG_BENCH:-0}" = 1 ]; then . /rig/two-bench.sh; tb_run; fi
   t0=$(now); i=0
   while [ $i -lt 1200 ] && kill -0 $done_pid 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
   if kill -0 $done_pid 2>/dev/null; then
@@ -294,6 +295,7 @@ for fab in $FABRICS; do for f in $FAMILIES; do
     fi
   done
 done; done
+if [ "${RIG_BENCH:-0}" = 1 ]; then . /rig/two-bench.sh; tb_run; fi
 i=0   # tell A that B is done (A stays up until then)
 while [ $i -lt 60 ] && ! $NC -z -w 1 $A4 7398 2>/dev/null; do sleep 1; i=$((i + 1)); done
 echo "  B's rxe0: $(counters)"
