@@ -587,7 +587,37 @@ fn carry_options(tcp: c_int, s: &AppStream, user: &OwnedFd) -> Opts {
         let _g = Internal::enter();
         let _ = s.set_nodelay(true);
     }
+    carry_linger(tcp, s, &mut o);
     o
+}
+
+/// SO_LINGER of the kernel socket `from` (the socket connected over SDP, or the listener an
+/// accepted socket inherits it from, as on Linux) onto the SDP stream.
+fn carry_linger(from: c_int, s: &AppStream, o: &mut Opts) {
+    let mut l = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
+    };
+    let mut len = std::mem::size_of::<libc::linger>() as socklen_t;
+    // SAFETY: a live linger and its size.
+    let r = unsafe {
+        real::getsockopt(
+            from,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&mut l as *mut libc::linger).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 || l.l_onoff == 0 {
+        return;
+    }
+    s.set_linger(Some(std::time::Duration::from_secs(
+        l.l_linger.max(0) as u64
+    )));
+    let mut bytes = (1 as c_int).to_ne_bytes().to_vec();
+    bytes.extend_from_slice(&l.l_linger.to_ne_bytes());
+    o.stored.insert((libc::SOL_SOCKET, libc::SO_LINGER), bytes);
 }
 
 #[no_mangle]
@@ -686,12 +716,13 @@ unsafe fn accept_common(
             match taken {
                 Some(Ok((s, user, peer))) => {
                     let nfd = user.into_raw_fd();
-                    let opts = Opts {
+                    let mut opts = Opts {
                         role: "server",
                         local: s.local_addr().ok(),
                         peer: Some(peer),
                         ..Opts::default()
                     };
+                    carry_linger(fd, &s, &mut opts);
                     if !table::insert(nfd, Arc::new(Sock::Stream(s, Mutex::new(opts)))) {
                         // An fd number the table cannot hold: the stream cannot be served.
                         // SAFETY: our own fd.

@@ -179,6 +179,37 @@ pub(crate) unsafe fn set(
             // SAFETY: forwards the caller's buffers to the kernel file.
             return unsafe { real::setsockopt(fd, level, name, val, len) };
         }
+        (libc::SOL_SOCKET, libc::SO_LINGER) => {
+            if bytes.len() < std::mem::size_of::<libc::linger>() {
+                crate::set_errno(libc::EINVAL);
+                return -1;
+            }
+            let word = |i: usize| {
+                c_int::from_ne_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]])
+            };
+            let (on, secs) = (word(0) != 0, word(4));
+            // As Linux: off keeps the time set before; a negative time is "forever".
+            let mut o = opts.lock();
+            let secs = if on {
+                secs
+            } else {
+                o.stored
+                    .get(&(level, name))
+                    .map_or(0, |b| c_int::from_ne_bytes([b[4], b[5], b[6], b[7]]))
+            };
+            let linger = on.then(|| {
+                std::time::Duration::from_secs(if secs < 0 {
+                    u32::MAX as u64
+                } else {
+                    secs as u64
+                })
+            });
+            st.set_linger(linger);
+            let mut v = (on as c_int).to_ne_bytes().to_vec();
+            v.extend_from_slice(&secs.to_ne_bytes());
+            o.stored.insert((level, name), v);
+            return 0;
+        }
         (
             libc::SOL_SOCKET,
             libc::SO_TYPE | libc::SO_DOMAIN | libc::SO_PROTOCOL | libc::SO_ERROR,

@@ -827,6 +827,90 @@ static void case_raw_close(void) {
     finish(pid, keep);
 }
 
+static void peer_linger_abort(int s) {
+    char b[8];
+    CHECK(read(s, b, 1) == 1);
+    tell(c2p[1]);
+    await(p2c[0]);
+    ssize_t r = read(s, b, sizeof b);
+    int e = errno;
+    printf("peer after the reset: read %zd %s\n", r, r < 0 ? en(e) : "0");
+    r = send(s, "y", 1, MSG_NOSIGNAL);
+    e = errno;
+    printf("peer after the reset: send %zd %s\n", r, r < 0 ? en(e) : "0");
+    fflush(stdout);
+}
+
+static void show_linger(const char *what, int s) {
+    struct linger l = {7, 7};
+    socklen_t len = sizeof l;
+    CHECK(getsockopt(s, SOL_SOCKET, SO_LINGER, &l, &len) == 0);
+    out("linger %s: onoff=%d linger=%d len=%d", what, l.l_onoff != 0, l.l_linger, (int)len);
+}
+
+/* SO_LINGER {1, 0}: close resets the connection (the peer reads what came before, then
+ * ECONNRESET; a send then fails with EPIPE). Also the option's own rules: too short is
+ * EINVAL, off keeps the time set before. */
+static void case_linger_abort(void) {
+    int s;
+    pid_t pid = start(peer_linger_abort, &s);
+    show_linger("default", s);
+    int one = 1;
+    int r = setsockopt(s, SOL_SOCKET, SO_LINGER, &one, sizeof one);
+    out("linger set with an int: %d %s", r, r < 0 ? en(errno) : "0");
+    struct linger l = {1, 5};
+    CHECK(setsockopt(s, SOL_SOCKET, SO_LINGER, &l, sizeof l) == 0);
+    show_linger("on 5", s);
+    l.l_onoff = 0;
+    l.l_linger = 9;
+    CHECK(setsockopt(s, SOL_SOCKET, SO_LINGER, &l, sizeof l) == 0);
+    show_linger("off 9", s);
+    CHECK(write(s, "x", 1) == 1);
+    await(c2p[0]);
+    l.l_onoff = 1;
+    l.l_linger = 0;
+    CHECK(setsockopt(s, SOL_SOCKET, SO_LINGER, &l, sizeof l) == 0);
+    show_linger("on 0", s);
+    close(s);
+    tell(p2c[1]);
+    finish(pid, -1);
+}
+
+static void peer_read_all(int s) {
+    static char b[65536];
+    size_t total = 0;
+    ssize_t r;
+    while ((r = read(s, b, sizeof b)) > 0)
+        total += (size_t)r;
+    await(p2c[0]); /* after the parent's line */
+    printf("peer read %zu bytes, then %zd\n", total, r);
+    fflush(stdout);
+}
+
+/* SO_LINGER {1, 5} with a reading peer: close returns once the bytes are delivered (well
+ * within the time) and the peer gets all of them, then EOF. */
+static void case_linger_wait(void) {
+    int s;
+    pid_t pid = start(peer_read_all, &s);
+    struct linger l = {1, 5};
+    CHECK(setsockopt(s, SOL_SOCKET, SO_LINGER, &l, sizeof l) == 0);
+    static char b[1 << 20];
+    memset(b, 'l', sizeof b);
+    size_t done = 0;
+    while (done < sizeof b) {
+        ssize_t w = write(s, b + done, sizeof b - done);
+        CHECK(w > 0);
+        done += (size_t)w;
+    }
+    struct timeval t0, t1;
+    gettimeofday(&t0, NULL);
+    close(s);
+    gettimeofday(&t1, NULL);
+    out("linger 5 close within the time: %d", t1.tv_sec - t0.tv_sec < 5);
+    tell(p2c[1]);
+    finish(pid, -1);
+}
+
 static volatile sig_atomic_t alarms;
 static void on_alarm(int sig) { (void)sig; alarms++; }
 
@@ -929,6 +1013,8 @@ int main(int argc, char **argv) {
     RUN(eintr);
     RUN(sndtimeo);
     RUN(raw_close);
+    RUN(linger_abort);
+    RUN(linger_wait);
     RUN(fork_serve);
     RUN(fork_ignore);
     RUN(spawn_serve);

@@ -614,6 +614,48 @@ fn connecting_where_nobody_listens_is_refused_like_tcp() {
     }
 }
 
+/// SO_LINGER as TCP's: zero resets the connection at the last drop (the peer's read fails
+/// with ECONNRESET, after what it had already received), a time keeps the close graceful
+/// (everything written arrives, then EOF), and the option reads back as set.
+#[test]
+fn linger_zero_resets_and_linger_time_delivers_like_tcp() {
+    for (opts, transport) in both() {
+        // zero: reset
+        let (c, mut s) = pair(&opts);
+        assert_eq!(c.linger().unwrap(), None, "{transport}");
+        c.set_linger(Some(Duration::ZERO)).unwrap();
+        assert_eq!(c.linger().unwrap(), Some(Duration::ZERO), "{transport}");
+        (&c).write_all(b"x").unwrap();
+        let mut b = [0u8; 8];
+        assert_eq!(s.read(&mut b).unwrap(), 1, "{transport}");
+        drop(c);
+        let e = s.read(&mut b).expect_err("a read after the peer's reset");
+        assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{transport}: {e}");
+
+        // a time: graceful, everything written arrives
+        let (c, mut s) = pair(&opts);
+        c.set_linger(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(
+            c.linger().unwrap(),
+            Some(Duration::from_secs(5)),
+            "{transport}"
+        );
+        let reader = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            s.read_to_end(&mut all).map(|_| all.len())
+        });
+        let data = vec![7u8; 1 << 20];
+        (&c).write_all(&data).unwrap();
+        let t = Instant::now();
+        drop(c);
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{transport}: close waited the linger out"
+        );
+        assert_eq!(reader.join().unwrap().unwrap(), 1 << 20, "{transport}");
+    }
+}
+
 #[test]
 fn peer_close_then_write_fails_like_tcp() {
     for (opts, transport) in both() {

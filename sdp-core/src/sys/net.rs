@@ -149,9 +149,36 @@ pub(crate) fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32
 
 /// SO_LINGER {on, 0}: close resets the connection instead of leaving TIME_WAIT.
 pub(crate) fn set_linger_zero(fd: RawFd) -> io::Result<()> {
-    let l = libc::linger {
-        l_onoff: 1,
+    set_linger(fd, Some(Duration::ZERO))
+}
+
+/// SO_LINGER of a kernel socket (see [`set_linger`]).
+pub(crate) fn linger(fd: RawFd) -> io::Result<Option<Duration>> {
+    let mut l = libc::linger {
+        l_onoff: 0,
         l_linger: 0,
+    };
+    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+    // SAFETY: a live linger struct and its size, which the kernel fills in.
+    syscall!(getsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_LINGER,
+        (&mut l as *mut libc::linger).cast(),
+        &mut len
+    ))?;
+    Ok((l.l_onoff != 0).then(|| Duration::from_secs(l.l_linger.max(0) as u64)))
+}
+
+/// SO_LINGER: `None` off, else on with the time in whole seconds (rounded up, as a kernel
+/// socket keeps it).
+pub(crate) fn set_linger(fd: RawFd, linger: Option<Duration>) -> io::Result<()> {
+    let l = libc::linger {
+        l_onoff: linger.is_some() as libc::c_int,
+        l_linger: linger.map_or(0, |d| {
+            (d.as_secs() + (d.subsec_nanos() > 0) as u64).min(libc::c_int::MAX as u64)
+                as libc::c_int
+        }),
     };
     // SAFETY: passes a live linger struct and its size.
     syscall!(setsockopt(

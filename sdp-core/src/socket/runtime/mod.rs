@@ -139,6 +139,10 @@ pub(crate) trait StackOps: Send + Sync {
     fn send_registered_peek(&self, id: ConnId, ticket: u64) -> io::Result<bool>;
     fn shutdown(&self, id: ConnId, how: Shutdown) -> io::Result<()>;
     fn close(&self, id: ConnId);
+    /// `close(2)` with `SO_LINGER` on: a zero linger aborts (the peer gets a reset, what was
+    /// not delivered is dropped); otherwise wait up to `linger` until the peer holds everything
+    /// written (or the connection ends), then close as [`StackOps::close`].
+    fn close_linger(&self, id: ConnId, linger: Duration);
     fn ready_fd(&self, id: ConnId) -> io::Result<RawFd>;
     fn addrs(&self, id: ConnId) -> io::Result<(SocketAddr, SocketAddr)>;
     fn set_nodelay(&self, id: ConnId, on: bool) -> io::Result<()>;
@@ -1569,6 +1573,40 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         g.driver.close(now, id);
     }
 
+    fn close_linger(&self, id: ConnId, linger: Duration) {
+        let pumped = {
+            let Ok(g) = self.lock() else { return };
+            g.socks.get(&id).is_some_and(|s| s.pump.is_some())
+        };
+        if pumped {
+            // Shared with other processes: the last holder's close ends it, as a TCP file's.
+            return self.close(id);
+        }
+        if linger.is_zero() {
+            let Ok(mut g) = self.lock() else { return };
+            let now = self.now();
+            g.socks.remove(&id);
+            g.driver.abort(now, id);
+            g.driver.release(now, id);
+            return;
+        }
+        let w = Wait {
+            timeout: Some(linger),
+            ..Wait::default()
+        };
+        // As TCP's close with a linger: blocks (nonblocking or not) until the peer has
+        // acknowledged every byte or the time is up; the close goes on either way.
+        let _ = self.block_on(w, |g, _| {
+            let backlog = g.socks.get(&id).map_or(0, |s| s.zbacklog.len());
+            let open = g
+                .driver
+                .view(id)
+                .is_some_and(|c| c.state() != State::Closed);
+            (!open || backlog + g.driver.tx_queued(id) == 0).then_some(Ok(()))
+        });
+        self.close(id);
+    }
+
     fn ready_fd(&self, id: ConnId) -> io::Result<RawFd> {
         let mut g = self.lock()?;
         let s = g
@@ -1667,7 +1705,8 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     }
 
     fn app_read(&self, id: ConnId, user: RawFd, buf: &mut [u8], peek: bool) -> io::Result<usize> {
-        self.app_call(id, user, |g, now| {
+        // As TCP's: a connection's error is reported once; reads after it see EOF.
+        self.app_call_once(id, user, Ok(0), |g, now| {
             if peek {
                 g.driver
                     .peek(id, buf)
@@ -1679,7 +1718,9 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     }
 
     fn app_write(&self, id: ConnId, user: RawFd, buf: &[u8]) -> io::Result<usize> {
-        self.app_call(id, user, |g, now| {
+        // ... and writes after it EPIPE.
+        let later = Err(io::Error::from_raw_os_error(libc::EPIPE));
+        self.app_call_once(id, user, later, |g, now| {
             if !Self::zsends_settled(g, now, id) {
                 return Err(CallError::WouldBlock);
             }
@@ -1786,11 +1827,40 @@ impl<P: Provider + 'static> Runtime<P> {
     /// One nonblocking call on a socket in application-fd mode: `op`, and once more after a
     /// round of progress if it would block; then the application's fd `user` is brought up to
     /// date (a socket found not readable or not writable has its fd made so, under the lock).
+    /// [`Self::app_call`], reporting the connection's error once (as `report_once`): a call
+    /// after it was reported (by a read, a write, SO_ERROR) gets `later` instead.
+    fn app_call_once<T>(
+        &self,
+        id: ConnId,
+        user: RawFd,
+        later: io::Result<T>,
+        op: impl FnMut(&mut Inner<P>, Instant) -> Result<T, CallError>,
+    ) -> io::Result<T> {
+        let mut taken = None;
+        let r = self.app_call_inner(id, user, op, &mut taken);
+        match (r, taken) {
+            (Err(_), Some(true)) => later,
+            (r, _) => r,
+        }
+    }
+
     fn app_call<T>(
         &self,
         id: ConnId,
         user: RawFd,
+        op: impl FnMut(&mut Inner<P>, Instant) -> Result<T, CallError>,
+    ) -> io::Result<T> {
+        self.app_call_inner(id, user, op, &mut None)
+    }
+
+    /// One nonblocking attempt (a round of progress first if it would block). A connection
+    /// error marks the error reported; `taken` is set to whether it had been before.
+    fn app_call_inner<T>(
+        &self,
+        id: ConnId,
+        user: RawFd,
         mut op: impl FnMut(&mut Inner<P>, Instant) -> Result<T, CallError>,
+        taken: &mut Option<bool>,
     ) -> io::Result<T> {
         let mut g = self.lock()?;
         let mut stepped = false;
@@ -1808,6 +1878,10 @@ impl<P: Provider + 'static> Runtime<P> {
             }
             let Inner { driver, socks, .. } = &mut *g;
             if let Some(s) = socks.get_mut(&id) {
+                if matches!(r, Err(CallError::Conn(_))) {
+                    *taken = Some(s.error_taken);
+                    s.error_taken = true;
+                }
                 refresh_app(driver, id, s, Some(user));
             }
             return r.map_err(io_err);
