@@ -1467,7 +1467,12 @@ fn engine_transfer(mode: Mode, bytes: u64, max_msg: usize) {
         let mut d = Driver::new(prov(), cfg_b);
         let l = d.listen(localhost(0), 16).unwrap();
         tx.send(d.listener_addr(l).unwrap().port()).unwrap();
-        let mut app = App::new(mode, bytes, 2, 1, max_msg);
+        let mut app = App::builder(mode)
+            .sends(bytes)
+            .max_msg(max_msg)
+            .tx_seed(2)
+            .rx_seed(1)
+            .build();
         drive_side(&mut d, Some(l), None, &mut app, &done_b);
         (app.sent, app.received)
     });
@@ -1476,7 +1481,12 @@ fn engine_transfer(mode: Mode, bytes: u64, max_msg: usize) {
     let id = d
         .connect(sdp_core::proto::Instant(0), localhost(port), None)
         .unwrap();
-    let mut app = App::new(mode, bytes, 1, 2, max_msg);
+    let mut app = App::builder(mode)
+        .sends(bytes)
+        .max_msg(max_msg)
+        .tx_seed(1)
+        .rx_seed(2)
+        .build();
     drive_side(&mut d, None, Some(id), &mut app, &done);
     let (bs, br) = hb.join().unwrap();
     assert_eq!(

@@ -24,8 +24,18 @@ fn run(
     let total = bytes();
     let mut p = Pair::new(seed, Config::default());
     let (a, b) = p.connect();
-    let mut x = App::new(mode, total, 100 + seed, 200 + seed, 2 << 20);
-    let mut y = App::new(mode, total, 200 + seed, 100 + seed, 2 << 20);
+    let mut x = App::builder(mode)
+        .sends(total)
+        .max_msg(2 << 20)
+        .tx_seed(100 + seed)
+        .rx_seed(200 + seed)
+        .build();
+    let mut y = App::builder(mode)
+        .sends(total)
+        .max_msg(2 << 20)
+        .tx_seed(200 + seed)
+        .rx_seed(100 + seed)
+        .build();
     let ok = run_duplex(&mut p, (a, b), &mut x, &mut y, 3_600_000_000_000);
     assert!(
         ok,

@@ -17,8 +17,13 @@ fn stalled_reader_bounds_sender_memory_then_recovers() {
     let mut p = Pair::new(50, cfg.clone());
     let (a, b) = p.connect();
     let total = 64u64 << 20;
-    let mut wa = App::new(Mode::BCopy, total, 1, 2, 256 * 1024);
-    let mut rb = App::new(Mode::BCopy, 0, 2, 1, 1);
+    let mut wa = App::builder(Mode::BCopy)
+        .sends(total)
+        .max_msg(256 * 1024)
+        .tx_seed(1)
+        .rx_seed(2)
+        .build();
+    let mut rb = App::builder(Mode::BCopy).tx_seed(2).rx_seed(1).build();
     rb.paused_reader = true;
     p.run_until(5 * SEC, |p| {
         let now = p.now();
@@ -72,8 +77,18 @@ fn both_sides_at_full_speed_never_deadlock_on_credits() {
     };
     let mut p = Pair::new(51, cfg);
     let (a, b) = p.connect();
-    let mut x = App::new(Mode::BCopy, 4 << 20, 1, 2, 5000);
-    let mut y = App::new(Mode::BCopy, 4 << 20, 2, 1, 5000);
+    let mut x = App::builder(Mode::BCopy)
+        .sends(4 << 20)
+        .max_msg(5000)
+        .tx_seed(1)
+        .rx_seed(2)
+        .build();
+    let mut y = App::builder(Mode::BCopy)
+        .sends(4 << 20)
+        .max_msg(5000)
+        .tx_seed(2)
+        .rx_seed(1)
+        .build();
     let ok = p.run_until(600 * SEC, |p| {
         let now = p.now();
         x.pump(&mut p.a, now, a);
@@ -110,8 +125,13 @@ fn slow_start_grows_under_load_and_shrinks_when_idle() {
         p.b.conn(b).unwrap().rx_posted_now(),
         cfg.initial_rx_bufs.max(MIN_RX_POSTED) as usize
     );
-    let mut w = App::new(Mode::BCopy, 256 << 20, 1, 2, 1 << 20);
-    let mut r = App::new(Mode::BCopy, 0, 2, 1, 1);
+    let mut w = App::builder(Mode::BCopy)
+        .sends(256 << 20)
+        .max_msg(1 << 20)
+        .tx_seed(1)
+        .rx_seed(2)
+        .build();
+    let mut r = App::builder(Mode::BCopy).tx_seed(2).rx_seed(1).build();
     let mut peak = 0;
     p.run_until(60 * SEC, |p| {
         let now = p.now();
@@ -140,8 +160,18 @@ fn idle_connection_gives_memory_back() {
     let cfg = Config::default();
     let mut p = Pair::new(53, cfg.clone());
     let (a, b) = p.connect();
-    let mut w = App::new(Mode::BCopy, 64 << 20, 1, 2, 1 << 20);
-    let mut r = App::new(Mode::BCopy, 1 << 20, 2, 1, 1 << 20);
+    let mut w = App::builder(Mode::BCopy)
+        .sends(64 << 20)
+        .max_msg(1 << 20)
+        .tx_seed(1)
+        .rx_seed(2)
+        .build();
+    let mut r = App::builder(Mode::BCopy)
+        .sends(1 << 20)
+        .max_msg(1 << 20)
+        .tx_seed(2)
+        .rx_seed(1)
+        .build();
     w.keep_open = true;
     r.keep_open = true;
     let mut busy_a = 0;
@@ -177,8 +207,13 @@ fn srcavail_cancel_on_a_stalled_reader_then_rest_by_copy() {
     let mut p = Pair::new(54, cfg);
     let (a, b) = p.connect();
     let total = 8u64 << 20;
-    let mut w = App::new(Mode::ZcopySrc, total, 1, 2, 1 << 20);
-    let mut r = App::new(Mode::BCopy, 0, 2, 1, 1);
+    let mut w = App::builder(Mode::ZcopySrc)
+        .sends(total)
+        .max_msg(1 << 20)
+        .tx_seed(1)
+        .rx_seed(2)
+        .build();
+    let mut r = App::builder(Mode::BCopy).tx_seed(2).rx_seed(1).build();
     r.paused_reader = true;
     p.run_until(2 * SEC, |p| {
         let now = p.now();
@@ -206,8 +241,13 @@ fn srcavail_cancel_on_a_stalled_reader_then_rest_by_copy() {
 fn zcopy_read_path_is_really_used() {
     let mut p = Pair::new(55, Config::default());
     let (a, b) = p.connect();
-    let mut w = App::new(Mode::ZcopySrc, 32 << 20, 1, 2, 1 << 20);
-    let mut r = App::new(Mode::BCopy, 0, 2, 1, 1);
+    let mut w = App::builder(Mode::ZcopySrc)
+        .sends(32 << 20)
+        .max_msg(1 << 20)
+        .tx_seed(1)
+        .rx_seed(2)
+        .build();
+    let mut r = App::builder(Mode::BCopy).tx_seed(2).rx_seed(1).build();
     assert!(p.run_until(60 * SEC, |p| {
         let now = p.now();
         w.pump(&mut p.a, now, a);
@@ -556,8 +596,13 @@ fn zero_copy_replies_get_through_a_window_the_peer_keeps_full() {
     // receive target shrinks back: A keeps more receives posted than its target (a posted
     // receive cannot be taken back), so the messages B sends A next bring A no new buffer to
     // announce, and A's own control messages need a spare credit.
-    let mut w = App::new(Mode::BCopy, 8 << 20, 3, 4, 1 << 20);
-    let mut r = App::new(Mode::BCopy, 0, 4, 3, 1 << 20);
+    let mut w = App::builder(Mode::BCopy)
+        .sends(8 << 20)
+        .max_msg(1 << 20)
+        .tx_seed(3)
+        .rx_seed(4)
+        .build();
+    let mut r = App::builder(Mode::BCopy).tx_seed(4).rx_seed(3).build();
     w.keep_open = true;
     r.keep_open = true;
     assert!(p.run_until(10 * SEC, |p| {

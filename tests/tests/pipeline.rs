@@ -13,7 +13,7 @@ use sdp_core::proto::{Config, ConnError, Event, ProtocolError, State};
 use sdp_core::verbs::sim::{SimConfig, SimMr, SimProvider};
 use sdp_core::verbs::{Access, MemoryRegion, Provider};
 use sdp_tests::pair::{Pair, A_IP, B_IP};
-use sdp_tests::stream::{run_duplex, App, Bytes, Mode};
+use sdp_tests::stream::{run_duplex, App, Bytes, Duplex, Mode};
 
 const SEC: u64 = 1_000_000_000;
 
@@ -175,8 +175,13 @@ fn pipelined_duplex_sweep_with_jitter() {
                 .set_delay(A_IP, B_IP, 0, 5_000 + seed * 3_000);
             let (a, b) = p.connect();
             let bytes = 6 << 20;
-            let mut x = App::new(mode, bytes, seed * 2 + 1, seed * 2 + 2, 512 * 1024);
-            let mut y = App::new(mode, bytes, seed * 2 + 2, seed * 2 + 1, 512 * 1024);
+            let (mut x, mut y) = Duplex {
+                mode,
+                bytes,
+                seed,
+                max_msg: 512 * 1024,
+            }
+            .apps();
             x.src_window = 4;
             y.src_window = 4;
             assert!(
@@ -353,8 +358,13 @@ fn peer_with_max_adverts_one_gets_one_at_a_time() {
     let (a, b) = p.connect();
     assert_eq!(p.a.conn(a).unwrap().src_window(), 1);
     let bytes = 8 << 20;
-    let mut x = App::new(Mode::ZcopySrc, bytes, 21, 22, 512 * 1024);
-    let mut y = App::new(Mode::BCopy, 0, 22, 21, 1);
+    let mut x = App::builder(Mode::ZcopySrc)
+        .sends(bytes)
+        .max_msg(512 * 1024)
+        .tx_seed(21)
+        .rx_seed(22)
+        .build();
+    let mut y = App::builder(Mode::BCopy).tx_seed(22).rx_seed(21).build();
     x.src_window = 4;
     let mut most = 0;
     assert!(p.run_until(60 * SEC, |p| {
@@ -384,8 +394,13 @@ fn max_srcavail_inflight_is_configurable_and_validated() {
     };
     let mut p = Pair::new(96, one);
     let (a, b) = p.connect();
-    let mut x = App::new(Mode::ZcopySrc, 4 << 20, 31, 32, 512 * 1024);
-    let mut y = App::new(Mode::BCopy, 0, 32, 31, 1);
+    let mut x = App::builder(Mode::ZcopySrc)
+        .sends(4 << 20)
+        .max_msg(512 * 1024)
+        .tx_seed(31)
+        .rx_seed(32)
+        .build();
+    let mut y = App::builder(Mode::BCopy).tx_seed(32).rx_seed(31).build();
     x.src_window = 4;
     let mut most = 0;
     assert!(p.run_until(60 * SEC, |p| {
@@ -652,11 +667,16 @@ fn eager_reads_stay_within_the_bounce_budget() {
     let mut p = Pair::with(102, SimConfig::default(), cfg_a, cfg_b);
     let (a, b) = p.connect();
     let total = 8u64 << 20;
-    let mut x = App::new(Mode::ZcopySrc, total, 60, 61, 128 * 1024);
+    let mut x = App::builder(Mode::ZcopySrc)
+        .sends(total)
+        .max_msg(128 * 1024)
+        .tx_seed(60)
+        .rx_seed(61)
+        .build();
     // Every write is a source: nothing blocks A but B's reads.
     x.zcopy_min = 1;
     x.src_window = 8;
-    let mut y = App::new(Mode::BCopy, 0, 61, 60, 1);
+    let mut y = App::builder(Mode::BCopy).tx_seed(61).rx_seed(60).build();
     y.paused_reader = true;
     let mut most = 0u64;
     p.run_until(5 * SEC, |p| {

@@ -275,8 +275,13 @@ fn zcopy_by_send_duplex() {
     let mut p = Pair::new(6, cfg);
     let (a, b) = p.connect();
     let bytes = 16u64 << 20;
-    let mut x = App::new(Mode::ZcopySrc, bytes, 13, 14, 1 << 20);
-    let mut y = App::new(Mode::ZcopySrc, bytes, 14, 13, 1 << 20);
+    let (mut x, mut y) = Duplex {
+        mode: Mode::ZcopySrc,
+        bytes,
+        seed: 6,
+        max_msg: 1 << 20,
+    }
+    .apps();
     assert!(run_duplex(&mut p, (a, b), &mut x, &mut y, 600_000_000_000));
     assert_eq!((x.received, y.received), (bytes, bytes));
     for (ip, id, d) in [(A_IP, a, &p.a), (B_IP, b, &p.b)] {
@@ -309,8 +314,18 @@ fn split_zcopy_duplex_with_jitter() {
         let bytes = 8u64 << 20;
         // Odd seeds write sources up to 1 MiB, cut into pieces.
         let max_msg = if seed % 2 == 1 { 1 << 20 } else { 128 * 1024 };
-        let mut x = App::new(Mode::ZcopySrc, bytes, seed + 40, seed + 41, max_msg);
-        let mut y = App::new(Mode::ZcopySrc, bytes, seed + 41, seed + 40, max_msg);
+        let mut x = App::builder(Mode::ZcopySrc)
+            .sends(bytes)
+            .max_msg(max_msg)
+            .tx_seed(seed + 40)
+            .rx_seed(seed + 41)
+            .build();
+        let mut y = App::builder(Mode::ZcopySrc)
+            .sends(bytes)
+            .max_msg(max_msg)
+            .tx_seed(seed + 41)
+            .rx_seed(seed + 40)
+            .build();
         x.src_window = 8;
         y.src_window = 8;
         assert!(

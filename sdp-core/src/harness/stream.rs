@@ -5,6 +5,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::events::EventCheck;
 use crate::driver::Driver;
 use crate::proto::conn::CallError;
 use crate::proto::iocb::{ZSink, ZSrc};
@@ -69,7 +70,8 @@ fn splitmix64(mut z: u64) -> u64 {
 }
 
 /// One side's application: writes one stream and reads the other, over any provider (the
-/// simulator in the Pair tests, real devices in the rig's `sdp-rigtest`).
+/// simulator in the Pair tests, real devices in the rig's `sdp-rigtest`). Built by
+/// [`App::builder`] (or [`Duplex`]); checks every engine event it takes ([`EventCheck`]).
 pub struct App<P: Provider = SimProvider> {
     pub mode: Mode,
     /// Bytes to send in all; after the last one the write half is shut.
@@ -92,7 +94,8 @@ pub struct App<P: Provider = SimProvider> {
     /// Zero-copy sends kept outstanding at once (pipelined zero copy); 1 by default.
     pub src_window: usize,
     sink: Option<(u64, P::Mr, Grant)>,
-    /// Errors reported by calls or events (the test decides whether they are expected).
+    /// Errors returned by calls (the test decides whether they are expected; an error end of
+    /// the connection is `may_fail`'s).
     pub errors: Vec<CallError>,
     pub events: Vec<Event>,
     /// Don't read (a stalled reader).
@@ -100,6 +103,78 @@ pub struct App<P: Provider = SimProvider> {
     pub zcopy_min: usize,
     /// Don't shut the write half after the last byte.
     pub keep_open: bool,
+    /// The connection may end in an error (`Closed(Some(_))`): the test provokes or accepts
+    /// it. Without it such an end fails the test.
+    pub may_fail: bool,
+    /// The rules the engine's events keep ([`EventCheck`]), checked on every event taken.
+    check: EventCheck,
+}
+
+/// An [`App`] by named parameters:
+/// `App::builder(Mode::BCopy).sends(1 << 20).max_msg(64 << 10).tx_seed(1).rx_seed(2).build()`.
+/// Its peer's application has the seeds the other way round (`tx_seed(2).rx_seed(1)`).
+#[derive(Debug, Clone, Copy)]
+#[must_use]
+pub struct AppBuilder {
+    mode: Mode,
+    sends: u64,
+    max_msg: usize,
+    tx_seed: u64,
+    rx_seed: u64,
+}
+
+impl AppBuilder {
+    /// Bytes to send in all (default 0: a reader); after the last one the write half is shut.
+    pub fn sends(mut self, bytes: u64) -> AppBuilder {
+        self.sends = bytes;
+        self
+    }
+
+    /// Largest message size the writer uses (default 64 KiB).
+    pub fn max_msg(mut self, bytes: usize) -> AppBuilder {
+        self.max_msg = bytes;
+        self
+    }
+
+    /// Seeds the stream this side sends, and its message, read and sink sizes (default 0).
+    pub fn tx_seed(mut self, seed: u64) -> AppBuilder {
+        self.tx_seed = seed;
+        self
+    }
+
+    /// Seeds the stream this side expects: the peer's `tx_seed` (default 0).
+    pub fn rx_seed(mut self, seed: u64) -> AppBuilder {
+        self.rx_seed = seed;
+        self
+    }
+
+    pub fn build<P: Provider>(self) -> App<P> {
+        App {
+            mode: self.mode,
+            to_send: self.sends,
+            sent: 0,
+            received: 0,
+            eof: false,
+            shut: false,
+            max_msg: self.max_msg,
+            out: Bytes::new(self.tx_seed),
+            expect: Bytes::new(self.rx_seed),
+            sizes: ChaCha8Rng::seed_from_u64(self.tx_seed ^ 0x5eed),
+            pending: Vec::new(),
+            next_token: 1,
+            src: std::collections::VecDeque::new(),
+            redo: Vec::new(),
+            src_window: 1,
+            sink: None,
+            errors: Vec::new(),
+            events: Vec::new(),
+            paused_reader: false,
+            zcopy_min: 64 * 1024,
+            keep_open: false,
+            may_fail: false,
+            check: EventCheck::new(),
+        }
+    }
 }
 
 /// Two applications streaming at each other, by named parameters: A writes the stream B checks
@@ -118,49 +193,55 @@ impl Duplex {
     /// (A's application, B's application).
     pub fn apps<P: Provider>(self) -> (App<P>, App<P>) {
         let (ab, ba) = (self.seed * 2 + 1, self.seed * 2 + 2);
+        let side = App::builder(self.mode)
+            .sends(self.bytes)
+            .max_msg(self.max_msg);
         (
-            App::new(self.mode, self.bytes, ab, ba, self.max_msg),
-            App::new(self.mode, self.bytes, ba, ab, self.max_msg),
+            side.tx_seed(ab).rx_seed(ba).build(),
+            side.tx_seed(ba).rx_seed(ab).build(),
         )
     }
 }
 
-impl<P: Provider> App<P> {
-    /// `out_seed` seeds what we send; `in_seed` what we expect from the peer.
-    pub fn new(mode: Mode, to_send: u64, out_seed: u64, in_seed: u64, max_msg: usize) -> App<P> {
-        App {
+impl App {
+    /// Start an [`AppBuilder`] (the provider is the simulator's unless `build` is told
+    /// otherwise).
+    pub fn builder(mode: Mode) -> AppBuilder {
+        AppBuilder {
             mode,
-            to_send,
-            sent: 0,
-            received: 0,
-            eof: false,
-            shut: false,
-            max_msg,
-            out: Bytes::new(out_seed),
-            expect: Bytes::new(in_seed),
-            sizes: ChaCha8Rng::seed_from_u64(out_seed ^ 0x5eed),
-            pending: Vec::new(),
-            next_token: 1,
-            src: std::collections::VecDeque::new(),
-            redo: Vec::new(),
-            src_window: 1,
-            sink: None,
-            errors: Vec::new(),
-            events: Vec::new(),
-            paused_reader: false,
-            zcopy_min: 64 * 1024,
-            keep_open: false,
+            sends: 0,
+            max_msg: 64 * 1024,
+            tx_seed: 0,
+            rx_seed: 0,
         }
     }
+}
 
+impl<P: Provider> App<P> {
     pub fn done_sending(&self) -> bool {
         self.sent == self.to_send && self.shut
     }
 
-    /// Take the connection's events and make as much progress as the engine allows.
+    /// Take the connection's events and make as much progress as the engine allows. Panics
+    /// if an event breaks one of [`EventCheck`]'s rules.
     pub fn pump(&mut self, d: &mut Driver<P>, now: Instant, id: ConnId) {
         let evs = d.take_events(id);
+        self.take(evs);
+        self.write_some(d, now, id);
+        if !self.paused_reader {
+            self.read_some(d, now, id);
+        }
+    }
+
+    /// Check and act on the engine's events, and keep them in `events`.
+    fn take(&mut self, evs: Vec<Event>) {
         for ev in &evs {
+            if let Err(broken) = self.check.event(ev, self.may_fail) {
+                let before = &self.events[self.events.len().saturating_sub(8)..];
+                panic!(
+                    "engine event rule broken: {broken}\n(the last events before: {before:?}; this batch: {evs:?})"
+                );
+            }
             match *ev {
                 Event::ZcopySent { token, bytes } => self.on_sent(token, bytes),
                 Event::ZcopyReceived { token, bytes } => self.on_received(token, bytes),
@@ -168,9 +249,17 @@ impl<P: Provider> App<P> {
             }
         }
         self.events.extend(evs);
-        self.write_some(d, now, id);
-        if !self.paused_reader {
-            self.read_some(d, now, id);
+    }
+
+    /// How the connection ended (its `Closed` event), once it has.
+    pub fn closed(&self) -> Option<&Option<crate::proto::ConnError>> {
+        self.check.closed()
+    }
+
+    /// Record a zero-copy offer the engine accepted.
+    fn offered(&mut self, r: Result<(), String>) {
+        if let Err(broken) = r {
+            panic!("engine event rule broken: {broken}");
         }
     }
 
@@ -271,6 +360,8 @@ impl<P: Provider> App<P> {
                 match d.write_zcopy(now, id, src, token) {
                     Ok(()) => {
                         self.next_token += 1;
+                        let r = self.check.offer_src(token, len);
+                        self.offered(r);
                         let data = std::mem::take(&mut self.pending);
                         self.src.push_back((token, mr, grant, data));
                         continue;
@@ -322,6 +413,8 @@ impl<P: Provider> App<P> {
                 match d.read_zcopy(now, id, sink, token) {
                     Ok(ZRecv::Pending) => {
                         self.next_token += 1;
+                        let r = self.check.offer_sink(token, len);
+                        self.offered(r);
                         self.sink = Some((token, mr, grant));
                         return;
                     }
@@ -395,4 +488,70 @@ pub fn run_duplex_all(
         p.b.conn(ids.1).map(|c| c.debug_state()).unwrap_or_default()
     );
     assert_eq!((x.received, y.received), (bytes, bytes), "{what}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::pair::Pair;
+    use crate::proto::{Config, ConnError};
+
+    const SEC: u64 = 1_000_000_000;
+
+    /// The App checks what it takes: an event after `Closed` fails the test.
+    #[test]
+    #[should_panic(expected = "engine event rule broken: Urgent after Closed(None)")]
+    fn an_event_after_closed_fails_the_app() {
+        let mut app: App = App::builder(Mode::BCopy).build();
+        app.take(vec![Event::Connected, Event::Closed(None)]);
+        app.take(vec![Event::Urgent]);
+    }
+
+    /// A duplex in both zero-copy directions that A aborts once B has read 1 MiB, with zero-copy
+    /// sources and sinks outstanding: both connections end in an error, each having reported
+    /// every one of them first (the App checks).
+    fn abort_mid_transfer(may_fail: bool) -> (App, App) {
+        let mut p = Pair::new(1, Config::default());
+        let (a, b) = p.connect();
+        let (mut x, mut y) = Duplex {
+            mode: Mode::Both,
+            bytes: 64 << 20,
+            seed: 1,
+            max_msg: 256 * 1024,
+        }
+        .apps();
+        x.may_fail = may_fail;
+        y.may_fail = may_fail;
+        let mut aborted = false;
+        let mut outstanding = 0;
+        let done = p.run_until(10 * SEC, |p| {
+            let now = p.now();
+            x.pump(&mut p.a, now, a);
+            y.pump(&mut p.b, now, b);
+            if !aborted && y.received > 1 << 20 {
+                outstanding = x.check.outstanding() + y.check.outstanding();
+                p.a.abort(now, a);
+                aborted = true;
+            }
+            x.closed().is_some() && y.closed().is_some()
+        });
+        assert!(done && aborted, "A: {:?}, B: {:?}", x.closed(), y.closed());
+        assert!(outstanding > 0, "nothing was outstanding at the abort");
+        (x, y)
+    }
+
+    #[test]
+    fn an_abort_the_test_allows_for_passes() {
+        let (x, y) = abort_mid_transfer(true);
+        assert!(matches!(x.closed(), Some(Some(_))), "{:?}", x.closed());
+        assert_eq!(y.closed(), Some(&Some(ConnError::Reset)));
+        assert!(y.received < 64 << 20);
+    }
+
+    /// The same abort in a test that did not say the connection may fail: the App fails it.
+    #[test]
+    #[should_panic(expected = "the test did not say it may")]
+    fn an_abort_the_test_did_not_expect_fails_it() {
+        abort_mid_transfer(false);
+    }
 }

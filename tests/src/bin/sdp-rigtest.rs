@@ -328,7 +328,12 @@ const SMALL_BYTES: u64 = 1 << 20;
 fn duplex(rt: &mut Rt, id: ConnId, sc: &str, bytes: u64, server: bool) -> Res<()> {
     let mode = mode_of(sc);
     let (mine, theirs) = if server { (2, 1) } else { (1, 2) };
-    let mut app = App::new(mode, bytes, mine, theirs, 256 * 1024);
+    let mut app = App::builder(mode)
+        .sends(bytes)
+        .max_msg(256 * 1024)
+        .tx_seed(mine)
+        .rx_seed(theirs)
+        .build();
     let t = StdInstant::now();
     run_apps(rt, &mut [(id, &mut app)], Duration::from_secs(120))?;
     let secs = t.elapsed().as_secs_f64();
@@ -373,7 +378,7 @@ fn server(sc: &str, addr: SocketAddr) -> Res<()> {
         "halfclose" => {
             let id = rt.accept(l, Duration::from_secs(30))?;
             // Read everything to EOF (the peer shut its write half with data in flight) ...
-            let mut app = App::new(Mode::BCopy, 0, 2, 1, 1);
+            let mut app = App::builder(Mode::BCopy).tx_seed(2).rx_seed(1).build();
             app.keep_open = true;
             let r = rt.run(Duration::from_secs(60), |d, now| {
                 let before = app.received;
@@ -526,7 +531,14 @@ fn server(sc: &str, addr: SocketAddr) -> Res<()> {
 /// limit, fail on an orderly end or a hang.
 fn survive(rt: &mut Rt, id: ConnId, server: bool) -> Res<()> {
     let (mine, theirs) = if server { (2, 1) } else { (1, 2) };
-    let mut app = App::new(Mode::BCopy, u64::MAX / 2, mine, theirs, 128 * 1024);
+    let mut app = App::builder(Mode::BCopy)
+        .sends(u64::MAX / 2)
+        .max_msg(128 * 1024)
+        .tx_seed(mine)
+        .rx_seed(theirs)
+        .build();
+    // The failure is the point (the App would otherwise fail on it).
+    app.may_fail = true;
     let mut last_progress = StdInstant::now();
     let r = rt.run(Duration::from_secs(90), |d, now| {
         let before = (app.sent, app.received);
@@ -582,7 +594,12 @@ fn client(sc: &str, dst: SocketAddr, src: IpAddr) -> Res<()> {
         }
         "halfclose" => {
             let id = rt.connect(dst)?;
-            let mut app = App::new(Mode::BCopy, DUPLEX_BYTES, 1, 2, 256 * 1024);
+            let mut app = App::builder(Mode::BCopy)
+                .sends(DUPLEX_BYTES)
+                .max_msg(256 * 1024)
+                .tx_seed(1)
+                .rx_seed(2)
+                .build();
             app.paused_reader = true;
             // Write everything; App shuts the write half right after the last write.
             let mut queued_at_shut = None;
