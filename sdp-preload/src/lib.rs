@@ -612,7 +612,7 @@ fn carry_linger(from: c_int, s: &AppStream, o: &mut Opts) {
     if r != 0 || l.l_onoff == 0 {
         return;
     }
-    s.set_linger(Some(std::time::Duration::from_secs(
+    let _ = s.set_linger(Some(std::time::Duration::from_secs(
         l.l_linger.max(0) as u64
     )));
     let mut bytes = (1 as c_int).to_ne_bytes().to_vec();

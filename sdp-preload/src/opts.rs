@@ -204,7 +204,7 @@ pub(crate) unsafe fn set(
                     secs as u64
                 })
             });
-            st.set_linger(linger);
+            let _ = st.set_linger(linger);
             let mut v = (on as c_int).to_ne_bytes().to_vec();
             v.extend_from_slice(&secs.to_ne_bytes());
             o.stored.insert((level, name), v);

@@ -876,6 +876,28 @@ static void case_linger_abort(void) {
     finish(pid, -1);
 }
 
+static void peer_linger_exit(int s) {
+    CHECK(write(s, "z", 1) == 1);
+    await(p2c[0]);
+    struct linger l = {1, 0};
+    CHECK(setsockopt(s, SOL_SOCKET, SO_LINGER, &l, sizeof l) == 0);
+    exit(0); /* with the socket open: the exit closes it, with a reset */
+}
+
+/* SO_LINGER {1, 0} on a socket the process still holds when it exits: the peer gets a reset
+ * (after what had reached it), not EOF. */
+static void case_linger_exit(void) {
+    int s;
+    pid_t pid = start(peer_linger_exit, &s);
+    char b[8];
+    ssize_t r = read(s, b, 1);
+    out("linger exit: read %zd %.*s", r, (int)(r > 0 ? r : 0), b);
+    tell(p2c[1]);
+    r = read(s, b, sizeof b);
+    out("linger exit: then read %zd %s", r, r < 0 ? en(errno) : "0");
+    finish(pid, s);
+}
+
 static void peer_read_all(int s) {
     static char b[65536];
     size_t total = 0;
@@ -1015,6 +1037,7 @@ int main(int argc, char **argv) {
     RUN(raw_close);
     RUN(linger_abort);
     RUN(linger_wait);
+    RUN(linger_exit);
     RUN(fork_serve);
     RUN(fork_ignore);
     RUN(spawn_serve);

@@ -88,8 +88,6 @@ pub struct AppStream {
     id: ConnId,
     /// The fd is shared with other processes (see [`AppStream::share`]).
     shared: std::sync::atomic::AtomicBool,
-    /// SO_LINGER (see [`AppStream::set_linger`]).
-    linger: Mutex<Option<std::time::Duration>>,
 }
 
 impl std::fmt::Debug for AppStream {
@@ -100,10 +98,7 @@ impl std::fmt::Debug for AppStream {
 
 impl Drop for AppStream {
     fn drop(&mut self) {
-        match *self.linger.get_mut() {
-            Some(l) => self.stack.0.close_linger(self.id, l),
-            None => self.stack.0.close(self.id),
-        }
+        self.stack.0.close(self.id);
     }
 }
 
@@ -162,15 +157,14 @@ impl AppStream {
             stack,
             id,
             shared: std::sync::atomic::AtomicBool::new(false),
-            linger: Mutex::new(None),
         }
     }
 
     /// SO_LINGER for the close that ends the stream (its last fd): `Some(ZERO)` resets the
     /// connection, `Some(d)` waits up to `d` for the peer to hold what was written (see
     /// `SdpStream::set_linger`).
-    pub fn set_linger(&self, linger: Option<std::time::Duration>) {
-        *self.linger.lock() = linger;
+    pub fn set_linger(&self, linger: Option<std::time::Duration>) -> io::Result<()> {
+        self.stack.0.set_linger(self.id, linger)
     }
 
     /// The fd `fd` (this stream's) is about to be shared with another process (fork): from

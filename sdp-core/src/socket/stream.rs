@@ -26,16 +26,11 @@ pub(crate) struct Core {
     zcopy: AtomicBool,
     read_timeout: Mutex<Option<Duration>>,
     write_timeout: Mutex<Option<Duration>>,
-    /// SO_LINGER (see [`SdpStream::set_linger`]).
-    linger: Mutex<Option<Duration>>,
 }
 
 impl Drop for Core {
     fn drop(&mut self) {
-        match *self.linger.get_mut() {
-            Some(l) => self.stack.0.close_linger(self.id, l),
-            None => self.stack.0.close(self.id),
-        }
+        self.stack.0.close(self.id);
     }
 }
 
@@ -48,7 +43,6 @@ impl Core {
             zcopy: AtomicBool::new(true),
             read_timeout: Mutex::new(None),
             write_timeout: Mutex::new(None),
-            linger: Mutex::new(None),
         }
     }
     fn wait(&self, timeout: Option<Duration>) -> Wait {
@@ -292,21 +286,18 @@ impl SdpStream {
 
     /// SO_LINGER, applied when the last handle of the stream is dropped: `None` (the default)
     /// closes in the background (what was written is still delivered); `Some(ZERO)` aborts,
-    /// as TCP's reset (the peer's calls fail with ECONNRESET, undelivered bytes are dropped);
-    /// `Some(d)` makes that drop wait up to `d` until the peer has everything written, then
-    /// closes as without it.
+    /// as TCP's reset (the peer's calls fail with ECONNRESET, undelivered bytes are dropped;
+    /// at process exit too); `Some(d)` makes that drop wait up to `d` until the peer has
+    /// everything written, then closes as without it.
     pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
         match &self.inner {
-            Inner::Sdp(c) => {
-                *c.linger.lock() = linger;
-                Ok(())
-            }
+            Inner::Sdp(c) => c.stack.0.set_linger(c.id, linger),
             Inner::Tcp(s) => sys::set_linger(s.as_raw_fd(), linger),
         }
     }
     pub fn linger(&self) -> io::Result<Option<Duration>> {
         match &self.inner {
-            Inner::Sdp(c) => Ok(*c.linger.lock()),
+            Inner::Sdp(c) => c.stack.0.linger(c.id),
             Inner::Tcp(s) => sys::linger(s.as_raw_fd()),
         }
     }

@@ -138,11 +138,14 @@ pub(crate) trait StackOps: Send + Sync {
     /// Whether an asynchronous send is done (without taking it).
     fn send_registered_peek(&self, id: ConnId, ticket: u64) -> io::Result<bool>;
     fn shutdown(&self, id: ConnId, how: Shutdown) -> io::Result<()>;
+    /// `close(2)`: in the background, or as SO_LINGER says (see [`StackOps::set_linger`]).
     fn close(&self, id: ConnId);
-    /// `close(2)` with `SO_LINGER` on: a zero linger aborts (the peer gets a reset, what was
-    /// not delivered is dropped); otherwise wait up to `linger` until the peer holds everything
-    /// written (or the connection ends), then close as [`StackOps::close`].
-    fn close_linger(&self, id: ConnId, linger: Duration);
+    /// SO_LINGER for the close: `Some(ZERO)` aborts (the peer gets a reset, what was not
+    /// delivered is dropped; at process exit too, as TCP's); `Some(d)` makes the close wait up
+    /// to `d` until the peer holds everything written (or the connection ends), then close as
+    /// without it; `None` closes in the background.
+    fn set_linger(&self, id: ConnId, linger: Option<Duration>) -> io::Result<()>;
+    fn linger(&self, id: ConnId) -> io::Result<Option<Duration>>;
     fn ready_fd(&self, id: ConnId) -> io::Result<RawFd>;
     fn addrs(&self, id: ConnId) -> io::Result<(SocketAddr, SocketAddr)>;
     fn set_nodelay(&self, id: ConnId, on: bool) -> io::Result<()>;
@@ -228,6 +231,9 @@ struct Sock {
     pump: Option<super::pump::Pump>,
     /// Closed by `flush_at_exit` on the application's behalf.
     exit_closed: bool,
+    /// SO_LINGER: `Some(ZERO)` resets at close (and at exit), `Some(d)` makes close wait up
+    /// to `d` for the peer to hold what was written.
+    linger: Option<Duration>,
 }
 
 /// Per-listener state of the runtime (its queue of connections is the driver's).
@@ -1205,7 +1211,12 @@ impl<P: Provider + 'static> Shared<P> {
                 continue;
             }
             s.exit_closed = true;
-            driver.close_keep(now, id);
+            if s.linger == Some(Duration::ZERO) {
+                // As TCP's exit with SO_LINGER {1, 0}: a reset, nothing more delivered.
+                driver.abort(now, id);
+            } else {
+                driver.close_keep(now, id);
+            }
             refresh_sock(driver, id, s);
         }
         done && g
@@ -1213,6 +1224,60 @@ impl<P: Provider + 'static> Shared<P> {
             .conn_ids()
             .into_iter()
             .all(|id| !g.driver.close_pending(id))
+    }
+}
+
+/// Closing, as SO_LINGER says (see [`StackOps::set_linger`]).
+impl<P: Provider + 'static> Runtime<P> {
+    fn close_now(&self, id: ConnId) {
+        let Ok(mut g) = self.lock() else { return };
+        let now = self.now();
+        if let Some(p) = g.socks.get_mut(&id).and_then(|s| s.pump.as_mut()) {
+            // Other processes may still hold the file: the pump closes when they all did.
+            p.released = true;
+            if !p.closed {
+                return;
+            }
+            g.socks.remove(&id);
+            g.pumps -= 1;
+            return;
+        }
+        g.socks.remove(&id);
+        g.driver.close(now, id);
+    }
+
+    fn close_linger(&self, id: ConnId, linger: Duration) {
+        let pumped = {
+            let Ok(g) = self.lock() else { return };
+            g.socks.get(&id).is_some_and(|s| s.pump.is_some())
+        };
+        if pumped {
+            // Shared with other processes: the last holder's close ends it, as a TCP file's.
+            return self.close_now(id);
+        }
+        if linger.is_zero() {
+            let Ok(mut g) = self.lock() else { return };
+            let now = self.now();
+            g.socks.remove(&id);
+            g.driver.abort(now, id);
+            g.driver.release(now, id);
+            return;
+        }
+        let w = Wait {
+            timeout: Some(linger),
+            ..Wait::default()
+        };
+        // As TCP's close with a linger: blocks (nonblocking or not) until the peer has
+        // acknowledged every byte or the time is up; the close goes on either way.
+        let _ = self.block_on(w, |g, _| {
+            let backlog = g.socks.get(&id).map_or(0, |s| s.zbacklog.len());
+            let open = g
+                .driver
+                .view(id)
+                .is_some_and(|c| c.state() != State::Closed);
+            (!open || backlog + g.driver.tx_queued(id) == 0).then_some(Ok(()))
+        });
+        self.close_now(id);
     }
 }
 
@@ -1556,55 +1621,27 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         self.with_sock(id, |g, now| g.driver.shutdown(now, id, how).map_err(io_err))
     }
 
-    fn close(&self, id: ConnId) {
-        let Ok(mut g) = self.lock() else { return };
-        let now = self.now();
-        if let Some(p) = g.socks.get_mut(&id).and_then(|s| s.pump.as_mut()) {
-            // Other processes may still hold the file: the pump closes when they all did.
-            p.released = true;
-            if !p.closed {
-                return;
+    fn set_linger(&self, id: ConnId, linger: Option<Duration>) -> io::Result<()> {
+        self.with_sock(id, |g, _| {
+            if let Some(s) = g.socks.get_mut(&id) {
+                s.linger = linger;
             }
-            g.socks.remove(&id);
-            g.pumps -= 1;
-            return;
-        }
-        g.socks.remove(&id);
-        g.driver.close(now, id);
+            Ok(())
+        })
+    }
+    fn linger(&self, id: ConnId) -> io::Result<Option<Duration>> {
+        self.with_sock(id, |g, _| Ok(g.socks.get(&id).and_then(|s| s.linger)))
     }
 
-    fn close_linger(&self, id: ConnId, linger: Duration) {
-        let pumped = {
-            let Ok(g) = self.lock() else { return };
-            g.socks.get(&id).is_some_and(|s| s.pump.is_some())
+    fn close(&self, id: ConnId) {
+        let linger = match self.lock() {
+            Ok(g) => g.socks.get(&id).and_then(|s| s.linger),
+            Err(_) => return,
         };
-        if pumped {
-            // Shared with other processes: the last holder's close ends it, as a TCP file's.
-            return self.close(id);
+        match linger {
+            Some(l) => self.close_linger(id, l),
+            None => self.close_now(id),
         }
-        if linger.is_zero() {
-            let Ok(mut g) = self.lock() else { return };
-            let now = self.now();
-            g.socks.remove(&id);
-            g.driver.abort(now, id);
-            g.driver.release(now, id);
-            return;
-        }
-        let w = Wait {
-            timeout: Some(linger),
-            ..Wait::default()
-        };
-        // As TCP's close with a linger: blocks (nonblocking or not) until the peer has
-        // acknowledged every byte or the time is up; the close goes on either way.
-        let _ = self.block_on(w, |g, _| {
-            let backlog = g.socks.get(&id).map_or(0, |s| s.zbacklog.len());
-            let open = g
-                .driver
-                .view(id)
-                .is_some_and(|c| c.state() != State::Closed);
-            (!open || backlog + g.driver.tx_queued(id) == 0).then_some(Ok(()))
-        });
-        self.close(id);
     }
 
     fn ready_fd(&self, id: ConnId) -> io::Result<RawFd> {
