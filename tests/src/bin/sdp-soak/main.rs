@@ -19,7 +19,7 @@
 //! turn): `kill` (SIGKILL of the worker: the parent's side must end, by EOF or an error, within
 //! `--fault-bound` seconds), `stop` (SIGSTOP, 50-1500 ms, SIGCONT: the session must complete and
 //! verify), `pclose` (the parent drops its end mid-transfer: the worker must see EOF or an error
-//! within the bound), `wclose` (the worker drops its end: the same for the parent), and with
+//! within the bound), `preset` (the same with SO_LINGER {1, 0}: a reset), `wclose` (the worker drops its end: the same for the parent), and with
 //! `--fault-cmd CMD` (e.g. the rig's link removal) `cmd`, which runs CMD and lets every session
 //! under way fail. A killed worker is replaced. A side that moves no byte for `--hang-secs`, or
 //! does not end within the bound after a fault, is a hang (the worker is then killed to free
@@ -113,7 +113,13 @@ fn parse_args(v: &[String]) -> Result<Args, String> {
         seconds: 60.0,
         workers: 3,
         seed: 1,
-        faults: vec![Fault::Kill, Fault::Stop, Fault::PClose, Fault::WClose],
+        faults: vec![
+            Fault::Kill,
+            Fault::Stop,
+            Fault::PClose,
+            Fault::PReset,
+            Fault::WClose,
+        ],
         fault_interval: 1.0,
         tx_modes: TX_MODES.to_vec(),
         rx_modes: RX_MODES.to_vec(),
@@ -155,7 +161,13 @@ fn parse_args(v: &[String]) -> Result<Args, String> {
             "--seed" => a.seed = val()?.parse().map_err(|_| "--seed: a number")?,
             "--faults" => {
                 a.faults = match val()?.as_str() {
-                    "on" => vec![Fault::Kill, Fault::Stop, Fault::PClose, Fault::WClose],
+                    "on" => vec![
+                        Fault::Kill,
+                        Fault::Stop,
+                        Fault::PClose,
+                        Fault::PReset,
+                        Fault::WClose,
+                    ],
                     "off" => Vec::new(),
                     list => list
                         .split(',')
@@ -707,14 +719,17 @@ enum Fault {
     Kill,
     Stop,
     PClose,
+    /// As `pclose`, with SO_LINGER {1, 0}: the parent resets the connection.
+    PReset,
     WClose,
     Cmd,
 }
 
-const FAULTS: [Fault; 5] = [
+const FAULTS: [Fault; 6] = [
     Fault::Kill,
     Fault::Stop,
     Fault::PClose,
+    Fault::PReset,
     Fault::WClose,
     Fault::Cmd,
 ];
@@ -725,6 +740,7 @@ impl Fault {
             Fault::Kill => "kill",
             Fault::Stop => "stop",
             Fault::PClose => "pclose",
+            Fault::PReset => "preset",
             Fault::WClose => "wclose",
             Fault::Cmd => "cmd",
         }
@@ -929,7 +945,7 @@ fn serve(soak: Arc<Soak>, s: SdpStream) {
     let fault = *sess.fault.lock().unwrap();
     // The worker's report: at once after a normal end; within the bound after we closed.
     let limit = match fault {
-        Some((Fault::PClose, _)) => soak.args.fault_bound * 1000,
+        Some((Fault::PClose | Fault::PReset, _)) => soak.args.fault_bound * 1000,
         _ => 30_000,
     };
     let report = {
@@ -999,7 +1015,9 @@ fn judge(soak: &Soak, sess: &Sess, mine: &SideResult, theirs: Option<&Report>) {
     let applied = match fault {
         None => false,
         Some((Fault::Kill, _)) => killed,
-        Some((Fault::PClose, _)) => mine.tx_end == End::Closed || mine.rx_end == End::Closed,
+        Some((Fault::PClose | Fault::PReset, _)) => {
+            mine.tx_end == End::Closed || mine.rx_end == End::Closed
+        }
         Some((Fault::WClose, _)) => theirs.is_some_and(|r| r.closed) || killed,
         Some((Fault::Stop | Fault::Cmd, _)) => true,
     };
@@ -1008,7 +1026,10 @@ fn judge(soak: &Soak, sess: &Sess, mine: &SideResult, theirs: Option<&Report>) {
         || (applied
             && matches!(
                 fault,
-                Some((Fault::Kill | Fault::PClose | Fault::WClose | Fault::Cmd, _))
+                Some((
+                    Fault::Kill | Fault::PClose | Fault::PReset | Fault::WClose | Fault::Cmd,
+                    _
+                ))
             ));
     let mut ok = bad == 0 && !hang;
     if !may_end_early {
@@ -1044,7 +1065,7 @@ fn judge(soak: &Soak, sess: &Sess, mine: &SideResult, theirs: Option<&Report>) {
     if let Some((f, at)) = fault {
         let took = match f {
             Fault::Kill | Fault::WClose | Fault::Cmd => Some(ended.saturating_sub(at)),
-            Fault::PClose => theirs.map(|r| r.at.saturating_sub(ended)),
+            Fault::PClose | Fault::PReset => theirs.map(|r| r.at.saturating_sub(ended)),
             Fault::Stop => None,
         };
         if applied && !hang {
@@ -1052,7 +1073,7 @@ fn judge(soak: &Soak, sess: &Sess, mine: &SideResult, theirs: Option<&Report>) {
                 ok = false;
                 st.fail(format!(
                     "{} ended {} ms after {}, over the {} s bound: {}",
-                    if f == Fault::PClose {
+                    if matches!(f, Fault::PClose | Fault::PReset) {
                         "the worker's side"
                     } else {
                         "the parent's side"
@@ -1063,6 +1084,20 @@ fn judge(soak: &Soak, sess: &Sess, mine: &SideResult, theirs: Option<&Report>) {
                     plan.describe()
                 ));
             }
+        }
+    }
+    // A reset is not an orderly close: a worker still reading must see an error, not only EOF
+    // (as over TCP, the error is reported once: to its writer, if that saw it first, and then
+    // its reader sees EOF).
+    if let (Some((Fault::PReset, _)), true, Some(w)) = (fault, applied, w) {
+        if w.rx_end == End::ShortEof && !matches!(w.tx_end, End::Err(_)) {
+            ok = false;
+            st.fail(format!(
+                "the parent reset the connection and the worker saw no error (EOF after {} bytes, writer {}): {}",
+                w.rx,
+                w.tx_end.label(),
+                plan.describe()
+            ));
         }
     }
     if let Some((f, _)) = fault {
@@ -1242,6 +1277,10 @@ fn scheduler(soak: Arc<Soak>) {
                 signal(sess.pid, libc::SIGCONT);
             }
             Fault::PClose => sess.ctl.close.store(true, Relaxed),
+            Fault::PReset => {
+                sess.ctl.reset.store(true, Relaxed);
+                sess.ctl.close.store(true, Relaxed);
+            }
             Fault::WClose => {
                 if let Some(w) = soak.slots[sess.slot].stdin.lock().unwrap().as_mut() {
                     let _ = writeln!(w, "close {}", sess.plan.session).and_then(|()| w.flush());

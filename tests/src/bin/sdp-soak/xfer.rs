@@ -107,6 +107,8 @@ pub struct Ctl {
     pub last_progress: AtomicU64,
     /// Stop at the next piece and drop the stream (close mid-transfer).
     pub close: AtomicBool,
+    /// With `close`: reset the connection (SO_LINGER {1, 0}) instead of closing it.
+    pub reset: AtomicBool,
     pub tx_done: AtomicBool,
     pub rx_done: AtomicBool,
 }
@@ -219,12 +221,21 @@ pub fn duplex(s: SdpStream, spec: SideSpec, ctl: Arc<Ctl>) -> SideResult {
         .name("soak-writer".into())
         .spawn(move || {
             let r = write_side(&w, &spec, &wctl);
+            if r.1 == End::Closed && wctl.reset.load(Ordering::Relaxed) {
+                // Stopped by the reset request (the reader may have finished before it).
+                let _ = w.set_linger(Some(std::time::Duration::ZERO));
+            }
             drop(w);
             wctl.tx_done.store(true, Ordering::Relaxed);
             r
         })
         .expect("spawn writer");
     let (rx, bad, first_bad, overrun, rx_end) = read_side(&s, &spec, &ctl);
+    if rx_end == End::Closed && ctl.reset.load(Ordering::Relaxed) {
+        // Stopped by the reset request; applied by whichever of the stream's handles goes
+        // last (the writer's may).
+        let _ = s.set_linger(Some(std::time::Duration::ZERO));
+    }
     drop(s);
     ctl.rx_done.store(true, Ordering::Relaxed);
     let (tx, tx_end) = writer
