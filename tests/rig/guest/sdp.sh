@@ -172,7 +172,7 @@ sdp_survivor sdp-kill9    kill    7477
 # 0 bad bytes, 0 hangs, 0 leaks. rxe only (siw: its CM oopses on the socket API's connections, TODO.md).
 if [ -z "$PFX" ] && [ -x /rig/bin/sdp-soak ]; then
   run_check sdp-soak env SDP_PROVIDERS=rdma /rig/bin/sdp-soak --transport sdp --listen "$B:7600" \
-    --source-ip "$A" --seconds 20 --gib 1 --workers 2 --faults stop,pclose,wclose,kill --fault-interval 1
+    --source-ip "$A" --seconds 20 --gib 1 --workers 2 --faults stop,pclose,preset,wclose,kill --fault-interval 1
   # The same with the server's device deleted and added back under it every ~3 s (and kill -9): the
   # server's stack fails its sockets with ENETDOWN and lets go of the device at once (else `rdma link
   # delete` waits for the process), its listener listens again when the device is back.

@@ -776,9 +776,9 @@ struct Stats {
     /// Read bytes equal to the stream (`moved` less the bad ones).
     verified: u64,
     bad: u64,
-    injected: [u64; 5],
-    survived: [u64; 5],
-    missed: [u64; 5],
+    injected: [u64; FAULTS.len()],
+    survived: [u64; FAULTS.len()],
+    missed: [u64; FAULTS.len()],
     hangs: u64,
     worker_crashes: u64,
     workers_spawned: u64,
