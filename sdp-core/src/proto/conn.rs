@@ -98,6 +98,54 @@ pub struct ConnStats {
     pub stalls_no_credit: u64,
 }
 
+/// What moves a [`ConnStats`] counter ([`Conn::count`]): one variant per counter, with the
+/// amount for byte counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Count {
+    MsgSent,
+    MsgRcvd,
+    DataBytesSent(u64),
+    DataBytesRcvd(u64),
+    CreditUpdateSent,
+    ZcopyReadBytes(u64),
+    ZcopyWriteBytes(u64),
+    ZcopySendBytes(u64),
+    SrcAvailSent,
+    SrcAvailCancelled(u64),
+    ZcopyStall,
+    SinkAvailSent,
+    SinkAvailCancelled,
+    SinkAvailStale,
+    KeepaliveSent,
+    Resize,
+    StallNoCredit,
+}
+
+impl ConnStats {
+    #[inline]
+    fn record(&mut self, c: Count) {
+        match c {
+            Count::MsgSent => self.msgs_sent += 1,
+            Count::MsgRcvd => self.msgs_rcvd += 1,
+            Count::DataBytesSent(n) => self.data_bytes_sent += n,
+            Count::DataBytesRcvd(n) => self.data_bytes_rcvd += n,
+            Count::CreditUpdateSent => self.credit_updates_sent += 1,
+            Count::ZcopyReadBytes(n) => self.zcopy_read_bytes += n,
+            Count::ZcopyWriteBytes(n) => self.zcopy_write_bytes += n,
+            Count::ZcopySendBytes(n) => self.zcopy_send_bytes += n,
+            Count::SrcAvailSent => self.srcavail_sent += 1,
+            Count::SrcAvailCancelled(n) => self.srcavail_cancelled += n,
+            Count::ZcopyStall => self.zcopy_stalls += 1,
+            Count::SinkAvailSent => self.sinkavail_sent += 1,
+            Count::SinkAvailCancelled => self.sinkavail_cancelled += 1,
+            Count::SinkAvailStale => self.sinkavail_stale += 1,
+            Count::KeepaliveSent => self.keepalives_sent += 1,
+            Count::Resize => self.resizes += 1,
+            Count::StallNoCredit => self.stalls_no_credit += 1,
+        }
+    }
+}
+
 /// What [`Conn::read_zcopy`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ZRecv {
@@ -182,9 +230,11 @@ pub struct Conn<S: BufStore> {
     /// (`Config::initiator_sends_first`): sends stay queued until a receive completes.
     pub(crate) hold_sends: bool,
     pub(crate) cm: VecDeque<CmAction>,
-    pub(crate) events: VecDeque<Event>,
+    /// Application events, pushed only by [`Conn::emit`].
+    events: VecDeque<Event>,
 
-    pub stats: ConnStats,
+    /// Counters, moved only by [`Conn::count`] (read with [`Conn::stats`]).
+    stats: ConnStats,
 }
 
 pub use super::credits::{CTRL_CREDITS, DATA_CREDITS, MIN_RX_POSTED};
@@ -429,7 +479,7 @@ impl<S: BufStore> Conn<S> {
             && self.credits.tx() > 0
             && !self.disconnect_issued
         {
-            self.stats.credit_updates_sent += 1;
+            self.count(Count::CreditUpdateSent);
             self.post_ctrl(Mid::Data, Ext::None);
         }
     }
@@ -752,11 +802,11 @@ impl<S: BufStore> Conn<S> {
         self.heard_from_peer(now);
         self.timers
             .start(Timer::IdleCheck, now + self.cfg.idle_shrink);
-        self.events.push_back(Event::Connected);
+        self.emit(Event::Connected);
         if self.role == Role::Active && self.cfg.initiator_sends_first == Some(true) {
             // The transport wants our message first (the peer holds its own until then): a
             // credit update, which every peer takes.
-            self.stats.credit_updates_sent += 1;
+            self.count(Count::CreditUpdateSent);
             self.post_ctrl(Mid::Data, Ext::None);
         }
         self.flush(now);
@@ -851,6 +901,21 @@ impl<S: BufStore> Conn<S> {
     /// The next application event.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
+    }
+    /// The connection's counters.
+    pub fn stats(&self) -> &ConnStats {
+        &self.stats
+    }
+
+    /// Queue an event for the application ([`Conn::poll_event`]).
+    #[inline]
+    pub(crate) fn emit(&mut self, ev: Event) {
+        self.events.push_back(ev);
+    }
+    /// Move a counter ([`Conn::stats`]).
+    #[inline]
+    pub(crate) fn count(&mut self, c: Count) {
+        self.stats.record(c);
     }
 
     /// Shut one or both halves, like `shutdown(2)`. Queued data is still delivered before the
@@ -983,7 +1048,7 @@ impl<S: BufStore> Conn<S> {
             self.error = Some(ConnError::Reset);
         }
         self.release_all();
-        self.events.push_back(Event::Closed(self.error.clone()));
+        self.emit(Event::Closed(self.error.clone()));
     }
 
     /// Give every buffer back to the store. Work requests still posted are dead: the driver
@@ -1030,7 +1095,7 @@ impl<S: BufStore> Conn<S> {
     /// Process a received BSDH's credit fields.
     pub(crate) fn on_bsdh(&mut self, h: &msgs::Bsdh) -> Result<(), ProtocolError> {
         self.credits.on_bsdh(h)?;
-        self.stats.msgs_rcvd += 1;
+        self.count(Count::MsgRcvd);
         Ok(())
     }
 
@@ -1044,7 +1109,7 @@ impl<S: BufStore> Conn<S> {
     ) -> Header {
         let bufs = self.rx_posted_count();
         let h = self.credits.next_header(mid, ext, flags, payload, bufs);
-        self.stats.msgs_sent += 1;
+        self.count(Count::MsgSent);
         h
     }
 

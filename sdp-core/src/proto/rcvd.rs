@@ -5,7 +5,7 @@
 //! never touches other connections.
 
 use super::buff::BufStore;
-use super::conn::{Conn, Event, ProtocolError, MAX_HDR};
+use super::conn::{Conn, Count, Event, ProtocolError, MAX_HDR};
 use super::msgs::{BsdhFlags, Ext, Header, Mid, BSDH_LEN, MIN_RCV_SIZE};
 use super::rx::RxItem;
 use super::Instant;
@@ -94,7 +94,7 @@ impl<S: BufStore> Conn<S> {
         flags: BsdhFlags,
     ) -> Result<(), ProtocolError> {
         self.slow_start_grow();
-        self.stats.data_bytes_rcvd += len as u64;
+        self.count(Count::DataBytesRcvd(len as u64));
         if self.iocbs.sink_active() && len > 0 {
             // The peer sent data past our SinkAvail (it had not seen it).
             self.sink_overtaken(now, !flags.is_empty());
@@ -104,7 +104,7 @@ impl<S: BufStore> Conn<S> {
             self.store.read(&buf, BSDH_LEN as u32 + len - 1, &mut b);
             len -= 1;
             self.urgent = Some(b[0]);
-            self.events.push_back(Event::Urgent);
+            self.emit(Event::Urgent);
         }
         if len > 0 && self.app_closed {
             // Data for a socket the application closed: nobody will read it. TCP answers
@@ -181,7 +181,7 @@ impl<S: BufStore> Conn<S> {
                 } else {
                     self.rx.resize_ack_due = Some(grant);
                 }
-                self.stats.resizes += 1;
+                self.count(Count::Resize);
                 Ok(())
             }
             Ext::ChRcvBufAck { size } => self.on_resize_ack(size),

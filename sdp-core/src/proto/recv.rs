@@ -60,7 +60,7 @@ impl<S: BufStore> Conn<S> {
             }
         }
         if copied > 0 {
-            self.timers.touch(now);
+            self.touch(now);
             self.flush(now);
             return Ok(copied);
         }

@@ -2,7 +2,7 @@
 //! posting SENDs as credits allow. Small writes coalesce into the buffer at the tail of the queue.
 
 use super::buff::{Buf, BufStore};
-use super::conn::{wrid, CallError, Conn, ConnError, State, CTRL_CREDITS};
+use super::conn::{wrid, CallError, Conn, ConnError, Count, State, CTRL_CREDITS};
 use super::iocb::{SrcState, ZSrc};
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 use super::tx::{Inflight, TxItem};
@@ -26,7 +26,7 @@ impl<S: BufStore> Conn<S> {
         }
         let room = self.tx.room(self.cfg.sndbuf);
         if room == 0 {
-            self.stats.stalls_no_credit += 1;
+            self.count(Count::StallNoCredit);
             return Err(CallError::WouldBlock);
         }
         let mut taken = 0;
@@ -73,8 +73,8 @@ impl<S: BufStore> Conn<S> {
             };
         }
         self.tx.bytes += taken;
-        self.stats.data_bytes_sent += taken as u64;
-        self.timers.touch(now);
+        self.count(Count::DataBytesSent(taken as u64));
+        self.touch(now);
         self.maybe_grow_send_size();
         self.flush(now);
         Ok(taken)
@@ -103,8 +103,8 @@ impl<S: BufStore> Conn<S> {
         }
         self.tx.queue.push_back(TxItem::Src { key });
         self.tx.bytes += src.len as usize;
-        self.stats.data_bytes_sent += src.len as u64;
-        self.timers.touch(now);
+        self.count(Count::DataBytesSent(src.len as u64));
+        self.touch(now);
         self.flush(now);
         Ok(())
     }
@@ -182,7 +182,7 @@ impl<S: BufStore> Conn<S> {
                         continue;
                     }
                     if !self.credits.can_send_data() {
-                        self.stats.stalls_no_credit += 1;
+                        self.count(Count::StallNoCredit);
                         self.ask_credits();
                         return;
                     }
@@ -262,7 +262,7 @@ impl<S: BufStore> Conn<S> {
                             && self.split_candidate(key)
                         {
                             if self.credits.tx() < CTRL_CREDITS {
-                                self.stats.stalls_no_credit += 1;
+                                self.count(Count::StallNoCredit);
                                 return;
                             }
                             if !self.advertise_src(now, key) {
@@ -404,7 +404,7 @@ impl<S: BufStore> Conn<S> {
                 return true;
             }
             if !self.credits.can_send_data() {
-                self.stats.stalls_no_credit += 1;
+                self.count(Count::StallNoCredit);
                 self.ask_credits();
                 return false;
             }
@@ -421,8 +421,8 @@ impl<S: BufStore> Conn<S> {
             self.advts.note_data_sent(h.bsdh.mseq);
             self.tx.data_outstanding += 1;
             self.tx.stream_posts += 1;
-            self.stats.zcopy_send_bytes += u64::from(n);
-            self.timers.touch(now);
+            self.count(Count::ZcopySendBytes(u64::from(n)));
+            self.touch(now);
             let key = self
                 .tx
                 .inflight
@@ -490,7 +490,7 @@ impl<S: BufStore> Conn<S> {
         // See `Credits::update_due` (a peer asks for data credits with an update of its own,
         // see `ask_credits`).
         if self.credits.update_due(self.rx.posted.len() as u32) {
-            self.stats.credit_updates_sent += 1;
+            self.count(Count::CreditUpdateSent);
             self.post_ctrl(Mid::Data, Ext::None);
         }
     }
@@ -506,7 +506,7 @@ impl<S: BufStore> Conn<S> {
         {
             return;
         }
-        self.stats.credit_updates_sent += 1;
+        self.count(Count::CreditUpdateSent);
         self.post_ctrl(Mid::Data, Ext::None);
     }
 
@@ -519,7 +519,7 @@ impl<S: BufStore> Conn<S> {
         if self.tx.queued_data_bufs() >= 4 {
             let want = (self.send_size.saturating_mul(4)).min(self.cfg.max_rcv_size);
             self.tx.resize_pending = Some(want);
-            self.stats.resizes += 1;
+            self.count(Count::Resize);
             self.queue_ctrl_front(Mid::ChRcvBuf, Ext::ChRcvBuf { size: want });
         }
     }

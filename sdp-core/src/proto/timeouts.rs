@@ -7,7 +7,7 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use super::buff::BufStore;
-use super::conn::{wrid, Conn};
+use super::conn::{wrid, Conn, Count};
 use super::error::ConnError;
 use super::timers::{Timer, PERSIST};
 use super::tx::Inflight;
@@ -80,6 +80,12 @@ impl<S: BufStore> Conn<S> {
         self.timers.keepalive_outstanding = 0;
     }
 
+    /// The connection moved data now (the idle shrink measures from the last time).
+    #[inline]
+    pub(crate) fn touch(&mut self, now: Instant) {
+        self.timers.touch(now);
+    }
+
     /// The peer showed it is alive: a message arrived.
     pub(crate) fn heard_from_peer(&mut self, now: Instant) {
         self.timers.last_rx_at = now;
@@ -103,7 +109,7 @@ impl<S: BufStore> Conn<S> {
             return;
         }
         self.timers.keepalive_outstanding += 1;
-        self.stats.keepalives_sent += 1;
+        self.count(Count::KeepaliveSent);
         let key = self.tx.inflight.insert(Inflight::Keepalive);
         self.wrs.push_back(WorkRequest::Send(SendWr {
             wr_id: wrid::KEEPALIVE | key as u64,
