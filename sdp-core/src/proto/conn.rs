@@ -427,10 +427,10 @@ impl<S: BufStore> Conn<S> {
             self.credits.last_rx_mseq(),
             self.tx.queue.iter().take(6).map(|i| match i { TxItem::Data { len, .. } => format!("D{len}"), TxItem::Ctrl { mid, .. } => format!("{mid:?}"), TxItem::Src { key } => format!("S{key}") }).collect::<Vec<_>>(),
             self.tx.inflight.len(),
-            self.tx.bytes,
+            self.tx.bytes(),
             self.rx.queue.len(),
             self.rx.posted.len(),
-            self.rx.held,
+            self.rx.held(),
             self.iocbs.srcs.iter().map(|s| (s.key, s.token, s.state, s.acked, s.written)).collect::<Vec<_>>(),
             self.iocbs.sink.is_some(),
             self.iocbs.sink_cancel_pending,
@@ -496,9 +496,9 @@ impl<S: BufStore> Conn<S> {
     /// Receive buffers to keep posted (the slow-start target).
     pub(crate) fn rx_post_target(&self) -> usize {
         if self.queued {
-            self.cfg.min_rx_bufs.min(self.rx.target) as usize
+            self.cfg.min_rx_bufs.min(self.rx.target()) as usize
         } else {
-            self.rx.target as usize
+            self.rx.target() as usize
         }
     }
     /// The error that ended the connection, if any.
@@ -531,11 +531,11 @@ impl<S: BufStore> Conn<S> {
     }
     /// Bytes buffered for sending, unacknowledged.
     pub fn tx_queued_bytes(&self) -> usize {
-        self.tx.bytes
+        self.tx.bytes()
     }
     /// Bytes received and not yet read.
     pub fn rx_queued_bytes(&self) -> usize {
-        self.rx.bytes
+        self.rx.bytes()
     }
     /// The peer sent DisConn and every byte before it has been read (reads return 0).
     pub fn read_closed(&self) -> bool {
@@ -595,7 +595,7 @@ impl<S: BufStore> Conn<S> {
         match self.state {
             State::Connecting | State::Accepting => false,
             State::Established => {
-                self.shut_wr || self.error.is_some() || self.tx.bytes < self.cfg.sndbuf
+                self.shut_wr || self.error.is_some() || self.tx.bytes() < self.cfg.sndbuf
             }
             _ => true,
         }
@@ -957,7 +957,7 @@ impl<S: BufStore> Conn<S> {
             State::Closed | State::Disconnecting => {}
             State::Connecting | State::Accepting => self.abort_with(now, ConnError::Aborted),
             State::Established => {
-                if self.rx.bytes > 0 || self.advts.has_src() {
+                if self.rx.bytes() > 0 || self.advts.has_src() {
                     self.abort_with(now, ConnError::Aborted);
                     return;
                 }
@@ -1077,9 +1077,9 @@ impl<S: BufStore> Conn<S> {
         {
             for item in self.rx.queue.split_off(cut) {
                 if let RxItem::Data { len, bounce, .. } = &item {
-                    self.rx.bytes -= *len as usize;
+                    self.rx.bytes_out(*len as usize);
                     if !*bounce {
-                        self.rx.held -= 1;
+                        self.rx.unhold();
                     }
                 }
                 item.release(&mut self.store);

@@ -7,19 +7,14 @@
 use super::buff::BufStore;
 use super::conn::{Conn, Count, Event, ProtocolError, MAX_HDR};
 use super::msgs::{BsdhFlags, Ext, Header, Mid, BSDH_LEN, MIN_RCV_SIZE};
-use super::rx::RxItem;
 use super::Instant;
 use crate::verbs::{Completion, WcStatus};
 
 impl<S: BufStore> Conn<S> {
     pub(crate) fn on_recv_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
-        let Some(buf) = self.rx.posted.try_remove(idx) else {
+        let Some(buf) = self.rx.complete(idx) else {
             return;
         };
-        let old_size = buf.size != self.rx.pool.size();
-        if old_size {
-            self.rx.old_posted = self.rx.old_posted.saturating_sub(1);
-        }
         if wc.status != WcStatus::Success {
             self.rx.pool.put(&mut self.store, buf);
             self.on_wc_error(now, wc.status);
@@ -50,8 +45,7 @@ impl<S: BufStore> Conn<S> {
             self.protocol_error(now, e);
             return;
         }
-        if self.rx.resize_ack_due.is_some() && self.rx.old_posted == 0 {
-            let size = self.rx.resize_ack_due.take().expect("checked");
+        if let Some(size) = self.rx.resize_ack_ready() {
             self.queue_ctrl_front(Mid::ChRcvBufAck, Ext::ChRcvBufAck { size });
         }
         let payload = len - h.header_len();
@@ -117,14 +111,7 @@ impl<S: BufStore> Conn<S> {
             self.rx.pool.put(&mut self.store, buf);
             return Ok(());
         }
-        self.rx.held += 1;
-        self.rx.bytes += len as usize;
-        self.rx.queue.push_back(RxItem::Data {
-            buf,
-            off: BSDH_LEN as u32,
-            len,
-            bounce: false,
-        });
+        self.rx.push_data(buf, BSDH_LEN as u32, len);
         Ok(())
     }
 
@@ -169,17 +156,8 @@ impl<S: BufStore> Conn<S> {
                 } else {
                     size.clamp(MIN_RCV_SIZE, self.cfg.max_rcv_size)
                 };
-                self.rx.pool.resize(&mut self.store, grant);
-                self.rx.old_posted = self
-                    .rx
-                    .posted
-                    .iter()
-                    .filter(|(_, b)| b.size != grant)
-                    .count();
-                if self.rx.old_posted == 0 {
+                if self.rx.resize(&mut self.store, grant) {
                     self.queue_ctrl_front(Mid::ChRcvBufAck, Ext::ChRcvBufAck { size: grant });
-                } else {
-                    self.rx.resize_ack_due = Some(grant);
                 }
                 self.count(Count::Resize);
                 Ok(())
@@ -197,11 +175,8 @@ impl<S: BufStore> Conn<S> {
     /// buffers next time (up to the budget).
     fn slow_start_grow(&mut self) {
         // The peer sent at its last data credit (it keeps DATA_CREDITS - 1 for replies).
-        if self.credits.peer_at_last_data_credit()
-            && self.rx.target < self.cfg.max_rx_bufs
-            && !self.queued
-        {
-            self.rx.target = (self.rx.target * 2).min(self.cfg.max_rx_bufs);
+        if self.credits.peer_at_last_data_credit() && !self.queued {
+            self.rx.grow_target(self.cfg.max_rx_bufs);
         }
     }
 }

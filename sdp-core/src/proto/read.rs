@@ -220,7 +220,7 @@ impl<S: BufStore> Conn<S> {
                         bounce: true,
                     },
                 );
-                self.rx.bytes += r.len as usize;
+                self.rx.bytes_in(r.len as usize);
             }
             (None, Some(token)) => {
                 self.emit(Event::ZcopyReceived {

@@ -37,17 +37,17 @@ pub(crate) struct RxHalf {
     /// Receives posted, by the index in their wr_id.
     pub(crate) posted: slab::Slab<Buf>,
     /// Posted receives still of an old size (after a resize), oldest first.
-    pub(crate) old_posted: usize,
+    old_posted: usize,
     /// Receives to keep posted (slow start).
-    pub(crate) target: u32,
+    target: u32,
     /// Received stream contents not read yet, in order.
     pub(crate) queue: VecDeque<RxItem>,
     /// Receive buffers holding unread data.
-    pub(crate) held: usize,
+    held: usize,
     /// Unread bytes in `queue`.
-    pub(crate) bytes: usize,
+    bytes: usize,
     /// The peer asked us for a new receive size; we ack once every posted buffer has it.
-    pub(crate) resize_ack_due: Option<u32>,
+    resize_ack_due: Option<u32>,
 }
 
 impl RxHalf {
@@ -63,6 +63,96 @@ impl RxHalf {
             bytes: 0,
             resize_ack_due: None,
         }
+    }
+    /// The receive posted under `idx` completed: take its buffer (`None` if it is not posted).
+    #[inline]
+    pub(crate) fn complete(&mut self, idx: usize) -> Option<Buf> {
+        let buf = self.posted.try_remove(idx)?;
+        if buf.size != self.pool.size() {
+            self.old_posted = self.old_posted.saturating_sub(1);
+        }
+        Some(buf)
+    }
+    /// The peer asked for receive buffers of another size and we grant `size`: post that size
+    /// from now on. True if every posted buffer has it already (ack now); otherwise the ack
+    /// is due once the last old one completes ([`RxHalf::resize_ack_ready`]).
+    #[inline]
+    pub(crate) fn resize(&mut self, store: &mut impl BufStore, size: u32) -> bool {
+        self.pool.resize(store, size);
+        self.old_posted = self.posted.iter().filter(|(_, b)| b.size != size).count();
+        if self.old_posted == 0 {
+            return true;
+        }
+        self.resize_ack_due = Some(size);
+        false
+    }
+    /// The size to acknowledge now that no receive of an old size is posted, once.
+    #[inline]
+    pub(crate) fn resize_ack_ready(&mut self) -> Option<u32> {
+        if self.old_posted == 0 {
+            self.resize_ack_due.take()
+        } else {
+            None
+        }
+    }
+    /// Receives to keep posted (the slow-start target).
+    #[inline]
+    pub(crate) fn target(&self) -> u32 {
+        self.target
+    }
+    /// Slow start: double the target, up to `max`.
+    #[inline]
+    pub(crate) fn grow_target(&mut self, max: u32) {
+        if self.target < max {
+            self.target = (self.target * 2).min(max);
+        }
+    }
+    /// Idle: back to `initial` receives at most, `min` at least.
+    #[inline]
+    pub(crate) fn shrink_target(&mut self, min: u32, initial: u32) {
+        self.target = min.max(initial.min(self.target));
+    }
+    /// Receive buffers holding unread data.
+    #[inline]
+    pub(crate) fn held(&self) -> usize {
+        self.held
+    }
+    /// A receive buffer with `len` unread bytes joins the end of the stream.
+    #[inline]
+    pub(crate) fn push_data(&mut self, buf: Buf, off: u32, len: u32) {
+        self.held += 1;
+        self.bytes += len as usize;
+        self.queue.push_back(RxItem::Data {
+            buf,
+            off,
+            len,
+            bounce: false,
+        });
+    }
+    /// A receive buffer with unread data left the queue.
+    #[inline]
+    pub(crate) fn unhold(&mut self) {
+        self.held -= 1;
+    }
+    /// Unread bytes.
+    #[inline]
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+    /// `n` more unread bytes are in the queue.
+    #[inline]
+    pub(crate) fn bytes_in(&mut self, n: usize) {
+        self.bytes += n;
+    }
+    /// `n` unread bytes left the queue (read or dropped).
+    #[inline]
+    pub(crate) fn bytes_out(&mut self, n: usize) {
+        self.bytes -= n;
+    }
+    /// The queue was emptied: no unread bytes.
+    #[inline]
+    pub(crate) fn bytes_cleared(&mut self) {
+        self.bytes = 0;
     }
     /// Receives posted, as a BSDH's `bufs` announces them.
     #[inline]

@@ -72,7 +72,7 @@ impl<S: BufStore> Conn<S> {
                 Err(CallError::WouldBlock)
             };
         }
-        self.tx.bytes += taken;
+        self.tx.bytes_in(taken);
         self.count(Count::DataBytesSent(taken as u64));
         self.touch(now);
         self.maybe_grow_send_size();
@@ -102,7 +102,7 @@ impl<S: BufStore> Conn<S> {
             s.deadline = stall.map(|d| now + d);
         }
         self.tx.queue.push_back(TxItem::Src { key });
-        self.tx.bytes += src.len as usize;
+        self.tx.bytes_in(src.len as usize);
         self.count(Count::DataBytesSent(src.len as u64));
         self.touch(now);
         self.flush(now);
@@ -121,7 +121,7 @@ impl<S: BufStore> Conn<S> {
             len: 1,
             flags: BsdhFlags::OOB_PRES | BsdhFlags::OOB_PEND,
         });
-        self.tx.bytes += 1;
+        self.tx.bytes_in(1);
         self.flush(now);
         Ok(())
     }
@@ -155,9 +155,9 @@ impl<S: BufStore> Conn<S> {
     /// Post what the credits allow, in stream order (see `push_queue`). When stream items went,
     /// the peer is taking the stream: a bounded source queued behind them is not stalled.
     pub(crate) fn push_tx(&mut self, now: Instant) {
-        let before = self.tx.stream_posts;
+        let before = self.tx.stream_posts();
         self.push_queue(now);
-        if self.tx.stream_posts != before {
+        if self.tx.stream_posts() != before {
             self.stream_moved(now);
         }
     }
@@ -191,7 +191,7 @@ impl<S: BufStore> Conn<S> {
                     if !self.cfg.nodelay
                         && !full
                         && self.tx.queue.len() == 1
-                        && self.tx.data_outstanding > 0
+                        && self.tx.data_outstanding() > 0
                         && flags.is_empty()
                     {
                         return;
@@ -367,8 +367,7 @@ impl<S: BufStore> Conn<S> {
         h.emit(&mut hdr).expect("BSDH fits");
         self.store.write(&buf, 0, &hdr);
         self.advts.note_data_sent(h.bsdh.mseq);
-        self.tx.data_outstanding += 1;
-        self.tx.stream_posts += 1;
+        self.tx.data_posted();
         let key = self.tx.inflight.insert(Inflight::Msg {
             buf,
             ctrl: false,
@@ -419,8 +418,7 @@ impl<S: BufStore> Conn<S> {
             h.emit(&mut bytes).expect("BSDH fits");
             self.store.write(&hdr, 0, &bytes);
             self.advts.note_data_sent(h.bsdh.mseq);
-            self.tx.data_outstanding += 1;
-            self.tx.stream_posts += 1;
+            self.tx.data_posted();
             self.count(Count::ZcopySendBytes(u64::from(n)));
             self.touch(now);
             let key = self
@@ -513,12 +511,12 @@ impl<S: BufStore> Conn<S> {
     /// When the application keeps more than a few buffers queued, ask the peer for larger
     /// receive buffers (ChRcvBuf): fewer, larger messages.
     fn maybe_grow_send_size(&mut self) {
-        if self.tx.resize_pending.is_some() || self.send_size >= self.cfg.max_rcv_size {
+        if self.tx.resize_pending() || self.send_size >= self.cfg.max_rcv_size {
             return;
         }
         if self.tx.queued_data_bufs() >= 4 {
             let want = (self.send_size.saturating_mul(4)).min(self.cfg.max_rcv_size);
-            self.tx.resize_pending = Some(want);
+            self.tx.ask_resize(want);
             self.count(Count::Resize);
             self.queue_ctrl_front(Mid::ChRcvBuf, Ext::ChRcvBuf { size: want });
         }
@@ -526,7 +524,7 @@ impl<S: BufStore> Conn<S> {
 
     /// The peer acknowledged our ChRcvBuf: every buffer it has posted is `size` now.
     pub(crate) fn on_resize_ack(&mut self, size: u32) -> Result<(), super::conn::ProtocolError> {
-        let Some(asked) = self.tx.resize_pending.take() else {
+        let Some(asked) = self.tx.take_resize() else {
             return Err(super::conn::ProtocolError::Unexpected {
                 mid: Mid::ChRcvBufAck,
                 context: "no ChRcvBuf outstanding",

@@ -81,7 +81,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.advts.note_data_sent(self.credits.last_sent_mseq());
         self.count(Count::SrcAvailSent);
-        self.tx.stream_posts += 1;
+        self.tx.stream_posted();
         true
     }
 
@@ -109,7 +109,7 @@ impl<S: BufStore> Conn<S> {
                 let (len, written, inflight) = (s.src.len, s.written, s.writes_inflight);
                 s.src.len = written;
                 s.state = SrcState::Written;
-                self.tx.bytes -= (len - written) as usize;
+                self.tx.bytes_out((len - written) as usize);
                 self.tx.unqueue_src(key);
                 self.count(Count::SrcAvailCancelled(1));
                 let next = self
@@ -267,7 +267,7 @@ impl<S: BufStore> Conn<S> {
                 let unsent = (s.src.len - s.written) as usize;
                 s.state = SrcState::Done;
                 s.done_bytes = bytes;
-                self.tx.bytes -= unsent;
+                self.tx.bytes_out(unsent);
             }
         }
         self.tx.unqueue_src(key);
@@ -325,7 +325,7 @@ impl<S: BufStore> Conn<S> {
             s.done_bytes = if i == 0 { bytes } else { s.written as usize };
             s.state = SrcState::Done;
         }
-        self.tx.bytes -= unsent;
+        self.tx.bytes_out(unsent);
         self.count(Count::SrcAvailCancelled(cancelled));
         self.report_done();
     }
@@ -454,7 +454,7 @@ impl<S: BufStore> Conn<S> {
             return false;
         }
         self.count(Count::ZcopyWriteBytes(placed as u64));
-        self.tx.stream_posts += 1;
+        self.tx.stream_posted();
         self.touch(now);
         self.post_ctrl(Mid::RdmaWrCompl, Ext::RdmaWrCompl { len: placed });
         true
