@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 
 use super::advt::Advts;
-use super::buff::{BufStore, Pool};
+use super::buff::BufStore;
 pub use super::config::Config;
 use super::credits::Credits;
 pub use super::error::{CallError, ConnError, ProtocolError};
@@ -373,8 +373,8 @@ impl<S: BufStore> Conn<S> {
                 .desired_rcv_size
                 .clamp(c.cfg.rcv_size, c.cfg.max_rcv_size)
         };
-        c.rx.pool = Pool::new(want);
-        c.tx.pool = Pool::new(c.send_size);
+        c.rx.set_size(want);
+        c.tx.set_size(c.send_size);
         c.fill_rx()?;
         let ack = HelloAck {
             version: msgs::SDP_VERSION,
@@ -429,7 +429,7 @@ impl<S: BufStore> Conn<S> {
             self.tx.inflight.len(),
             self.tx.bytes(),
             self.rx.queue.len(),
-            self.rx.posted.len(),
+            self.rx.posted_len(),
             self.rx.held(),
             self.iocbs.srcs.iter().map(|s| (s.key, s.token, s.state, s.acked, s.written)).collect::<Vec<_>>(),
             self.iocbs.sink.is_some(),
@@ -475,7 +475,7 @@ impl<S: BufStore> Conn<S> {
     fn open_window(&mut self) {
         if self.state == State::Established
             && !self.queued
-            && self.credits.peer_unaware(self.rx.posted.len() as u32)
+            && self.credits.peer_unaware(self.rx.posted_len() as u32)
             && self.credits.tx() > 0
             && !self.disconnect_issued
         {
@@ -523,11 +523,11 @@ impl<S: BufStore> Conn<S> {
     }
     /// Size of the receive buffers we post.
     pub fn rcv_size(&self) -> u32 {
-        self.rx.pool.size()
+        self.rx.size()
     }
     /// Receive buffers posted now.
     pub fn rx_posted_now(&self) -> usize {
-        self.rx.posted.len()
+        self.rx.posted_len()
     }
     /// Bytes buffered for sending, unacknowledged.
     pub fn tx_queued_bytes(&self) -> usize {
@@ -788,7 +788,7 @@ impl<S: BufStore> Conn<S> {
         self.send_size = ack.actual_rcv_size;
         self.peer_max_adverts = ack.max_adverts;
         self.credits.hello_rcvd(h.bsdh.bufs);
-        self.tx.pool = Pool::new(self.send_size);
+        self.tx.set_size(self.send_size);
         // The acceptor's `desired_rcv_size` (for its own sends) is not acted on here: the
         // buffers already posted keep their size, the peer learned it from the Hello, and a
         // later ChRcvBuf from the peer moves it.
@@ -1089,7 +1089,7 @@ impl<S: BufStore> Conn<S> {
         self.iocbs.release(&mut self.store);
         // The pools' counts are moot now: drop their idle buffers.
         self.tx.release_pools(&mut self.store);
-        self.rx.pool.release(&mut self.store);
+        self.rx.release_pool(&mut self.store);
     }
 
     /// Process a received BSDH's credit fields.

@@ -16,7 +16,7 @@ impl<S: BufStore> Conn<S> {
             return;
         };
         if wc.status != WcStatus::Success {
-            self.rx.pool.put(&mut self.store, buf);
+            self.rx.put_buf(&mut self.store, buf);
             self.on_wc_error(now, wc.status);
             return;
         }
@@ -24,7 +24,7 @@ impl<S: BufStore> Conn<S> {
         self.hold_sends = false;
         let len = wc.byte_len as usize;
         if len > buf.size as usize {
-            self.rx.pool.put(&mut self.store, buf);
+            self.rx.put_buf(&mut self.store, buf);
             self.protocol_error(now, ProtocolError::TooLong { len, max: buf.size });
             return;
         }
@@ -34,14 +34,14 @@ impl<S: BufStore> Conn<S> {
         let h = match parse_received(&hdr[..n], len) {
             Ok(h) => h,
             Err(e) => {
-                self.rx.pool.put(&mut self.store, buf);
+                self.rx.put_buf(&mut self.store, buf);
                 self.protocol_error(now, e.into());
                 return;
             }
         };
         self.heard_from_peer(now);
         if let Err(e) = self.on_bsdh(&h.bsdh) {
-            self.rx.pool.put(&mut self.store, buf);
+            self.rx.put_buf(&mut self.store, buf);
             self.protocol_error(now, e);
             return;
         }
@@ -50,7 +50,7 @@ impl<S: BufStore> Conn<S> {
         }
         let payload = len - h.header_len();
         if self.disconn_rcvd && carries_stream(h.bsdh.mid, payload) {
-            self.rx.pool.put(&mut self.store, buf);
+            self.rx.put_buf(&mut self.store, buf);
             self.protocol_error(
                 now,
                 ProtocolError::Unexpected {
@@ -64,14 +64,14 @@ impl<S: BufStore> Conn<S> {
             Ext::None if h.bsdh.mid == Mid::Data => {
                 if payload == 0 {
                     // A pure credit update.
-                    self.rx.pool.put(&mut self.store, buf);
+                    self.rx.put_buf(&mut self.store, buf);
                     Ok(())
                 } else {
                     self.on_data(now, buf, payload as u32, h.bsdh.flags)
                 }
             }
             _ => {
-                self.rx.pool.put(&mut self.store, buf);
+                self.rx.put_buf(&mut self.store, buf);
                 self.on_control(now, &h)
             }
         };
@@ -103,12 +103,12 @@ impl<S: BufStore> Conn<S> {
         if len > 0 && self.app_closed {
             // Data for a socket the application closed: nobody will read it. TCP answers
             // with a reset, so the writer learns at once; so do we (AbortConn).
-            self.rx.pool.put(&mut self.store, buf);
+            self.rx.put_buf(&mut self.store, buf);
             self.abort_with(now, super::conn::ConnError::Aborted);
             return Ok(());
         }
         if len == 0 || self.shut_rd {
-            self.rx.pool.put(&mut self.store, buf);
+            self.rx.put_buf(&mut self.store, buf);
             return Ok(());
         }
         self.rx.push_data(buf, BSDH_LEN as u32, len);
@@ -152,7 +152,7 @@ impl<S: BufStore> Conn<S> {
                 // we grant from now on, and ack once every buffer still posted has that size.
                 // A queued connection keeps its size (the ack says so) until it is accepted.
                 let grant = if self.queued {
-                    self.rx.pool.size()
+                    self.rx.size()
                 } else {
                     size.clamp(MIN_RCV_SIZE, self.cfg.max_rcv_size)
                 };

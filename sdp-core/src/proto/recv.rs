@@ -144,7 +144,7 @@ impl<S: BufStore> Conn<S> {
             self.start_eager_reads();
         } else {
             self.rx.unhold();
-            self.rx.pool.put(&mut self.store, buf);
+            self.rx.put_buf(&mut self.store, buf);
         }
     }
 
@@ -159,14 +159,13 @@ impl<S: BufStore> Conn<S> {
         let target = self
             .rx_post_target()
             .max(super::conn::MIN_RX_POSTED as usize);
-        while self.rx.posted.len() < target && self.rx.posted.len() + self.rx.held() < max {
-            let Some(buf) = self.rx.pool.get(&mut self.store) else {
-                if self.rx.posted.is_empty() {
+        while self.rx.posted_len() < target && self.rx.posted_len() + self.rx.held() < max {
+            let Some((key, buf)) = self.rx.post(&mut self.store) else {
+                if self.rx.posted_len() == 0 {
                     return Err(ConnError::NoMemory);
                 }
                 break;
             };
-            let key = self.rx.posted.insert(buf);
             self.wrs.push_back(WorkRequest::Recv(RecvWr {
                 wr_id: wrid::RECV | key as u64,
                 sge: buf.sge(buf.size),
@@ -177,7 +176,7 @@ impl<S: BufStore> Conn<S> {
         // and deregistered per message. The rest (after an idle shrink lowered the target)
         // is given back.
         let keep = self.rx.target() as usize;
-        self.rx.pool.trim(&mut self.store, keep);
+        self.rx.trim(&mut self.store, keep);
         Ok(())
     }
 

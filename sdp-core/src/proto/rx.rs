@@ -33,9 +33,9 @@ impl RxItem {
 #[derive(Debug)]
 pub(crate) struct RxHalf {
     /// Receive buffers (our receive size).
-    pub(crate) pool: Pool,
+    pool: Pool,
     /// Receives posted, by the index in their wr_id.
-    pub(crate) posted: slab::Slab<Buf>,
+    posted: slab::Slab<Buf>,
     /// Posted receives still of an old size (after a resize), oldest first.
     old_posted: usize,
     /// Receives to keep posted (slow start).
@@ -63,6 +63,43 @@ impl RxHalf {
             bytes: 0,
             resize_ack_due: None,
         }
+    }
+    /// Receive buffers of `size` from now on (setup: nothing is posted yet).
+    #[inline]
+    pub(crate) fn set_size(&mut self, size: u32) {
+        self.pool = Pool::new(size);
+    }
+    /// The size of the receive buffers we post.
+    #[inline]
+    pub(crate) fn size(&self) -> u32 {
+        self.pool.size()
+    }
+    /// Receives posted now.
+    #[inline]
+    pub(crate) fn posted_len(&self) -> usize {
+        self.posted.len()
+    }
+    /// Post one more receive buffer: its index (for the wr_id) and the buffer, `None` if the
+    /// store has none.
+    #[inline]
+    pub(crate) fn post(&mut self, store: &mut impl BufStore) -> Option<(usize, Buf)> {
+        let buf = self.pool.get(store)?;
+        Some((self.posted.insert(buf), buf))
+    }
+    /// A receive buffer is free again (back to the pool, for `fill_rx` to post).
+    #[inline]
+    pub(crate) fn put_buf(&mut self, store: &mut impl BufStore, buf: Buf) {
+        self.pool.put(store, buf);
+    }
+    /// Keep at most `keep` idle receive buffers; give the rest back.
+    #[inline]
+    pub(crate) fn trim(&mut self, store: &mut impl BufStore, keep: usize) {
+        self.pool.trim(store, keep);
+    }
+    /// Give the pool's idle buffers back (the connection is finished).
+    #[inline]
+    pub(crate) fn release_pool(&mut self, store: &mut impl BufStore) {
+        self.pool.release(store);
     }
     /// The receive posted under `idx` completed: take its buffer (`None` if it is not posted).
     #[inline]

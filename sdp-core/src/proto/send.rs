@@ -50,7 +50,7 @@ impl<S: BufStore> Conn<S> {
                 taken += appended;
                 continue;
             }
-            let Some(buf) = self.tx.pool.get(&mut self.store) else {
+            let Some(buf) = self.tx.data_buf(&mut self.store) else {
                 break;
             };
             let n = (cap as usize).min(want - taken);
@@ -112,7 +112,7 @@ impl<S: BufStore> Conn<S> {
     /// Body of [`Conn::send_urgent`].
     pub(crate) fn queue_urgent(&mut self, now: Instant, byte: u8) -> Result<(), CallError> {
         self.check_writable()?;
-        let Some(buf) = self.tx.pool.get(&mut self.store) else {
+        let Some(buf) = self.tx.data_buf(&mut self.store) else {
             return Err(CallError::WouldBlock);
         };
         self.store.write(&buf, BSDH_LEN as u32, &[byte]);
@@ -205,7 +205,7 @@ impl<S: BufStore> Conn<S> {
                     // A control message is consumed and reposted at once by the peer, so when
                     // it also tells the peer about buffers it does not know of, it does all a
                     // credit update would: it may take the last credit, like the update.
-                    let carries_credits = self.credits.peer_unaware(self.rx.posted.len() as u32);
+                    let carries_credits = self.credits.peer_unaware(self.rx.posted_len() as u32);
                     let need = if *mid == Mid::AbortConn || carries_credits {
                         1
                     } else {
@@ -407,7 +407,7 @@ impl<S: BufStore> Conn<S> {
                 self.ask_credits();
                 return false;
             }
-            let Some(hdr) = self.tx.ctrl_pool.get(&mut self.store) else {
+            let Some(hdr) = self.tx.ctrl_buf(&mut self.store) else {
                 return false;
             };
             let s = self.iocbs.find_src(key).expect("found above");
@@ -441,7 +441,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Post a control message now (the caller checked the credit). False if no buffer.
     pub(crate) fn post_ctrl(&mut self, mid: Mid, ext: Ext) -> bool {
-        let Some(buf) = self.tx.ctrl_pool.get(&mut self.store) else {
+        let Some(buf) = self.tx.ctrl_buf(&mut self.store) else {
             return false;
         };
         let h = self.next_header(mid, ext, BsdhFlags::empty(), 0);
@@ -487,7 +487,7 @@ impl<S: BufStore> Conn<S> {
         }
         // See `Credits::update_due` (a peer asks for data credits with an update of its own,
         // see `ask_credits`).
-        if self.credits.update_due(self.rx.posted.len() as u32) {
+        if self.credits.update_due(self.rx.posted_len() as u32) {
             self.count(Count::CreditUpdateSent);
             self.post_ctrl(Mid::Data, Ext::None);
         }
@@ -546,7 +546,7 @@ impl<S: BufStore> Conn<S> {
             });
         }
         self.send_size = size;
-        self.tx.pool.resize(&mut self.store, size);
+        self.tx.resize(&mut self.store, size);
         Ok(())
     }
 }

@@ -164,10 +164,9 @@ impl<S: BufStore> Conn<S> {
         if idle {
             self.rx
                 .shrink_target(self.cfg.min_rx_bufs, self.cfg.initial_rx_bufs);
-            self.tx.pool.trim(&mut self.store, 0);
-            self.tx.ctrl_pool.trim(&mut self.store, 1);
+            self.tx.trim_idle(&mut self.store);
             self.advts.bounce_pool.trim(&mut self.store, 0);
-            self.rx.pool.trim(&mut self.store, 0);
+            self.rx.trim(&mut self.store, 0);
         }
         self.timers
             .start(Timer::IdleCheck, now + self.cfg.idle_shrink);

@@ -82,9 +82,9 @@ impl Inflight {
 #[derive(Debug)]
 pub(crate) struct TxHalf {
     /// Send buffers for Data messages (the peer's receive size).
-    pub(crate) pool: Pool,
+    pool: Pool,
     /// Buffers for control messages and gathered SENDs' headers.
-    pub(crate) ctrl_pool: Pool,
+    ctrl_pool: Pool,
     /// Stream items and control messages waiting to go, in order.
     pub(crate) queue: VecDeque<TxItem>,
     /// Send-queue work requests posted and not completed, by the index in their wr_id.
@@ -113,6 +113,43 @@ impl TxHalf {
             stream_posts: 0,
             resize_pending: None,
         }
+    }
+    /// The peer's receive size, learned at setup: data buffers of `size` from now on.
+    #[inline]
+    pub(crate) fn set_size(&mut self, size: u32) {
+        self.pool = Pool::new(size);
+    }
+    /// The peer acknowledged our ChRcvBuf: data buffers of `size` from now on.
+    #[inline]
+    pub(crate) fn resize(&mut self, store: &mut impl BufStore, size: u32) {
+        self.pool.resize(store, size);
+    }
+    /// A send buffer for a Data message (`None`: the store has none).
+    #[inline]
+    pub(crate) fn data_buf(&mut self, store: &mut impl BufStore) -> Option<Buf> {
+        self.pool.get(store)
+    }
+    /// A Data message's send buffer is free again.
+    #[inline]
+    pub(crate) fn put_data_buf(&mut self, store: &mut impl BufStore, buf: Buf) {
+        self.pool.put(store, buf);
+    }
+    /// A buffer for a control message or a gathered SEND's header (`None`: the store has
+    /// none).
+    #[inline]
+    pub(crate) fn ctrl_buf(&mut self, store: &mut impl BufStore) -> Option<Buf> {
+        self.ctrl_pool.get(store)
+    }
+    /// A control buffer is free again.
+    #[inline]
+    pub(crate) fn put_ctrl_buf(&mut self, store: &mut impl BufStore, buf: Buf) {
+        self.ctrl_pool.put(store, buf);
+    }
+    /// The connection went idle: give back the idle send buffers (one control buffer kept).
+    #[inline]
+    pub(crate) fn trim_idle(&mut self, store: &mut impl BufStore) {
+        self.pool.trim(store, 0);
+        self.ctrl_pool.trim(store, 1);
     }
     /// Data bytes accepted from the application and not yet acknowledged.
     #[inline]

@@ -395,11 +395,11 @@ impl<S: BufStore> Conn<S> {
                         // A pool buffer smaller than the rest (never, as ChRcvBufAck only
                         // grows the send size; checked so no peer input writes beyond one)
                         // counts as none.
-                        let nb = self.tx.pool.get(&mut self.store).and_then(|nb| {
+                        let nb = self.tx.data_buf(&mut self.store).and_then(|nb| {
                             if nb.size >= BSDH_LEN as u32 + (len - n) {
                                 Some(nb)
                             } else {
-                                self.tx.pool.put(&mut self.store, nb);
+                                self.tx.put_data_buf(&mut self.store, nb);
                                 None
                             }
                         });
