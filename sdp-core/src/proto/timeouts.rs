@@ -89,7 +89,7 @@ impl<S: BufStore> Conn<S> {
     /// The peer showed it is alive: a message arrived.
     pub(crate) fn heard_from_peer(&mut self, now: Instant) {
         self.timers.heard(now);
-        self.timers.touch(now);
+        self.touch(now);
         self.arm_keepalive(now);
     }
 
