@@ -538,12 +538,12 @@ fn bench_credit(c: &mut Criterion) {
         g.throughput(tp);
         g.bench_function(name, |b| {
             let mut l = Loopback::new(small_cfg());
-            let sent = l.a.stats.msgs_sent - l.a.stats.credit_updates_sent;
+            let sent = l.a.stats().msgs_sent - l.a.stats().credit_updates_sent;
             l.a.write(l.now, &msg).unwrap();
             l.settle();
             l.b.read(l.now, &mut buf).unwrap();
             assert_eq!(
-                l.a.stats.msgs_sent - l.a.stats.credit_updates_sent,
+                l.a.stats().msgs_sent - l.a.stats().credit_updates_sent,
                 sent + 1
             );
             b.iter(|| {
@@ -569,9 +569,9 @@ fn bench_credit(c: &mut Criterion) {
         g.throughput(tp);
         g.bench_function(name, |b| {
             let mut p = SimPair::new(small_cfg());
-            let before = p.pair.a.conn(p.ia).unwrap().stats.clone();
+            let before = p.pair.a.conn(p.ia).unwrap().stats().clone();
             p.small_messages(BATCH, &msg);
-            let after = &p.pair.a.conn(p.ia).unwrap().stats;
+            let after = &p.pair.a.conn(p.ia).unwrap().stats();
             // One Data message per write (plus any credit updates of A's own).
             assert_eq!(
                 after.msgs_sent

@@ -890,7 +890,7 @@ impl<P: Provider> ConnView<'_, P> {
     }
     /// The engine's counters.
     pub fn stats(&self) -> &ConnStats {
-        &self.0.stats
+        self.0.stats()
     }
 }
 

@@ -89,7 +89,7 @@ fn one_gib_each_way_zcopy_read_and_write() {
     );
     // Sinks offered while the peer was streaming ended empty (overtaken by its Data, or
     // cancelled and acknowledged), and the stream stayed intact (checked byte by byte above).
-    let (ca, cb) = (&p.a.conn(a).unwrap().stats, &p.b.conn(b).unwrap().stats);
+    let (ca, cb) = (&p.a.conn(a).unwrap().stats(), &p.b.conn(b).unwrap().stats());
     assert!(ca.sinkavail_sent + cb.sinkavail_sent > 0);
     assert!(
         ca.sinkavail_cancelled + cb.sinkavail_cancelled + ca.sinkavail_stale + cb.sinkavail_stale

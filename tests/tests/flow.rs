@@ -102,7 +102,7 @@ fn both_sides_at_full_speed_never_deadlock_on_credits() {
         p.b.conn(b).unwrap().debug_state()
     );
     assert!(
-        p.a.conn(a).unwrap().stats.stalls_no_credit > 0,
+        p.a.conn(a).unwrap().stats().stalls_no_credit > 0,
         "credits really were the limit"
     );
     // The simulator's rnr_retry is 0: a SEND without a posted receive would have failed.
@@ -152,7 +152,7 @@ fn slow_start_grows_under_load_and_shrinks_when_idle() {
         "send size {}",
         p.a.conn(a).unwrap().send_size()
     );
-    assert!(p.a.conn(a).unwrap().stats.resizes > 0);
+    assert!(p.a.conn(a).unwrap().stats().resizes > 0);
 }
 
 #[test]
@@ -222,7 +222,7 @@ fn srcavail_cancel_on_a_stalled_reader_then_rest_by_copy() {
         false
     });
     assert!(
-        p.a.conn(a).unwrap().stats.srcavail_cancelled > 0,
+        p.a.conn(a).unwrap().stats().srcavail_cancelled > 0,
         "{}",
         p.a.conn(a).unwrap().debug_state()
     );
@@ -260,7 +260,7 @@ fn zcopy_read_path_is_really_used() {
         "receiver RDMA-read {}",
         sb.rdma_read_bytes
     );
-    assert!(p.a.conn(a).unwrap().stats.srcavail_sent > 0);
+    assert!(p.a.conn(a).unwrap().stats().srcavail_sent > 0);
 }
 
 #[test]
@@ -452,7 +452,7 @@ fn sink_overtaken_by_data_ends_empty_at_once_without_a_cancel() {
     }));
     assert_eq!(done, Some(0), "the sink ended empty");
     assert!(got == first, "stream intact");
-    let sb = p.b.conn(b).unwrap().stats.clone();
+    let sb = p.b.conn(b).unwrap().stats().clone();
     assert_eq!((sb.sinkavail_sent, sb.sinkavail_stale), (1, 1));
     assert_eq!(sb.sinkavail_cancelled, 0, "no cancel round trip");
     assert_eq!(
@@ -547,7 +547,7 @@ fn reader_backs_off_sink_offers_while_the_peer_streams() {
         got.len() == TOTAL
     }));
     assert!(got == data, "stream intact");
-    let s = p.b.conn(b).unwrap().stats.clone();
+    let s = p.b.conn(b).unwrap().stats().clone();
     assert!(s.sinkavail_stale >= 3, "{s:?}");
     assert!(
         s.sinkavail_sent * 8 < tries,

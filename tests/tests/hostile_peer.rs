@@ -230,8 +230,8 @@ fn partial_rdma_rd_compl_of_a_committed_advertisement_leaves_no_due_deadline() {
     assert!(
         p.run_until(SEC, |_| *hit.lock().unwrap()),
         "B sent no RdmaRdCompl: A {:?} B {:?} {}",
-        p.a.conn(a).unwrap().stats,
-        p.b.conn(_b).unwrap().stats,
+        p.a.conn(a).unwrap().stats(),
+        p.b.conn(_b).unwrap().stats(),
         p.a.conn(a).unwrap().debug_state()
     );
     assert_eq!(p.a.conn(a).unwrap().srcavail_inflight(), 1);

@@ -273,7 +273,7 @@ fn keepalive_detects_a_dead_idle_peer() {
     // Alive and idle: probes succeed, nothing breaks.
     p.run_for(10 * SEC);
     assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
-    assert!(p.a.conn(a).unwrap().stats.keepalives_sent >= 3);
+    assert!(p.a.conn(a).unwrap().stats().keepalives_sent >= 3);
     p.fabric.faults().crash(B_IP);
     let ok = p.run_until(20 * SEC, |p| p.a.conn(a).unwrap().state() == State::Closed);
     assert!(ok, "dead peer not detected");

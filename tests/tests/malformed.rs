@@ -282,7 +282,7 @@ fn src_avail_naming_memory_never_registered_fails_the_read() {
     assert!(ok);
     let e = p.b.conn(b1).unwrap().error().cloned().unwrap();
     assert_eq!(e, ConnError::Transport(WcStatus::RemoteAccess));
-    assert_eq!(p.b.conn(b1).unwrap().stats.zcopy_read_bytes, 0);
+    assert_eq!(p.b.conn(b1).unwrap().stats().zcopy_read_bytes, 0);
 }
 
 #[test]

@@ -154,7 +154,7 @@ fn several_sources_in_flight_arrive_in_order_between_plain_writes() {
         got.len() == all.len()
     }));
     assert!(got == all, "stream intact");
-    let sa = p.a.conn(a).unwrap().stats.clone();
+    let sa = p.a.conn(a).unwrap().stats().clone();
     assert_eq!(sa.srcavail_sent, 6);
     assert_eq!(sa.srcavail_cancelled, 0);
     assert!(p.fabric.stats(B_IP).rdma_read_bytes >= 6 * N as u64);
@@ -190,7 +190,7 @@ fn pipelined_duplex_sweep_with_jitter() {
                 p.a.conn(a).unwrap().debug_state()
             );
             assert_eq!((x.received, y.received), (bytes, bytes));
-            assert!(p.a.conn(a).unwrap().stats.srcavail_sent > 0);
+            assert!(p.a.conn(a).unwrap().stats().srcavail_sent > 0);
         }
     }
 }
@@ -280,8 +280,8 @@ fn timeout_with_three_sources_outstanding_reports_exact_counts() {
         "B read {acked} bytes of the first source"
     );
     assert_eq!(sent, vec![(1, acked), (2, 0), (3, 0)]);
-    assert!(p.a.conn(a).unwrap().stats.srcavail_cancelled >= 3);
-    assert!(p.b.conn(b).unwrap().stats.srcavail_cancelled > 0);
+    assert!(p.a.conn(a).unwrap().stats().srcavail_cancelled >= 3);
+    assert!(p.b.conn(b).unwrap().stats().srcavail_cancelled > 0);
     assert!(!p.a.conn(a).unwrap().zcopy_outstanding());
     // The rest goes again by copy, then more bytes after it.
     resend_rest(&mut p, (a, b), &all, acked, &mut got);
@@ -377,7 +377,7 @@ fn peer_with_max_adverts_one_gets_one_at_a_time() {
     }));
     assert_eq!(y.received, bytes);
     assert_eq!(most, 1);
-    assert!(p.a.conn(a).unwrap().stats.srcavail_sent > 1);
+    assert!(p.a.conn(a).unwrap().stats().srcavail_sent > 1);
 }
 
 /// `max_srcavail_inflight: 1` is the old one-at-a-time behaviour; 0 is refused.
@@ -431,7 +431,7 @@ fn cancel_of_a_partly_gathered_source_reports_what_went() {
     let (all, _mrs) = write_sources(&mut p, a, 21, 2, N, 1);
     // A stalls without credits once B's buffers are full.
     p.run_for(SEC);
-    let gathered = p.a.conn(a).unwrap().stats.zcopy_send_bytes as usize;
+    let gathered = p.a.conn(a).unwrap().stats().zcopy_send_bytes as usize;
     assert!(gathered > 0 && gathered < N, "gathered {gathered}");
     assert!(zcopy_sent(&p.a.take_events(a)).is_empty());
     let now = p.now();
@@ -474,8 +474,8 @@ fn split_source_is_read_at_once_and_sends_follow_it() {
     }));
     assert_eq!(sent, (1..=4).map(|t| (t, N)).collect::<Vec<_>>());
     p.run_for(3 * SEC);
-    let sa = p.a.conn(a).unwrap().stats.clone();
-    let sb = p.b.conn(b).unwrap().stats.clone();
+    let sa = p.a.conn(a).unwrap().stats().clone();
+    let sb = p.b.conn(b).unwrap().stats().clone();
     // The first went by SrcAvail, the next ones by SEND behind it; the last may wait for a
     // credit, and by then the advertisement is read and it is advertised in turn.
     let by_read = sa.srcavail_sent;
@@ -525,7 +525,7 @@ fn committed_source_is_never_cancelled_and_reports_stay_in_order() {
     let (a, b) = p.connect();
     let (all, _mrs) = write_sources(&mut p, a, 23, 3, N, 10);
     p.run_for(5 * SEC);
-    let st = p.a.conn(a).unwrap().stats.clone();
+    let st = p.a.conn(a).unwrap().stats().clone();
     assert_eq!(st.srcavail_sent, 1);
     assert_eq!(
         st.zcopy_send_bytes,
@@ -572,13 +572,13 @@ fn split_pieces_of_a_large_source_are_reported_once_in_order() {
         zcopy_sent(&p.a.take_events(a)).is_empty(),
         "nothing reported while B reads nothing"
     );
-    let read_ahead = p.b.conn(b).unwrap().stats.zcopy_read_bytes;
+    let read_ahead = p.b.conn(b).unwrap().stats().zcopy_read_bytes;
     assert!(read_ahead > 0, "B's engine read ahead");
     assert!(
         read_ahead <= 1 << 20,
         "eager reads stay within their budget: {read_ahead}"
     );
-    assert_eq!(p.a.conn(a).unwrap().stats.srcavail_cancelled, 0);
+    assert_eq!(p.a.conn(a).unwrap().stats().srcavail_cancelled, 0);
     let mut got = Vec::new();
     let mut sent = Vec::new();
     assert!(p.run_until(10 * SEC, |p| {
@@ -588,8 +588,8 @@ fn split_pieces_of_a_large_source_are_reported_once_in_order() {
     }));
     assert!(got == all, "stream intact");
     assert_eq!(sent, vec![(1, N), (2, N)]);
-    let sa = p.a.conn(a).unwrap().stats.clone();
-    let sb = p.b.conn(b).unwrap().stats.clone();
+    let sa = p.a.conn(a).unwrap().stats().clone();
+    let sb = p.b.conn(b).unwrap().stats().clone();
     assert!(
         sa.srcavail_sent >= 2,
         "{} pieces advertised",
@@ -622,7 +622,7 @@ fn cancel_of_a_split_source_reports_the_prefix_that_went() {
     let (all, _mrs) = write_sources(&mut p, a, 25, 2, N, 1);
     // A stalls once B's receive buffers and eager bounce budget are full.
     p.run_for(SEC);
-    let went = p.a.conn(a).unwrap().stats.zcopy_send_bytes;
+    let went = p.a.conn(a).unwrap().stats().zcopy_send_bytes;
     assert!(went > 0 && (went as usize) < N, "gathered {went}");
     let now = p.now();
     p.a.with_conn(now, a, |c| c.cancel_write_zcopy(now, 1))
@@ -683,7 +683,7 @@ fn eager_reads_stay_within_the_bounce_budget() {
         let now = p.now();
         x.pump(&mut p.a, now, a);
         y.pump(&mut p.b, now, b);
-        most = most.max(p.b.conn(b).unwrap().stats.zcopy_read_bytes);
+        most = most.max(p.b.conn(b).unwrap().stats().zcopy_read_bytes);
         false
     });
     assert!(most > 0, "B read ahead");
@@ -724,8 +724,8 @@ fn split_send_bound_shifts_pieces_to_the_reads() {
         }));
         assert!(got == all, "sends {sends}: stream intact");
         assert_eq!(sent, (1..=8).map(|t| (t, N)).collect::<Vec<_>>());
-        let read = p.b.conn(b).unwrap().stats.zcopy_read_bytes;
-        let gathered = p.a.conn(a).unwrap().stats.zcopy_send_bytes;
+        let read = p.b.conn(b).unwrap().stats().zcopy_read_bytes;
+        let gathered = p.a.conn(a).unwrap().stats().zcopy_send_bytes;
         assert_eq!(read + gathered, all.len() as u64, "sends {sends}");
         (most, read)
     };
@@ -782,7 +782,7 @@ fn bounded_source_against_a_reader_that_stops(seed: u64, b_reads: usize) {
         "acked {acked}, read {b_reads}"
     );
     assert_eq!(sent, vec![(1, acked)]);
-    assert_eq!(p.a.conn(a).unwrap().stats.zcopy_stalls, 1);
+    assert_eq!(p.a.conn(a).unwrap().stats().zcopy_stalls, 1);
     drain(&mut p, b, &mut got);
     resend_rest(&mut p, (a, b), &all, acked, &mut got);
 }
@@ -818,7 +818,7 @@ fn bounded_source_queued_behind_a_full_window_ends_unsent() {
     assert!(off > 0 && off + N <= data.len());
     let (_mr, src) = source(&p.a, &data[off..off + N]);
     let now = p.now();
-    let sent_before = p.a.conn(a).unwrap().stats.msgs_sent;
+    let sent_before = p.a.conn(a).unwrap().stats().msgs_sent;
     assert_eq!(
         p.a.write_zcopy_bounded(now, a, src, 1, Duration::from_millis(5)),
         Ok(())
@@ -829,8 +829,8 @@ fn bounded_source_queued_behind_a_full_window_ends_unsent() {
         !sent.is_empty()
     }));
     assert_eq!(sent, vec![(1, 0)]);
-    assert_eq!(p.a.conn(a).unwrap().stats.srcavail_sent, 0);
-    assert_eq!(p.a.conn(a).unwrap().stats.msgs_sent, sent_before);
+    assert_eq!(p.a.conn(a).unwrap().stats().srcavail_sent, 0);
+    assert_eq!(p.a.conn(a).unwrap().stats().msgs_sent, sent_before);
     // B reads again: the data, then the source's bytes sent by copy, then the rest.
     let mut got = Vec::new();
     resend_rest(&mut p, (a, b), &data[..off + N], off, &mut got);
@@ -859,7 +859,7 @@ fn bounded_source_read_by_a_reading_peer_goes_whole_by_zero_copy() {
     }));
     assert_eq!(sent, vec![(1, N)]);
     assert!(got == all);
-    let s = p.a.conn(a).unwrap().stats.clone();
+    let s = p.a.conn(a).unwrap().stats().clone();
     assert_eq!((s.zcopy_stalls, s.srcavail_cancelled), (0, 0));
     assert!(p.fabric.stats(B_IP).rdma_read_bytes >= N as u64);
 }
@@ -912,5 +912,5 @@ fn bounded_source_behind_data_the_peer_is_reading_waits_its_turn() {
     );
     assert_eq!(sent, vec![(1, N)], "{}", p.a.conn(a).unwrap().debug_state());
     assert!(got == all);
-    assert_eq!(p.a.conn(a).unwrap().stats.zcopy_stalls, 0);
+    assert_eq!(p.a.conn(a).unwrap().stats().zcopy_stalls, 0);
 }

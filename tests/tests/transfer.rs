@@ -78,7 +78,7 @@ fn zcopy_read_path_duplex() {
     let bytes = 16u64 << 20;
     let (p, (a, b)) = duplex(3, Config::default(), Mode::ZcopySrc, bytes, 1 << 20);
     for (ip, id, d) in [(A_IP, a, &p.a), (B_IP, b, &p.b)] {
-        let st = &d.conn(id).unwrap().stats;
+        let st = &d.conn(id).unwrap().stats();
         assert!(st.srcavail_sent > 0, "{ip}: no SrcAvail sent");
         assert_eq!(st.srcavail_cancelled, 0, "{ip}: sources cancelled");
         assert!(
@@ -178,7 +178,7 @@ fn zcopy_write_path_duplex() {
         total += len as u64;
     }
     for (ip, id, d) in [(A_IP, a, &p.a), (B_IP, b, &p.b)] {
-        let st = &d.conn(id).unwrap().stats;
+        let st = &d.conn(id).unwrap().stats();
         assert_eq!(st.sinkavail_sent, 40, "{ip}");
         assert_eq!(st.sinkavail_stale + st.sinkavail_cancelled, 0, "{ip}");
         assert_eq!(st.srcavail_sent, 0, "{ip}");
@@ -198,7 +198,7 @@ fn zcopy_write_path_duplex() {
 fn zcopy_sinks_while_streaming_duplex() {
     let (p, (a, b)) = duplex(4, Config::default(), Mode::ZcopySink, 16 << 20, 1 << 20);
     for (ip, id, d) in [(A_IP, a, &p.a), (B_IP, b, &p.b)] {
-        let st = &d.conn(id).unwrap().stats;
+        let st = &d.conn(id).unwrap().stats();
         assert!(st.sinkavail_sent > 0, "{ip}: no SinkAvail sent");
         assert_eq!(st.srcavail_sent, 0, "{ip}: SrcAvail sent");
         assert_eq!(p.fabric.stats(ip).rdma_read_bytes, 0, "{ip}");
@@ -285,7 +285,7 @@ fn zcopy_by_send_duplex() {
     assert!(run_duplex(&mut p, (a, b), &mut x, &mut y, 600_000_000_000));
     assert_eq!((x.received, y.received), (bytes, bytes));
     for (ip, id, d) in [(A_IP, a, &p.a), (B_IP, b, &p.b)] {
-        let st = &d.conn(id).unwrap().stats;
+        let st = &d.conn(id).unwrap().stats();
         assert!(
             st.zcopy_send_bytes > bytes / 2,
             "{ip}: {} bytes gathered from sources",
@@ -336,7 +336,7 @@ fn split_zcopy_duplex_with_jitter() {
         );
         assert_eq!((x.received, y.received), (bytes, bytes), "seed {seed}");
         for (ip, id, d) in [(A_IP, a, &p.a), (B_IP, b, &p.b)] {
-            let st = &d.conn(id).unwrap().stats;
+            let st = &d.conn(id).unwrap().stats();
             assert!(st.srcavail_sent > 0, "seed {seed} {ip}: no SrcAvail");
             assert!(
                 st.zcopy_send_bytes > 0,
@@ -367,7 +367,7 @@ fn zcopy_by_send_with_sinks_and_jitter() {
         );
         assert_eq!((x.received, y.received), (total, total), "seed {seed}");
         assert!(
-            p.a.conn(a).unwrap().stats.zcopy_send_bytes > 0,
+            p.a.conn(a).unwrap().stats().zcopy_send_bytes > 0,
             "seed {seed}"
         );
     }

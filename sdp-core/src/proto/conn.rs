@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 
 use super::advt::Advts;
-use super::buff::{BufStore, Pool};
+use super::buff::BufStore;
 pub use super::config::Config;
 use super::credits::Credits;
 pub use super::error::{CallError, ConnError, ProtocolError};
@@ -98,6 +98,54 @@ pub struct ConnStats {
     pub stalls_no_credit: u64,
 }
 
+/// What moves a [`ConnStats`] counter ([`Conn::count`]): one variant per counter, with the
+/// amount for byte counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Count {
+    MsgSent,
+    MsgRcvd,
+    DataBytesSent(u64),
+    DataBytesRcvd(u64),
+    CreditUpdateSent,
+    ZcopyReadBytes(u64),
+    ZcopyWriteBytes(u64),
+    ZcopySendBytes(u64),
+    SrcAvailSent,
+    SrcAvailCancelled(u64),
+    ZcopyStall,
+    SinkAvailSent,
+    SinkAvailCancelled,
+    SinkAvailStale,
+    KeepaliveSent,
+    Resize,
+    StallNoCredit,
+}
+
+impl ConnStats {
+    #[inline]
+    fn record(&mut self, c: Count) {
+        match c {
+            Count::MsgSent => self.msgs_sent += 1,
+            Count::MsgRcvd => self.msgs_rcvd += 1,
+            Count::DataBytesSent(n) => self.data_bytes_sent += n,
+            Count::DataBytesRcvd(n) => self.data_bytes_rcvd += n,
+            Count::CreditUpdateSent => self.credit_updates_sent += 1,
+            Count::ZcopyReadBytes(n) => self.zcopy_read_bytes += n,
+            Count::ZcopyWriteBytes(n) => self.zcopy_write_bytes += n,
+            Count::ZcopySendBytes(n) => self.zcopy_send_bytes += n,
+            Count::SrcAvailSent => self.srcavail_sent += 1,
+            Count::SrcAvailCancelled(n) => self.srcavail_cancelled += n,
+            Count::ZcopyStall => self.zcopy_stalls += 1,
+            Count::SinkAvailSent => self.sinkavail_sent += 1,
+            Count::SinkAvailCancelled => self.sinkavail_cancelled += 1,
+            Count::SinkAvailStale => self.sinkavail_stale += 1,
+            Count::KeepaliveSent => self.keepalives_sent += 1,
+            Count::Resize => self.resizes += 1,
+            Count::StallNoCredit => self.stalls_no_credit += 1,
+        }
+    }
+}
+
 /// What [`Conn::read_zcopy`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ZRecv {
@@ -182,9 +230,11 @@ pub struct Conn<S: BufStore> {
     /// (`Config::initiator_sends_first`): sends stay queued until a receive completes.
     pub(crate) hold_sends: bool,
     pub(crate) cm: VecDeque<CmAction>,
-    pub(crate) events: VecDeque<Event>,
+    /// Application events, pushed only by [`Conn::emit`].
+    events: VecDeque<Event>,
 
-    pub stats: ConnStats,
+    /// Counters, moved only by [`Conn::count`] (read with [`Conn::stats`]).
+    stats: ConnStats,
 }
 
 pub use super::credits::{CTRL_CREDITS, DATA_CREDITS, MIN_RX_POSTED};
@@ -323,8 +373,8 @@ impl<S: BufStore> Conn<S> {
                 .desired_rcv_size
                 .clamp(c.cfg.rcv_size, c.cfg.max_rcv_size)
         };
-        c.rx.pool = Pool::new(want);
-        c.tx.pool = Pool::new(c.send_size);
+        c.rx.set_size(want);
+        c.tx.set_size(c.send_size);
         c.fill_rx()?;
         let ack = HelloAck {
             version: msgs::SDP_VERSION,
@@ -377,10 +427,10 @@ impl<S: BufStore> Conn<S> {
             self.credits.last_rx_mseq(),
             self.tx.queue.iter().take(6).map(|i| match i { TxItem::Data { len, .. } => format!("D{len}"), TxItem::Ctrl { mid, .. } => format!("{mid:?}"), TxItem::Src { key } => format!("S{key}") }).collect::<Vec<_>>(),
             self.tx.inflight.len(),
-            self.tx.bytes,
+            self.tx.bytes(),
             self.rx.queue.len(),
-            self.rx.posted.len(),
-            self.rx.held,
+            self.rx.posted_len(),
+            self.rx.held(),
             self.iocbs.srcs.iter().map(|s| (s.key, s.token, s.state, s.acked, s.written)).collect::<Vec<_>>(),
             self.iocbs.sink.is_some(),
             self.iocbs.sink_cancel_pending,
@@ -425,11 +475,11 @@ impl<S: BufStore> Conn<S> {
     fn open_window(&mut self) {
         if self.state == State::Established
             && !self.queued
-            && self.credits.peer_unaware(self.rx.posted.len() as u32)
+            && self.credits.peer_unaware(self.rx.posted_len() as u32)
             && self.credits.tx() > 0
             && !self.disconnect_issued
         {
-            self.stats.credit_updates_sent += 1;
+            self.count(Count::CreditUpdateSent);
             self.post_ctrl(Mid::Data, Ext::None);
         }
     }
@@ -446,9 +496,9 @@ impl<S: BufStore> Conn<S> {
     /// Receive buffers to keep posted (the slow-start target).
     pub(crate) fn rx_post_target(&self) -> usize {
         if self.queued {
-            self.cfg.min_rx_bufs.min(self.rx.target) as usize
+            self.cfg.min_rx_bufs.min(self.rx.target()) as usize
         } else {
-            self.rx.target as usize
+            self.rx.target() as usize
         }
     }
     /// The error that ended the connection, if any.
@@ -473,19 +523,19 @@ impl<S: BufStore> Conn<S> {
     }
     /// Size of the receive buffers we post.
     pub fn rcv_size(&self) -> u32 {
-        self.rx.pool.size()
+        self.rx.size()
     }
     /// Receive buffers posted now.
     pub fn rx_posted_now(&self) -> usize {
-        self.rx.posted.len()
+        self.rx.posted_len()
     }
     /// Bytes buffered for sending, unacknowledged.
     pub fn tx_queued_bytes(&self) -> usize {
-        self.tx.bytes
+        self.tx.bytes()
     }
     /// Bytes received and not yet read.
     pub fn rx_queued_bytes(&self) -> usize {
-        self.rx.bytes
+        self.rx.bytes()
     }
     /// The peer sent DisConn and every byte before it has been read (reads return 0).
     pub fn read_closed(&self) -> bool {
@@ -545,7 +595,7 @@ impl<S: BufStore> Conn<S> {
         match self.state {
             State::Connecting | State::Accepting => false,
             State::Established => {
-                self.shut_wr || self.error.is_some() || self.tx.bytes < self.cfg.sndbuf
+                self.shut_wr || self.error.is_some() || self.tx.bytes() < self.cfg.sndbuf
             }
             _ => true,
         }
@@ -738,7 +788,7 @@ impl<S: BufStore> Conn<S> {
         self.send_size = ack.actual_rcv_size;
         self.peer_max_adverts = ack.max_adverts;
         self.credits.hello_rcvd(h.bsdh.bufs);
-        self.tx.pool = Pool::new(self.send_size);
+        self.tx.set_size(self.send_size);
         // The acceptor's `desired_rcv_size` (for its own sends) is not acted on here: the
         // buffers already posted keep their size, the peer learned it from the Hello, and a
         // later ChRcvBuf from the peer moves it.
@@ -752,11 +802,11 @@ impl<S: BufStore> Conn<S> {
         self.heard_from_peer(now);
         self.timers
             .start(Timer::IdleCheck, now + self.cfg.idle_shrink);
-        self.events.push_back(Event::Connected);
+        self.emit(Event::Connected);
         if self.role == Role::Active && self.cfg.initiator_sends_first == Some(true) {
             // The transport wants our message first (the peer holds its own until then): a
             // credit update, which every peer takes.
-            self.stats.credit_updates_sent += 1;
+            self.count(Count::CreditUpdateSent);
             self.post_ctrl(Mid::Data, Ext::None);
         }
         self.flush(now);
@@ -852,6 +902,21 @@ impl<S: BufStore> Conn<S> {
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
+    /// The connection's counters.
+    pub fn stats(&self) -> &ConnStats {
+        &self.stats
+    }
+
+    /// Queue an event for the application ([`Conn::poll_event`]).
+    #[inline]
+    pub(crate) fn emit(&mut self, ev: Event) {
+        self.events.push_back(ev);
+    }
+    /// Move a counter ([`Conn::stats`]).
+    #[inline]
+    pub(crate) fn count(&mut self, c: Count) {
+        self.stats.record(c);
+    }
 
     /// Shut one or both halves, like `shutdown(2)`. Queued data is still delivered before the
     /// DisConn (the peer reads EOF after all of it).
@@ -892,7 +957,7 @@ impl<S: BufStore> Conn<S> {
             State::Closed | State::Disconnecting => {}
             State::Connecting | State::Accepting => self.abort_with(now, ConnError::Aborted),
             State::Established => {
-                if self.rx.bytes > 0 || self.advts.has_src() {
+                if self.rx.bytes() > 0 || self.advts.has_src() {
                     self.abort_with(now, ConnError::Aborted);
                     return;
                 }
@@ -983,7 +1048,7 @@ impl<S: BufStore> Conn<S> {
             self.error = Some(ConnError::Reset);
         }
         self.release_all();
-        self.events.push_back(Event::Closed(self.error.clone()));
+        self.emit(Event::Closed(self.error.clone()));
     }
 
     /// Give every buffer back to the store. Work requests still posted are dead: the driver
@@ -1012,9 +1077,9 @@ impl<S: BufStore> Conn<S> {
         {
             for item in self.rx.queue.split_off(cut) {
                 if let RxItem::Data { len, bounce, .. } = &item {
-                    self.rx.bytes -= *len as usize;
+                    self.rx.bytes_out(*len as usize);
                     if !*bounce {
-                        self.rx.held -= 1;
+                        self.rx.unhold();
                     }
                 }
                 item.release(&mut self.store);
@@ -1024,13 +1089,13 @@ impl<S: BufStore> Conn<S> {
         self.iocbs.release(&mut self.store);
         // The pools' counts are moot now: drop their idle buffers.
         self.tx.release_pools(&mut self.store);
-        self.rx.pool.release(&mut self.store);
+        self.rx.release_pool(&mut self.store);
     }
 
     /// Process a received BSDH's credit fields.
     pub(crate) fn on_bsdh(&mut self, h: &msgs::Bsdh) -> Result<(), ProtocolError> {
         self.credits.on_bsdh(h)?;
-        self.stats.msgs_rcvd += 1;
+        self.count(Count::MsgRcvd);
         Ok(())
     }
 
@@ -1044,7 +1109,7 @@ impl<S: BufStore> Conn<S> {
     ) -> Header {
         let bufs = self.rx_posted_count();
         let h = self.credits.next_header(mid, ext, flags, payload, bufs);
-        self.stats.msgs_sent += 1;
+        self.count(Count::MsgSent);
         h
     }
 

@@ -5,23 +5,18 @@
 //! never touches other connections.
 
 use super::buff::BufStore;
-use super::conn::{Conn, Event, ProtocolError, MAX_HDR};
+use super::conn::{Conn, Count, Event, ProtocolError, MAX_HDR};
 use super::msgs::{BsdhFlags, Ext, Header, Mid, BSDH_LEN, MIN_RCV_SIZE};
-use super::rx::RxItem;
 use super::Instant;
 use crate::verbs::{Completion, WcStatus};
 
 impl<S: BufStore> Conn<S> {
     pub(crate) fn on_recv_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
-        let Some(buf) = self.rx.posted.try_remove(idx) else {
+        let Some(buf) = self.rx.complete(idx) else {
             return;
         };
-        let old_size = buf.size != self.rx.pool.size();
-        if old_size {
-            self.rx.old_posted = self.rx.old_posted.saturating_sub(1);
-        }
         if wc.status != WcStatus::Success {
-            self.rx.pool.put(&mut self.store, buf);
+            self.rx.put_buf(&mut self.store, buf);
             self.on_wc_error(now, wc.status);
             return;
         }
@@ -29,7 +24,7 @@ impl<S: BufStore> Conn<S> {
         self.hold_sends = false;
         let len = wc.byte_len as usize;
         if len > buf.size as usize {
-            self.rx.pool.put(&mut self.store, buf);
+            self.rx.put_buf(&mut self.store, buf);
             self.protocol_error(now, ProtocolError::TooLong { len, max: buf.size });
             return;
         }
@@ -39,24 +34,23 @@ impl<S: BufStore> Conn<S> {
         let h = match parse_received(&hdr[..n], len) {
             Ok(h) => h,
             Err(e) => {
-                self.rx.pool.put(&mut self.store, buf);
+                self.rx.put_buf(&mut self.store, buf);
                 self.protocol_error(now, e.into());
                 return;
             }
         };
         self.heard_from_peer(now);
         if let Err(e) = self.on_bsdh(&h.bsdh) {
-            self.rx.pool.put(&mut self.store, buf);
+            self.rx.put_buf(&mut self.store, buf);
             self.protocol_error(now, e);
             return;
         }
-        if self.rx.resize_ack_due.is_some() && self.rx.old_posted == 0 {
-            let size = self.rx.resize_ack_due.take().expect("checked");
+        if let Some(size) = self.rx.resize_ack_ready() {
             self.queue_ctrl_front(Mid::ChRcvBufAck, Ext::ChRcvBufAck { size });
         }
         let payload = len - h.header_len();
         if self.disconn_rcvd && carries_stream(h.bsdh.mid, payload) {
-            self.rx.pool.put(&mut self.store, buf);
+            self.rx.put_buf(&mut self.store, buf);
             self.protocol_error(
                 now,
                 ProtocolError::Unexpected {
@@ -70,14 +64,14 @@ impl<S: BufStore> Conn<S> {
             Ext::None if h.bsdh.mid == Mid::Data => {
                 if payload == 0 {
                     // A pure credit update.
-                    self.rx.pool.put(&mut self.store, buf);
+                    self.rx.put_buf(&mut self.store, buf);
                     Ok(())
                 } else {
                     self.on_data(now, buf, payload as u32, h.bsdh.flags)
                 }
             }
             _ => {
-                self.rx.pool.put(&mut self.store, buf);
+                self.rx.put_buf(&mut self.store, buf);
                 self.on_control(now, &h)
             }
         };
@@ -94,7 +88,7 @@ impl<S: BufStore> Conn<S> {
         flags: BsdhFlags,
     ) -> Result<(), ProtocolError> {
         self.slow_start_grow();
-        self.stats.data_bytes_rcvd += len as u64;
+        self.count(Count::DataBytesRcvd(len as u64));
         if self.iocbs.sink_active() && len > 0 {
             // The peer sent data past our SinkAvail (it had not seen it).
             self.sink_overtaken(now, !flags.is_empty());
@@ -104,27 +98,20 @@ impl<S: BufStore> Conn<S> {
             self.store.read(&buf, BSDH_LEN as u32 + len - 1, &mut b);
             len -= 1;
             self.urgent = Some(b[0]);
-            self.events.push_back(Event::Urgent);
+            self.emit(Event::Urgent);
         }
         if len > 0 && self.app_closed {
             // Data for a socket the application closed: nobody will read it. TCP answers
             // with a reset, so the writer learns at once; so do we (AbortConn).
-            self.rx.pool.put(&mut self.store, buf);
+            self.rx.put_buf(&mut self.store, buf);
             self.abort_with(now, super::conn::ConnError::Aborted);
             return Ok(());
         }
         if len == 0 || self.shut_rd {
-            self.rx.pool.put(&mut self.store, buf);
+            self.rx.put_buf(&mut self.store, buf);
             return Ok(());
         }
-        self.rx.held += 1;
-        self.rx.bytes += len as usize;
-        self.rx.queue.push_back(RxItem::Data {
-            buf,
-            off: BSDH_LEN as u32,
-            len,
-            bounce: false,
-        });
+        self.rx.push_data(buf, BSDH_LEN as u32, len);
         Ok(())
     }
 
@@ -165,23 +152,14 @@ impl<S: BufStore> Conn<S> {
                 // we grant from now on, and ack once every buffer still posted has that size.
                 // A queued connection keeps its size (the ack says so) until it is accepted.
                 let grant = if self.queued {
-                    self.rx.pool.size()
+                    self.rx.size()
                 } else {
                     size.clamp(MIN_RCV_SIZE, self.cfg.max_rcv_size)
                 };
-                self.rx.pool.resize(&mut self.store, grant);
-                self.rx.old_posted = self
-                    .rx
-                    .posted
-                    .iter()
-                    .filter(|(_, b)| b.size != grant)
-                    .count();
-                if self.rx.old_posted == 0 {
+                if self.rx.resize(&mut self.store, grant) {
                     self.queue_ctrl_front(Mid::ChRcvBufAck, Ext::ChRcvBufAck { size: grant });
-                } else {
-                    self.rx.resize_ack_due = Some(grant);
                 }
-                self.stats.resizes += 1;
+                self.count(Count::Resize);
                 Ok(())
             }
             Ext::ChRcvBufAck { size } => self.on_resize_ack(size),
@@ -197,11 +175,8 @@ impl<S: BufStore> Conn<S> {
     /// buffers next time (up to the budget).
     fn slow_start_grow(&mut self) {
         // The peer sent at its last data credit (it keeps DATA_CREDITS - 1 for replies).
-        if self.credits.peer_at_last_data_credit()
-            && self.rx.target < self.cfg.max_rx_bufs
-            && !self.queued
-        {
-            self.rx.target = (self.rx.target * 2).min(self.cfg.max_rx_bufs);
+        if self.credits.peer_at_last_data_credit() && !self.queued {
+            self.rx.grow_target(self.cfg.max_rx_bufs);
         }
     }
 }

@@ -6,7 +6,7 @@
 use super::advt::{SrcAdvt, BOUNCE_WINDOW, EAGER_BOUNCE_BUFS};
 use super::buff::{Buf, BufStore};
 pub use super::conn::ZRecv;
-use super::conn::{wrid, CallError, Conn, Event, ProtocolError, State};
+use super::conn::{wrid, CallError, Conn, Count, Event, ProtocolError, State};
 use super::iocb::{SinkIocb, ZSink};
 use super::msgs::{Ext, Mid};
 use super::rx::RxItem;
@@ -50,7 +50,7 @@ impl<S: BufStore> Conn<S> {
                     lkey: sink.lkey,
                 };
                 self.post_read(advt, local, n, None, Some(token));
-                self.timers.touch(now);
+                self.touch(now);
                 return Ok(ZRecv::Pending);
             }
             return Ok(ZRecv::Copy);
@@ -74,7 +74,7 @@ impl<S: BufStore> Conn<S> {
             sink,
             posted: false,
         });
-        self.stats.sinkavail_sent += 1;
+        self.count(Count::SinkAvailSent);
         self.queue_ctrl_front(
             Mid::SinkAvail,
             Ext::SinkAvail {
@@ -84,7 +84,7 @@ impl<S: BufStore> Conn<S> {
                 non_disc: 0,
             },
         );
-        self.timers.touch(now);
+        self.touch(now);
         self.flush(now);
         Ok(ZRecv::Pending)
     }
@@ -199,7 +199,7 @@ impl<S: BufStore> Conn<S> {
         };
         a.done += r.len;
         a.reads_inflight -= 1;
-        self.stats.zcopy_read_bytes += r.len as u64;
+        self.count(Count::ZcopyReadBytes(r.len as u64));
         // Tell the peer (its source memory is free once every byte is acknowledged).
         self.queue_ctrl_front(Mid::RdmaRdCompl, Ext::RdmaRdCompl { len: r.len });
         match (r.bounce, r.sink_token) {
@@ -220,10 +220,10 @@ impl<S: BufStore> Conn<S> {
                         bounce: true,
                     },
                 );
-                self.rx.bytes += r.len as usize;
+                self.rx.bytes_in(r.len as usize);
             }
             (None, Some(token)) => {
-                self.events.push_back(Event::ZcopyReceived {
+                self.emit(Event::ZcopyReceived {
                     token,
                     bytes: r.len as usize,
                 });
@@ -232,7 +232,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.after_src_progress(r.advt);
         self.start_eager_reads();
-        self.timers.touch(now);
+        self.touch(now);
     }
 
     /// An RDMA Read into the application's sink ended without its bytes (it failed, or the
@@ -241,8 +241,7 @@ impl<S: BufStore> Conn<S> {
     /// reads still posted when the connection is torn down, in `release_all`.
     pub(crate) fn sink_read_failed(&mut self, token: Option<u64>) {
         if let Some(token) = token {
-            self.events
-                .push_back(Event::ZcopyReceived { token, bytes: 0 });
+            self.emit(Event::ZcopyReceived { token, bytes: 0 });
         }
     }
 
@@ -394,7 +393,7 @@ impl<S: BufStore> Conn<S> {
             self.after_src_progress(id);
         }
         if cut {
-            self.stats.srcavail_cancelled += 1;
+            self.count(Count::SrcAvailCancelled(1));
             self.advts.send_sm_due = true;
             self.maybe_send_sm();
         }
@@ -414,11 +413,11 @@ impl<S: BufStore> Conn<S> {
             self.cancel_sink(now);
             return;
         }
-        self.stats.sinkavail_stale += 1;
+        self.count(Count::SinkAvailStale);
         self.iocbs.sinks_overtaken = (self.iocbs.sinks_overtaken + 1).min(MAX_SINK_BACKOFF);
         self.iocbs.sink_skip = (1 << self.iocbs.sinks_overtaken) - 1;
         if let Some(s) = self.iocbs.sink.take() {
-            self.events.push_back(Event::ZcopyReceived {
+            self.emit(Event::ZcopyReceived {
                 token: s.token,
                 bytes: 0,
             });
@@ -429,7 +428,7 @@ impl<S: BufStore> Conn<S> {
     pub(crate) fn cancel_sink(&mut self, _now: Instant) {
         if self.iocbs.sink_active() {
             self.iocbs.sink_cancel_pending = true;
-            self.stats.sinkavail_cancelled += 1;
+            self.count(Count::SinkAvailCancelled);
             self.queue_ctrl_front(Mid::SinkAvailCancel, Ext::None);
         }
     }
@@ -448,7 +447,7 @@ impl<S: BufStore> Conn<S> {
         });
         self.iocbs.sink_cancel_pending = false;
         if let Some(s) = self.iocbs.sink.take() {
-            self.events.push_back(Event::ZcopyReceived {
+            self.emit(Event::ZcopyReceived {
                 token: s.token,
                 bytes: 0,
             });
@@ -475,10 +474,10 @@ impl<S: BufStore> Conn<S> {
         if len > 0 {
             self.iocbs.sinks_overtaken = 0;
         }
-        self.stats.zcopy_write_bytes += len as u64;
-        self.stats.data_bytes_rcvd += len as u64;
-        self.timers.touch(now);
-        self.events.push_back(Event::ZcopyReceived {
+        self.count(Count::ZcopyWriteBytes(len as u64));
+        self.count(Count::DataBytesRcvd(len as u64));
+        self.touch(now);
+        self.emit(Event::ZcopyReceived {
             token: s.token,
             bytes: len as usize,
         });
@@ -495,7 +494,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.iocbs.sink_cancel_pending = false;
         if let Some(s) = self.iocbs.sink.take() {
-            self.events.push_back(Event::ZcopyReceived {
+            self.emit(Event::ZcopyReceived {
                 token: s.token,
                 bytes: 0,
             });

@@ -33,8 +33,9 @@ impl<S: BufStore> Conn<S> {
                     *off += n as u32;
                     *len -= n as u32;
                     copied += n;
-                    self.rx.bytes -= n;
-                    if *len == 0 {
+                    let emptied = *len == 0;
+                    self.rx.bytes_out(n);
+                    if emptied {
                         let Some(RxItem::Data { buf, bounce, .. }) = self.rx.queue.pop_front()
                         else {
                             unreachable!()
@@ -60,7 +61,7 @@ impl<S: BufStore> Conn<S> {
             }
         }
         if copied > 0 {
-            self.timers.touch(now);
+            self.touch(now);
             self.flush(now);
             return Ok(copied);
         }
@@ -134,7 +135,7 @@ impl<S: BufStore> Conn<S> {
         if self.state == State::Closed {
             // Reading what an orderly close left behind: nothing will be posted again.
             if !bounce {
-                self.rx.held -= 1;
+                self.rx.unhold();
             }
             self.store.free(buf);
         } else if bounce {
@@ -142,8 +143,8 @@ impl<S: BufStore> Conn<S> {
             // Room for eager reads again (split zero copy).
             self.start_eager_reads();
         } else {
-            self.rx.held -= 1;
-            self.rx.pool.put(&mut self.store, buf);
+            self.rx.unhold();
+            self.rx.put_buf(&mut self.store, buf);
         }
     }
 
@@ -158,14 +159,13 @@ impl<S: BufStore> Conn<S> {
         let target = self
             .rx_post_target()
             .max(super::conn::MIN_RX_POSTED as usize);
-        while self.rx.posted.len() < target && self.rx.posted.len() + self.rx.held < max {
-            let Some(buf) = self.rx.pool.get(&mut self.store) else {
-                if self.rx.posted.is_empty() {
+        while self.rx.posted_len() < target && self.rx.posted_len() + self.rx.held() < max {
+            let Some((key, buf)) = self.rx.post(&mut self.store) else {
+                if self.rx.posted_len() == 0 {
                     return Err(ConnError::NoMemory);
                 }
                 break;
             };
-            let key = self.rx.posted.insert(buf);
             self.wrs.push_back(WorkRequest::Recv(RecvWr {
                 wr_id: wrid::RECV | key as u64,
                 sge: buf.sge(buf.size),
@@ -175,8 +175,8 @@ impl<S: BufStore> Conn<S> {
         // is the one the next arrival's re-post needs, so under load no buffer is registered
         // and deregistered per message. The rest (after an idle shrink lowered the target)
         // is given back.
-        let keep = self.rx.target as usize;
-        self.rx.pool.trim(&mut self.store, keep);
+        let keep = self.rx.target() as usize;
+        self.rx.trim(&mut self.store, keep);
         Ok(())
     }
 
@@ -192,7 +192,7 @@ impl<S: BufStore> Conn<S> {
                 }
             }
         }
-        self.rx.bytes = 0;
+        self.rx.bytes_cleared();
         // One SendSm for every advertisement refused (it ends all of them on the peer's side).
         self.maybe_send_sm();
     }

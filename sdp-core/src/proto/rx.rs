@@ -33,21 +33,21 @@ impl RxItem {
 #[derive(Debug)]
 pub(crate) struct RxHalf {
     /// Receive buffers (our receive size).
-    pub(crate) pool: Pool,
+    pool: Pool,
     /// Receives posted, by the index in their wr_id.
-    pub(crate) posted: slab::Slab<Buf>,
+    posted: slab::Slab<Buf>,
     /// Posted receives still of an old size (after a resize), oldest first.
-    pub(crate) old_posted: usize,
+    old_posted: usize,
     /// Receives to keep posted (slow start).
-    pub(crate) target: u32,
+    target: u32,
     /// Received stream contents not read yet, in order.
     pub(crate) queue: VecDeque<RxItem>,
     /// Receive buffers holding unread data.
-    pub(crate) held: usize,
+    held: usize,
     /// Unread bytes in `queue`.
-    pub(crate) bytes: usize,
+    bytes: usize,
     /// The peer asked us for a new receive size; we ack once every posted buffer has it.
-    pub(crate) resize_ack_due: Option<u32>,
+    resize_ack_due: Option<u32>,
 }
 
 impl RxHalf {
@@ -63,6 +63,133 @@ impl RxHalf {
             bytes: 0,
             resize_ack_due: None,
         }
+    }
+    /// Receive buffers of `size` from now on (setup: nothing is posted yet).
+    #[inline]
+    pub(crate) fn set_size(&mut self, size: u32) {
+        self.pool = Pool::new(size);
+    }
+    /// The size of the receive buffers we post.
+    #[inline]
+    pub(crate) fn size(&self) -> u32 {
+        self.pool.size()
+    }
+    /// Receives posted now.
+    #[inline]
+    pub(crate) fn posted_len(&self) -> usize {
+        self.posted.len()
+    }
+    /// Post one more receive buffer: its index (for the wr_id) and the buffer, `None` if the
+    /// store has none.
+    #[inline]
+    pub(crate) fn post(&mut self, store: &mut impl BufStore) -> Option<(usize, Buf)> {
+        let buf = self.pool.get(store)?;
+        Some((self.posted.insert(buf), buf))
+    }
+    /// A receive buffer is free again (back to the pool, for `fill_rx` to post).
+    #[inline]
+    pub(crate) fn put_buf(&mut self, store: &mut impl BufStore, buf: Buf) {
+        self.pool.put(store, buf);
+    }
+    /// Keep at most `keep` idle receive buffers; give the rest back.
+    #[inline]
+    pub(crate) fn trim(&mut self, store: &mut impl BufStore, keep: usize) {
+        self.pool.trim(store, keep);
+    }
+    /// Give the pool's idle buffers back (the connection is finished).
+    #[inline]
+    pub(crate) fn release_pool(&mut self, store: &mut impl BufStore) {
+        self.pool.release(store);
+    }
+    /// The receive posted under `idx` completed: take its buffer (`None` if it is not posted).
+    #[inline]
+    pub(crate) fn complete(&mut self, idx: usize) -> Option<Buf> {
+        let buf = self.posted.try_remove(idx)?;
+        if buf.size != self.pool.size() {
+            self.old_posted = self.old_posted.saturating_sub(1);
+        }
+        Some(buf)
+    }
+    /// The peer asked for receive buffers of another size and we grant `size`: post that size
+    /// from now on. True if every posted buffer has it already (ack now); otherwise the ack
+    /// is due once the last old one completes ([`RxHalf::resize_ack_ready`]).
+    #[inline]
+    pub(crate) fn resize(&mut self, store: &mut impl BufStore, size: u32) -> bool {
+        self.pool.resize(store, size);
+        self.old_posted = self.posted.iter().filter(|(_, b)| b.size != size).count();
+        if self.old_posted == 0 {
+            return true;
+        }
+        self.resize_ack_due = Some(size);
+        false
+    }
+    /// The size to acknowledge now that no receive of an old size is posted, once.
+    #[inline]
+    pub(crate) fn resize_ack_ready(&mut self) -> Option<u32> {
+        if self.old_posted == 0 {
+            self.resize_ack_due.take()
+        } else {
+            None
+        }
+    }
+    /// Receives to keep posted (the slow-start target).
+    #[inline]
+    pub(crate) fn target(&self) -> u32 {
+        self.target
+    }
+    /// Slow start: double the target, up to `max`.
+    #[inline]
+    pub(crate) fn grow_target(&mut self, max: u32) {
+        if self.target < max {
+            self.target = (self.target * 2).min(max);
+        }
+    }
+    /// Idle: back to `initial` receives at most, `min` at least.
+    #[inline]
+    pub(crate) fn shrink_target(&mut self, min: u32, initial: u32) {
+        self.target = min.max(initial.min(self.target));
+    }
+    /// Receive buffers holding unread data.
+    #[inline]
+    pub(crate) fn held(&self) -> usize {
+        self.held
+    }
+    /// A receive buffer with `len` unread bytes joins the end of the stream.
+    #[inline]
+    pub(crate) fn push_data(&mut self, buf: Buf, off: u32, len: u32) {
+        self.held += 1;
+        self.bytes += len as usize;
+        self.queue.push_back(RxItem::Data {
+            buf,
+            off,
+            len,
+            bounce: false,
+        });
+    }
+    /// A receive buffer with unread data left the queue.
+    #[inline]
+    pub(crate) fn unhold(&mut self) {
+        self.held -= 1;
+    }
+    /// Unread bytes.
+    #[inline]
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+    /// `n` more unread bytes are in the queue.
+    #[inline]
+    pub(crate) fn bytes_in(&mut self, n: usize) {
+        self.bytes += n;
+    }
+    /// `n` unread bytes left the queue (read or dropped).
+    #[inline]
+    pub(crate) fn bytes_out(&mut self, n: usize) {
+        self.bytes -= n;
+    }
+    /// The queue was emptied: no unread bytes.
+    #[inline]
+    pub(crate) fn bytes_cleared(&mut self) {
+        self.bytes = 0;
     }
     /// Receives posted, as a BSDH's `bufs` announces them.
     #[inline]

@@ -2,7 +2,7 @@
 //! posting SENDs as credits allow. Small writes coalesce into the buffer at the tail of the queue.
 
 use super::buff::{Buf, BufStore};
-use super::conn::{wrid, CallError, Conn, ConnError, State, CTRL_CREDITS};
+use super::conn::{wrid, CallError, Conn, ConnError, Count, State, CTRL_CREDITS};
 use super::iocb::{SrcState, ZSrc};
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 use super::tx::{Inflight, TxItem};
@@ -26,7 +26,7 @@ impl<S: BufStore> Conn<S> {
         }
         let room = self.tx.room(self.cfg.sndbuf);
         if room == 0 {
-            self.stats.stalls_no_credit += 1;
+            self.count(Count::StallNoCredit);
             return Err(CallError::WouldBlock);
         }
         let mut taken = 0;
@@ -50,7 +50,7 @@ impl<S: BufStore> Conn<S> {
                 taken += appended;
                 continue;
             }
-            let Some(buf) = self.tx.pool.get(&mut self.store) else {
+            let Some(buf) = self.tx.data_buf(&mut self.store) else {
                 break;
             };
             let n = (cap as usize).min(want - taken);
@@ -72,9 +72,9 @@ impl<S: BufStore> Conn<S> {
                 Err(CallError::WouldBlock)
             };
         }
-        self.tx.bytes += taken;
-        self.stats.data_bytes_sent += taken as u64;
-        self.timers.touch(now);
+        self.tx.bytes_in(taken);
+        self.count(Count::DataBytesSent(taken as u64));
+        self.touch(now);
         self.maybe_grow_send_size();
         self.flush(now);
         Ok(taken)
@@ -102,9 +102,9 @@ impl<S: BufStore> Conn<S> {
             s.deadline = stall.map(|d| now + d);
         }
         self.tx.queue.push_back(TxItem::Src { key });
-        self.tx.bytes += src.len as usize;
-        self.stats.data_bytes_sent += src.len as u64;
-        self.timers.touch(now);
+        self.tx.bytes_in(src.len as usize);
+        self.count(Count::DataBytesSent(src.len as u64));
+        self.touch(now);
         self.flush(now);
         Ok(())
     }
@@ -112,7 +112,7 @@ impl<S: BufStore> Conn<S> {
     /// Body of [`Conn::send_urgent`].
     pub(crate) fn queue_urgent(&mut self, now: Instant, byte: u8) -> Result<(), CallError> {
         self.check_writable()?;
-        let Some(buf) = self.tx.pool.get(&mut self.store) else {
+        let Some(buf) = self.tx.data_buf(&mut self.store) else {
             return Err(CallError::WouldBlock);
         };
         self.store.write(&buf, BSDH_LEN as u32, &[byte]);
@@ -121,7 +121,7 @@ impl<S: BufStore> Conn<S> {
             len: 1,
             flags: BsdhFlags::OOB_PRES | BsdhFlags::OOB_PEND,
         });
-        self.tx.bytes += 1;
+        self.tx.bytes_in(1);
         self.flush(now);
         Ok(())
     }
@@ -155,9 +155,9 @@ impl<S: BufStore> Conn<S> {
     /// Post what the credits allow, in stream order (see `push_queue`). When stream items went,
     /// the peer is taking the stream: a bounded source queued behind them is not stalled.
     pub(crate) fn push_tx(&mut self, now: Instant) {
-        let before = self.tx.stream_posts;
+        let before = self.tx.stream_posts();
         self.push_queue(now);
-        if self.tx.stream_posts != before {
+        if self.tx.stream_posts() != before {
             self.stream_moved(now);
         }
     }
@@ -182,7 +182,7 @@ impl<S: BufStore> Conn<S> {
                         continue;
                     }
                     if !self.credits.can_send_data() {
-                        self.stats.stalls_no_credit += 1;
+                        self.count(Count::StallNoCredit);
                         self.ask_credits();
                         return;
                     }
@@ -191,7 +191,7 @@ impl<S: BufStore> Conn<S> {
                     if !self.cfg.nodelay
                         && !full
                         && self.tx.queue.len() == 1
-                        && self.tx.data_outstanding > 0
+                        && self.tx.data_outstanding() > 0
                         && flags.is_empty()
                     {
                         return;
@@ -205,7 +205,7 @@ impl<S: BufStore> Conn<S> {
                     // A control message is consumed and reposted at once by the peer, so when
                     // it also tells the peer about buffers it does not know of, it does all a
                     // credit update would: it may take the last credit, like the update.
-                    let carries_credits = self.credits.peer_unaware(self.rx.posted.len() as u32);
+                    let carries_credits = self.credits.peer_unaware(self.rx.posted_len() as u32);
                     let need = if *mid == Mid::AbortConn || carries_credits {
                         1
                     } else {
@@ -262,7 +262,7 @@ impl<S: BufStore> Conn<S> {
                             && self.split_candidate(key)
                         {
                             if self.credits.tx() < CTRL_CREDITS {
-                                self.stats.stalls_no_credit += 1;
+                                self.count(Count::StallNoCredit);
                                 return;
                             }
                             if !self.advertise_src(now, key) {
@@ -367,8 +367,7 @@ impl<S: BufStore> Conn<S> {
         h.emit(&mut hdr).expect("BSDH fits");
         self.store.write(&buf, 0, &hdr);
         self.advts.note_data_sent(h.bsdh.mseq);
-        self.tx.data_outstanding += 1;
-        self.tx.stream_posts += 1;
+        self.tx.data_posted();
         let key = self.tx.inflight.insert(Inflight::Msg {
             buf,
             ctrl: false,
@@ -404,11 +403,11 @@ impl<S: BufStore> Conn<S> {
                 return true;
             }
             if !self.credits.can_send_data() {
-                self.stats.stalls_no_credit += 1;
+                self.count(Count::StallNoCredit);
                 self.ask_credits();
                 return false;
             }
-            let Some(hdr) = self.tx.ctrl_pool.get(&mut self.store) else {
+            let Some(hdr) = self.tx.ctrl_buf(&mut self.store) else {
                 return false;
             };
             let s = self.iocbs.find_src(key).expect("found above");
@@ -419,10 +418,9 @@ impl<S: BufStore> Conn<S> {
             h.emit(&mut bytes).expect("BSDH fits");
             self.store.write(&hdr, 0, &bytes);
             self.advts.note_data_sent(h.bsdh.mseq);
-            self.tx.data_outstanding += 1;
-            self.tx.stream_posts += 1;
-            self.stats.zcopy_send_bytes += u64::from(n);
-            self.timers.touch(now);
+            self.tx.data_posted();
+            self.count(Count::ZcopySendBytes(u64::from(n)));
+            self.touch(now);
             let key = self
                 .tx
                 .inflight
@@ -443,7 +441,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Post a control message now (the caller checked the credit). False if no buffer.
     pub(crate) fn post_ctrl(&mut self, mid: Mid, ext: Ext) -> bool {
-        let Some(buf) = self.tx.ctrl_pool.get(&mut self.store) else {
+        let Some(buf) = self.tx.ctrl_buf(&mut self.store) else {
             return false;
         };
         let h = self.next_header(mid, ext, BsdhFlags::empty(), 0);
@@ -489,8 +487,8 @@ impl<S: BufStore> Conn<S> {
         }
         // See `Credits::update_due` (a peer asks for data credits with an update of its own,
         // see `ask_credits`).
-        if self.credits.update_due(self.rx.posted.len() as u32) {
-            self.stats.credit_updates_sent += 1;
+        if self.credits.update_due(self.rx.posted_len() as u32) {
+            self.count(Count::CreditUpdateSent);
             self.post_ctrl(Mid::Data, Ext::None);
         }
     }
@@ -506,27 +504,27 @@ impl<S: BufStore> Conn<S> {
         {
             return;
         }
-        self.stats.credit_updates_sent += 1;
+        self.count(Count::CreditUpdateSent);
         self.post_ctrl(Mid::Data, Ext::None);
     }
 
     /// When the application keeps more than a few buffers queued, ask the peer for larger
     /// receive buffers (ChRcvBuf): fewer, larger messages.
     fn maybe_grow_send_size(&mut self) {
-        if self.tx.resize_pending.is_some() || self.send_size >= self.cfg.max_rcv_size {
+        if self.tx.resize_pending() || self.send_size >= self.cfg.max_rcv_size {
             return;
         }
         if self.tx.queued_data_bufs() >= 4 {
             let want = (self.send_size.saturating_mul(4)).min(self.cfg.max_rcv_size);
-            self.tx.resize_pending = Some(want);
-            self.stats.resizes += 1;
+            self.tx.ask_resize(want);
+            self.count(Count::Resize);
             self.queue_ctrl_front(Mid::ChRcvBuf, Ext::ChRcvBuf { size: want });
         }
     }
 
     /// The peer acknowledged our ChRcvBuf: every buffer it has posted is `size` now.
     pub(crate) fn on_resize_ack(&mut self, size: u32) -> Result<(), super::conn::ProtocolError> {
-        let Some(asked) = self.tx.resize_pending.take() else {
+        let Some(asked) = self.tx.take_resize() else {
             return Err(super::conn::ProtocolError::Unexpected {
                 mid: Mid::ChRcvBufAck,
                 context: "no ChRcvBuf outstanding",
@@ -548,7 +546,7 @@ impl<S: BufStore> Conn<S> {
             });
         }
         self.send_size = size;
-        self.tx.pool.resize(&mut self.store, size);
+        self.tx.resize(&mut self.store, size);
         Ok(())
     }
 }

@@ -15,25 +15,25 @@ impl<S: BufStore> Conn<S> {
         match inf {
             Inflight::Msg { buf, ctrl, data } => {
                 if ctrl {
-                    self.tx.ctrl_pool.put(&mut self.store, buf);
+                    self.tx.put_ctrl_buf(&mut self.store, buf);
                 } else {
-                    self.tx.pool.put(&mut self.store, buf);
-                    self.tx.data_outstanding -= 1;
-                    self.tx.bytes -= data as usize;
+                    self.tx.put_data_buf(&mut self.store, buf);
+                    self.tx.data_completed();
+                    self.tx.bytes_out(data as usize);
                 }
             }
             Inflight::WriteData { buf, data } => {
-                self.tx.pool.put(&mut self.store, buf);
-                self.tx.bytes -= data as usize;
+                self.tx.put_data_buf(&mut self.store, buf);
+                self.tx.bytes_out(data as usize);
             }
             Inflight::WriteSrc { key, len } => {
-                self.tx.bytes -= len as usize;
+                self.tx.bytes_out(len as usize);
                 self.src_written(now, key, len, wc.status == WcStatus::Success);
             }
             Inflight::SendSrc { hdr, key, len } => {
-                self.tx.ctrl_pool.put(&mut self.store, hdr);
-                self.tx.data_outstanding -= 1;
-                self.tx.bytes -= len as usize;
+                self.tx.put_ctrl_buf(&mut self.store, hdr);
+                self.tx.data_completed();
+                self.tx.bytes_out(len as usize);
                 self.src_written(now, key, len, wc.status == WcStatus::Success);
             }
             other @ (Inflight::Read(_) | Inflight::Keepalive) => {

@@ -7,7 +7,7 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use super::buff::BufStore;
-use super::conn::{wrid, Conn};
+use super::conn::{wrid, Conn, Count};
 use super::error::ConnError;
 use super::timers::{Timer, PERSIST};
 use super::tx::Inflight;
@@ -77,13 +77,19 @@ impl<S: BufStore> Conn<S> {
     pub(crate) fn arm_keepalive(&mut self, now: Instant) {
         let at = self.probe_idle().map(|d| now + d);
         self.timers.set(Timer::Keepalive, at);
-        self.timers.keepalive_outstanding = 0;
+        self.timers.reset_probes();
+    }
+
+    /// The connection moved data now (the idle shrink measures from the last time).
+    #[inline]
+    pub(crate) fn touch(&mut self, now: Instant) {
+        self.timers.touch(now);
     }
 
     /// The peer showed it is alive: a message arrived.
     pub(crate) fn heard_from_peer(&mut self, now: Instant) {
-        self.timers.last_rx_at = now;
-        self.timers.last_activity = now;
+        self.timers.heard(now);
+        self.touch(now);
         self.arm_keepalive(now);
     }
 
@@ -93,17 +99,17 @@ impl<S: BufStore> Conn<S> {
             self.timers.stop(Timer::Keepalive);
             return;
         };
-        let last_rx_at = self.timers.last_rx_at;
+        let last_rx_at = self.timers.last_rx_at();
         if now.saturating_since(last_rx_at) < idle {
             self.timers.start(Timer::Keepalive, last_rx_at + idle);
             return;
         }
-        if self.timers.keepalive_outstanding >= self.cfg.keepalive_probes {
+        if self.timers.probes_outstanding() >= self.cfg.keepalive_probes {
             self.fail(now, ConnError::TimedOut, true);
             return;
         }
-        self.timers.keepalive_outstanding += 1;
-        self.stats.keepalives_sent += 1;
+        self.timers.probe_sent();
+        self.count(Count::KeepaliveSent);
         let key = self.tx.inflight.insert(Inflight::Keepalive);
         self.wrs.push_back(WorkRequest::Send(SendWr {
             wr_id: wrid::KEEPALIVE | key as u64,
@@ -136,7 +142,7 @@ impl<S: BufStore> Conn<S> {
     pub(crate) fn arm_persist(&mut self) {
         if !self.timers.is_armed(Timer::Keepalive) && self.credit_stalled() {
             self.timers
-                .start(Timer::Keepalive, self.timers.last_rx_at + PERSIST);
+                .start(Timer::Keepalive, self.timers.last_rx_at() + PERSIST);
         }
     }
 
@@ -144,7 +150,7 @@ impl<S: BufStore> Conn<S> {
         self.tx.inflight.try_remove(idx);
         if wc.status == WcStatus::Success {
             // The peer's HCA answered: it is alive.
-            self.timers.last_rx_at = now;
+            self.timers.heard(now);
             self.arm_keepalive(now);
         } else {
             self.on_wc_error(now, wc.status);
@@ -154,16 +160,13 @@ impl<S: BufStore> Conn<S> {
     /// No traffic for `idle_shrink`: shrink back to the initial buffer count and give idle
     /// send buffers back.
     fn idle_check(&mut self, now: Instant) {
-        let idle = now.saturating_since(self.timers.last_activity) >= self.cfg.idle_shrink;
+        let idle = self.timers.idle_for(now) >= self.cfg.idle_shrink;
         if idle {
-            self.rx.target = self
-                .cfg
-                .min_rx_bufs
-                .max(self.cfg.initial_rx_bufs.min(self.rx.target));
-            self.tx.pool.trim(&mut self.store, 0);
-            self.tx.ctrl_pool.trim(&mut self.store, 1);
+            self.rx
+                .shrink_target(self.cfg.min_rx_bufs, self.cfg.initial_rx_bufs);
+            self.tx.trim_idle(&mut self.store);
             self.advts.bounce_pool.trim(&mut self.store, 0);
-            self.rx.pool.trim(&mut self.store, 0);
+            self.rx.trim(&mut self.store, 0);
         }
         self.timers
             .start(Timer::IdleCheck, now + self.cfg.idle_shrink);

@@ -46,11 +46,11 @@ impl Timer {
 pub(crate) struct TimerTable {
     at: [Option<Instant>; Timer::ALL.len()],
     /// When the peer last showed it is alive (a message or a probe's completion).
-    pub(crate) last_rx_at: Instant,
+    last_rx_at: Instant,
     /// When the connection last moved data (for the idle shrink).
-    pub(crate) last_activity: Instant,
+    last_activity: Instant,
     /// Probes sent since the peer last showed it is alive.
-    pub(crate) keepalive_outstanding: u32,
+    keepalive_outstanding: u32,
 }
 
 impl TimerTable {
@@ -91,6 +91,36 @@ impl TimerTable {
     #[inline]
     pub(crate) fn touch(&mut self, now: Instant) {
         self.last_activity = now;
+    }
+    /// How long since the data last moved.
+    #[inline]
+    pub(crate) fn idle_for(&self, now: Instant) -> Duration {
+        now.saturating_since(self.last_activity)
+    }
+    /// The peer showed it is alive now.
+    #[inline]
+    pub(crate) fn heard(&mut self, now: Instant) {
+        self.last_rx_at = now;
+    }
+    /// When the peer last showed it is alive.
+    #[inline]
+    pub(crate) fn last_rx_at(&self) -> Instant {
+        self.last_rx_at
+    }
+    /// Probes sent since the peer last showed it is alive.
+    #[inline]
+    pub(crate) fn probes_outstanding(&self) -> u32 {
+        self.keepalive_outstanding
+    }
+    /// A probe was sent.
+    #[inline]
+    pub(crate) fn probe_sent(&mut self) {
+        self.keepalive_outstanding += 1;
+    }
+    /// The probe count starts again (the keepalive timer was rearmed).
+    #[inline]
+    pub(crate) fn reset_probes(&mut self) {
+        self.keepalive_outstanding = 0;
     }
 }
 

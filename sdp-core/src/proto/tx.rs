@@ -82,22 +82,22 @@ impl Inflight {
 #[derive(Debug)]
 pub(crate) struct TxHalf {
     /// Send buffers for Data messages (the peer's receive size).
-    pub(crate) pool: Pool,
+    pool: Pool,
     /// Buffers for control messages and gathered SENDs' headers.
-    pub(crate) ctrl_pool: Pool,
+    ctrl_pool: Pool,
     /// Stream items and control messages waiting to go, in order.
     pub(crate) queue: VecDeque<TxItem>,
     /// Send-queue work requests posted and not completed, by the index in their wr_id.
     pub(crate) inflight: slab::Slab<Inflight>,
     /// Data bytes accepted from the application and not yet acknowledged by a completion.
-    pub(crate) bytes: usize,
+    bytes: usize,
     /// Data sends posted and not yet completed (for coalescing).
-    pub(crate) data_outstanding: usize,
+    data_outstanding: usize,
     /// Stream items posted so far (Data messages with bytes, gathered SENDs, SrcAvails, RDMA
     /// Writes into a sink): while it moves, the peer is taking the stream.
-    pub(crate) stream_posts: u64,
+    stream_posts: u64,
     /// A ChRcvBuf we sent is waiting for its ack.
-    pub(crate) resize_pending: Option<u32>,
+    resize_pending: Option<u32>,
 }
 
 impl TxHalf {
@@ -113,6 +113,100 @@ impl TxHalf {
             stream_posts: 0,
             resize_pending: None,
         }
+    }
+    /// The peer's receive size, learned at setup: data buffers of `size` from now on.
+    #[inline]
+    pub(crate) fn set_size(&mut self, size: u32) {
+        self.pool = Pool::new(size);
+    }
+    /// The peer acknowledged our ChRcvBuf: data buffers of `size` from now on.
+    #[inline]
+    pub(crate) fn resize(&mut self, store: &mut impl BufStore, size: u32) {
+        self.pool.resize(store, size);
+    }
+    /// A send buffer for a Data message (`None`: the store has none).
+    #[inline]
+    pub(crate) fn data_buf(&mut self, store: &mut impl BufStore) -> Option<Buf> {
+        self.pool.get(store)
+    }
+    /// A Data message's send buffer is free again.
+    #[inline]
+    pub(crate) fn put_data_buf(&mut self, store: &mut impl BufStore, buf: Buf) {
+        self.pool.put(store, buf);
+    }
+    /// A buffer for a control message or a gathered SEND's header (`None`: the store has
+    /// none).
+    #[inline]
+    pub(crate) fn ctrl_buf(&mut self, store: &mut impl BufStore) -> Option<Buf> {
+        self.ctrl_pool.get(store)
+    }
+    /// A control buffer is free again.
+    #[inline]
+    pub(crate) fn put_ctrl_buf(&mut self, store: &mut impl BufStore, buf: Buf) {
+        self.ctrl_pool.put(store, buf);
+    }
+    /// The connection went idle: give back the idle send buffers (one control buffer kept).
+    #[inline]
+    pub(crate) fn trim_idle(&mut self, store: &mut impl BufStore) {
+        self.pool.trim(store, 0);
+        self.ctrl_pool.trim(store, 1);
+    }
+    /// Data bytes accepted from the application and not yet acknowledged.
+    #[inline]
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+    /// `n` more bytes accepted from the application.
+    #[inline]
+    pub(crate) fn bytes_in(&mut self, n: usize) {
+        self.bytes += n;
+    }
+    /// `n` bytes acknowledged by a completion, or given up.
+    #[inline]
+    pub(crate) fn bytes_out(&mut self, n: usize) {
+        self.bytes -= n;
+    }
+    /// Data sends posted and not yet completed.
+    #[inline]
+    pub(crate) fn data_outstanding(&self) -> usize {
+        self.data_outstanding
+    }
+    /// A data send (a Data message with bytes, or a gathered SEND) was posted: one more
+    /// outstanding, and the stream moved.
+    #[inline]
+    pub(crate) fn data_posted(&mut self) {
+        self.data_outstanding += 1;
+        self.stream_posts += 1;
+    }
+    /// A data send completed.
+    #[inline]
+    pub(crate) fn data_completed(&mut self) {
+        self.data_outstanding -= 1;
+    }
+    /// Stream items posted so far (compare two readings to see whether the stream moved).
+    #[inline]
+    pub(crate) fn stream_posts(&self) -> u64 {
+        self.stream_posts
+    }
+    /// Another stream item (not a data send: a SrcAvail, an RDMA Write into a sink) was posted.
+    #[inline]
+    pub(crate) fn stream_posted(&mut self) {
+        self.stream_posts += 1;
+    }
+    /// A ChRcvBuf of ours waits for its ack.
+    #[inline]
+    pub(crate) fn resize_pending(&self) -> bool {
+        self.resize_pending.is_some()
+    }
+    /// We asked the peer for receive buffers of `size` (ChRcvBuf).
+    #[inline]
+    pub(crate) fn ask_resize(&mut self, size: u32) {
+        self.resize_pending = Some(size);
+    }
+    /// The size our outstanding ChRcvBuf asked for, which its ack ends (`None`: none is).
+    #[inline]
+    pub(crate) fn take_resize(&mut self) -> Option<u32> {
+        self.resize_pending.take()
     }
     /// Bytes the application may still queue within `sndbuf`.
     #[inline]

@@ -44,7 +44,7 @@
 
 use super::advt::SinkAdvt;
 use super::buff::BufStore;
-use super::conn::{wrid, Conn, Event, ProtocolError, CTRL_CREDITS};
+use super::conn::{wrid, Conn, Count, Event, ProtocolError, CTRL_CREDITS};
 use super::credits::seq_gt;
 use super::iocb::SrcState;
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
@@ -80,8 +80,8 @@ impl<S: BufStore> Conn<S> {
             return false;
         }
         self.advts.note_data_sent(self.credits.last_sent_mseq());
-        self.stats.srcavail_sent += 1;
-        self.tx.stream_posts += 1;
+        self.count(Count::SrcAvailSent);
+        self.tx.stream_posted();
         true
     }
 
@@ -109,9 +109,9 @@ impl<S: BufStore> Conn<S> {
                 let (len, written, inflight) = (s.src.len, s.written, s.writes_inflight);
                 s.src.len = written;
                 s.state = SrcState::Written;
-                self.tx.bytes -= (len - written) as usize;
+                self.tx.bytes_out((len - written) as usize);
                 self.tx.unqueue_src(key);
-                self.stats.srcavail_cancelled += 1;
+                self.count(Count::SrcAvailCancelled(1));
                 let next = self
                     .iocbs
                     .srcs
@@ -190,7 +190,7 @@ impl<S: BufStore> Conn<S> {
                 s.deadline = Some(now + s.stall.unwrap_or(default_timeout));
             }
         }
-        self.timers.touch(now);
+        self.touch(now);
         for (key, bytes) in finished {
             self.finish_src(key, bytes);
         }
@@ -237,7 +237,7 @@ impl<S: BufStore> Conn<S> {
         // The pieces of one source are next to each other: one cancel ends the source.
         queued.dedup();
         for token in queued {
-            self.stats.zcopy_stalls += 1;
+            self.count(Count::ZcopyStall);
             self.cancel_write_zcopy(now, token);
         }
         if self
@@ -246,7 +246,7 @@ impl<S: BufStore> Conn<S> {
             .iter()
             .any(|s| s.state == SrcState::Advertised && due(s))
         {
-            self.stats.zcopy_stalls += 1;
+            self.count(Count::ZcopyStall);
             self.cancel_advertised();
         }
         // What could not be cancelled now (a committed advertisement, or a cancel already
@@ -267,7 +267,7 @@ impl<S: BufStore> Conn<S> {
                 let unsent = (s.src.len - s.written) as usize;
                 s.state = SrcState::Done;
                 s.done_bytes = bytes;
-                self.tx.bytes -= unsent;
+                self.tx.bytes_out(unsent);
             }
         }
         self.tx.unqueue_src(key);
@@ -285,7 +285,7 @@ impl<S: BufStore> Conn<S> {
         {
             let s = self.iocbs.srcs.pop_front().expect("front checked");
             if let Some(bytes) = self.iocbs.report(&s) {
-                self.events.push_back(Event::ZcopySent {
+                self.emit(Event::ZcopySent {
                     token: s.token,
                     bytes,
                 });
@@ -325,8 +325,8 @@ impl<S: BufStore> Conn<S> {
             s.done_bytes = if i == 0 { bytes } else { s.written as usize };
             s.state = SrcState::Done;
         }
-        self.tx.bytes -= unsent;
-        self.stats.srcavail_cancelled += cancelled;
+        self.tx.bytes_out(unsent);
+        self.count(Count::SrcAvailCancelled(cancelled));
         self.report_done();
     }
 
@@ -395,11 +395,11 @@ impl<S: BufStore> Conn<S> {
                         // A pool buffer smaller than the rest (never, as ChRcvBufAck only
                         // grows the send size; checked so no peer input writes beyond one)
                         // counts as none.
-                        let nb = self.tx.pool.get(&mut self.store).and_then(|nb| {
+                        let nb = self.tx.data_buf(&mut self.store).and_then(|nb| {
                             if nb.size >= BSDH_LEN as u32 + (len - n) {
                                 Some(nb)
                             } else {
-                                self.tx.pool.put(&mut self.store, nb);
+                                self.tx.put_data_buf(&mut self.store, nb);
                                 None
                             }
                         });
@@ -453,9 +453,9 @@ impl<S: BufStore> Conn<S> {
             self.advts.sink = Some(sink);
             return false;
         }
-        self.stats.zcopy_write_bytes += placed as u64;
-        self.tx.stream_posts += 1;
-        self.timers.touch(now);
+        self.count(Count::ZcopyWriteBytes(placed as u64));
+        self.tx.stream_posted();
+        self.touch(now);
         self.post_ctrl(Mid::RdmaWrCompl, Ext::RdmaWrCompl { len: placed });
         true
     }
@@ -497,7 +497,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.report_done();
         if let Some(s) = self.iocbs.sink.take() {
-            self.events.push_back(Event::ZcopyReceived {
+            self.emit(Event::ZcopyReceived {
                 token: s.token,
                 bytes: 0,
             });

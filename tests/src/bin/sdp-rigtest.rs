@@ -337,7 +337,7 @@ fn duplex(rt: &mut Rt, id: ConnId, sc: &str, bytes: u64, server: bool) -> Res<()
     let t = StdInstant::now();
     run_apps(rt, &mut [(id, &mut app)], Duration::from_secs(120))?;
     let secs = t.elapsed().as_secs_f64();
-    let s = rt.d.conn(id).map(|c| c.stats.clone()).unwrap_or_default();
+    let s = rt.d.conn(id).map(|c| c.stats().clone()).unwrap_or_default();
     println!(
         "duplex {mode:?}: sent {} and received {} bytes, every byte checked, in {secs:.2} s ({:.1} MB/s each way); srcavail sent {}, sinkavail sent {}, zcopy read {} B, zcopy write {} B, gathered from sources {} B",
         app.sent,
@@ -497,7 +497,7 @@ fn server(sc: &str, addr: SocketAddr) -> Res<()> {
                                 "state {:?}, error {:?}, {} messages received",
                                 c.state(),
                                 c.error(),
-                                c.stats.msgs_rcvd
+                                c.stats().msgs_rcvd
                             ),
                             None => "gone".into(),
                         };
@@ -1304,7 +1304,7 @@ fn bench_server(addr: SocketAddr, mode: &str, size: u64, bytes: u64) -> Res<()> 
         .map_err(|e| format!("shutdown: {e}"))?;
     let (polls, arms, sleeps) = (rt.polls, rt.arms, rt.sleeps);
     let (vcs, ics) = ctx_switches();
-    let s = rt.d.conn(id).map(|c| c.stats.clone()).unwrap_or_default();
+    let s = rt.d.conn(id).map(|c| c.stats().clone()).unwrap_or_default();
     let _ = rt.wait_closed(id, Duration::from_secs(10));
     println!(
         "loop: {polls} polls, {arms} arms, {sleeps} sleeps; {} messages sent, {} credit updates; sinks {} offered, {} overtaken, {} cancelled; context switches {} voluntary, {} involuntary; {}",
@@ -1436,7 +1436,7 @@ fn bench_client(dst: SocketAddr, src: IpAddr, mode: &str, size: u64, bytes: u64)
     if got != bytes {
         return Err(format!("server received {got} of {bytes}"));
     }
-    let s = rt.d.conn(id).map(|c| c.stats.clone()).unwrap_or_default();
+    let s = rt.d.conn(id).map(|c| c.stats().clone()).unwrap_or_default();
     let (vcs, ics) = ctx_switches();
     println!(
         "loop: {} polls, {} arms, {} sleeps; {} messages sent, {} credit updates, {} stalls without credit; context switches {} voluntary, {} involuntary; {}",
