@@ -115,6 +115,9 @@ struct Entry<P: Provider> {
     addrs: Option<(SocketAddr, SocketAddr)>,
     /// In [`Driver::touched`] since the socket layer last took it.
     touched: bool,
+    /// Since when the engine's outstanding sends made no progress (`Config::send_stall_timeout`),
+    /// and its send completion count then.
+    stall: Option<(Instant, u64)>,
 }
 
 struct ListenEntry<P: Provider> {
@@ -257,6 +260,7 @@ impl<P: Provider> Driver<P> {
             released: false,
             addrs: None,
             touched: false,
+            stall: None,
         });
         self.pump(now, id);
         Ok(id)
@@ -414,6 +418,7 @@ impl<P: Provider> Driver<P> {
                             released: false,
                             addrs: None,
                             touched: false,
+                            stall: None,
                         };
                         let posted = post_all(&mut entry.conn, &mut ep, &mut self.sends);
                         if posted.is_err() || ep.accept(&ack).is_err() {
@@ -479,6 +484,17 @@ impl<P: Provider> Driver<P> {
             activity += 1;
             e.conn.handle_timeout(now);
         }
+        if let (Some((since, n)), Some(bound)) = (e.stall, self.cfg.send_stall_timeout) {
+            // (A completion handled just now is progress: the pump below starts over.)
+            if now.saturating_since(since) >= bound
+                && e.conn.send_completions() == n
+                && e.conn.sends_in_flight() > 0
+                && e.conn.state() != State::Closed
+            {
+                activity += 1;
+                e.conn.fail_stalled(now);
+            }
+        }
         self.pump(now, id);
         activity
     }
@@ -522,6 +538,19 @@ impl<P: Provider> Driver<P> {
                 continue;
             }
             e.events.push(ev);
+        }
+        // Outstanding sends must make progress (`Config::send_stall_timeout`): the watch
+        // starts when sends are outstanding and starts over at each send completion.
+        if let Some(bound) = self.cfg.send_stall_timeout {
+            let done = e.conn.send_completions();
+            e.stall = match e.stall {
+                _ if e.conn.sends_in_flight() == 0 || e.conn.state() == State::Closed => None,
+                Some((since, n)) if n == done => Some((since, n)),
+                _ => Some((now, done)),
+            };
+            if let Some((since, _)) = e.stall {
+                self.timers = earliest(self.timers, Some(since + bound));
+            }
         }
         // Whatever this pump follows (a round, a call) may have moved the engine's timers.
         self.timers = earliest(self.timers, e.conn.poll_timeout());

@@ -310,6 +310,35 @@ fn broken_link_ends_in_a_clear_error() {
     let _ = b;
 }
 
+/// A device whose QPs hang (no completion, no error: Soft-RoCE after a link flap) is bounded by
+/// `send_stall_timeout`: the writer's connection fails with `TimedOut` after it, not never.
+#[test]
+fn stalled_sends_end_in_timed_out_with_a_bound_and_hang_without() {
+    let cfg = Config {
+        send_stall_timeout: Some(Duration::from_secs(3)),
+        ..Config::default()
+    };
+    for (bound, cfg) in [(false, Config::default()), (true, cfg)] {
+        let mut p = Pair::new(23, cfg);
+        let (a, _b) = p.connect();
+        p.fabric.faults().stall_link(A_IP, B_IP);
+        let chunk = vec![1u8; 10_000];
+        let closed = p.run_until(20 * SEC, |p| {
+            let now = p.now();
+            let _ = p.a.write(now, a, &chunk);
+            p.a.conn(a).unwrap().state() == State::Closed
+        });
+        if bound {
+            assert!(closed, "the bound did not end the connection");
+            assert_eq!(p.a.conn(a).unwrap().error(), Some(&ConnError::TimedOut));
+        } else {
+            // What the bound is for: without it nothing ends the connection.
+            assert!(!closed);
+            assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
+        }
+    }
+}
+
 #[test]
 fn urgent_byte_travels_apart_from_the_stream() {
     let mut p = Pair::new(21, Config::default());

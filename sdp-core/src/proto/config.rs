@@ -95,6 +95,12 @@ pub struct Config {
     /// aborted (its peer sees a reset) and its resources freed: remote hosts must not hold
     /// our memory forever (docs/providers.md, "Listen backlog").
     pub unaccepted_timeout: Duration,
+    /// Sends (messages, RDMA Reads and Writes) outstanding with no completion for this long
+    /// fail the connection with `TimedOut` (checked by the driver). A healthy RC QP completes
+    /// or errors within its retry budget (seconds); this bounds a device whose QPs hang
+    /// instead (Soft-RoCE after a link flap). `None` (the default): no bound, as over shm,
+    /// where a stopped peer holds sends legitimately.
+    pub send_stall_timeout: Option<Duration>,
 }
 
 impl Default for Config {
@@ -125,6 +131,7 @@ impl Default for Config {
             idle_shrink: Duration::from_secs(1),
             unaccepted_rx_bufs: 12,
             unaccepted_timeout: Duration::from_secs(60),
+            send_stall_timeout: None,
         }
     }
 }

@@ -183,6 +183,8 @@ const _: () = assert!(MAX_HDR >= super::msgs::MAX_HEADER_LEN);
 /// One SDP connection (see the module docs).
 pub struct Conn<S: BufStore> {
     pub(crate) cfg: Config,
+    /// Send-side completions handled ([`Conn::send_completions`]).
+    send_wcs: u64,
     pub(crate) store: S,
     pub(crate) state: State,
     pub(crate) role: Role,
@@ -245,6 +247,7 @@ impl<S: BufStore> Conn<S> {
         let mut timers = TimerTable::new(now);
         timers.start(Timer::Setup, now + cfg.connect_timeout);
         Conn {
+            send_wcs: 0,
             send_size: 0,
             peer_max_adverts: 0,
             credits: Credits::default(),
@@ -836,6 +839,9 @@ impl<S: BufStore> Conn<S> {
 
     fn dispatch_completion(&mut self, now: Instant, wc: &Completion) {
         let idx = (wc.wr_id & wrid::INDEX_MASK) as usize;
+        if wc.wr_id & wrid::KIND_MASK != wrid::RECV {
+            self.send_wcs += 1;
+        }
         match wc.wr_id & wrid::KIND_MASK {
             wrid::RECV => self.on_recv_completion(now, idx, wc),
             wrid::SEND | wrid::WRITE => self.on_send_completion(now, idx, wc),
@@ -903,6 +909,22 @@ impl<S: BufStore> Conn<S> {
         self.events.pop_front()
     }
     /// The connection's counters.
+    /// Send-side completions (messages, RDMA Reads and Writes, probes) handled so far: the
+    /// driver's measure of whether outstanding sends make progress.
+    pub fn send_completions(&self) -> u64 {
+        self.send_wcs
+    }
+    /// Sends posted and not completed yet.
+    pub fn sends_in_flight(&self) -> usize {
+        self.tx.inflight.len()
+    }
+    /// The driver saw outstanding sends make no progress for `Config::send_stall_timeout`:
+    /// fail the connection with `TimedOut`, as TCP's retransmissions giving up.
+    pub fn fail_stalled(&mut self, now: Instant) {
+        self.fail(now, ConnError::TimedOut, true);
+        self.flush(now);
+    }
+
     pub fn stats(&self) -> &ConnStats {
         &self.stats
     }

@@ -385,10 +385,20 @@ fn rdma_stack(peer: Option<IpAddr>, local: Option<IpAddr>, iwarp: bool) -> io::R
     if let Some((_, _, s)) = g.iter().find(|(d, i, _)| *d == dev && *i == ip) {
         return Ok(s.clone());
     }
-    let s = Stack::with_provider(p, Config::default())?;
+    let cfg = Config {
+        send_stall_timeout: Some(RDMA_SEND_STALL),
+        ..Config::default()
+    };
+    let s = Stack::with_provider(p, cfg)?;
     g.push((dev, ip, s.clone()));
     Ok(s)
 }
+
+/// How long an RDMA connection's outstanding sends may go without a completion before it fails
+/// with ETIMEDOUT (`Config::send_stall_timeout`): beyond any RC retry budget a device uses
+/// (seconds), so it ends only a QP that hangs (Soft-RoCE after a link flap; TODO.md).
+#[cfg(feature = "rdma")]
+const RDMA_SEND_STALL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Why automatic mode does not use an iWARP device ([`Options::iwarp_allowed`]).
 #[cfg(feature = "rdma")]

@@ -429,6 +429,13 @@ impl Faults {
         self.world.lock().break_link(a, b);
     }
 
+    /// Cut the link as [`Faults::break_link`] does, but the requesters' retries never end: no
+    /// `RetryExceeded`, no error, no completion (a device whose QPs hang, as Soft-RoCE's do
+    /// after a link flap). Only the engine's own bounds can end such a connection.
+    pub fn stall_link(&self, a: IpAddr, b: IpAddr) {
+        self.world.lock().stall_link(a, b);
+    }
+
     /// Restore the link for messages sent from now on (anything sent before stays lost).
     pub fn heal_link(&self, a: IpAddr, b: IpAddr) {
         self.world.lock().heal_link(a, b);

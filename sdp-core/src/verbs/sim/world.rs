@@ -176,6 +176,8 @@ struct Link {
     extra: u64,
     jitter: u64,
     broken: bool,
+    /// Broken, and its requesters never time out (a stuck device: see `stall_link`).
+    stalled: bool,
     gen: u64,
 }
 
@@ -1440,6 +1442,15 @@ impl World {
         if let Some(s) = host.and_then(|h| self.stats_mut(h)) {
             s.messages_lost += 1;
         }
+        let stalled = self.qps.get(&src).is_some_and(|q| {
+            self.links
+                .get(&Self::link_key(q.host, q.peer_host))
+                .is_some_and(|l| l.stalled)
+        });
+        if stalled {
+            // A stuck device: no retry ever ends in an error.
+            return;
+        }
         let at = sent_at.saturating_add(self.cfg.transport_timeout_ns);
         self.schedule(at, Ev::Timeout { qp: src, seq });
     }
@@ -1803,8 +1814,16 @@ impl World {
         let l = self.link(a, b);
         if l.broken {
             l.broken = false;
+            l.stalled = false;
             l.gen += 1;
         }
+    }
+
+    pub fn stall_link(&mut self, a: IpAddr, b: IpAddr) {
+        let l = self.link(a, b);
+        l.broken = true;
+        l.stalled = true;
+        l.gen += 1;
     }
 
     fn bump_links_of(&mut self, ip: IpAddr) {
