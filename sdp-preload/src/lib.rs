@@ -615,9 +615,10 @@ fn carry_linger(from: c_int, s: &AppStream, o: &mut Opts) {
     let _ = s.set_linger(Some(std::time::Duration::from_secs(
         l.l_linger.max(0) as u64
     )));
-    let mut bytes = (1 as c_int).to_ne_bytes().to_vec();
-    bytes.extend_from_slice(&l.l_linger.to_ne_bytes());
-    o.stored.insert((libc::SOL_SOCKET, libc::SO_LINGER), bytes);
+    o.stored.insert(
+        (libc::SOL_SOCKET, libc::SO_LINGER),
+        opts::linger_bytes(true, l.l_linger),
+    );
 }
 
 #[no_mangle]

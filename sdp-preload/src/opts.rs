@@ -205,9 +205,7 @@ pub(crate) unsafe fn set(
                 })
             });
             let _ = st.set_linger(linger);
-            let mut v = (on as c_int).to_ne_bytes().to_vec();
-            v.extend_from_slice(&secs.to_ne_bytes());
-            o.stored.insert((level, name), v);
+            o.stored.insert((level, name), linger_bytes(on, secs));
             return 0;
         }
         (
@@ -257,4 +255,11 @@ pub(crate) unsafe fn set(
     };
     opts.lock().stored.insert((level, name), val);
     0
+}
+
+/// SO_LINGER as stored and read back: a `struct linger` (`l_onoff` 0 or 1, `l_linger`).
+pub(crate) fn linger_bytes(on: bool, secs: c_int) -> Vec<u8> {
+    let mut v = (on as c_int).to_ne_bytes().to_vec();
+    v.extend_from_slice(&secs.to_ne_bytes());
+    v
 }

@@ -777,12 +777,12 @@ impl<P: Provider + 'static> Runtime<P> {
     /// A connection's error is reported once, by the first read, write or SO_ERROR that
     /// meets it, as Linux clears `sk_err`; after that reads see EOF and writes EPIPE
     /// (`later`).
-    fn report_once(
+    fn report_once<T>(
         g: &mut Inner<P>,
         id: ConnId,
         e: CallError,
-        later: io::Result<usize>,
-    ) -> io::Result<usize> {
+        later: io::Result<T>,
+    ) -> io::Result<T> {
         if let (CallError::Conn(_), Some(s)) = (&e, g.socks.get_mut(&id)) {
             if s.error_taken {
                 return later;
@@ -1227,11 +1227,10 @@ impl<P: Provider + 'static> Shared<P> {
     }
 }
 
-/// Closing, as SO_LINGER says (see [`StackOps::set_linger`]).
+/// Closing (see [`StackOps::close`]).
 impl<P: Provider + 'static> Runtime<P> {
-    fn close_now(&self, id: ConnId) {
-        let Ok(mut g) = self.lock() else { return };
-        let now = self.now();
+    /// `close(2)` without a linger, under the lock.
+    fn close_locked(g: &mut Inner<P>, now: Instant, id: ConnId) {
         if let Some(p) = g.socks.get_mut(&id).and_then(|s| s.pump.as_mut()) {
             // Other processes may still hold the file: the pump closes when they all did.
             p.released = true;
@@ -1244,40 +1243,6 @@ impl<P: Provider + 'static> Runtime<P> {
         }
         g.socks.remove(&id);
         g.driver.close(now, id);
-    }
-
-    fn close_linger(&self, id: ConnId, linger: Duration) {
-        let pumped = {
-            let Ok(g) = self.lock() else { return };
-            g.socks.get(&id).is_some_and(|s| s.pump.is_some())
-        };
-        if pumped {
-            // Shared with other processes: the last holder's close ends it, as a TCP file's.
-            return self.close_now(id);
-        }
-        if linger.is_zero() {
-            let Ok(mut g) = self.lock() else { return };
-            let now = self.now();
-            g.socks.remove(&id);
-            g.driver.abort(now, id);
-            g.driver.release(now, id);
-            return;
-        }
-        let w = Wait {
-            timeout: Some(linger),
-            ..Wait::default()
-        };
-        // As TCP's close with a linger: blocks (nonblocking or not) until the peer has
-        // acknowledged every byte or the time is up; the close goes on either way.
-        let _ = self.block_on(w, |g, _| {
-            let backlog = g.socks.get(&id).map_or(0, |s| s.zbacklog.len());
-            let open = g
-                .driver
-                .view(id)
-                .is_some_and(|c| c.state() != State::Closed);
-            (!open || backlog + g.driver.tx_queued(id) == 0).then_some(Ok(()))
-        });
-        self.close_now(id);
     }
 }
 
@@ -1634,13 +1599,44 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     }
 
     fn close(&self, id: ConnId) {
-        let linger = match self.lock() {
-            Ok(g) => g.socks.get(&id).and_then(|s| s.linger),
-            Err(_) => return,
+        let linger = {
+            let Ok(mut g) = self.lock() else { return };
+            let now = self.now();
+            // A stream shared with other processes (pumped) ends with its last holder's close,
+            // as a TCP file does: no linger.
+            match g
+                .socks
+                .get(&id)
+                .filter(|s| s.pump.is_none())
+                .and_then(|s| s.linger)
+            {
+                None => return Self::close_locked(&mut g, now, id),
+                Some(l) if l.is_zero() => {
+                    g.socks.remove(&id);
+                    g.driver.abort(now, id);
+                    g.driver.release(now, id);
+                    return;
+                }
+                Some(l) => l,
+            }
         };
-        match linger {
-            Some(l) => self.close_linger(id, l),
-            None => self.close_now(id),
+        let w = Wait {
+            timeout: Some(linger),
+            ..Wait::default()
+        };
+        // As TCP's close with a linger: blocks (nonblocking or not) until the peer has
+        // acknowledged every byte or the time is up; the close goes on either way.
+        let _ = self.block_on(w, |g, _| {
+            let backlog = g.socks.get(&id).map_or(0, |s| s.zbacklog.len());
+            let open = g
+                .driver
+                .view(id)
+                .is_some_and(|c| c.state() != State::Closed);
+            (!open || backlog + g.driver.tx_queued(id) == 0).then_some(Ok(()))
+        });
+        if let Ok(mut g) = self.lock() {
+            let now = self.now();
+            Self::close_locked(&mut g, now, id);
         }
     }
 
@@ -1864,8 +1860,8 @@ impl<P: Provider + 'static> Runtime<P> {
     /// One nonblocking call on a socket in application-fd mode: `op`, and once more after a
     /// round of progress if it would block; then the application's fd `user` is brought up to
     /// date (a socket found not readable or not writable has its fd made so, under the lock).
-    /// [`Self::app_call`], reporting the connection's error once (as `report_once`): a call
-    /// after it was reported (by a read, a write, SO_ERROR) gets `later` instead.
+    /// [`Self::app_call`] for reads and writes: the connection's error is reported once
+    /// ([`Self::report_once`]); a call after it gets `later`.
     fn app_call_once<T>(
         &self,
         id: ConnId,
@@ -1873,12 +1869,7 @@ impl<P: Provider + 'static> Runtime<P> {
         later: io::Result<T>,
         op: impl FnMut(&mut Inner<P>, Instant) -> Result<T, CallError>,
     ) -> io::Result<T> {
-        let mut taken = None;
-        let r = self.app_call_inner(id, user, op, &mut taken);
-        match (r, taken) {
-            (Err(_), Some(true)) => later,
-            (r, _) => r,
-        }
+        self.app_call_inner(id, user, Some(later), op)
     }
 
     fn app_call<T>(
@@ -1887,17 +1878,17 @@ impl<P: Provider + 'static> Runtime<P> {
         user: RawFd,
         op: impl FnMut(&mut Inner<P>, Instant) -> Result<T, CallError>,
     ) -> io::Result<T> {
-        self.app_call_inner(id, user, op, &mut None)
+        self.app_call_inner(id, user, None, op)
     }
 
-    /// One nonblocking attempt (a round of progress first if it would block). A connection
-    /// error marks the error reported; `taken` is set to whether it had been before.
+    /// One nonblocking attempt (a round of progress first if it would block); with `later`,
+    /// a connection error goes through [`Self::report_once`].
     fn app_call_inner<T>(
         &self,
         id: ConnId,
         user: RawFd,
+        later: Option<io::Result<T>>,
         mut op: impl FnMut(&mut Inner<P>, Instant) -> Result<T, CallError>,
-        taken: &mut Option<bool>,
     ) -> io::Result<T> {
         let mut g = self.lock()?;
         let mut stepped = false;
@@ -1913,15 +1904,17 @@ impl<P: Provider + 'static> Runtime<P> {
                 }
                 continue;
             }
+            let r = match (r, later) {
+                (Err(e @ CallError::Conn(_)), Some(later)) => {
+                    Self::report_once(&mut g, id, e, later)
+                }
+                (r, _) => r.map_err(io_err),
+            };
             let Inner { driver, socks, .. } = &mut *g;
             if let Some(s) = socks.get_mut(&id) {
-                if matches!(r, Err(CallError::Conn(_))) {
-                    *taken = Some(s.error_taken);
-                    s.error_taken = true;
-                }
                 refresh_app(driver, id, s, Some(user));
             }
-            return r.map_err(io_err);
+            return r;
         }
     }
 }
