@@ -516,6 +516,21 @@ impl<P: Provider> Driver<P> {
                 e.conn.abort(now);
                 let _ = post_all(&mut e.conn, ep, &mut self.sends);
             }
+            // A provider that runs work requests in the caller (shm) completed them already:
+            // hand the completions to the engine now (freed buffers let queued data go), so
+            // nobody has to be woken for them (`Endpoint::post_send`).
+            let mut rounds = 0;
+            while drain_cq(&mut e.conn, ep, &mut self.scratch, now) > 0 {
+                rounds += 1;
+                if post_all(&mut e.conn, ep, &mut self.sends).is_err() {
+                    e.conn.abort(now);
+                    let _ = post_all(&mut e.conn, ep, &mut self.sends);
+                }
+                if rounds == MAX_POST_ROUNDS {
+                    ep.notify_pending();
+                    break;
+                }
+            }
             while let Some(crate::proto::CmAction::Disconnect) = e.conn.poll_cm() {
                 let r = ep.disconnect();
                 if matches!(r, Err(VerbsError::NotConnected)) && !e.conn.was_established() {
@@ -977,6 +992,9 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 
 /// Send-queue work requests posted with one call (one doorbell) at most.
 const POST_BATCH: usize = 16;
+
+/// Post-and-poll rounds of one pump at most; completions left then wake the progress thread.
+const MAX_POST_ROUNDS: usize = 64;
 
 /// Events kept for a connection waiting in a listen queue (besides `Closed`).
 const MAX_QUEUED_EVENTS: usize = 16;

@@ -298,7 +298,10 @@ pub trait MemoryRegion: Send {
 pub trait Endpoint: Send {
     /// Post a receive.
     fn post_recv(&mut self, wr: &RecvWr) -> Result<(), VerbsError>;
-    /// Post a SEND, RDMA Write or RDMA Read.
+    /// Post a SEND, RDMA Write or RDMA Read. A provider that executes work requests in the
+    /// caller (shm) may complete them at once: those completions wait in the CQ for the
+    /// caller's next `poll_cq` and do not make the notify fd readable (the driver polls right
+    /// after it posts; [`Endpoint::notify_pending`] when it leaves some behind).
     fn post_send(&mut self, wr: &SendWr) -> Result<(), VerbsError>;
     /// Post several send-queue work requests in order. A provider whose doorbell costs a
     /// system call (Soft-RoCE) rings it once for the whole list. On error, the requests
@@ -310,6 +313,10 @@ pub trait Endpoint: Send {
     fn poll_cq(&mut self, out: &mut [Completion]) -> usize;
     /// The next CM event on this endpoint, if any.
     fn poll_cm(&mut self) -> Option<CmEvent>;
+    /// The caller leaves completions in the CQ that a post made at once: make the notify fd
+    /// readable if the owner armed, as for any other completion. (Providers whose completions
+    /// always come through the notify fd have nothing to do.)
+    fn notify_pending(&self) {}
     /// True when nothing happened to the endpoint since it was last polled: `poll_cq` and
     /// `poll_cm` would find nothing and the provider has no work of its own pending on it
     /// (queued sends, a copy in progress, a check that is due). A cheap look (a few loads)

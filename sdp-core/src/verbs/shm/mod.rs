@@ -73,6 +73,9 @@ const OFF_INFLIGHT: usize = 320;
 /// The rkey of the region that copy touches (0: a posted receive, for a SEND), written before
 /// the odd value: an owner waits only for copies of the region it withdrew.
 const OFF_INFLIGHT_KEY: usize = 324;
+/// The peer has SENDs waiting for a posted receive (written by the peer, taken by the owner):
+/// posting receives writes the peer's eventfd only then, not for every receive.
+const OFF_RNR: usize = 384;
 /// Longest a deregistration waits for a peer's copy in flight whose process is alive (a peer
 /// stopped in the middle of its copy, SIGSTOP or a debugger; a dead one ends the wait at once).
 const COPY_DRAIN_MAX: Duration = Duration::from_millis(250);
@@ -1455,11 +1458,18 @@ impl ShmEndpoint {
                 if !local_ok(Access::empty()) {
                     return Exec::Fail(wc(wr, WcStatus::LocalProtection));
                 }
-                let head = peer.inbox.u32(OFF_HEAD).load(Ordering::Acquire);
-                let avail = head.wrapping_sub(self.sq_tail);
-                if avail == 0 {
-                    return Exec::Rnr;
+                let mut head = peer.inbox.u32(OFF_HEAD).load(Ordering::Acquire);
+                if head == self.sq_tail {
+                    // Ask the owner to wake us when it posts receives, then look once more:
+                    // it may have posted between our look and our ask (`post_recv`).
+                    peer.inbox.u32(OFF_RNR).store(1, Ordering::Relaxed);
+                    fence(Ordering::SeqCst);
+                    head = peer.inbox.u32(OFF_HEAD).load(Ordering::Acquire);
+                    if head == self.sq_tail {
+                        return Exec::Rnr;
+                    }
                 }
+                let avail = head.wrapping_sub(self.sq_tail);
                 if avail > peer.nslots {
                     return Exec::Fail(wc(wr, WcStatus::Other(WC_REM_OP_ERR)));
                 }
@@ -2092,7 +2102,17 @@ impl Endpoint for ShmEndpoint {
         ib.u32(OFF_HEAD).store(self.rq_head, Ordering::Release);
         self.recvs.push_back(*wr);
         if let Some(p) = &self.peer {
-            p.wake();
+            // Only a peer whose SENDs wait for a receive needs waking (`OFF_RNR`); SDP's
+            // credits keep that rare, and a wakeup per reposted receive cost the peer's
+            // progress thread a round per message.
+            fence(Ordering::SeqCst);
+            let w = ib.u32(OFF_RNR);
+            if w.load(Ordering::Relaxed) != 0 {
+                w.store(0, Ordering::Relaxed);
+                p.wake();
+            } else {
+                p.ring();
+            }
         }
         Ok(())
     }
@@ -2112,10 +2132,18 @@ impl Endpoint for ShmEndpoint {
         }
         self.pending.push_back(*wr);
         self.run_sends();
-        if !self.cq.is_empty() || !self.cm.is_empty() {
+        // Completions made here are the caller's to poll (`Endpoint::post_send`): waking our
+        // own progress thread for them cost a wakeup per message.
+        if !self.cm.is_empty() {
             self.self_notify();
         }
         Ok(())
+    }
+
+    fn notify_pending(&self) {
+        if !self.cq.is_empty() {
+            self.self_notify();
+        }
     }
 
     fn poll_cq(&mut self, out: &mut [Completion]) -> usize {
