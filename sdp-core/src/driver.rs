@@ -160,6 +160,8 @@ pub struct Driver<P: Provider> {
     conns: Table<Entry<P>>,
     listeners: Table<ListenEntry<P>>,
     scratch: Vec<Completion>,
+    /// Completions handled right after their post (`pump`), not yet counted by a round.
+    inline_done: usize,
     /// Send work requests gathered for one `post_sends`.
     sends: Vec<SendWr>,
     /// The time of the latest call that passed one (for calls that take none).
@@ -219,6 +221,7 @@ impl<P: Provider> Driver<P> {
                 };
                 64
             ],
+            inline_done: 0,
             sends: Vec::with_capacity(POST_BATCH),
             now: Instant::default(),
             touched: Vec::new(),
@@ -391,7 +394,7 @@ impl<P: Provider> Driver<P> {
     /// nothing happened, so a progress loop may go to sleep.
     pub fn poll(&mut self, now: Instant) -> usize {
         self.now = self.now.max(now);
-        let mut activity = 0;
+        let mut activity = self.take_inline_done();
         for lid in self.listeners.ids() {
             activity += self.tend_queue(now, lid);
             while let Some(le) = self.listeners.get_mut(lid) {
@@ -518,9 +521,15 @@ impl<P: Provider> Driver<P> {
             }
             // A provider that runs work requests in the caller (shm) completed them already:
             // hand the completions to the engine now (freed buffers let queued data go), so
-            // nobody has to be woken for them (`Endpoint::post_send`).
+            // nobody has to be woken for them (`Endpoint::post_send`). They count as activity
+            // of the next round (`Driver::poll`), whose callers wake waiters for it.
             let mut rounds = 0;
-            while drain_cq(&mut e.conn, ep, &mut self.scratch, now) > 0 {
+            loop {
+                let n = drain_inline(&mut e.conn, ep, &mut self.scratch, now);
+                if n == 0 {
+                    break;
+                }
+                self.inline_done += n;
                 rounds += 1;
                 if post_all(&mut e.conn, ep, &mut self.sends).is_err() {
                     e.conn.abort(now);
@@ -634,6 +643,37 @@ impl<P: Provider> Driver<P> {
     /// counters); `None` for an unknown id.
     pub fn view(&self, id: ConnId) -> Option<ConnView<'_, P>> {
         self.conns.get(id).map(|e| ConnView(&e.conn))
+    }
+
+    /// Completions handled right after their post since the last call (or round): a caller
+    /// that made some wakes other waiters, as a round of progress would have.
+    pub fn take_inline_done(&mut self) -> usize {
+        std::mem::take(&mut self.inline_done)
+    }
+
+    /// Direct wakeups ([`Endpoint::give_direct_wake`]): give the connection's peer `fd`.
+    /// False where the provider has none (or the id is unknown).
+    pub fn give_direct_wake(&mut self, id: ConnId, fd: std::os::fd::BorrowedFd<'_>) -> bool {
+        self.conns
+            .get_mut(id)
+            .and_then(|e| e.ep.as_mut())
+            .is_some_and(|ep| ep.give_direct_wake(fd))
+    }
+
+    /// Turn the connection's direct wakeups on or off ([`Endpoint::set_direct_wake`]).
+    pub fn set_direct_wake(&self, id: ConnId, on: bool, settle: bool) {
+        if let Some(ep) = self.conns.get(id).and_then(|e| e.ep.as_ref()) {
+            ep.set_direct_wake(on, settle);
+        }
+    }
+
+    /// Whether the connection's endpoint has nothing new ([`Endpoint::quiet`]); false for an
+    /// unknown id.
+    pub fn endpoint_quiet(&self, id: ConnId) -> bool {
+        self.conns
+            .get(id)
+            .and_then(|e| e.ep.as_ref())
+            .is_some_and(|ep| ep.quiet())
     }
 
     /// The connection's error, if it failed; `None` also for an unknown id.
@@ -962,6 +1002,27 @@ impl<P: Provider> CallerMemory<P> {
 }
 
 /// Feed the engine every completion waiting in the endpoint's CQ (none while connecting).
+/// [`Endpoint::poll_inline`] into the engine; how many.
+fn drain_inline<S: BufStore, E: Endpoint>(
+    conn: &mut Conn<S>,
+    ep: &mut E,
+    scratch: &mut [Completion],
+    now: Instant,
+) -> usize {
+    if conn.state() == State::Connecting {
+        return 0;
+    }
+    let mut total = 0;
+    loop {
+        let n = ep.poll_inline(scratch);
+        total += n;
+        conn.handle_completions(now, &scratch[..n]);
+        if n < scratch.len() {
+            return total;
+        }
+    }
+}
+
 fn drain_cq<S: BufStore, E: Endpoint>(
     conn: &mut Conn<S>,
     ep: &mut E,

@@ -114,6 +114,7 @@ fn send_wr(wr_id: u64, op: SendOp, sge: Option<Sge>) -> SendWr {
         op,
         sge,
         signaled: true,
+        solicited: false,
         payload: None,
     }
 }

@@ -83,6 +83,7 @@ fn send(wr_id: u64, mr: &SimMr, off: usize, len: u32) -> SendWr {
         op: SendOp::Send,
         sge: Some(mr.sge(off, len)),
         signaled: true,
+        solicited: false,
         payload: None,
     }
 }
@@ -93,6 +94,7 @@ fn write(wr_id: u64, mr: &SimMr, off: usize, len: u32, to: RemoteBuf) -> SendWr 
         op: SendOp::Write(to),
         sge: Some(mr.sge(off, len)),
         signaled: true,
+        solicited: false,
         payload: None,
     }
 }
@@ -103,6 +105,7 @@ fn read(wr_id: u64, mr: &SimMr, off: usize, len: u32, from: RemoteBuf) -> SendWr
         op: SendOp::Read(from),
         sge: Some(mr.sge(off, len)),
         signaled: true,
+        solicited: false,
         payload: None,
     }
 }
@@ -558,6 +561,7 @@ fn send_recv_in_order_with_byte_len() {
         op: SendOp::Send,
         sge: None,
         signaled: true,
+        solicited: false,
         payload: None,
     })
     .unwrap();
@@ -1144,6 +1148,7 @@ fn zero_length_write_is_a_probe() {
         op: SendOp::Write(to),
         sge: None,
         signaled: true,
+        solicited: false,
         payload: None,
     };
     let t0 = p.f.now();
@@ -1300,6 +1305,7 @@ fn broken_link_loses_messages_and_times_out() {
         op: SendOp::Write(rb(&amr, 0)),
         sge: None,
         signaled: false,
+        solicited: false,
         payload: None,
     })
     .unwrap();

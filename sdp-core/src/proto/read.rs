@@ -115,6 +115,7 @@ impl<S: BufStore> Conn<S> {
             op: SendOp::Read(remote),
             sge: Some(local),
             signaled: true,
+            solicited: false,
             payload: None,
         }));
     }

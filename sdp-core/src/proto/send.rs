@@ -378,6 +378,7 @@ impl<S: BufStore> Conn<S> {
             op: SendOp::Send,
             sge: Some(buf.sge(BSDH_LEN as u32 + len)),
             signaled: true,
+            solicited: true,
             payload: None,
         }));
     }
@@ -431,6 +432,7 @@ impl<S: BufStore> Conn<S> {
                 sge: Some(hdr.sge(BSDH_LEN as u32)),
                 payload: Some(payload),
                 signaled: true,
+                solicited: true,
             }));
             if done {
                 self.tx.queue.pop_front();
@@ -466,6 +468,8 @@ impl<S: BufStore> Conn<S> {
             op: SendOp::Send,
             sge: Some(buf.sge(n as u32)),
             signaled: true,
+            // An offer of data wakes the reader as data does.
+            solicited: mid == Mid::SrcAvail,
             payload: None,
         }));
         true

@@ -116,6 +116,7 @@ impl<S: BufStore> Conn<S> {
             op: SendOp::Write(RemoteBuf { addr: 0, rkey: 0 }),
             sge: None,
             signaled: true,
+            solicited: false,
             payload: None,
         }));
         self.timers

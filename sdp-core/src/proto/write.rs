@@ -468,6 +468,7 @@ impl<S: BufStore> Conn<S> {
             op: SendOp::Write(remote),
             sge: Some(local),
             signaled: true,
+            solicited: false,
             payload: None,
         }));
     }

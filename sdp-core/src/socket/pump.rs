@@ -97,8 +97,10 @@ impl Pump {
                         break;
                     }
                     Err(_) => {
-                        // The connection failed: the holders see the file reset.
+                        // The connection failed: the holders see the file reset (hung up
+                        // first: a peer's dup for direct wakeups may keep our end open).
                         self.out.clear();
+                        let _ = sys::shutdown(ours, libc::SHUT_RDWR);
                         self.ours = None;
                         return act + 1;
                     }

@@ -122,10 +122,23 @@ pub(crate) struct AppState {
 ///   (ECONNRESET, POLLERR), which is how a failed connection is shown.
 /// * rdhup: our end's write half is shut (EOF and POLLRDHUP on the user end).
 /// * hup: both halves of our end are shut (POLLHUP).
+///
+/// Direct wakeups (over shm): the peer's provider holds a dup of our end and writes a token
+/// into it itself for each SEND that brings data, while the runtime keeps them on (when the
+/// only thing an arriving message needs is a reader: the fd writable, nothing queued to send),
+/// so a reader blocked in epoll, poll or a blocking read wakes with one hop instead of two
+/// through the progress thread. Such tokens are unknown to `tokens`: a read that finds nothing
+/// takes them back ([`AppReady::take_direct_tokens`]) and then must look at the connection once
+/// more (the peer publishes its SEND before it writes the token). Because the peer's dup keeps
+/// our end alive, a failure also shuts our end down, so the user end hangs up at once.
 #[derive(Debug)]
 pub(crate) struct AppReady {
     ours: Option<OwnedFd>,
     tokens: bool,
+    /// The peer holds a dup of our end for direct wakeups.
+    pub(crate) direct: bool,
+    /// Direct wakeups are on now.
+    pub(crate) direct_on: bool,
     rx_seen: u64,
     writable: bool,
     rdhup: bool,
@@ -147,6 +160,8 @@ impl AppReady {
             AppReady {
                 ours: Some(ours),
                 tokens: false,
+                direct: false,
+                direct_on: false,
                 rx_seen: 0,
                 writable: true,
                 rdhup: false,
@@ -155,6 +170,24 @@ impl AppReady {
             },
             user,
         ))
+    }
+
+    /// Our end, to give the peer for direct wakeups.
+    pub(crate) fn ours_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.ours.as_ref().map(|o| o.as_fd())
+    }
+
+    /// A read found nothing: take back every token in the user end, the peer's direct ones
+    /// included (`tokens` does not count those). The caller then looks at the connection once
+    /// more and brings the fd up to date.
+    pub(crate) fn take_direct_tokens(&mut self, user: RawFd) {
+        if !self.direct || self.ours.is_none() || self.rdhup || self.hup {
+            return;
+        }
+        let mut b = [0u8; 256];
+        while sys::recv_nb(user, &mut b).unwrap_or(0) > 0 {}
+        self.tokens = false;
     }
 
     /// Give up the readiness protocol (the fd is shared, real bytes will flow): take back the
@@ -179,7 +212,12 @@ impl AppReady {
             return;
         };
         if st.err {
-            // Closing our end with the primer unread resets the user end.
+            // Closing our end with the primer unread resets the user end. A peer's dup for
+            // direct wakeups keeps our end open until it drops it: hang the user end up now,
+            // the reset follows.
+            if self.direct {
+                let _ = sys::shutdown(ours, libc::SHUT_RDWR);
+            }
             self.ours = None;
             return;
         }

@@ -10,6 +10,7 @@
 //! | `SDP_ZCOPY_STALL_US` | [`Tunables::zcopy_stall`] | 2 ms + the time of a slow copy |
 //! | `SDP_EXIT_LINGER_MS` | [`Tunables::exit_linger`] | 10 s |
 //! | `SDP_STAT` | [`Tunables::stat`] | on (`0` turns it off) |
+//! | `SDP_DIRECT_WAKE` | [`Tunables::direct_wake`] | on (`0` turns it off) |
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -34,6 +35,9 @@ pub(crate) struct Tunables {
     pub exit_linger: Duration,
     /// `SDP_STAT`: each stack answers `sdpstat` (`0` turns it off; `socket::stat`).
     pub stat: bool,
+    /// `SDP_DIRECT_WAKE`: an application fd's peer (over shm) wakes its reader straight, not
+    /// through this process's progress thread (`0` turns it off; `socket::ready::AppReady`).
+    pub direct_wake: bool,
 }
 
 /// The exit linger without `SDP_EXIT_LINGER_MS`.
@@ -51,6 +55,7 @@ impl Tunables {
             exit_linger: num("SDP_EXIT_LINGER_MS")
                 .map_or(DEFAULT_EXIT_LINGER, Duration::from_millis),
             stat: get("SDP_STAT").is_none_or(|v| v != "0"),
+            direct_wake: get("SDP_DIRECT_WAKE").is_none_or(|v| v != "0"),
         }
     }
 }

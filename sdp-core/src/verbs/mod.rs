@@ -20,7 +20,7 @@ pub mod shm;
 pub mod sim;
 
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 
 /// Private data of the consumer reject that answers a connect request when the listener's
 /// queue is full (its backlog: see `driver`, and docs/providers.md, "Listen backlog"). A
@@ -117,6 +117,11 @@ pub struct SendWr {
     pub payload: Option<Sge>,
     /// Ask for a completion even on success (SDP signals every send it needs to account for).
     pub signaled: bool,
+    /// SEND only: the message brings the peer's reader something (`IBV_SEND_SOLICITED`): data
+    /// or an offer of it. A provider with direct wakeups ([`Endpoint::give_direct_wake`]) wakes
+    /// the reader straight for these; the rest (credits, acknowledgements) go to the peer's
+    /// notify fd.
+    pub solicited: bool,
 }
 
 /// A work request for the receive queue.
@@ -299,9 +304,9 @@ pub trait Endpoint: Send {
     /// Post a receive.
     fn post_recv(&mut self, wr: &RecvWr) -> Result<(), VerbsError>;
     /// Post a SEND, RDMA Write or RDMA Read. A provider that executes work requests in the
-    /// caller (shm) may complete them at once: those completions wait in the CQ for the
-    /// caller's next `poll_cq` and do not make the notify fd readable (the driver polls right
-    /// after it posts; [`Endpoint::notify_pending`] when it leaves some behind).
+    /// caller (shm) may complete them at once: those completions wait in the CQ and do not
+    /// make the notify fd readable (the driver takes them right after it posts,
+    /// [`Endpoint::poll_inline`]; [`Endpoint::notify_pending`] when it leaves some behind).
     fn post_send(&mut self, wr: &SendWr) -> Result<(), VerbsError>;
     /// Post several send-queue work requests in order. A provider whose doorbell costs a
     /// system call (Soft-RoCE) rings it once for the whole list. On error, the requests
@@ -313,6 +318,25 @@ pub trait Endpoint: Send {
     fn poll_cq(&mut self, out: &mut [Completion]) -> usize;
     /// The next CM event on this endpoint, if any.
     fn poll_cm(&mut self) -> Option<CmEvent>;
+    /// Direct wakeups (a provider whose peer runs on this host: shm). Give the peer `fd`, a
+    /// socket; while direct wakeups are on ([`Endpoint::set_direct_wake`]) the peer writes one
+    /// byte into it for each solicited SEND it delivers here instead of making our notify fd
+    /// readable, so the thread that waits on the socket's other end wakes with one hop, not
+    /// two through a progress thread. False where the provider has no such path.
+    fn give_direct_wake(&mut self, _fd: BorrowedFd<'_>) -> bool {
+        false
+    }
+    /// Turn direct wakeups on or off. Once off, SENDs wake the notify fd again, and any that
+    /// went by a direct wakeup only has been made known to it; with `settle`, also returns
+    /// only once no byte of the peer's can arrive in the socket any more.
+    fn set_direct_wake(&self, _on: bool, _settle: bool) {}
+    /// Completions a post made at once (a provider that executes work requests in the
+    /// caller), taken without looking for anything new from the peer (no receive is
+    /// harvested): the driver hands them to the engine right after it posts. Providers whose
+    /// completions come later have none.
+    fn poll_inline(&mut self, _out: &mut [Completion]) -> usize {
+        0
+    }
     /// The caller leaves completions in the CQ that a post made at once: make the notify fd
     /// readable if the owner armed, as for any other completion. (Providers whose completions
     /// always come through the notify fd have nothing to do.)

@@ -780,6 +780,7 @@ fn junk_after_hello(rt: &Rt, dst: SocketAddr) -> Res<()> {
         op: SendOp::Send,
         sge: Some(junk.sge(0, 64)),
         signaled: true,
+        solicited: false,
         payload: None,
     };
     ep.post_send(&wr).map_err(|e| format!("post_send: {e}"))?;
@@ -1024,6 +1025,7 @@ fn grants(
             op: SendOp::Read(RemoteBuf { addr, rkey }),
             sge: Some(sink.sge(0, 4096)),
             signaled: true,
+            solicited: false,
             payload: None,
         };
         ep.post_send(&wr).map_err(|e| format!("post_send: {e}"))?;

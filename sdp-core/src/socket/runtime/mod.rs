@@ -512,6 +512,7 @@ impl<P: Provider + 'static> Runtime<P> {
                 r = f(&mut g, self.now());
             }
             if let Some(r) = r {
+                self.sh.after_call(&mut g);
                 if waited && w.spin.is_none() {
                     self.sh.spin.record(start.elapsed());
                 }
@@ -1045,6 +1046,15 @@ impl<P: Provider> Shared<P> {
 
     /// Progress was made: wake every caller that waits for it (on the condvar, or on the
     /// notify fd and its own eventfd).
+    /// After a call into the driver: completions it handled right after their post
+    /// (`Driver::take_inline_done`) may be what another caller waits for (room to write), as
+    /// a round's would be.
+    fn after_call(&self, g: &mut Inner<P>) {
+        if g.driver.take_inline_done() > 0 {
+            self.wake_waiters();
+        }
+    }
+
     fn wake_waiters(&self) {
         self.cond.notify_all();
         for &fd in self.sleepers.lock().iter() {
@@ -1153,9 +1163,25 @@ fn app_state<P: Provider>(driver: &Driver<P>, id: ConnId) -> AppState {
 }
 
 /// Bring a socket's application fd up to date; `user` when an application call holds it.
+/// Direct wakeups (`AppReady`) are on while an arriving message needs nothing but a reader:
+/// the fd writable and nothing of ours queued to send (both wait on the peer's messages, which
+/// then go through the progress thread).
 fn refresh_app<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut Sock, user: Option<RawFd>) {
     if let Some(a) = s.app.as_mut() {
-        a.update(app_state(driver, id), user);
+        let st = app_state(driver, id);
+        a.update(st, user);
+        if a.direct {
+            let want = st.writable
+                && !st.rdhup
+                && !st.hup
+                && !st.err
+                && s.zbacklog.is_empty()
+                && driver.tx_queued(id) == 0;
+            if want != a.direct_on {
+                a.direct_on = want;
+                driver.set_direct_wake(id, want, false);
+            }
+        }
     }
 }
 
@@ -1731,7 +1757,12 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         if s.app.is_some() {
             return Err(io::Error::from_raw_os_error(libc::EEXIST));
         }
-        let (app, user) = AppReady::new(nonblocking, cloexec)?;
+        let (mut app, user) = AppReady::new(nonblocking, cloexec)?;
+        if super::tunables::tunables().direct_wake {
+            if let Some(fd) = app.ours_fd() {
+                app.direct = driver.give_direct_wake(id, fd);
+            }
+        }
         s.app = Some(app);
         refresh_app(driver, id, s, Some(user.as_raw_fd()));
         Ok(user)
@@ -1739,7 +1770,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
 
     fn app_read(&self, id: ConnId, user: RawFd, buf: &mut [u8], peek: bool) -> io::Result<usize> {
         // As TCP's: a connection's error is reported once; reads after it see EOF.
-        self.app_call_once(id, user, Ok(0), |g, now| {
+        self.app_call_once(id, user, true, Ok(0), |g, now| {
             if peek {
                 g.driver
                     .peek(id, buf)
@@ -1753,7 +1784,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     fn app_write(&self, id: ConnId, user: RawFd, buf: &[u8]) -> io::Result<usize> {
         // ... and writes after it EPIPE.
         let later = Err(io::Error::from_raw_os_error(libc::EPIPE));
-        self.app_call_once(id, user, later, |g, now| {
+        self.app_call_once(id, user, false, later, |g, now| {
             if !Self::zsends_settled(g, now, id) {
                 return Err(CallError::WouldBlock);
             }
@@ -1819,6 +1850,11 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         let Some(app) = s.app.take() else {
             return Ok(());
         };
+        if app.direct {
+            // Real bytes will flow through the file: no token of the peer's may land among
+            // them.
+            driver.set_direct_wake(id, false, true);
+        }
         if let Some((ours, eof_out)) = app.into_ours(user) {
             let _ = sys::setsockopt_int(user, libc::SOL_SOCKET, libc::SO_SNDBUF, 1 << 20);
             let mut p = super::pump::Pump::new(ours, eof_out);
@@ -1866,10 +1902,11 @@ impl<P: Provider + 'static> Runtime<P> {
         &self,
         id: ConnId,
         user: RawFd,
+        reading: bool,
         later: io::Result<T>,
         op: impl FnMut(&mut Inner<P>, Instant) -> Result<T, CallError>,
     ) -> io::Result<T> {
-        self.app_call_inner(id, user, Some(later), op)
+        self.app_call_inner(id, user, reading, Some(later), op)
     }
 
     fn app_call<T>(
@@ -1878,15 +1915,17 @@ impl<P: Provider + 'static> Runtime<P> {
         user: RawFd,
         op: impl FnMut(&mut Inner<P>, Instant) -> Result<T, CallError>,
     ) -> io::Result<T> {
-        self.app_call_inner(id, user, None, op)
+        self.app_call_inner(id, user, false, None, op)
     }
 
     /// One nonblocking attempt (a round of progress first if it would block); with `later`,
-    /// a connection error goes through [`Self::report_once`].
+    /// a connection error goes through [`Self::report_once`]. A read (`reading`) that would
+    /// block takes the peer's direct tokens back (see `AppReady`).
     fn app_call_inner<T>(
         &self,
         id: ConnId,
         user: RawFd,
+        reading: bool,
         later: Option<io::Result<T>>,
         mut op: impl FnMut(&mut Inner<P>, Instant) -> Result<T, CallError>,
     ) -> io::Result<T> {
@@ -1897,6 +1936,7 @@ impl<P: Provider + 'static> Runtime<P> {
                 return Err(io::Error::from_raw_os_error(libc::EBADF));
             }
             let r = op(&mut g, self.now());
+            self.sh.after_call(&mut g);
             if matches!(r, Err(CallError::WouldBlock)) && !stepped {
                 stepped = true;
                 if self.sh.step(&mut g) > 0 {
@@ -1911,8 +1951,26 @@ impl<P: Provider + 'static> Runtime<P> {
                 (r, _) => r.map_err(io_err),
             };
             let Inner { driver, socks, .. } = &mut *g;
-            if let Some(s) = socks.get_mut(&id) {
-                refresh_app(driver, id, s, Some(user));
+            let Some(s) = socks.get_mut(&id) else {
+                return r;
+            };
+            refresh_app(driver, id, s, Some(user));
+            let would_block = matches!(&r, Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+            if reading && would_block {
+                if let Some(a) = s.app.as_mut().filter(|a| a.direct) {
+                    a.take_direct_tokens(user);
+                    // A token taken back may announce a SEND published after our round: look
+                    // again (the peer rings the bell before it writes the token).
+                    if !driver.endpoint_quiet(id) {
+                        if self.sh.step(&mut g) > 0 {
+                            self.sh.wake_waiters();
+                        }
+                        let Inner { driver, socks, .. } = &mut *g;
+                        if let Some(s) = socks.get_mut(&id) {
+                            refresh_app(driver, id, s, Some(user));
+                        }
+                    }
+                }
             }
             return r;
         }

@@ -76,6 +76,13 @@ const OFF_INFLIGHT_KEY: usize = 324;
 /// The peer has SENDs waiting for a posted receive (written by the peer, taken by the owner):
 /// posting receives writes the peer's eventfd only then, not for every receive.
 const OFF_RNR: usize = 384;
+/// Direct wakeups (`Endpoint::give_direct_wake`): the owner's switch, 1 on (owner writes).
+const OFF_DIRECT: usize = 448;
+/// Direct wakeups under way: the peer raises it before it looks at `OFF_DIRECT` and lowers it
+/// once its byte is written, so an owner turning them off can wait until no byte can come.
+const OFF_DIRECT_BUSY: usize = 512;
+/// Longest `set_direct_wake(false, settle)` waits for a live peer's byte in flight.
+const DIRECT_SETTLE_MAX: Duration = Duration::from_millis(250);
 /// Longest a deregistration waits for a peer's copy in flight whose process is alive (a peer
 /// stopped in the middle of its copy, SIGSTOP or a debugger; a dead one ends the wait at once).
 const COPY_DRAIN_MAX: Duration = Duration::from_millis(250);
@@ -138,6 +145,8 @@ const M_RTU: u8 = 4;
 /// exited (a connector that connects and exits at once is half gone when we look).
 const RTU_EXIT_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 const M_DISC: u8 = 5;
+/// After the handshake: the sender's direct-wakeup socket (one fd; `give_direct_wake`).
+const M_WAKE: u8 = 6;
 /// 2: fds only after the sender probed the other side (REQ none, ACC the acceptor's, RTU the
 /// connector's). 3: a fourth fd, the bell page, and the sender's bell.
 const M_VERSION: u8 = 3;
@@ -313,6 +322,7 @@ struct Inner {
     next_port: AtomicU32,
     refused_uid: AtomicU64,
     wakeups: Arc<AtomicU64>,
+    direct_wakeups: Arc<AtomicU64>,
     /// Chunks of peers' RDMA Reads and Writes this provider copied for them (`assist`).
     assisted: AtomicU64,
 }
@@ -560,6 +570,7 @@ impl ShmProvider {
                 next_port: AtomicU32::new(sys::getpid_now() as u32),
                 refused_uid: AtomicU64::new(0),
                 wakeups: Arc::new(AtomicU64::new(0)),
+                direct_wakeups: Arc::new(AtomicU64::new(0)),
                 assisted: AtomicU64::new(0),
             }),
         })
@@ -578,6 +589,12 @@ impl ShmProvider {
     /// Eventfd writes this provider made to wake peers (a busy peer gets none).
     pub fn wakeups_sent(&self) -> u64 {
         self.inner.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// Bytes this provider wrote into peers' direct-wakeup sockets instead of their eventfds
+    /// (`Endpoint::give_direct_wake`).
+    pub fn direct_wakeups_sent(&self) -> u64 {
+        self.inner.direct_wakeups.load(Ordering::Relaxed)
     }
 
     /// Chunks of peers' large RDMA Reads and Writes this provider copied for them while
@@ -638,6 +655,9 @@ struct Peer {
     bells: Mapping,
     bell: Option<usize>,
     wakeups: Arc<AtomicU64>,
+    /// The peer's direct-wakeup socket (`M_WAKE`), used while its `OFF_DIRECT` is on.
+    direct: Option<OwnedFd>,
+    direct_wakeups: Arc<AtomicU64>,
 }
 
 impl Peer {
@@ -704,6 +724,8 @@ impl Peer {
             bells,
             bell,
             wakeups: inner.wakeups.clone(),
+            direct: None,
+            direct_wakeups: inner.direct_wakeups.clone(),
         })
     }
 
@@ -742,6 +764,32 @@ impl Peer {
     fn ring(&self) {
         if let Some(b) = self.bell {
             self.bells.u32(b).store(1, Ordering::Release);
+        }
+    }
+
+    /// After a solicited SEND: while the peer has direct wakeups on, one byte into its socket
+    /// wakes its reader with one hop (the bell rung first, the eventfd left alone); else as
+    /// [`Peer::wake`]. The byte goes only to a socket the peer gave us for this connection.
+    fn wake_solicited(&self) {
+        let Some(fd) = self.direct.as_ref() else {
+            return self.wake();
+        };
+        self.ring();
+        let busy = self.inbox.u32(OFF_DIRECT_BUSY);
+        // The raise is a full barrier: the bell above is visible before we read the switch,
+        // so an owner that turns it off and then looks at its bell sees this SEND.
+        busy.fetch_add(1, Ordering::SeqCst);
+        let sent = self.inbox.u32(OFF_DIRECT).load(Ordering::SeqCst) != 0
+            && match sys::send_nb(fd.as_raw_fd(), &[1]) {
+                Ok(_) => true,
+                // Bytes wait in the socket already: the reader will look.
+                Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+            };
+        busy.fetch_sub(1, Ordering::SeqCst);
+        if sent {
+            self.direct_wakeups.fetch_add(1, Ordering::Relaxed);
+        } else if signal_if_armed(&self.bells, self.evfd.as_fd()) {
+            self.wakeups.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -1298,6 +1346,7 @@ fn publish_send(
     sq_tail: &mut u32,
     base: usize,
     len: u32,
+    solicited: bool,
     r: std::io::Result<()>,
 ) -> Result<(), WcStatus> {
     let (status, ret) = match r {
@@ -1307,18 +1356,29 @@ fn publish_send(
         }
         Err(_) => (ST_REM_OP, Err(WcStatus::Other(WC_REM_OP_ERR))),
     };
-    publish_slot(peer, sq_tail, base, len, status);
+    publish_slot(peer, sq_tail, base, len, solicited, status);
     ret
 }
 
 /// Publish one slot of the peer's inbox (result, status), then the tail; wake the peer.
-fn publish_slot(peer: &Peer, sq_tail: &mut u32, base: usize, len: u32, status: u32) {
+fn publish_slot(
+    peer: &Peer,
+    sq_tail: &mut u32,
+    base: usize,
+    len: u32,
+    solicited: bool,
+    status: u32,
+) {
     let ib = &peer.inbox;
     ib.u32(base + S_RESULT).store(len, Ordering::Relaxed);
     ib.u32(base + S_STATUS).store(status, Ordering::Relaxed);
     *sq_tail = sq_tail.wrapping_add(1);
     ib.u32(OFF_TAIL).store(*sq_tail, Ordering::Release);
-    peer.wake();
+    if solicited && (status == ST_OK || status == ST_INLINE) {
+        peer.wake_solicited();
+    } else {
+        peer.wake();
+    }
 }
 
 /// A work request that went through: its completion if it asked for one.
@@ -1544,13 +1604,13 @@ impl ShmEndpoint {
                         }
                     };
                     drop(_copy);
-                    let ret = publish_send(peer, &mut self.sq_tail, base, len, r);
+                    let ret = publish_send(peer, &mut self.sq_tail, base, len, wr.solicited, r);
                     match ret {
                         Ok(()) => return done(len),
                         Err(st) => return Exec::Fail(wc(wr, st)),
                     }
                 };
-                publish_slot(peer, &mut self.sq_tail, base, len, status);
+                publish_slot(peer, &mut self.sq_tail, base, len, wr.solicited, status);
                 match ret {
                     Ok(()) => done(len),
                     Err(st) => Exec::Fail(wc(wr, st)),
@@ -1647,7 +1707,9 @@ impl ShmEndpoint {
         };
         let ret = match c.then {
             Then::Send { base, len } => match self.peer.as_ref() {
-                Some(peer) => publish_send(peer, &mut self.sq_tail, base, len, r).map(|()| len),
+                Some(peer) => {
+                    publish_send(peer, &mut self.sq_tail, base, len, wr.solicited, r).map(|()| len)
+                }
                 None => Err(WcStatus::Flushed),
             },
             Then::Rdma { len, .. } => rdma_result(r).map(|()| len),
@@ -2029,6 +2091,11 @@ impl ShmEndpoint {
                             }
                         }
                         (QpState::Ready, M_DISC) => self.peer_closed(),
+                        (QpState::Ready, M_WAKE) => {
+                            if let (Some(p), 1) = (self.peer.as_mut(), fds.len()) {
+                                p.direct = fds.into_iter().next();
+                            }
+                        }
                         (QpState::Pending, M_DISC) => {
                             self.state = QpState::Error;
                             self.cm.push_back(CmEvent::ConnectError);
@@ -2140,9 +2207,61 @@ impl Endpoint for ShmEndpoint {
         Ok(())
     }
 
+    fn poll_inline(&mut self, out: &mut [Completion]) -> usize {
+        let n = out.len().min(self.cq.len());
+        for (slot, c) in out.iter_mut().zip(self.cq.drain(..n)) {
+            *slot = c;
+        }
+        n
+    }
+
     fn notify_pending(&self) {
         if !self.cq.is_empty() {
             self.self_notify();
+        }
+    }
+
+    fn give_direct_wake(&mut self, fd: BorrowedFd<'_>) -> bool {
+        let (QpState::Ready, Some(sock), Some(_)) = (self.state, self.sock.as_ref(), &self.peer)
+        else {
+            return false;
+        };
+        let m = encode(&Msg {
+            kind: M_WAKE,
+            consumer: false,
+            bell: NO_BELL,
+            nslots: 0,
+            probe: 0,
+            addr: self.local,
+            pd: &[],
+        });
+        sys::send_msg(sock.as_fd(), &m, &[fd]).is_ok()
+    }
+
+    fn set_direct_wake(&self, on: bool, settle: bool) {
+        let sw = self.inbox.u32(OFF_DIRECT);
+        if on {
+            sw.store(1, Ordering::SeqCst);
+            return;
+        }
+        sw.store(0, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        // A SEND the peer announced by a direct byte only (it read the switch before we
+        // turned it off) rang our bell first: make it known to the notify fd as well.
+        let rung = bell_off(self.token)
+            .is_none_or(|b| self.inner.bells.u32(b).load(Ordering::Relaxed) != 0);
+        if rung {
+            self.self_notify();
+        }
+        if settle {
+            let busy = self.inbox.u32(OFF_DIRECT_BUSY);
+            let start = Instant::now();
+            while busy.load(Ordering::SeqCst) != 0
+                && start.elapsed() < DIRECT_SETTLE_MAX
+                && self.peer_proc.as_ref().is_some_and(|p| p.alive())
+            {
+                std::thread::sleep(Duration::from_micros(50));
+            }
         }
     }
 

@@ -97,6 +97,7 @@ fn op_status(f: &SimFabric, ep: &mut SimEndpoint, sink: &SimMr, op: SendOp, len:
         sge: Some(sink.sge(0, len)),
         payload: None,
         signaled: true,
+        solicited: false,
     };
     ep.post_send(&wr).unwrap();
     f.run_until_idle(u64::MAX);
