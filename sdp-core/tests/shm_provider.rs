@@ -1011,6 +1011,130 @@ fn notify_fd_after_arm() {
     assert_eq!(wait_cm(&mut y, Duration::ZERO), Some(CmEvent::Disconnected));
 }
 
+/// Posting receives writes the peer's eventfd only when its SENDs wait for a receive: before,
+/// every reposted receive woke the peer's progress thread, a wakeup per message (issue 15).
+#[test]
+fn posted_receives_wake_the_peer_only_when_its_sends_wait() {
+    let a = prov();
+    let b = prov();
+    let (mut x, mut y) = pair(&a, &b);
+    let r = b.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let s = a.reg_mr(64, Access::empty()).unwrap();
+    a.arm().unwrap();
+    let before = b.wakeups_sent();
+    for i in 0..3 {
+        y.post_recv(&RecvWr {
+            wr_id: i,
+            sge: r.sge(0, 64),
+        })
+        .unwrap();
+    }
+    assert_eq!(
+        b.wakeups_sent(),
+        before,
+        "receives woke a peer with nothing waiting"
+    );
+    for i in 0..3 {
+        x.post_send(&send_wr(i, SendOp::Send, Some(s.sge(0, 64))))
+            .unwrap();
+    }
+    assert_eq!(poll_n(&mut y, 3, T).len(), 3);
+    assert_eq!(poll_n(&mut x, 3, T).len(), 3);
+    // No receive left: the next SEND waits for one, and the receive posted then wakes x.
+    x.post_send(&send_wr(9, SendOp::Send, Some(s.sge(0, 64))))
+        .unwrap();
+    assert!(poll_n(&mut x, 1, Duration::ZERO).is_empty());
+    a.arm().unwrap();
+    let before = b.wakeups_sent();
+    y.post_recv(&RecvWr {
+        wr_id: 9,
+        sge: r.sge(0, 64),
+    })
+    .unwrap();
+    assert_eq!(b.wakeups_sent(), before + 1, "a waiting SEND was not woken");
+    assert_eq!(poll_n(&mut x, 1, T)[0].wr_id, 9);
+    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 9);
+}
+
+/// Direct wakeups (issue 15): while the owner has them on, a solicited SEND writes one byte
+/// into the socket the owner gave its peer and leaves the owner's notify fd alone; unsolicited
+/// SENDs, and every SEND once they are off, wake the notify fd; turning them off after a SEND
+/// that went by the byte only makes the notify fd readable, so nothing is lost.
+#[test]
+fn direct_wakeups_go_to_the_given_socket_while_on() {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    let a = prov();
+    let b = prov();
+    let (mut x, mut y) = pair(&a, &b);
+    let fd = b.notify_fd().expect("fd");
+    let r = b.reg_mr(64 * 8, Access::LOCAL_WRITE).unwrap();
+    let s = a.reg_mr(64, Access::empty()).unwrap();
+    for i in 0..8 {
+        y.post_recv(&RecvWr {
+            wr_id: i,
+            sge: r.sge(64 * i as usize, 64),
+        })
+        .unwrap();
+    }
+    let (mut user, ours) = std::os::unix::net::UnixStream::pair().unwrap();
+    user.set_nonblocking(true).unwrap();
+    let bytes = |user: &mut std::os::unix::net::UnixStream| {
+        let mut b = [0u8; 16];
+        user.read(&mut b).unwrap_or(0)
+    };
+    assert!(y.give_direct_wake(ours.as_fd()));
+    y.set_direct_wake(true, false);
+    // x's provider takes the socket from the rendezvous socket when it looks there.
+    let until = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < until {
+        a.arm().unwrap();
+        while x.poll_cm().is_some() {}
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let solicited = |wr_id| SendWr {
+        solicited: true,
+        ..send_wr(wr_id, SendOp::Send, Some(s.sge(0, 64)))
+    };
+
+    // On: a solicited SEND goes by the byte only.
+    b.arm().unwrap();
+    let direct = a.direct_wakeups_sent();
+    x.post_send(&solicited(0)).unwrap();
+    assert_eq!(a.direct_wakeups_sent(), direct + 1);
+    assert_eq!(bytes(&mut user), 1, "no byte in the given socket");
+    assert!(!readable(fd, 20), "the notify fd woke for a direct SEND");
+    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 0);
+
+    // An unsolicited SEND (credits, acknowledgements) wakes the notify fd.
+    b.arm().unwrap();
+    x.post_send(&send_wr(1, SendOp::Send, Some(s.sge(0, 64))))
+        .unwrap();
+    assert!(readable(fd, 2000), "no wakeup for an unsolicited SEND");
+    assert_eq!(bytes(&mut user), 0);
+    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 1);
+
+    // On, a SEND by the byte only, then off: the notify fd knows of it.
+    b.arm().unwrap();
+    x.post_send(&solicited(2)).unwrap();
+    assert_eq!(bytes(&mut user), 1);
+    assert!(!readable(fd, 0));
+    y.set_direct_wake(false, true);
+    assert!(
+        readable(fd, 0),
+        "a SEND announced by the byte only was lost"
+    );
+    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 2);
+
+    // Off: solicited SENDs wake the notify fd, no byte.
+    b.arm().unwrap();
+    x.post_send(&solicited(3)).unwrap();
+    assert!(readable(fd, 2000));
+    assert_eq!(bytes(&mut user), 0);
+    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 3);
+    assert_eq!(poll_n(&mut x, 4, T).len(), 4);
+}
+
 #[test]
 fn many_connections() {
     let a = prov();

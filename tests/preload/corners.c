@@ -282,6 +282,31 @@ static void case_oneshot_and_level(void) {
     finish(pid, s);
 }
 
+static void peer_three_messages(int s) {
+    for (int i = 0; i < 3; i++) {
+        CHECK(write(s, "abc", 3) == 3);
+        await(p2c[0]);
+    }
+}
+
+/* A read that takes exactly what arrived leaves the socket not readable (a select loop must
+ * not then block in a read): under the shim a direct wakeup's token was once left behind. */
+static void case_exact_reads(void) {
+    int s;
+    pid_t pid = start(peer_three_messages, &s);
+    for (int i = 0; i < 3; i++) {
+        struct pollfd pfd = {.fd = s, .events = POLLIN};
+        int n = poll(&pfd, 1, 5000);
+        char b[3];
+        ssize_t r = read(s, b, 3);
+        pfd.revents = 0;
+        int after = poll(&pfd, 1, 0);
+        out("exact read %d: poll n=%d, read %zd, then poll n=%d", i, n, r, after);
+        tell(p2c[1]);
+    }
+    finish(pid, s);
+}
+
 static void peer_two_writes(int s) {
     CHECK(write(s, "abc", 3) == 3);
     sleep_ms(30);
@@ -1024,6 +1049,7 @@ int main(int argc, char **argv) {
     RUN(fd_numbers);
     RUN(epoll_et);
     RUN(oneshot_and_level);
+    RUN(exact_reads);
     RUN(waitall);
     RUN(errors);
     RUN(nonblocking_connect);

@@ -267,6 +267,8 @@ struct Inner<P: Provider> {
     next_token: u64,
     /// Scratch for the connections a round of progress looks at ([`Driver::take_touched`]).
     touched: Vec<ConnId>,
+    /// The connection whose application call runs the current round, if one does.
+    in_app_call: Option<ConnId>,
     /// Sockets with a pump (shared application fds), so rounds without any skip the walk.
     pumps: usize,
 }
@@ -377,6 +379,7 @@ impl<P: Provider + 'static> Runtime<P> {
                 lsocks: HashMap::new(),
                 next_token: 1,
                 touched: Vec::new(),
+                in_app_call: None,
                 pumps: 0,
             }),
             cond: Condvar::new(),
@@ -1002,6 +1005,7 @@ impl<P: Provider + 'static> Shared<P> {
             socks,
             lsocks,
             touched,
+            in_app_call,
             ..
         } = g;
         for (lid, ls) in lsocks.iter_mut() {
@@ -1015,6 +1019,7 @@ impl<P: Provider + 'static> Shared<P> {
             let Some(s) = socks.get_mut(&id) else {
                 continue;
             };
+
             for ev in driver.take_events(id) {
                 match ev {
                     Event::ZcopySent { token, bytes } | Event::ZcopyReceived { token, bytes } => {
@@ -1024,6 +1029,11 @@ impl<P: Provider + 'static> Shared<P> {
                 }
             }
             settle_zsends(driver, now, id, s);
+            if s.app.is_some() && *in_app_call == Some(id) {
+                // The application call that runs this round brings its fd up to date itself
+                // once it has read: a token now would only be taken back (`app_call_inner`).
+                continue;
+            }
             refresh_sock(driver, id, s);
         }
         act
@@ -1044,8 +1054,6 @@ impl<P: Provider> Shared<P> {
         now.saturating_sub(self.last_call.load(Ordering::Relaxed)) < STANDBY.as_nanos() as u64
     }
 
-    /// Progress was made: wake every caller that waits for it (on the condvar, or on the
-    /// notify fd and its own eventfd).
     /// After a call into the driver: completions it handled right after their post
     /// (`Driver::take_inline_done`) may be what another caller waits for (room to write), as
     /// a round's would be.
@@ -1055,6 +1063,8 @@ impl<P: Provider> Shared<P> {
         }
     }
 
+    /// Progress was made: wake every caller that waits for it (on the condvar, or on the
+    /// notify fd and its own eventfd).
     fn wake_waiters(&self) {
         self.cond.notify_all();
         for &fd in self.sleepers.lock().iter() {
@@ -1919,8 +1929,8 @@ impl<P: Provider + 'static> Runtime<P> {
     }
 
     /// One nonblocking attempt (a round of progress first if it would block); with `later`,
-    /// a connection error goes through [`Self::report_once`]. A read (`reading`) that would
-    /// block takes the peer's direct tokens back (see `AppReady`).
+    /// a connection error goes through [`Self::report_once`]. A read (`reading`) that leaves
+    /// nothing to read takes the peer's direct tokens back (see `AppReady`).
     fn app_call_inner<T>(
         &self,
         id: ConnId,
@@ -1931,6 +1941,24 @@ impl<P: Provider + 'static> Runtime<P> {
     ) -> io::Result<T> {
         let mut g = self.lock()?;
         let mut stepped = false;
+        if reading
+            && g.socks
+                .get(&id)
+                .and_then(|s| s.app.as_ref())
+                .is_some_and(|a| a.direct)
+            && !g.driver.endpoint_quiet(id)
+        {
+            // A direct wakeup brought the application here before any round took the SENDs
+            // it announced: take them first, so the read returns everything that arrived
+            // before the edge, as TCP's does.
+            stepped = true;
+            g.in_app_call = Some(id);
+            let act = self.sh.step(&mut g);
+            g.in_app_call = None;
+            if act > 0 {
+                self.sh.wake_waiters();
+            }
+        }
         loop {
             if !g.socks.contains_key(&id) {
                 return Err(io::Error::from_raw_os_error(libc::EBADF));
@@ -1939,7 +1967,10 @@ impl<P: Provider + 'static> Runtime<P> {
             self.sh.after_call(&mut g);
             if matches!(r, Err(CallError::WouldBlock)) && !stepped {
                 stepped = true;
-                if self.sh.step(&mut g) > 0 {
+                g.in_app_call = Some(id);
+                let act = self.sh.step(&mut g);
+                g.in_app_call = None;
+                if act > 0 {
                     self.sh.wake_waiters();
                 }
                 continue;
@@ -1955,8 +1986,10 @@ impl<P: Provider + 'static> Runtime<P> {
                 return r;
             };
             refresh_app(driver, id, s, Some(user));
-            let would_block = matches!(&r, Err(e) if e.kind() == io::ErrorKind::WouldBlock);
-            if reading && would_block {
+            // A read that leaves nothing to read (it took everything, or found nothing) takes
+            // the peer's tokens back: left there, the fd would poll readable for nothing.
+            let drained = reading && !driver.view(id).is_some_and(|c| c.read_ready());
+            if drained {
                 if let Some(a) = s.app.as_mut().filter(|a| a.direct) {
                     a.take_direct_tokens(user);
                     // A token taken back may announce a SEND published after our round: look

@@ -154,7 +154,7 @@ const M_HDR: usize = 40;
 
 /// A busy listener looks for new connections at least this often (epoll's hint brings them at
 /// once to an idle one).
-const LISTEN_CHECK: Duration = Duration::from_micros(200);
+const LISTEN_CHECK: Duration = Duration::from_millis(1);
 
 const TOKEN_EVFD: u64 = 0;
 const TOKEN_TIMER: u64 = 1;
@@ -706,6 +706,8 @@ impl Peer {
             .map_err(|e| format!("SDP shm: cannot map the peer's key table: {e}"))?;
         sys::set_nonblocking(evfd.as_fd())
             .map_err(|e| format!("SDP shm: bad handshake (eventfd): {e}"))?;
+        // Kept for the connection's life: out of the application's range of fd numbers.
+        let evfd = sys::high_owned(evfd);
         match sys::probe(&proc, probe) {
             Ok(true) => {}
             Ok(false) => return Err("SDP shm: peer memory probe mismatch".into()),
@@ -2093,7 +2095,9 @@ impl ShmEndpoint {
                         (QpState::Ready, M_DISC) => self.peer_closed(),
                         (QpState::Ready, M_WAKE) => {
                             if let (Some(p), 1) = (self.peer.as_mut(), fds.len()) {
-                                p.direct = fds.into_iter().next();
+                                // Out of the application's range of fd numbers at once, as
+                                // every fd of ours (a program's double close must not hit it).
+                                p.direct = fds.into_iter().next().map(sys::high_owned);
                             }
                         }
                         (QpState::Pending, M_DISC) => {
