@@ -185,8 +185,7 @@ impl AppReady {
         if !self.direct || self.ours.is_none() || self.rdhup || self.hup {
             return;
         }
-        let mut b = [0u8; 256];
-        while sys::recv_nb(user, &mut b).unwrap_or(0) > 0 {}
+        take_tokens(user);
         self.tokens = false;
     }
 
@@ -251,8 +250,7 @@ impl AppReady {
             self.rx_seen = st.rx_total;
         } else if self.tokens {
             if let Some(u) = user {
-                let mut b = [0u8; 256];
-                while sys::recv_nb(u, &mut b).unwrap_or(0) > 0 {}
+                take_tokens(u);
                 self.tokens = false;
             }
         }
@@ -271,6 +269,13 @@ impl AppReady {
             }
         }
     }
+}
+
+/// Read the tokens queued in the user end `fd`. A short read emptied the queue: no second
+/// call to see EAGAIN (a token that comes after is for data the caller looks for next).
+fn take_tokens(fd: RawFd) {
+    let mut b = [0u8; 256];
+    while sys::recv_nb(fd, &mut b).unwrap_or(0) == b.len() {}
 }
 
 /// Read everything queued on `fd` but its first byte (the primer).
