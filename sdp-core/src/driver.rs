@@ -1001,20 +1001,19 @@ impl<P: Provider> CallerMemory<P> {
     }
 }
 
-/// Feed the engine every completion waiting in the endpoint's CQ (none while connecting).
-/// [`Endpoint::poll_inline`] into the engine; how many.
-fn drain_inline<S: BufStore, E: Endpoint>(
+/// Feed the engine every completion `poll` gives (none while connecting); how many.
+fn drain_with<S: BufStore>(
     conn: &mut Conn<S>,
-    ep: &mut E,
     scratch: &mut [Completion],
     now: Instant,
+    mut poll: impl FnMut(&mut [Completion]) -> usize,
 ) -> usize {
     if conn.state() == State::Connecting {
         return 0;
     }
     let mut total = 0;
     loop {
-        let n = ep.poll_inline(scratch);
+        let n = poll(scratch);
         total += n;
         conn.handle_completions(now, &scratch[..n]);
         if n < scratch.len() {
@@ -1023,24 +1022,24 @@ fn drain_inline<S: BufStore, E: Endpoint>(
     }
 }
 
+/// Every completion waiting in the endpoint's CQ, into the engine.
 fn drain_cq<S: BufStore, E: Endpoint>(
     conn: &mut Conn<S>,
     ep: &mut E,
     scratch: &mut [Completion],
     now: Instant,
 ) -> usize {
-    if conn.state() == State::Connecting {
-        return 0;
-    }
-    let mut total = 0;
-    loop {
-        let n = ep.poll_cq(scratch);
-        total += n;
-        conn.handle_completions(now, &scratch[..n]);
-        if n < scratch.len() {
-            return total;
-        }
-    }
+    drain_with(conn, scratch, now, |out| ep.poll_cq(out))
+}
+
+/// The completions a post made at once ([`Endpoint::poll_inline`]), into the engine.
+fn drain_inline<S: BufStore, E: Endpoint>(
+    conn: &mut Conn<S>,
+    ep: &mut E,
+    scratch: &mut [Completion],
+    now: Instant,
+) -> usize {
+    drain_with(conn, scratch, now, |out| ep.poll_inline(out))
 }
 
 /// The earlier of two optional instants.

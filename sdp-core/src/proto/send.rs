@@ -378,7 +378,9 @@ impl<S: BufStore> Conn<S> {
             op: SendOp::Send,
             sge: Some(buf.sge(BSDH_LEN as u32 + len)),
             signaled: true,
-            solicited: true,
+            // Urgent data must reach the peer's runtime at once (SIGURG, POLLPRI), not only
+            // its reader.
+            solicited: !flags.intersects(BsdhFlags::OOB_PRES | BsdhFlags::OOB_PEND),
             payload: None,
         }));
     }

@@ -1807,7 +1807,12 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     }
 
     fn app_info(&self, id: ConnId) -> io::Result<super::app::AppInfo> {
-        let g = self.lock()?;
+        let mut g = self.lock()?;
+        // FIONREAD after a direct wakeup counts what the wakeup announced, as TCP's counts what
+        // made the fd readable.
+        if Self::direct_pending(&g, id) && self.sh.step(&mut g) > 0 {
+            self.sh.wake_waiters();
+        }
         let c = g
             .driver
             .view(id)
@@ -1928,6 +1933,27 @@ impl<P: Provider + 'static> Runtime<P> {
         self.app_call_inner(id, user, false, None, op)
     }
 
+    /// The peer of `id`'s application fd may have announced SENDs by a direct wakeup that no
+    /// round has taken yet (see `AppReady`).
+    fn direct_pending(g: &Inner<P>, id: ConnId) -> bool {
+        g.socks
+            .get(&id)
+            .and_then(|s| s.app.as_ref())
+            .is_some_and(|a| a.direct)
+            && !g.driver.endpoint_quiet(id)
+    }
+
+    /// A round of progress run by an application call on `id`, which brings its own fd up to
+    /// date afterwards (the round leaves that fd alone: `Inner::in_app_call`).
+    fn app_call_round(&self, g: &mut Inner<P>, id: ConnId) {
+        g.in_app_call = Some(id);
+        let act = self.sh.step(g);
+        g.in_app_call = None;
+        if act > 0 {
+            self.sh.wake_waiters();
+        }
+    }
+
     /// One nonblocking attempt (a round of progress first if it would block); with `later`,
     /// a connection error goes through [`Self::report_once`]. A read (`reading`) that leaves
     /// nothing to read takes the peer's direct tokens back (see `AppReady`).
@@ -1941,23 +1967,12 @@ impl<P: Provider + 'static> Runtime<P> {
     ) -> io::Result<T> {
         let mut g = self.lock()?;
         let mut stepped = false;
-        if reading
-            && g.socks
-                .get(&id)
-                .and_then(|s| s.app.as_ref())
-                .is_some_and(|a| a.direct)
-            && !g.driver.endpoint_quiet(id)
-        {
+        if reading && Self::direct_pending(&g, id) {
             // A direct wakeup brought the application here before any round took the SENDs
             // it announced: take them first, so the read returns everything that arrived
             // before the edge, as TCP's does.
             stepped = true;
-            g.in_app_call = Some(id);
-            let act = self.sh.step(&mut g);
-            g.in_app_call = None;
-            if act > 0 {
-                self.sh.wake_waiters();
-            }
+            self.app_call_round(&mut g, id);
         }
         loop {
             if !g.socks.contains_key(&id) {
@@ -1967,12 +1982,7 @@ impl<P: Provider + 'static> Runtime<P> {
             self.sh.after_call(&mut g);
             if matches!(r, Err(CallError::WouldBlock)) && !stepped {
                 stepped = true;
-                g.in_app_call = Some(id);
-                let act = self.sh.step(&mut g);
-                g.in_app_call = None;
-                if act > 0 {
-                    self.sh.wake_waiters();
-                }
+                self.app_call_round(&mut g, id);
                 continue;
             }
             let r = match (r, later) {
