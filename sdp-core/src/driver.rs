@@ -512,13 +512,7 @@ impl<P: Provider> Driver<P> {
             self.touched.push(id);
         }
         if let Some(ep) = e.ep.as_mut() {
-            if let Err(err) = post_all(&mut e.conn, ep, &mut self.sends) {
-                // The engine never posts beyond the caps it sized; a refusal means the
-                // endpoint is unusable.
-                let _ = err;
-                e.conn.abort(now);
-                let _ = post_all(&mut e.conn, ep, &mut self.sends);
-            }
+            post_or_abort(&mut e.conn, ep, &mut self.sends, now);
             // A provider that runs work requests in the caller (shm) completed them already:
             // hand the completions to the engine now (freed buffers let queued data go), so
             // nobody has to be woken for them (`Endpoint::post_send`). They count as activity
@@ -531,10 +525,7 @@ impl<P: Provider> Driver<P> {
                 }
                 self.inline_done += n;
                 rounds += 1;
-                if post_all(&mut e.conn, ep, &mut self.sends).is_err() {
-                    e.conn.abort(now);
-                    let _ = post_all(&mut e.conn, ep, &mut self.sends);
-                }
+                post_or_abort(&mut e.conn, ep, &mut self.sends, now);
                 if rounds == MAX_POST_ROUNDS {
                     ep.notify_pending();
                     break;
@@ -1065,6 +1056,20 @@ fn note_refused(refused: &mut Vec<ConnError>, e: ConnError) {
         refused.remove(0);
     }
     refused.push(e);
+}
+
+/// [`post_all`]; a refusal aborts the connection (the engine never posts beyond the caps it
+/// sized, so the endpoint is unusable) and posts what the abort queued.
+fn post_or_abort<S: BufStore, E: Endpoint>(
+    conn: &mut Conn<S>,
+    ep: &mut E,
+    sends: &mut Vec<SendWr>,
+    now: Instant,
+) {
+    if post_all(conn, ep, sends).is_err() {
+        conn.abort(now);
+        let _ = post_all(conn, ep, sends);
+    }
 }
 
 /// Post what the engine queued. Receives go at once; sends are gathered in `sends` and posted

@@ -1019,7 +1019,6 @@ impl<P: Provider + 'static> Shared<P> {
             let Some(s) = socks.get_mut(&id) else {
                 continue;
             };
-
             for ev in driver.take_events(id) {
                 match ev {
                     Event::ZcopySent { token, bytes } | Event::ZcopyReceived { token, bytes } => {
@@ -1998,21 +1997,19 @@ impl<P: Provider + 'static> Runtime<P> {
             refresh_app(driver, id, s, Some(user));
             // A read that leaves nothing to read (it took everything, or found nothing) takes
             // the peer's tokens back: left there, the fd would poll readable for nothing.
-            let drained = reading && !driver.view(id).is_some_and(|c| c.read_ready());
-            if drained {
-                if let Some(a) = s.app.as_mut().filter(|a| a.direct) {
-                    a.take_direct_tokens(user);
-                    // A token taken back may announce a SEND published after our round: look
-                    // again (the peer rings the bell before it writes the token).
-                    if !driver.endpoint_quiet(id) {
-                        if self.sh.step(&mut g) > 0 {
-                            self.sh.wake_waiters();
-                        }
-                        let Inner { driver, socks, .. } = &mut *g;
-                        if let Some(s) = socks.get_mut(&id) {
-                            refresh_app(driver, id, s, Some(user));
-                        }
-                    }
+            if !reading || driver.view(id).is_some_and(|c| c.read_ready()) {
+                return r;
+            }
+            if let Some(a) = s.app.as_mut() {
+                a.take_direct_tokens(user);
+            }
+            // A token taken back may announce a SEND published after our round: look again
+            // (the peer rings the bell before it writes the token).
+            if Self::direct_pending(&g, id) {
+                self.app_call_round(&mut g, id);
+                let Inner { driver, socks, .. } = &mut *g;
+                if let Some(s) = socks.get_mut(&id) {
+                    refresh_app(driver, id, s, Some(user));
                 }
             }
             return r;

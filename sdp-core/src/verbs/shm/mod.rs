@@ -250,10 +250,20 @@ enum CopyWait {
 /// Wait until the in-flight word `w` no longer holds `v` (the copy announced by `v` is done),
 /// the peer exits, or `max` passes. Spins briefly, then yields and sleeps.
 fn wait_copy(w: &AtomicU32, v: u32, peer: Option<&Proc>, max: Duration) -> CopyWait {
+    wait_word(w, |x| x != v, peer, max)
+}
+
+/// Wait until the peer-written word `w` satisfies `done`, the peer exits, or `max` passes.
+fn wait_word(
+    w: &AtomicU32,
+    done: impl Fn(u32) -> bool,
+    peer: Option<&Proc>,
+    max: Duration,
+) -> CopyWait {
     let start = Instant::now();
     let mut spins = 0u32;
     loop {
-        if w.load(Ordering::Acquire) != v {
+        if done(w.load(Ordering::Acquire)) {
             return CopyWait::Done;
         }
         spins = spins.wrapping_add(1);
@@ -790,14 +800,19 @@ impl Peer {
         busy.fetch_sub(1, Ordering::SeqCst);
         if sent {
             self.direct_wakeups.fetch_add(1, Ordering::Relaxed);
-        } else if signal_if_armed(&self.bells, self.evfd.as_fd()) {
-            self.wakeups.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.signal();
         }
     }
 
     /// Ring the bell, then write the peer's eventfd if it asked to be woken.
     fn wake(&self) {
         self.ring();
+        self.signal();
+    }
+
+    /// Write the peer's eventfd if it asked to be woken.
+    fn signal(&self) {
         if signal_if_armed(&self.bells, self.evfd.as_fd()) {
             self.wakeups.fetch_add(1, Ordering::Relaxed);
         }
@@ -2259,23 +2274,18 @@ impl Endpoint for ShmEndpoint {
         }
         if settle {
             let busy = self.inbox.u32(OFF_DIRECT_BUSY);
-            let start = Instant::now();
-            while busy.load(Ordering::SeqCst) != 0
-                && start.elapsed() < DIRECT_SETTLE_MAX
-                && self.peer_proc.as_ref().is_some_and(|p| p.alive())
-            {
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            wait_word(
+                busy,
+                |n| n == 0,
+                self.peer_proc.as_deref(),
+                DIRECT_SETTLE_MAX,
+            );
         }
     }
 
     fn poll_cq(&mut self, out: &mut [Completion]) -> usize {
         self.progress();
-        let n = out.len().min(self.cq.len());
-        for (slot, c) in out.iter_mut().zip(self.cq.drain(..n)) {
-            *slot = c;
-        }
-        n
+        self.poll_inline(out)
     }
 
     fn quiet(&self) -> bool {
