@@ -25,10 +25,10 @@
 //! connection's [`ConnView`] (state, error, readiness, queues, counters), a few named queries
 //! ([`Driver::next_is_zcopy`], [`Driver::conn_error`], [`Driver::close_pending`],
 //! [`Driver::tx_queued`]) and the provider calls it needs ([`Driver::arm`],
-//! [`Driver::device_lost`], [`Driver::reg_mr`], [`Driver::caller_memory`]). [`Driver::conn`],
-//! [`Driver::with_conn`] and [`Driver::provider`] hand out the engine and the provider
-//! themselves, for tests, benches and the harness only (a unit test keeps them out of
-//! `socket/`). An engine's events reach the socket layer through [`Driver::take_events`]
+//! [`Driver::device_lost`], [`Driver::reg_mr`], [`Driver::caller_memory`]). `Driver::conn`,
+//! `Driver::with_conn` and `Driver::provider` hand out the engine and the provider
+//! themselves, for tests, benches and the harness only: they exist only with the `harness`
+//! feature (and a unit test keeps them out of `socket/`). An engine's events reach the socket layer through [`Driver::take_events`]
 //! (zero-copy reports; `Closed`); readiness is no event, the socket layer reads it from the
 //! [`ConnView`] of each connection a round or a call touched ([`Driver::take_touched`]).
 
@@ -234,8 +234,9 @@ impl<P: Provider> Driver<P> {
     ///
     /// Not for the socket layer, which reaches the provider only through the calls below
     /// ([`Driver::arm`], [`Driver::device_lost`], [`Driver::reg_mr`],
-    /// [`Driver::caller_memory`]): public for the tests, the benches, the harness and the
-    /// examples, which register memory and drive waits themselves.
+    /// [`Driver::caller_memory`]): with the `harness` feature only, for the tests, the benches, the harness and
+    /// the examples, which register memory and drive waits themselves.
+    #[cfg(feature = "harness")]
     #[doc(hidden)]
     pub fn provider(&self) -> &Arc<P> {
         &self.provider
@@ -351,7 +352,7 @@ impl<P: Provider> Driver<P> {
             .position(|(id, _)| conns.get(*id).is_some_and(|c| pick(&c.conn)))?;
         let (id, _) = e.queue.remove(i)?;
         let now = self.now;
-        let _ = self.with_conn(now, id, |c| c.set_accepted(now));
+        let _ = self.apply(now, id, |c| c.set_accepted(now));
         Some(id)
     }
 
@@ -601,9 +602,20 @@ impl<P: Provider> Driver<P> {
     ///
     /// Not for the socket layer, which changes an engine only through the driver's named
     /// calls: public for the tests, which reach engine calls the socket layer has no use for
-    /// (cancels, sequence-number shifts).
+    /// (cancels, sequence-number shifts); with the `harness` feature only.
+    #[cfg(feature = "harness")]
     #[doc(hidden)]
     pub fn with_conn<R>(
+        &mut self,
+        now: Instant,
+        id: ConnId,
+        f: impl FnOnce(&mut Conn<MrStore<P>>) -> R,
+    ) -> Result<R, DriverError> {
+        self.apply(now, id, f)
+    }
+
+    /// Run `f` on a connection's engine, then post what it produced (the named calls' body).
+    fn apply<R>(
         &mut self,
         now: Instant,
         id: ConnId,
@@ -618,7 +630,9 @@ impl<P: Provider> Driver<P> {
     ///
     /// Not for the socket layer, which reads a connection only through [`Driver::view`] and
     /// the named queries below: public for the tests, the benches and the harness, which
-    /// look at the engine's internals (sequence numbers, counters, `debug_state`).
+    /// look at the engine's internals (sequence numbers, counters, `debug_state`); with the
+    /// `harness` feature only.
+    #[cfg(feature = "harness")]
     #[doc(hidden)]
     pub fn conn(&self, id: ConnId) -> Option<&Conn<MrStore<P>>> {
         self.conns.get(id).map(|e| &e.conn)
@@ -706,7 +720,7 @@ impl<P: Provider> Driver<P> {
     }
     /// TCP_NODELAY.
     pub fn set_nodelay(&mut self, now: Instant, id: ConnId, on: bool) -> Result<(), DriverError> {
-        self.with_conn(now, id, |c| c.set_nodelay(on))
+        self.apply(now, id, |c| c.set_nodelay(on))
     }
     /// SO_SNDBUF in force; `None` for an unknown id.
     pub fn sndbuf(&self, id: ConnId) -> Option<usize> {
@@ -719,7 +733,7 @@ impl<P: Provider> Driver<P> {
         id: ConnId,
         bytes: usize,
     ) -> Result<(), DriverError> {
-        self.with_conn(now, id, |c| c.set_sndbuf(bytes))
+        self.apply(now, id, |c| c.set_sndbuf(bytes))
     }
 
     /// Send one urgent byte (MSG_OOB) after what was written.
@@ -729,7 +743,7 @@ impl<P: Provider> Driver<P> {
         id: ConnId,
         byte: u8,
     ) -> Result<Result<(), CallError>, DriverError> {
-        self.with_conn(now, id, |c| c.send_urgent(now, byte))
+        self.apply(now, id, |c| c.send_urgent(now, byte))
     }
     /// Take the urgent byte (MSG_OOB), or with `peek` look at it; `None` if there is none.
     pub fn read_urgent(
@@ -738,7 +752,7 @@ impl<P: Provider> Driver<P> {
         id: ConnId,
         peek: bool,
     ) -> Result<Option<u8>, DriverError> {
-        self.with_conn(now, id, |c| {
+        self.apply(now, id, |c| {
             let b = c.read_urgent();
             if peek {
                 c.urgent = b;
@@ -805,19 +819,19 @@ impl<P: Provider> Driver<P> {
         self.call(now, id, |c| c.shutdown(now, how))
     }
     pub fn abort(&mut self, now: Instant, id: ConnId) {
-        let _ = self.with_conn(now, id, |c| c.abort(now));
+        let _ = self.apply(now, id, |c| c.abort(now));
     }
     /// `close(2)`: the engine finishes in the background; the id stays valid for
     /// [`Driver::take_events`] until the engine is done.
     pub fn close(&mut self, now: Instant, id: ConnId) {
-        let _ = self.with_conn(now, id, |c| c.close(now));
+        let _ = self.apply(now, id, |c| c.close(now));
         self.release(now, id);
     }
 
     /// `close(2)` on the application's behalf while it keeps the id (process exit): the engine
     /// finishes as after [`Driver::close`], and the id stays valid until released.
     pub fn close_keep(&mut self, now: Instant, id: ConnId) {
-        let _ = self.with_conn(now, id, |c| c.close(now));
+        let _ = self.apply(now, id, |c| c.close(now));
     }
 
     /// Let go of an id; the entry goes away once its engine is closed.
@@ -836,7 +850,7 @@ impl<P: Provider> Driver<P> {
         id: ConnId,
         f: impl FnOnce(&mut Conn<MrStore<P>>) -> Result<R, CallError>,
     ) -> Result<R, CallError> {
-        match self.with_conn(now, id, f) {
+        match self.apply(now, id, f) {
             Ok(r) => r,
             Err(_) => Err(CallError::NotConnected),
         }

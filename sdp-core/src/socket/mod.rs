@@ -78,12 +78,15 @@ pub use stream::{PendingSend, RegisteredBuf, SdpStream};
 
 /// What carries a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Transport {
     /// SDP over shared memory between two processes of one host.
     Shm,
-    /// SDP over an RDMA device.
+    /// SDP over an RDMA device (or another provider given to [`Stack::with_provider`]).
     Rdma,
-    /// SDP over the deterministic simulator (the crate's own tests; not a transport for users).
+    /// SDP over the deterministic simulator: only with the `harness` feature (the crate's own
+    /// tests and benches), never in a user's build.
+    #[cfg(feature = "harness")]
     #[doc(hidden)]
     Sim,
     /// Kernel TCP (fallback, or chosen).
@@ -94,8 +97,9 @@ impl Transport {
     pub(crate) fn from_provider(name: &str) -> Transport {
         match name {
             "shm" => Transport::Shm,
-            "rdma" => Transport::Rdma,
-            _ => Transport::Sim,
+            #[cfg(feature = "harness")]
+            "sim" => Transport::Sim,
+            _ => Transport::Rdma,
         }
     }
     /// Short lowercase name.
@@ -103,6 +107,7 @@ impl Transport {
         match self {
             Transport::Shm => "shm",
             Transport::Rdma => "rdma",
+            #[cfg(feature = "harness")]
             Transport::Sim => "sim",
             Transport::Tcp => "tcp",
         }

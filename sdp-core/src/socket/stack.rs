@@ -33,8 +33,9 @@ impl Stack {
         Ok(Stack(rt))
     }
 
-    /// A stack over the simulated fabric, its virtual clock driven by real time (the crate's own
-    /// tests; not for users).
+    /// A stack over the simulated fabric, its virtual clock driven by real time: only with the
+    /// `harness` feature (the crate's own tests), never in a user's build.
+    #[cfg(feature = "harness")]
     #[doc(hidden)]
     pub fn sim(provider: crate::verbs::sim::SimProvider, cfg: Config) -> io::Result<Stack> {
         let fabric = provider.fabric();
