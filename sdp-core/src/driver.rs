@@ -735,6 +735,21 @@ impl<P: Provider> Driver<P> {
     ) -> Result<(), DriverError> {
         self.apply(now, id, |c| c.set_sndbuf(bytes))
     }
+    /// Receive buffer bytes the connection may have (SO_RCVBUF in force); `None` for an
+    /// unknown id.
+    pub fn rcvbuf(&self, id: ConnId) -> Option<usize> {
+        self.conns.get(id).map(|e| e.conn.rcvbuf())
+    }
+    /// SO_RCVBUF: receive buffer bytes the connection may have (within the stack's
+    /// `max_rx_bufs`).
+    pub fn set_rcvbuf(
+        &mut self,
+        now: Instant,
+        id: ConnId,
+        bytes: usize,
+    ) -> Result<(), DriverError> {
+        self.apply(now, id, |c| c.set_rcvbuf(Some(bytes)))
+    }
 
     /// Send one urgent byte (MSG_OOB) after what was written.
     pub fn send_urgent(

@@ -406,6 +406,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
         && !internal()
         && enabled()
     {
+        table::forget_buffers(fd);
         table::insert(fd, Arc::new(Sock::Fresh));
     }
     fd
@@ -588,7 +589,42 @@ fn carry_options(tcp: c_int, s: &AppStream, user: &OwnedFd) -> Opts {
         let _ = s.set_nodelay(true);
     }
     carry_linger(tcp, s, &mut o);
+    carry_buffers(tcp, s, &mut o);
     o
+}
+
+/// SO_SNDBUF and SO_RCVBUF the application set on the kernel socket `from` (the socket
+/// connected over SDP, or the listener an accepted socket inherits them from, as on Linux)
+/// onto the SDP stream; sizes it did not set stay the stack's.
+fn carry_buffers(from: c_int, s: &AppStream, o: &mut Opts) {
+    for name in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+        if !table::buffer_set(from, name) {
+            continue;
+        }
+        let mut v: c_int = 0;
+        let mut l = std::mem::size_of::<c_int>() as socklen_t;
+        // SAFETY: a live int and its size.
+        let r = unsafe {
+            real::getsockopt(
+                from,
+                libc::SOL_SOCKET,
+                name,
+                (&mut v as *mut c_int).cast(),
+                &mut l,
+            )
+        };
+        if r != 0 || v <= 0 {
+            continue;
+        }
+        let _g = Internal::enter();
+        let _ = if name == libc::SO_SNDBUF {
+            s.set_send_buffer_size(v as usize)
+        } else {
+            s.set_recv_buffer_size(v as usize)
+        };
+        o.stored
+            .insert((libc::SOL_SOCKET, name), v.to_ne_bytes().to_vec());
+    }
 }
 
 /// SO_LINGER of the kernel socket `from` (the socket connected over SDP, or the listener an
@@ -724,6 +760,7 @@ unsafe fn accept_common(
                         ..Opts::default()
                     };
                     carry_linger(fd, &s, &mut opts);
+                    carry_buffers(fd, &s, &mut opts);
                     if !table::insert(nfd, Arc::new(Sock::Stream(s, Mutex::new(opts)))) {
                         // An fd number the table cannot hold: the stream cannot be served.
                         // SAFETY: our own fd.
@@ -1355,7 +1392,15 @@ pub unsafe extern "C" fn setsockopt(
         return unsafe { opts::set(&s, fd, level, name, val, len) };
     }
     // SAFETY: forwards the caller's arguments.
-    unsafe { real::setsockopt(fd, level, name, val, len) }
+    let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+    if r == 0
+        && table::owned(fd)
+        && level == libc::SOL_SOCKET
+        && (name == libc::SO_SNDBUF || name == libc::SO_RCVBUF)
+    {
+        table::note_buffer_set(fd, name);
+    }
+    r
 }
 
 #[no_mangle]

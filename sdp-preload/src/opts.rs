@@ -243,7 +243,11 @@ pub(crate) unsafe fn set(
             Some(b)
         }
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
-            Some((v.max(1152) as i64 * 2).min(c_int::MAX as i64) as c_int)
+            // Linux doubles the value and reports the doubled size; the receive buffers
+            // follow the doubled size too (within the stack's bounds).
+            let b = (v.max(1152) as i64 * 2).min(c_int::MAX as i64) as c_int;
+            let _ = st.set_recv_buffer_size(b as usize);
+            Some(b)
         }
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE | libc::SO_REUSEADDR | libc::SO_REUSEPORT)
         | (libc::IPPROTO_TCP, libc::TCP_CORK | libc::TCP_QUICKACK) => Some((v != 0) as c_int),

@@ -2,7 +2,7 @@
 //! load (no lock, no allocation) before it goes to libc.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -12,6 +12,39 @@ use sdp_core::socket::app::{AppListener, AppStream};
 pub(crate) const MAX_FD: usize = 1 << 16;
 
 static OWNED: [AtomicBool; MAX_FD] = [const { AtomicBool::new(false) }; MAX_FD];
+/// SO_SNDBUF (bit 0) and SO_RCVBUF (bit 1) the application set on a socket the shim owns
+/// before it became an SDP stream (a fresh socket, a listener), by fd number: carried to the
+/// stream (a connected one, or one accepted from the listener), as Linux keeps a buffer size
+/// set explicitly and autotunes the others.
+static BUFS_SET: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
+
+fn buf_bit(name: i32) -> u8 {
+    match name {
+        libc::SO_SNDBUF => 1,
+        libc::SO_RCVBUF => 2,
+        _ => 0,
+    }
+}
+
+/// The application set SO_SNDBUF or SO_RCVBUF (`name`) on `fd`, which the shim owns.
+pub(crate) fn note_buffer_set(fd: i32, name: i32) {
+    if (fd as u32 as usize) < MAX_FD {
+        BUFS_SET[fd as usize].fetch_or(buf_bit(name), Ordering::Relaxed);
+    }
+}
+
+/// A new socket at `fd`: nothing set on it yet.
+pub(crate) fn forget_buffers(fd: i32) {
+    if (fd as u32 as usize) < MAX_FD {
+        BUFS_SET[fd as usize].store(0, Ordering::Relaxed);
+    }
+}
+
+/// Whether the application set SO_SNDBUF or SO_RCVBUF (`name`) on `fd`.
+pub(crate) fn buffer_set(fd: i32, name: i32) -> bool {
+    (fd as u32 as usize) < MAX_FD
+        && BUFS_SET[fd as usize].load(Ordering::Relaxed) & buf_bit(name) != 0
+}
 /// fd -> the socket and the identity (device, inode) of the file the fd had when it was
 /// entered: a number closed behind the shim's back (a raw system call, libc's own close) and
 /// reused for another file is recognised and forgotten.

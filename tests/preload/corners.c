@@ -1034,6 +1034,65 @@ static void case_fd_numbers(void) {
     close(l);
 }
 
+/* SO_SNDBUF and SO_RCVBUF set before connect and listen bound what a writer can put into a
+ * reader that reads nothing (an accepted socket inherits the listener's), and the sizes read
+ * back as Linux reports them (doubled). Under the shim they once read back right but the SDP
+ * stream kept its own 4 MiB send buffer and 2 MiB window. */
+static void case_buffers(void) {
+    struct sockaddr_in a;
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(l >= 0);
+    int rcv = 65536, snd = 16384;
+    CHECK(setsockopt(l, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv) == 0);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(bind(l, (struct sockaddr *)&a, sizeof a) == 0);
+    CHECK(listen(l, 4) == 0);
+    socklen_t len = sizeof a;
+    CHECK(getsockname(l, (struct sockaddr *)&a, &len) == 0);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(c >= 0);
+    CHECK(setsockopt(c, SOL_SOCKET, SO_SNDBUF, &snd, sizeof snd) == 0);
+    CHECK(connect(c, (struct sockaddr *)&a, sizeof a) == 0);
+    int s = accept(l, NULL, NULL);
+    CHECK(s >= 0);
+    int v;
+    socklen_t vl = sizeof v;
+    CHECK(getsockopt(c, SOL_SOCKET, SO_SNDBUF, &v, &vl) == 0);
+    int rv;
+    vl = sizeof rv;
+    CHECK(getsockopt(s, SOL_SOCKET, SO_RCVBUF, &rv, &vl) == 0);
+    out("buffers: client SO_SNDBUF %d, accepted SO_RCVBUF %d", v, rv);
+    CHECK(fcntl(c, F_SETFL, O_NONBLOCK) == 0);
+    static char chunk[4096];
+    size_t total = 0;
+    for (;;) {
+        ssize_t w = write(c, chunk, sizeof chunk);
+        if (w > 0) {
+            total += (size_t)w;
+            continue;
+        }
+        CHECK(w < 0 && errno == EAGAIN);
+        /* Room may come back while the bytes travel; stop once none has for 300 ms. */
+        struct pollfd pfd = {.fd = c, .events = POLLOUT};
+        if (poll(&pfd, 1, 300) == 0)
+            break;
+    }
+    fprintf(stderr, "buffers: the writer stopped after %zu bytes\n", total);
+    out("buffers: a writer into a reader that reads nothing stops %s 2 MiB",
+        total < (2u << 20) ? "below" : "above");
+    close(c);
+    size_t got = 0;
+    char b[65536];
+    ssize_t r;
+    while ((r = read(s, b, sizeof b)) > 0)
+        got += (size_t)r;
+    out("buffers: the reader then reads all %s, then %zd", got == total ? "yes" : "no", r);
+    close(s);
+    close(l);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc > 2 && strcmp(argv[1], "serve-fd") == 0)
@@ -1060,6 +1119,7 @@ int main(int argc, char **argv) {
     RUN(urgent);
     RUN(eintr);
     RUN(sndtimeo);
+    RUN(buffers);
     RUN(raw_close);
     RUN(linger_abort);
     RUN(linger_wait);

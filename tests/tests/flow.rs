@@ -64,6 +64,58 @@ fn stalled_reader_bounds_sender_memory_then_recovers() {
     assert_eq!(rb.received, total);
 }
 
+/// What B holds unread (and A has queued) after A writes into a reader that reads nothing,
+/// with B's SO_RCVBUF `rcvbuf`; then B reads everything, intact.
+fn held_by_a_stalled_reader(seed: u64, rcvbuf: Option<usize>) -> (usize, usize) {
+    let cfg = Config::default();
+    let mut p = Pair::new(seed, cfg);
+    let (a, b) = p.connect();
+    let now = p.now();
+    p.b.with_conn(now, b, |c| c.set_rcvbuf(rcvbuf)).unwrap();
+    let total = 16u64 << 20;
+    let mut wa = App::builder(Mode::BCopy)
+        .sends(total)
+        .max_msg(64 * 1024)
+        .tx_seed(1)
+        .rx_seed(2)
+        .build();
+    let mut rb = App::builder(Mode::BCopy).tx_seed(2).rx_seed(1).build();
+    rb.paused_reader = true;
+    p.run_until(5 * SEC, |p| {
+        let now = p.now();
+        wa.pump(&mut p.a, now, a);
+        rb.pump(&mut p.b, now, b);
+        false
+    });
+    let held = p.b.conn(b).unwrap().rx_queued_bytes();
+    let queued = p.a.conn(a).unwrap().tx_queued_bytes();
+    rb.paused_reader = false;
+    let ok = p.run_until(60 * SEC, |p| {
+        let now = p.now();
+        wa.pump(&mut p.a, now, a);
+        rb.pump(&mut p.b, now, b);
+        rb.eof
+    });
+    assert!(ok, "the stream completes once the reader reads");
+    assert_eq!(rb.received, total);
+    (held, queued)
+}
+
+#[test]
+fn so_rcvbuf_bounds_what_a_stalled_reader_holds() {
+    // By default the receiver's window grows (slow start) to `max_rx_bufs` buffers.
+    let (held_default, _) = held_by_a_stalled_reader(52, None);
+    assert!(held_default > 1 << 20, "default window held {held_default}");
+    // SO_RCVBUF 100 000: buffers of 32 KiB, at least MIN_RX_POSTED of them.
+    let cfg = Config::default();
+    let cap = (100_000usize.div_ceil(cfg.rcv_size as usize)).max(MIN_RX_POSTED as usize)
+        * cfg.rcv_size as usize;
+    let (held, queued) = held_by_a_stalled_reader(52, Some(100_000));
+    assert!(held > 0 && held <= cap, "held {held}, cap {cap}");
+    // The writer's side still takes what its own SO_SNDBUF allows.
+    assert!(queued > 0 && queued <= cfg.sndbuf, "queued {queued}");
+}
+
 #[test]
 fn both_sides_at_full_speed_never_deadlock_on_credits() {
     // Small buffers and few of them make credits the bottleneck in both directions.

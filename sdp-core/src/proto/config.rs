@@ -22,6 +22,9 @@ pub struct Config {
     pub max_rx_bufs: u32,
     /// Bytes the application may have queued and unacknowledged on the send side (SO_SNDBUF).
     pub sndbuf: usize,
+    /// SO_RCVBUF: receive buffer bytes (posted plus holding unread data) a connection may
+    /// have, within `max_rx_bufs`; `None`: `max_rx_bufs` buffers.
+    pub rcvbuf: Option<usize>,
     /// Sends of at least this many bytes go by zero copy (SrcAvail) when the caller offers
     /// registered memory.
     pub zcopy_threshold: usize,
@@ -112,6 +115,7 @@ impl Default for Config {
             min_rx_bufs: 2,
             max_rx_bufs: 64,
             sndbuf: 4 << 20,
+            rcvbuf: None,
             zcopy_threshold: 64 * 1024,
             zcopy_by_send: None,
             zcopy_split: None,

@@ -488,20 +488,36 @@ impl<S: BufStore> Conn<S> {
     }
     /// Receive buffers posted plus held with unread data, at most.
     pub(crate) fn rx_budget(&self) -> usize {
+        let cap = self.rx_cap();
         if self.queued {
             self.cfg
                 .unaccepted_rx_bufs
-                .clamp(self.cfg.min_rx_bufs, self.cfg.max_rx_bufs) as usize
+                .min(cap)
+                .max(self.cfg.min_rx_bufs.min(cap)) as usize
         } else {
-            self.cfg.max_rx_bufs as usize
+            cap as usize
         }
     }
     /// Receive buffers to keep posted (the slow-start target).
     pub(crate) fn rx_post_target(&self) -> usize {
+        let target = self.rx.target().min(self.rx_cap());
         if self.queued {
-            self.cfg.min_rx_bufs.min(self.rx.target()) as usize
+            self.cfg.min_rx_bufs.min(target) as usize
         } else {
-            self.rx.target() as usize
+            target as usize
+        }
+    }
+    /// The most receive buffers this connection may have (posted plus held): the stack's
+    /// `max_rx_bufs`, lowered by the application's SO_RCVBUF ([`Conn::set_rcvbuf`]) to that
+    /// many bytes of buffers of the current size, never below `MIN_RX_POSTED`.
+    pub(crate) fn rx_cap(&self) -> u32 {
+        let max = self.cfg.max_rx_bufs;
+        match self.cfg.rcvbuf {
+            None => max,
+            Some(bytes) => {
+                let bufs = bytes.div_ceil(self.rcv_size().max(1) as usize);
+                (bufs.min(max as usize) as u32).max(MIN_RX_POSTED.min(max))
+            }
         }
     }
     /// The error that ended the connection, if any.
@@ -578,6 +594,17 @@ impl<S: BufStore> Conn<S> {
     /// SO_SNDBUF: bytes the application may have queued and unacknowledged (at least 1).
     pub fn set_sndbuf(&mut self, bytes: usize) {
         self.cfg.sndbuf = bytes.max(1);
+    }
+    /// SO_RCVBUF: bytes of receive buffers (posted and holding unread data) the connection
+    /// may have, within the stack's `max_rx_bufs` and at least `MIN_RX_POSTED` buffers; the
+    /// peer's window shrinks as buffers come back (posted receives cannot be taken back), and
+    /// grows again by slow start. `None`: the stack's `max_rx_bufs`.
+    pub fn set_rcvbuf(&mut self, bytes: Option<usize>) {
+        self.cfg.rcvbuf = bytes;
+    }
+    /// Receive buffer bytes the connection may have now (SO_RCVBUF in force).
+    pub fn rcvbuf(&self) -> usize {
+        self.rx_cap() as usize * self.rcv_size() as usize
     }
     /// A read would not block: data, EOF or an error.
     pub fn is_readable(&self) -> bool {

@@ -176,7 +176,7 @@ impl<S: BufStore> Conn<S> {
     fn slow_start_grow(&mut self) {
         // The peer sent at its last data credit (it keeps DATA_CREDITS - 1 for replies).
         if self.credits.peer_at_last_data_credit() && !self.queued {
-            self.rx.grow_target(self.cfg.max_rx_bufs);
+            self.rx.grow_target(self.rx_cap());
         }
     }
 }

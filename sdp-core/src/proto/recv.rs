@@ -175,7 +175,7 @@ impl<S: BufStore> Conn<S> {
         // is the one the next arrival's re-post needs, so under load no buffer is registered
         // and deregistered per message. The rest (after an idle shrink lowered the target)
         // is given back.
-        let keep = self.rx.target() as usize;
+        let keep = self.rx.target().min(self.rx_cap()) as usize;
         self.rx.trim(&mut self.store, keep);
         Ok(())
     }

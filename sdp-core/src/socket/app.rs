@@ -323,6 +323,12 @@ impl AppStream {
     pub fn send_buffer_size(&self) -> io::Result<usize> {
         self.stack.0.sndbuf(self.id)
     }
+    pub fn set_recv_buffer_size(&self, bytes: usize) -> io::Result<()> {
+        self.stack.0.set_rcvbuf(self.id, bytes.max(1))
+    }
+    pub fn recv_buffer_size(&self) -> io::Result<usize> {
+        self.stack.0.rcvbuf(self.id)
+    }
     pub fn info(&self) -> io::Result<AppInfo> {
         self.stack.0.app_info(self.id)
     }

@@ -326,6 +326,34 @@ impl SdpStream {
         }
     }
 
+    /// SO_RCVBUF: bytes the receive side may hold (received and not read, plus room the peer
+    /// may still fill). Over SDP, receive buffers of the connection's buffer size, within the
+    /// stack's `Config::max_rx_bufs` and at least `MIN_RX_POSTED` of them; over TCP the
+    /// kernel's (which doubles the value).
+    pub fn set_recv_buffer_size(&self, bytes: usize) -> io::Result<()> {
+        if bytes == 0 {
+            return Err(invalid("buffer size must be positive"));
+        }
+        match &self.inner {
+            Inner::Sdp(c) => c.stack.0.set_rcvbuf(c.id, bytes),
+            Inner::Tcp(s) => sys::setsockopt_int(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                bytes.min(i32::MAX as usize) as i32,
+            ),
+        }
+    }
+    /// The receive buffer size in force (see [`SdpStream::set_recv_buffer_size`]).
+    pub fn recv_buffer_size(&self) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Sdp(c) => c.stack.0.rcvbuf(c.id),
+            Inner::Tcp(s) => {
+                Ok(sys::getsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF)? as usize)
+            }
+        }
+    }
+
     /// Bytes written and not yet acknowledged by the peer (Linux `SIOCOUTQ`): 0 once the
     /// peer holds everything written so far (in its receive buffers, read or not).
     pub fn send_queue_len(&self) -> io::Result<usize> {

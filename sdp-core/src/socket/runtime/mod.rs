@@ -152,6 +152,8 @@ pub(crate) trait StackOps: Send + Sync {
     fn nodelay(&self, id: ConnId) -> io::Result<bool>;
     fn set_sndbuf(&self, id: ConnId, bytes: usize) -> io::Result<()>;
     fn sndbuf(&self, id: ConnId) -> io::Result<usize>;
+    fn set_rcvbuf(&self, id: ConnId, bytes: usize) -> io::Result<()>;
+    fn rcvbuf(&self, id: ConnId) -> io::Result<usize>;
     fn take_error(&self, id: ConnId) -> io::Result<Option<io::Error>>;
     /// Bytes written and not yet acknowledged by the peer (SIOCOUTQ).
     fn send_queue_len(&self, id: ConnId) -> io::Result<usize>;
@@ -1723,6 +1725,18 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         self.with_sock(id, |g, _| {
             g.driver
                 .sndbuf(id)
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
+        })
+    }
+    fn set_rcvbuf(&self, id: ConnId, bytes: usize) -> io::Result<()> {
+        self.with_sock(id, |g, now| {
+            g.driver.set_rcvbuf(now, id, bytes).map_err(driver_err)
+        })
+    }
+    fn rcvbuf(&self, id: ConnId) -> io::Result<usize> {
+        self.with_sock(id, |g, _| {
+            g.driver
+                .rcvbuf(id)
                 .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
         })
     }
