@@ -434,11 +434,11 @@ impl<S: BufStore> Conn<S> {
             self.rx.queue.len(),
             self.rx.posted_len(),
             self.rx.held(),
-            self.iocbs.srcs.iter().map(|s| (s.key, s.token, s.state, s.acked, s.written)).collect::<Vec<_>>(),
-            self.iocbs.sink.is_some(),
-            self.iocbs.sink_cancel_pending,
-            self.advts.srcs.len(),
-            self.advts.sink.is_some(),
+            self.iocbs.srcs().map(|s| (s.key, s.token, s.state, s.acked, s.written)).collect::<Vec<_>>(),
+            self.iocbs.has_sink(),
+            self.iocbs.sink_cancel_pending(),
+            self.advts.src_count(),
+            self.advts.sink_usable(),
             self.disconn_sent,
             self.disconn_rcvd,
         )
@@ -560,14 +560,7 @@ impl<S: BufStore> Conn<S> {
     /// into a registered sink ([`Conn::read_zcopy`]); `None` if the next bytes are not one.
     pub fn next_is_zcopy(&self) -> Option<u32> {
         match self.rx.queue.front() {
-            Some(RxItem::Src { advt }) => {
-                let a = self.advts.srcs.get(*advt)?;
-                if a.reads_inflight == 0 && !a.cancelled && a.requested < a.len {
-                    Some(a.len - a.requested)
-                } else {
-                    None
-                }
-            }
+            Some(RxItem::Src { advt }) => self.advts.src(*advt)?.sink_readable(),
             _ => None,
         }
     }
@@ -661,7 +654,7 @@ impl<S: BufStore> Conn<S> {
     }
     /// A zero-copy send is still queued or outstanding (plain writes wait behind it).
     pub fn zcopy_outstanding(&self) -> bool {
-        !self.iocbs.srcs.is_empty()
+        self.iocbs.has_src()
     }
     /// Zero-copy sources (or split pieces) with sends in flight now (gathered SENDs or RDMA
     /// Writes; at most `Config::zcopy_split_sends` in split zero copy).

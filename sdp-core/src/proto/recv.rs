@@ -139,7 +139,7 @@ impl<S: BufStore> Conn<S> {
             }
             self.store.free(buf);
         } else if bounce {
-            self.advts.bounce_pool.put(&mut self.store, buf);
+            self.advts.put_bounce(&mut self.store, buf);
             // Room for eager reads again (split zero copy).
             self.start_eager_reads();
         } else {
@@ -185,11 +185,7 @@ impl<S: BufStore> Conn<S> {
         while let Some(item) = self.rx.queue.pop_front() {
             match item {
                 RxItem::Data { buf, bounce, .. } => self.give_back_rx(buf, bounce),
-                RxItem::Src { advt } => {
-                    if self.advts.cut_src(advt) {
-                        self.advts.send_sm_due = true;
-                    }
-                }
+                RxItem::Src { advt } => self.advts.refuse_src(advt),
             }
         }
         self.rx.bytes_cleared();
@@ -200,9 +196,7 @@ impl<S: BufStore> Conn<S> {
     /// Tell the peer we will not read (the rest of) its SrcAvail (SendSm, once reads in flight
     /// finish): it sends the rest by copy.
     pub(crate) fn refuse_src(&mut self, advt: usize) {
-        if self.advts.cut_src(advt) {
-            self.advts.send_sm_due = true;
-        }
+        self.advts.refuse_src(advt);
         self.maybe_send_sm();
     }
 }

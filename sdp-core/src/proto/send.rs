@@ -96,11 +96,9 @@ impl<S: BufStore> Conn<S> {
         if self.iocbs.src_queued() >= self.cfg.max_adverts as usize {
             return Err(CallError::WouldBlock);
         }
-        let key = self.iocbs.add_src(token, src);
-        if let Some(s) = self.iocbs.find_src(key) {
-            s.stall = stall;
-            s.deadline = stall.map(|d| now + d);
-        }
+        let key = self
+            .iocbs
+            .add_src(token, src, stall, stall.map(|d| now + d));
         self.tx.queue.push_back(TxItem::Src { key });
         self.tx.bytes_in(src.len as usize);
         self.count(Count::DataBytesSent(src.len as u64));
@@ -231,9 +229,7 @@ impl<S: BufStore> Conn<S> {
                         return;
                     }
                     if mid == Mid::SinkAvail {
-                        if let Some(s) = self.iocbs.sink.as_mut() {
-                            s.posted = true;
-                        }
+                        self.iocbs.sink_sent();
                     }
                 }
                 TxItem::Src { key } => {
@@ -457,8 +453,7 @@ impl<S: BufStore> Conn<S> {
         }
         if mid == Mid::SendSm {
             // SrcAvails the peer sends before it sees this are void (see `Advts::src_void`).
-            self.advts.send_sm_queued = false;
-            self.advts.send_sm_mseq = Some(h.bsdh.mseq);
+            self.advts.send_sm_sent(h.bsdh.mseq);
         }
         let key = self.tx.inflight.insert(Inflight::Msg {
             buf,

@@ -166,7 +166,7 @@ impl<S: BufStore> Conn<S> {
             self.rx
                 .shrink_target(self.cfg.min_rx_bufs, self.cfg.initial_rx_bufs);
             self.tx.trim_idle(&mut self.store);
-            self.advts.bounce_pool.trim(&mut self.store, 0);
+            self.advts.trim_bounce(&mut self.store);
             self.rx.trim(&mut self.store, 0);
         }
         self.timers
