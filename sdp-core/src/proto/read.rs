@@ -10,7 +10,6 @@ use super::conn::{wrid, CallError, Conn, Count, Event, ProtocolError, State};
 use super::iocb::ZSink;
 use super::msgs::{Ext, Mid};
 use super::rx::RxItem;
-use super::tx::TxItem;
 use super::tx::{Inflight, ReadReq};
 use super::Instant;
 use crate::verbs::{Completion, SendOp, SendWr, Sge, WcStatus, WorkRequest};
@@ -39,7 +38,7 @@ impl<S: BufStore> Conn<S> {
         if sink.len == 0 {
             return Ok(ZRecv::Copy);
         }
-        if let Some(RxItem::Src { advt }) = self.rx.queue.front() {
+        if let Some(RxItem::Src { advt }) = self.rx.front() {
             let advt = *advt;
             let a = self
                 .advts
@@ -58,7 +57,7 @@ impl<S: BufStore> Conn<S> {
             }
             return Ok(ZRecv::Copy);
         }
-        if !self.rx.queue.is_empty() || self.read_closed() || self.urgent.is_some() {
+        if !self.rx.queue_empty() || self.read_closed() || self.urgent.is_some() {
             return Ok(ZRecv::Copy);
         }
         if (sink.len as usize) < self.cfg.zcopy_threshold {
@@ -96,7 +95,7 @@ impl<S: BufStore> Conn<S> {
         sink_token: Option<u64>,
     ) {
         let remote = self.advts.request(advt, n);
-        let key = self.tx.inflight.insert(Inflight::Read(ReadReq {
+        let key = self.tx.post(Inflight::Read(ReadReq {
             advt,
             len: n,
             bounce,
@@ -118,15 +117,7 @@ impl<S: BufStore> Conn<S> {
     /// completions come back in the order posted (RC send queue), so the RdmaRdCompls go out in
     /// stream order, as the data source attributes them.
     pub(crate) fn start_bounce_reads(&mut self, _now: Instant) {
-        let ids: Vec<usize> = self
-            .rx
-            .queue
-            .iter()
-            .map_while(|i| match i {
-                RxItem::Src { advt } => Some(*advt),
-                RxItem::Data { .. } => None,
-            })
-            .collect();
+        let ids: Vec<usize> = self.rx.leading_src_ids();
         let mut inflight: u32 = ids
             .iter()
             .filter_map(|id| self.advts.src(*id))
@@ -157,7 +148,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     pub(crate) fn on_read_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
-        let Some(Inflight::Read(r)) = self.tx.inflight.try_remove(idx) else {
+        let Some(Inflight::Read(r)) = self.tx.complete(idx) else {
             return;
         };
         if wc.status != WcStatus::Success {
@@ -196,22 +187,7 @@ impl<S: BufStore> Conn<S> {
         match (r.bounce, r.sink_token) {
             (Some(buf), _) => {
                 // Bytes land in stream order just before the advertisement.
-                let pos = self
-                    .rx
-                    .queue
-                    .iter()
-                    .position(|i| matches!(i, RxItem::Src { advt } if *advt == r.advt))
-                    .unwrap_or(self.rx.queue.len());
-                self.rx.queue.insert(
-                    pos,
-                    RxItem::Data {
-                        buf,
-                        off: 0,
-                        len: r.len,
-                        bounce: true,
-                    },
-                );
-                self.rx.bytes_in(r.len as usize);
+                self.rx.insert_bounce(r.advt, buf, r.len);
             }
             (None, Some(token)) => {
                 self.emit(Event::ZcopyReceived {
@@ -250,15 +226,7 @@ impl<S: BufStore> Conn<S> {
             return;
         }
         let mut inflight: u32 = self.advts.reads_inflight_total();
-        let ids: Vec<usize> = self
-            .rx
-            .queue
-            .iter()
-            .filter_map(|i| match i {
-                RxItem::Src { advt } => Some(*advt),
-                RxItem::Data { .. } => None,
-            })
-            .collect();
+        let ids: Vec<usize> = self.rx.src_ids();
         for advt in ids {
             let Some(a) = self.advts.src(advt) else {
                 continue;
@@ -285,14 +253,7 @@ impl<S: BufStore> Conn<S> {
     /// Drop a finished advertisement from the stream, and answer a cancel once reads are done.
     fn after_src_progress(&mut self, advt: usize) {
         if self.advts.src_exhausted(advt) {
-            if let Some(pos) = self
-                .rx
-                .queue
-                .iter()
-                .position(|i| matches!(i, RxItem::Src { advt: a } if *a == advt))
-            {
-                self.rx.queue.remove(pos);
-            }
+            self.rx.remove_src(advt);
             self.src_consumed(advt);
         }
         self.maybe_send_sm();
@@ -346,7 +307,7 @@ impl<S: BufStore> Conn<S> {
             self.refuse_src(id);
             return Ok(());
         }
-        self.rx.queue.push_back(RxItem::Src { advt: id });
+        self.rx.push_src(id);
         self.start_eager_reads();
         Ok(())
     }
@@ -355,15 +316,7 @@ impl<S: BufStore> Conn<S> {
     /// no more of them; SendSm once the reads in flight finish (none if nothing was cut short:
     /// the messages crossed, and our RdmaRdCompls finish the peer's sources).
     pub(crate) fn on_src_cancel(&mut self, _now: Instant) -> Result<(), ProtocolError> {
-        let ids: Vec<usize> = self
-            .rx
-            .queue
-            .iter()
-            .filter_map(|i| match i {
-                RxItem::Src { advt } => Some(*advt),
-                _ => None,
-            })
-            .collect();
+        let ids: Vec<usize> = self.rx.src_ids();
         let mut cut = false;
         for id in ids {
             cut |= self.advts.stop_src(id);
@@ -412,15 +365,7 @@ impl<S: BufStore> Conn<S> {
     /// Take back a SinkAvail that was never sent: the sink completes empty, and a cancel queued
     /// for it goes too.
     pub(crate) fn withdraw_sink(&mut self) {
-        self.tx.queue.retain(|i| {
-            !matches!(
-                i,
-                TxItem::Ctrl {
-                    mid: Mid::SinkAvailCancel,
-                    ..
-                }
-            )
-        });
+        self.tx.unqueue_ctrl(Mid::SinkAvailCancel);
         self.iocbs.end_sink_cancel();
         if let Some(s) = self.iocbs.take_sink() {
             self.emit(Event::ZcopyReceived {

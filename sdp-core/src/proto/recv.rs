@@ -14,7 +14,7 @@ impl<S: BufStore> Conn<S> {
             return Err(CallError::WouldBlock);
         }
         if let Some(e) = &self.error {
-            if !matches!(self.rx.queue.front(), Some(RxItem::Data { .. })) {
+            if !matches!(self.rx.front(), Some(RxItem::Data { .. })) {
                 return Err(CallError::Conn(e.clone()));
             }
         }
@@ -23,7 +23,7 @@ impl<S: BufStore> Conn<S> {
         }
         let mut copied = 0;
         while copied < dst.len() {
-            let Some(item) = self.rx.queue.front_mut() else {
+            let Some(item) = self.rx.front_mut() else {
                 break;
             };
             match item {
@@ -36,8 +36,7 @@ impl<S: BufStore> Conn<S> {
                     let emptied = *len == 0;
                     self.rx.bytes_out(n);
                     if emptied {
-                        let Some(RxItem::Data { buf, bounce, .. }) = self.rx.queue.pop_front()
-                        else {
+                        let Some(RxItem::Data { buf, bounce, .. }) = self.rx.pop_front() else {
                             unreachable!()
                         };
                         self.give_back_rx(buf, bounce);
@@ -50,7 +49,7 @@ impl<S: BufStore> Conn<S> {
                         break;
                     }
                     if self.advts.src_exhausted(advt) {
-                        self.rx.queue.pop_front();
+                        self.rx.pop_front();
                         self.src_consumed(advt);
                         continue;
                     }
@@ -78,7 +77,7 @@ impl<S: BufStore> Conn<S> {
             return Err(CallError::WouldBlock);
         }
         let mut copied = 0;
-        for item in &self.rx.queue {
+        for item in self.rx.items() {
             if copied == dst.len() {
                 break;
             }
@@ -117,7 +116,7 @@ impl<S: BufStore> Conn<S> {
         if self.error.is_some() {
             return true;
         }
-        for item in &self.rx.queue {
+        for item in self.rx.items() {
             match item {
                 RxItem::Data { .. } => return true,
                 RxItem::Src { advt } => {
@@ -182,7 +181,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Drop everything received and not read (read half shut).
     pub(crate) fn discard_rx(&mut self) {
-        while let Some(item) = self.rx.queue.pop_front() {
+        while let Some(item) = self.rx.pop_front() {
             match item {
                 RxItem::Data { buf, bounce, .. } => self.give_back_rx(buf, bounce),
                 RxItem::Src { advt } => self.advts.refuse_src(advt),

@@ -291,10 +291,10 @@ impl<S: BufStore> Conn<S> {
                 addr: sink.vaddr + placed as u64,
                 rkey: sink.rkey,
             };
-            match self.tx.queue.front() {
+            match self.tx.front() {
                 Some(TxItem::Data { len, flags, .. }) if flags.is_empty() => {
                     let len = *len;
-                    let Some(TxItem::Data { buf, .. }) = self.tx.queue.pop_front() else {
+                    let Some(TxItem::Data { buf, .. }) = self.tx.pop_front() else {
                         unreachable!()
                     };
                     let n = len.min(room);
@@ -316,7 +316,7 @@ impl<S: BufStore> Conn<S> {
                         match nb {
                             Some(nb) => {
                                 self.store.write(&nb, BSDH_LEN as u32, &rest);
-                                self.tx.queue.push_front(TxItem::Data {
+                                self.tx.push_front(TxItem::Data {
                                     buf: nb,
                                     len: len - n,
                                     flags: BsdhFlags::empty(),
@@ -324,7 +324,7 @@ impl<S: BufStore> Conn<S> {
                             }
                             None => {
                                 // No buffer for the split: keep the item whole, sink unused.
-                                self.tx.queue.push_front(TxItem::Data {
+                                self.tx.push_front(TxItem::Data {
                                     buf,
                                     len,
                                     flags: BsdhFlags::empty(),
@@ -351,7 +351,7 @@ impl<S: BufStore> Conn<S> {
                     let (local, done) = s.take(room);
                     let n = local.len;
                     if done {
-                        self.tx.queue.pop_front();
+                        self.tx.pop_front();
                     }
                     self.post_write(Inflight::WriteSrc { key, len: n }, remote, local);
                     placed += n;
@@ -372,7 +372,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Post an RDMA Write of `local` into the peer's `remote`, tracked as `inf`.
     fn post_write(&mut self, inf: Inflight, remote: RemoteBuf, local: Sge) {
-        let key = self.tx.inflight.insert(inf);
+        let key = self.tx.post(inf);
         self.wrs.push_back(WorkRequest::Send(SendWr {
             wr_id: wrid::WRITE | key as u64,
             op: SendOp::Write(remote),
