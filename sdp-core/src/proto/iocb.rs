@@ -114,6 +114,47 @@ impl SrcIocb {
     pub(crate) fn unacked(&self) -> u32 {
         self.src.len - self.acked - self.written
     }
+    /// SrcAvail goes out for it: advertised, timing out at `deadline`. Returns the deadline it
+    /// had while queued (for [`SrcIocb::unadvertise`]).
+    pub(crate) fn advertise(&mut self, deadline: Instant) -> Option<Instant> {
+        let queued = self.deadline;
+        self.state = SrcState::Advertised;
+        self.deadline = Some(deadline);
+        queued
+    }
+    /// Its SrcAvail could not go after all: queued again, with its queued `deadline`.
+    pub(crate) fn unadvertise(&mut self, deadline: Option<Instant>) {
+        self.state = SrcState::Queued;
+        self.deadline = deadline;
+    }
+    /// Advertised in split zero copy: committed, never cancelled, no timeout.
+    pub(crate) fn commit(&mut self) {
+        self.committed = true;
+        self.deadline = None;
+    }
+    /// It ends at the bytes sent so far: `Written`, it finishes when their work requests
+    /// complete.
+    pub(crate) fn end_at_written(&mut self) {
+        self.src.len = self.written;
+        self.state = SrcState::Written;
+    }
+    /// It is `Done`, `bytes` went: returns the bytes never sent (`None` if it was done
+    /// already).
+    pub(crate) fn finish(&mut self, bytes: usize) -> Option<usize> {
+        if self.state == SrcState::Done {
+            return None;
+        }
+        let unsent = (self.src.len - self.written) as usize;
+        self.state = SrcState::Done;
+        self.done_bytes = bytes;
+        Some(unsent)
+    }
+    /// One of its sends (RDMA Write or gathered SEND) completed. True if it was the last of a
+    /// source sent in full (`Written`).
+    pub(crate) fn write_completed(&mut self) -> bool {
+        self.writes_inflight -= 1;
+        self.state == SrcState::Written && self.writes_inflight == 0
+    }
     /// Take the next at most `max` bytes not yet sent (by RDMA Write or gathered SEND) as the
     /// local SGE of one work request, counted in flight. True if they were the last: the source
     /// is then `Written` and finishes when its work requests complete.
@@ -412,8 +453,7 @@ impl Iocbs {
             if i > 0 && s.writes_inflight > 0 {
                 // Its memory is in use until its sends complete: it ends at the bytes that
                 // went, then.
-                s.src.len = s.written;
-                s.state = SrcState::Written;
+                s.end_at_written();
                 continue;
             }
             cancelled += 1;

@@ -256,8 +256,7 @@ impl<S: BufStore> Conn<S> {
                                 return;
                             }
                             if let Some(s) = self.iocbs.find_src(key) {
-                                s.committed = true;
-                                s.deadline = None;
+                                s.commit();
                             }
                             self.tx.pop_front();
                             continue;
@@ -388,7 +387,7 @@ impl<S: BufStore> Conn<S> {
             }
             if s.written == s.src.len {
                 // Nothing left (a source is never empty; kept for robustness).
-                s.state = SrcState::Written;
+                s.end_at_written();
                 self.tx.pop_front();
                 return true;
             }

@@ -62,19 +62,17 @@ impl<S: BufStore> Conn<S> {
         if s.state != SrcState::Queued || s.written >= s.src.len {
             return false;
         }
-        let (timeout, queued_deadline) = (s.stall.unwrap_or(self.cfg.srcavail_timeout), s.deadline);
+        let timeout = s.stall.unwrap_or(self.cfg.srcavail_timeout);
         let off = s.written;
         let ext = Ext::SrcAvail {
             len: s.src.len - off,
             rkey: s.src.rkey,
             vaddr: s.src.addr + off as u64,
         };
-        s.state = SrcState::Advertised;
-        s.deadline = Some(now + timeout);
+        let queued_deadline = s.advertise(now + timeout);
         if !self.post_ctrl(Mid::SrcAvail, ext) {
             if let Some(s) = self.iocbs.find_src(key) {
-                s.state = SrcState::Queued;
-                s.deadline = queued_deadline;
+                s.unadvertise(queued_deadline);
             }
             return false;
         }
@@ -99,8 +97,7 @@ impl<S: BufStore> Conn<S> {
                 // Part of it went already (by SEND or into the peer's sink): it ends there,
                 // once those work requests complete (the memory is in use until then).
                 let (len, written, inflight) = (s.src.len, s.written, s.writes_inflight);
-                s.src.len = written;
-                s.state = SrcState::Written;
+                s.end_at_written();
                 self.tx.bytes_out((len - written) as usize);
                 self.tx.unqueue_src(key);
                 self.count(Count::SrcAvailCancelled(1));
@@ -199,10 +196,7 @@ impl<S: BufStore> Conn<S> {
     /// SEND behind a committed advertisement) waits as `Done`.
     fn finish_src(&mut self, key: u64, bytes: usize) {
         if let Some(s) = self.iocbs.find_src(key) {
-            if s.state != SrcState::Done {
-                let unsent = (s.src.len - s.written) as usize;
-                s.state = SrcState::Done;
-                s.done_bytes = bytes;
+            if let Some(unsent) = s.finish(bytes) {
                 self.tx.bytes_out(unsent);
             }
         }
@@ -388,9 +382,9 @@ impl<S: BufStore> Conn<S> {
         let Some(s) = self.iocbs.find_src(key) else {
             return;
         };
-        s.writes_inflight -= 1;
+        let last = s.write_completed();
         let _ = len;
-        if ok && s.state == SrcState::Written && s.writes_inflight == 0 {
+        if ok && last {
             let bytes = s.src.len as usize;
             // tx_bytes was reduced per write completion; finish_src subtracts only the
             // unwritten part (zero here).
