@@ -428,17 +428,17 @@ impl<S: BufStore> Conn<S> {
             self.credits.peer(),
             self.credits.next_mseq(),
             self.credits.last_rx_mseq(),
-            self.tx.queue.iter().take(6).map(|i| match i { TxItem::Data { len, .. } => format!("D{len}"), TxItem::Ctrl { mid, .. } => format!("{mid:?}"), TxItem::Src { key } => format!("S{key}") }).collect::<Vec<_>>(),
-            self.tx.inflight.len(),
+            self.tx.queued().take(6).map(|i| match i { TxItem::Data { len, .. } => format!("D{len}"), TxItem::Ctrl { mid, .. } => format!("{mid:?}"), TxItem::Src { key } => format!("S{key}") }).collect::<Vec<_>>(),
+            self.tx.inflight_len(),
             self.tx.bytes(),
-            self.rx.queue.len(),
+            self.rx.queue_len(),
             self.rx.posted_len(),
             self.rx.held(),
-            self.iocbs.srcs.iter().map(|s| (s.key, s.token, s.state, s.acked, s.written)).collect::<Vec<_>>(),
-            self.iocbs.sink.is_some(),
-            self.iocbs.sink_cancel_pending,
-            self.advts.srcs.len(),
-            self.advts.sink.is_some(),
+            self.iocbs.srcs().map(|s| (s.key, s.token, s.state, s.acked, s.written)).collect::<Vec<_>>(),
+            self.iocbs.has_sink(),
+            self.iocbs.sink_cancel_pending(),
+            self.advts.src_count(),
+            self.advts.sink_usable(),
             self.disconn_sent,
             self.disconn_rcvd,
         )
@@ -558,7 +558,7 @@ impl<S: BufStore> Conn<S> {
     }
     /// The peer sent DisConn and every byte before it has been read (reads return 0).
     pub fn read_closed(&self) -> bool {
-        (self.disconn_rcvd || self.shut_rd) && self.rx.queue.is_empty()
+        (self.disconn_rcvd || self.shut_rd) && self.rx.queue_empty()
     }
     /// Our write half is shut.
     pub fn write_closed(&self) -> bool {
@@ -570,20 +570,13 @@ impl<S: BufStore> Conn<S> {
     pub fn close_pending(&self) -> bool {
         self.app_closed
             && self.state == State::Established
-            && !(self.disconn_sent && self.tx.inflight.is_empty())
+            && !(self.disconn_sent && self.tx.nothing_inflight())
     }
     /// Bytes of a peer's SrcAvail that come next in the stream and may be read without a copy
     /// into a registered sink ([`Conn::read_zcopy`]); `None` if the next bytes are not one.
     pub fn next_is_zcopy(&self) -> Option<u32> {
-        match self.rx.queue.front() {
-            Some(RxItem::Src { advt }) => {
-                let a = self.advts.srcs.get(*advt)?;
-                if a.reads_inflight == 0 && !a.cancelled && a.requested < a.len {
-                    Some(a.len - a.requested)
-                } else {
-                    None
-                }
-            }
+        match self.rx.front() {
+            Some(RxItem::Src { advt }) => self.advts.src(*advt)?.sink_readable(),
             _ => None,
         }
     }
@@ -613,7 +606,7 @@ impl<S: BufStore> Conn<S> {
             State::Closed | State::Disconnecting => true,
             State::Established => {
                 self.error.is_some()
-                    || !self.rx.queue.is_empty()
+                    || !self.rx.queue_empty()
                     || self.disconn_rcvd
                     || self.shut_rd
                     || self.urgent.is_some()
@@ -688,7 +681,7 @@ impl<S: BufStore> Conn<S> {
     }
     /// A zero-copy send is still queued or outstanding (plain writes wait behind it).
     pub fn zcopy_outstanding(&self) -> bool {
-        !self.iocbs.srcs.is_empty()
+        self.iocbs.has_src()
     }
     /// Zero-copy sources (or split pieces) with sends in flight now (gathered SENDs or RDMA
     /// Writes; at most `Config::zcopy_split_sends` in split zero copy).
@@ -943,7 +936,7 @@ impl<S: BufStore> Conn<S> {
     }
     /// Sends posted and not completed yet.
     pub fn sends_in_flight(&self) -> usize {
-        self.tx.inflight.len()
+        self.tx.inflight_len()
     }
     /// The driver saw outstanding sends make no progress for `Config::send_stall_timeout`:
     /// fail the connection with `TimedOut`, as TCP's retransmissions giving up.
@@ -1077,7 +1070,7 @@ impl<S: BufStore> Conn<S> {
         if self.state == State::Established
             && self.disconn_sent
             && self.disconn_rcvd
-            && self.tx.inflight.is_empty()
+            && self.tx.nothing_inflight()
         {
             // The side that sent DisConn last would wait forever for a second disconnect if
             // both waited: both issue it (rdma_disconnect is fine from both ends).
@@ -1103,7 +1096,7 @@ impl<S: BufStore> Conn<S> {
     /// Give every buffer back to the store. Work requests still posted are dead: the driver
     /// destroys the endpoint on [`Event::Closed`].
     fn release_all(&mut self) {
-        for (_, inf) in std::mem::take(&mut self.tx.inflight) {
+        for inf in self.tx.drain_inflight() {
             if let Inflight::Read(r) = &inf {
                 // A read into the application's sink that never completed: reported here,
                 // once (the endpoint is destroyed with it, so nothing writes the sink later).
@@ -1118,22 +1111,7 @@ impl<S: BufStore> Conn<S> {
         // keeps a reset socket's receive queue: the data, then the error, then EOF); `read`
         // frees each buffer as it empties. A peer's advertised source cannot be read any
         // more, so the stream ends before the first one.
-        if let Some(cut) = self
-            .rx
-            .queue
-            .iter()
-            .position(|i| matches!(i, RxItem::Src { .. }))
-        {
-            for item in self.rx.queue.split_off(cut) {
-                if let RxItem::Data { len, bounce, .. } = &item {
-                    self.rx.bytes_out(*len as usize);
-                    if !*bounce {
-                        self.rx.unhold();
-                    }
-                }
-                item.release(&mut self.store);
-            }
-        }
+        self.rx.cut_at_first_src(&mut self.store);
         self.advts.release(&mut self.store);
         self.iocbs.release(&mut self.store);
         // The pools' counts are moot now: drop their idle buffers.

@@ -102,6 +102,10 @@ impl SrcIocb {
             _ => false,
         }
     }
+    /// Its deadline passed by `now`.
+    fn due(&self, now: Instant) -> bool {
+        self.deadline.is_some_and(|d| d <= now)
+    }
     /// Advertised and not finished.
     pub(crate) fn outstanding(&self) -> bool {
         matches!(self.state, SrcState::Advertised | SrcState::Cancelling)
@@ -109,6 +113,47 @@ impl SrcIocb {
     /// Bytes of the source the peer has not acknowledged (read or written).
     pub(crate) fn unacked(&self) -> u32 {
         self.src.len - self.acked - self.written
+    }
+    /// SrcAvail goes out for it: advertised, timing out at `deadline`. Returns the deadline it
+    /// had while queued (for [`SrcIocb::unadvertise`]).
+    pub(crate) fn advertise(&mut self, deadline: Instant) -> Option<Instant> {
+        let queued = self.deadline;
+        self.state = SrcState::Advertised;
+        self.deadline = Some(deadline);
+        queued
+    }
+    /// Its SrcAvail could not go after all: queued again, with its queued `deadline`.
+    pub(crate) fn unadvertise(&mut self, deadline: Option<Instant>) {
+        self.state = SrcState::Queued;
+        self.deadline = deadline;
+    }
+    /// Advertised in split zero copy: committed, never cancelled, no timeout.
+    pub(crate) fn commit(&mut self) {
+        self.committed = true;
+        self.deadline = None;
+    }
+    /// It ends at the bytes sent so far: `Written`, it finishes when their work requests
+    /// complete.
+    pub(crate) fn end_at_written(&mut self) {
+        self.src.len = self.written;
+        self.state = SrcState::Written;
+    }
+    /// It is `Done`, `bytes` went: returns the bytes never sent (`None` if it was done
+    /// already).
+    pub(crate) fn finish(&mut self, bytes: usize) -> Option<usize> {
+        if self.state == SrcState::Done {
+            return None;
+        }
+        let unsent = (self.src.len - self.written) as usize;
+        self.state = SrcState::Done;
+        self.done_bytes = bytes;
+        Some(unsent)
+    }
+    /// One of its sends (RDMA Write or gathered SEND) completed. True if it was the last of a
+    /// source sent in full (`Written`).
+    pub(crate) fn write_completed(&mut self) -> bool {
+        self.writes_inflight -= 1;
+        self.state == SrcState::Written && self.writes_inflight == 0
     }
     /// Take the next at most `max` bytes not yet sent (by RDMA Write or gathered SEND) as the
     /// local SGE of one work request, counted in flight. True if they were the last: the source
@@ -148,30 +193,60 @@ pub(crate) struct SinkIocb {
 #[derive(Debug, Default)]
 pub struct Iocbs {
     /// Sources in stream order.
-    pub(crate) srcs: VecDeque<SrcIocb>,
+    srcs: VecDeque<SrcIocb>,
     /// Our advertised sink, if any.
-    pub(crate) sink: Option<SinkIocb>,
+    sink: Option<SinkIocb>,
     /// We sent SinkAvailCancel and wait for SinkCancelAck.
-    pub(crate) sink_cancel_pending: bool,
+    sink_cancel_pending: bool,
     /// Sinks in a row that the peer's Data overtook (it streams by SEND faster than we read).
-    pub(crate) sinks_overtaken: u8,
+    sinks_overtaken: u8,
     /// Sink offers still to skip after that: 2^`sinks_overtaken` - 1, so a streaming peer is
     /// not sent a SinkAvail it will drop after every other message.
-    pub(crate) sink_skip: u32,
+    sink_skip: u32,
     /// Next [`SrcIocb::key`].
-    pub(crate) next_key: u64,
+    next_key: u64,
     /// Bytes of the pieces reported so far of the source being reported.
-    pub(crate) report_bytes: usize,
+    report_bytes: usize,
     /// One of those pieces ended short: later pieces add nothing (the peer got a prefix).
-    pub(crate) report_short: bool,
+    report_short: bool,
+}
+
+/// What [`Iocbs::end_srcs_from`] ended: the caller takes the sources out of the send queue and
+/// the send budget.
+#[derive(Debug)]
+pub(crate) struct EndedSrcs {
+    /// Keys of the source it started at and of every later one.
+    pub keys: Vec<u64>,
+    /// Bytes of them that were never sent.
+    pub unsent: usize,
+    /// Sources that ended at once (the others end when their sends complete).
+    pub cancelled: u64,
 }
 
 impl Iocbs {
-    /// Queue a source; returns its key.
-    pub(crate) fn add_src(&mut self, token: u64, src: ZSrc) -> u64 {
+    /// A new key for a source or piece.
+    fn next_key(&mut self) -> u64 {
         let key = self.next_key;
         self.next_key += 1;
-        self.srcs.push_back(SrcIocb::queued(key, token, true, src));
+        key
+    }
+
+    // --- sources ---
+
+    /// Queue a source; returns its key. With a stall bound it must keep moving (see
+    /// [`SrcIocb::stall`]); its first deadline is `deadline`.
+    pub(crate) fn add_src(
+        &mut self,
+        token: u64,
+        src: ZSrc,
+        stall: Option<std::time::Duration>,
+        deadline: Option<Instant>,
+    ) -> u64 {
+        let key = self.next_key();
+        let mut s = SrcIocb::queued(key, token, true, src);
+        s.stall = stall;
+        s.deadline = deadline;
+        self.srcs.push_back(s);
         key
     }
     /// Cut the queued source `key` after its first `at` bytes: the rest becomes a new source
@@ -191,13 +266,20 @@ impl Iocbs {
         s.src.len = at;
         s.full = at;
         s.last = false;
-        let new = self.next_key;
-        self.next_key += 1;
+        let new = self.next_key();
         let mut piece = SrcIocb::queued(new, token, last, rest);
         piece.stall = stall;
         piece.deadline = deadline;
         self.srcs.insert(pos + 1, piece);
         Some(new)
+    }
+    /// A source is queued or outstanding.
+    pub(crate) fn has_src(&self) -> bool {
+        !self.srcs.is_empty()
+    }
+    /// The sources, in stream order.
+    pub(crate) fn srcs(&self) -> impl Iterator<Item = &SrcIocb> {
+        self.srcs.iter()
     }
     /// The application's sources queued or outstanding.
     pub(crate) fn src_queued(&self) -> usize {
@@ -211,6 +293,10 @@ impl Iocbs {
     /// SrcAvails out and not finished.
     pub(crate) fn src_inflight(&self) -> usize {
         self.srcs.iter().filter(|s| s.outstanding()).count()
+    }
+    /// The oldest SrcAvail out and not finished.
+    pub(crate) fn first_outstanding(&self) -> Option<&SrcIocb> {
+        self.srcs.iter().find(|s| s.outstanding())
     }
     /// A SrcAvailCancel is out: nothing more is advertised until the peer's SendSm (or the
     /// last RdmaRdCompl) ends every advertisement.
@@ -248,9 +334,162 @@ impl Iocbs {
     pub(crate) fn find_src(&mut self, key: u64) -> Option<&mut SrcIocb> {
         self.srcs.iter_mut().find(|s| s.key == key)
     }
+    /// The first piece of the application's source `token` that can still end short (a
+    /// source not cut is one piece): queued, or advertised and not committed.
+    pub(crate) fn src_to_cancel(&mut self, token: u64) -> Option<&mut SrcIocb> {
+        self.srcs.iter_mut().find(|s| {
+            s.token == token
+                && match s.state {
+                    SrcState::Queued => true,
+                    SrcState::Advertised => !s.committed,
+                    _ => false,
+                }
+        })
+    }
+    /// The key of the source right behind `key`.
+    pub(crate) fn key_after(&self, key: u64) -> Option<u64> {
+        self.srcs
+            .iter()
+            .skip_while(|s| s.key != key)
+            .nth(1)
+            .map(|s| s.key)
+    }
+    /// SrcAvailCancel goes out: every advertised source is `Cancelling` (no timeout). False if
+    /// none was advertised.
+    pub(crate) fn start_cancel(&mut self) -> bool {
+        let mut any = false;
+        for s in self.srcs.iter_mut() {
+            if s.state == SrcState::Advertised {
+                s.state = SrcState::Cancelling;
+                s.deadline = None;
+                any = true;
+            }
+        }
+        any
+    }
+    /// Bytes of the outstanding advertisements the peer has not acknowledged.
+    pub(crate) fn advertised_unacked(&self) -> u64 {
+        self.srcs
+            .iter()
+            .filter(|s| s.outstanding())
+            .map(|s| s.unacked() as u64)
+            .sum()
+    }
+    /// The peer read `len` more bytes (RdmaRdCompl), attributed in stream order: the key and
+    /// length of every source that finished. Those still outstanding start their timeout over
+    /// (`default_timeout` if they have no stall bound).
+    pub(crate) fn ack_read(
+        &mut self,
+        now: Instant,
+        len: u32,
+        default_timeout: std::time::Duration,
+    ) -> Vec<(u64, usize)> {
+        let mut left = len;
+        let mut finished = Vec::new();
+        for s in self.srcs.iter_mut().filter(|s| s.outstanding()) {
+            let n = left.min(s.unacked());
+            s.acked += n;
+            left -= n;
+            if s.unacked() == 0 {
+                finished.push((s.key, s.src.len as usize));
+            } else if s.state == SrcState::Advertised && !s.committed {
+                // Progress: the timeout starts over for what is still outstanding (a committed
+                // advertisement has none: it is never cancelled).
+                s.deadline = Some(now + s.stall.unwrap_or(default_timeout));
+            }
+        }
+        finished
+    }
+    /// The stream moved: queued sources with a stall bound start it over.
+    pub(crate) fn restart_stalls(&mut self, now: Instant) {
+        for s in self.srcs.iter_mut() {
+            if s.state == SrcState::Queued {
+                if let Some(stall) = s.stall {
+                    s.deadline = Some(now + stall);
+                }
+            }
+        }
+    }
+    /// Tokens of the queued sources whose stall bound ran out by `now` (once per application
+    /// source: its pieces are next to each other).
+    pub(crate) fn stalled_queued(&self, now: Instant) -> Vec<u64> {
+        let mut tokens: Vec<u64> = self
+            .srcs
+            .iter()
+            .filter(|s| s.state == SrcState::Queued && s.timed() && s.due(now))
+            .map(|s| s.token)
+            .collect();
+        tokens.dedup();
+        tokens
+    }
+    /// An advertised source's timeout ran out by `now`.
+    pub(crate) fn advertised_due(&self, now: Instant) -> bool {
+        self.srcs
+            .iter()
+            .any(|s| s.state == SrcState::Advertised && s.due(now))
+    }
+    /// Timed sources whose deadline passed and that could not be ended have no timeout left.
+    pub(crate) fn clear_passed_deadlines(&mut self, now: Instant) {
+        for s in self.srcs.iter_mut() {
+            if s.timed() && s.due(now) {
+                s.deadline = None;
+            }
+        }
+    }
+    /// The source `key` (from its start) and every later one end: it with `bytes`, the later
+    /// ones with what reached the peer; those with sends in flight end once these complete.
+    /// `None` if `key` is gone.
+    pub(crate) fn end_srcs_from(&mut self, key: u64, bytes: usize) -> Option<EndedSrcs> {
+        let pos = self.srcs.iter().position(|s| s.key == key)?;
+        let keys: Vec<u64> = self.srcs.iter().skip(pos).map(|s| s.key).collect();
+        let mut unsent = 0;
+        let mut cancelled = 0;
+        for (i, s) in self.srcs.iter_mut().skip(pos).enumerate() {
+            if s.state == SrcState::Done {
+                // Finished already (by SEND), waiting to be reported in order.
+                continue;
+            }
+            unsent += (s.src.len - s.written) as usize;
+            if i > 0 && s.writes_inflight > 0 {
+                // Its memory is in use until its sends complete: it ends at the bytes that
+                // went, then.
+                s.end_at_written();
+                continue;
+            }
+            cancelled += 1;
+            s.done_bytes = if i == 0 { bytes } else { s.written as usize };
+            s.state = SrcState::Done;
+        }
+        Some(EndedSrcs {
+            keys,
+            unsent,
+            cancelled,
+        })
+    }
+    /// Zero-copy work can never finish now: every source is done with what reached the peer.
+    pub(crate) fn fail_srcs(&mut self) {
+        for s in self.srcs.iter_mut() {
+            if s.state != SrcState::Done {
+                s.done_bytes = (s.acked + s.written) as usize;
+                s.state = SrcState::Done;
+            }
+        }
+    }
+    /// Take the finished sources at the front, in stream order: the token and bytes of every
+    /// application source whose last piece is in.
+    pub(crate) fn take_done(&mut self) -> Vec<(u64, usize)> {
+        let mut reports = Vec::new();
+        while self.srcs.front().is_some_and(|s| s.state == SrcState::Done) {
+            let s = self.srcs.pop_front().expect("front checked");
+            if let Some(bytes) = self.report(&s) {
+                reports.push((s.token, bytes));
+            }
+        }
+        reports
+    }
     /// Account a finished piece, in stream order: the bytes of the application's source once
     /// its last piece is in, else None.
-    pub(crate) fn report(&mut self, s: &SrcIocb) -> Option<usize> {
+    fn report(&mut self, s: &SrcIocb) -> Option<usize> {
         if !self.report_short {
             self.report_bytes += s.done_bytes;
             self.report_short = s.done_bytes < s.full as usize;
@@ -262,10 +501,79 @@ impl Iocbs {
         self.report_short = false;
         Some(bytes)
     }
+
+    // --- our sink ---
+
     /// Our sink is out and no cancel is under way.
     pub(crate) fn sink_active(&self) -> bool {
         self.sink.is_some() && !self.sink_cancel_pending
     }
+    /// Our sink is out, or its cancel is (no new one may be offered).
+    pub(crate) fn sink_busy(&self) -> bool {
+        self.sink.is_some() || self.sink_cancel_pending
+    }
+    /// A sink is out (cancelled or not).
+    pub(crate) fn has_sink(&self) -> bool {
+        self.sink.is_some()
+    }
+    /// The length of our sink out, if one is.
+    pub(crate) fn sink_len(&self) -> Option<u32> {
+        self.sink.as_ref().map(|s| s.sink.len)
+    }
+    /// Our sink's SinkAvail went out.
+    pub(crate) fn sink_posted(&self) -> bool {
+        self.sink.as_ref().is_some_and(|s| s.posted)
+    }
+    /// True (once per offer skipped) while the offers to skip after overtaken sinks last.
+    pub(crate) fn skip_sink_offer(&mut self) -> bool {
+        if self.sink_skip > 0 {
+            self.sink_skip -= 1;
+            return true;
+        }
+        false
+    }
+    /// Offer `sink` (its SinkAvail is queued).
+    pub(crate) fn offer_sink(&mut self, token: u64, sink: ZSink) {
+        self.sink = Some(SinkIocb {
+            token,
+            sink,
+            posted: false,
+        });
+    }
+    /// The queued SinkAvail went out.
+    pub(crate) fn sink_sent(&mut self) {
+        if let Some(s) = self.sink.as_mut() {
+            s.posted = true;
+        }
+    }
+    /// The peer's Data overtook another sink: skip the next 2^n - 1 offers (n, the sinks
+    /// overtaken in a row, at most `max`).
+    pub(crate) fn sink_overtaken(&mut self, max: u8) {
+        self.sinks_overtaken = (self.sinks_overtaken + 1).min(max);
+        self.sink_skip = (1 << self.sinks_overtaken) - 1;
+    }
+    /// The peer wrote bytes into a sink: offers are no longer skipped after the next overtaken
+    /// one.
+    pub(crate) fn sink_filled(&mut self) {
+        self.sinks_overtaken = 0;
+    }
+    /// Our sink is done (filled, cancelled or given up).
+    pub(crate) fn take_sink(&mut self) -> Option<SinkIocb> {
+        self.sink.take()
+    }
+    /// SinkAvailCancel goes out.
+    pub(crate) fn start_sink_cancel(&mut self) {
+        self.sink_cancel_pending = true;
+    }
+    /// A SinkAvailCancel of ours waits for its SinkCancelAck.
+    pub(crate) fn sink_cancel_pending(&self) -> bool {
+        self.sink_cancel_pending
+    }
+    /// No SinkAvailCancel is (or will be) waited for.
+    pub(crate) fn end_sink_cancel(&mut self) {
+        self.sink_cancel_pending = false;
+    }
+
     /// The engine holds no memory of its own for iocbs; the driver owns it.
     pub(crate) fn release(&mut self, _store: &mut impl BufStore) {}
 }

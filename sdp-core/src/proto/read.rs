@@ -3,17 +3,16 @@
 //! buffers; each finished read is acknowledged with RdmaRdCompl. Also our own SinkAvail (the
 //! write path's receiving side): advertise, cancel, complete.
 
-use super::advt::{SrcAdvt, BOUNCE_WINDOW, EAGER_BOUNCE_BUFS};
+use super::advt::{BOUNCE_WINDOW, EAGER_BOUNCE_BUFS};
 use super::buff::{Buf, BufStore};
 pub use super::conn::ZRecv;
 use super::conn::{wrid, CallError, Conn, Count, Event, ProtocolError, State};
-use super::iocb::{SinkIocb, ZSink};
+use super::iocb::ZSink;
 use super::msgs::{Ext, Mid};
 use super::rx::RxItem;
-use super::tx::TxItem;
 use super::tx::{Inflight, ReadReq};
 use super::Instant;
-use crate::verbs::{Completion, RemoteBuf, SendOp, SendWr, Sge, WcStatus, WorkRequest};
+use crate::verbs::{Completion, SendOp, SendWr, Sge, WcStatus, WorkRequest};
 
 /// After this many sinks in a row overtaken by the peer's Data, at most one offer in
 /// 2^`MAX_SINK_BACKOFF` is made while the peer keeps streaming.
@@ -39,11 +38,14 @@ impl<S: BufStore> Conn<S> {
         if sink.len == 0 {
             return Ok(ZRecv::Copy);
         }
-        if let Some(RxItem::Src { advt }) = self.rx.queue.front() {
+        if let Some(RxItem::Src { advt }) = self.rx.front() {
             let advt = *advt;
-            let a = &self.advts.srcs[advt];
-            if a.reads_inflight == 0 && !a.cancelled && a.requested < a.len {
-                let n = sink.len.min(a.len - a.requested);
+            let a = self
+                .advts
+                .src(advt)
+                .expect("an advertisement in the stream is held");
+            if let Some(room) = a.sink_readable() {
+                let n = sink.len.min(room);
                 let local = Sge {
                     addr: sink.addr,
                     len: n,
@@ -55,25 +57,20 @@ impl<S: BufStore> Conn<S> {
             }
             return Ok(ZRecv::Copy);
         }
-        if !self.rx.queue.is_empty() || self.read_closed() || self.urgent.is_some() {
+        if !self.rx.queue_empty() || self.read_closed() || self.urgent.is_some() {
             return Ok(ZRecv::Copy);
         }
         if (sink.len as usize) < self.cfg.zcopy_threshold {
             return Ok(ZRecv::Copy);
         }
-        if self.iocbs.sink.is_some() || self.iocbs.sink_cancel_pending {
+        if self.iocbs.sink_busy() {
             return Err(CallError::WouldBlock);
         }
-        if self.iocbs.sink_skip > 0 {
+        if self.iocbs.skip_sink_offer() {
             // The peer streams by SEND: its Data would overtake this offer too.
-            self.iocbs.sink_skip -= 1;
             return Ok(ZRecv::Copy);
         }
-        self.iocbs.sink = Some(SinkIocb {
-            token,
-            sink,
-            posted: false,
-        });
+        self.iocbs.offer_sink(token, sink);
         self.count(Count::SinkAvailSent);
         self.queue_ctrl_front(
             Mid::SinkAvail,
@@ -97,14 +94,8 @@ impl<S: BufStore> Conn<S> {
         bounce: Option<Buf>,
         sink_token: Option<u64>,
     ) {
-        let a = &mut self.advts.srcs[advt];
-        let remote = RemoteBuf {
-            addr: a.vaddr + a.requested as u64,
-            rkey: a.rkey,
-        };
-        a.requested += n;
-        a.reads_inflight += 1;
-        let key = self.tx.inflight.insert(Inflight::Read(ReadReq {
+        let remote = self.advts.request(advt, n);
+        let key = self.tx.post(Inflight::Read(ReadReq {
             advt,
             len: n,
             bounce,
@@ -126,23 +117,15 @@ impl<S: BufStore> Conn<S> {
     /// completions come back in the order posted (RC send queue), so the RdmaRdCompls go out in
     /// stream order, as the data source attributes them.
     pub(crate) fn start_bounce_reads(&mut self, _now: Instant) {
-        let ids: Vec<usize> = self
-            .rx
-            .queue
-            .iter()
-            .map_while(|i| match i {
-                RxItem::Src { advt } => Some(*advt),
-                RxItem::Data { .. } => None,
-            })
-            .collect();
+        let ids: Vec<usize> = self.rx.leading_src_ids();
         let mut inflight: u32 = ids
             .iter()
-            .filter_map(|id| self.advts.srcs.get(*id))
+            .filter_map(|id| self.advts.src(*id))
             .map(|a| a.reads_inflight)
             .sum();
         for advt in ids {
             loop {
-                let Some(a) = self.advts.srcs.get(advt) else {
+                let Some(a) = self.advts.src(advt) else {
                     return;
                 };
                 if a.cancelled {
@@ -154,8 +137,8 @@ impl<S: BufStore> Conn<S> {
                 if inflight >= BOUNCE_WINDOW {
                     return;
                 }
-                let n = (a.len - a.requested).min(self.advts.bounce_pool.size());
-                let Some(buf) = self.advts.bounce_pool.get(&mut self.store) else {
+                let n = (a.len - a.requested).min(self.advts.bounce_size());
+                let Some(buf) = self.advts.bounce_buf(&mut self.store) else {
                     return;
                 };
                 self.post_read(advt, buf.sge(n), n, Some(buf), None);
@@ -165,12 +148,12 @@ impl<S: BufStore> Conn<S> {
     }
 
     pub(crate) fn on_read_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
-        let Some(Inflight::Read(r)) = self.tx.inflight.try_remove(idx) else {
+        let Some(Inflight::Read(r)) = self.tx.complete(idx) else {
             return;
         };
         if wc.status != WcStatus::Success {
             if let Some(b) = r.bounce {
-                self.advts.bounce_pool.put(&mut self.store, b);
+                self.advts.put_bounce(&mut self.store, b);
             }
             self.sink_read_failed(r.sink_token);
             self.on_wc_error(now, wc.status);
@@ -178,7 +161,7 @@ impl<S: BufStore> Conn<S> {
         }
         if wc.byte_len != r.len {
             if let Some(b) = r.bounce {
-                self.advts.bounce_pool.put(&mut self.store, b);
+                self.advts.put_bounce(&mut self.store, b);
             }
             self.sink_read_failed(r.sink_token);
             self.protocol_error(
@@ -190,38 +173,21 @@ impl<S: BufStore> Conn<S> {
             );
             return;
         }
-        let Some(a) = self.advts.srcs.get_mut(r.advt) else {
+        if !self.advts.read_done(r.advt, r.len) {
             // The advertisement is gone (connection torn down under us).
             if let Some(b) = r.bounce {
-                self.advts.bounce_pool.put(&mut self.store, b);
+                self.advts.put_bounce(&mut self.store, b);
             }
             self.sink_read_failed(r.sink_token);
             return;
-        };
-        a.done += r.len;
-        a.reads_inflight -= 1;
+        }
         self.count(Count::ZcopyReadBytes(r.len as u64));
         // Tell the peer (its source memory is free once every byte is acknowledged).
         self.queue_ctrl_front(Mid::RdmaRdCompl, Ext::RdmaRdCompl { len: r.len });
         match (r.bounce, r.sink_token) {
             (Some(buf), _) => {
                 // Bytes land in stream order just before the advertisement.
-                let pos = self
-                    .rx
-                    .queue
-                    .iter()
-                    .position(|i| matches!(i, RxItem::Src { advt } if *advt == r.advt))
-                    .unwrap_or(self.rx.queue.len());
-                self.rx.queue.insert(
-                    pos,
-                    RxItem::Data {
-                        buf,
-                        off: 0,
-                        len: r.len,
-                        bounce: true,
-                    },
-                );
-                self.rx.bytes_in(r.len as usize);
+                self.rx.insert_bounce(r.advt, buf, r.len);
             }
             (None, Some(token)) => {
                 self.emit(Event::ZcopyReceived {
@@ -259,32 +225,24 @@ impl<S: BufStore> Conn<S> {
         if !self.split_zcopy() || self.shut_rd || self.app_closed || self.queued {
             return;
         }
-        let mut inflight: u32 = self.advts.srcs.iter().map(|(_, a)| a.reads_inflight).sum();
-        let ids: Vec<usize> = self
-            .rx
-            .queue
-            .iter()
-            .filter_map(|i| match i {
-                RxItem::Src { advt } => Some(*advt),
-                RxItem::Data { .. } => None,
-            })
-            .collect();
+        let mut inflight: u32 = self.advts.reads_inflight_total();
+        let ids: Vec<usize> = self.rx.src_ids();
         for advt in ids {
-            let Some(a) = self.advts.srcs.get(advt) else {
+            let Some(a) = self.advts.src(advt) else {
                 continue;
             };
             if a.cancelled || a.requested >= a.len {
                 continue;
             }
             if a.requested > 0
-                || a.len > self.advts.bounce_pool.size()
+                || a.len > self.advts.bounce_size()
                 || inflight >= BOUNCE_WINDOW
-                || self.advts.bounce_pool.in_use() >= EAGER_BOUNCE_BUFS
+                || self.advts.bounce_in_use() >= EAGER_BOUNCE_BUFS
             {
                 return;
             }
             let n = a.len;
-            let Some(buf) = self.advts.bounce_pool.get(&mut self.store) else {
+            let Some(buf) = self.advts.bounce_buf(&mut self.store) else {
                 return;
             };
             self.post_read(advt, buf.sge(n), n, Some(buf), None);
@@ -295,14 +253,7 @@ impl<S: BufStore> Conn<S> {
     /// Drop a finished advertisement from the stream, and answer a cancel once reads are done.
     fn after_src_progress(&mut self, advt: usize) {
         if self.advts.src_exhausted(advt) {
-            if let Some(pos) = self
-                .rx
-                .queue
-                .iter()
-                .position(|i| matches!(i, RxItem::Src { advt: a } if *a == advt))
-            {
-                self.rx.queue.remove(pos);
-            }
+            self.rx.remove_src(advt);
             self.src_consumed(advt);
         }
         self.maybe_send_sm();
@@ -311,16 +262,14 @@ impl<S: BufStore> Conn<S> {
     /// Send the SendSm owed once no RDMA Read is in flight (every byte read is acknowledged
     /// before it, so the peer sees exactly what we took).
     pub(crate) fn maybe_send_sm(&mut self) {
-        if self.advts.send_sm_due && !self.advts.reads_inflight() {
-            self.advts.send_sm_due = false;
-            self.advts.send_sm_queued = true;
+        if self.advts.take_send_sm_due() {
             self.queue_ctrl_front(Mid::SendSm, Ext::None);
         }
     }
 
     /// The stream moved past an advertisement.
     pub(crate) fn src_consumed(&mut self, advt: usize) {
-        self.advts.srcs.try_remove(advt);
+        self.advts.remove_src(advt);
     }
 
     /// SrcAvail received: the peer's bytes come next in the stream (unless it is void: sent
@@ -345,18 +294,10 @@ impl<S: BufStore> Conn<S> {
         if self.advts.src_void(mseq_ack) {
             return Ok(());
         }
-        if self.advts.srcs.len() >= self.cfg.max_adverts as usize {
+        if self.advts.src_count() >= self.cfg.max_adverts as usize {
             return Err(ProtocolError::TooManyAdverts(self.cfg.max_adverts));
         }
-        let id = self.advts.srcs.insert(SrcAdvt {
-            len,
-            rkey,
-            vaddr,
-            requested: 0,
-            done: 0,
-            reads_inflight: 0,
-            cancelled: false,
-        });
+        let id = self.advts.add_src(len, rkey, vaddr);
         if self.app_closed {
             self.refuse_src(id);
             self.abort_with(now, super::conn::ConnError::Aborted);
@@ -366,7 +307,7 @@ impl<S: BufStore> Conn<S> {
             self.refuse_src(id);
             return Ok(());
         }
-        self.rx.queue.push_back(RxItem::Src { advt: id });
+        self.rx.push_src(id);
         self.start_eager_reads();
         Ok(())
     }
@@ -375,27 +316,15 @@ impl<S: BufStore> Conn<S> {
     /// no more of them; SendSm once the reads in flight finish (none if nothing was cut short:
     /// the messages crossed, and our RdmaRdCompls finish the peer's sources).
     pub(crate) fn on_src_cancel(&mut self, _now: Instant) -> Result<(), ProtocolError> {
-        let ids: Vec<usize> = self
-            .rx
-            .queue
-            .iter()
-            .filter_map(|i| match i {
-                RxItem::Src { advt } => Some(*advt),
-                _ => None,
-            })
-            .collect();
+        let ids: Vec<usize> = self.rx.src_ids();
         let mut cut = false;
         for id in ids {
-            if let Some(a) = self.advts.srcs.get_mut(id) {
-                cut |= !a.cancelled && a.requested < a.len;
-                a.cancelled = true;
-                a.len = a.requested;
-            }
+            cut |= self.advts.stop_src(id);
             self.after_src_progress(id);
         }
         if cut {
             self.count(Count::SrcAvailCancelled(1));
-            self.advts.send_sm_due = true;
+            self.advts.owe_send_sm();
             self.maybe_send_sm();
         }
         Ok(())
@@ -409,15 +338,14 @@ impl<S: BufStore> Conn<S> {
     /// during which a reader waiting for the sink would leave the new bytes unread. Urgent data
     /// still asks for the sink back.
     pub(crate) fn sink_overtaken(&mut self, now: Instant, urgent: bool) {
-        let posted = self.iocbs.sink.as_ref().is_some_and(|s| s.posted);
+        let posted = self.iocbs.sink_posted();
         if !self.iocbs.sink_active() || !posted || urgent {
             self.cancel_sink(now);
             return;
         }
         self.count(Count::SinkAvailStale);
-        self.iocbs.sinks_overtaken = (self.iocbs.sinks_overtaken + 1).min(MAX_SINK_BACKOFF);
-        self.iocbs.sink_skip = (1 << self.iocbs.sinks_overtaken) - 1;
-        if let Some(s) = self.iocbs.sink.take() {
+        self.iocbs.sink_overtaken(MAX_SINK_BACKOFF);
+        if let Some(s) = self.iocbs.take_sink() {
             self.emit(Event::ZcopyReceived {
                 token: s.token,
                 bytes: 0,
@@ -428,7 +356,7 @@ impl<S: BufStore> Conn<S> {
     /// The peer sent stream bytes past our SinkAvail: ask for the sink back.
     pub(crate) fn cancel_sink(&mut self, _now: Instant) {
         if self.iocbs.sink_active() {
-            self.iocbs.sink_cancel_pending = true;
+            self.iocbs.start_sink_cancel();
             self.count(Count::SinkAvailCancelled);
             self.queue_ctrl_front(Mid::SinkAvailCancel, Ext::None);
         }
@@ -437,17 +365,9 @@ impl<S: BufStore> Conn<S> {
     /// Take back a SinkAvail that was never sent: the sink completes empty, and a cancel queued
     /// for it goes too.
     pub(crate) fn withdraw_sink(&mut self) {
-        self.tx.queue.retain(|i| {
-            !matches!(
-                i,
-                TxItem::Ctrl {
-                    mid: Mid::SinkAvailCancel,
-                    ..
-                }
-            )
-        });
-        self.iocbs.sink_cancel_pending = false;
-        if let Some(s) = self.iocbs.sink.take() {
+        self.tx.unqueue_ctrl(Mid::SinkAvailCancel);
+        self.iocbs.end_sink_cancel();
+        if let Some(s) = self.iocbs.take_sink() {
             self.emit(Event::ZcopyReceived {
                 token: s.token,
                 bytes: 0,
@@ -457,7 +377,7 @@ impl<S: BufStore> Conn<S> {
 
     /// RdmaWrCompl received: the peer wrote `len` bytes into our sink.
     pub(crate) fn on_wr_compl(&mut self, now: Instant, len: u32) -> Result<(), ProtocolError> {
-        let Some(sink_len) = self.iocbs.sink.as_ref().map(|s| s.sink.len) else {
+        let Some(sink_len) = self.iocbs.sink_len() else {
             return Err(ProtocolError::Unexpected {
                 mid: Mid::RdmaWrCompl,
                 context: "no SinkAvail outstanding",
@@ -471,9 +391,9 @@ impl<S: BufStore> Conn<S> {
                 want: sink_len as u64,
             });
         }
-        let s = self.iocbs.sink.take().expect("checked");
+        let s = self.iocbs.take_sink().expect("checked");
         if len > 0 {
-            self.iocbs.sinks_overtaken = 0;
+            self.iocbs.sink_filled();
         }
         self.count(Count::ZcopyWriteBytes(len as u64));
         self.count(Count::DataBytesRcvd(len as u64));
@@ -487,14 +407,14 @@ impl<S: BufStore> Conn<S> {
 
     /// SinkCancelAck received: the sink is ours again.
     pub(crate) fn on_sink_cancel_ack(&mut self, _now: Instant) -> Result<(), ProtocolError> {
-        if !self.iocbs.sink_cancel_pending {
+        if !self.iocbs.sink_cancel_pending() {
             return Err(ProtocolError::Unexpected {
                 mid: Mid::SinkCancelAck,
                 context: "no SinkAvailCancel outstanding",
             });
         }
-        self.iocbs.sink_cancel_pending = false;
-        if let Some(s) = self.iocbs.sink.take() {
+        self.iocbs.end_sink_cancel();
+        if let Some(s) = self.iocbs.take_sink() {
             self.emit(Event::ZcopyReceived {
                 token: s.token,
                 bytes: 0,

@@ -14,7 +14,7 @@ impl<S: BufStore> Conn<S> {
             return Err(CallError::WouldBlock);
         }
         if let Some(e) = &self.error {
-            if !matches!(self.rx.queue.front(), Some(RxItem::Data { .. })) {
+            if !matches!(self.rx.front(), Some(RxItem::Data { .. })) {
                 return Err(CallError::Conn(e.clone()));
             }
         }
@@ -23,7 +23,7 @@ impl<S: BufStore> Conn<S> {
         }
         let mut copied = 0;
         while copied < dst.len() {
-            let Some(item) = self.rx.queue.front_mut() else {
+            let Some(item) = self.rx.front_mut() else {
                 break;
             };
             match item {
@@ -36,8 +36,7 @@ impl<S: BufStore> Conn<S> {
                     let emptied = *len == 0;
                     self.rx.bytes_out(n);
                     if emptied {
-                        let Some(RxItem::Data { buf, bounce, .. }) = self.rx.queue.pop_front()
-                        else {
+                        let Some(RxItem::Data { buf, bounce, .. }) = self.rx.pop_front() else {
                             unreachable!()
                         };
                         self.give_back_rx(buf, bounce);
@@ -50,7 +49,7 @@ impl<S: BufStore> Conn<S> {
                         break;
                     }
                     if self.advts.src_exhausted(advt) {
-                        self.rx.queue.pop_front();
+                        self.rx.pop_front();
                         self.src_consumed(advt);
                         continue;
                     }
@@ -78,7 +77,7 @@ impl<S: BufStore> Conn<S> {
             return Err(CallError::WouldBlock);
         }
         let mut copied = 0;
-        for item in &self.rx.queue {
+        for item in self.rx.items() {
             if copied == dst.len() {
                 break;
             }
@@ -117,7 +116,7 @@ impl<S: BufStore> Conn<S> {
         if self.error.is_some() {
             return true;
         }
-        for item in &self.rx.queue {
+        for item in self.rx.items() {
             match item {
                 RxItem::Data { .. } => return true,
                 RxItem::Src { advt } => {
@@ -139,7 +138,7 @@ impl<S: BufStore> Conn<S> {
             }
             self.store.free(buf);
         } else if bounce {
-            self.advts.bounce_pool.put(&mut self.store, buf);
+            self.advts.put_bounce(&mut self.store, buf);
             // Room for eager reads again (split zero copy).
             self.start_eager_reads();
         } else {
@@ -182,14 +181,10 @@ impl<S: BufStore> Conn<S> {
 
     /// Drop everything received and not read (read half shut).
     pub(crate) fn discard_rx(&mut self) {
-        while let Some(item) = self.rx.queue.pop_front() {
+        while let Some(item) = self.rx.pop_front() {
             match item {
                 RxItem::Data { buf, bounce, .. } => self.give_back_rx(buf, bounce),
-                RxItem::Src { advt } => {
-                    if self.advts.cut_src(advt) {
-                        self.advts.send_sm_due = true;
-                    }
-                }
+                RxItem::Src { advt } => self.advts.refuse_src(advt),
             }
         }
         self.rx.bytes_cleared();
@@ -200,9 +195,7 @@ impl<S: BufStore> Conn<S> {
     /// Tell the peer we will not read (the rest of) its SrcAvail (SendSm, once reads in flight
     /// finish): it sends the rest by copy.
     pub(crate) fn refuse_src(&mut self, advt: usize) {
-        if self.advts.cut_src(advt) {
-            self.advts.send_sm_due = true;
-        }
+        self.advts.refuse_src(advt);
         self.maybe_send_sm();
     }
 }

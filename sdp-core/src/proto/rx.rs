@@ -41,7 +41,7 @@ pub(crate) struct RxHalf {
     /// Receives to keep posted (slow start).
     target: u32,
     /// Received stream contents not read yet, in order.
-    pub(crate) queue: VecDeque<RxItem>,
+    queue: VecDeque<RxItem>,
     /// Receive buffers holding unread data.
     held: usize,
     /// Unread bytes in `queue`.
@@ -166,6 +166,114 @@ impl RxHalf {
             bounce: false,
         });
     }
+    /// A peer's SrcAvail joins the end of the stream.
+    #[inline]
+    pub(crate) fn push_src(&mut self, advt: usize) {
+        self.queue.push_back(RxItem::Src { advt });
+    }
+    /// `len` bytes of the advertisement `advt` were read into the bounce buffer `buf`: they
+    /// come in the stream just before it (at the end if it is gone).
+    #[inline]
+    pub(crate) fn insert_bounce(&mut self, advt: usize, buf: Buf, len: u32) {
+        let pos = self
+            .queue
+            .iter()
+            .position(|i| matches!(i, RxItem::Src { advt: a } if *a == advt))
+            .unwrap_or(self.queue.len());
+        self.queue.insert(
+            pos,
+            RxItem::Data {
+                buf,
+                off: 0,
+                len,
+                bounce: true,
+            },
+        );
+        self.bytes += len as usize;
+    }
+    /// The advertisement `advt` leaves the stream (if it is in it).
+    #[inline]
+    pub(crate) fn remove_src(&mut self, advt: usize) {
+        if let Some(pos) = self
+            .queue
+            .iter()
+            .position(|i| matches!(i, RxItem::Src { advt: a } if *a == advt))
+        {
+            self.queue.remove(pos);
+        }
+    }
+    /// The next stream contents.
+    #[inline]
+    pub(crate) fn front(&self) -> Option<&RxItem> {
+        self.queue.front()
+    }
+    /// The next stream contents, to read from.
+    #[inline]
+    pub(crate) fn front_mut(&mut self) -> Option<&mut RxItem> {
+        self.queue.front_mut()
+    }
+    /// Take the next stream contents.
+    #[inline]
+    pub(crate) fn pop_front(&mut self) -> Option<RxItem> {
+        self.queue.pop_front()
+    }
+    /// Nothing received is left unread (no bytes, no advertisement).
+    #[inline]
+    pub(crate) fn queue_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+    /// Items in the stream unread.
+    #[inline]
+    pub(crate) fn queue_len(&self) -> usize {
+        self.queue.len()
+    }
+    /// The unread stream contents, in order.
+    #[inline]
+    pub(crate) fn items(&self) -> impl Iterator<Item = &RxItem> {
+        self.queue.iter()
+    }
+    /// The advertisements in the stream, in order.
+    #[inline]
+    pub(crate) fn src_ids(&self) -> Vec<usize> {
+        self.queue
+            .iter()
+            .filter_map(|i| match i {
+                RxItem::Src { advt } => Some(*advt),
+                RxItem::Data { .. } => None,
+            })
+            .collect()
+    }
+    /// The advertisements at the head of the stream, up to the first bytes.
+    #[inline]
+    pub(crate) fn leading_src_ids(&self) -> Vec<usize> {
+        self.queue
+            .iter()
+            .map_while(|i| match i {
+                RxItem::Src { advt } => Some(*advt),
+                RxItem::Data { .. } => None,
+            })
+            .collect()
+    }
+    /// The stream ends before its first advertisement (it can no longer be read): drop that
+    /// and everything behind it.
+    #[inline]
+    pub(crate) fn cut_at_first_src(&mut self, store: &mut impl BufStore) {
+        if let Some(cut) = self
+            .queue
+            .iter()
+            .position(|i| matches!(i, RxItem::Src { .. }))
+        {
+            for item in self.queue.split_off(cut) {
+                if let RxItem::Data { len, bounce, .. } = &item {
+                    self.bytes_out(*len as usize);
+                    if !*bounce {
+                        self.unhold();
+                    }
+                }
+                item.release(store);
+            }
+        }
+    }
     /// A receive buffer with unread data left the queue.
     #[inline]
     pub(crate) fn unhold(&mut self) {
@@ -175,11 +283,6 @@ impl RxHalf {
     #[inline]
     pub(crate) fn bytes(&self) -> usize {
         self.bytes
-    }
-    /// `n` more unread bytes are in the queue.
-    #[inline]
-    pub(crate) fn bytes_in(&mut self, n: usize) {
-        self.bytes += n;
     }
     /// `n` unread bytes left the queue (read or dropped).
     #[inline]

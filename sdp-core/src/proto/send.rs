@@ -34,18 +34,9 @@ impl<S: BufStore> Conn<S> {
         let cap = self.send_size - BSDH_LEN as u32;
         while taken < want {
             // Append to the tail buffer if it has room and carries no urgent byte.
-            let appended = match self.tx.queue.back_mut() {
-                Some(TxItem::Data { buf, len, flags })
-                    if *len < cap && flags.is_empty() && buf.size == self.send_size =>
-                {
-                    let n = ((cap - *len) as usize).min(want - taken);
-                    self.store
-                        .write(buf, BSDH_LEN as u32 + *len, &data[taken..taken + n]);
-                    *len += n as u32;
-                    n
-                }
-                _ => 0,
-            };
+            let appended = self
+                .tx
+                .append(&mut self.store, self.send_size, &data[taken..want]);
             if appended > 0 {
                 taken += appended;
                 continue;
@@ -56,7 +47,7 @@ impl<S: BufStore> Conn<S> {
             let n = (cap as usize).min(want - taken);
             self.store
                 .write(&buf, BSDH_LEN as u32, &data[taken..taken + n]);
-            self.tx.queue.push_back(TxItem::Data {
+            self.tx.push(TxItem::Data {
                 buf,
                 len: n as u32,
                 flags: BsdhFlags::empty(),
@@ -96,12 +87,10 @@ impl<S: BufStore> Conn<S> {
         if self.iocbs.src_queued() >= self.cfg.max_adverts as usize {
             return Err(CallError::WouldBlock);
         }
-        let key = self.iocbs.add_src(token, src);
-        if let Some(s) = self.iocbs.find_src(key) {
-            s.stall = stall;
-            s.deadline = stall.map(|d| now + d);
-        }
-        self.tx.queue.push_back(TxItem::Src { key });
+        let key = self
+            .iocbs
+            .add_src(token, src, stall, stall.map(|d| now + d));
+        self.tx.push(TxItem::Src { key });
         self.tx.bytes_in(src.len as usize);
         self.count(Count::DataBytesSent(src.len as u64));
         self.touch(now);
@@ -116,7 +105,7 @@ impl<S: BufStore> Conn<S> {
             return Err(CallError::WouldBlock);
         };
         self.store.write(&buf, BSDH_LEN as u32, &[byte]);
-        self.tx.queue.push_back(TxItem::Data {
+        self.tx.push(TxItem::Data {
             buf,
             len: 1,
             flags: BsdhFlags::OOB_PRES | BsdhFlags::OOB_PEND,
@@ -140,7 +129,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Queue DisConn after everything already queued (orderly close of our write half).
     pub(crate) fn close_tail(&mut self) {
-        self.tx.queue.push_back(TxItem::Ctrl {
+        self.tx.push(TxItem::Ctrl {
             mid: Mid::DisConn,
             ext: Ext::None,
         });
@@ -167,7 +156,7 @@ impl<S: BufStore> Conn<S> {
     /// DisConn wait until every outstanding source is finished (see [`super::write`]).
     fn push_queue(&mut self, now: Instant) {
         loop {
-            let Some(front) = self.tx.queue.front() else {
+            let Some(front) = self.tx.front() else {
                 return;
             };
             let outstanding = self.iocbs.src_advertised();
@@ -190,13 +179,13 @@ impl<S: BufStore> Conn<S> {
                     let full = *len + BSDH_LEN as u32 >= self.send_size;
                     if !self.cfg.nodelay
                         && !full
-                        && self.tx.queue.len() == 1
+                        && self.tx.queue_len() == 1
                         && self.tx.data_outstanding() > 0
                         && flags.is_empty()
                     {
                         return;
                     }
-                    let Some(TxItem::Data { buf, len, flags }) = self.tx.queue.pop_front() else {
+                    let Some(TxItem::Data { buf, len, flags }) = self.tx.pop_front() else {
                         unreachable!()
                     };
                     self.post_data(buf, len, flags);
@@ -214,10 +203,10 @@ impl<S: BufStore> Conn<S> {
                     if self.credits.tx() < need {
                         return;
                     }
-                    let Some(TxItem::Ctrl { mid, ext }) = self.tx.queue.pop_front() else {
+                    let Some(TxItem::Ctrl { mid, ext }) = self.tx.pop_front() else {
                         unreachable!()
                     };
-                    if mid == Mid::SinkAvail && !self.rx.queue.is_empty() {
+                    if mid == Mid::SinkAvail && !self.rx.queue_empty() {
                         // Data arrived while the SinkAvail waited for a credit: bytes written
                         // into the sink would overtake it. Withdraw the offer unsent.
                         self.withdraw_sink();
@@ -227,13 +216,11 @@ impl<S: BufStore> Conn<S> {
                         self.disconn_sent = true;
                     }
                     if !self.post_ctrl(mid, ext) {
-                        self.tx.queue.push_front(TxItem::Ctrl { mid, ext });
+                        self.tx.push_front(TxItem::Ctrl { mid, ext });
                         return;
                     }
                     if mid == Mid::SinkAvail {
-                        if let Some(s) = self.iocbs.sink.as_mut() {
-                            s.posted = true;
-                        }
+                        self.iocbs.sink_sent();
                     }
                 }
                 TxItem::Src { key } => {
@@ -269,10 +256,9 @@ impl<S: BufStore> Conn<S> {
                                 return;
                             }
                             if let Some(s) = self.iocbs.find_src(key) {
-                                s.committed = true;
-                                s.deadline = None;
+                                s.commit();
                             }
-                            self.tx.queue.pop_front();
+                            self.tx.pop_front();
                             continue;
                         }
                         let sends = self.cfg.zcopy_split_sends as usize;
@@ -313,7 +299,7 @@ impl<S: BufStore> Conn<S> {
                     }
                     // The source stays in `iocbs` until the peer is done with it; the stream
                     // moves on to the next item (only another source may go before it ends).
-                    self.tx.queue.pop_front();
+                    self.tx.pop_front();
                 }
             }
         }
@@ -348,7 +334,7 @@ impl<S: BufStore> Conn<S> {
         let n = s.src.len.div_ceil(cap);
         let piece = s.src.len.div_ceil(n);
         if let Some(rest) = self.iocbs.cut_src(key, piece) {
-            self.tx.queue.insert(1, TxItem::Src { key: rest });
+            self.tx.insert_second(TxItem::Src { key: rest });
         }
     }
 
@@ -368,7 +354,7 @@ impl<S: BufStore> Conn<S> {
         self.store.write(&buf, 0, &hdr);
         self.advts.note_data_sent(h.bsdh.mseq);
         self.tx.data_posted();
-        let key = self.tx.inflight.insert(Inflight::Msg {
+        let key = self.tx.post(Inflight::Msg {
             buf,
             ctrl: false,
             data: len,
@@ -401,8 +387,8 @@ impl<S: BufStore> Conn<S> {
             }
             if s.written == s.src.len {
                 // Nothing left (a source is never empty; kept for robustness).
-                s.state = SrcState::Written;
-                self.tx.queue.pop_front();
+                s.end_at_written();
+                self.tx.pop_front();
                 return true;
             }
             if !self.credits.can_send_data() {
@@ -424,10 +410,7 @@ impl<S: BufStore> Conn<S> {
             self.tx.data_posted();
             self.count(Count::ZcopySendBytes(u64::from(n)));
             self.touch(now);
-            let key = self
-                .tx
-                .inflight
-                .insert(Inflight::SendSrc { hdr, key, len: n });
+            let key = self.tx.post(Inflight::SendSrc { hdr, key, len: n });
             self.wrs.push_back(WorkRequest::Send(SendWr {
                 wr_id: wrid::SEND | key as u64,
                 op: SendOp::Send,
@@ -437,7 +420,7 @@ impl<S: BufStore> Conn<S> {
                 solicited: true,
             }));
             if done {
-                self.tx.queue.pop_front();
+                self.tx.pop_front();
                 return true;
             }
         }
@@ -457,10 +440,9 @@ impl<S: BufStore> Conn<S> {
         }
         if mid == Mid::SendSm {
             // SrcAvails the peer sends before it sees this are void (see `Advts::src_void`).
-            self.advts.send_sm_queued = false;
-            self.advts.send_sm_mseq = Some(h.bsdh.mseq);
+            self.advts.send_sm_sent(h.bsdh.mseq);
         }
-        let key = self.tx.inflight.insert(Inflight::Msg {
+        let key = self.tx.post(Inflight::Msg {
             buf,
             ctrl: true,
             data: 0,

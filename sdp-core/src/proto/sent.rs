@@ -9,7 +9,7 @@ use crate::verbs::{Completion, WcStatus};
 
 impl<S: BufStore> Conn<S> {
     pub(crate) fn on_send_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
-        let Some(inf) = self.tx.inflight.try_remove(idx) else {
+        let Some(inf) = self.tx.complete(idx) else {
             return;
         };
         match inf {

@@ -110,7 +110,7 @@ impl<S: BufStore> Conn<S> {
         }
         self.timers.probe_sent();
         self.count(Count::KeepaliveSent);
-        let key = self.tx.inflight.insert(Inflight::Keepalive);
+        let key = self.tx.post(Inflight::Keepalive);
         self.wrs.push_back(WorkRequest::Send(SendWr {
             wr_id: wrid::KEEPALIVE | key as u64,
             op: SendOp::Write(RemoteBuf { addr: 0, rkey: 0 }),
@@ -136,7 +136,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Data is queued, no credit to send it, and nothing in flight.
     fn credit_stalled(&self) -> bool {
-        !self.credits.can_send_data() && !self.tx.queue.is_empty() && self.tx.inflight.is_empty()
+        !self.credits.can_send_data() && self.tx.has_queued() && self.tx.nothing_inflight()
     }
 
     /// Keep the probe timer in step with the credit state (called after every round of work).
@@ -148,7 +148,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     pub(crate) fn on_keepalive_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
-        self.tx.inflight.try_remove(idx);
+        self.tx.complete(idx);
         if wc.status == WcStatus::Success {
             // The peer's HCA answered: it is alive.
             self.timers.heard(now);
@@ -166,7 +166,7 @@ impl<S: BufStore> Conn<S> {
             self.rx
                 .shrink_target(self.cfg.min_rx_bufs, self.cfg.initial_rx_bufs);
             self.tx.trim_idle(&mut self.store);
-            self.advts.bounce_pool.trim(&mut self.store, 0);
+            self.advts.trim_bounce(&mut self.store);
             self.rx.trim(&mut self.store, 0);
         }
         self.timers

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use super::buff::{Buf, BufStore, Pool};
-use super::msgs::{BsdhFlags, Ext, Mid};
+use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 
 /// Something queued for sending, in stream order.
 #[derive(Debug)]
@@ -86,9 +86,9 @@ pub(crate) struct TxHalf {
     /// Buffers for control messages and gathered SENDs' headers.
     ctrl_pool: Pool,
     /// Stream items and control messages waiting to go, in order.
-    pub(crate) queue: VecDeque<TxItem>,
+    queue: VecDeque<TxItem>,
     /// Send-queue work requests posted and not completed, by the index in their wr_id.
-    pub(crate) inflight: slab::Slab<Inflight>,
+    inflight: slab::Slab<Inflight>,
     /// Data bytes accepted from the application and not yet acknowledged by a completion.
     bytes: usize,
     /// Data sends posted and not yet completed (for coalescing).
@@ -218,6 +218,72 @@ impl TxHalf {
     pub(crate) fn is_idle(&self) -> bool {
         self.inflight.is_empty() && self.queue.is_empty()
     }
+    // --- the queue ---
+
+    /// Queue an item at the end of the stream.
+    #[inline]
+    pub(crate) fn push(&mut self, item: TxItem) {
+        self.queue.push_back(item);
+    }
+    /// Put an item taken from the front back (it could not go yet), or queue the rest of one
+    /// in its place.
+    #[inline]
+    pub(crate) fn push_front(&mut self, item: TxItem) {
+        self.queue.push_front(item);
+    }
+    /// Queue an item right behind the front one.
+    #[inline]
+    pub(crate) fn insert_second(&mut self, item: TxItem) {
+        self.queue.insert(1, item);
+    }
+    /// The item next to go.
+    #[inline]
+    pub(crate) fn front(&self) -> Option<&TxItem> {
+        self.queue.front()
+    }
+    /// Take the item next to go.
+    #[inline]
+    pub(crate) fn pop_front(&mut self) -> Option<TxItem> {
+        self.queue.pop_front()
+    }
+    /// Items queued.
+    #[inline]
+    pub(crate) fn queue_len(&self) -> usize {
+        self.queue.len()
+    }
+    /// Something is queued.
+    #[inline]
+    pub(crate) fn has_queued(&self) -> bool {
+        !self.queue.is_empty()
+    }
+    /// The queued items, in order.
+    #[inline]
+    pub(crate) fn queued(&self) -> impl Iterator<Item = &TxItem> {
+        self.queue.iter()
+    }
+    /// Append the first of `bytes` to the last queued item if it is a data buffer of `size`
+    /// with room that carries no urgent byte; returns how many went.
+    #[inline]
+    pub(crate) fn append(&mut self, store: &mut impl BufStore, size: u32, bytes: &[u8]) -> usize {
+        let cap = size - BSDH_LEN as u32;
+        match self.queue.back_mut() {
+            Some(TxItem::Data { buf, len, flags })
+                if *len < cap && flags.is_empty() && buf.size == size =>
+            {
+                let n = ((cap - *len) as usize).min(bytes.len());
+                store.write(buf, BSDH_LEN as u32 + *len, &bytes[..n]);
+                *len += n as u32;
+                n
+            }
+            _ => 0,
+        }
+    }
+    /// Drop the queued control messages `mid` (not sent after all).
+    #[inline]
+    pub(crate) fn unqueue_ctrl(&mut self, mid: Mid) {
+        self.queue
+            .retain(|i| !matches!(i, TxItem::Ctrl { mid: m, .. } if *m == mid));
+    }
     /// Data buffers waiting in the queue.
     #[inline]
     pub(crate) fn queued_data_bufs(&self) -> usize {
@@ -248,6 +314,36 @@ impl TxHalf {
             .position(|i| !matches!(i, TxItem::Ctrl { mid, .. } if *mid != Mid::DisConn))
             .unwrap_or(self.queue.len());
         self.queue.insert(pos, TxItem::Ctrl { mid, ext });
+    }
+    // --- in flight ---
+
+    /// A work request was posted: it is in flight under the returned index (its wr_id's).
+    #[inline]
+    pub(crate) fn post(&mut self, inf: Inflight) -> usize {
+        self.inflight.insert(inf)
+    }
+    /// The work request posted under `idx` completed: take it (`None` if it is not in
+    /// flight).
+    #[inline]
+    pub(crate) fn complete(&mut self, idx: usize) -> Option<Inflight> {
+        self.inflight.try_remove(idx)
+    }
+    /// Work requests in flight.
+    #[inline]
+    pub(crate) fn inflight_len(&self) -> usize {
+        self.inflight.len()
+    }
+    /// No work request is in flight.
+    #[inline]
+    pub(crate) fn nothing_inflight(&self) -> bool {
+        self.inflight.is_empty()
+    }
+    /// Every work request in flight is dead (the connection is finished): take them all.
+    #[inline]
+    pub(crate) fn drain_inflight(&mut self) -> impl Iterator<Item = Inflight> {
+        std::mem::take(&mut self.inflight)
+            .into_iter()
+            .map(|(_, inf)| inf)
     }
     /// Everything queued is dropped (the connection is finished): `bytes` is zero again.
     #[inline]

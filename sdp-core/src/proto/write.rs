@@ -45,8 +45,7 @@
 use super::advt::SinkAdvt;
 use super::buff::BufStore;
 use super::conn::{wrid, Conn, Count, Event, ProtocolError, CTRL_CREDITS};
-use super::credits::seq_gt;
-use super::iocb::SrcState;
+use super::iocb::{EndedSrcs, SrcState};
 use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 use super::tx::Inflight;
 use super::tx::TxItem;
@@ -63,19 +62,17 @@ impl<S: BufStore> Conn<S> {
         if s.state != SrcState::Queued || s.written >= s.src.len {
             return false;
         }
-        let (timeout, queued_deadline) = (s.stall.unwrap_or(self.cfg.srcavail_timeout), s.deadline);
+        let timeout = s.stall.unwrap_or(self.cfg.srcavail_timeout);
         let off = s.written;
         let ext = Ext::SrcAvail {
             len: s.src.len - off,
             rkey: s.src.rkey,
             vaddr: s.src.addr + off as u64,
         };
-        s.state = SrcState::Advertised;
-        s.deadline = Some(now + timeout);
+        let queued_deadline = s.advertise(now + timeout);
         if !self.post_ctrl(Mid::SrcAvail, ext) {
             if let Some(s) = self.iocbs.find_src(key) {
-                s.state = SrcState::Queued;
-                s.deadline = queued_deadline;
+                s.unadvertise(queued_deadline);
             }
             return false;
         }
@@ -90,14 +87,7 @@ impl<S: BufStore> Conn<S> {
         // The first piece of the source that can still end short (a source not cut is one
         // piece): pieces ahead of it that are committed advertisements or already sent in full
         // finish as they are, and the source ends after them.
-        let Some(s) = self.iocbs.srcs.iter_mut().find(|s| {
-            s.token == token
-                && match s.state {
-                    SrcState::Queued => true,
-                    SrcState::Advertised => !s.committed,
-                    _ => false,
-                }
-        }) else {
+        let Some(s) = self.iocbs.src_to_cancel(token) else {
             return;
         };
         let key = s.key;
@@ -107,18 +97,11 @@ impl<S: BufStore> Conn<S> {
                 // Part of it went already (by SEND or into the peer's sink): it ends there,
                 // once those work requests complete (the memory is in use until then).
                 let (len, written, inflight) = (s.src.len, s.written, s.writes_inflight);
-                s.src.len = written;
-                s.state = SrcState::Written;
+                s.end_at_written();
                 self.tx.bytes_out((len - written) as usize);
                 self.tx.unqueue_src(key);
                 self.count(Count::SrcAvailCancelled(1));
-                let next = self
-                    .iocbs
-                    .srcs
-                    .iter()
-                    .skip_while(|s| s.key != key)
-                    .nth(1)
-                    .map(|s| s.key);
+                let next = self.iocbs.key_after(key);
                 if inflight == 0 {
                     self.finish_src(key, written as usize);
                 }
@@ -141,15 +124,7 @@ impl<S: BufStore> Conn<S> {
             // it cannot end short. The peer reads it in full.
             return;
         }
-        let mut any = false;
-        for s in self.iocbs.srcs.iter_mut() {
-            if s.state == SrcState::Advertised {
-                s.state = SrcState::Cancelling;
-                s.deadline = None;
-                any = true;
-            }
-        }
-        if any {
+        if self.iocbs.start_cancel() {
             self.queue_ctrl_front(Mid::SrcAvailCancel, Ext::None);
         }
     }
@@ -163,33 +138,14 @@ impl<S: BufStore> Conn<S> {
                 context: "no SrcAvail outstanding",
             });
         }
-        let advertised: u64 = self
-            .iocbs
-            .srcs
-            .iter()
-            .filter(|s| s.outstanding())
-            .map(|s| s.unacked() as u64)
-            .sum();
+        let advertised: u64 = self.iocbs.advertised_unacked();
         if len as u64 > advertised {
             return Err(ProtocolError::BadComplLength {
                 got: len as u64,
                 want: advertised,
             });
         }
-        let mut left = len;
-        let mut finished = Vec::new();
-        for s in self.iocbs.srcs.iter_mut().filter(|s| s.outstanding()) {
-            let n = left.min(s.unacked());
-            s.acked += n;
-            left -= n;
-            if s.unacked() == 0 {
-                finished.push((s.key, s.src.len as usize));
-            } else if s.state == SrcState::Advertised && !s.committed {
-                // Progress: the timeout starts over for what is still outstanding (a committed
-                // advertisement has none: it is never cancelled).
-                s.deadline = Some(now + s.stall.unwrap_or(default_timeout));
-            }
-        }
+        let finished = self.iocbs.ack_read(now, len, default_timeout);
         self.touch(now);
         for (key, bytes) in finished {
             self.finish_src(key, bytes);
@@ -201,20 +157,14 @@ impl<S: BufStore> Conn<S> {
     /// The peer took more of the stream (we posted stream items, or it acknowledged a read):
     /// bounded sources still queued behind start their stall bound over.
     pub(crate) fn stream_moved(&mut self, now: Instant) {
-        for s in self.iocbs.srcs.iter_mut() {
-            if s.state == SrcState::Queued {
-                if let Some(stall) = s.stall {
-                    s.deadline = Some(now + stall);
-                }
-            }
-        }
+        self.iocbs.restart_stalls(now);
     }
 
     /// SendSm received: the peer will read no more of any SrcAvail we sent before this arrived
     /// (its answer to our cancel, or a refusal). The oldest unfinished source completes with
     /// what the peer acknowledged, every later one with 0.
     pub(crate) fn on_send_sm(&mut self, _now: Instant) -> Result<(), ProtocolError> {
-        let Some(s) = self.iocbs.srcs.iter().find(|s| s.outstanding()) else {
+        let Some(s) = self.iocbs.first_outstanding() else {
             return Ok(());
         };
         let (key, bytes) = (s.key, (s.acked + s.written) as usize);
@@ -226,36 +176,19 @@ impl<S: BufStore> Conn<S> {
     /// a plain write): a queued one ends unsent (the application sends it by copy), advertised
     /// ones are cancelled (one SrcAvailCancel covers them all, the peer's engine answers).
     pub(crate) fn srcavail_timed_out(&mut self, now: Instant) {
-        let due = |s: &super::iocb::SrcIocb| s.deadline.is_some_and(|d| d <= now);
-        let mut queued: Vec<u64> = self
-            .iocbs
-            .srcs
-            .iter()
-            .filter(|s| s.state == SrcState::Queued && s.timed() && due(s))
-            .map(|s| s.token)
-            .collect();
         // The pieces of one source are next to each other: one cancel ends the source.
-        queued.dedup();
+        let queued = self.iocbs.stalled_queued(now);
         for token in queued {
             self.count(Count::ZcopyStall);
             self.cancel_write_zcopy(now, token);
         }
-        if self
-            .iocbs
-            .srcs
-            .iter()
-            .any(|s| s.state == SrcState::Advertised && due(s))
-        {
+        if self.iocbs.advertised_due(now) {
             self.count(Count::ZcopyStall);
             self.cancel_advertised();
         }
         // What could not be cancelled now (a committed advertisement, or a cancel already
         // out) has no timeout left: the timer must not fire again at once.
-        for s in self.iocbs.srcs.iter_mut() {
-            if s.timed() && s.deadline.is_some_and(|d| d <= now) {
-                s.deadline = None;
-            }
-        }
+        self.iocbs.clear_passed_deadlines(now);
     }
 
     /// A source (or piece) is done: drop it from the queue and report it.
@@ -263,10 +196,7 @@ impl<S: BufStore> Conn<S> {
     /// SEND behind a committed advertisement) waits as `Done`.
     fn finish_src(&mut self, key: u64, bytes: usize) {
         if let Some(s) = self.iocbs.find_src(key) {
-            if s.state != SrcState::Done {
-                let unsent = (s.src.len - s.written) as usize;
-                s.state = SrcState::Done;
-                s.done_bytes = bytes;
+            if let Some(unsent) = s.finish(bytes) {
                 self.tx.bytes_out(unsent);
             }
         }
@@ -277,19 +207,8 @@ impl<S: BufStore> Conn<S> {
     /// Report the finished sources at the front, in stream order ([`Event::ZcopySent`] once
     /// per application source, when its last piece is in).
     fn report_done(&mut self) {
-        while self
-            .iocbs
-            .srcs
-            .front()
-            .is_some_and(|s| s.state == SrcState::Done)
-        {
-            let s = self.iocbs.srcs.pop_front().expect("front checked");
-            if let Some(bytes) = self.iocbs.report(&s) {
-                self.emit(Event::ZcopySent {
-                    token: s.token,
-                    bytes,
-                });
-            }
+        for (token, bytes) in self.iocbs.take_done() {
+            self.emit(Event::ZcopySent { token, bytes });
         }
     }
 
@@ -299,31 +218,16 @@ impl<S: BufStore> Conn<S> {
     /// (SENDs behind a committed advertisement, split zero copy) end at the bytes that went
     /// once those complete; reports keep stream order.
     fn complete_srcs_from(&mut self, key: u64, bytes: usize) {
-        let Some(pos) = self.iocbs.srcs.iter().position(|s| s.key == key) else {
+        let Some(EndedSrcs {
+            keys,
+            unsent,
+            cancelled,
+        }) = self.iocbs.end_srcs_from(key, bytes)
+        else {
             return;
         };
-        let keys: Vec<u64> = self.iocbs.srcs.iter().skip(pos).map(|s| s.key).collect();
         for k in &keys {
             self.tx.unqueue_src(*k);
-        }
-        let mut unsent = 0;
-        let mut cancelled = 0;
-        for (i, s) in self.iocbs.srcs.iter_mut().skip(pos).enumerate() {
-            if s.state == SrcState::Done {
-                // Finished already (by SEND), waiting to be reported in order.
-                continue;
-            }
-            unsent += (s.src.len - s.written) as usize;
-            if i > 0 && s.writes_inflight > 0 {
-                // Its memory is in use until its sends complete: it ends at the bytes that
-                // went, then.
-                s.src.len = s.written;
-                s.state = SrcState::Written;
-                continue;
-            }
-            cancelled += 1;
-            s.done_bytes = if i == 0 { bytes } else { s.written as usize };
-            s.state = SrcState::Done;
         }
         self.tx.bytes_out(unsent);
         self.count(Count::SrcAvailCancelled(cancelled));
@@ -340,7 +244,7 @@ impl<S: BufStore> Conn<S> {
         rkey: u32,
         vaddr: u64,
     ) -> Result<(), ProtocolError> {
-        if self.advts.sink.is_some() {
+        if self.advts.sink_usable() {
             return Err(ProtocolError::TooManyAdverts(1));
         }
         if vaddr.checked_add(len as u64).is_none() {
@@ -349,16 +253,16 @@ impl<S: BufStore> Conn<S> {
                 context: "address range wraps",
             });
         }
-        let stale = seq_gt(self.advts.last_stream_mseq, mseq_ack);
+        let stale = self.advts.sink_stale(mseq_ack);
         if !stale && !self.shut_wr {
-            self.advts.sink = Some(SinkAdvt { len, rkey, vaddr });
+            self.advts.set_sink(SinkAdvt { len, rkey, vaddr });
         }
         Ok(())
     }
 
     /// SinkAvailCancel received: give the sink back (we never hold a partly filled one).
     pub(crate) fn on_sink_cancel(&mut self, _now: Instant) -> Result<(), ProtocolError> {
-        self.advts.sink = None;
+        self.advts.drop_sink();
         self.queue_ctrl_front(Mid::SinkCancelAck, Ext::None);
         Ok(())
     }
@@ -371,7 +275,7 @@ impl<S: BufStore> Conn<S> {
         if self.credits.tx() < CTRL_CREDITS {
             return false;
         }
-        let Some(sink) = self.advts.sink.take() else {
+        let Some(sink) = self.advts.take_sink() else {
             return true;
         };
         let mut placed: u32 = 0;
@@ -381,10 +285,10 @@ impl<S: BufStore> Conn<S> {
                 addr: sink.vaddr + placed as u64,
                 rkey: sink.rkey,
             };
-            match self.tx.queue.front() {
+            match self.tx.front() {
                 Some(TxItem::Data { len, flags, .. }) if flags.is_empty() => {
                     let len = *len;
-                    let Some(TxItem::Data { buf, .. }) = self.tx.queue.pop_front() else {
+                    let Some(TxItem::Data { buf, .. }) = self.tx.pop_front() else {
                         unreachable!()
                     };
                     let n = len.min(room);
@@ -406,7 +310,7 @@ impl<S: BufStore> Conn<S> {
                         match nb {
                             Some(nb) => {
                                 self.store.write(&nb, BSDH_LEN as u32, &rest);
-                                self.tx.queue.push_front(TxItem::Data {
+                                self.tx.push_front(TxItem::Data {
                                     buf: nb,
                                     len: len - n,
                                     flags: BsdhFlags::empty(),
@@ -414,7 +318,7 @@ impl<S: BufStore> Conn<S> {
                             }
                             None => {
                                 // No buffer for the split: keep the item whole, sink unused.
-                                self.tx.queue.push_front(TxItem::Data {
+                                self.tx.push_front(TxItem::Data {
                                     buf,
                                     len,
                                     flags: BsdhFlags::empty(),
@@ -441,7 +345,7 @@ impl<S: BufStore> Conn<S> {
                     let (local, done) = s.take(room);
                     let n = local.len;
                     if done {
-                        self.tx.queue.pop_front();
+                        self.tx.pop_front();
                     }
                     self.post_write(Inflight::WriteSrc { key, len: n }, remote, local);
                     placed += n;
@@ -450,7 +354,7 @@ impl<S: BufStore> Conn<S> {
             }
         }
         if placed == 0 {
-            self.advts.sink = Some(sink);
+            self.advts.set_sink(sink);
             return false;
         }
         self.count(Count::ZcopyWriteBytes(placed as u64));
@@ -462,7 +366,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Post an RDMA Write of `local` into the peer's `remote`, tracked as `inf`.
     fn post_write(&mut self, inf: Inflight, remote: RemoteBuf, local: Sge) {
-        let key = self.tx.inflight.insert(inf);
+        let key = self.tx.post(inf);
         self.wrs.push_back(WorkRequest::Send(SendWr {
             wr_id: wrid::WRITE | key as u64,
             op: SendOp::Write(remote),
@@ -478,9 +382,9 @@ impl<S: BufStore> Conn<S> {
         let Some(s) = self.iocbs.find_src(key) else {
             return;
         };
-        s.writes_inflight -= 1;
+        let last = s.write_completed();
         let _ = len;
-        if ok && s.state == SrcState::Written && s.writes_inflight == 0 {
+        if ok && last {
             let bytes = s.src.len as usize;
             // tx_bytes was reduced per write completion; finish_src subtracts only the
             // unwritten part (zero here).
@@ -490,19 +394,14 @@ impl<S: BufStore> Conn<S> {
 
     /// Zero-copy work can never finish now: report what reached the peer.
     pub(crate) fn fail_pending_zcopy(&mut self) {
-        for s in self.iocbs.srcs.iter_mut() {
-            if s.state != SrcState::Done {
-                s.done_bytes = (s.acked + s.written) as usize;
-                s.state = SrcState::Done;
-            }
-        }
+        self.iocbs.fail_srcs();
         self.report_done();
-        if let Some(s) = self.iocbs.sink.take() {
+        if let Some(s) = self.iocbs.take_sink() {
             self.emit(Event::ZcopyReceived {
                 token: s.token,
                 bytes: 0,
             });
         }
-        self.iocbs.sink_cancel_pending = false;
+        self.iocbs.end_sink_cancel();
     }
 }
