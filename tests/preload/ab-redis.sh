@@ -10,7 +10,7 @@ one() { # SO, or "" for kernel TCP; prints requests/s
     PORT=$((PORT + 1))
     local e
     if [ -n "$1" ]; then e="env LD_PRELOAD=$1"; else e="env -u LD_PRELOAD"; fi
-    $e redis-server --port $PORT --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 &
+    $e redis-server --port $PORT --bind 127.0.0.1 --maxclients 10000 --save '' --appendonly no >/dev/null 2>&1 &
     local s=$!
     for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
     $e redis-benchmark -p $PORT -t get -n 100000 -c "$C" -q 2>/dev/null |

@@ -172,6 +172,24 @@ impl AppReady {
         ))
     }
 
+    /// The readiness state, for `sdpstat`: `tokens`, `direct` (`on` while direct wakeups are
+    /// on), `writable`, `rdhup`, `hup`, and our end's fd.
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "tokens={} direct={} writable={} rdhup={} hup={} ours={}",
+            self.tokens as u8,
+            match (self.direct, self.direct_on) {
+                (false, _) => "no",
+                (true, false) => "off",
+                (true, true) => "on",
+            },
+            self.writable as u8,
+            self.rdhup as u8,
+            self.hup as u8,
+            self.ours.as_ref().map_or(-1, |o| o.as_raw_fd()),
+        )
+    }
+
     /// Our end, to give the peer for direct wakeups.
     pub(crate) fn ours_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;

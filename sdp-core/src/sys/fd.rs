@@ -15,19 +15,12 @@ pub(crate) fn owned(fd: RawFd) -> OwnedFd {
 
 /// Move an fd this library made for itself to a high number (close-on-exec), so the low numbers
 /// stay the application's, as they would be without SDP: programs size tables by the fds they
-/// get (wrk, select's FD_SETSIZE) or expect the lowest free one. The floor is half the soft
-/// RLIMIT_NOFILE, at most 1024; the fd stays where it is if nothing is free there.
+/// get (wrk, select's FD_SETSIZE, redis' event loop of `maxclients` + 128) or expect the
+/// lowest free one. The floor is half the soft RLIMIT_NOFILE as it is now (a program may raise
+/// it after its first socket), at most [`HIGH_FD_MAX_FLOOR`]; the fd stays where it is if
+/// nothing is free there.
 pub fn high_fd(fd: RawFd) -> RawFd {
-    static FLOOR: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    let floor = *FLOOR.get_or_init(|| {
-        // SAFETY: an all-zero rlimit is valid; getrlimit writes into it.
-        let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
-            return 0;
-        }
-        (r.rlim_cur / 2).min(1024) as i32
-    });
+    let floor = high_fd_floor();
     if fd < 0 || fd >= floor {
         return fd;
     }
@@ -39,6 +32,24 @@ pub fn high_fd(fd: RawFd) -> RawFd {
     // SAFETY: `fd` is ours and replaced by `hi`.
     unsafe { libc::close(fd) };
     hi
+}
+
+/// Highest floor of [`high_fd`]: the kernel sizes a process's fd table by its highest fd, so a
+/// soft limit of a million does not put our fds at half a million.
+pub const HIGH_FD_MAX_FLOOR: i32 = 32768;
+
+/// Where [`high_fd`] puts our fds: half the soft RLIMIT_NOFILE, at most [`HIGH_FD_MAX_FLOOR`].
+/// (It once stopped at 1024: with a few hundred connections our fds filled the numbers above
+/// it and the application's next sockets got numbers among them, past what redis' event loop
+/// holds: its clients were accepted and never served.)
+pub fn high_fd_floor() -> RawFd {
+    // SAFETY: an all-zero rlimit is valid; getrlimit writes into it.
+    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 0;
+    }
+    (r.rlim_cur / 2).min(HIGH_FD_MAX_FLOOR as libc::rlim_t) as i32
 }
 
 /// [`high_fd`] for an owned fd.

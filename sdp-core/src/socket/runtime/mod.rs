@@ -845,6 +845,13 @@ impl<P: Provider + 'static> Shared<P> {
                     "error",
                     c.error().map_or("-".to_string(), |e| format!("{e:?}")),
                 ),
+                (
+                    "app",
+                    g.socks
+                        .get(&id)
+                        .and_then(|s| s.app.as_ref())
+                        .map_or("-".to_string(), |a| a.describe()),
+                ),
             ]));
         }
         out
