@@ -25,7 +25,7 @@
 
 mod assist;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
@@ -335,6 +335,10 @@ struct Inner {
     direct_wakeups: Arc<AtomicU64>,
     /// Chunks of peers' RDMA Reads and Writes this provider copied for them (`assist`).
     assisted: AtomicU64,
+    /// Peer processes (by pid) and peer providers (by their bell page's identity), shared by
+    /// the connections to them.
+    procs: Mutex<HashMap<i32, Weak<Proc>>>,
+    providers: Mutex<HashMap<(u64, u64), Weak<PeerProvider>>>,
 }
 
 fn os(e: std::io::Error) -> VerbsError {
@@ -342,6 +346,64 @@ fn os(e: std::io::Error) -> VerbsError {
 }
 
 impl Inner {
+    /// The peer process `p` (a pidfd just taken from a connection), or the one of an earlier
+    /// connection to the same process: if that one's process is alive now, the pid is still
+    /// its, so `p` is the same process (a pid is not handed out again while its process lives).
+    fn shared_proc(&self, p: Proc) -> Arc<Proc> {
+        let mut m = self.procs.lock();
+        if let Some(old) = m.get(&p.pid()).and_then(Weak::upgrade) {
+            if old.alive() {
+                return old;
+            }
+        }
+        m.retain(|_, w| w.strong_count() > 0);
+        let p = Arc::new(p);
+        m.insert(p.pid(), Arc::downgrade(&p));
+        p
+    }
+
+    /// The peer provider whose key table, bell page and eventfd a handshake brought: the one
+    /// an earlier connection mapped if both memfds are the same files, else mapped now.
+    fn peer_provider(
+        &self,
+        keys_fd: OwnedFd,
+        bells_fd: OwnedFd,
+        evfd: OwnedFd,
+    ) -> Result<Arc<PeerProvider>, String> {
+        let id = |fd: &OwnedFd| {
+            sys::file_identity(fd.as_fd())
+                .map_err(|e| format!("SDP shm: bad handshake (memfd): {e}"))
+        };
+        let ids = [id(&keys_fd)?, id(&bells_fd)?];
+        let mut m = self.providers.lock();
+        if let Some(p) = m.get(&ids[1]).and_then(Weak::upgrade) {
+            if p.ids == ids {
+                return Ok(p);
+            }
+        }
+        let bells = Mapping::map(bells_fd.as_fd(), BELLS_LEN, true)
+            .map_err(|e| format!("SDP shm: cannot map the peer's bell page: {e}"))?;
+        if bells.u32(B_MAGIC).load(Ordering::Relaxed) != BELLS_MAGIC {
+            return Err("SDP shm: bad handshake (bell page magic)".into());
+        }
+        let keys = Mapping::map(keys_fd.as_fd(), KT_LEN, false)
+            .map_err(|e| format!("SDP shm: cannot map the peer's key table: {e}"))?;
+        sys::set_nonblocking(evfd.as_fd())
+            .map_err(|e| format!("SDP shm: bad handshake (eventfd): {e}"))?;
+        // Kept while connections to the provider live: out of the application's range of fd
+        // numbers.
+        let evfd = sys::high_owned(evfd);
+        let p = Arc::new(PeerProvider {
+            keys,
+            bells,
+            evfd,
+            ids,
+        });
+        m.retain(|_, w| w.strong_count() > 0);
+        m.insert(ids[1], Arc::downgrade(&p));
+        Ok(p)
+    }
+
     fn add_ctl(&self, ctl: &Arc<Ctl>, fd: Option<(RawFd, bool)>) -> Result<usize, VerbsError> {
         let token = self.ctls.lock().insert(Arc::downgrade(ctl));
         if let Some((fd, edge)) = fd {
@@ -582,6 +644,8 @@ impl ShmProvider {
                 wakeups: Arc::new(AtomicU64::new(0)),
                 direct_wakeups: Arc::new(AtomicU64::new(0)),
                 assisted: AtomicU64::new(0),
+                procs: Mutex::new(HashMap::new()),
+                providers: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -655,19 +719,31 @@ fn new_inbox(max_recv_wr: u32) -> Result<(OwnedFd, Arc<Mapping>, u32), VerbsErro
 
 /// What we know of the other side once it sent its REQ or ACC.
 struct Peer {
-    /// The peer process: every copy goes through its pidfd's liveness check.
+    /// The peer process: every copy goes through its pidfd's liveness check (one pidfd per
+    /// peer process, shared by its connections: `Inner::shared_proc`).
     proc: Arc<Proc>,
     inbox: Mapping,
     nslots: u32,
-    keys: Mapping,
-    evfd: OwnedFd,
-    /// The peer's bell page, and the offset of our connection's bell in it (if it has one).
-    bells: Mapping,
+    /// The peer provider's key table, bell page and eventfd (shared by its connections).
+    prov: Arc<PeerProvider>,
+    /// The offset of our connection's bell in the peer's bell page (if it has one).
     bell: Option<usize>,
     wakeups: Arc<AtomicU64>,
     /// The peer's direct-wakeup socket (`M_WAKE`), used while its `OFF_DIRECT` is on.
     direct: Option<OwnedFd>,
     direct_wakeups: Arc<AtomicU64>,
+}
+
+/// What every connection to one peer provider shares: its key table and bell page (mapped once)
+/// and its eventfd (one fd). Connections of one process to another used to hold each their own
+/// copies: four fds and two mappings (2 MiB of address space) more per connection, which at a
+/// few thousand connections ran into RLIMIT_NOFILE (`Inner::peer_provider`).
+struct PeerProvider {
+    keys: Mapping,
+    bells: Mapping,
+    evfd: OwnedFd,
+    /// Identities of the key table's and the bell page's memfds.
+    ids: [(u64, u64); 2],
 }
 
 impl Peer {
@@ -697,11 +773,7 @@ impl Peer {
             Ok((sz, true)) if sz >= BELLS_LEN => {}
             _ => return Err("SDP shm: bad handshake (bell page not a sealed memfd)".into()),
         }
-        let bells = Mapping::map(bells_fd.as_fd(), BELLS_LEN, true)
-            .map_err(|e| format!("SDP shm: cannot map the peer's bell page: {e}"))?;
-        if bells.u32(B_MAGIC).load(Ordering::Relaxed) != BELLS_MAGIC {
-            return Err("SDP shm: bad handshake (bell page magic)".into());
-        }
+        let prov = inner.peer_provider(keys_fd, bells_fd, evfd)?;
         let bell = match m.bell {
             NO_BELL => None,
             b if (b as usize) < NBELLS => bell_off(b as usize),
@@ -712,12 +784,6 @@ impl Peer {
         if inbox.u32(OFF_MAGIC).load(Ordering::Relaxed) != INBOX_MAGIC {
             return Err("SDP shm: bad handshake (inbox magic)".into());
         }
-        let keys = Mapping::map(keys_fd.as_fd(), KT_LEN, false)
-            .map_err(|e| format!("SDP shm: cannot map the peer's key table: {e}"))?;
-        sys::set_nonblocking(evfd.as_fd())
-            .map_err(|e| format!("SDP shm: bad handshake (eventfd): {e}"))?;
-        // Kept for the connection's life: out of the application's range of fd numbers.
-        let evfd = sys::high_owned(evfd);
         match sys::probe(&proc, probe) {
             Ok(true) => {}
             Ok(false) => return Err("SDP shm: peer memory probe mismatch".into()),
@@ -731,9 +797,7 @@ impl Peer {
             proc,
             inbox,
             nslots,
-            keys,
-            evfd,
-            bells,
+            prov,
             bell,
             wakeups: inner.wakeups.clone(),
             direct: None,
@@ -748,7 +812,7 @@ impl Peer {
             return None;
         }
         let off = KT_HDR + idx * KT_ENTRY;
-        let k = &self.keys;
+        let k = &self.prov.keys;
         for _ in 0..1000 {
             let s1 = k.u32(off + E_SEQ).load(Ordering::Acquire);
             if s1 & 1 == 1 {
@@ -775,7 +839,7 @@ impl Peer {
     /// Ring our connection's bell in the peer's page: its next round looks at the connection.
     fn ring(&self) {
         if let Some(b) = self.bell {
-            self.bells.u32(b).store(1, Ordering::Release);
+            self.prov.bells.u32(b).store(1, Ordering::Release);
         }
     }
 
@@ -813,7 +877,7 @@ impl Peer {
 
     /// Write the peer's eventfd if it asked to be woken.
     fn signal(&self) {
-        if signal_if_armed(&self.bells, self.evfd.as_fd()) {
+        if signal_if_armed(&self.prov.bells, self.prov.evfd.as_fd()) {
             self.wakeups.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -1082,7 +1146,7 @@ impl Provider for ShmProvider {
         match sys::peer_cred(sock.as_fd()) {
             Ok((pid, uid)) if uid == self.inner.uid => match Proc::of_peer(sock.as_fd(), pid) {
                 Ok(p) => {
-                    let p = Arc::new(p);
+                    let p = self.inner.shared_proc(p);
                     ep.peer_pid = pid;
                     let _ = ep.ctl.peer.set(p.clone());
                     ep.peer_proc = Some(p);
@@ -2516,7 +2580,7 @@ impl ShmListener {
                     self.inner.add_fd(self.token, s.as_raw_fd(), true);
                     self.half.push_back(Half {
                         sock: s,
-                        proc: Arc::new(proc),
+                        proc: self.inner.shared_proc(proc),
                         since: Instant::now(),
                     });
                 }
