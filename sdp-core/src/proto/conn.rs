@@ -1,8 +1,12 @@
 //! The connection: state machine, and the engine's whole public surface: every `pub fn` of
 //! [`Conn`] is in this file (application calls, inputs from below, outputs to poll). The
 //! sublayers do the work behind them: [`super::credits`] (sequence numbers and credits),
-//! [`super::timers`], the send half ([`super::send`], [`super::sent`], [`super::write`]) and
-//! the receive half ([`super::recv`], [`super::rcvd`], [`super::read`]).
+//! [`super::timers`], the send half ([`send`], [`sent`], [`write`](mod@write)) and the receive
+//! half ([`recv`], [`rcvd`], [`read`]).
+//!
+//! Those step modules, with [`timeouts`] (what each timer does), are this module's children,
+//! though their files sit beside this one in `proto/`: `Conn`'s fields are private, seen only
+//! here and by them; everything else goes through methods.
 
 use std::collections::VecDeque;
 
@@ -18,6 +22,24 @@ use super::timers::{Timer, TimerTable};
 use super::tx::{Inflight, TxHalf, TxItem};
 use super::Instant;
 use crate::verbs::{CmEvent, Completion, WcStatus, WorkRequest};
+
+// The protocol steps: files beside this one in `proto/` (the original check-in's file list),
+// but child modules of this one, so that they see `Conn`'s private fields. `proto` re-exports
+// them under their own names (`proto::send`, ...).
+#[path = "rcvd.rs"]
+pub mod rcvd;
+#[path = "read.rs"]
+pub mod read;
+#[path = "recv.rs"]
+pub mod recv;
+#[path = "send.rs"]
+pub mod send;
+#[path = "sent.rs"]
+pub mod sent;
+#[path = "timeouts.rs"]
+pub mod timeouts;
+#[path = "write.rs"]
+pub mod write;
 
 /// Where the connection is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -3,15 +3,15 @@
 //! buffers; each finished read is acknowledged with RdmaRdCompl. Also our own SinkAvail (the
 //! write path's receiving side): advertise, cancel, complete.
 
-use super::advt::{BOUNCE_WINDOW, EAGER_BOUNCE_BUFS};
-use super::buff::{Buf, BufStore};
-pub use super::conn::ZRecv;
-use super::conn::{wrid, CallError, Conn, Count, Event, ProtocolError, State};
-use super::iocb::ZSink;
-use super::msgs::{Ext, Mid};
-use super::rx::RxItem;
-use super::tx::{Inflight, ReadReq};
-use super::Instant;
+pub use super::ZRecv;
+use super::{wrid, CallError, Conn, Count, Event, ProtocolError, State};
+use crate::proto::advt::{BOUNCE_WINDOW, EAGER_BOUNCE_BUFS};
+use crate::proto::buff::{Buf, BufStore};
+use crate::proto::iocb::ZSink;
+use crate::proto::msgs::{Ext, Mid};
+use crate::proto::rx::RxItem;
+use crate::proto::tx::{Inflight, ReadReq};
+use crate::proto::Instant;
 use crate::verbs::{Completion, SendOp, SendWr, Sge, WcStatus, WorkRequest};
 
 /// After this many sinks in a row overtaken by the peer's Data, at most one offer in
@@ -300,7 +300,7 @@ impl<S: BufStore> Conn<S> {
         let id = self.advts.add_src(len, rkey, vaddr);
         if self.app_closed {
             self.refuse_src(id);
-            self.abort_with(now, super::conn::ConnError::Aborted);
+            self.abort_with(now, super::ConnError::Aborted);
             return Ok(());
         }
         if self.shut_rd {

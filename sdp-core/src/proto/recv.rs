@@ -1,10 +1,10 @@
 //! Receive path, application side: posting receive buffers (with slow start), and reads that
 //! copy out of received buffers or start the RDMA Reads of a peer's SrcAvail.
 
-use super::buff::{Buf, BufStore};
-use super::conn::{wrid, CallError, Conn, ConnError, State};
-use super::rx::RxItem;
-use super::Instant;
+use super::{wrid, CallError, Conn, ConnError, State};
+use crate::proto::buff::{Buf, BufStore};
+use crate::proto::rx::RxItem;
+use crate::proto::Instant;
 use crate::verbs::{RecvWr, WorkRequest};
 
 impl<S: BufStore> Conn<S> {
@@ -155,9 +155,7 @@ impl<S: BufStore> Conn<S> {
         }
         let max = self.rx_budget();
         // Never fewer than a peer needs to send data while a credit update crosses it.
-        let target = self
-            .rx_post_target()
-            .max(super::conn::MIN_RX_POSTED as usize);
+        let target = self.rx_post_target().max(super::MIN_RX_POSTED as usize);
         while self.rx.posted_len() < target && self.rx.posted_len() + self.rx.held() < max {
             let Some((key, buf)) = self.rx.post(&mut self.store) else {
                 if self.rx.posted_len() == 0 {

@@ -1,12 +1,12 @@
 //! Send path: application data into registered send buffers (BCopy), the send queue, and
 //! posting SENDs as credits allow. Small writes coalesce into the buffer at the tail of the queue.
 
-use super::buff::{Buf, BufStore};
-use super::conn::{wrid, CallError, Conn, ConnError, Count, State, CTRL_CREDITS};
-use super::iocb::{SrcState, ZSrc};
-use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
-use super::tx::{Inflight, TxItem};
-use super::Instant;
+use super::{wrid, CallError, Conn, ConnError, Count, State, CTRL_CREDITS};
+use crate::proto::buff::{Buf, BufStore};
+use crate::proto::iocb::{SrcState, ZSrc};
+use crate::proto::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
+use crate::proto::tx::{Inflight, TxItem};
+use crate::proto::Instant;
 use crate::verbs::{SendOp, SendWr, WorkRequest};
 
 /// Split zero copy cuts no piece smaller than this: below it a source goes whole (its
@@ -313,7 +313,7 @@ impl<S: BufStore> Conn<S> {
     /// The largest source split zero copy advertises: one the peer reads whole into one
     /// bounce buffer, and that one Data message could carry.
     pub(crate) fn split_cap(&self) -> u32 {
-        (self.send_size - BSDH_LEN as u32).min(super::advt::BOUNCE_SIZE)
+        (self.send_size - BSDH_LEN as u32).min(crate::proto::advt::BOUNCE_SIZE)
     }
 
     /// Split zero copy: cut a queued source at the head of the send queue that is larger than
@@ -432,7 +432,7 @@ impl<S: BufStore> Conn<S> {
             return false;
         };
         let h = self.next_header(mid, ext, BsdhFlags::empty(), 0);
-        let mut hdr = [0u8; super::conn::MAX_HDR];
+        let mut hdr = [0u8; super::MAX_HDR];
         let n = h.emit(&mut hdr).expect("header fits");
         self.store.write(&buf, 0, &hdr[..n]);
         if mid == Mid::RdmaWrCompl {
@@ -511,9 +511,9 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// The peer acknowledged our ChRcvBuf: every buffer it has posted is `size` now.
-    pub(crate) fn on_resize_ack(&mut self, size: u32) -> Result<(), super::conn::ProtocolError> {
+    pub(crate) fn on_resize_ack(&mut self, size: u32) -> Result<(), super::ProtocolError> {
         let Some(asked) = self.tx.take_resize() else {
-            return Err(super::conn::ProtocolError::Unexpected {
+            return Err(super::ProtocolError::Unexpected {
                 mid: Mid::ChRcvBufAck,
                 context: "no ChRcvBuf outstanding",
             });
@@ -522,13 +522,13 @@ impl<S: BufStore> Conn<S> {
         // receives: our queued messages and the split of one into a SinkAvail (`fill_sink`)
         // were built for that size. Anything else is a protocol error (abort).
         if size > asked.max(self.send_size) {
-            return Err(super::conn::ProtocolError::Unexpected {
+            return Err(super::ProtocolError::Unexpected {
                 mid: Mid::ChRcvBufAck,
                 context: "acknowledged size larger than requested",
             });
         }
         if size < self.send_size {
-            return Err(super::conn::ProtocolError::Unexpected {
+            return Err(super::ProtocolError::Unexpected {
                 mid: Mid::ChRcvBufAck,
                 context: "acknowledged size below the current one",
             });

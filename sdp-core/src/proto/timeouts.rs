@@ -1,17 +1,17 @@
 //! What each timer does when it fires: connection setup, the orderly disconnect, linger
 //! after close, keepalive and the zero-window probe (both a zero-byte RDMA Write), zero-copy
 //! sources that stall, and the idle shrink of the buffers. The deadlines are in the
-//! timer table ([`super::timers`]).
+//! timer table ([`timers`](crate::proto::timers)).
 
 use std::ops::ControlFlow;
 use std::time::Duration;
 
-use super::buff::BufStore;
-use super::conn::{wrid, Conn, Count};
-use super::error::ConnError;
-use super::timers::{Timer, PERSIST};
-use super::tx::Inflight;
-use super::Instant;
+use super::{wrid, Conn, Count};
+use crate::proto::buff::BufStore;
+use crate::proto::error::ConnError;
+use crate::proto::timers::{Timer, PERSIST};
+use crate::proto::tx::Inflight;
+use crate::proto::Instant;
 use crate::verbs::{Completion, RemoteBuf, SendOp, SendWr, WcStatus, WorkRequest};
 
 impl<S: BufStore> Conn<S> {

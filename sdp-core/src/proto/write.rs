@@ -1,7 +1,7 @@
 //! RDMA Write path and the sending side of zero copy: SrcAvail advertisement of our sources
 //! and its completion (RdmaRdCompl), cancel (SrcAvailCancel / SendSm); RDMA Writes into a
 //! peer's SinkAvail followed by RdmaWrCompl. (The keepalive probe, also an RDMA Write,
-//! is in [`super::timers`].)
+//! is in [`timers`](crate::proto::timers).)
 //!
 //! # Pipelined zero copy (several SrcAvails outstanding)
 //!
@@ -42,14 +42,14 @@
 //! * A peer's SinkAvail is filled only while none of our sources is outstanding (the sink was
 //!   offered after the peer consumed every advertisement it had seen, so those finish soon).
 
-use super::advt::SinkAdvt;
-use super::buff::BufStore;
-use super::conn::{wrid, Conn, Count, Event, ProtocolError, CTRL_CREDITS};
-use super::iocb::{EndedSrcs, SrcState};
-use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
-use super::tx::Inflight;
-use super::tx::TxItem;
-use super::Instant;
+use super::{wrid, Conn, Count, Event, ProtocolError, CTRL_CREDITS};
+use crate::proto::advt::SinkAdvt;
+use crate::proto::buff::BufStore;
+use crate::proto::iocb::{EndedSrcs, SrcState};
+use crate::proto::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
+use crate::proto::tx::Inflight;
+use crate::proto::tx::TxItem;
+use crate::proto::Instant;
 use crate::verbs::{RemoteBuf, SendOp, SendWr, Sge, WorkRequest};
 
 impl<S: BufStore> Conn<S> {
