@@ -11,7 +11,7 @@ use crate::proto::Instant;
 use crate::verbs::{Completion, WcStatus};
 
 impl<S: BufStore> Conn<S> {
-    pub(crate) fn on_recv_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
+    pub(super) fn on_recv_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
         let Some(buf) = self.rx.complete(idx) else {
             return;
         };
@@ -189,10 +189,7 @@ fn carries_stream(mid: Mid, payload: usize) -> bool {
 /// Parse a received message of `total` bytes from its first bytes (`prefix`, all of it when
 /// the message is short). Only Data can be longer than a header: its BSDH is checked against
 /// the completion's length, then parsed on its own.
-pub(crate) fn parse_received(
-    prefix: &[u8],
-    total: usize,
-) -> Result<Header, crate::proto::msgs::WireError> {
+fn parse_received(prefix: &[u8], total: usize) -> Result<Header, crate::proto::msgs::WireError> {
     use crate::proto::msgs::{Packet, WireError};
     if total <= prefix.len() {
         return Header::parse(&prefix[..total]).map(|(h, _)| h);

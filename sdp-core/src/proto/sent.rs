@@ -8,7 +8,7 @@ use crate::proto::Instant;
 use crate::verbs::{Completion, WcStatus};
 
 impl<S: BufStore> Conn<S> {
-    pub(crate) fn on_send_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
+    pub(super) fn on_send_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
         let Some(inf) = self.tx.complete(idx) else {
             return;
         };
