@@ -768,11 +768,11 @@ impl<P: Provider> Driver<P> {
         peek: bool,
     ) -> Result<Option<u8>, DriverError> {
         self.apply(now, id, |c| {
-            let b = c.read_urgent();
             if peek {
-                c.urgent = b;
+                c.peek_urgent()
+            } else {
+                c.read_urgent()
             }
-            b
         })
     }
 

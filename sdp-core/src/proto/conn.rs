@@ -1,8 +1,12 @@
 //! The connection: state machine, and the engine's whole public surface: every `pub fn` of
 //! [`Conn`] is in this file (application calls, inputs from below, outputs to poll). The
 //! sublayers do the work behind them: [`super::credits`] (sequence numbers and credits),
-//! [`super::timers`], the send half ([`super::send`], [`super::sent`], [`super::write`]) and
-//! the receive half ([`super::recv`], [`super::rcvd`], [`super::read`]).
+//! [`super::timers`], the send half ([`send`], [`sent`], [`write`](mod@write)) and the receive
+//! half ([`recv`], [`rcvd`], [`read`]).
+//!
+//! Those step modules, with [`timeouts`] (what each timer does), are this module's children,
+//! though their files sit beside this one in `proto/`: `Conn`'s fields are private, seen only
+//! here and by them; everything else goes through methods.
 
 use std::collections::VecDeque;
 
@@ -18,6 +22,24 @@ use super::timers::{Timer, TimerTable};
 use super::tx::{Inflight, TxHalf, TxItem};
 use super::Instant;
 use crate::verbs::{CmEvent, Completion, WcStatus, WorkRequest};
+
+// The protocol steps: files beside this one in `proto/` (the original check-in's file list),
+// but child modules of this one, so that they see `Conn`'s private fields. `proto` re-exports
+// them under their own names (`proto::send`, ...).
+#[path = "rcvd.rs"]
+pub mod rcvd;
+#[path = "read.rs"]
+pub mod read;
+#[path = "recv.rs"]
+pub mod recv;
+#[path = "send.rs"]
+pub mod send;
+#[path = "sent.rs"]
+pub mod sent;
+#[path = "timeouts.rs"]
+pub mod timeouts;
+#[path = "write.rs"]
+pub mod write;
 
 /// Where the connection is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -101,7 +123,7 @@ pub struct ConnStats {
 /// What moves a [`ConnStats`] counter ([`Conn::count`]): one variant per counter, with the
 /// amount for byte counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Count {
+enum Count {
     MsgSent,
     MsgRcvd,
     DataBytesSent(u64),
@@ -158,13 +180,13 @@ pub enum ZRecv {
 
 /// Which side opened the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Role {
+enum Role {
     Active,
     Passive,
 }
 
 /// Work request id layout: the top byte says what kind of work it was.
-pub(crate) mod wrid {
+mod wrid {
     pub const RECV: u64 = 1 << 56;
     pub const SEND: u64 = 2 << 56;
     pub const READ: u64 = 3 << 56;
@@ -177,61 +199,61 @@ pub(crate) mod wrid {
 /// Bytes of a received message we read to parse its header, and the size of a control
 /// message's send buffer: room for the longest header
 /// ([`MAX_HEADER_LEN`](super::msgs::MAX_HEADER_LEN), 36 bytes: a SinkAvail) with slack.
-pub(crate) const MAX_HDR: usize = 48;
+const MAX_HDR: usize = 48;
 const _: () = assert!(MAX_HDR >= super::msgs::MAX_HEADER_LEN);
 
 /// One SDP connection (see the module docs).
 pub struct Conn<S: BufStore> {
-    pub(crate) cfg: Config,
+    cfg: Config,
     /// Send-side completions handled ([`Conn::send_completions`]).
     send_wcs: u64,
-    pub(crate) store: S,
-    pub(crate) state: State,
-    pub(crate) role: Role,
-    pub(crate) error: Option<ConnError>,
+    store: S,
+    state: State,
+    role: Role,
+    error: Option<ConnError>,
 
     // Negotiated at setup.
     /// Largest message we may send (the peer's receive buffer size).
-    pub(crate) send_size: u32,
+    send_size: u32,
     /// Advertisements the peer accepts outstanding.
-    pub(crate) peer_max_adverts: u8,
+    peer_max_adverts: u8,
 
     /// Sequence numbers and credits.
-    pub(crate) credits: Credits,
+    credits: Credits,
 
     /// The send half (moved along by send.rs, sent.rs, write.rs).
-    pub(crate) tx: TxHalf,
+    tx: TxHalf,
     /// The receive half (moved along by recv.rs, rcvd.rs, read.rs).
-    pub(crate) rx: RxHalf,
-    /// An urgent byte (MSG_OOB) not read yet (socket/runtime.rs puts a peeked one back).
-    pub(crate) urgent: Option<u8>,
+    rx: RxHalf,
+    /// An urgent byte (MSG_OOB) not read yet.
+    urgent: Option<u8>,
 
     // Zero copy (advt.rs, iocb.rs, read.rs, write.rs).
-    pub(crate) advts: Advts,
-    pub(crate) iocbs: Iocbs,
+    advts: Advts,
+    iocbs: Iocbs,
 
     // Close.
-    pub(crate) shut_rd: bool,
-    pub(crate) shut_wr: bool,
-    pub(crate) disconn_sent: bool,
-    pub(crate) disconn_rcvd: bool,
-    pub(crate) app_closed: bool,
-    pub(crate) disconnect_issued: bool,
+    shut_rd: bool,
+    shut_wr: bool,
+    disconn_sent: bool,
+    disconn_rcvd: bool,
+    app_closed: bool,
+    disconnect_issued: bool,
     /// Setup finished once (the connection was established, whatever happened since).
-    pub(crate) was_established: bool,
+    was_established: bool,
     /// Waiting in a listener's queue for the application to accept it
     /// ([`Conn::accept_queued`]): `min_rx_bufs` receive buffers posted, `unaccepted_rx_bufs`
     /// posted or held at most, no growth, until [`Conn::set_accepted`].
-    pub(crate) queued: bool,
+    queued: bool,
 
-    pub(crate) timers: TimerTable,
+    timers: TimerTable,
 
     // Outputs.
-    pub(crate) wrs: VecDeque<WorkRequest>,
+    wrs: VecDeque<WorkRequest>,
     /// The accepting side of a transport whose connecting side sends first
     /// (`Config::initiator_sends_first`): sends stay queued until a receive completes.
-    pub(crate) hold_sends: bool,
-    pub(crate) cm: VecDeque<CmAction>,
+    hold_sends: bool,
+    cm: VecDeque<CmAction>,
     /// Application events, pushed only by [`Conn::emit`].
     events: VecDeque<Event>,
 
@@ -487,7 +509,7 @@ impl<S: BufStore> Conn<S> {
         }
     }
     /// Receive buffers posted plus held with unread data, at most.
-    pub(crate) fn rx_budget(&self) -> usize {
+    fn rx_budget(&self) -> usize {
         let cap = self.rx_cap();
         if self.queued {
             self.cfg
@@ -499,7 +521,7 @@ impl<S: BufStore> Conn<S> {
         }
     }
     /// Receive buffers to keep posted (the slow-start target).
-    pub(crate) fn rx_post_target(&self) -> usize {
+    fn rx_post_target(&self) -> usize {
         let target = self.rx.target().min(self.rx_cap());
         if self.queued {
             self.cfg.min_rx_bufs.min(target) as usize
@@ -510,7 +532,7 @@ impl<S: BufStore> Conn<S> {
     /// The most receive buffers this connection may have (posted plus held): the stack's
     /// `max_rx_bufs`, lowered by the application's SO_RCVBUF ([`Conn::set_rcvbuf`]) to that
     /// many bytes of buffers of the current size, never below `MIN_RX_POSTED`.
-    pub(crate) fn rx_cap(&self) -> u32 {
+    fn rx_cap(&self) -> u32 {
         let max = self.cfg.max_rx_bufs;
         match self.cfg.rcvbuf {
             None => max,
@@ -720,6 +742,11 @@ impl<S: BufStore> Conn<S> {
     pub fn read_urgent(&mut self) -> Option<u8> {
         self.urgent.take()
     }
+    /// The urgent byte (MSG_OOB), if one arrived and was not read yet, left in place
+    /// (`MSG_OOB | MSG_PEEK`).
+    pub(crate) fn peek_urgent(&self) -> Option<u8> {
+        self.urgent
+    }
     /// Receive into registered memory without copying. If the next stream bytes are a peer's
     /// SrcAvail they are RDMA-Read straight into `sink`; if nothing is queued, a SinkAvail
     /// invites the peer to RDMA-Write its next bytes into `sink`.
@@ -873,7 +900,7 @@ impl<S: BufStore> Conn<S> {
 
     /// A completion with an error status: flushes after we are already going down are expected;
     /// anything else is the transport failing.
-    pub(crate) fn on_wc_error(&mut self, now: Instant, status: WcStatus) {
+    fn on_wc_error(&mut self, now: Instant, status: WcStatus) {
         if status == WcStatus::Flushed {
             let orderly = self.disconn_rcvd;
             if self.error.is_none()
@@ -951,12 +978,12 @@ impl<S: BufStore> Conn<S> {
 
     /// Queue an event for the application ([`Conn::poll_event`]).
     #[inline]
-    pub(crate) fn emit(&mut self, ev: Event) {
+    fn emit(&mut self, ev: Event) {
         self.events.push_back(ev);
     }
     /// Move a counter ([`Conn::stats`]).
     #[inline]
-    pub(crate) fn count(&mut self, c: Count) {
+    fn count(&mut self, c: Count) {
         self.stats.record(c);
     }
 
@@ -1019,7 +1046,7 @@ impl<S: BufStore> Conn<S> {
         self.abort_with(now, ConnError::Aborted);
     }
 
-    pub(crate) fn abort_with(&mut self, now: Instant, err: ConnError) {
+    fn abort_with(&mut self, now: Instant, err: ConnError) {
         if matches!(self.state, State::Closed) {
             return;
         }
@@ -1030,12 +1057,12 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// A protocol violation by the peer: AbortConn and a clear error.
-    pub(crate) fn protocol_error(&mut self, now: Instant, e: ProtocolError) {
+    fn protocol_error(&mut self, now: Instant, e: ProtocolError) {
         self.abort_with(now, ConnError::Protocol(e));
     }
 
     /// Enter the error path: record the error (reads and writes see it), disconnect.
-    pub(crate) fn fail(&mut self, now: Instant, err: ConnError, disconnect: bool) {
+    fn fail(&mut self, now: Instant, err: ConnError, disconnect: bool) {
         if self.state == State::Closed {
             return;
         }
@@ -1052,7 +1079,7 @@ impl<S: BufStore> Conn<S> {
         }
     }
 
-    pub(crate) fn issue_disconnect(&mut self, now: Instant) {
+    fn issue_disconnect(&mut self, now: Instant) {
         if !self.disconnect_issued {
             self.disconnect_issued = true;
             self.cm.push_back(CmAction::Disconnect);
@@ -1066,7 +1093,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Both DisConns are through and our sends completed: tear the connection down.
-    pub(crate) fn maybe_finish_orderly(&mut self, now: Instant) {
+    fn maybe_finish_orderly(&mut self, now: Instant) {
         if self.state == State::Established
             && self.disconn_sent
             && self.disconn_rcvd
@@ -1079,7 +1106,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Release everything and report the end.
-    pub(crate) fn finish(&mut self, _now: Instant) {
+    fn finish(&mut self, _now: Instant) {
         if self.state == State::Closed {
             return;
         }
@@ -1120,14 +1147,14 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Process a received BSDH's credit fields.
-    pub(crate) fn on_bsdh(&mut self, h: &msgs::Bsdh) -> Result<(), ProtocolError> {
+    fn on_bsdh(&mut self, h: &msgs::Bsdh) -> Result<(), ProtocolError> {
         self.credits.on_bsdh(h)?;
         self.count(Count::MsgRcvd);
         Ok(())
     }
 
     /// Build a message header with the current credit fields, consuming one credit.
-    pub(crate) fn next_header(
+    fn next_header(
         &mut self,
         mid: Mid,
         ext: Ext,
@@ -1140,13 +1167,13 @@ impl<S: BufStore> Conn<S> {
         h
     }
 
-    pub(crate) fn rx_posted_count(&self) -> u16 {
+    fn rx_posted_count(&self) -> u16 {
         self.rx.posted_count()
     }
 
     /// Move everything along: post receives, send what credits allow, send a credit update if
     /// the peer would otherwise stall, and finish an orderly close.
-    pub(crate) fn flush(&mut self, now: Instant) {
+    fn flush(&mut self, now: Instant) {
         if self.state != State::Established {
             return;
         }

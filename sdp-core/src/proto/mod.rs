@@ -23,6 +23,11 @@
 //! | [`recv`] / [`rcvd`] | receive posting and application reads / receive completions |
 //! | [`read`] / [`write`](mod@write) | RDMA Read (ZCopy read path) / RDMA Write (ZCopy write path) |
 //! | [`table`] | the connection table |
+//!
+//! The protocol steps (`send`, `sent`, `recv`, `rcvd`, `read`, `write`, `timeouts`) are files in
+//! this directory, as in the check-in, but child modules of [`conn`] (declared there with
+//! `#[path]`, re-exported here under their own names): each adds an `impl Conn` block, and only
+//! `conn` and they see `Conn`'s fields, which are private.
 #![forbid(unsafe_code)]
 
 pub mod advt;
@@ -33,19 +38,13 @@ pub mod credits;
 pub mod error;
 pub mod iocb;
 pub mod msgs;
-pub mod rcvd;
-pub mod read;
-pub mod recv;
 pub(crate) mod rx;
-pub mod send;
-pub mod sent;
 pub mod table;
-pub mod timeouts;
 pub mod timers;
 pub(crate) mod tx;
-pub mod write;
 
 pub use buff::{Buf, BufStore};
+pub use conn::{rcvd, read, recv, send, sent, timeouts, write};
 pub use conn::{CmAction, Config, Conn, ConnError, Event, ProtocolError, Shutdown, State};
 
 use std::time::Duration;

@@ -4,14 +4,14 @@
 //! connection with AbortConn and a [`ProtocolError`] saying what was wrong; it never panics and
 //! never touches other connections.
 
-use super::buff::BufStore;
-use super::conn::{Conn, Count, Event, ProtocolError, MAX_HDR};
-use super::msgs::{BsdhFlags, Ext, Header, Mid, BSDH_LEN, MIN_RCV_SIZE};
-use super::Instant;
+use super::{Conn, Count, Event, ProtocolError, MAX_HDR};
+use crate::proto::buff::BufStore;
+use crate::proto::msgs::{BsdhFlags, Ext, Header, Mid, BSDH_LEN, MIN_RCV_SIZE};
+use crate::proto::Instant;
 use crate::verbs::{Completion, WcStatus};
 
 impl<S: BufStore> Conn<S> {
-    pub(crate) fn on_recv_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
+    pub(super) fn on_recv_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
         let Some(buf) = self.rx.complete(idx) else {
             return;
         };
@@ -83,7 +83,7 @@ impl<S: BufStore> Conn<S> {
     fn on_data(
         &mut self,
         now: Instant,
-        buf: super::buff::Buf,
+        buf: crate::proto::buff::Buf,
         mut len: u32,
         flags: BsdhFlags,
     ) -> Result<(), ProtocolError> {
@@ -104,7 +104,7 @@ impl<S: BufStore> Conn<S> {
             // Data for a socket the application closed: nobody will read it. TCP answers
             // with a reset, so the writer learns at once; so do we (AbortConn).
             self.rx.put_buf(&mut self.store, buf);
-            self.abort_with(now, super::conn::ConnError::Aborted);
+            self.abort_with(now, super::ConnError::Aborted);
             return Ok(());
         }
         if len == 0 || self.shut_rd {
@@ -127,7 +127,7 @@ impl<S: BufStore> Conn<S> {
                     Ok(())
                 }
                 Mid::AbortConn => {
-                    self.fail(now, super::conn::ConnError::Reset, true);
+                    self.fail(now, super::ConnError::Reset, true);
                     Ok(())
                 }
                 Mid::SendSm => self.on_send_sm(now),
@@ -189,11 +189,8 @@ fn carries_stream(mid: Mid, payload: usize) -> bool {
 /// Parse a received message of `total` bytes from its first bytes (`prefix`, all of it when
 /// the message is short). Only Data can be longer than a header: its BSDH is checked against
 /// the completion's length, then parsed on its own.
-pub(crate) fn parse_received(
-    prefix: &[u8],
-    total: usize,
-) -> Result<Header, super::msgs::WireError> {
-    use super::msgs::{Packet, WireError};
+fn parse_received(prefix: &[u8], total: usize) -> Result<Header, crate::proto::msgs::WireError> {
+    use crate::proto::msgs::{Packet, WireError};
     if total <= prefix.len() {
         return Header::parse(&prefix[..total]).map(|(h, _)| h);
     }

@@ -3,15 +3,15 @@
 //! buffers; each finished read is acknowledged with RdmaRdCompl. Also our own SinkAvail (the
 //! write path's receiving side): advertise, cancel, complete.
 
-use super::advt::{BOUNCE_WINDOW, EAGER_BOUNCE_BUFS};
-use super::buff::{Buf, BufStore};
-pub use super::conn::ZRecv;
-use super::conn::{wrid, CallError, Conn, Count, Event, ProtocolError, State};
-use super::iocb::ZSink;
-use super::msgs::{Ext, Mid};
-use super::rx::RxItem;
-use super::tx::{Inflight, ReadReq};
-use super::Instant;
+pub use super::ZRecv;
+use super::{wrid, CallError, Conn, Count, Event, ProtocolError, State};
+use crate::proto::advt::{BOUNCE_WINDOW, EAGER_BOUNCE_BUFS};
+use crate::proto::buff::{Buf, BufStore};
+use crate::proto::iocb::ZSink;
+use crate::proto::msgs::{Ext, Mid};
+use crate::proto::rx::RxItem;
+use crate::proto::tx::{Inflight, ReadReq};
+use crate::proto::Instant;
 use crate::verbs::{Completion, SendOp, SendWr, Sge, WcStatus, WorkRequest};
 
 /// After this many sinks in a row overtaken by the peer's Data, at most one offer in
@@ -20,7 +20,7 @@ const MAX_SINK_BACKOFF: u8 = 6;
 
 impl<S: BufStore> Conn<S> {
     /// Body of [`Conn::read_zcopy`].
-    pub(crate) fn start_read_zcopy(
+    pub(super) fn start_read_zcopy(
         &mut self,
         now: Instant,
         sink: ZSink,
@@ -116,7 +116,7 @@ impl<S: BufStore> Conn<S> {
     /// once in the stream) start too, up to [`BOUNCE_WINDOW`] reads in flight in all. RDMA Read
     /// completions come back in the order posted (RC send queue), so the RdmaRdCompls go out in
     /// stream order, as the data source attributes them.
-    pub(crate) fn start_bounce_reads(&mut self, _now: Instant) {
+    pub(super) fn start_bounce_reads(&mut self, _now: Instant) {
         let ids: Vec<usize> = self.rx.leading_src_ids();
         let mut inflight: u32 = ids
             .iter()
@@ -147,7 +147,7 @@ impl<S: BufStore> Conn<S> {
         }
     }
 
-    pub(crate) fn on_read_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
+    pub(super) fn on_read_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
         let Some(Inflight::Read(r)) = self.tx.complete(idx) else {
             return;
         };
@@ -206,7 +206,7 @@ impl<S: BufStore> Conn<S> {
     /// connection went down under it): the sink is done, empty. Every sink read ends with
     /// exactly one [`Event::ZcopyReceived`]: here, on success in `on_read_completion`, or, for
     /// reads still posted when the connection is torn down, in `release_all`.
-    pub(crate) fn sink_read_failed(&mut self, token: Option<u64>) {
+    pub(super) fn sink_read_failed(&mut self, token: Option<u64>) {
         if let Some(token) = token {
             self.emit(Event::ZcopyReceived { token, bytes: 0 });
         }
@@ -221,7 +221,7 @@ impl<S: BufStore> Conn<S> {
     /// [`EAGER_BOUNCE_BUFS`] bounce buffers are held (read and not yet taken by the
     /// application, or in flight): past that the advertisements wait for the application,
     /// as plain ones do.
-    pub(crate) fn start_eager_reads(&mut self) {
+    pub(super) fn start_eager_reads(&mut self) {
         if !self.split_zcopy() || self.shut_rd || self.app_closed || self.queued {
             return;
         }
@@ -261,20 +261,20 @@ impl<S: BufStore> Conn<S> {
 
     /// Send the SendSm owed once no RDMA Read is in flight (every byte read is acknowledged
     /// before it, so the peer sees exactly what we took).
-    pub(crate) fn maybe_send_sm(&mut self) {
+    pub(super) fn maybe_send_sm(&mut self) {
         if self.advts.take_send_sm_due() {
             self.queue_ctrl_front(Mid::SendSm, Ext::None);
         }
     }
 
     /// The stream moved past an advertisement.
-    pub(crate) fn src_consumed(&mut self, advt: usize) {
+    pub(super) fn src_consumed(&mut self, advt: usize) {
         self.advts.remove_src(advt);
     }
 
     /// SrcAvail received: the peer's bytes come next in the stream (unless it is void: sent
     /// before the peer saw our SendSm, which ended it).
-    pub(crate) fn on_src_avail(
+    pub(super) fn on_src_avail(
         &mut self,
         now: Instant,
         mseq_ack: u32,
@@ -300,7 +300,7 @@ impl<S: BufStore> Conn<S> {
         let id = self.advts.add_src(len, rkey, vaddr);
         if self.app_closed {
             self.refuse_src(id);
-            self.abort_with(now, super::conn::ConnError::Aborted);
+            self.abort_with(now, super::ConnError::Aborted);
             return Ok(());
         }
         if self.shut_rd {
@@ -315,7 +315,7 @@ impl<S: BufStore> Conn<S> {
     /// SrcAvailCancel received: it covers every advertisement of the peer's we still have. Read
     /// no more of them; SendSm once the reads in flight finish (none if nothing was cut short:
     /// the messages crossed, and our RdmaRdCompls finish the peer's sources).
-    pub(crate) fn on_src_cancel(&mut self, _now: Instant) -> Result<(), ProtocolError> {
+    pub(super) fn on_src_cancel(&mut self, _now: Instant) -> Result<(), ProtocolError> {
         let ids: Vec<usize> = self.rx.src_ids();
         let mut cut = false;
         for id in ids {
@@ -337,7 +337,7 @@ impl<S: BufStore> Conn<S> {
     /// (see `on_sink_avail`). The sink is done, empty, at once: no SinkAvailCancel round trip,
     /// during which a reader waiting for the sink would leave the new bytes unread. Urgent data
     /// still asks for the sink back.
-    pub(crate) fn sink_overtaken(&mut self, now: Instant, urgent: bool) {
+    pub(super) fn sink_overtaken(&mut self, now: Instant, urgent: bool) {
         let posted = self.iocbs.sink_posted();
         if !self.iocbs.sink_active() || !posted || urgent {
             self.cancel_sink(now);
@@ -354,7 +354,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// The peer sent stream bytes past our SinkAvail: ask for the sink back.
-    pub(crate) fn cancel_sink(&mut self, _now: Instant) {
+    pub(super) fn cancel_sink(&mut self, _now: Instant) {
         if self.iocbs.sink_active() {
             self.iocbs.start_sink_cancel();
             self.count(Count::SinkAvailCancelled);
@@ -364,7 +364,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Take back a SinkAvail that was never sent: the sink completes empty, and a cancel queued
     /// for it goes too.
-    pub(crate) fn withdraw_sink(&mut self) {
+    pub(super) fn withdraw_sink(&mut self) {
         self.tx.unqueue_ctrl(Mid::SinkAvailCancel);
         self.iocbs.end_sink_cancel();
         if let Some(s) = self.iocbs.take_sink() {
@@ -376,7 +376,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// RdmaWrCompl received: the peer wrote `len` bytes into our sink.
-    pub(crate) fn on_wr_compl(&mut self, now: Instant, len: u32) -> Result<(), ProtocolError> {
+    pub(super) fn on_wr_compl(&mut self, now: Instant, len: u32) -> Result<(), ProtocolError> {
         let Some(sink_len) = self.iocbs.sink_len() else {
             return Err(ProtocolError::Unexpected {
                 mid: Mid::RdmaWrCompl,
@@ -406,7 +406,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// SinkCancelAck received: the sink is ours again.
-    pub(crate) fn on_sink_cancel_ack(&mut self, _now: Instant) -> Result<(), ProtocolError> {
+    pub(super) fn on_sink_cancel_ack(&mut self, _now: Instant) -> Result<(), ProtocolError> {
         if !self.iocbs.sink_cancel_pending() {
             return Err(ProtocolError::Unexpected {
                 mid: Mid::SinkCancelAck,

@@ -1,15 +1,15 @@
 //! Receive path, application side: posting receive buffers (with slow start), and reads that
 //! copy out of received buffers or start the RDMA Reads of a peer's SrcAvail.
 
-use super::buff::{Buf, BufStore};
-use super::conn::{wrid, CallError, Conn, ConnError, State};
-use super::rx::RxItem;
-use super::Instant;
+use super::{wrid, CallError, Conn, ConnError, State};
+use crate::proto::buff::{Buf, BufStore};
+use crate::proto::rx::RxItem;
+use crate::proto::Instant;
 use crate::verbs::{RecvWr, WorkRequest};
 
 impl<S: BufStore> Conn<S> {
     /// Body of [`Conn::read`].
-    pub(crate) fn read_copy(&mut self, now: Instant, dst: &mut [u8]) -> Result<usize, CallError> {
+    pub(super) fn read_copy(&mut self, now: Instant, dst: &mut [u8]) -> Result<usize, CallError> {
         if matches!(self.state, State::Connecting | State::Accepting) {
             return Err(CallError::WouldBlock);
         }
@@ -72,7 +72,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Body of [`Conn::peek`].
-    pub(crate) fn peek_copy(&self, dst: &mut [u8]) -> Result<usize, CallError> {
+    pub(super) fn peek_copy(&self, dst: &mut [u8]) -> Result<usize, CallError> {
         if matches!(self.state, State::Connecting | State::Accepting) {
             return Err(CallError::WouldBlock);
         }
@@ -107,7 +107,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Body of [`Conn::read_ready`].
-    pub(crate) fn stream_ready(&self) -> bool {
+    pub(super) fn stream_ready(&self) -> bool {
         match self.state {
             State::Connecting | State::Accepting => return false,
             State::Closed | State::Disconnecting => return true,
@@ -130,7 +130,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// A consumed receive or bounce buffer goes back to its pool; `fill_rx` reposts.
-    pub(crate) fn give_back_rx(&mut self, buf: Buf, bounce: bool) {
+    pub(super) fn give_back_rx(&mut self, buf: Buf, bounce: bool) {
         if self.state == State::Closed {
             // Reading what an orderly close left behind: nothing will be posted again.
             if !bounce {
@@ -149,15 +149,13 @@ impl<S: BufStore> Conn<S> {
 
     /// Post receive buffers up to the slow-start target, within the receive budget
     /// (`max_rx_bufs` posted plus held with unread data).
-    pub(crate) fn fill_rx(&mut self) -> Result<(), ConnError> {
+    pub(super) fn fill_rx(&mut self) -> Result<(), ConnError> {
         if self.disconnect_issued {
             return Ok(());
         }
         let max = self.rx_budget();
         // Never fewer than a peer needs to send data while a credit update crosses it.
-        let target = self
-            .rx_post_target()
-            .max(super::conn::MIN_RX_POSTED as usize);
+        let target = self.rx_post_target().max(super::MIN_RX_POSTED as usize);
         while self.rx.posted_len() < target && self.rx.posted_len() + self.rx.held() < max {
             let Some((key, buf)) = self.rx.post(&mut self.store) else {
                 if self.rx.posted_len() == 0 {
@@ -180,7 +178,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Drop everything received and not read (read half shut).
-    pub(crate) fn discard_rx(&mut self) {
+    pub(super) fn discard_rx(&mut self) {
         while let Some(item) = self.rx.pop_front() {
             match item {
                 RxItem::Data { buf, bounce, .. } => self.give_back_rx(buf, bounce),
@@ -194,7 +192,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Tell the peer we will not read (the rest of) its SrcAvail (SendSm, once reads in flight
     /// finish): it sends the rest by copy.
-    pub(crate) fn refuse_src(&mut self, advt: usize) {
+    pub(super) fn refuse_src(&mut self, advt: usize) {
         self.advts.refuse_src(advt);
         self.maybe_send_sm();
     }

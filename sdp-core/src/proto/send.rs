@@ -1,12 +1,12 @@
 //! Send path: application data into registered send buffers (BCopy), the send queue, and
 //! posting SENDs as credits allow. Small writes coalesce into the buffer at the tail of the queue.
 
-use super::buff::{Buf, BufStore};
-use super::conn::{wrid, CallError, Conn, ConnError, Count, State, CTRL_CREDITS};
-use super::iocb::{SrcState, ZSrc};
-use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
-use super::tx::{Inflight, TxItem};
-use super::Instant;
+use super::{wrid, CallError, Conn, ConnError, Count, State, CTRL_CREDITS};
+use crate::proto::buff::{Buf, BufStore};
+use crate::proto::iocb::{SrcState, ZSrc};
+use crate::proto::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
+use crate::proto::tx::{Inflight, TxItem};
+use crate::proto::Instant;
 use crate::verbs::{SendOp, SendWr, WorkRequest};
 
 /// Split zero copy cuts no piece smaller than this: below it a source goes whole (its
@@ -15,7 +15,7 @@ const MIN_SPLIT_PIECE: u32 = 32 * 1024;
 
 impl<S: BufStore> Conn<S> {
     /// Body of [`Conn::write`].
-    pub(crate) fn queue_bytes(&mut self, now: Instant, data: &[u8]) -> Result<usize, CallError> {
+    pub(super) fn queue_bytes(&mut self, now: Instant, data: &[u8]) -> Result<usize, CallError> {
         self.check_writable()?;
         if data.is_empty() {
             return Ok(0);
@@ -71,7 +71,7 @@ impl<S: BufStore> Conn<S> {
         Ok(taken)
     }
 
-    pub(crate) fn queue_zcopy(
+    pub(super) fn queue_zcopy(
         &mut self,
         now: Instant,
         src: ZSrc,
@@ -99,7 +99,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Body of [`Conn::send_urgent`].
-    pub(crate) fn queue_urgent(&mut self, now: Instant, byte: u8) -> Result<(), CallError> {
+    pub(super) fn queue_urgent(&mut self, now: Instant, byte: u8) -> Result<(), CallError> {
         self.check_writable()?;
         let Some(buf) = self.tx.data_buf(&mut self.store) else {
             return Err(CallError::WouldBlock);
@@ -128,7 +128,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Queue DisConn after everything already queued (orderly close of our write half).
-    pub(crate) fn close_tail(&mut self) {
+    pub(super) fn close_tail(&mut self) {
         self.tx.push(TxItem::Ctrl {
             mid: Mid::DisConn,
             ext: Ext::None,
@@ -137,13 +137,13 @@ impl<S: BufStore> Conn<S> {
 
     /// Queue a control message ahead of data (replies that must not wait behind a stalled
     /// stream, like SinkCancelAck or RdmaRdCompl).
-    pub(crate) fn queue_ctrl_front(&mut self, mid: Mid, ext: Ext) {
+    pub(super) fn queue_ctrl_front(&mut self, mid: Mid, ext: Ext) {
         self.tx.queue_ctrl_front(mid, ext);
     }
 
     /// Post what the credits allow, in stream order (see `push_queue`). When stream items went,
     /// the peer is taking the stream: a bounded source queued behind them is not stalled.
-    pub(crate) fn push_tx(&mut self, now: Instant) {
+    pub(super) fn push_tx(&mut self, now: Instant) {
         let before = self.tx.stream_posts();
         self.push_queue(now);
         if self.tx.stream_posts() != before {
@@ -306,14 +306,14 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Split zero copy is on (see `Config::zcopy_split`).
-    pub(crate) fn split_zcopy(&self) -> bool {
+    pub(super) fn split_zcopy(&self) -> bool {
         self.cfg.zcopy_by_send == Some(true) && self.cfg.zcopy_split == Some(true)
     }
 
     /// The largest source split zero copy advertises: one the peer reads whole into one
     /// bounce buffer, and that one Data message could carry.
-    pub(crate) fn split_cap(&self) -> u32 {
-        (self.send_size - BSDH_LEN as u32).min(super::advt::BOUNCE_SIZE)
+    pub(super) fn split_cap(&self) -> u32 {
+        (self.send_size - BSDH_LEN as u32).min(crate::proto::advt::BOUNCE_SIZE)
     }
 
     /// Split zero copy: cut a queued source at the head of the send queue that is larger than
@@ -347,7 +347,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Post a Data message from a filled send buffer.
-    pub(crate) fn post_data(&mut self, buf: Buf, len: u32, flags: BsdhFlags) {
+    pub(super) fn post_data(&mut self, buf: Buf, len: u32, flags: BsdhFlags) {
         let h = self.next_header(Mid::Data, Ext::None, flags, len as usize);
         let mut hdr = [0u8; BSDH_LEN];
         h.emit(&mut hdr).expect("BSDH fits");
@@ -376,7 +376,7 @@ impl<S: BufStore> Conn<S> {
     /// to a receive buffer's worth of the source). Each takes a credit like any Data message.
     /// True when every byte is posted (the item leaves the queue; the source finishes when
     /// the last send completes), false while it waits for credits or a header buffer.
-    pub(crate) fn send_src(&mut self, now: Instant, key: u64) -> bool {
+    pub(super) fn send_src(&mut self, now: Instant, key: u64) -> bool {
         let cap = self.send_size - BSDH_LEN as u32;
         loop {
             let Some(s) = self.iocbs.find_src(key) else {
@@ -427,12 +427,12 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Post a control message now (the caller checked the credit). False if no buffer.
-    pub(crate) fn post_ctrl(&mut self, mid: Mid, ext: Ext) -> bool {
+    pub(super) fn post_ctrl(&mut self, mid: Mid, ext: Ext) -> bool {
         let Some(buf) = self.tx.ctrl_buf(&mut self.store) else {
             return false;
         };
         let h = self.next_header(mid, ext, BsdhFlags::empty(), 0);
-        let mut hdr = [0u8; super::conn::MAX_HDR];
+        let mut hdr = [0u8; super::MAX_HDR];
         let n = h.emit(&mut hdr).expect("header fits");
         self.store.write(&buf, 0, &hdr[..n]);
         if mid == Mid::RdmaWrCompl {
@@ -461,7 +461,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Send AbortConn at once if any credit is left (best effort: the CM disconnect that
     /// follows tells the peer anyway).
-    pub(crate) fn send_abort(&mut self) {
+    pub(super) fn send_abort(&mut self) {
         if self.credits.tx() >= 1 {
             self.post_ctrl(Mid::AbortConn, Ext::None);
         }
@@ -469,7 +469,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Send a standalone credit update when the peer is about to run dry and we have buffers
     /// posted it does not know about. This may use the last credit.
-    pub(crate) fn maybe_credit_update(&mut self) {
+    pub(super) fn maybe_credit_update(&mut self) {
         if self.state != State::Established || self.disconnect_issued || self.credits.tx() == 0 {
             return;
         }
@@ -511,9 +511,9 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// The peer acknowledged our ChRcvBuf: every buffer it has posted is `size` now.
-    pub(crate) fn on_resize_ack(&mut self, size: u32) -> Result<(), super::conn::ProtocolError> {
+    pub(super) fn on_resize_ack(&mut self, size: u32) -> Result<(), super::ProtocolError> {
         let Some(asked) = self.tx.take_resize() else {
-            return Err(super::conn::ProtocolError::Unexpected {
+            return Err(super::ProtocolError::Unexpected {
                 mid: Mid::ChRcvBufAck,
                 context: "no ChRcvBuf outstanding",
             });
@@ -522,13 +522,13 @@ impl<S: BufStore> Conn<S> {
         // receives: our queued messages and the split of one into a SinkAvail (`fill_sink`)
         // were built for that size. Anything else is a protocol error (abort).
         if size > asked.max(self.send_size) {
-            return Err(super::conn::ProtocolError::Unexpected {
+            return Err(super::ProtocolError::Unexpected {
                 mid: Mid::ChRcvBufAck,
                 context: "acknowledged size larger than requested",
             });
         }
         if size < self.send_size {
-            return Err(super::conn::ProtocolError::Unexpected {
+            return Err(super::ProtocolError::Unexpected {
                 mid: Mid::ChRcvBufAck,
                 context: "acknowledged size below the current one",
             });

@@ -1,14 +1,14 @@
 //! Send completions: what each posted send-queue work request was, and what its completion
 //! frees or finishes.
 
-use super::buff::BufStore;
-use super::conn::Conn;
-use super::tx::Inflight;
-use super::Instant;
+use super::Conn;
+use crate::proto::buff::BufStore;
+use crate::proto::tx::Inflight;
+use crate::proto::Instant;
 use crate::verbs::{Completion, WcStatus};
 
 impl<S: BufStore> Conn<S> {
-    pub(crate) fn on_send_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
+    pub(super) fn on_send_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
         let Some(inf) = self.tx.complete(idx) else {
             return;
         };

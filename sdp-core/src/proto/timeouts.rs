@@ -1,17 +1,17 @@
 //! What each timer does when it fires: connection setup, the orderly disconnect, linger
 //! after close, keepalive and the zero-window probe (both a zero-byte RDMA Write), zero-copy
 //! sources that stall, and the idle shrink of the buffers. The deadlines are in the
-//! timer table ([`super::timers`]).
+//! timer table ([`timers`](crate::proto::timers)).
 
 use std::ops::ControlFlow;
 use std::time::Duration;
 
-use super::buff::BufStore;
-use super::conn::{wrid, Conn, Count};
-use super::error::ConnError;
-use super::timers::{Timer, PERSIST};
-use super::tx::Inflight;
-use super::Instant;
+use super::{wrid, Conn, Count};
+use crate::proto::buff::BufStore;
+use crate::proto::error::ConnError;
+use crate::proto::timers::{Timer, PERSIST};
+use crate::proto::tx::Inflight;
+use crate::proto::Instant;
 use crate::verbs::{Completion, RemoteBuf, SendOp, SendWr, WcStatus, WorkRequest};
 
 impl<S: BufStore> Conn<S> {
@@ -24,7 +24,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// The earliest time [`Conn::handle_timeout`] must be called.
-    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
         Timer::ALL
             .into_iter()
             .filter_map(|t| self.deadline(t))
@@ -33,7 +33,7 @@ impl<S: BufStore> Conn<S> {
 
     /// Serve every timer whose deadline passed, in order; the ones that end the connection
     /// stop the round.
-    pub(crate) fn expire_timers(&mut self, now: Instant) {
+    pub(super) fn expire_timers(&mut self, now: Instant) {
         for t in Timer::ALL {
             if self.deadline(t).is_some_and(|d| now >= d) && self.on_timer(now, t).is_break() {
                 return;
@@ -74,7 +74,7 @@ impl<S: BufStore> Conn<S> {
         }
     }
 
-    pub(crate) fn arm_keepalive(&mut self, now: Instant) {
+    pub(super) fn arm_keepalive(&mut self, now: Instant) {
         let at = self.probe_idle().map(|d| now + d);
         self.timers.set(Timer::Keepalive, at);
         self.timers.reset_probes();
@@ -82,12 +82,12 @@ impl<S: BufStore> Conn<S> {
 
     /// The connection moved data now (the idle shrink measures from the last time).
     #[inline]
-    pub(crate) fn touch(&mut self, now: Instant) {
+    pub(super) fn touch(&mut self, now: Instant) {
         self.timers.touch(now);
     }
 
     /// The peer showed it is alive: a message arrived.
-    pub(crate) fn heard_from_peer(&mut self, now: Instant) {
+    pub(super) fn heard_from_peer(&mut self, now: Instant) {
         self.timers.heard(now);
         self.touch(now);
         self.arm_keepalive(now);
@@ -140,14 +140,14 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Keep the probe timer in step with the credit state (called after every round of work).
-    pub(crate) fn arm_persist(&mut self) {
+    pub(super) fn arm_persist(&mut self) {
         if !self.timers.is_armed(Timer::Keepalive) && self.credit_stalled() {
             self.timers
                 .start(Timer::Keepalive, self.timers.last_rx_at() + PERSIST);
         }
     }
 
-    pub(crate) fn on_keepalive_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
+    pub(super) fn on_keepalive_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
         self.tx.complete(idx);
         if wc.status == WcStatus::Success {
             // The peer's HCA answered: it is alive.

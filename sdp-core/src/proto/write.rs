@@ -1,7 +1,7 @@
 //! RDMA Write path and the sending side of zero copy: SrcAvail advertisement of our sources
 //! and its completion (RdmaRdCompl), cancel (SrcAvailCancel / SendSm); RDMA Writes into a
 //! peer's SinkAvail followed by RdmaWrCompl. (The keepalive probe, also an RDMA Write,
-//! is in [`super::timers`].)
+//! is in [`timers`](crate::proto::timers).)
 //!
 //! # Pipelined zero copy (several SrcAvails outstanding)
 //!
@@ -42,20 +42,20 @@
 //! * A peer's SinkAvail is filled only while none of our sources is outstanding (the sink was
 //!   offered after the peer consumed every advertisement it had seen, so those finish soon).
 
-use super::advt::SinkAdvt;
-use super::buff::BufStore;
-use super::conn::{wrid, Conn, Count, Event, ProtocolError, CTRL_CREDITS};
-use super::iocb::{EndedSrcs, SrcState};
-use super::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
-use super::tx::Inflight;
-use super::tx::TxItem;
-use super::Instant;
+use super::{wrid, Conn, Count, Event, ProtocolError, CTRL_CREDITS};
+use crate::proto::advt::SinkAdvt;
+use crate::proto::buff::BufStore;
+use crate::proto::iocb::{EndedSrcs, SrcState};
+use crate::proto::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
+use crate::proto::tx::Inflight;
+use crate::proto::tx::TxItem;
+use crate::proto::Instant;
 use crate::verbs::{RemoteBuf, SendOp, SendWr, Sge, WorkRequest};
 
 impl<S: BufStore> Conn<S> {
     /// Send SrcAvail for a queued source (the caller checked the credit, the window and that
     /// every earlier stream item went out).
-    pub(crate) fn advertise_src(&mut self, now: Instant, key: u64) -> bool {
+    pub(super) fn advertise_src(&mut self, now: Instant, key: u64) -> bool {
         let Some(s) = self.iocbs.find_src(key) else {
             return false;
         };
@@ -83,7 +83,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Body of [`Conn::cancel_write_zcopy`].
-    pub(crate) fn cancel_src(&mut self, now: Instant, token: u64) {
+    pub(super) fn cancel_src(&mut self, now: Instant, token: u64) {
         // The first piece of the source that can still end short (a source not cut is one
         // piece): pieces ahead of it that are committed advertisements or already sent in full
         // finish as they are, and the source ends after them.
@@ -130,7 +130,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// The peer read `len` more bytes of our advertised sources, attributed in stream order.
-    pub(crate) fn on_rd_compl(&mut self, now: Instant, len: u32) -> Result<(), ProtocolError> {
+    pub(super) fn on_rd_compl(&mut self, now: Instant, len: u32) -> Result<(), ProtocolError> {
         let default_timeout = self.cfg.srcavail_timeout;
         if !self.iocbs.src_advertised() {
             return Err(ProtocolError::Unexpected {
@@ -156,14 +156,14 @@ impl<S: BufStore> Conn<S> {
 
     /// The peer took more of the stream (we posted stream items, or it acknowledged a read):
     /// bounded sources still queued behind start their stall bound over.
-    pub(crate) fn stream_moved(&mut self, now: Instant) {
+    pub(super) fn stream_moved(&mut self, now: Instant) {
         self.iocbs.restart_stalls(now);
     }
 
     /// SendSm received: the peer will read no more of any SrcAvail we sent before this arrived
     /// (its answer to our cancel, or a refusal). The oldest unfinished source completes with
     /// what the peer acknowledged, every later one with 0.
-    pub(crate) fn on_send_sm(&mut self, _now: Instant) -> Result<(), ProtocolError> {
+    pub(super) fn on_send_sm(&mut self, _now: Instant) -> Result<(), ProtocolError> {
         let Some(s) = self.iocbs.first_outstanding() else {
             return Ok(());
         };
@@ -175,7 +175,7 @@ impl<S: BufStore> Conn<S> {
     /// Sources made no progress within their bound (`srcavail_timeout`, or the stall bound of
     /// a plain write): a queued one ends unsent (the application sends it by copy), advertised
     /// ones are cancelled (one SrcAvailCancel covers them all, the peer's engine answers).
-    pub(crate) fn srcavail_timed_out(&mut self, now: Instant) {
+    pub(super) fn srcavail_timed_out(&mut self, now: Instant) {
         // The pieces of one source are next to each other: one cancel ends the source.
         let queued = self.iocbs.stalled_queued(now);
         for token in queued {
@@ -236,7 +236,7 @@ impl<S: BufStore> Conn<S> {
 
     /// SinkAvail received. Honoured only if the peer had seen every stream byte we sent
     /// (otherwise it will cancel when those bytes arrive).
-    pub(crate) fn on_sink_avail(
+    pub(super) fn on_sink_avail(
         &mut self,
         _now: Instant,
         mseq_ack: u32,
@@ -261,7 +261,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// SinkAvailCancel received: give the sink back (we never hold a partly filled one).
-    pub(crate) fn on_sink_cancel(&mut self, _now: Instant) -> Result<(), ProtocolError> {
+    pub(super) fn on_sink_cancel(&mut self, _now: Instant) -> Result<(), ProtocolError> {
         self.advts.drop_sink();
         self.queue_ctrl_front(Mid::SinkCancelAck, Ext::None);
         Ok(())
@@ -269,7 +269,7 @@ impl<S: BufStore> Conn<S> {
 
     /// RDMA-Write the queued stream bytes at the head of the queue into the peer's sink, then
     /// RdmaWrCompl. False if it must wait (credits).
-    pub(crate) fn fill_sink(&mut self, now: Instant) -> bool {
+    pub(super) fn fill_sink(&mut self, now: Instant) -> bool {
         // The bytes go into the peer's sink, not a receive buffer: the RdmaWrCompl after them
         // is a control message.
         if self.credits.tx() < CTRL_CREDITS {
@@ -378,7 +378,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// An RDMA Write from a zero-copy source completed.
-    pub(crate) fn src_written(&mut self, _now: Instant, key: u64, len: u32, ok: bool) {
+    pub(super) fn src_written(&mut self, _now: Instant, key: u64, len: u32, ok: bool) {
         let Some(s) = self.iocbs.find_src(key) else {
             return;
         };
@@ -393,7 +393,7 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Zero-copy work can never finish now: report what reached the peer.
-    pub(crate) fn fail_pending_zcopy(&mut self) {
+    pub(super) fn fail_pending_zcopy(&mut self) {
         self.iocbs.fail_srcs();
         self.report_done();
         if let Some(s) = self.iocbs.take_sink() {
