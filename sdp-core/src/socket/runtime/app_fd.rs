@@ -1,0 +1,116 @@
+//! The application-fd calls of the LD_PRELOAD shim (`StackOps::app_*`): one nonblocking
+//! attempt, a round of progress and one more if it would block, then the application's fd
+//! brought up to date under the lock (direct wakeup tokens taken back after a read).
+
+use super::*;
+
+impl<P: Provider + 'static> Runtime<P> {
+    /// One nonblocking call on a socket in application-fd mode: `op`, and once more after a
+    /// round of progress if it would block; then the application's fd `user` is brought up to
+    /// date (a socket found not readable or not writable has its fd made so, under the lock).
+    /// [`Self::app_call`] for reads and writes: the connection's error is reported once
+    /// ([`Self::report_once`]); a call after it gets `later`.
+    pub(super) fn app_call_once<T>(
+        &self,
+        id: ConnId,
+        user: RawFd,
+        reading: bool,
+        later: io::Result<T>,
+        op: impl FnMut(&mut Inner<P>, Instant) -> Result<T, CallError>,
+    ) -> io::Result<T> {
+        self.app_call_inner(id, user, reading, Some(later), op)
+    }
+
+    pub(super) fn app_call<T>(
+        &self,
+        id: ConnId,
+        user: RawFd,
+        op: impl FnMut(&mut Inner<P>, Instant) -> Result<T, CallError>,
+    ) -> io::Result<T> {
+        self.app_call_inner(id, user, false, None, op)
+    }
+
+    /// The peer of `id`'s application fd may have announced SENDs by a direct wakeup that no
+    /// round has taken yet (see `AppReady`).
+    pub(super) fn direct_pending(g: &Inner<P>, id: ConnId) -> bool {
+        g.socks
+            .get(&id)
+            .and_then(|s| s.app.as_ref())
+            .is_some_and(|a| a.direct)
+            && !g.driver.endpoint_quiet(id)
+    }
+
+    /// A round of progress run by an application call on `id`, which brings its own fd up to
+    /// date afterwards (the round leaves that fd alone: `Inner::in_app_call`).
+    fn app_call_round(&self, g: &mut Inner<P>, id: ConnId) {
+        g.in_app_call = Some(id);
+        let act = self.sh.step(g);
+        g.in_app_call = None;
+        if act > 0 {
+            self.sh.wake_waiters();
+        }
+    }
+
+    /// One nonblocking attempt (a round of progress first if it would block); with `later`,
+    /// a connection error goes through [`Self::report_once`]. A read (`reading`) that leaves
+    /// nothing to read takes the peer's direct tokens back (see `AppReady`).
+    fn app_call_inner<T>(
+        &self,
+        id: ConnId,
+        user: RawFd,
+        reading: bool,
+        later: Option<io::Result<T>>,
+        mut op: impl FnMut(&mut Inner<P>, Instant) -> Result<T, CallError>,
+    ) -> io::Result<T> {
+        let mut g = self.lock()?;
+        let mut stepped = false;
+        if reading && Self::direct_pending(&g, id) {
+            // A direct wakeup brought the application here before any round took the SENDs
+            // it announced: take them first, so the read returns everything that arrived
+            // before the edge, as TCP's does.
+            stepped = true;
+            self.app_call_round(&mut g, id);
+        }
+        loop {
+            if !g.socks.contains_key(&id) {
+                return Err(io::Error::from_raw_os_error(libc::EBADF));
+            }
+            let r = op(&mut g, self.now());
+            self.sh.after_call(&mut g);
+            if matches!(r, Err(CallError::WouldBlock)) && !stepped {
+                stepped = true;
+                self.app_call_round(&mut g, id);
+                continue;
+            }
+            let r = match (r, later) {
+                (Err(e @ CallError::Conn(_)), Some(later)) => {
+                    Self::report_once(&mut g, id, e, later)
+                }
+                (r, _) => r.map_err(io_err),
+            };
+            let Inner { driver, socks, .. } = &mut *g;
+            let Some(s) = socks.get_mut(&id) else {
+                return r;
+            };
+            refresh_app(driver, id, s, Some(user));
+            // A read that leaves nothing to read (it took everything, or found nothing) takes
+            // the peer's tokens back: left there, the fd would poll readable for nothing.
+            if !reading || driver.view(id).is_some_and(|c| c.read_ready()) {
+                return r;
+            }
+            if let Some(a) = s.app.as_mut() {
+                a.take_direct_tokens(user);
+            }
+            // A token taken back may announce a SEND published after our round: look again
+            // (the peer rings the bell before it writes the token).
+            if Self::direct_pending(&g, id) {
+                self.app_call_round(&mut g, id);
+                let Inner { driver, socks, .. } = &mut *g;
+                if let Some(s) = socks.get_mut(&id) {
+                    refresh_app(driver, id, s, Some(user));
+                }
+            }
+            return r;
+        }
+    }
+}

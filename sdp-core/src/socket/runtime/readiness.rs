@@ -1,0 +1,80 @@
+//! Readiness: bringing a socket's readiness fd and the shim's application fd up to date with
+//! its connection's state after a call or a round of progress, and turning direct wakeups of
+//! an application fd on and off.
+
+use super::*;
+
+impl<P: Provider + 'static> Runtime<P> {
+    /// Bring one socket's readiness fd up to date after an application call.
+    pub(super) fn refresh(g: &mut Inner<P>, id: ConnId) {
+        let Inner { driver, socks, .. } = g;
+        if let Some(s) = socks.get_mut(&id) {
+            refresh_sock(driver, id, s);
+        }
+    }
+}
+
+pub(super) fn refresh_sock<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut Sock) {
+    refresh_app(driver, id, s, None);
+    let Some(r) = s.ready.as_mut() else {
+        return;
+    };
+    match driver.view(id) {
+        Some(c) => {
+            let hup = c.state() == State::Closed || (c.read_closed() && c.write_closed());
+            r.set(c.is_readable(), c.is_writable(), hup)
+        }
+        None => r.set(true, true, true),
+    }
+}
+
+/// What an application fd of the connection should report.
+fn app_state<P: Provider>(driver: &Driver<P>, id: ConnId) -> AppState {
+    match driver.view(id) {
+        Some(c) => AppState {
+            readable: c.read_ready(),
+            rx_total: c.stats().data_bytes_rcvd,
+            writable: c.is_writable(),
+            rdhup: c.read_closed() || c.state() == State::Closed,
+            hup: c.state() == State::Closed && c.error().is_none()
+                || (c.read_closed() && c.write_closed()),
+            err: c.error().is_some() && c.read_closed(),
+            urgent: c.urgent_pending(),
+        },
+        None => AppState {
+            readable: true,
+            writable: true,
+            rdhup: true,
+            hup: true,
+            ..AppState::default()
+        },
+    }
+}
+
+/// Bring a socket's application fd up to date; `user` when an application call holds it.
+/// Direct wakeups (`AppReady`) are on while an arriving message needs nothing but a reader:
+/// the fd writable and nothing of ours queued to send (both wait on the peer's messages, which
+/// then go through the progress thread).
+pub(super) fn refresh_app<P: Provider>(
+    driver: &Driver<P>,
+    id: ConnId,
+    s: &mut Sock,
+    user: Option<RawFd>,
+) {
+    if let Some(a) = s.app.as_mut() {
+        let st = app_state(driver, id);
+        a.update(st, user);
+        if a.direct {
+            let want = st.writable
+                && !st.rdhup
+                && !st.hup
+                && !st.err
+                && s.zbacklog.is_empty()
+                && driver.tx_queued(id) == 0;
+            if want != a.direct_on {
+                a.direct_on = want;
+                driver.set_direct_wake(id, want, false);
+            }
+        }
+    }
+}
