@@ -458,6 +458,16 @@ impl<P: Provider> Driver<P> {
         activity
     }
 
+    /// [`Driver::poll`] for one connection only (an application call on it that would block,
+    /// or that follows a direct wakeup): its completions, CM events and due timers, and the
+    /// completions other calls handled inline. The other connections wait for the next round
+    /// (the progress thread's), so a call costs the same with ten connections or ten
+    /// thousand.
+    pub fn poll_one(&mut self, now: Instant, id: ConnId) -> usize {
+        self.now = self.now.max(now);
+        self.take_inline_done() + self.progress(now, id)
+    }
+
     fn progress(&mut self, now: Instant, id: ConnId) -> usize {
         let Some(e) = self.conns.get_mut(id) else {
             return 0;

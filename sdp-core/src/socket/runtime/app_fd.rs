@@ -40,11 +40,14 @@ impl<P: Provider + 'static> Runtime<P> {
             && !g.driver.endpoint_quiet(id)
     }
 
-    /// A round of progress run by an application call on `id`, which brings its own fd up to
-    /// date afterwards (the round leaves that fd alone: `Inner::in_app_call`).
+    /// A round of progress on `id` run by an application call on it, which brings its own fd
+    /// up to date afterwards (the round leaves that fd alone: `Inner::in_app_call`). Only that
+    /// connection: a round over every connection cost each read a look at all of them
+    /// (redis-server with 2000 clients spent ~12% of its time there); the progress thread
+    /// serves the others.
     fn app_call_round(&self, g: &mut Inner<P>, id: ConnId) {
         g.in_app_call = Some(id);
-        let act = self.sh.step(g);
+        let act = self.sh.step_for(g, Some(id));
         g.in_app_call = None;
         if act > 0 {
             self.sh.wake_waiters();

@@ -699,8 +699,13 @@ impl<P: Provider + 'static> Shared<P> {
     /// One round of progress (below). A panic in it, in the progress thread or in a caller's
     /// thread, fails the stack: its connections report EIO and nobody waits on them.
     fn step(&self, g: &mut Inner<P>) -> usize {
+        self.step_for(g, None)
+    }
+
+    /// [`Shared::step`] for connection `only` (`Driver::poll_one`), or every connection.
+    fn step_for(&self, g: &mut Inner<P>, only: Option<ConnId>) -> usize {
         let guard = FailOnUnwind(self);
-        let act = self.step_inner(g);
+        let act = self.step_inner(g, only);
         std::mem::forget(guard);
         if g.driver.device_lost() && !self.failed() {
             self.lose_device(g);
@@ -710,12 +715,15 @@ impl<P: Provider + 'static> Shared<P> {
 
     /// One round of progress: the driver polls everything, then the runtime collects events,
     /// hands accepted connections to their listeners and updates readiness fds.
-    fn step_inner(&self, g: &mut Inner<P>) -> usize {
+    fn step_inner(&self, g: &mut Inner<P>, only: Option<ConnId>) -> usize {
         let now = self.now();
         if let Some(t) = &self.tick {
             t(now);
         }
-        let mut act = g.driver.poll(now);
+        let mut act = match only {
+            Some(id) => g.driver.poll_one(now, id),
+            None => g.driver.poll(now),
+        };
         if g.pumps > 0 {
             act += Self::run_pumps(g, now);
         }
