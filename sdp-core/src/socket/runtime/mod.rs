@@ -597,6 +597,13 @@ impl<P: Provider + 'static> Runtime<P> {
         Err(io_err(e))
     }
 
+    /// A socket option the driver holds for `id` (EBADF for an unknown socket).
+    fn option<R>(&self, id: ConnId, f: impl FnOnce(&Driver<P>) -> Option<R>) -> io::Result<R> {
+        self.with_sock(id, |g, _| {
+            f(&g.driver).ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
+        })
+    }
+
     fn with_sock<R>(
         &self,
         id: ConnId,

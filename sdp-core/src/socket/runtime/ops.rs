@@ -461,11 +461,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         })
     }
     fn nodelay(&self, id: ConnId) -> io::Result<bool> {
-        self.with_sock(id, |g, _| {
-            g.driver
-                .nodelay(id)
-                .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
-        })
+        self.option(id, |d| d.nodelay(id))
     }
     fn set_sndbuf(&self, id: ConnId, bytes: usize) -> io::Result<()> {
         self.with_sock(id, |g, now| {
@@ -473,11 +469,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         })
     }
     fn sndbuf(&self, id: ConnId) -> io::Result<usize> {
-        self.with_sock(id, |g, _| {
-            g.driver
-                .sndbuf(id)
-                .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
-        })
+        self.option(id, |d| d.sndbuf(id))
     }
     fn set_rcvbuf(&self, id: ConnId, bytes: usize) -> io::Result<()> {
         self.with_sock(id, |g, now| {
@@ -485,11 +477,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         })
     }
     fn rcvbuf(&self, id: ConnId) -> io::Result<usize> {
-        self.with_sock(id, |g, _| {
-            g.driver
-                .rcvbuf(id)
-                .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
-        })
+        self.option(id, |d| d.rcvbuf(id))
     }
     fn take_error(&self, id: ConnId) -> io::Result<Option<io::Error>> {
         self.with_sock(id, |g, _| {
