@@ -1103,10 +1103,11 @@ static void case_many_fds(void) {
     CHECK(getrlimit(RLIMIT_NOFILE, &old) == 0);
     r = old;
     r.rlim_cur = r.rlim_max < 16384 ? r.rlim_max : 16384;
-    CHECK(r.rlim_cur >= 8192);
     CHECK(setrlimit(RLIMIT_NOFILE, &r) == 0);
-    enum { N = 600 };
-    static int c[N], s[N];
+    /* 600 connections where the hard limit allows (both ends in this process: 2 fds each over
+     * TCP, about 10 under the shim); fewer on a host with a small hard limit. */
+    int N = (int)(r.rlim_cur / 24) < 600 ? (int)(r.rlim_cur / 24) : 600;
+    static int c[600], s[600];
     struct sockaddr_in a;
     int l = listener(&a);
     int top = l;
@@ -1123,8 +1124,8 @@ static void case_many_fds(void) {
         char b = 0;
         ok += write(c[i], "x", 1) == 1 && read(s[i], &b, 1) == 1 && b == 'x';
     }
-    out("many fds: %d of %d connections carry a byte; the highest fd is within the count: %s", ok,
-        N, top - l <= 2 * N + 16 ? "yes" : "no");
+    out("many fds: %s connections carry a byte; the highest fd is within the count: %s",
+        ok == N ? "all" : "not all", top - l <= 2 * N + 16 ? "yes" : "no");
     if (top - l > 2 * N + 16)
         fprintf(stderr, "many fds: highest %d, listener %d\n", top, l);
     for (int i = 0; i < N; i++) {
