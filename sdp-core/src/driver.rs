@@ -28,9 +28,10 @@
 //! [`Driver::device_lost`], [`Driver::reg_mr`], [`Driver::caller_memory`]). `Driver::conn`,
 //! `Driver::with_conn` and `Driver::provider` hand out the engine and the provider
 //! themselves, for tests, benches and the harness only: they exist only with the `harness`
-//! feature (and a unit test keeps them out of `socket/`). An engine's events reach the socket layer through [`Driver::take_events`]
-//! (zero-copy reports; `Closed`); readiness is no event, the socket layer reads it from the
-//! [`ConnView`] of each connection a round or a call touched ([`Driver::take_touched`]).
+//! feature (and a unit test keeps them out of `socket/`). An engine's events reach the socket
+//! layer through [`Driver::take_events`] (zero-copy reports; `Closed`); readiness is no event,
+//! the socket layer reads it from the [`ConnView`] of each connection a round or a call
+//! touched ([`Driver::take_touched`]).
 
 use std::net::SocketAddr;
 use std::ptr::NonNull;
@@ -234,8 +235,8 @@ impl<P: Provider> Driver<P> {
     ///
     /// Not for the socket layer, which reaches the provider only through the calls below
     /// ([`Driver::arm`], [`Driver::device_lost`], [`Driver::reg_mr`],
-    /// [`Driver::caller_memory`]): with the `harness` feature only, for the tests, the benches, the harness and
-    /// the examples, which register memory and drive waits themselves.
+    /// [`Driver::caller_memory`]): with the `harness` feature only, for the tests, the benches,
+    /// the harness and the examples, which register memory and drive waits themselves.
     #[cfg(feature = "harness")]
     #[doc(hidden)]
     pub fn provider(&self) -> &Arc<P> {

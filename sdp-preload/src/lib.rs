@@ -572,12 +572,7 @@ fn carry_options(tcp: c_int, s: &AppStream, user: &OwnedFd) -> Opts {
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
         (libc::SOL_SOCKET, libc::SO_REUSEADDR),
     ] {
-        let mut v: c_int = 0;
-        let mut l = std::mem::size_of::<c_int>() as socklen_t;
-        // SAFETY: a live int and its size.
-        let r =
-            unsafe { real::getsockopt(tcp, level, name, (&mut v as *mut c_int).cast(), &mut l) };
-        if r == 0 {
+        if let Some(v) = kernel_int(tcp, level, name) {
             o.stored.insert((level, name), v.to_ne_bytes().to_vec());
         }
     }
@@ -601,21 +596,9 @@ fn carry_buffers(from: c_int, s: &AppStream, o: &mut Opts) {
         if !table::buffer_set(from, name) {
             continue;
         }
-        let mut v: c_int = 0;
-        let mut l = std::mem::size_of::<c_int>() as socklen_t;
-        // SAFETY: a live int and its size.
-        let r = unsafe {
-            real::getsockopt(
-                from,
-                libc::SOL_SOCKET,
-                name,
-                (&mut v as *mut c_int).cast(),
-                &mut l,
-            )
-        };
-        if r != 0 || v <= 0 {
+        let Some(v) = kernel_int(from, libc::SOL_SOCKET, name).filter(|&v| v > 0) else {
             continue;
-        }
+        };
         let _g = Internal::enter();
         let _ = if name == libc::SO_SNDBUF {
             s.set_send_buffer_size(v as usize)
@@ -625,6 +608,15 @@ fn carry_buffers(from: c_int, s: &AppStream, o: &mut Opts) {
         o.stored
             .insert((libc::SOL_SOCKET, name), v.to_ne_bytes().to_vec());
     }
+}
+
+/// An int option of the kernel socket `fd`, as the kernel reports it.
+fn kernel_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
+    let mut v: c_int = 0;
+    let mut l = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: a live int and its size.
+    let r = unsafe { real::getsockopt(fd, level, name, (&mut v as *mut c_int).cast(), &mut l) };
+    (r == 0).then_some(v)
 }
 
 /// SO_LINGER of the kernel socket `from` (the socket connected over SDP, or the listener an

@@ -236,16 +236,15 @@ pub(crate) unsafe fn set(
             let _ = st.set_nodelay(v != 0);
             int().map(|v| (v != 0) as c_int)
         }
+        // Linux doubles a buffer size (from its minimum) and reports the doubled size; the
+        // stream's buffers follow the doubled size (the receive side within the stack's bounds).
         (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
-            // Linux doubles the value and reports the doubled size.
-            let b = (v.max(2304) as i64 * 2).min(c_int::MAX as i64) as c_int;
+            let b = doubled(v, 2304);
             let _ = st.set_send_buffer_size(b as usize);
             Some(b)
         }
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
-            // Linux doubles the value and reports the doubled size; the receive buffers
-            // follow the doubled size too (within the stack's bounds).
-            let b = (v.max(1152) as i64 * 2).min(c_int::MAX as i64) as c_int;
+            let b = doubled(v, 1152);
             let _ = st.set_recv_buffer_size(b as usize);
             Some(b)
         }
@@ -259,6 +258,11 @@ pub(crate) unsafe fn set(
     };
     opts.lock().stored.insert((level, name), val);
     0
+}
+
+/// A buffer size as Linux keeps it: at least `min`, doubled, at most `c_int::MAX`.
+fn doubled(v: c_int, min: c_int) -> c_int {
+    (v.max(min) as i64 * 2).min(c_int::MAX as i64) as c_int
 }
 
 /// SO_LINGER as stored and read back: a `struct linger` (`l_onoff` 0 or 1, `l_linger`).

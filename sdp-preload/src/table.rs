@@ -45,6 +45,7 @@ pub(crate) fn buffer_set(fd: i32, name: i32) -> bool {
     (fd as u32 as usize) < MAX_FD
         && BUFS_SET[fd as usize].load(Ordering::Relaxed) & buf_bit(name) != 0
 }
+
 /// fd -> the socket and the identity (device, inode) of the file the fd had when it was
 /// entered: a number closed behind the shim's back (a raw system call, libc's own close) and
 /// reused for another file is recognised and forgotten.

@@ -274,7 +274,6 @@ pub fn write_paths(fd: BorrowedFd<'_>) -> Vec<&'static str> {
     ok
 }
 
-/// Size of a file, and whether it is sealed against shrinking (a memfd we may map safely).
 /// A file's identity (device, inode): two fds with the same one are the same file.
 pub fn file_identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
     // SAFETY: stat is plain data; zeroed is a valid value.
@@ -284,6 +283,7 @@ pub fn file_identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
     Ok((st.st_dev, st.st_ino))
 }
 
+/// Size of a file, and whether it is sealed against shrinking (a memfd we may map safely).
 pub fn sealed_size(fd: BorrowedFd<'_>) -> io::Result<(usize, bool)> {
     // SAFETY: stat is plain data; zeroed is a valid value.
     let mut st: libc::stat = unsafe { zeroed() };
