@@ -6,11 +6,11 @@
 //! A file of its own: the test counts this process's fds, which other tests would disturb.
 #![cfg(target_os = "linux")]
 
-use std::net::SocketAddr;
-use std::time::{Duration, Instant};
-
-use sdp_core::verbs::shm::{ShmEndpoint, ShmProvider};
+use sdp_core::verbs::shm::ShmProvider;
 use sdp_core::verbs::*;
+
+mod shm_common;
+use shm_common::*;
 
 /// This process's fds whose link names contain `what` (e.g. `[pidfd]`, `[eventfd]`).
 fn count(what: &str) -> usize {
@@ -21,50 +21,13 @@ fn count(what: &str) -> usize {
         .count()
 }
 
-fn wait_cm(ep: &mut ShmEndpoint) -> Option<CmEvent> {
-    let end = Instant::now() + Duration::from_secs(5);
-    loop {
-        let _ = ep.poll_cq(&mut []);
-        if let Some(ev) = ep.poll_cm() {
-            return Some(ev);
-        }
-        if Instant::now() > end {
-            return None;
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
-}
-
 #[test]
 fn connections_to_one_process_share_its_pidfd_and_eventfd() {
     let a = ShmProvider::new().unwrap();
     let b = ShmProvider::new().unwrap();
-    let mut l = b
-        .listen(SocketAddr::from(([127, 0, 0, 1], 0)), 64, QpCaps::default())
-        .unwrap();
+    let mut l = b.listen(localhost(0), 64, QpCaps::default()).unwrap();
     let port = l.local_addr().port();
-    let connect = |l: &mut <ShmProvider as Provider>::Listener| -> (ShmEndpoint, ShmEndpoint) {
-        let mut x = a
-            .connect(
-                SocketAddr::from(([127, 0, 0, 1], port)),
-                None,
-                QpCaps::default(),
-                b"",
-            )
-            .unwrap();
-        let end = Instant::now() + Duration::from_secs(5);
-        let (mut y, _) = loop {
-            if let Some(r) = l.poll_request() {
-                break r;
-            }
-            assert!(Instant::now() < end, "no connect request");
-            std::thread::sleep(Duration::from_micros(200));
-        };
-        y.accept(b"").unwrap();
-        assert!(matches!(wait_cm(&mut x), Some(CmEvent::Established { .. })));
-        assert!(matches!(wait_cm(&mut y), Some(CmEvent::Established { .. })));
-        (x, y)
-    };
+    let connect = |l: &mut _| pair_on(&a, l, port);
     // The first connection brings the peer's pidfd and eventfd (one each way).
     let first = connect(&mut l);
     let (pidfds, evfds, sockets) = (count("[pidfd]"), count("[eventfd]"), count("socket:"));

@@ -11,39 +11,11 @@ use std::time::{Duration, Instant};
 use sdp_core::verbs::shm::{ShmConfig, ShmEndpoint, ShmProvider, WC_REM_INV_REQ_ERR};
 use sdp_core::verbs::*;
 
-const T: Duration = Duration::from_secs(5);
+mod shm_common;
+use shm_common::*;
 
 fn prov() -> ShmProvider {
     ShmProvider::new().expect("provider")
-}
-
-fn localhost(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
-}
-
-fn wait_cm(ep: &mut ShmEndpoint, limit: Duration) -> Option<CmEvent> {
-    let end = Instant::now() + limit;
-    loop {
-        let _ = ep.poll_cq(&mut []);
-        if let Some(ev) = ep.poll_cm() {
-            return Some(ev);
-        }
-        if Instant::now() > end {
-            return None;
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
-}
-
-fn wait_request(l: &mut impl Listener<Endpoint = ShmEndpoint>) -> (ShmEndpoint, Vec<u8>) {
-    let end = Instant::now() + T;
-    loop {
-        if let Some(r) = l.poll_request() {
-            return r;
-        }
-        assert!(Instant::now() < end, "no connect request");
-        std::thread::sleep(Duration::from_micros(200));
-    }
 }
 
 /// A scratch array for `poll_cq`.
@@ -71,41 +43,6 @@ fn poll_n(ep: &mut ShmEndpoint, n: usize, limit: Duration) -> Vec<Completion> {
         }
     }
     out
-}
-
-/// A connected pair: (active, passive).
-fn pair(a: &ShmProvider, b: &ShmProvider) -> (ShmEndpoint, ShmEndpoint) {
-    let mut l = b
-        .listen(localhost(0), 16, QpCaps::default())
-        .expect("listen");
-    let port = l.local_addr().port();
-    pair_on(a, &mut l, port)
-}
-
-fn pair_on(
-    a: &ShmProvider,
-    l: &mut impl Listener<Endpoint = ShmEndpoint>,
-    port: u16,
-) -> (ShmEndpoint, ShmEndpoint) {
-    let mut x = a
-        .connect(localhost(port), None, QpCaps::default(), b"hello")
-        .expect("connect");
-    let (mut y, pd) = wait_request(l);
-    assert_eq!(pd, b"hello");
-    y.accept(b"welcome").unwrap();
-    assert_eq!(
-        wait_cm(&mut x, T),
-        Some(CmEvent::Established {
-            private_data: b"welcome".to_vec()
-        })
-    );
-    assert_eq!(
-        wait_cm(&mut y, T),
-        Some(CmEvent::Established {
-            private_data: vec![]
-        })
-    );
-    (x, y)
 }
 
 fn send_wr(wr_id: u64, op: SendOp, sge: Option<Sge>) -> SendWr {
@@ -1772,4 +1709,45 @@ fn quiet_until_the_peer_or_a_completion_says_otherwise() {
     x.disconnect().unwrap();
     assert!(!y.quiet(), "the peer disconnected");
     assert_eq!(wait_cm(&mut y, T), Some(CmEvent::Disconnected));
+}
+
+/// Letting a region go looks only at the inboxes that can matter: the endpoint that posted
+/// receives in it (a receive buffer), none for a region no peer copies (no RDMA copy under
+/// way). It used to read every connection's inbox for every region, which a server with two
+/// thousand connections spent 30% of its time on.
+#[test]
+fn a_deregistration_looks_only_at_the_inboxes_that_can_matter() {
+    let (a, b) = (prov(), prov());
+    let mut l = b.listen(localhost(0), 64, QpCaps::default()).unwrap();
+    let port = l.local_addr().port();
+    let mut eps: Vec<_> = (0..8).map(|_| pair_on(&a, &mut l, port)).collect();
+    // A receive buffer one endpoint posted: its inbox only.
+    let mr = b.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    eps[3]
+        .1
+        .post_recv(&RecvWr {
+            wr_id: 1,
+            sge: Sge {
+                addr: mr.addr(),
+                len: 4096,
+                lkey: mr.lkey(),
+            },
+        })
+        .unwrap();
+    let before = b.inboxes_drained();
+    drop(mr);
+    assert_eq!(
+        b.inboxes_drained() - before,
+        1,
+        "inboxes looked at for a posted receive buffer"
+    );
+    // A region peers may read, with no RDMA copy under way: none.
+    let mr = b.reg_mr(4096, Access::REMOTE_READ).unwrap();
+    let before = b.inboxes_drained();
+    drop(mr);
+    assert_eq!(
+        b.inboxes_drained() - before,
+        0,
+        "inboxes looked at for an unused region"
+    );
 }

@@ -377,7 +377,7 @@ struct Inner {
     /// the connections to them.
     procs: Mutex<HashMap<i32, Weak<Proc>>>,
     providers: Mutex<HashMap<(u64, u64), Weak<PeerProvider>>>,
-    /// Inboxes `drain_copies` looked at (its cost, for the tests).
+    /// Inboxes `drain_copies` looked at (`ShmProvider::inboxes_drained`).
     drain_looks: AtomicU64,
 }
 
@@ -720,6 +720,12 @@ impl ShmProvider {
     /// this provider.
     pub fn refused_uid_count(&self) -> u64 {
         self.inner.refused_uid.load(Ordering::Relaxed)
+    }
+
+    /// Inboxes this provider's deregistrations and revocations read for copies in flight
+    /// (see `Inner::drain_copies`: only those that can matter).
+    pub fn inboxes_drained(&self) -> u64 {
+        self.inner.drain_looks.load(Ordering::Relaxed)
     }
 
     /// Eventfd writes this provider made to wake peers (a busy peer gets none).
@@ -2779,78 +2785,6 @@ impl Drop for ShmListener {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Letting a region go looks only at the inboxes that can matter: the endpoint that posted
-    /// receives in it (a receive buffer), none for a region no peer copies (no RDMA copy under
-    /// way). It used to read every connection's inbox for every region, which a server with
-    /// two thousand connections spent 30% of its time on.
-    #[test]
-    fn a_deregistration_looks_only_at_the_inboxes_that_can_matter() {
-        let a = ShmProvider::new().unwrap();
-        let b = ShmProvider::new().unwrap();
-        let mut l = b
-            .listen(SocketAddr::from(([127, 0, 0, 1], 0)), 64, QpCaps::default())
-            .unwrap();
-        let port = l.local_addr().port();
-        let mut eps = Vec::new();
-        for _ in 0..8 {
-            let mut x = a
-                .connect(
-                    SocketAddr::from(([127, 0, 0, 1], port)),
-                    None,
-                    QpCaps::default(),
-                    b"",
-                )
-                .unwrap();
-            let end = Instant::now() + Duration::from_secs(5);
-            let (mut y, _) = loop {
-                if let Some(r) = l.poll_request() {
-                    break r;
-                }
-                assert!(Instant::now() < end, "no connect request");
-                std::thread::sleep(Duration::from_micros(200));
-            };
-            y.accept(b"").unwrap();
-            while x.poll_cm().is_none() || y.poll_cm().is_none() {
-                let _ = x.poll_cq(&mut []);
-                let _ = y.poll_cq(&mut []);
-                assert!(Instant::now() < end, "not established");
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            eps.push((x, y));
-        }
-        let looks = || b.inner.drain_looks.load(Ordering::Relaxed);
-        // A receive buffer one endpoint posted: its inbox only.
-        let mr = b.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
-        eps[3]
-            .1
-            .post_recv(&RecvWr {
-                wr_id: 1,
-                sge: Sge {
-                    addr: mr.addr(),
-                    len: 4096,
-                    lkey: mr.lkey(),
-                },
-            })
-            .unwrap();
-        let before = looks();
-        drop(mr);
-        assert_eq!(
-            looks() - before,
-            1,
-            "inboxes looked at for a posted receive buffer"
-        );
-        // A region peers may read, with no RDMA copy under way: none.
-        let mr = b.reg_mr(4096, Access::REMOTE_READ).unwrap();
-        let before = looks();
-        drop(mr);
-        assert_eq!(
-            looks() - before,
-            0,
-            "inboxes looked at for an unused region"
-        );
-        drop(eps);
-    }
 
     /// A peer that dies with a copy announced (the word left odd) does not hold a
     /// deregistration: the wait ends on its pidfd, not on the time bound.
