@@ -21,6 +21,15 @@ pub(crate) enum RxItem {
 }
 
 impl RxItem {
+    /// The advertisement a `Src` item stands for.
+    #[inline]
+    fn src(&self) -> Option<usize> {
+        match self {
+            RxItem::Src { advt } => Some(*advt),
+            RxItem::Data { .. } => None,
+        }
+    }
+
     #[inline]
     pub(crate) fn release(self, store: &mut impl BufStore) {
         if let RxItem::Data { buf, .. } = self {
@@ -235,24 +244,12 @@ impl RxHalf {
     /// The advertisements in the stream, in order.
     #[inline]
     pub(crate) fn src_ids(&self) -> Vec<usize> {
-        self.queue
-            .iter()
-            .filter_map(|i| match i {
-                RxItem::Src { advt } => Some(*advt),
-                RxItem::Data { .. } => None,
-            })
-            .collect()
+        self.queue.iter().filter_map(RxItem::src).collect()
     }
     /// The advertisements at the head of the stream, up to the first bytes.
     #[inline]
     pub(crate) fn leading_src_ids(&self) -> Vec<usize> {
-        self.queue
-            .iter()
-            .map_while(|i| match i {
-                RxItem::Src { advt } => Some(*advt),
-                RxItem::Data { .. } => None,
-            })
-            .collect()
+        self.queue.iter().map_while(RxItem::src).collect()
     }
     /// The stream ends before its first advertisement (it can no longer be read): drop that
     /// and everything behind it.
