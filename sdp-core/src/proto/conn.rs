@@ -514,8 +514,7 @@ impl<S: BufStore> Conn<S> {
         if self.queued {
             self.cfg
                 .unaccepted_rx_bufs
-                .min(cap)
-                .max(self.cfg.min_rx_bufs.min(cap)) as usize
+                .clamp(self.cfg.min_rx_bufs.min(cap), cap) as usize
         } else {
             cap as usize
         }
