@@ -119,6 +119,11 @@ struct Entry<P: Provider> {
     /// Since when the engine's outstanding sends made no progress (`Config::send_stall_timeout`),
     /// and its send completion count then.
     stall: Option<(Instant, u64)>,
+    /// When the connection next needs a visit whatever its endpoint says: the engine's next
+    /// timer or the send stall bound. Set by every pump (every change to the engine goes
+    /// through one), so a round tells an idle connection by this and its endpoint's
+    /// [`Endpoint::quiet`] without asking the engine.
+    deadline: Option<Instant>,
 }
 
 struct ListenEntry<P: Provider> {
@@ -266,6 +271,7 @@ impl<P: Provider> Driver<P> {
             addrs: None,
             touched: false,
             stall: None,
+            deadline: None,
         });
         self.pump(now, id);
         Ok(id)
@@ -424,7 +430,9 @@ impl<P: Provider> Driver<P> {
                             addrs: None,
                             touched: false,
                             stall: None,
+                            deadline: None,
                         };
+                        entry.deadline = entry.conn.poll_timeout();
                         let posted = post_all(&mut entry.conn, &mut ep, &mut self.sends);
                         if posted.is_err() || ep.accept(&ack).is_err() {
                             note_refused(&mut le.refused, ConnError::NoMemory);
@@ -473,12 +481,13 @@ impl<P: Provider> Driver<P> {
         let Some(e) = self.conns.get_mut(id) else {
             return 0;
         };
-        // An idle connection costs a few loads: its endpoint saw nothing new and no timer of
-        // its engine is due. Everything else that changes an engine (the application's
-        // calls) pumps it at once (`with_conn`), so there is nothing left to post either.
-        let timer = e.conn.poll_timeout();
-        if e.ep.as_ref().is_some_and(|ep| ep.quiet()) && timer.is_none_or(|t| t > now) {
-            self.timers = earliest(self.timers, timer);
+        // An idle connection costs a few loads: its endpoint saw nothing new and nothing of
+        // it is due (its deadline, kept by `pump`). Everything else that changes an engine
+        // (the application's calls) pumps it at once (`apply`), so there is nothing left to
+        // post either.
+        let deadline = e.deadline;
+        if e.ep.as_ref().is_some_and(|ep| ep.quiet()) && deadline.is_none_or(|t| t > now) {
+            self.timers = earliest(self.timers, deadline);
             return 0;
         }
         let mut activity = 0;
@@ -568,19 +577,21 @@ impl<P: Provider> Driver<P> {
         }
         // Outstanding sends must make progress (`Config::send_stall_timeout`): the watch
         // starts when sends are outstanding and starts over at each send completion.
-        if let Some(bound) = self.cfg.send_stall_timeout {
+        if self.cfg.send_stall_timeout.is_some() {
             let done = e.conn.send_completions();
             e.stall = match e.stall {
                 _ if e.conn.sends_in_flight() == 0 || e.conn.state() == State::Closed => None,
                 Some((since, n)) if n == done => Some((since, n)),
                 _ => Some((now, done)),
             };
-            if let Some((since, _)) = e.stall {
-                self.timers = earliest(self.timers, Some(since + bound));
-            }
         }
         // Whatever this pump follows (a round, a call) may have moved the engine's timers.
-        self.timers = earliest(self.timers, e.conn.poll_timeout());
+        let stall_bound = e
+            .stall
+            .zip(self.cfg.send_stall_timeout)
+            .map(|((since, _), bound)| since + bound);
+        e.deadline = earliest(e.conn.poll_timeout(), stall_bound);
+        self.timers = earliest(self.timers, e.deadline);
         if e.conn.state() == State::Closed {
             // Destroy the QP; the engine already gave its buffers back.
             if let Some(ep) = e.ep.take() {

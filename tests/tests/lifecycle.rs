@@ -339,6 +339,34 @@ fn stalled_sends_end_in_timed_out_with_a_bound_and_hang_without() {
     }
 }
 
+/// The stall bound holds for a connection nobody calls on: one write whose sends then hang,
+/// and only the progress rounds after it. Found: a round passed a connection whose endpoint
+/// was quiet and whose engine had no timer due without looking at the stall bound, so the
+/// connection lived on until some engine timer came due (never, with no keepalive).
+#[test]
+fn stalled_sends_end_at_the_bound_without_further_calls() {
+    let bound = Duration::from_secs(3);
+    let cfg = Config {
+        send_stall_timeout: Some(bound),
+        ..Config::default()
+    };
+    let mut p = Pair::new(24, cfg);
+    let (a, _b) = p.connect();
+    p.fabric.faults().stall_link(A_IP, B_IP);
+    let now = p.now();
+    let start = now;
+    p.a.write(now, a, &[1u8; 10_000]).unwrap();
+    let closed = p.run_until(20 * SEC, |p| p.a.conn(a).unwrap().state() == State::Closed);
+    assert!(closed, "nothing ended the stalled connection");
+    assert_eq!(p.a.conn(a).unwrap().error(), Some(&ConnError::TimedOut));
+    // Simulated time: the failure comes at the bound (a round at the deadline), not later.
+    let took = p.now().saturating_since(start);
+    assert!(
+        took < bound + Duration::from_secs(1),
+        "failed after {took:?}"
+    );
+}
+
 #[test]
 fn urgent_byte_travels_apart_from_the_stream() {
     let mut p = Pair::new(21, Config::default());
