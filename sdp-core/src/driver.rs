@@ -33,6 +33,7 @@
 //! the socket layer reads it from the [`ConnView`] of each connection a round or a call
 //! touched ([`Driver::take_touched`]).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -45,14 +46,16 @@ use crate::proto::read::ZRecv;
 use crate::proto::table::{ConnId, Table};
 use crate::proto::{Config, Conn, ConnError, Event, Instant, Shutdown, State};
 use crate::verbs::{
-    Access, Completion, Endpoint, Listener, MemoryRegion, Provider, QpCaps, SendWr, VerbsError,
-    WorkRequest, REJECT_QUEUE_FULL,
+    Access, Completion, Endpoint, Grant, Listener, MemoryRegion, Provider, QpCaps, SendWr,
+    VerbsError, WorkRequest, REJECT_QUEUE_FULL,
 };
 
 /// A [`BufStore`] of memory regions registered on a provider, one region per buffer.
 pub struct MrStore<P: Provider> {
     provider: Arc<P>,
     mrs: slab::Slab<P::Mr>,
+    /// Grants of remote read on buffers (staged sends), by buffer id.
+    grants: HashMap<u32, Grant>,
     bytes: usize,
 }
 
@@ -61,6 +64,7 @@ impl<P: Provider> MrStore<P> {
         MrStore {
             provider,
             mrs: slab::Slab::new(),
+            grants: HashMap::new(),
             bytes: 0,
         }
     }
@@ -92,6 +96,7 @@ impl<P: Provider> BufStore for MrStore<P> {
         })
     }
     fn free(&mut self, buf: Buf) {
+        self.revoke_read(&buf);
         if self.mrs.try_remove(buf.id as usize).is_some() {
             self.bytes -= buf.size as usize;
         }
@@ -101,6 +106,24 @@ impl<P: Provider> BufStore for MrStore<P> {
     }
     fn read(&self, buf: &Buf, off: u32, dst: &mut [u8]) {
         self.mrs[buf.id as usize].read(off as usize, dst);
+    }
+    fn grant_read(&mut self, buf: &Buf, len: u32) -> Option<(u64, u32)> {
+        self.revoke_read(buf);
+        let mr = self.mrs.get_mut(buf.id as usize)?;
+        let g = mr.advertise(0, len as usize, Access::REMOTE_READ).ok()?;
+        let out = (g.addr, g.rkey);
+        self.grants.insert(buf.id, g);
+        Some(out)
+    }
+    fn revoke_read(&mut self, buf: &Buf) {
+        if let Some(g) = self.grants.remove(&buf.id) {
+            if let Some(mr) = self.mrs.get_mut(buf.id as usize) {
+                // The engine revokes only once the peer is done with the buffer (its reads
+                // acknowledged) or the connection is over; a provider's refusal leaves the
+                // region's deregistration (at free) to end the access.
+                let _ = mr.revoke(&g);
+            }
+        }
     }
 }
 
@@ -203,6 +226,10 @@ impl<P: Provider> Driver<P> {
                 .unwrap_or_else(|| provider.prefers_send_gather()),
         );
         cfg.zcopy_split = Some(cfg.zcopy_split.unwrap_or(cfg.zcopy_by_send == Some(true)));
+        cfg.staged_send_min = Some(
+            cfg.staged_send_min
+                .unwrap_or_else(|| provider.staged_send_min()),
+        );
         cfg.initiator_sends_first = Some(
             cfg.initiator_sends_first
                 .unwrap_or_else(|| provider.initiator_sends_first()),
@@ -985,6 +1012,10 @@ impl<P: Provider> ConnView<'_, P> {
     /// A write would not block ([`Conn::is_writable`]).
     pub fn is_writable(&self) -> bool {
         self.0.is_writable()
+    }
+    /// Bytes a write may still queue ([`Conn::send_room`]).
+    pub fn send_room(&self) -> usize {
+        self.0.send_room()
     }
     /// The peer's DisConn (or our read shutdown) and every byte before it read.
     pub fn read_closed(&self) -> bool {

@@ -112,3 +112,50 @@ fn a_stopped_reader_does_not_freeze_other_connections() {
         c.wait().unwrap();
     }
 }
+
+/// A blocking write returns once its bytes are in the send buffer, as TCP's does, even while
+/// the reader is stopped (issue 14, section 2): a 1 MiB write over kernel TCP into a stopped
+/// reader returns at once (its send buffer grows to 4 MiB). Found: over shm such a write went
+/// by zero copy, which holds the caller until the peer's engine has taken the bytes or given
+/// them back; a stopped peer does neither until SIGCONT. The bound only guards the hang.
+#[test]
+fn a_write_the_send_buffer_holds_returns_while_the_reader_is_stopped() {
+    for choice in ["tcp", "sdp"] {
+        let opts = match choice {
+            "tcp" => Options::tcp_only(),
+            _ => Options::sdp_only(),
+        };
+        let l = SdpListener::bind_with("127.0.0.1:0", &opts).unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let mut reader = peer(&["drain", &addr, choice]);
+        let (mut s, _) = l.accept().unwrap();
+        if choice == "sdp" {
+            assert_eq!(s.transport(), Transport::Shm);
+        }
+        signal(&reader, libc::SIGSTOP);
+        let (tx, rx) = mpsc::channel::<()>();
+        let writer = std::thread::spawn(move || {
+            let buf = vec![7u8; 1 << 20];
+            s.write_all(&buf).unwrap();
+            tx.send(()).unwrap();
+            s
+        });
+        let returned = rx.recv_timeout(Duration::from_secs(10)).is_ok();
+        signal(&reader, libc::SIGCONT);
+        drop(writer.join().unwrap());
+        let mut line = String::new();
+        BufReader::new(reader.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        reader.wait().unwrap();
+        assert_eq!(
+            line.trim(),
+            format!("ok {}", 1 << 20),
+            "{choice}: the reader"
+        );
+        assert!(
+            returned,
+            "{choice}: a 1 MiB write into a stopped reader waited for it to run again"
+        );
+    }
+}

@@ -52,6 +52,17 @@ pub trait BufStore {
     fn write(&mut self, buf: &Buf, off: u32, src: &[u8]);
     /// Copy bytes of the buffer at `off` into `dst`.
     fn read(&self, buf: &Buf, off: u32, dst: &mut [u8]);
+    /// Let the peer RDMA-read the first `len` bytes of `buf`, and nothing else of it, until
+    /// [`BufStore::revoke_read`] or [`BufStore::free`]: the address and key to advertise.
+    /// `None`: this store cannot grant (the engine then sends by copy).
+    fn grant_read(&mut self, buf: &Buf, len: u32) -> Option<(u64, u32)> {
+        let _ = (buf, len);
+        None
+    }
+    /// End `buf`'s grant, if it has one: no peer access through it succeeds after this.
+    fn revoke_read(&mut self, buf: &Buf) {
+        let _ = buf;
+    }
 }
 
 /// A plain in-memory store (for engine unit tests and benchmarks: no provider behind it).

@@ -104,6 +104,14 @@ pub struct Config {
     /// instead (Soft-RoCE after a link flap). `None` (the default): no bound, as over shm,
     /// where a stopped peer holds sends legitimately.
     pub send_stall_timeout: Option<Duration>,
+    /// Plain writes of at least this many bytes that fit the send buffer are staged (BZCopy):
+    /// copied once into a registered buffer of the connection's own, which the peer reads by
+    /// RDMA Read straight into its reader's memory (a SrcAvail that is never cancelled, so
+    /// later writes follow it at once), instead of going as Data messages the peer copies
+    /// out of its receive buffers. The write returns once the bytes are staged, as a TCP
+    /// write returns once its bytes are in the send buffer. `Some(0)`: never. `None`: the
+    /// provider decides (`Provider::staged_send_min`; the driver fills it in).
+    pub staged_send_min: Option<usize>,
 }
 
 impl Default for Config {
@@ -136,6 +144,7 @@ impl Default for Config {
             unaccepted_rx_bufs: 12,
             unaccepted_timeout: Duration::from_secs(60),
             send_stall_timeout: None,
+            staged_send_min: None,
         }
     }
 }

@@ -15,7 +15,7 @@ use super::buff::BufStore;
 pub use super::config::Config;
 use super::credits::Credits;
 pub use super::error::{CallError, ConnError, ProtocolError};
-use super::iocb::{Iocbs, ZSink, ZSrc};
+use super::iocb::{Iocbs, Staging, ZSink, ZSrc};
 use super::msgs::{self, Ext, Header, Hello, HelloAck, Mid};
 use super::rx::{RxHalf, RxItem};
 use super::timers::{Timer, TimerTable};
@@ -108,6 +108,9 @@ pub struct ConnStats {
     pub zcopy_send_bytes: u64,
     pub srcavail_sent: u64,
     pub srcavail_cancelled: u64,
+    /// Plain writes staged (`Config::staged_send_min`): copied into a buffer of ours the
+    /// peer reads.
+    pub staged_sends: u64,
     /// Zero-copy sources that timed out (`srcavail_timeout`, or a plain write's stall bound:
     /// the peer was not taking them).
     pub zcopy_stalls: u64,
@@ -134,6 +137,7 @@ enum Count {
     ZcopySendBytes(u64),
     SrcAvailSent,
     SrcAvailCancelled(u64),
+    StagedSends,
     ZcopyStall,
     SinkAvailSent,
     SinkAvailCancelled,
@@ -157,6 +161,7 @@ impl ConnStats {
             Count::ZcopySendBytes(n) => self.zcopy_send_bytes += n,
             Count::SrcAvailSent => self.srcavail_sent += 1,
             Count::SrcAvailCancelled(n) => self.srcavail_cancelled += n,
+            Count::StagedSends => self.staged_sends += 1,
             Count::ZcopyStall => self.zcopy_stalls += 1,
             Count::SinkAvailSent => self.sinkavail_sent += 1,
             Count::SinkAvailCancelled => self.sinkavail_cancelled += 1,
@@ -231,6 +236,8 @@ pub struct Conn<S: BufStore> {
     // Zero copy (advt.rs, iocb.rs, read.rs, write.rs).
     advts: Advts,
     iocbs: Iocbs,
+    /// Buffers of staged writes (send.rs, write.rs).
+    staging: Staging,
 
     // Close.
     shut_rd: bool,
@@ -278,6 +285,7 @@ impl<S: BufStore> Conn<S> {
             urgent: None,
             advts: Advts::default(),
             iocbs: Iocbs::default(),
+            staging: Staging::default(),
             shut_rd: false,
             shut_wr: false,
             disconn_sent: false,
@@ -1132,6 +1140,9 @@ impl<S: BufStore> Conn<S> {
             inf.release(&mut self.store);
         }
         self.tx.drop_queue(&mut self.store);
+        for b in self.staging.drain() {
+            self.store.free(b);
+        }
         self.rx.drop_posted(&mut self.store);
         // Received data stays readable, after an orderly close as after a failure (Linux
         // keeps a reset socket's receive queue: the data, then the error, then EOF); `read`

@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 
-use super::buff::BufStore;
+use super::buff::{Buf, BufStore};
 use super::Instant;
 use crate::verbs::Sge;
 
@@ -74,6 +74,10 @@ pub(crate) struct SrcIocb {
     pub committed: bool,
     /// Bytes that went, once `Done`.
     pub done_bytes: usize,
+    /// The engine's own copy of a plain write (a staged send, `Config::staged_send_min`): when
+    /// it ends short (the peer did not read it within `srcavail_timeout` and the cancel took it
+    /// back), the engine sends the rest itself, as Data, in its place in the stream.
+    pub staged: bool,
 }
 
 impl SrcIocb {
@@ -92,6 +96,7 @@ impl SrcIocb {
             stall: None,
             committed: false,
             done_bytes: 0,
+            staged: false,
         }
     }
     /// Its deadline counts: advertised, or queued with a stall bound.
@@ -172,6 +177,78 @@ impl SrcIocb {
             self.state = SrcState::Written;
         }
         (sge, done)
+    }
+}
+
+/// Staged sends' buffers (`Config::staged_send_min`): registered buffers of the connection's
+/// own holding a plain write's bytes until the peer has read them, by the engine's token for
+/// the source, and a few let go, kept for the next staged write.
+#[derive(Debug, Default)]
+pub(crate) struct Staging {
+    /// Token, buffer, and the address its grant advertises (pieces' addresses are within).
+    held: Vec<(u64, Buf, u64)>,
+    next: u64,
+    spare: Vec<Buf>,
+}
+
+/// Spare staging buffers a connection keeps while busy (registering a buffer per write costs
+/// more than the copy it saves): as many as staged sends may be queued (`max_adverts`, 8 by
+/// default); an idle connection gives them back ([`Staging::take_spares`]).
+const STAGING_SPARE: usize = 8;
+
+impl Staging {
+    /// Tokens of staged sources have this bit set (the application's never do: the socket
+    /// layer counts its tokens up from 1).
+    const TOKEN: u64 = 1 << 63;
+
+    /// Whether `token` is a staged source's.
+    pub(crate) fn is_staged(token: u64) -> bool {
+        token & Self::TOKEN != 0
+    }
+    /// A spare buffer of at least `len` bytes (the smallest that fits), if one is kept.
+    pub(crate) fn take_spare(&mut self, len: u32) -> Option<Buf> {
+        let i = (0..self.spare.len())
+            .filter(|&i| self.spare[i].size >= len)
+            .min_by_key(|&i| self.spare[i].size)?;
+        Some(self.spare.swap_remove(i))
+    }
+    /// `buf` holds a new staged source, advertised at `addr`: its token.
+    pub(crate) fn hold(&mut self, buf: Buf, addr: u64) -> u64 {
+        self.next += 1;
+        let token = Self::TOKEN | self.next;
+        self.held.push((token, buf, addr));
+        token
+    }
+    /// The buffer of staged source `token`, and the offset in it of advertised address `at`.
+    pub(crate) fn find(&self, token: u64, at: u64) -> Option<(Buf, u32)> {
+        let &(_, buf, addr) = self.held.iter().find(|h| h.0 == token)?;
+        let off = at.checked_sub(addr)?;
+        Some((buf, u32::try_from(off).ok()?))
+    }
+    /// The staged source `token` ended: its buffer.
+    pub(crate) fn release(&mut self, token: u64) -> Option<Buf> {
+        let i = self.held.iter().position(|h| h.0 == token)?;
+        Some(self.held.swap_remove(i).1)
+    }
+    /// Keep `buf` (its grant revoked) for a later staged write; the buffer to free if none
+    /// is kept instead (the smallest goes when the spares are full).
+    pub(crate) fn keep_spare(&mut self, buf: Buf) -> Option<Buf> {
+        self.spare.push(buf);
+        if self.spare.len() <= STAGING_SPARE {
+            return None;
+        }
+        let i = (0..self.spare.len()).min_by_key(|&i| self.spare[i].size)?;
+        Some(self.spare.swap_remove(i))
+    }
+    /// The spare buffers (the connection went idle).
+    pub(crate) fn take_spares(&mut self) -> Vec<Buf> {
+        std::mem::take(&mut self.spare)
+    }
+    /// Every buffer, held or spare (the connection is over).
+    pub(crate) fn drain(&mut self) -> Vec<Buf> {
+        let mut all: Vec<Buf> = self.held.drain(..).map(|(_, b, _)| b).collect();
+        all.append(&mut self.spare);
+        all
     }
 }
 
@@ -263,6 +340,7 @@ impl Iocbs {
             ..s.src
         };
         let (token, last, stall, deadline) = (s.token, s.last, s.stall, s.deadline);
+        let staged = s.staged;
         s.src.len = at;
         s.full = at;
         s.last = false;
@@ -270,12 +348,47 @@ impl Iocbs {
         let mut piece = SrcIocb::queued(new, token, last, rest);
         piece.stall = stall;
         piece.deadline = deadline;
+        piece.staged = staged;
         self.srcs.insert(pos + 1, piece);
         Some(new)
     }
     /// A source is queued or outstanding.
     pub(crate) fn has_src(&self) -> bool {
         !self.srcs.is_empty()
+    }
+    /// Queue a staged send (`token` is the engine's).
+    pub(crate) fn add_staged_src(&mut self, token: u64, src: ZSrc) -> u64 {
+        let key = self.next_key();
+        let mut s = SrcIocb::queued(key, token, true, src);
+        s.staged = true;
+        self.srcs.push_back(s);
+        key
+    }
+    /// An application's source is queued or outstanding (plain bytes may not pass it: it may
+    /// still end short).
+    pub(crate) fn has_app_src(&self) -> bool {
+        self.srcs.iter().any(|s| !s.staged)
+    }
+    /// A staged send is queued or outstanding.
+    pub(crate) fn has_staged_src(&self) -> bool {
+        self.srcs.iter().any(|s| s.staged)
+    }
+    /// Staged sources (or pieces) among `keys` that ended short: key, token, and the unsent
+    /// part as offset from the source's start and length.
+    pub(crate) fn staged_rests(&self, keys: &[u64]) -> Vec<(u64, u64, u64, u32)> {
+        keys.iter()
+            .filter_map(|k| self.srcs.iter().find(|s| s.key == *k))
+            .filter(|s| s.staged && s.state == SrcState::Done && s.done_bytes < s.src.len as usize)
+            .map(|s| {
+                let from = s.done_bytes as u32;
+                (
+                    s.key,
+                    s.token,
+                    s.src.addr + u64::from(from),
+                    s.src.len - from,
+                )
+            })
+            .collect()
     }
     /// The sources, in stream order.
     pub(crate) fn srcs(&self) -> impl Iterator<Item = &SrcIocb> {

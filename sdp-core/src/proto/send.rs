@@ -20,7 +20,7 @@ impl<S: BufStore> Conn<S> {
         if data.is_empty() {
             return Ok(0);
         }
-        if self.zcopy_outstanding() {
+        if self.iocbs.has_app_src() {
             // Plain bytes may not overtake a zero-copy send that may still end short.
             return Err(CallError::WouldBlock);
         }
@@ -29,8 +29,11 @@ impl<S: BufStore> Conn<S> {
             self.count(Count::StallNoCredit);
             return Err(CallError::WouldBlock);
         }
-        let mut taken = 0;
         let want = data.len().min(room);
+        if let Some(n) = self.stage(now, &data[..want]) {
+            return Ok(n);
+        }
+        let mut taken = 0;
         let cap = self.send_size - BSDH_LEN as u32;
         while taken < want {
             // Append to the tail buffer if it has room and carries no urgent byte.
@@ -71,6 +74,111 @@ impl<S: BufStore> Conn<S> {
         Ok(taken)
     }
 
+    /// A staged send (BZCopy, `Config::staged_send_min`): copy `data` (what the send buffer
+    /// takes) once into a registered buffer of ours and queue it as a source the peer reads
+    /// by RDMA Read, under a grant of that buffer alone, revoked when the source ends. Like
+    /// Data it counts in the send buffer until the peer has it, and what is written after it
+    /// queues behind it; a peer that does not read it within `srcavail_timeout` gets the rest
+    /// as Data after all (the cancel gives it back to us, [`Conn::requeue_staged`]), so the
+    /// bytes reach the peer's receive buffers without its application, as Data would.
+    /// `None`: not staged (too small, no window, no buffer or grant): send by copy.
+    fn stage(&mut self, now: Instant, data: &[u8]) -> Option<usize> {
+        let min = self.cfg.staged_send_min.unwrap_or(0);
+        if min == 0
+            || self.split_zcopy()
+            || data.len() < min.max(self.cfg.zcopy_threshold)
+            || data.len() > u32::MAX as usize
+            || self.iocbs.src_queued() >= self.cfg.max_adverts as usize
+        {
+            return None;
+        }
+        let len = data.len() as u32;
+        let buf = match self.staging.take_spare(len) {
+            Some(b) => b,
+            None => self.store.alloc(len)?,
+        };
+        self.store.write(&buf, 0, data);
+        let Some((addr, rkey)) = self.store.grant_read(&buf, len) else {
+            self.store.free(buf);
+            return None;
+        };
+        let src = ZSrc {
+            addr,
+            len,
+            lkey: buf.lkey,
+            rkey,
+        };
+        let token = self.staging.hold(buf, addr);
+        let key = self.iocbs.add_staged_src(token, src);
+        self.tx.push(TxItem::Src { key });
+        self.tx.bytes_in(data.len());
+        self.count(Count::DataBytesSent(data.len() as u64));
+        self.count(Count::StagedSends);
+        self.touch(now);
+        self.flush(now);
+        Some(data.len())
+    }
+
+    /// Staged sources among `keys` (ended, in stream order) that ended short: their unsent
+    /// rest goes again as Data, from our copy, in their place in the stream: an advertised
+    /// source is ahead of everything still queued, a queued one where its item is. False if
+    /// registered memory ran out (the caller fails the connection).
+    pub(super) fn requeue_staged(&mut self, keys: &[u64]) -> bool {
+        let mut front = 0;
+        for (key, token, at, len) in self.iocbs.staged_rests(keys) {
+            let Some((staging, off)) = self.staging.find(token, at) else {
+                continue;
+            };
+            let mut rest = vec![0u8; len as usize];
+            self.store.read(&staging, off, &mut rest);
+            let cap = (self.send_size - BSDH_LEN as u32) as usize;
+            let mut items = Vec::with_capacity(rest.len().div_ceil(cap));
+            for chunk in rest.chunks(cap) {
+                let Some(buf) = self.tx.data_buf(&mut self.store) else {
+                    for it in items {
+                        if let TxItem::Data { buf, .. } = it {
+                            self.tx.put_data_buf(&mut self.store, buf);
+                        }
+                    }
+                    return false;
+                };
+                self.store.write(&buf, BSDH_LEN as u32, chunk);
+                items.push(TxItem::Data {
+                    buf,
+                    len: chunk.len() as u32,
+                    flags: BsdhFlags::empty(),
+                });
+            }
+            let at = match self.tx.position_of_src(key) {
+                Some(i) => {
+                    self.tx.unqueue_src(key);
+                    i
+                }
+                None => {
+                    front += items.len();
+                    front - items.len()
+                }
+            };
+            for (i, it) in items.into_iter().enumerate() {
+                self.tx.insert_at(at + i, it);
+            }
+            self.tx.bytes_in(len as usize);
+        }
+        true
+    }
+
+    /// A staged source ended (read, or the connection is over): take the peer's access
+    /// back and keep or free its buffer.
+    pub(super) fn end_staged(&mut self, token: u64) {
+        let Some(buf) = self.staging.release(token) else {
+            return;
+        };
+        self.store.revoke_read(&buf);
+        if let Some(extra) = self.staging.keep_spare(buf) {
+            self.store.free(extra);
+        }
+    }
+
     pub(super) fn queue_zcopy(
         &mut self,
         now: Instant,
@@ -79,6 +187,11 @@ impl<S: BufStore> Conn<S> {
         stall: Option<std::time::Duration>,
     ) -> Result<(), CallError> {
         self.check_writable()?;
+        if self.iocbs.has_staged_src() {
+            // One kind of source at a time: an application's waits until the staged sends
+            // are read (or given back as Data), as plain bytes wait behind its own.
+            return Err(CallError::WouldBlock);
+        }
         if (src.len as usize) < self.cfg.zcopy_threshold.min(self.send_size as usize)
             || src.len == 0
         {
@@ -225,7 +338,8 @@ impl<S: BufStore> Conn<S> {
                 }
                 TxItem::Src { key } => {
                     let key = *key;
-                    if self.advts.sink_usable() {
+                    let staged = self.iocbs.find_src(key).is_some_and(|s| s.staged);
+                    if self.advts.sink_usable() && !staged {
                         if outstanding {
                             // The peer offered its sink after consuming every advertisement
                             // it had seen: those finish soon; fill the sink after them.

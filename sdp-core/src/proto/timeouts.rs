@@ -166,6 +166,9 @@ impl<S: BufStore> Conn<S> {
             self.rx
                 .shrink_target(self.cfg.min_rx_bufs, self.cfg.initial_rx_bufs);
             self.tx.trim_idle(&mut self.store);
+            for b in self.staging.take_spares() {
+                self.store.free(b);
+            }
             self.advts.trim_bounce(&mut self.store);
             self.rx.trim(&mut self.store, 0);
         }

@@ -294,6 +294,16 @@ impl TxHalf {
     }
     /// Take a source's item out of the queue (if still there).
     #[inline]
+    /// Where the queued source `key` is in the queue.
+    pub(crate) fn position_of_src(&self, key: u64) -> Option<usize> {
+        self.queue
+            .iter()
+            .position(|i| matches!(i, TxItem::Src { key: k } if *k == key))
+    }
+    /// Queue an item at `i` (0: the front).
+    pub(crate) fn insert_at(&mut self, i: usize, item: TxItem) {
+        self.queue.insert(i.min(self.queue.len()), item);
+    }
     pub(crate) fn unqueue_src(&mut self, key: u64) {
         if let Some(pos) = self
             .queue

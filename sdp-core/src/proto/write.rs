@@ -45,7 +45,7 @@
 use super::{wrid, Conn, Count, Event, ProtocolError, CTRL_CREDITS};
 use crate::proto::advt::SinkAdvt;
 use crate::proto::buff::BufStore;
-use crate::proto::iocb::{EndedSrcs, SrcState};
+use crate::proto::iocb::{EndedSrcs, SrcState, Staging};
 use crate::proto::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 use crate::proto::tx::Inflight;
 use crate::proto::tx::TxItem;
@@ -106,11 +106,11 @@ impl<S: BufStore> Conn<S> {
                     self.finish_src(key, written as usize);
                 }
                 if let Some(next) = next {
-                    self.complete_srcs_from(next, 0);
+                    self.complete_srcs_from(now, next, 0);
                 }
             }
             SrcState::Queued => {
-                self.complete_srcs_from(key, 0);
+                self.complete_srcs_from(now, key, 0);
             }
             _ => {}
         }
@@ -163,12 +163,12 @@ impl<S: BufStore> Conn<S> {
     /// SendSm received: the peer will read no more of any SrcAvail we sent before this arrived
     /// (its answer to our cancel, or a refusal). The oldest unfinished source completes with
     /// what the peer acknowledged, every later one with 0.
-    pub(super) fn on_send_sm(&mut self, _now: Instant) -> Result<(), ProtocolError> {
+    pub(super) fn on_send_sm(&mut self, now: Instant) -> Result<(), ProtocolError> {
         let Some(s) = self.iocbs.first_outstanding() else {
             return Ok(());
         };
         let (key, bytes) = (s.key, (s.acked + s.written) as usize);
-        self.complete_srcs_from(key, bytes);
+        self.complete_srcs_from(now, key, bytes);
         Ok(())
     }
 
@@ -208,6 +208,11 @@ impl<S: BufStore> Conn<S> {
     /// per application source, when its last piece is in).
     fn report_done(&mut self) {
         for (token, bytes) in self.iocbs.take_done() {
+            if Staging::is_staged(token) {
+                // The engine's own: nobody to tell.
+                self.end_staged(token);
+                continue;
+            }
             self.emit(Event::ZcopySent { token, bytes });
         }
     }
@@ -217,7 +222,7 @@ impl<S: BufStore> Conn<S> {
     /// in order, like after a short write. Sources whose work requests are still in flight
     /// (SENDs behind a committed advertisement, split zero copy) end at the bytes that went
     /// once those complete; reports keep stream order.
-    fn complete_srcs_from(&mut self, key: u64, bytes: usize) {
+    fn complete_srcs_from(&mut self, now: Instant, key: u64, bytes: usize) {
         let Some(EndedSrcs {
             keys,
             unsent,
@@ -226,12 +231,17 @@ impl<S: BufStore> Conn<S> {
         else {
             return;
         };
+        self.tx.bytes_out(unsent);
+        // Our own copies (staged sends) go again as Data, before their buffers are let go.
+        let requeued = self.requeue_staged(&keys);
         for k in &keys {
             self.tx.unqueue_src(*k);
         }
-        self.tx.bytes_out(unsent);
         self.count(Count::SrcAvailCancelled(cancelled));
         self.report_done();
+        if !requeued {
+            self.fail(now, super::ConnError::NoMemory, true);
+        }
     }
 
     /// SinkAvail received. Honoured only if the peer had seen every stream byte we sent
@@ -339,7 +349,8 @@ impl<S: BufStore> Conn<S> {
                     let Some(s) = self.iocbs.find_src(key) else {
                         break;
                     };
-                    if s.state != SrcState::Queued {
+                    if s.state != SrcState::Queued || s.staged {
+                        // (A staged source goes by SrcAvail only: its rest is ours to resend.)
                         break;
                     }
                     let (local, done) = s.take(room);

@@ -384,6 +384,11 @@ pub trait Provider: Send + Sync {
     fn prefers_send_gather(&self) -> bool {
         false
     }
+    /// The smallest plain write worth staging (`Config::staged_send_min`): a copy into a
+    /// registered buffer of ours the peer RDMA-reads, in place of Data messages; 0: never.
+    fn staged_send_min(&self) -> usize {
+        0
+    }
     /// Whether the connecting side must send the first message of a connection before the
     /// accepting side sends anything (iWARP: MPA requires it; `Config::initiator_sends_first`).
     fn initiator_sends_first(&self) -> bool {

@@ -338,8 +338,9 @@ fn main() {
             }
         }
         "drain" => {
-            // Read everything until EOF or an error, then say how many bytes.
-            let mut s = connect(&arg(1), "sdp");
+            // Read everything until EOF or an error, then say how many bytes (over SDP, or
+            // over the transport named by a second argument).
+            let mut s = connect(&arg(1), args.get(2).map_or("sdp", |c| c.as_str()));
             let mut buf = vec![0u8; 1 << 20];
             let mut total = 0u64;
             while let Ok(n) = s.read(&mut buf) {

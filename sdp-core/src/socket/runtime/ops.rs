@@ -187,6 +187,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             && buf.len() >= self.user_zcopy_min()
             && buf.len() <= u32::MAX as usize
             && self.sh.user_zcopy.load(Ordering::Relaxed)
+            && self.beyond_send_room(id, buf.len())?
         {
             if let Some(n) = self.write_user_zcopy(id, buf)? {
                 return Ok(n);

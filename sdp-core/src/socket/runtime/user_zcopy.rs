@@ -48,6 +48,17 @@ impl<P: Provider + 'static> Runtime<P> {
         Ok(Some(buf.len()))
     }
 
+    /// Whether a plain blocking write of `len` bytes is more than the send buffer takes now,
+    /// so it goes by zero copy from the caller's memory. TCP's write returns once its bytes
+    /// are in the send buffer, whatever the peer does (stopped by SIGSTOP or a debugger, say),
+    /// while a zero-copy source holds the caller until the peer's engine has taken the bytes
+    /// or given them back: zero copy only where TCP's write would wait for the peer too. What
+    /// fits goes by copy (the engine stages a large write: one copy, then the peer's read).
+    pub(super) fn beyond_send_room(&self, id: ConnId, len: usize) -> io::Result<bool> {
+        let g = self.lock()?;
+        Ok(g.driver.view(id).is_some_and(|c| len > c.send_room()))
+    }
+
     /// Zero-copy receive into an application slice when the next bytes are a peer's
     /// zero-copy source. `Ok(None)`: read by copy.
     pub(crate) fn read_user_zcopy(&self, id: ConnId, buf: &mut [u8]) -> io::Result<Option<usize>> {

@@ -1030,6 +1030,9 @@ fn send_simple(sock: &OwnedFd, kind: u8, consumer: bool, pd: &[u8]) {
     let _ = sys::send_msg(sock.as_fd(), &m, &[]);
 }
 
+/// Smallest plain write staged over shm (`Config::staged_send_min`).
+const STAGED_SEND_MIN: usize = 128 * 1024;
+
 impl Provider for ShmProvider {
     type Mr = ShmMr;
     type Endpoint = ShmEndpoint;
@@ -1037,6 +1040,13 @@ impl Provider for ShmProvider {
 
     fn name(&self) -> &'static str {
         "shm"
+    }
+
+    fn staged_send_min(&self) -> usize {
+        // A Data message costs the peer a copy out of its receive buffer on top of ours into
+        // the send buffer (and the copy between them); a staged write is our copy and the
+        // peer's read straight into its reader's memory.
+        STAGED_SEND_MIN
     }
 
     fn reg_mr(&self, len: usize, access: Access) -> Result<ShmMr, VerbsError> {
