@@ -789,6 +789,11 @@ impl<P: Provider> Driver<P> {
     pub fn rcvbuf(&self, id: ConnId) -> Option<usize> {
         self.conns.get(id).map(|e| e.conn.rcvbuf())
     }
+    /// Stage no more writes on the connection ([`Conn::stop_staging`]).
+    pub fn stop_staging(&mut self, now: Instant, id: ConnId) -> Result<(), DriverError> {
+        self.apply(now, id, |c| c.stop_staging())
+    }
+
     /// SO_RCVBUF: receive buffer bytes the connection may have (within the stack's
     /// `max_rx_bufs`).
     pub fn set_rcvbuf(

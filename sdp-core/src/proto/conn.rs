@@ -689,6 +689,12 @@ impl<S: BufStore> Conn<S> {
     pub fn send_urgent(&mut self, now: Instant, byte: u8) -> Result<(), CallError> {
         self.queue_urgent(now, byte)
     }
+    /// Stage no more writes ([`Config::staged_send_min`]): the socket layer turns staging off
+    /// for a connection behind an application fd (the LD_PRELOAD shim), where staged sends
+    /// stall (docs/findings.md).
+    pub fn stop_staging(&mut self) {
+        self.cfg.staged_send_min = Some(0);
+    }
     /// Bytes the application may still queue.
     pub fn send_room(&self) -> usize {
         self.tx.room(self.cfg.sndbuf)

@@ -521,6 +521,10 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             return Err(io::Error::from_raw_os_error(libc::EEXIST));
         }
         let (mut app, user) = AppReady::new(nonblocking, cloexec)?;
+        // Staged sends stall between application fds (iperf3 under the shim fell from 3.3
+        // GB/s to a few MB/s): copy, as before staging (docs/findings.md).
+        let now = self.now();
+        driver.stop_staging(now, id).map_err(driver_err)?;
         if crate::socket::tunables::tunables().direct_wake {
             if let Some(fd) = app.ours_fd() {
                 app.direct = driver.give_direct_wake(id, fd);
