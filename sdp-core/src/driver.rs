@@ -789,6 +789,11 @@ impl<P: Provider> Driver<P> {
     pub fn rcvbuf(&self, id: ConnId) -> Option<usize> {
         self.conns.get(id).map(|e| e.conn.rcvbuf())
     }
+    /// The application reads only what readiness reports ([`Conn::set_read_ahead`]).
+    pub fn set_read_ahead(&mut self, now: Instant, id: ConnId) -> Result<(), DriverError> {
+        self.apply(now, id, |c| c.set_read_ahead(now))
+    }
+
     /// Stage no more writes on the connection ([`Conn::stop_staging`]).
     pub fn stop_staging(&mut self, now: Instant, id: ConnId) -> Result<(), DriverError> {
         self.apply(now, id, |c| c.stop_staging())

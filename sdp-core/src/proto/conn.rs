@@ -238,6 +238,8 @@ pub struct Conn<S: BufStore> {
     iocbs: Iocbs,
     /// Buffers of staged writes (send.rs, write.rs).
     staging: Staging,
+    /// Read a peer's SrcAvails into bounce buffers as they arrive ([`Conn::set_read_ahead`]).
+    read_ahead: bool,
 
     // Close.
     shut_rd: bool,
@@ -286,6 +288,7 @@ impl<S: BufStore> Conn<S> {
             advts: Advts::default(),
             iocbs: Iocbs::default(),
             staging: Staging::default(),
+            read_ahead: false,
             shut_rd: false,
             shut_wr: false,
             disconn_sent: false,
@@ -688,6 +691,15 @@ impl<S: BufStore> Conn<S> {
     /// OOB_PRES, and the peer sees it apart from the stream.
     pub fn send_urgent(&mut self, now: Instant, byte: u8) -> Result<(), CallError> {
         self.queue_urgent(now, byte)
+    }
+    /// The application learns of data only from readiness ([`Conn::read_ready`]: an
+    /// application fd), never by a read that would start fetching a peer's zero-copy source:
+    /// read each SrcAvail at the head of the stream into bounce buffers as it arrives (and as
+    /// the reader takes them), as a SEND's bytes land without a read call.
+    pub fn set_read_ahead(&mut self, now: Instant) {
+        self.read_ahead = true;
+        self.start_eager_reads();
+        self.flush(now);
     }
     /// Stage no more writes ([`Config::staged_send_min`]): the socket layer turns staging off
     /// for a connection behind an application fd (the LD_PRELOAD shim), where staged sends

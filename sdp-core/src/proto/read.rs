@@ -116,7 +116,7 @@ impl<S: BufStore> Conn<S> {
     /// once in the stream) start too, up to [`BOUNCE_WINDOW`] reads in flight in all. RDMA Read
     /// completions come back in the order posted (RC send queue), so the RdmaRdCompls go out in
     /// stream order, as the data source attributes them.
-    pub(super) fn start_bounce_reads(&mut self, _now: Instant) {
+    pub(super) fn start_bounce_reads(&mut self) {
         let ids: Vec<usize> = self.rx.leading_src_ids();
         let mut inflight: u32 = ids
             .iter()
@@ -222,7 +222,19 @@ impl<S: BufStore> Conn<S> {
     /// application, or in flight): past that the advertisements wait for the application,
     /// as plain ones do.
     pub(super) fn start_eager_reads(&mut self) {
-        if !self.split_zcopy() || self.shut_rd || self.app_closed || self.queued {
+        if self.shut_rd || self.app_closed || self.queued {
+            return;
+        }
+        if self.read_ahead {
+            // A reader that learns of data only from readiness (an application fd): a
+            // SrcAvail at the head is read into bounce buffers at once, as a SEND lands
+            // without a read call; within the eager bound, more as the reader takes them.
+            if self.advts.bounce_in_use() < EAGER_BOUNCE_BUFS {
+                self.start_bounce_reads();
+            }
+            return;
+        }
+        if !self.split_zcopy() {
             return;
         }
         let mut inflight: u32 = self.advts.reads_inflight_total();

@@ -54,7 +54,7 @@ impl<S: BufStore> Conn<S> {
                         continue;
                     }
                     // Bring the next part in by RDMA Read into bounce buffers.
-                    self.start_bounce_reads(now);
+                    self.start_bounce_reads();
                     break;
                 }
             }
@@ -144,6 +144,8 @@ impl<S: BufStore> Conn<S> {
         } else {
             self.rx.unhold();
             self.rx.put_buf(&mut self.store, buf);
+            // A SrcAvail behind these bytes may be at the head now (read ahead).
+            self.start_eager_reads();
         }
     }
 

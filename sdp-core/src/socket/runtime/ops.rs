@@ -525,6 +525,9 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         // GB/s to a few MB/s): copy, as before staging (docs/findings.md).
         let now = self.now();
         driver.stop_staging(now, id).map_err(driver_err)?;
+        // The fd is readable only once bytes are here: a peer's SrcAvail is fetched ahead,
+        // not by a read that readiness would never prompt.
+        driver.set_read_ahead(now, id).map_err(driver_err)?;
         if crate::socket::tunables::tunables().direct_wake {
             if let Some(fd) = app.ours_fd() {
                 app.direct = driver.give_direct_wake(id, fd);
