@@ -106,11 +106,12 @@ pub struct Config {
     pub send_stall_timeout: Option<Duration>,
     /// Plain writes of at least this many bytes that fit the send buffer are staged (BZCopy):
     /// copied once into a registered buffer of the connection's own, which the peer reads by
-    /// RDMA Read straight into its reader's memory (a SrcAvail that is never cancelled, so
-    /// later writes follow it at once), instead of going as Data messages the peer copies
-    /// out of its receive buffers. The write returns once the bytes are staged, as a TCP
-    /// write returns once its bytes are in the send buffer. `Some(0)`: never. `None`: the
-    /// provider decides (`Provider::staged_send_min`; the driver fills it in).
+    /// RDMA Read straight into its reader's memory, instead of going as Data messages the
+    /// peer copies out of its receive buffers (what a peer leaves unread past
+    /// `srcavail_timeout` goes as Data after all). The write returns once the bytes are
+    /// staged, as a TCP write returns once its bytes are in the send buffer. `Some(0)`:
+    /// never. `None`: the provider decides (`Provider::staged_send_min`; the driver fills it
+    /// in).
     pub staged_send_min: Option<usize>,
 }
 

@@ -702,8 +702,8 @@ impl<S: BufStore> Conn<S> {
         self.flush(now);
     }
     /// Stage no more writes ([`Config::staged_send_min`]): the socket layer turns staging off
-    /// for a connection behind an application fd (the LD_PRELOAD shim), where staged sends
-    /// stall (docs/findings.md).
+    /// for a connection behind an application fd (the LD_PRELOAD shim), where it showed no
+    /// gain (docs/findings.md).
     pub fn stop_staging(&mut self) {
         self.cfg.staged_send_min = Some(0);
     }

@@ -144,8 +144,11 @@ impl<S: BufStore> Conn<S> {
         } else {
             self.rx.unhold();
             self.rx.put_buf(&mut self.store, buf);
-            // A SrcAvail behind these bytes may be at the head now (read ahead).
-            self.start_eager_reads();
+            // A SrcAvail behind these bytes may be at the head now (read ahead; split zero
+            // copy's eager reads need no look per buffer).
+            if self.read_ahead {
+                self.start_eager_reads();
+            }
         }
     }
 

@@ -154,9 +154,11 @@ impl<S: BufStore> Conn<S> {
                     self.tx.unqueue_src(key);
                     i
                 }
+                // Advertised (its item went): behind the rests put at the front before it.
                 None => {
+                    let at = front;
                     front += items.len();
-                    front - items.len()
+                    at
                 }
             };
             for (i, it) in items.into_iter().enumerate() {

@@ -292,8 +292,6 @@ impl TxHalf {
             .filter(|i| matches!(i, TxItem::Data { .. }))
             .count()
     }
-    /// Take a source's item out of the queue (if still there).
-    #[inline]
     /// Where the queued source `key` is in the queue.
     pub(crate) fn position_of_src(&self, key: u64) -> Option<usize> {
         self.queue
@@ -304,12 +302,10 @@ impl TxHalf {
     pub(crate) fn insert_at(&mut self, i: usize, item: TxItem) {
         self.queue.insert(i.min(self.queue.len()), item);
     }
+    /// Take a source's item out of the queue (if still there).
+    #[inline]
     pub(crate) fn unqueue_src(&mut self, key: u64) {
-        if let Some(pos) = self
-            .queue
-            .iter()
-            .position(|i| matches!(i, TxItem::Src { key: k } if *k == key))
-        {
+        if let Some(pos) = self.position_of_src(key) {
             self.queue.remove(pos);
         }
     }

@@ -521,8 +521,8 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             return Err(io::Error::from_raw_os_error(libc::EEXIST));
         }
         let (mut app, user) = AppReady::new(nonblocking, cloexec)?;
-        // Staged sends stall between application fds (iperf3 under the shim fell from 3.3
-        // GB/s to a few MB/s): copy, as before staging (docs/findings.md).
+        // No staged sends behind application fds: they stalled there until readers read
+        // ahead (below), and since show no gain for iperf3 (docs/findings.md).
         let now = self.now();
         driver.stop_staging(now, id).map_err(driver_err)?;
         // The fd is readable only once bytes are here: a peer's SrcAvail is fetched ahead,
