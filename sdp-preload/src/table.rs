@@ -51,7 +51,7 @@ pub(crate) fn buffer_set(fd: i32, name: i32) -> bool {
 /// reused for another file is recognised and forgotten.
 static MAP: RwLock<Option<Map>> = RwLock::new(None);
 
-type Map = HashMap<i32, (Arc<Sock>, FileId)>;
+type Map = rustc_hash::FxHashMap<i32, (Arc<Sock>, FileId)>;
 
 /// A kernel file's identity.
 type FileId = (u64, u64);
@@ -59,8 +59,16 @@ type FileId = (u64, u64);
 fn file_id(fd: i32) -> Option<FileId> {
     // SAFETY: an all-zero stat is a valid value for the kernel to overwrite.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // The fstat system call itself where there is one: glibc's fstat is fstatat(fd, "",
+    // AT_EMPTY_PATH), which costs the kernel a look at the empty path on every owned-fd call
+    // (~80 ns of ~380).
+    #[cfg(target_arch = "x86_64")]
     // SAFETY: fstat writes into our own struct.
-    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    let r = unsafe { libc::syscall(libc::SYS_fstat, fd, &mut st as *mut libc::stat) } as i32;
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: fstat writes into our own struct.
+    let r = unsafe { libc::fstat(fd, &mut st) };
+    (r == 0).then_some((st.st_dev, st.st_ino))
 }
 
 /// Socket options of an SDP stream the kernel file cannot hold (it is an AF_UNIX socket),
@@ -130,7 +138,7 @@ pub(crate) fn insert(fd: i32, s: Arc<Sock>) -> bool {
         return false;
     };
     let mut m = MAP.write();
-    m.get_or_insert_with(HashMap::new).insert(fd, (s, id));
+    m.get_or_insert_with(Map::default).insert(fd, (s, id));
     OWNED[fd as usize].store(true, Ordering::Relaxed);
     true
 }

@@ -127,6 +127,37 @@ impl Mapping {
             std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), src.len())
         }
     }
+
+    /// Copy `len` bytes from our address `addr` into the mapping at `off` (checked bounds on
+    /// the mapping's side).
+    ///
+    /// # Safety
+    /// `addr..addr + len` must be mapped and readable, and not inside this mapping.
+    pub unsafe fn write_from_addr(&self, off: usize, addr: u64, len: usize) {
+        assert!(off.checked_add(len).is_some_and(|e| e <= self.len));
+        // SAFETY: the destination range is inside the mapping; the source is the caller's.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                addr as usize as *const u8,
+                self.ptr.as_ptr().add(off),
+                len,
+            )
+        }
+    }
+
+    /// Copy `len` bytes of the mapping at `off` to our address `addr` (checked bounds on the
+    /// mapping's side).
+    ///
+    /// # Safety
+    /// `addr..addr + len` must be mapped, writable, not referenced by any Rust reference for
+    /// the duration of the call, and not inside this mapping.
+    pub unsafe fn read_to_addr(&self, off: usize, addr: u64, len: usize) {
+        assert!(off.checked_add(len).is_some_and(|e| e <= self.len));
+        // SAFETY: the source range is inside the mapping; the destination is the caller's.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), addr as usize as *mut u8, len)
+        }
+    }
 }
 
 impl Drop for Mapping {
