@@ -1375,13 +1375,16 @@ fn dead_peers_reused_pid_is_not_written() {
         let _ = v.wait();
     }
     let (mut v, mut vout) = victim.expect("could not give the dead peer's pid to a bystander");
-    // We have not looked at the connection since the death: post a SEND to the dead peer.
-    let src = b.reg_mr(4096, Access::empty()).unwrap();
-    let mut pattern = vec![0x5au8; 4096];
+    // We have not looked at the connection since the death: post a SEND to the dead peer,
+    // one too large for the peer's inline ring (a copy into its memfd, never into a pid's
+    // memory), so it goes by process_vm_writev into the receive.
+    let len = 2 * sdp_core::verbs::shm::RING_MSG_MAX;
+    let src = b.reg_mr(len, Access::empty()).unwrap();
+    let mut pattern = vec![0x5au8; len];
     pattern[0] = 1;
     let mut src = src;
     src.write(0, &pattern);
-    y.post_send(&send_wr(9, SendOp::Send, Some(src.sge(0, 4096))))
+    y.post_send(&send_wr(9, SendOp::Send, Some(src.sge(0, len as u32))))
         .unwrap();
     let c = poll_n(&mut y, 1, T);
     writeln!(v.stdin.as_mut().unwrap()).unwrap();
