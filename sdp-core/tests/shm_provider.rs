@@ -1378,7 +1378,7 @@ fn dead_peers_reused_pid_is_not_written() {
     // We have not looked at the connection since the death: post a SEND to the dead peer,
     // one too large for the peer's inline ring (a copy into its memfd, never into a pid's
     // memory), so it goes by process_vm_writev into the receive.
-    let len = 2 * sdp_core::verbs::shm::RING_MSG_MAX;
+    let len = sdp_core::verbs::shm::RING_MSG_MAX + 4096;
     let src = b.reg_mr(len, Access::empty()).unwrap();
     let mut pattern = vec![0x5au8; len];
     pattern[0] = 1;
