@@ -3198,6 +3198,52 @@ mod tests {
         }
     }
 
+    /// A sender that writes a slot pointing outside the inline ring (or claiming more than
+    /// the ring or the receive holds) errors the receiver's queue pair with LocalProtection:
+    /// the receiver copies nothing and does not panic.
+    #[test]
+    fn a_ring_slot_outside_the_ring_errors_the_receive() {
+        for (off, n, used) in [
+            (RING_LEN as u32 - 10, 1000u32, 1024u32),
+            (0, RING_MSG_MAX as u32 + 1, RING_MSG_MAX as u32 + 64),
+            (0, 1000, RING_LEN as u32 + 64),
+            (0, 1000, 10),
+            (u32::MAX - 8, 1000, 1024),
+        ] {
+            let (_pa, mut a, pb, mut b) = connected_pair();
+            let dst = pb.reg_mr(64 << 10, Access::LOCAL_WRITE).unwrap();
+            b.post_recv(&RecvWr {
+                wr_id: 7,
+                sge: Sge {
+                    addr: dst.addr(),
+                    len: 64 << 10,
+                    lkey: dst.lkey(),
+                },
+            })
+            .unwrap();
+            // What a hostile sender's `exec` would publish for that receive.
+            let peer = a.peer.as_ref().unwrap();
+            let base = HDR + (a.sq_tail % peer.nslots) as usize * SLOT;
+            peer.inbox
+                .u32(base + S_RING_OFF)
+                .store(off, Ordering::Relaxed);
+            peer.inbox
+                .u32(base + S_RING_USED)
+                .store(used, Ordering::Relaxed);
+            publish_slot(peer, &mut a.sq_tail, base, n, true, ST_RING);
+            let c = poll_one(&mut b, "the bad receive");
+            assert_eq!(
+                (c.wr_id, c.status, c.byte_len),
+                (7, WcStatus::LocalProtection, 0),
+                "off {off} len {n} used {used}"
+            );
+            let mut got = vec![1u8; 64 << 10];
+            // SAFETY: inside our registered region, not referenced elsewhere.
+            unsafe { sys::copy_from_addr(dst.addr(), &mut got) };
+            assert!(got.iter().all(|&x| x == 0), "bytes landed for off {off}");
+        }
+    }
+
     /// Deregistering a region marks the receives posted in it bad (and only those).
     #[test]
     fn dereg_marks_posted_receives_in_the_region_bad() {
