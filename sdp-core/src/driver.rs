@@ -1,8 +1,12 @@
 //! Runs SDP engines over a provider: the glue between the sans-IO [`Conn`] and a
 //! [`Provider`]'s endpoints.
 //!
-//! [`Driver::poll`] does one round of progress for every connection: CM events in, completions
-//! in, timers, then the engine's work requests posted and CM actions performed. The driver is
+//! [`Driver::poll`] does one round of progress: for each connection with news, CM events in,
+//! completions in, timers, then the engine's work requests posted and CM actions performed. A
+//! provider that can say which endpoints something happened to ([`Provider::take_news`]: shm's
+//! bell page) lets a round skip the rest (it still looks at those with work of their own and
+//! those whose timer is due, and at every connection every `FULL_ROUND_EVERY`); for the others
+//! every round looks at every connection. The driver is
 //! synchronous and holds no clock: the caller passes `now` (virtual time in tests, a monotonic
 //! clock in the socket layer), so the same code runs under the deterministic simulator and over
 //! real devices.
@@ -147,7 +151,40 @@ struct Entry<P: Provider> {
     /// through one), so a round tells an idle connection by this and its endpoint's
     /// [`Endpoint::quiet`] without asking the engine.
     deadline: Option<Instant>,
+    /// Where the provider reports news of its endpoint ([`Endpoint::news_token`]).
+    news: Option<usize>,
+    /// In [`Driver::dirty`]: the next round looks at it whatever the provider reports.
+    dirty: bool,
+    /// The deadline last put in [`Driver::heap`], and the heap's epoch then.
+    heap_at: Option<(Instant, u64)>,
+    /// The last selective round that looked at it (one look per round).
+    round: u64,
 }
+
+impl<P: Provider> Entry<P> {
+    fn new(conn: Conn<MrStore<P>>, ep: Option<P::Endpoint>) -> Entry<P> {
+        Entry {
+            conn,
+            ep,
+            events: Vec::new(),
+            released: false,
+            addrs: None,
+            touched: false,
+            stall: None,
+            deadline: None,
+            news: None,
+            dirty: false,
+            heap_at: None,
+            round: 0,
+        }
+    }
+}
+
+/// A round of progress looks only at the connections with news (the provider's report, those
+/// with work of their own, due timers: [`Driver::poll`]); every this often it looks at all of
+/// them, for what the endpoints check on their own clock (shm: a peer's socket, every
+/// `liveness_interval`).
+const FULL_ROUND_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 struct ListenEntry<P: Provider> {
     listener: P::Listener,
@@ -204,6 +241,23 @@ pub struct Driver<P: Provider> {
     /// the true one (a timer stopped since leaves it early: one needless wakeup), so
     /// [`Driver::next_deadline`] need not look at every connection.
     timers: Option<Instant>,
+    /// Connections the next round looks at whatever the provider reports: an endpoint with
+    /// work of its own (not [`Endpoint::quiet`]) or one the provider does not report.
+    dirty: Vec<ConnId>,
+    /// Connections' deadlines (a deadline that moved leaves its old entry behind: popped, it
+    /// costs a look). Rebuilt by every full round (`heap_epoch`).
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, ConnId)>>,
+    heap_epoch: u64,
+    /// [`Endpoint::news_token`] -> the connection.
+    news_map: Vec<Option<ConnId>>,
+    /// Scratch for [`Provider::take_news`].
+    news: Vec<usize>,
+    /// Selective rounds so far (`Entry::round`).
+    round: u64,
+    /// When the last round that looked at every connection ran.
+    last_full: Option<Instant>,
+    /// Connections rounds looked at, in all ([`Driver::looked_at`]).
+    looked: u64,
 }
 
 /// Errors of driver calls.
@@ -260,7 +314,41 @@ impl<P: Provider> Driver<P> {
             touched: Vec::new(),
             ids: Vec::new(),
             timers: None,
+            dirty: Vec::new(),
+            heap: std::collections::BinaryHeap::new(),
+            heap_epoch: 0,
+            news_map: Vec::new(),
+            news: Vec::new(),
+            round: 0,
+            last_full: None,
+            looked: 0,
         }
+    }
+
+    /// How many connections rounds of progress ([`Driver::poll`]) have looked at so far (for
+    /// tests and diagnostics: a round passes idle connections by without a look when the
+    /// provider reports news, [`Provider::take_news`]).
+    pub fn looked_at(&self) -> u64 {
+        self.looked
+    }
+
+    /// A new connection's entry: remember where its endpoint's news come from, and look at it
+    /// in the next round.
+    fn insert_entry(&mut self, entry: Entry<P>) -> ConnId {
+        let token = entry.ep.as_ref().and_then(|ep| ep.news_token());
+        let id = self.conns.insert(entry);
+        if let Some(e) = self.conns.get_mut(id) {
+            e.news = token;
+            e.dirty = true;
+            self.dirty.push(id);
+        }
+        if let Some(t) = token {
+            if self.news_map.len() <= t {
+                self.news_map.resize(t + 1, None);
+            }
+            self.news_map[t] = Some(id);
+        }
+        id
     }
 
     /// The provider itself.
@@ -290,16 +378,7 @@ impl<P: Provider> Driver<P> {
         let port = src.map_or(0, |s| s.port());
         let (conn, hello) = Conn::connect(self.cfg.clone(), store, now, port, dst.is_ipv6())?;
         let ep = self.provider.connect(dst, src, self.caps, &hello)?;
-        let id = self.conns.insert(Entry {
-            conn,
-            ep: Some(ep),
-            events: Vec::new(),
-            released: false,
-            addrs: None,
-            touched: false,
-            stall: None,
-            deadline: None,
-        });
+        let id = self.insert_entry(Entry::new(conn, Some(ep)));
         self.pump(now, id);
         Ok(id)
     }
@@ -449,16 +528,7 @@ impl<P: Provider> Driver<P> {
                     Ok((conn, ack)) => {
                         // Receives go on the QP before the accept, so the peer's first
                         // message always finds one.
-                        let mut entry = Entry {
-                            conn,
-                            ep: None,
-                            events: Vec::new(),
-                            released: false,
-                            addrs: None,
-                            touched: false,
-                            stall: None,
-                            deadline: None,
-                        };
+                        let mut entry = Entry::new(conn, None);
                         entry.deadline = entry.conn.poll_timeout();
                         let posted = post_all(&mut entry.conn, &mut ep, &mut self.sends);
                         if posted.is_err() || ep.accept(&ack).is_err() {
@@ -467,7 +537,7 @@ impl<P: Provider> Driver<P> {
                             continue;
                         }
                         entry.ep = Some(ep);
-                        let id = self.conns.insert(entry);
+                        let id = self.insert_entry(entry);
                         if let Some(le) = self.listeners.get_mut(lid) {
                             le.queue.push_back((id, now));
                         }
@@ -483,15 +553,95 @@ impl<P: Provider> Driver<P> {
                 }
             }
         }
+        let recent = self
+            .last_full
+            .is_some_and(|t| now.saturating_since(t) < FULL_ROUND_EVERY);
+        self.news.clear();
+        if recent && self.provider.take_news(&mut self.news) {
+            return activity + self.poll_news(now);
+        }
+        self.last_full = Some(now);
+        // Every connection: what is dirty now is looked at anyway, and the deadline heap is
+        // rebuilt as the round passes each connection (`progress`, `pump`).
+        for id in std::mem::take(&mut self.dirty) {
+            if let Some(e) = self.conns.get_mut(id) {
+                e.dirty = false;
+            }
+        }
+        self.heap.clear();
+        self.heap_epoch += 1;
         let mut ids = std::mem::take(&mut self.ids);
         self.conns.ids_into(&mut ids);
         // Each connection's timer folds in as the round passes it (`progress`, `pump`).
         self.timers = None;
+        self.looked += ids.len() as u64;
         for &id in &ids {
             activity += self.progress(now, id);
         }
         self.ids = ids;
         activity
+    }
+
+    /// A round that looks only at the connections with news: those the provider reported
+    /// (`self.news`), those with work of their own (`dirty`), those whose deadline came. A busy
+    /// server's thousands of idle connections cost nothing here (one pass over the provider's
+    /// bells), where a look at each cost ~100 ns of cache misses.
+    fn poll_news(&mut self, now: Instant) -> usize {
+        self.round += 1;
+        let round = self.round;
+        let mut ids = std::mem::take(&mut self.ids);
+        ids.clear();
+        for id in self.dirty.drain(..) {
+            if let Some(e) = self.conns.get_mut(id) {
+                e.dirty = false;
+                ids.push(id);
+            }
+        }
+        for &t in &self.news {
+            if let Some(Some(id)) = self.news_map.get(t) {
+                ids.push(*id);
+            }
+        }
+        while let Some(&std::cmp::Reverse((t, id))) = self.heap.peek() {
+            if t > now {
+                break;
+            }
+            self.heap.pop();
+            if let Some(e) = self.conns.get_mut(id) {
+                if e.heap_at.is_some_and(|(at, _)| at == t) {
+                    e.heap_at = None;
+                }
+                ids.push(id);
+            }
+        }
+        let mut activity = 0;
+        for &id in &ids {
+            match self.conns.get_mut(id) {
+                Some(e) if e.round != round => e.round = round,
+                _ => continue,
+            }
+            self.looked += 1;
+            activity += self.progress(now, id);
+        }
+        self.ids = ids;
+        // Every deadline is in the heap (or was popped and looked at just now).
+        self.timers = self.heap.peek().map(|r| r.0 .0);
+        activity
+    }
+
+    /// Keep `id`'s deadline in the heap.
+    fn heap_deadline(
+        heap: &mut std::collections::BinaryHeap<std::cmp::Reverse<(Instant, ConnId)>>,
+        epoch: u64,
+        e: &mut Entry<P>,
+        id: ConnId,
+    ) {
+        if let Some(d) = e.deadline {
+            if e.heap_at != Some((d, epoch)) {
+                e.heap_at = Some((d, epoch));
+                heap.push(std::cmp::Reverse((d, id)));
+            }
+        }
     }
 
     /// [`Driver::poll`] for one connection only (an application call on it that would block,
@@ -515,6 +665,7 @@ impl<P: Provider> Driver<P> {
         let deadline = e.deadline;
         if e.ep.as_ref().is_some_and(|ep| ep.quiet()) && deadline.is_none_or(|t| t > now) {
             self.timers = earliest(self.timers, deadline);
+            Self::heap_deadline(&mut self.heap, self.heap_epoch, e, id);
             return 0;
         }
         let mut activity = 0;
@@ -619,10 +770,26 @@ impl<P: Provider> Driver<P> {
             .map(|((since, _), bound)| since + bound);
         e.deadline = earliest(e.conn.poll_timeout(), stall_bound);
         self.timers = earliest(self.timers, e.deadline);
+        Self::heap_deadline(&mut self.heap, self.heap_epoch, e, id);
+        // The next round looks at it if its endpoint has work of its own (completions left in
+        // the queue, sends waiting, an event) or nothing reports its news.
+        if !e.dirty
+            && e.ep
+                .as_ref()
+                .is_some_and(|ep| e.news.is_none() || !ep.quiet())
+        {
+            e.dirty = true;
+            self.dirty.push(id);
+        }
         if e.conn.state() == State::Closed {
             // Destroy the QP; the engine already gave its buffers back.
             if let Some(ep) = e.ep.take() {
                 e.addrs = Some((ep.local_addr(), ep.peer_addr()));
+                if let Some(t) = e.news.take() {
+                    if self.news_map.get(t) == Some(&Some(id)) {
+                        self.news_map[t] = None;
+                    }
+                }
             }
             if e.released {
                 self.conns.remove(id);

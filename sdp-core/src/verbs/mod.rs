@@ -349,6 +349,11 @@ pub trait Endpoint: Send {
     fn quiet(&self) -> bool {
         false
     }
+    /// The index under which [`Provider::take_news`] reports this endpoint, if the provider
+    /// reports it there (`None`: it must be looked at in every round).
+    fn news_token(&self) -> Option<usize> {
+        None
+    }
     /// Passive side: accept the connect request with our private data.
     fn accept(&mut self, private_data: &[u8]) -> Result<(), VerbsError>;
     /// Passive side: refuse the connect request.
@@ -447,6 +452,18 @@ pub trait Provider: Send + Sync {
     /// notification at the next completion or event on every endpoint and listener.
     fn arm(&self) -> Result<(), VerbsError> {
         Ok(())
+    }
+    /// Append the [`Endpoint::news_token`]s of endpoints something may have happened to since
+    /// they were last polled (a peer's change, activity on their socket that [`arm`] saw), so
+    /// that a round of progress can look at those alone; an endpoint that is not
+    /// [`Endpoint::quiet`] for its own reasons (queued completions, sends or events) is the
+    /// caller's to remember. A token may be reported needlessly, never missed. `false`: the
+    /// provider cannot tell, every endpoint must be looked at (the default).
+    ///
+    /// [`arm`]: Provider::arm
+    fn take_news(&self, out: &mut Vec<usize>) -> bool {
+        let _ = out;
+        false
     }
     /// Whether the device went away (RDMA: a `DEVICE_REMOVAL` event on any of the provider's
     /// CM ids). Every endpoint and listener of it is dead (each reports

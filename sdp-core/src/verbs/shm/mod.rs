@@ -387,6 +387,11 @@ struct Inner {
     bells_fd: OwnedFd,
     regs: RwLock<Regs>,
     ctls: Mutex<slab::Slab<Weak<Ctl>>>,
+    /// Tokens whose socket epoll reported in `arm` (their `Ctl::hint` set), for `take_news`.
+    hinted: Mutex<Vec<usize>>,
+    /// One more than the highest token ever handed out (the slab reuses the lowest free ones):
+    /// `take_news` looks at the bells below it.
+    tokens_high: AtomicUsize,
     rnr_waiting: AtomicUsize,
     next_port: AtomicU32,
     refused_uid: AtomicU64,
@@ -469,6 +474,7 @@ impl Inner {
 
     fn add_ctl(&self, ctl: &Arc<Ctl>, fd: Option<(RawFd, bool)>) -> Result<usize, VerbsError> {
         let token = self.ctls.lock().insert(Arc::downgrade(ctl));
+        self.tokens_high.fetch_max(token + 1, Ordering::Relaxed);
         if let Some((fd, edge)) = fd {
             if let Err(e) = sys::epoll_add(self.epoll.as_fd(), fd, token as u64 + TOKEN_BASE, edge)
             {
@@ -722,6 +728,8 @@ impl ShmProvider {
                     salt,
                 }),
                 ctls: Mutex::new(slab::Slab::new()),
+                hinted: Mutex::new(Vec::new()),
+                tokens_high: AtomicUsize::new(0),
                 rnr_waiting: AtomicUsize::new(0),
                 next_port: AtomicU32::new(sys::getpid_now() as u32),
                 refused_uid: AtomicU64::new(0),
@@ -1319,15 +1327,19 @@ impl Provider for ShmProvider {
         let inner = &self.inner;
         sys::eventfd_drain(inner.evfd.as_fd());
         let ctls = inner.ctls.lock();
+        let mut hinted = inner.hinted.lock();
         sys::epoll_drain(inner.epoll.as_fd(), |tok| match tok {
             TOKEN_EVFD => sys::eventfd_drain(inner.evfd.as_fd()),
             TOKEN_TIMER => sys::eventfd_drain(inner.timer.as_fd()),
             t => {
-                if let Some(c) = ctls.get((t - TOKEN_BASE) as usize).and_then(Weak::upgrade) {
+                let token = (t - TOKEN_BASE) as usize;
+                if let Some(c) = ctls.get(token).and_then(Weak::upgrade) {
                     c.hint.store(true, Ordering::Relaxed);
+                    hinted.push(token);
                 }
             }
         });
+        drop(hinted);
         drop(ctls);
         // One flag for every connection: the first peer to ring a bell after it writes the
         // eventfd. (Stored only when taken: peers read it at each of their sends.)
@@ -1340,6 +1352,20 @@ impl Provider for ShmProvider {
             sys::timerfd_set(inner.timer.as_fd(), 10_000_000);
         }
         Ok(())
+    }
+
+    fn take_news(&self, out: &mut Vec<usize>) -> bool {
+        // Every rung bell (a peer's change to that connection since its owner last looked:
+        // one pass over the bells of the tokens handed out), then the sockets `arm` saw.
+        let bells = &self.inner.bells;
+        let high = self.inner.tokens_high.load(Ordering::Relaxed).min(NBELLS);
+        for token in 0..high {
+            if bells.u32(B_BASE + 4 * token).load(Ordering::Acquire) != 0 {
+                out.push(token);
+            }
+        }
+        out.append(&mut self.inner.hinted.lock());
+        true
     }
 }
 
@@ -2552,6 +2578,10 @@ impl Endpoint for ShmEndpoint {
     fn poll_cq(&mut self, out: &mut [Completion]) -> usize {
         self.progress();
         self.poll_inline(out)
+    }
+
+    fn news_token(&self) -> Option<usize> {
+        bell_off(self.token).map(|_| self.token)
     }
 
     fn quiet(&self) -> bool {
