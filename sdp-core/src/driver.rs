@@ -556,8 +556,9 @@ impl<P: Provider> Driver<P> {
         let recent = self
             .last_full
             .is_some_and(|t| now.saturating_since(t) < FULL_ROUND_EVERY);
+        // (Asked every round, so what the provider keeps for the report never piles up.)
         self.news.clear();
-        if recent && self.provider.take_news(&mut self.news) {
+        if self.provider.take_news(&mut self.news) && recent {
             return activity + self.poll_news(now);
         }
         self.last_full = Some(now);

@@ -1334,8 +1334,11 @@ impl Provider for ShmProvider {
             t => {
                 let token = (t - TOKEN_BASE) as usize;
                 if let Some(c) = ctls.get(token).and_then(Weak::upgrade) {
-                    c.hint.store(true, Ordering::Relaxed);
-                    hinted.push(token);
+                    // Once until the endpoint looks (`poll_cm` takes the hint back): the list
+                    // holds each token at most once.
+                    if !c.hint.swap(true, Ordering::Relaxed) {
+                        hinted.push(token);
+                    }
                 }
             }
         });
