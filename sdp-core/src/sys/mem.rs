@@ -110,22 +110,18 @@ impl Mapping {
     }
 
     /// Copy bytes out of the mapping (checked bounds).
+    #[cfg(feature = "rdma")]
     pub fn read_bytes(&self, off: usize, dst: &mut [u8]) {
-        assert!(off.checked_add(dst.len()).is_some_and(|e| e <= self.len));
-        // SAFETY: the source range is inside the mapping, the destination is a live slice;
-        // they cannot overlap (the slice is not inside a shared ring we copy from).
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
-        }
+        // SAFETY: the destination is a live slice, which cannot be inside the mapping (the
+        // mapping is never lent out as a Rust slice).
+        unsafe { self.read_to_addr(off, dst.as_mut_ptr() as u64, dst.len()) }
     }
 
     /// Copy bytes into the mapping (checked bounds).
+    #[cfg(feature = "rdma")]
     pub fn write_bytes(&self, off: usize, src: &[u8]) {
-        assert!(off.checked_add(src.len()).is_some_and(|e| e <= self.len));
-        // SAFETY: the destination range is inside the mapping, the source is a live slice.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), src.len())
-        }
+        // SAFETY: the source is a live slice, not inside the mapping (as above).
+        unsafe { self.write_from_addr(off, src.as_ptr() as u64, src.len()) }
     }
 
     /// Copy `len` bytes from our address `addr` into the mapping at `off` (checked bounds on
@@ -213,6 +209,7 @@ impl RawBuf {
 ///
 /// # Safety
 /// `addr..addr + dst.len()` must be mapped and readable for the duration of the call.
+#[cfg(test)]
 pub unsafe fn copy_from_addr(addr: u64, dst: &mut [u8]) {
     // SAFETY: the caller guarantees the source range; the destination is a live slice.
     unsafe { std::ptr::copy(addr as usize as *const u8, dst.as_mut_ptr(), dst.len()) }
@@ -223,6 +220,7 @@ pub unsafe fn copy_from_addr(addr: u64, dst: &mut [u8]) {
 /// # Safety
 /// `addr..addr + src.len()` must be mapped, writable and not referenced by any Rust reference
 /// for the duration of the call.
+#[cfg(test)]
 pub unsafe fn copy_to_addr(addr: u64, src: &[u8]) {
     // SAFETY: the caller guarantees the destination range.
     unsafe { std::ptr::copy(src.as_ptr(), addr as usize as *mut u8, src.len()) }

@@ -1613,6 +1613,20 @@ fn publish_slot(
     }
 }
 
+/// Copy a SEND's local memory (its SGE, then the gathered payload) into the peer's inbox `ib`
+/// at `at`, where the slot's inline bytes or the inline ring put it.
+///
+/// # Safety
+/// Every local range of `wr` must lie in a live registration (the registrations' read lock
+/// held), never in `ib`.
+unsafe fn gather_into(ib: &Mapping, mut at: usize, wr: &SendWr) {
+    for s in [wr.sge, wr.payload].into_iter().flatten() {
+        // SAFETY: the caller's contract.
+        unsafe { ib.write_from_addr(at, s.addr, s.len as usize) };
+        at += s.len as usize;
+    }
+}
+
 /// Room for a SEND of `len` bytes in the peer's inline ring, if it is one the ring takes and
 /// the owner has taken back enough of what we put there: (offset in the ring, ring bytes it
 /// takes). A message never wraps: one that would is put at the ring's start, and the end it
@@ -1803,26 +1817,13 @@ impl ShmEndpoint {
                 } else if len > rlen {
                     (ST_LEN_ERR, Err(WcStatus::Other(WC_REM_INV_REQ_ERR)))
                 } else if len as usize <= INLINE_MAX {
-                    let mut tmp = [0u8; INLINE_MAX];
-                    let mut at = 0;
-                    for s in [wr.sge, wr.payload].into_iter().flatten() {
-                        let n = s.len as usize;
-                        // SAFETY: `s` lies inside a live registration (checked above under
-                        // the read lock we still hold; deregistration takes the write lock).
-                        unsafe { sys::copy_from_addr(s.addr, &mut tmp[at..at + n]) };
-                        at += n;
-                    }
-                    ib.write_bytes(base + S_INLINE, &tmp[..len as usize]);
+                    // SAFETY: the local ranges lie inside live registrations (checked above
+                    // under the read lock we still hold; deregistration takes the write lock).
+                    unsafe { gather_into(ib, base + S_INLINE, wr) };
                     (ST_INLINE, Ok(()))
                 } else if let Some((off, used)) = ring_alloc(peer, &mut self.ring_head, len) {
-                    let mut at = ring_base(peer.nslots) + off;
-                    for s in [wr.sge, wr.payload].into_iter().flatten() {
-                        let n = s.len as usize;
-                        // SAFETY: `s` lies inside a live registration (checked above under
-                        // the read lock we still hold), which is never the peer's inbox.
-                        unsafe { ib.write_from_addr(at, s.addr, n) };
-                        at += n;
-                    }
+                    // SAFETY: as for the inline copy just above.
+                    unsafe { gather_into(ib, ring_base(peer.nslots) + off, wr) };
                     ib.u32(base + S_RING_OFF)
                         .store(off as u32, Ordering::Relaxed);
                     ib.u32(base + S_RING_USED).store(used, Ordering::Relaxed);
@@ -2095,11 +2096,9 @@ impl ShmEndpoint {
                         && result <= wr.sge.len
                         && regs.check(&wr.sge, Access::LOCAL_WRITE)
                     {
-                        let mut tmp = [0u8; INLINE_MAX];
-                        self.inbox.read_bytes(base + S_INLINE, &mut tmp[..n]);
                         // SAFETY: the receive buffer is inside a live registration with
-                        // LOCAL_WRITE (checked under the read lock we hold).
-                        unsafe { sys::copy_to_addr(wr.sge.addr, &tmp[..n]) };
+                        // LOCAL_WRITE (checked under the read lock we hold), never our inbox.
+                        unsafe { self.inbox.read_to_addr(base + S_INLINE, wr.sge.addr, n) };
                         true
                     } else {
                         false
