@@ -39,6 +39,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -196,6 +197,8 @@ struct ListenEntry<P: Provider> {
     /// Requests refused, with why (for diagnostics and tests; the latest [`MAX_REFUSED`]).
     refused: Vec<ConnError>,
     stats: ListenStats,
+    /// `Listener::handed_off` at the last round.
+    handed_seen: u64,
 }
 
 /// Requests refused for another reason than a full queue, kept for [`Driver::refused`].
@@ -212,6 +215,8 @@ pub struct ListenStats {
     pub overflows: u64,
     /// Connections aborted because nobody accepted them within `Config::unaccepted_timeout`.
     pub timed_out: u64,
+    /// Requests handed to other processes ([`Driver::set_handoff`]).
+    pub handed_off: u64,
 }
 
 /// Identifies a listener in a [`Driver`].
@@ -393,7 +398,42 @@ impl<P: Provider> Driver<P> {
             limit: (backlog as usize).saturating_add(1),
             refused: Vec::new(),
             stats: ListenStats::default(),
+            handed_seen: 0,
         })))
+    }
+
+    /// A listener on `addr` that takes only requests handed over by another process sharing
+    /// a listener there ([`Driver::adopt`]); as [`Driver::listen`] otherwise.
+    pub fn listen_adopted(
+        &mut self,
+        addr: SocketAddr,
+        backlog: u32,
+    ) -> Result<ListenerId, DriverError> {
+        let listener = self.provider.listen_adopted(addr, backlog, self.caps)?;
+        Ok(ListenerId(self.listeners.insert(ListenEntry {
+            listener,
+            queue: Default::default(),
+            limit: (backlog as usize).saturating_add(1),
+            refused: Vec::new(),
+            stats: ListenStats::default(),
+            handed_seen: 0,
+        })))
+    }
+
+    /// Answer a request another process's listener handed off (`Listener::set_handoff`): it
+    /// joins `l`'s queue as its own.
+    pub fn adopt(&mut self, l: ListenerId, request: OwnedFd) -> Result<(), DriverError> {
+        let e = self.listeners.get_mut(l.0).ok_or(DriverError::BadId)?;
+        e.listener.adopt(request)?;
+        Ok(())
+    }
+
+    /// From now on `l` hands every request, unanswered, down `to` for other processes sharing
+    /// the listener to answer; [`ListenStats::handed_off`] counts them.
+    pub fn set_handoff(&mut self, l: ListenerId, to: OwnedFd) -> Result<(), DriverError> {
+        let e = self.listeners.get_mut(l.0).ok_or(DriverError::BadId)?;
+        e.listener.set_handoff(to)?;
+        Ok(())
     }
 
     pub fn listener_addr(&self, l: ListenerId) -> Option<SocketAddr> {
@@ -434,6 +474,7 @@ impl<P: Provider> Driver<P> {
         Some(ListenStats {
             queued: e.queue.len(),
             ready,
+            handed_off: e.listener.handed_off(),
             ..e.stats
         })
     }
@@ -513,6 +554,10 @@ impl<P: Provider> Driver<P> {
             activity += self.tend_queue(now, lid);
             while let Some(le) = self.listeners.get_mut(lid) {
                 let Some((mut ep, pd)) = le.listener.poll_request() else {
+                    // Requests handed to other processes are news for the bell.
+                    let handed = le.listener.handed_off();
+                    activity += (handed - le.handed_seen) as usize;
+                    le.handed_seen = handed;
                     break;
                 };
                 activity += 1;

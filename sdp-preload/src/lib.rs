@@ -158,6 +158,19 @@ extern "C" fn fork_prepare() {
             }
         }
     }
+    // Listeners become shared: whichever process accepts an SDP client sets it up itself.
+    for (fd, s) in table::listeners() {
+        if let Sock::Listener(l) = &*s {
+            match l.share() {
+                Ok(()) => log(format_args!(
+                    "fork: listening fd {fd} is shared, the process that accepts sets SDP up"
+                )),
+                Err(e) => log(format_args!(
+                    "fork: listening fd {fd} now serves kernel TCP only ({e})"
+                )),
+            }
+        }
+    }
     drop(g);
     table::lock_for_fork();
 }
@@ -176,6 +189,7 @@ extern "C" fn fork_parent() {
 
 extern "C" fn fork_child() {
     PID.store(std::process::id(), Ordering::Relaxed);
+    report::forget_inherited();
     let gone = table::unlock_after_fork();
     let _g = Internal::enter();
     drop(gone);
@@ -1641,7 +1655,7 @@ fn before_spawn(extra: &[c_int]) {
             }
         }
     }
-    let gone = table::take_listeners(inherited);
+    let gone = table::take_listeners(|fd, _| inherited(fd));
     if !gone.is_empty() {
         log(format_args!(
             "spawn: {} listening socket(s) inherited by the child now serve kernel TCP only",

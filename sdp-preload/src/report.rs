@@ -54,6 +54,17 @@ pub(crate) fn of_stream(role: &'static str, s: &AppStream) -> Record {
 }
 
 /// Remember a finished socket for the report.
+/// In a forked child: the parent's finished sockets are the parent's to report.
+pub(crate) fn forget_inherited() {
+    if DONE.is_locked() {
+        // SAFETY: only the forking thread runs in the child; a holder of the lock was another
+        // thread of the parent (fork came amid its push), which the child does not have, so
+        // nothing here uses the guarded list.
+        unsafe { DONE.force_unlock() };
+    }
+    DONE.lock().clear();
+}
+
 pub(crate) fn push(r: Record) {
     if wanted() {
         DONE.lock().push(r);

@@ -167,25 +167,35 @@ pub(crate) fn lock_for_fork() {
     std::mem::forget(MAP.write());
 }
 
-/// After fork(), in both processes: let the table go again, then take every listener out (the
-/// kernel TCP socket stays): a listening socket two processes share is served by kernel TCP
-/// only, since an SDP connection cannot be handed between processes. Returns them to drop.
+/// Every listener the process holds (to share them before fork).
+pub(crate) fn listeners() -> Vec<(i32, Arc<Sock>)> {
+    MAP.read().as_ref().map_or(Vec::new(), |m| {
+        m.iter()
+            .filter(|(_, (s, _))| matches!(**s, Sock::Listener(_)))
+            .map(|(fd, (s, _))| (*fd, s.clone()))
+            .collect()
+    })
+}
+
+/// After fork(), in both processes: let the table go again, then take out every listener that
+/// could not be shared (`AppListener::share`; the kernel TCP socket stays, served by kernel
+/// TCP only from now on). Returns them to drop.
 pub(crate) fn unlock_after_fork() -> Vec<Arc<Sock>> {
     // SAFETY: this thread took the write lock in `lock_for_fork` and forgot the guard.
     unsafe { MAP.force_unlock_write() };
-    take_listeners(|_| true)
+    take_listeners(|_, s| !matches!(s, Sock::Listener(l) if l.is_shared()))
 }
 
-/// Take out the listeners whose fd `pick` chooses (the kernel TCP socket stays, served by
-/// kernel TCP only from now on). Returns them to drop.
-pub(crate) fn take_listeners(pick: impl Fn(i32) -> bool) -> Vec<Arc<Sock>> {
+/// Take out the listeners that `pick` chooses (the kernel TCP socket stays, served by kernel
+/// TCP only from now on). Returns them to drop.
+pub(crate) fn take_listeners(pick: impl Fn(i32, &Sock) -> bool) -> Vec<Arc<Sock>> {
     let mut m = MAP.write();
     let Some(map) = m.as_mut() else {
         return Vec::new();
     };
     let fds: Vec<i32> = map
         .iter()
-        .filter(|(fd, (s, _))| matches!(**s, Sock::Listener(_)) && pick(**fd))
+        .filter(|(fd, (s, _))| matches!(**s, Sock::Listener(_)) && pick(**fd, s))
         .map(|(fd, _)| *fd)
         .collect();
     let mut out = Vec::new();

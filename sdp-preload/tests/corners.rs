@@ -117,3 +117,33 @@ fn connection_refused_falls_back_to_tcp_and_reports_why() {
     let _ = std::fs::remove_file(&report);
     let _ = std::fs::remove_file(&prog);
 }
+
+/// A listener shared by fork: each worker that accepts sets its SDP connection up itself (a
+/// request handed over by the listener's process), and the listener's own process still
+/// accepts over SDP after a child that ignored the listener exited. Before shared listeners,
+/// every one of these connections fell back to kernel TCP.
+#[test]
+fn prefork_workers_accept_over_sdp() {
+    let prog = build_c("corners", "prefork");
+    let report = std::env::temp_dir().join(format!("sdp-report-p-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&report);
+    let tcp = run(&prog, Some("prefork"), false, None);
+    let sdp = run(&prog, Some("prefork"), true, Some(&report));
+    assert!(tcp.contains("prefork done, client exit 0"), "{tcp}");
+    assert_eq!(
+        tcp, sdp,
+        "transcripts differ: kernel TCP first, shim second"
+    );
+    let lines = std::fs::read_to_string(&report).unwrap_or_default();
+    let servers: std::collections::HashSet<String> = lines
+        .lines()
+        .filter(|l| l.contains("\"role\":\"server\"") && l.contains("\"transport\":\"shm\""))
+        .filter(|l| l.contains("\"bytes_in\":200000"))
+        .map(|l| l.split(',').next().unwrap_or_default().to_string())
+        .collect();
+    // Three server sockets over shm, in three processes (two workers and the parent).
+    assert_eq!(servers.len(), 3, "report:\n{lines}");
+    assert!(!lines.contains("\"transport\":\"tcp\""), "report:\n{lines}");
+    let _ = std::fs::remove_file(&report);
+    let _ = std::fs::remove_file(&prog);
+}

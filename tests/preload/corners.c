@@ -103,8 +103,8 @@ static void await(int fd) { char c; CHECK(read(fd, &c, 1) == 1); }
 /* Fork the peer: it runs `peer(sock)` on a connected socket and exits. The parent gets the
  * accepted socket. */
 static pid_t start(void (*peer)(int), int *accepted) {
-    /* Fork first, then listen, and tell the peer the address through a pipe: a listening
-     * socket shared by a fork is served by kernel TCP only under the shim (docs/preload.md). */
+    /* Fork first, then listen, and tell the peer the address through a pipe: the listener
+     * stays this process's own (a shared one is the prefork case's). */
     int addr_pipe[2];
     CHECK(pipe(p2c) == 0 && pipe(c2p) == 0 && pipe(addr_pipe) == 0);
     pid_t pid = fork();
@@ -626,6 +626,123 @@ static void case_fork_ignore(void) {
     }
     out("fork-ignore parent read end %zd", r);
     finish(pid, s);
+}
+
+/* Serve one connection of a shared listener: read until EOF, answer with the count and a sum
+ * of what came, close. */
+static void serve_one(int l, const char *who) {
+    int c = accept(l, NULL, NULL);
+    CHECK(c >= 0);
+    char b[65536];
+    ssize_t r;
+    unsigned long n = 0, sum = 0;
+    while ((r = read(c, b, sizeof b)) > 0) {
+        for (ssize_t i = 0; i < r; i++)
+            sum = sum * 31 + (unsigned char)b[i];
+        n += r;
+    }
+    CHECK(r == 0);
+    char reply[128];
+    int k = snprintf(reply, sizeof reply, "%s got %lu bytes sum %lu", who, n, sum);
+    CHECK(write(c, reply, k) == k);
+    close(c);
+}
+
+/* A client of the prefork case: 200,000 bytes, half-close, print the answer. */
+static void prefork_client(const struct sockaddr_in *a, int seed) {
+    int s = dial(a);
+    static char b[200000];
+    for (size_t i = 0; i < sizeof b; i++)
+        b[i] = (char)(i * 7 + seed);
+    size_t off = 0;
+    while (off < sizeof b) {
+        ssize_t w = write(s, b + off, sizeof b - off);
+        CHECK(w > 0);
+        off += w;
+    }
+    CHECK(shutdown(s, SHUT_WR) == 0);
+    char r[128];
+    ssize_t k, got = 0;
+    while ((k = read(s, r + got, sizeof r - 1 - got)) > 0)
+        got += k;
+    r[got] = 0;
+    out("prefork client %d: %s", seed, r);
+    close(s);
+}
+
+/* A listener shared by fork (nginx, prefork servers): two workers each accept one client, then
+ * the listener's own process accepts one after a child that ignored it exited (redis BGSAVE). */
+static void case_prefork(void) {
+    struct sockaddr_in a;
+    int l = listener(&a);
+    pid_t w[2];
+    for (int i = 0; i < 2; i++) {
+        w[i] = fork();
+        CHECK(w[i] >= 0);
+        if (w[i] == 0) {
+            serve_one(l, "a worker");
+            _exit(0);
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        prefork_client(&a, i + 1);
+    for (int i = 0; i < 2; i++) {
+        int st;
+        CHECK(waitpid(w[i], &st, 0) == w[i]);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    pid_t ignore = fork();
+    CHECK(ignore >= 0);
+    if (ignore == 0)
+        _exit(0);
+    CHECK(waitpid(ignore, NULL, 0) == ignore);
+    pid_t c = fork();
+    CHECK(c >= 0);
+    if (c == 0) {
+        prefork_client(&a, 3);
+        _exit(0);
+    }
+    serve_one(l, "the parent");
+    int st;
+    CHECK(waitpid(c, &st, 0) == c);
+    out("prefork done, client exit %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    close(l);
+}
+
+/* A shared listener whose process accepts only after 1.5 s: the client's connect and write
+ * complete before (over TCP the kernel queues them; under the shim the client falls back to
+ * kernel TCP once nobody took its SDP request for a second), and its bytes arrive whole. */
+static void case_shared_late_accept(void) {
+    struct sockaddr_in a;
+    int l = listener(&a);
+    pid_t ignore = fork();
+    CHECK(ignore >= 0);
+    if (ignore == 0)
+        _exit(0);
+    CHECK(waitpid(ignore, NULL, 0) == ignore);
+    pid_t c = fork();
+    CHECK(c >= 0);
+    if (c == 0) {
+        int s = dial(&a);
+        out("late client connected");
+        CHECK(write(s, "early bytes", 11) == 11);
+        CHECK(shutdown(s, SHUT_WR) == 0);
+        char b[16];
+        _exit(read(s, b, sizeof b) == 0 ? 0 : 1);
+    }
+    usleep(1500000);
+    int s = accept(l, NULL, NULL);
+    CHECK(s >= 0);
+    char b[32];
+    ssize_t r, n = 0;
+    while ((r = read(s, b + n, sizeof b - n)) > 0)
+        n += r;
+    out("late accept read %.*s", (int)n, b);
+    close(s);
+    int st;
+    CHECK(waitpid(c, &st, 0) == c);
+    out("late client exit %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    close(l);
 }
 
 /* The child program of the spawn cases (`corners serve-fd N`): serve the socket on fd N. */
@@ -1170,6 +1287,8 @@ int main(int argc, char **argv) {
     RUN(linger_exit);
     RUN(fork_serve);
     RUN(fork_ignore);
+    RUN(prefork);
+    RUN(shared_late_accept);
     RUN(spawn_serve);
     RUN(splice);
     RUN(vfork_exec);

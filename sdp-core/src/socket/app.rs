@@ -385,14 +385,170 @@ impl BellShared {
 /// A doorbell the application accepted from the kernel, its SDP connection to be taken with
 /// [`AppListener::take_claimed`]. Dropping it untaken gives its count back.
 pub struct BellClaim {
-    shared: Arc<BellShared>,
+    /// `None`: a doorbell for a request handed off (a shared listener's; see [`Handoff`]).
+    shared: Option<Arc<BellShared>>,
 }
 
 impl Drop for BellClaim {
     fn drop(&mut self) {
-        let mut b = self.shared.bells.lock();
+        let Some(shared) = &self.shared else { return };
+        let mut b = shared.bells.lock();
         b.in_hand = b.in_hand.saturating_sub(1);
-        BellShared::top_up(&mut b, self.shared.target);
+        BellShared::top_up(&mut b, shared.target);
+    }
+}
+
+/// Slots of a shared listener's doorbell table (each a `u32`: 0, or `BELL_LIVE | port`); slot
+/// 0 counts the live ones.
+const HANDOFF_SLOTS: usize = 4096;
+const BELL_LIVE: u32 = 1 << 16;
+/// How long a process that took a handed-off request waits for the connector's part of the
+/// setup (a local round trip; a connector that died meanwhile is never handed out).
+const ADOPT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A listener shared by processes (after fork: a prefork server's workers, nginx's): any of
+/// them may accept, so none can set SDP connections up before its `accept` (the memory and
+/// fds of a connection belong to one process). The listener's creator (the *owner*) hands
+/// every SDP request, unanswered, into `queue` (a seqpacket pair all holders inherit) and
+/// rings a doorbell for it, whose port it writes into `table` (a shared page all holders
+/// inherit) before connecting. The process whose `accept` gets the doorbell finds the port
+/// there, takes a request from the queue (they are interchangeable, as doorbells are) and
+/// answers it on its own stack, so the connection is its own from the start; the connector
+/// learns which process answered from the kernel's credentials on the answer.
+struct Handoff {
+    table: sys::Mapping,
+    /// The queue's receiving end (its sending end is the owner's listener's).
+    rx: OwnedFd,
+    /// This process's adopting listener (made at the first request it takes) and the process
+    /// it was made in (a forked child makes its own).
+    adopted: Mutex<Option<(u32, Stack, ListenerId)>>,
+    /// The owner's doorbells for handed requests, by slot, until the slot is cleared (the
+    /// taker claimed it): then our end closes.
+    rung: Mutex<Vec<(usize, OwnedFd)>>,
+    target: SocketAddr,
+    local: SocketAddr,
+    backlog: u32,
+}
+
+impl Handoff {
+    fn new(target: SocketAddr, local: SocketAddr, backlog: u32) -> io::Result<(Handoff, OwnedFd)> {
+        let mem = sys::memfd_sized("sdp-doorbells", HANDOFF_SLOTS * 4)?;
+        let table = sys::Mapping::map(std::os::fd::AsFd::as_fd(&mem), HANDOFF_SLOTS * 4, true)?;
+        let (tx, rx) = sys::seqpacket_pair()?;
+        Ok((
+            Handoff {
+                table,
+                rx,
+                adopted: Mutex::new(None),
+                rung: Mutex::new(Vec::new()),
+                target,
+                local,
+                backlog,
+            },
+            tx,
+        ))
+    }
+
+    fn slot(&self, i: usize) -> &std::sync::atomic::AtomicU32 {
+        self.table.u32(i * 4)
+    }
+
+    /// Owner: ring a doorbell for each of `n` requests just handed off (a loopback connect
+    /// whose port is in the table before the connect starts); close the doorbells claimed.
+    fn ring(&self, n: usize) {
+        use std::sync::atomic::Ordering::{AcqRel, Relaxed};
+        let mut rung = self.rung.lock();
+        rung.retain(|(i, _)| self.slot(*i).load(Relaxed) != 0);
+        for _ in 0..n {
+            let Ok(fd) = sys::tcp_socket_bound(SocketAddr::new(self.target.ip(), 0)) else {
+                return;
+            };
+            let _ = sys::set_linger_zero(fd.as_raw_fd());
+            let Ok(local) = sys::local_addr_of(fd.as_raw_fd()) else {
+                return;
+            };
+            let v = BELL_LIVE | local.port() as u32;
+            let start = 1 + local.port() as usize % (HANDOFF_SLOTS - 1);
+            let Some(i) = (0..HANDOFF_SLOTS - 1)
+                .map(|k| 1 + (start - 1 + k) % (HANDOFF_SLOTS - 1))
+                .find(|&i| self.slot(i).compare_exchange(0, v, AcqRel, Relaxed).is_ok())
+            else {
+                // Table full: the request waits in the queue for another doorbell's taker.
+                return;
+            };
+            self.slot(0).fetch_add(1, AcqRel);
+            if sys::connect_nb(fd.as_raw_fd(), self.target).is_err() {
+                if self.slot(i).compare_exchange(v, 0, AcqRel, Relaxed).is_ok() {
+                    self.slot(0).fetch_sub(1, AcqRel);
+                }
+                return;
+            }
+            rung.push((i, fd));
+        }
+    }
+
+    /// Whether a connection accepted from `peer` is one of the owner's doorbells; if so it is
+    /// claimed (cleared from the table: claimed once, by one process).
+    fn claim(&self, peer: SocketAddr) -> bool {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+        if peer.ip() != self.target.ip() || self.slot(0).load(Acquire) == 0 {
+            return false;
+        }
+        let v = BELL_LIVE | peer.port() as u32;
+        let start = 1 + peer.port() as usize % (HANDOFF_SLOTS - 1);
+        for k in 0..HANDOFF_SLOTS - 1 {
+            let i = 1 + (start - 1 + k) % (HANDOFF_SLOTS - 1);
+            if self.slot(i).load(Relaxed) == v
+                && self.slot(i).compare_exchange(v, 0, AcqRel, Relaxed).is_ok()
+            {
+                self.slot(0).fetch_sub(1, AcqRel);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Take a handed-off request from the queue and answer it on this process's own stack;
+    /// the connection once set up (`None` if the request or its connector went away).
+    fn take(
+        &self,
+        nonblocking: bool,
+        cloexec: bool,
+    ) -> Option<io::Result<(AppStream, OwnedFd, SocketAddr)>> {
+        let mut buf = [0u8; 8];
+        let request = match sys::recv_msg(std::os::fd::AsFd::as_fd(&self.rx), &mut buf) {
+            sys::Recv::Msg(_, fds) => fds.into_iter().next()?,
+            _ => return None,
+        };
+        let (stack, l) = match self.adopting() {
+            Ok(x) => x,
+            Err(e) => return Some(Err(e)),
+        };
+        if let Err(e) = stack.0.adopt(l, request) {
+            return Some(Err(e));
+        }
+        let w = super::runtime::Wait {
+            nonblocking: false,
+            timeout: Some(ADOPT_WAIT),
+            ..Default::default()
+        };
+        let (id, peer) = stack.0.accept(l, w).ok()?;
+        Some(AppStream::accepted(stack, id, nonblocking, cloexec).map(|(s, fd)| (s, fd, peer)))
+    }
+
+    /// This process's adopting listener, made at the first call.
+    fn adopting(&self) -> io::Result<(Stack, ListenerId)> {
+        let pid = std::process::id();
+        let mut a = self.adopted.lock();
+        if let Some((p, s, l)) = a.as_ref() {
+            if *p == pid && s.0.alive() {
+                return Ok((s.clone(), *l));
+            }
+        }
+        let s = Stack::shm()?;
+        let l = s.0.listen_adopted(self.local, self.backlog)?;
+        *a = Some((pid, s.clone(), l));
+        Ok((s, l))
     }
 }
 
@@ -416,6 +572,10 @@ pub struct AppListener {
     backlog: u32,
     /// The stacks were chosen here: one whose device went away is made anew when it is back.
     own_stacks: bool,
+    /// The process that made it (its stacks are that process's).
+    pid: u32,
+    /// Shared with other processes ([`AppListener::share`]).
+    handoff: OnceLock<Arc<Handoff>>,
 }
 
 /// One SDP listener of an [`AppListener`] (its index is its doorbell count's).
@@ -447,6 +607,13 @@ impl Drop for AppListener {
     fn drop(&mut self) {
         for sub in self.sdp.get_mut().iter() {
             sub.stack.0.close_listener(sub.id);
+        }
+        if let Some(h) = self.handoff.get() {
+            if let Some((pid, s, l)) = h.adopted.lock().take() {
+                if pid == std::process::id() {
+                    s.0.close_listener(l);
+                }
+            }
         }
     }
 }
@@ -498,7 +665,52 @@ impl AppListener {
             local,
             backlog,
             own_stacks: opts.stack.is_none(),
+            pid: std::process::id(),
+            handoff: OnceLock::new(),
         })
+    }
+
+    /// The listener is about to be shared with other processes (fork): from now on every
+    /// process holding it may accept SDP clients (see [`Handoff`]). Only SDP over shm can go
+    /// to another process; other transports' listeners close here (their clients fall back
+    /// to kernel TCP). An error leaves it unshared (the caller serves it by kernel TCP only).
+    pub fn share(&self) -> io::Result<()> {
+        if self.handoff.get().is_some() {
+            return Ok(());
+        }
+        if self.pid != std::process::id() {
+            return Err(io::Error::other("not the listener's own process"));
+        }
+        let mut subs = self.sdp.lock();
+        let Some(i) = subs
+            .iter()
+            .position(|s| s.stack.transport() == Transport::Shm && s.retry_at.is_none())
+        else {
+            return Err(io::Error::other("no SDP listener that can be shared"));
+        };
+        let (h, tx) = Handoff::new(self.shared.target, self.local, self.backlog)?;
+        let h = Arc::new(h);
+        let ringer = h.clone();
+        let sub = &subs[i];
+        sub.stack
+            .0
+            .set_handoff(sub.id, tx, Arc::new(move |n| ringer.ring(n)))?;
+        let _ = self.handoff.set(h);
+        for (k, sub) in subs.iter().enumerate() {
+            if k != i {
+                sub.stack.0.close_listener(sub.id);
+                self.shared.set_ready(k, 0);
+            }
+        }
+        let keep = subs.swap_remove(i);
+        subs.clear();
+        subs.push(keep);
+        Ok(())
+    }
+
+    /// Whether the listener is shared with other processes ([`AppListener::share`]).
+    pub fn is_shared(&self) -> bool {
+        self.handoff.get().is_some()
     }
 
     /// The SDP transports listening.
@@ -515,6 +727,10 @@ impl AppListener {
     /// this when the application accepts a kernel TCP client: the SDP clients that came while
     /// nobody listened over SDP fell back to TCP, so they are what brings it back.
     pub fn maintain(&self) {
+        if self.pid != std::process::id() || self.is_shared() {
+            // Another process's stacks (a forked child's copy), or a shared listener.
+            return;
+        }
         let now = std::time::Instant::now();
         let mut subs = self.sdp.lock();
         for (i, sub) in subs.iter_mut().enumerate() {
@@ -550,11 +766,19 @@ impl AppListener {
     /// [`AppListener::close_doorbell`]) and takes the SDP connection with
     /// [`AppListener::take_claimed`].
     pub fn claim_doorbell(&self, peer: SocketAddr) -> Option<BellClaim> {
+        if let Some(h) = self.handoff.get() {
+            if h.claim(peer) {
+                return Some(BellClaim { shared: None });
+            }
+        }
+        if self.pid != std::process::id() {
+            return None;
+        }
         let mut b = self.shared.bells.lock();
         b.rung.remove(&peer)?;
         b.in_hand += 1;
         Some(BellClaim {
-            shared: self.shared.clone(),
+            shared: Some(self.shared.clone()),
         })
     }
 
@@ -572,6 +796,9 @@ impl AppListener {
         nonblocking: bool,
         cloexec: bool,
     ) -> Option<io::Result<(AppStream, OwnedFd, SocketAddr)>> {
+        if claim.shared.is_none() {
+            return self.handoff.get()?.take(nonblocking, cloexec);
+        }
         // The stack's accept says the new ready count (under its lock) before the claim's
         // count goes back: never a moment where the connection being taken is counted ready
         // without a doorbell counted for it.

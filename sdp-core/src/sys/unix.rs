@@ -135,6 +135,35 @@ pub fn seqpacket_listen(name: &[u8], backlog: u32) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// A connected pair of nonblocking, close-on-exec seqpacket sockets (a queue of messages
+/// with fds between processes that inherit both ends).
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid array of two ints the kernel fills in.
+    syscall!(socketpair(
+        libc::AF_UNIX,
+        libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        0,
+        fds.as_mut_ptr()
+    ))?;
+    Ok((owned(high_fd(fds[0])), owned(high_fd(fds[1]))))
+}
+
+/// SO_PASSCRED: every message received on `fd` carries its sender's credentials, as the
+/// kernel knows them ([`recv_msg_cred`]).
+pub fn set_passcred(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let one: libc::c_int = 1;
+    // SAFETY: `one` is a live c_int of the size given.
+    syscall!(setsockopt(
+        fd.as_raw_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_PASSCRED,
+        (&one as *const libc::c_int).cast(),
+        size_of::<libc::c_int>() as libc::socklen_t
+    ))?;
+    Ok(())
+}
+
 /// Connect (nonblocking) to an abstract name.
 pub fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
     let fd = seqpacket()?;
@@ -236,11 +265,18 @@ pub enum Recv {
 
 /// Receive one message (nonblocking) with the fds it carries.
 pub fn recv_msg(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Recv {
+    recv_msg_cred(fd, buf, &mut None)
+}
+
+/// [`recv_msg`], and the sender's (pid, uid) in `cred` when the message carries them
+/// (SCM_CREDENTIALS: the kernel's, on a socket with [`set_passcred`]).
+pub fn recv_msg_cred(fd: BorrowedFd<'_>, buf: &mut [u8], cred: &mut Option<(i32, u32)>) -> Recv {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    let mut cbuf = [0u64; 8];
+    // Room for four fds and one set of credentials.
+    let mut cbuf = [0u64; 12];
     // SAFETY: msghdr is plain data.
     let mut msg: libc::msghdr = unsafe { zeroed() };
     msg.msg_iov = &mut iov;
@@ -261,7 +297,7 @@ pub fn recv_msg(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Recv {
     let mut fds = Vec::new();
     // SAFETY: walking the control messages the kernel wrote into `cbuf`, within
     // msg_controllen; each SCM_RIGHTS payload holds (cmsg_len - CMSG_LEN(0)) / 4 fds that are
-    // now ours.
+    // now ours, an SCM_CREDENTIALS one a ucred (its length checked).
     unsafe {
         let mut cm = libc::CMSG_FIRSTHDR(&msg);
         while !cm.is_null() {
@@ -271,6 +307,13 @@ pub fn recv_msg(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Recv {
                 for i in 0..bytes / size_of::<RawFd>() {
                     fds.push(owned(p.add(i).read_unaligned()));
                 }
+            } else if (*cm).cmsg_level == libc::SOL_SOCKET
+                && (*cm).cmsg_type == libc::SCM_CREDENTIALS
+                && (*cm).cmsg_len as usize
+                    >= libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize
+            {
+                let c = (libc::CMSG_DATA(cm) as *const libc::ucred).read_unaligned();
+                *cred = Some((c.pid, c.uid));
             }
             cm = libc::CMSG_NXTHDR(&msg, cm);
         }

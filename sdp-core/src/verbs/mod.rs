@@ -370,6 +370,28 @@ pub trait Listener: Send {
     /// The next connect request: a new endpoint (not yet accepted) and the peer's private data.
     fn poll_request(&mut self) -> Option<(Self::Endpoint, Vec<u8>)>;
     fn local_addr(&self) -> SocketAddr;
+    /// Hand every request from now on, unanswered, to whichever process takes it from `to`
+    /// (a seqpacket socket whose other end processes sharing the listener hold: a forked
+    /// worker's [`Listener::adopt`] answers it). Providers whose requests cannot move between
+    /// processes refuse.
+    fn set_handoff(&mut self, to: std::os::fd::OwnedFd) -> Result<(), VerbsError> {
+        let _ = to;
+        Err(VerbsError::Invalid(
+            "this provider cannot hand requests to another process",
+        ))
+    }
+    /// Requests handed off so far ([`Listener::set_handoff`]).
+    fn handed_off(&self) -> u64 {
+        0
+    }
+    /// Answer a request another process's listener handed off (from its queue): it comes out
+    /// of [`Listener::poll_request`] as this listener's own.
+    fn adopt(&mut self, request: std::os::fd::OwnedFd) -> Result<(), VerbsError> {
+        let _ = request;
+        Err(VerbsError::Invalid(
+            "this provider cannot adopt another process's requests",
+        ))
+    }
 }
 
 /// A device context with its protection domain and connection manager.
@@ -426,6 +448,19 @@ pub trait Provider: Send + Sync {
         backlog: u32,
         caps: QpCaps,
     ) -> Result<Self::Listener, VerbsError>;
+    /// A listener for `addr` that takes no requests of its own, only those other processes
+    /// sharing a listener on `addr` hand it ([`Listener::adopt`]).
+    fn listen_adopted(
+        &self,
+        addr: SocketAddr,
+        backlog: u32,
+        caps: QpCaps,
+    ) -> Result<Self::Listener, VerbsError> {
+        let _ = (addr, backlog, caps);
+        Err(VerbsError::Invalid(
+            "this provider cannot adopt another process's requests",
+        ))
+    }
     /// Start connecting to `dst` with our private data; `Established` or an error follows as a
     /// CM event on the endpoint.
     fn connect(

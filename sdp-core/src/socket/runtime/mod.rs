@@ -99,6 +99,13 @@ pub(crate) trait StackOps: Send + Sync {
         wait_room: bool,
     ) -> io::Result<ConnId>;
     fn listen(&self, addr: SocketAddr, backlog: u32) -> io::Result<ListenerId>;
+    /// A listener that answers only requests other processes hand it ([`StackOps::adopt`]).
+    fn listen_adopted(&self, addr: SocketAddr, backlog: u32) -> io::Result<ListenerId>;
+    /// Answer a request another process's listener handed off.
+    fn adopt(&self, l: ListenerId, request: OwnedFd) -> io::Result<()>;
+    /// From now on hand every request of `l` down `to`, unanswered, and ring `bell` with how
+    /// many went at each round that handed some.
+    fn set_handoff(&self, l: ListenerId, to: OwnedFd, bell: Bell) -> io::Result<()>;
     fn listener_addr(&self, l: ListenerId) -> Option<SocketAddr>;
     /// The next connection of the listener, and its peer's address.
     fn accept(&self, l: ListenerId, w: Wait) -> io::Result<(ConnId, SocketAddr)>;
@@ -242,6 +249,9 @@ struct LSock {
     /// Told how many connections are ready to accept whenever that is recomputed (the shim's
     /// doorbell for a listener whose application fd is a kernel TCP socket).
     bell: Option<Bell>,
+    /// Told how many requests went to other processes at each round that handed some
+    /// ([`StackOps::set_handoff`]), with the count told so far.
+    handoff_bell: Option<(Bell, u64)>,
 }
 
 impl LSock {
@@ -748,7 +758,16 @@ impl<P: Provider + 'static> Shared<P> {
             ..
         } = g;
         for (lid, ls) in lsocks.iter_mut() {
-            ls.set_ready(driver.listen_stats(*lid).map_or(0, |s| s.ready));
+            let Some(st) = driver.listen_stats(*lid) else {
+                continue;
+            };
+            ls.set_ready(st.ready);
+            if let Some((bell, told)) = ls.handoff_bell.as_mut() {
+                if st.handed_off > *told {
+                    bell((st.handed_off - *told) as usize);
+                    *told = st.handed_off;
+                }
+            }
         }
         // Only the connections something happened to: the others are as the last round left
         // them (a busy server's idle connections cost nothing here).

@@ -32,6 +32,32 @@ impl<P: Provider + 'static> Runtime<P> {
         g.socks.remove(&id);
         g.driver.close(now, id);
     }
+
+    fn listen_with(&self, addr: SocketAddr, backlog: u32, adopted: bool) -> io::Result<ListenerId> {
+        let mut g = self.lock()?;
+        // As listen(2): the kernel caps the backlog at somaxconn.
+        let backlog = backlog.min(sys::somaxconn());
+        let l = if adopted {
+            g.driver.listen_adopted(addr, backlog)
+        } else {
+            g.driver.listen(addr, backlog)
+        }
+        .map_err(driver_err)?;
+        g.lsocks.insert(
+            l,
+            LSock {
+                fd_given: false,
+                ready: ReadyFd::new()?,
+                bell: None,
+                handoff_bell: None,
+            },
+        );
+        // Make the listener's readiness fd unwritable: only POLLIN means something.
+        if let Some(ls) = g.lsocks.get_mut(&l) {
+            ls.ready.set(false, false, false);
+        }
+        Ok(l)
+    }
 }
 
 impl<P: Provider + 'static> StackOps for Runtime<P> {
@@ -75,23 +101,38 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     }
 
     fn listen(&self, addr: SocketAddr, backlog: u32) -> io::Result<ListenerId> {
+        self.listen_with(addr, backlog, false)
+    }
+
+    fn listen_adopted(&self, addr: SocketAddr, backlog: u32) -> io::Result<ListenerId> {
+        self.listen_with(addr, backlog, true)
+    }
+
+    fn adopt(&self, l: ListenerId, request: OwnedFd) -> io::Result<()> {
         let mut g = self.lock()?;
-        // As listen(2): the kernel caps the backlog at somaxconn.
-        let backlog = backlog.min(sys::somaxconn());
-        let l = g.driver.listen(addr, backlog).map_err(driver_err)?;
-        g.lsocks.insert(
-            l,
-            LSock {
-                fd_given: false,
-                ready: ReadyFd::new()?,
-                bell: None,
-            },
-        );
-        // Make the listener's readiness fd unwritable: only POLLIN means something.
-        if let Some(ls) = g.lsocks.get_mut(&l) {
-            ls.ready.set(false, false, false);
+        g.driver.adopt(l, request).map_err(driver_err)?;
+        drop(g);
+        // Its connect request is news for the next round.
+        sys::eventfd_signal(&self.sh.wake);
+        Ok(())
+    }
+
+    fn set_handoff(&self, l: ListenerId, to: OwnedFd, bell: Bell) -> io::Result<()> {
+        let mut g = self.lock()?;
+        g.driver.set_handoff(l, to).map_err(driver_err)?;
+        let told = g.driver.listen_stats(l).map_or(0, |s| s.handed_off);
+        let ls = g
+            .lsocks
+            .get_mut(&l)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        ls.handoff_bell = Some((bell.clone(), told));
+        // Requests taken before and handed now.
+        if told > 0 {
+            bell(told as usize);
         }
-        Ok(l)
+        drop(g);
+        sys::eventfd_signal(&self.sh.wake);
+        Ok(())
     }
 
     fn listener_addr(&self, l: ListenerId) -> Option<SocketAddr> {

@@ -172,6 +172,13 @@ const RTU_EXIT_WAIT: std::time::Duration = std::time::Duration::from_millis(100)
 const M_DISC: u8 = 5;
 /// After the handshake: the sender's direct-wakeup socket (one fd; `give_direct_wake`).
 const M_WAKE: u8 = 6;
+/// Listener to connector: the request went, unanswered, to the processes sharing the listener
+/// (after fork); the ACC comes from the one that accepts it (`HANDED_WAIT`).
+const M_HND: u8 = 7;
+/// How long a connector whose request was handed on waits for a process to accept it before
+/// it gives up as refused (so the application falls back to kernel TCP, where its connect
+/// would have completed at once and waited in the backlog).
+const HANDED_WAIT_MS: u64 = 1000;
 /// 2: fds only after the sender probed the other side (REQ none, ACC the acceptor's, RTU the
 /// connector's). 3: a fourth fd, the bell page, and the sender's bell.
 /// 4: the inline ring after the slots (`RING_LEN`).
@@ -1182,13 +1189,44 @@ impl Provider for ShmProvider {
             inner: self.inner.clone(),
             _ctl: ctl,
             token,
-            sock,
+            sock: Some(sock),
             addr: SocketAddr::new(ip, port),
             caps,
             tcp,
             half: VecDeque::new(),
             backlog: backlog.clamp(1, 4096) as usize,
             last_check: Instant::now(),
+            handoff: None,
+            handed: 0,
+        })
+    }
+
+    fn listen_adopted(
+        &self,
+        addr: SocketAddr,
+        backlog: u32,
+        caps: QpCaps,
+    ) -> Result<ShmListener, VerbsError> {
+        let ctl = Arc::new(Ctl {
+            hint: AtomicBool::new(false),
+            inbox: None,
+            nslots: 0,
+            peer: OnceLock::new(),
+        });
+        let token = self.inner.add_ctl(&ctl, None)?;
+        Ok(ShmListener {
+            inner: self.inner.clone(),
+            _ctl: ctl,
+            token,
+            sock: None,
+            addr: SocketAddr::new(normalize(addr.ip()), addr.port()),
+            caps,
+            tcp: None,
+            half: VecDeque::new(),
+            backlog: backlog.clamp(1, 4096) as usize,
+            last_check: Instant::now(),
+            handoff: None,
+            handed: 0,
         })
     }
 
@@ -1272,9 +1310,11 @@ impl Provider for ShmProvider {
         match sys::peer_cred(sock.as_fd()) {
             Ok((pid, uid)) if uid == self.inner.uid => match Proc::of_peer(sock.as_fd(), pid) {
                 Ok(p) => {
+                    // The listener's process: the acceptor unless it hands the request to
+                    // another process sharing the listener (then its ACC says who: `check_socket`).
+                    // `ctl.peer` is set when the ACC came.
                     let p = self.inner.shared_proc(p);
                     ep.peer_pid = pid;
-                    let _ = ep.ctl.peer.set(p.clone());
                     ep.peer_proc = Some(p);
                 }
                 Err(_) => {
@@ -1306,7 +1346,9 @@ impl Provider for ShmProvider {
             pd: private_data,
         });
         // No fds yet: they go once both sides proved they reach each other (M_PRB, M_FDS).
-        if sys::send_msg(sock.as_fd(), &m, &[]).is_err() {
+        // The ACC's sender is known by the kernel's credentials on it.
+        if sys::set_passcred(sock.as_fd()).is_err() || sys::send_msg(sock.as_fd(), &m, &[]).is_err()
+        {
             ep.state = QpState::Error;
             ep.cm.push_back(CmEvent::Rejected {
                 private_data: Vec::new(),
@@ -1514,6 +1556,8 @@ pub struct ShmEndpoint {
     cm: VecDeque<CmEvent>,
     /// When the peer's socket was last checked (`sys::coarse_ms`).
     last_check_ms: u64,
+    /// Connector: when the listener said it handed our request on (`M_HND`); 0: it did not.
+    handed_ms: u64,
     /// Generation of our last shared copy (`assist`).
     assist_gen: u32,
     /// The first queued send's shared copy, waiting for the peer's chunks.
@@ -1729,6 +1773,7 @@ impl ShmEndpoint {
             cq: VecDeque::new(),
             cm: VecDeque::new(),
             last_check_ms: sys::coarse_ms(),
+            handed_ms: 0,
             assist_gen: 0,
             copying: None,
         })
@@ -2293,7 +2338,8 @@ impl ShmEndpoint {
             let Some(sock) = self.sock.as_ref() else {
                 return;
             };
-            match sys::recv_msg(sock.as_fd(), &mut buf) {
+            let mut cred = None;
+            match sys::recv_msg_cred(sock.as_fd(), &mut buf, &mut cred) {
                 Recv::Empty => return,
                 Recv::Eof => {
                     self.sock = None;
@@ -2324,7 +2370,7 @@ impl ShmEndpoint {
                                 self.abort_connect();
                                 return;
                             }
-                            let Some(proc) = self.peer_proc.clone() else {
+                            let Some(proc) = self.acceptor(cred) else {
                                 self.abort_connect();
                                 return;
                             };
@@ -2348,6 +2394,9 @@ impl ShmEndpoint {
                                     return;
                                 }
                             }
+                        }
+                        (QpState::Connecting, M_HND) => {
+                            self.handed_ms = sys::coarse_ms().max(1);
                         }
                         (QpState::Connecting, M_REJ) => {
                             self.state = QpState::Error;
@@ -2411,6 +2460,27 @@ impl ShmEndpoint {
                 }
             }
         }
+    }
+
+    /// Connector: the process that sent the ACC (its credentials, `cred`, as the kernel gave
+    /// them). The listener's own process as a rule; another process of ours that shares the
+    /// listener (a forked worker) when the listener handed it our request: then ours only if
+    /// it runs as our user. `ctl.peer` names it from now on.
+    fn acceptor(&mut self, cred: Option<(i32, u32)>) -> Option<Arc<Proc>> {
+        let proc = match (cred, self.peer_proc.clone()) {
+            (Some((pid, _)), Some(p)) if pid == p.pid() => p,
+            (Some((pid, uid)), _) if uid == self.inner.uid && pid > 0 => {
+                let p = Proc::open(pid).ok().filter(|p| p.alive())?;
+                let p = self.inner.shared_proc(p);
+                self.peer_pid = pid;
+                self.peer_proc = Some(p.clone());
+                p
+            }
+            (Some(_), _) => return None,
+            (None, p) => p?,
+        };
+        let _ = self.ctl.peer.set(proc.clone());
+        Some(proc)
     }
 
     /// Connector: the RTU, with our three fds (sent once we probed the acceptor's memory).
@@ -2627,6 +2697,18 @@ impl Endpoint for ShmEndpoint {
                 self.last_check_ms = now;
                 self.check_socket();
             }
+            if self.state == QpState::Connecting
+                && self.handed_ms != 0
+                && now.saturating_sub(self.handed_ms) > HANDED_WAIT_MS
+            {
+                // Nobody accepted it: our close tells whoever takes the request later.
+                self.sock = None;
+                self.state = QpState::Error;
+                self.cm.push_back(CmEvent::Rejected {
+                    private_data: b"SDP shm: the listener is shared and no process accepted us within 1 s".to_vec(),
+                    consumer: true,
+                });
+            }
         }
         self.cm.pop_front()
     }
@@ -2748,12 +2830,26 @@ struct Half {
     since: Instant,
 }
 
-/// A listening endpoint: an abstract Unix socket named after the address and port.
+/// Send a request (a rendezvous connection, its connect request unread) to the process that
+/// will answer it; its queue full: refuse it as a full listen queue. Whether it went.
+fn hand_off(q: BorrowedFd<'_>, s: OwnedFd) -> bool {
+    send_simple(&s, M_HND, false, &[]);
+    let sent = sys::send_msg(q, b"H", &[s.as_fd()]).is_ok();
+    if !sent {
+        send_simple(&s, M_REJ, true, crate::verbs::REJECT_QUEUE_FULL.as_bytes());
+    }
+    // Our copy goes: the process that answers holds the only one (its exit is what the
+    // connector sees).
+    sent
+}
+
+/// A listening endpoint: an abstract Unix socket named after the address and port (none for
+/// a listener that only adopts requests another process's listener handed over).
 pub struct ShmListener {
     inner: Arc<Inner>,
     _ctl: Arc<Ctl>,
     token: usize,
-    sock: OwnedFd,
+    sock: Option<OwnedFd>,
     addr: SocketAddr,
     caps: QpCaps,
     tcp: Option<OwnedFd>,
@@ -2761,6 +2857,10 @@ pub struct ShmListener {
     backlog: usize,
     /// When the rendezvous socket was last looked at.
     last_check: Instant,
+    /// Requests go there unanswered (`Listener::set_handoff`).
+    handoff: Option<OwnedFd>,
+    /// Requests handed off so far.
+    handed: u64,
 }
 
 impl std::fmt::Debug for ShmListener {
@@ -2789,42 +2889,53 @@ impl ShmListener {
         // at the socket when epoll reported it (the hint), else at most every LISTEN_CHECK.
         // And ask poll(2) first: a nonblocking accept(2) that finds nobody still allocates and
         // frees a socket file.
+        let Some(sock) = self.sock.as_ref().map(|s| s.as_raw_fd()) else {
+            return;
+        };
         let hint = self._ctl.hint.swap(false, Ordering::Relaxed);
         let now = Instant::now();
-        if self.half.len() >= self.backlog
+        if (self.half.len() >= self.backlog && self.handoff.is_none())
             || (!hint && now.duration_since(self.last_check) < LISTEN_CHECK)
         {
             return;
         }
         self.last_check = now;
-        if !sys::poll_readable(self.sock.as_raw_fd(), 0) {
+        if !sys::poll_readable(sock, 0) {
             return;
         }
-        while self.half.len() < self.backlog {
-            let s = match sys::accept(self.sock.as_fd()) {
-                Ok(Some(s)) => s,
-                _ => return,
+        while self.half.len() < self.backlog || self.handoff.is_some() {
+            let Some(Ok(Some(s))) = self.sock.as_ref().map(|k| sys::accept(k.as_fd())) else {
+                return;
             };
-            match sys::peer_cred(s.as_fd()) {
-                Ok((pid, uid)) if uid == self.inner.uid => {
-                    // The connector gone already (or its pid taken since): drop it.
-                    let Ok(proc) = Proc::of_peer(s.as_fd(), pid) else {
-                        continue;
-                    };
-                    self.inner.add_fd(self.token, s.as_raw_fd(), true);
-                    self.half.push_back(Half {
-                        sock: s,
-                        proc: self.inner.shared_proc(proc),
-                        since: Instant::now(),
-                    });
-                }
-                Ok((_, uid)) => {
-                    self.inner.refused_uid.fetch_add(1, Ordering::Relaxed);
-                    let reason = format!("SDP shm: peer uid {uid} refused");
-                    send_simple(&s, M_REJ, true, reason.as_bytes());
-                }
-                Err(_) => {}
+            if let Some(q) = &self.handoff {
+                self.handed += hand_off(q.as_fd(), s) as u64;
+                continue;
             }
+            self.admit(s);
+        }
+    }
+
+    /// Take a new rendezvous connection as a request to answer: one of our user's.
+    fn admit(&mut self, s: OwnedFd) {
+        match sys::peer_cred(s.as_fd()) {
+            Ok((pid, uid)) if uid == self.inner.uid => {
+                // The connector gone already (or its pid taken since): drop it.
+                let Ok(proc) = Proc::of_peer(s.as_fd(), pid) else {
+                    return;
+                };
+                self.inner.add_fd(self.token, s.as_raw_fd(), true);
+                self.half.push_back(Half {
+                    sock: s,
+                    proc: self.inner.shared_proc(proc),
+                    since: Instant::now(),
+                });
+            }
+            Ok((_, uid)) => {
+                self.inner.refused_uid.fetch_add(1, Ordering::Relaxed);
+                let reason = format!("SDP shm: peer uid {uid} refused");
+                send_simple(&s, M_REJ, true, reason.as_bytes());
+            }
+            Err(_) => {}
         }
     }
 
@@ -2931,6 +3042,47 @@ impl Listener for ShmListener {
 
     fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    fn set_handoff(&mut self, to: OwnedFd) -> Result<(), VerbsError> {
+        if self.sock.is_none() {
+            return Err(VerbsError::Invalid(
+                "an adopting listener has no requests to hand off",
+            ));
+        }
+        // Requests taken but not answered yet go too (their connect request still unread).
+        for h in std::mem::take(&mut self.half) {
+            sys::epoll_del(self.inner.epoll.as_fd(), h.sock.as_raw_fd());
+            self.handed += hand_off(to.as_fd(), h.sock) as u64;
+        }
+        self.handoff = Some(to);
+        self._ctl.hint.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn handed_off(&self) -> u64 {
+        self.handed
+    }
+
+    fn adopt(&mut self, request: OwnedFd) -> Result<(), VerbsError> {
+        if self.half.len() >= self.backlog {
+            send_simple(
+                &request,
+                M_REJ,
+                true,
+                crate::verbs::REJECT_QUEUE_FULL.as_bytes(),
+            );
+            return Err(VerbsError::Invalid("listen queue full"));
+        }
+        let fd = request.as_raw_fd();
+        if sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN).ok() != Some(libc::AF_UNIX)
+            || sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TYPE).ok()
+                != Some(libc::SOCK_SEQPACKET)
+        {
+            return Err(VerbsError::Invalid("not a rendezvous connection"));
+        }
+        self.admit(request);
+        Ok(())
     }
 }
 
