@@ -934,6 +934,14 @@ impl<P: Provider> Driver<P> {
         }
     }
 
+    /// Wait until no direct wakeup of the connection's peer is under way
+    /// ([`Endpoint::settle_direct`]).
+    pub fn settle_direct(&self, id: ConnId) {
+        if let Some(ep) = self.conns.get(id).and_then(|e| e.ep.as_ref()) {
+            ep.settle_direct();
+        }
+    }
+
     /// Whether the connection's endpoint has nothing new ([`Endpoint::quiet`]); false for an
     /// unknown id.
     pub fn endpoint_quiet(&self, id: ConnId) -> bool {

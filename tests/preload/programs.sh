@@ -182,6 +182,9 @@ prog_nginx() {
     head -c 1024 /dev/urandom >"$WORK/www/1k"
     cat >"$WORK/ng/nginx.conf" <<EOF
 daemon off;
+# Workers as the user who runs the test (started as root, nginx would run them as nobody,
+# and SDP over shm serves only processes of one user: they would fall back to kernel TCP).
+user $(id -un) $(id -gn);
 master_process on;
 worker_processes 2;
 pid $WORK/ng/nginx.pid;

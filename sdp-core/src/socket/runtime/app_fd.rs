@@ -102,6 +102,12 @@ impl<P: Provider + 'static> Runtime<P> {
                 return r;
             }
             if let Some(a) = s.app.as_mut() {
+                if a.direct {
+                    // A byte the peer is still writing for a SEND we took would land after
+                    // the take-back and make the fd readable for nothing (a level-triggered
+                    // poller's next read would get EAGAIN, which TCP never gives it).
+                    driver.settle_direct(id);
+                }
                 a.take_direct_tokens(user);
             }
             // A token taken back may announce a SEND published after our round: look again

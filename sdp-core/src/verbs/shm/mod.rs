@@ -83,6 +83,13 @@ const OFF_DIRECT: usize = 448;
 const OFF_DIRECT_BUSY: usize = 512;
 /// Longest `set_direct_wake(false, settle)` waits for a live peer's byte in flight.
 const DIRECT_SETTLE_MAX: Duration = Duration::from_millis(250);
+/// How long a read that leaves nothing to read waits for the peer's direct wakeups under way
+/// to land before it takes the tokens back (`Endpoint::settle_direct`; under the stack's lock,
+/// so short: a peer descheduled mid-wakeup may leave one token that announces nothing).
+const DIRECT_READ_SETTLE: Duration = Duration::from_micros(200);
+/// The receives consumed whose wakeup is over (written by the peer after each slot's wakeup,
+/// its direct byte written if it sent one): see `Endpoint::settle_direct`.
+const OFF_DIRECT_DONE: usize = 640;
 /// Bytes of the inbox's inline ring the owner has taken (owner writes; see [`RING_LEN`]).
 const OFF_RING_TAIL: usize = 576;
 /// Longest a deregistration waits for a peer's copy in flight whose process is alive (a peer
@@ -181,8 +188,8 @@ const M_HND: u8 = 7;
 const HANDED_WAIT_MS: u64 = 1000;
 /// 2: fds only after the sender probed the other side (REQ none, ACC the acceptor's, RTU the
 /// connector's). 3: a fourth fd, the bell page, and the sender's bell.
-/// 4: the inline ring after the slots (`RING_LEN`).
-const M_VERSION: u8 = 4;
+/// 4: the inline ring after the slots (`RING_LEN`). 5: `OFF_DIRECT_DONE`, `M_HND`.
+const M_VERSION: u8 = 5;
 const M_HDR: usize = 40;
 
 /// A busy listener looks for new connections at least this often (epoll's hint brings them at
@@ -1655,6 +1662,10 @@ fn publish_slot(
     } else {
         peer.wake();
     }
+    // This slot's wakeup is over (its byte, if any, is in the socket): an owner that took it
+    // and settles (`Endpoint::settle_direct`) before it takes tokens back never has our byte
+    // land after, announcing nothing.
+    ib.u32(OFF_DIRECT_DONE).store(*sq_tail, Ordering::Release);
 }
 
 /// Copy a SEND's local memory (its SGE, then the gathered payload) into the peer's inbox `ib`
@@ -2621,6 +2632,17 @@ impl Endpoint for ShmEndpoint {
         sys::send_msg(sock.as_fd(), &m, &[fd]).is_ok()
     }
 
+    fn settle_direct(&self) {
+        // Only the wakeups of the SENDs we took: a peer streaming more is not waited for.
+        let took = self.rq_done;
+        wait_word(
+            self.inbox.u32(OFF_DIRECT_DONE),
+            |done| done.wrapping_sub(took) as i32 >= 0,
+            self.peer_proc.as_deref(),
+            DIRECT_READ_SETTLE,
+        );
+    }
+
     fn set_direct_wake(&self, on: bool, settle: bool) {
         let sw = self.inbox.u32(OFF_DIRECT);
         if on {
@@ -2705,7 +2727,9 @@ impl Endpoint for ShmEndpoint {
                 self.sock = None;
                 self.state = QpState::Error;
                 self.cm.push_back(CmEvent::Rejected {
-                    private_data: b"SDP shm: the listener is shared and no process accepted us within 1 s".to_vec(),
+                    private_data:
+                        b"SDP shm: the listener is shared and no process accepted us within 1 s"
+                            .to_vec(),
                     consumer: true,
                 });
             }
