@@ -62,6 +62,7 @@ nginx_rps() { # MODE FILE
     [ -f "$WORK/www/1m" ] || head -c 1048576 /dev/urandom >"$WORK/www/1m"
     cat >"$WORK/ng/nginx.conf" <<EOF
 daemon off; master_process on; worker_processes 2; pid $WORK/ng/pid; error_log $WORK/ng/err;
+user $(id -un) $(id -gn);
 events { worker_connections 256; }
 http { access_log off; sendfile on; client_body_temp_path $WORK/ng/b; proxy_temp_path $WORK/ng/p;
   fastcgi_temp_path $WORK/ng/f; uwsgi_temp_path $WORK/ng/u; scgi_temp_path $WORK/ng/s;

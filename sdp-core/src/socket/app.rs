@@ -422,9 +422,9 @@ struct Handoff {
     /// This process's adopting listener (made at the first request it takes) and the process
     /// it was made in (a forked child makes its own).
     adopted: Mutex<Option<(u32, Stack, ListenerId)>>,
-    /// The owner's doorbells for handed requests, by slot, until the slot is cleared (the
-    /// taker claimed it): then our end closes.
-    rung: Mutex<Vec<(usize, OwnedFd)>>,
+    /// The owner's doorbells for handed requests, with their slot and its value, until the
+    /// slot no longer holds it (the taker claimed it): then our end closes.
+    rung: Mutex<Vec<(usize, u32, OwnedFd)>>,
     target: SocketAddr,
     local: SocketAddr,
     backlog: u32,
@@ -458,7 +458,7 @@ impl Handoff {
     fn ring(&self, n: usize) {
         use std::sync::atomic::Ordering::{AcqRel, Relaxed};
         let mut rung = self.rung.lock();
-        rung.retain(|(i, _)| self.slot(*i).load(Relaxed) != 0);
+        rung.retain(|(i, v, _)| self.slot(*i).load(Relaxed) == *v);
         for _ in 0..n {
             let Ok(fd) = sys::tcp_socket_bound(SocketAddr::new(self.target.ip(), 0)) else {
                 return;
@@ -483,7 +483,7 @@ impl Handoff {
                 }
                 return;
             }
-            rung.push((i, fd));
+            rung.push((i, v, fd));
         }
     }
 
