@@ -42,14 +42,28 @@ pub const HIGH_FD_MAX_FLOOR: i32 = 32768;
 /// (It once stopped at 1024: with a few hundred connections our fds filled the numbers above
 /// it and the application's next sockets got numbers among them, past what redis' event loop
 /// holds: its clients were accepted and never served.)
+///
+/// The limit is read again at most every `FLOOR_REFRESH_MS` (a connection's setup moves a
+/// dozen fds: a getrlimit for each was ~2% of a short connection's cost).
 pub fn high_fd_floor() -> RawFd {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    const FLOOR_REFRESH_MS: u64 = 50;
+    // The floor (low 32 bits) and when it was read (coarse ms, high 32 bits); 0: never.
+    static CACHED: AtomicU64 = AtomicU64::new(0);
+    let now = super::coarse_ms() & 0xffff_ffff;
+    let c = CACHED.load(Relaxed);
+    if c != 0 && now.wrapping_sub(c >> 32) & 0xffff_ffff < FLOOR_REFRESH_MS {
+        return c as u32 as RawFd;
+    }
     // SAFETY: an all-zero rlimit is valid; getrlimit writes into it.
     let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
         return 0;
     }
-    (r.rlim_cur / 2).min(HIGH_FD_MAX_FLOOR as libc::rlim_t) as i32
+    let floor = (r.rlim_cur / 2).min(HIGH_FD_MAX_FLOOR as libc::rlim_t) as i32;
+    CACHED.store((now << 32) | floor as u32 as u64, Relaxed);
+    floor
 }
 
 /// [`high_fd`] for an owned fd.

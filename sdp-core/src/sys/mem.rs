@@ -72,6 +72,11 @@ impl Mapping {
         })
     }
 
+    /// The length asked for when it was made.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
     pub fn ptr(&self) -> NonNull<u8> {
         self.ptr
     }
