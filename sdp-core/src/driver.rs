@@ -934,12 +934,13 @@ impl<P: Provider> Driver<P> {
         }
     }
 
-    /// Wait until no direct wakeup of the connection's peer is under way
-    /// ([`Endpoint::settle_direct`]).
-    pub fn settle_direct(&self, id: ConnId) {
-        if let Some(ep) = self.conns.get(id).and_then(|e| e.ep.as_ref()) {
-            ep.settle_direct();
-        }
+    /// A wait for the connection's peer's direct wakeups of the SENDs taken so far
+    /// ([`Endpoint::direct_settler`]), to run without the caller's locks.
+    pub fn direct_settler(&self, id: ConnId) -> Option<Box<dyn FnOnce() + Send>> {
+        self.conns
+            .get(id)
+            .and_then(|e| e.ep.as_ref())
+            .and_then(|ep| ep.direct_settler())
     }
 
     /// Whether the connection's endpoint has nothing new ([`Endpoint::quiet`]); false for an

@@ -330,10 +330,13 @@ pub trait Endpoint: Send {
     /// went by a direct wakeup only has been made known to it; with `settle`, also returns
     /// only once no byte of the peer's can arrive in the socket any more.
     fn set_direct_wake(&self, _on: bool, _settle: bool) {}
-    /// Wait (briefly) until no direct wakeup of the peer's is under way: every byte it
-    /// announced a SEND with, that SEND now visible here, is in the socket. A reader that took
-    /// every SEND and then takes the bytes back leaves none behind that announces nothing.
-    fn settle_direct(&self) {}
+    /// A wait, to run without any lock, that ends once every direct wakeup byte of the SENDs
+    /// taken so far is in the socket (or a short bound passed); `None` if there is nothing to
+    /// wait for. A reader that took every SEND and then takes the bytes back leaves none behind
+    /// that announces nothing.
+    fn direct_settler(&self) -> Option<Box<dyn FnOnce() + Send>> {
+        None
+    }
     /// Completions a post made at once (a provider that executes work requests in the
     /// caller), taken without looking for anything new from the peer (no receive is
     /// harvested): the driver hands them to the engine right after it posts. Providers whose

@@ -83,12 +83,12 @@ const OFF_DIRECT: usize = 448;
 const OFF_DIRECT_BUSY: usize = 512;
 /// Longest `set_direct_wake(false, settle)` waits for a live peer's byte in flight.
 const DIRECT_SETTLE_MAX: Duration = Duration::from_millis(250);
-/// How long a read that leaves nothing to read waits for the peer's direct wakeups under way
-/// to land before it takes the tokens back (`Endpoint::settle_direct`; under the stack's lock,
-/// so short: a peer descheduled mid-wakeup may leave one token that announces nothing).
-const DIRECT_READ_SETTLE: Duration = Duration::from_micros(200);
+/// Longest a read that leaves nothing to read waits for the peer's direct wakeups under way to
+/// land before it takes the tokens back (`Endpoint::direct_settler`, without the stack's lock:
+/// a peer descheduled longer mid-wakeup may leave one token that announces nothing).
+const DIRECT_READ_SETTLE: Duration = Duration::from_millis(5);
 /// The receives consumed whose wakeup is over (written by the peer after each slot's wakeup,
-/// its direct byte written if it sent one): see `Endpoint::settle_direct`.
+/// its direct byte written if it sent one): see `Endpoint::direct_settler`.
 const OFF_DIRECT_DONE: usize = 640;
 /// Bytes of the inbox's inline ring the owner has taken (owner writes; see [`RING_LEN`]).
 const OFF_RING_TAIL: usize = 576;
@@ -1703,7 +1703,7 @@ fn publish_slot(
         peer.wake();
     }
     // This slot's wakeup is over (its byte, if any, is in the socket): an owner that took it
-    // and settles (`Endpoint::settle_direct`) before it takes tokens back never has our byte
+    // and settles (`Endpoint::direct_settler`) before it takes tokens back never has our byte
     // land after, announcing nothing.
     ib.u32(OFF_DIRECT_DONE).store(*sq_tail, Ordering::Release);
 }
@@ -2672,15 +2672,22 @@ impl Endpoint for ShmEndpoint {
         sys::send_msg(sock.as_fd(), &m, &[fd]).is_ok()
     }
 
-    fn settle_direct(&self) {
+    fn direct_settler(&self) -> Option<Box<dyn FnOnce() + Send>> {
         // Only the wakeups of the SENDs we took: a peer streaming more is not waited for.
         let took = self.rq_done;
-        wait_word(
-            self.inbox.u32(OFF_DIRECT_DONE),
-            |done| done.wrapping_sub(took) as i32 >= 0,
-            self.peer_proc.as_deref(),
-            DIRECT_READ_SETTLE,
-        );
+        let past = move |done: u32| done.wrapping_sub(took) as i32 >= 0;
+        if past(self.inbox.u32(OFF_DIRECT_DONE).load(Ordering::Acquire)) {
+            return None;
+        }
+        let (inbox, peer) = (self.inbox.clone(), self.peer_proc.clone());
+        Some(Box::new(move || {
+            wait_word(
+                inbox.u32(OFF_DIRECT_DONE),
+                past,
+                peer.as_deref(),
+                DIRECT_READ_SETTLE,
+            );
+        }))
     }
 
     fn set_direct_wake(&self, on: bool, settle: bool) {
