@@ -147,3 +147,30 @@ fn prefork_workers_accept_over_sdp() {
     let _ = std::fs::remove_file(&report);
     let _ = std::fs::remove_file(&prog);
 }
+
+/// A listener whose creator exits after the fork (a daemon's parent; nginx with `daemon on`):
+/// the child that serves it takes it over at its first kernel TCP client (the one that came
+/// while nobody listened over SDP), and the clients after that are SDP again. Before the
+/// take-over every one fell back to kernel TCP.
+#[test]
+fn an_orphaned_shared_listener_is_taken_over() {
+    let prog = build_c("corners", "orphan");
+    let report = std::env::temp_dir().join(format!("sdp-report-o-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&report);
+    let tcp = run(&prog, Some("orphan_listener"), false, None);
+    let sdp = run(&prog, Some("orphan_listener"), true, Some(&report));
+    assert!(tcp.contains("orphan listener done"), "{tcp}");
+    assert_eq!(
+        tcp, sdp,
+        "transcripts differ: kernel TCP first, shim second"
+    );
+    let lines = std::fs::read_to_string(&report).unwrap_or_default();
+    let shm_servers = lines
+        .lines()
+        .filter(|l| l.contains("\"role\":\"server\"") && l.contains("\"transport\":\"shm\""))
+        .filter(|l| l.contains("\"bytes_in\":200000"))
+        .count();
+    assert!(shm_servers >= 2, "report:\n{lines}");
+    let _ = std::fs::remove_file(&report);
+    let _ = std::fs::remove_file(&prog);
+}

@@ -709,6 +709,37 @@ static void case_prefork(void) {
     close(l);
 }
 
+/* A listener whose creator exits after the fork (a daemon's parent, nginx with `daemon on`):
+ * its child serves every client. Under the shim the first falls back to kernel TCP (nobody
+ * listens over SDP any more) and the child takes the listener over: the others are SDP. */
+static void case_orphan_listener(void) {
+    int ap[2];
+    CHECK(pipe(ap) == 0);
+    pid_t m = fork();
+    CHECK(m >= 0);
+    if (m == 0) {
+        struct sockaddr_in a;
+        int l = listener(&a);
+        pid_t w = fork();
+        CHECK(w >= 0);
+        if (w == 0) {
+            for (int i = 0; i < 3; i++)
+                serve_one(l, "the orphan");
+            _exit(0);
+        }
+        CHECK(write(ap[1], &a, sizeof a) == sizeof a);
+        _exit(0);
+    }
+    struct sockaddr_in a;
+    CHECK(read(ap[0], &a, sizeof a) == sizeof a);
+    CHECK(waitpid(m, NULL, 0) == m);
+    for (int i = 0; i < 3; i++)
+        prefork_client(&a, 10 + i);
+    close(ap[0]);
+    close(ap[1]);
+    out("orphan listener done");
+}
+
 /* A shared listener whose process accepts only after 1.5 s: the client's connect and write
  * complete before (over TCP the kernel queues them; under the shim the client falls back to
  * kernel TCP once nobody took its SDP request for a second), and its bytes arrive whole. */
@@ -1354,6 +1385,7 @@ int main(int argc, char **argv) {
     RUN(fork_ignore);
     RUN(prefork);
     RUN(shared_late_accept);
+    RUN(orphan_listener);
     RUN(spawn_serve);
     RUN(splice);
     RUN(vfork_exec);

@@ -398,6 +398,10 @@ impl Drop for BellClaim {
     }
 }
 
+/// A listener of this process's own stack, with the pid it was made in (a forked child's copy
+/// is its parent's).
+type OwnListener = (u32, Stack, ListenerId);
+
 /// Slots of a shared listener's doorbell table (each a `u32`: 0, or `BELL_LIVE | port`); slot
 /// 0 counts the live ones.
 const HANDOFF_SLOTS: usize = 4096;
@@ -419,9 +423,15 @@ struct Handoff {
     table: sys::Mapping,
     /// The queue's receiving end (its sending end is the owner's listener's).
     rx: OwnedFd,
+    /// A copy of the queue's sending end every holder has: once the owner is gone, the holder
+    /// that takes the listener over hands requests with it ([`AppListener::maintain`]).
+    tx: OwnedFd,
+    /// This process's own rendezvous listener if it took the listener over (with the pid it
+    /// did so in), and when it last tried.
+    taken_over: Mutex<(Option<OwnListener>, Option<std::time::Instant>)>,
     /// This process's adopting listener (made at the first request it takes) and the process
     /// it was made in (a forked child makes its own).
-    adopted: Mutex<Option<(u32, Stack, ListenerId)>>,
+    adopted: Mutex<Option<OwnListener>>,
     /// The owner's doorbells for handed requests, with their slot and its value, until the
     /// slot no longer holds it (the taker claimed it): then our end closes.
     rung: Mutex<Vec<(usize, u32, OwnedFd)>>,
@@ -439,6 +449,8 @@ impl Handoff {
             Handoff {
                 table,
                 rx,
+                tx: sys::dup_high(tx.as_raw_fd())?,
+                taken_over: Mutex::new((None, None)),
                 adopted: Mutex::new(None),
                 rung: Mutex::new(Vec::new()),
                 target,
@@ -609,8 +621,12 @@ impl Drop for AppListener {
             sub.stack.0.close_listener(sub.id);
         }
         if let Some(h) = self.handoff.get() {
-            if let Some((pid, s, l)) = h.adopted.lock().take() {
-                if pid == std::process::id() {
+            let pid = std::process::id();
+            for (p, s, l) in [h.adopted.lock().take(), h.taken_over.lock().0.take()]
+                .into_iter()
+                .flatten()
+            {
+                if p == pid {
                     s.0.close_listener(l);
                 }
             }
@@ -726,9 +742,20 @@ impl AppListener {
     /// anew on a fresh stack once the device is back, at most every second. The shim calls
     /// this when the application accepts a kernel TCP client: the SDP clients that came while
     /// nobody listened over SDP fell back to TCP, so they are what brings it back.
+    ///
+    /// A shared listener whose owner is gone (it exited after the fork: a daemon's parent,
+    /// nginx started with `daemon on`) is taken over the same way: the first holder to accept
+    /// a kernel TCP client listens on its rendezvous name (free once the owner is gone; taken
+    /// while it lives) and hands requests to the holders from then on, itself included.
     pub fn maintain(&self) {
-        if self.pid != std::process::id() || self.is_shared() {
-            // Another process's stacks (a forked child's copy), or a shared listener.
+        if let Some(h) = self.handoff.get() {
+            if self.pid != std::process::id() {
+                self.take_over(h);
+            }
+            return;
+        }
+        if self.pid != std::process::id() {
+            // Another process's stacks (a forked child's copy).
             return;
         }
         let now = std::time::Instant::now();
@@ -759,6 +786,38 @@ impl AppListener {
                 sub.retry_at = None;
             }
         }
+    }
+
+    /// See [`AppListener::maintain`]: at most every second.
+    fn take_over(&self, h: &Arc<Handoff>) {
+        let pid = std::process::id();
+        let now = std::time::Instant::now();
+        let mut t = h.taken_over.lock();
+        if t.0
+            .as_ref()
+            .is_some_and(|(p, s, _)| *p == pid && s.0.alive())
+            || t.1
+                .is_some_and(|at| now < at + std::time::Duration::from_secs(1))
+        {
+            return;
+        }
+        t.1 = Some(now);
+        let Ok(stack) = Stack::shm() else { return };
+        // The name is taken while the owner (or a holder that took over) lives.
+        let Ok(l) = stack.0.listen(self.local, self.backlog) else {
+            return;
+        };
+        let ringer = h.clone();
+        let handed = sys::dup_high(h.tx.as_raw_fd()).and_then(|tx| {
+            stack
+                .0
+                .set_handoff(l, tx, Arc::new(move |n| ringer.ring(n)))
+        });
+        if handed.is_err() {
+            stack.0.close_listener(l);
+            return;
+        }
+        t.0 = Some((pid, stack, l));
     }
 
     /// Whether a connection accepted from the TCP listener, coming from `peer`, is one of our

@@ -66,6 +66,17 @@ pub fn high_fd_floor() -> RawFd {
     floor
 }
 
+/// A close-on-exec duplicate of `fd`, at a high number ([`high_fd`]).
+pub fn dup_high(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: duplicates an fd the caller holds; no memory is passed.
+    let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, high_fd_floor()) };
+    if d < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new fd nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(d) })
+}
+
 /// [`high_fd`] for an owned fd.
 pub(crate) fn high_owned(fd: OwnedFd) -> OwnedFd {
     use std::os::fd::IntoRawFd;
