@@ -3152,6 +3152,10 @@ impl Listener for ShmListener {
         {
             return Err(VerbsError::Invalid("not a rendezvous connection"));
         }
+        if sys::hung_up(fd) {
+            // The connector gave up waiting (`HANDED_WAIT_MS`) or died: nothing to answer.
+            return Err(VerbsError::NotConnected);
+        }
         self.admit(request);
         Ok(())
     }
