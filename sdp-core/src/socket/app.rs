@@ -385,7 +385,7 @@ impl BellShared {
 /// A doorbell the application accepted from the kernel, its SDP connection to be taken with
 /// [`AppListener::take_claimed`]. Dropping it untaken gives its count back.
 pub struct BellClaim {
-    /// `None`: a doorbell for a request handed off (a shared listener's; see [`Handoff`]).
+    /// `None`: a doorbell for a request handed off (a shared listener's; see `Handoff`).
     shared: Option<Arc<BellShared>>,
 }
 
@@ -687,7 +687,7 @@ impl AppListener {
     }
 
     /// The listener is about to be shared with other processes (fork): from now on every
-    /// process holding it may accept SDP clients (see [`Handoff`]). Only SDP over shm can go
+    /// process holding it may accept SDP clients (see `Handoff`). Only SDP over shm can go
     /// to another process; other transports' listeners close here (their clients fall back
     /// to kernel TCP). An error leaves it unshared (the caller serves it by kernel TCP only).
     pub fn share(&self) -> io::Result<()> {
