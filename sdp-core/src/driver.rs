@@ -392,14 +392,18 @@ impl<P: Provider> Driver<P> {
     /// docs; callers cap `backlog` as they see fit, the socket layer at somaxconn).
     pub fn listen(&mut self, addr: SocketAddr, backlog: u32) -> Result<ListenerId, DriverError> {
         let listener = self.provider.listen(addr, backlog, self.caps)?;
-        Ok(ListenerId(self.listeners.insert(ListenEntry {
+        Ok(self.add_listener(listener, backlog))
+    }
+
+    fn add_listener(&mut self, listener: P::Listener, backlog: u32) -> ListenerId {
+        ListenerId(self.listeners.insert(ListenEntry {
             listener,
             queue: Default::default(),
             limit: (backlog as usize).saturating_add(1),
             refused: Vec::new(),
             stats: ListenStats::default(),
             handed_seen: 0,
-        })))
+        }))
     }
 
     /// A listener on `addr` that takes only requests handed over by another process sharing
@@ -410,14 +414,7 @@ impl<P: Provider> Driver<P> {
         backlog: u32,
     ) -> Result<ListenerId, DriverError> {
         let listener = self.provider.listen_adopted(addr, backlog, self.caps)?;
-        Ok(ListenerId(self.listeners.insert(ListenEntry {
-            listener,
-            queue: Default::default(),
-            limit: (backlog as usize).saturating_add(1),
-            refused: Vec::new(),
-            stats: ListenStats::default(),
-            handed_seen: 0,
-        })))
+        Ok(self.add_listener(listener, backlog))
     }
 
     /// Answer a request another process's listener handed off (`Listener::set_handoff`): it

@@ -648,6 +648,16 @@ static void serve_one(int l, const char *who) {
     close(c);
 }
 
+/* A child that ignores the listener it inherits and exits (redis' BGSAVE): the listener is
+ * shared from then on. */
+static void fork_and_ignore(void) {
+    pid_t ignore = fork();
+    CHECK(ignore >= 0);
+    if (ignore == 0)
+        _exit(0);
+    CHECK(waitpid(ignore, NULL, 0) == ignore);
+}
+
 /* A client of the prefork case: 200,000 bytes, half-close, print the answer. */
 static void prefork_client(const struct sockaddr_in *a, int seed) {
     int s = dial(a);
@@ -691,11 +701,7 @@ static void case_prefork(void) {
         CHECK(waitpid(w[i], &st, 0) == w[i]);
         CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     }
-    pid_t ignore = fork();
-    CHECK(ignore >= 0);
-    if (ignore == 0)
-        _exit(0);
-    CHECK(waitpid(ignore, NULL, 0) == ignore);
+    fork_and_ignore();
     pid_t c = fork();
     CHECK(c >= 0);
     if (c == 0) {
@@ -746,11 +752,7 @@ static void case_orphan_listener(void) {
 static void case_shared_late_accept(void) {
     struct sockaddr_in a;
     int l = listener(&a);
-    pid_t ignore = fork();
-    CHECK(ignore >= 0);
-    if (ignore == 0)
-        _exit(0);
-    CHECK(waitpid(ignore, NULL, 0) == ignore);
+    fork_and_ignore();
     pid_t c = fork();
     CHECK(c >= 0);
     if (c == 0) {
