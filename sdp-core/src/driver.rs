@@ -217,6 +217,8 @@ pub struct ListenStats {
     pub timed_out: u64,
     /// Requests handed to other processes ([`Driver::set_handoff`]).
     pub handed_off: u64,
+    /// Requests taken in whose connect request has not come yet (not in `queued`).
+    pub unanswered: usize,
 }
 
 /// Identifies a listener in a [`Driver`].
@@ -472,6 +474,7 @@ impl<P: Provider> Driver<P> {
             queued: e.queue.len(),
             ready,
             handed_off: e.listener.handed_off(),
+            unanswered: e.listener.unanswered(),
             ..e.stats
         })
     }

@@ -409,6 +409,8 @@ const BELL_LIVE: u32 = 1 << 16;
 /// How long a process that took a handed-off request waits for the connector's part of the
 /// setup (a local round trip; a connector that died meanwhile is never handed out).
 const ADOPT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How often that wait looks whether the setup is still under way.
+const ADOPT_SLICE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// A listener shared by processes (after fork: a prefork server's workers, nginx's): any of
 /// them may accept, so none can set SDP connections up before its `accept` (the memory and
@@ -539,12 +541,21 @@ impl Handoff {
         if let Err(e) = stack.0.adopt(l, request) {
             return Some(Err(e));
         }
+        // Until it is set up, or nothing is under way any more (the connector went away), or
+        // ADOPT_WAIT passed.
+        let start = std::time::Instant::now();
         let w = super::runtime::Wait {
             nonblocking: false,
-            timeout: Some(ADOPT_WAIT),
+            timeout: Some(ADOPT_SLICE),
             ..Default::default()
         };
-        let (id, peer) = stack.0.accept(l, w).ok()?;
+        let (id, peer) = loop {
+            match stack.0.accept(l, w) {
+                Ok(x) => break x,
+                Err(_) if start.elapsed() < ADOPT_WAIT && stack.0.listener_busy(l) => {}
+                Err(_) => return None,
+            }
+        };
         Some(AppStream::accepted(stack, id, nonblocking, cloexec).map(|(s, fd)| (s, fd, peer)))
     }
 

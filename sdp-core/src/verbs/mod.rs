@@ -391,6 +391,10 @@ pub trait Listener: Send {
     fn handed_off(&self) -> u64 {
         0
     }
+    /// Requests taken in but not yet answered (their connect request still to come).
+    fn unanswered(&self) -> usize {
+        0
+    }
     /// Answer a request another process's listener handed off (from its queue): it comes out
     /// of [`Listener::poll_request`] as this listener's own.
     fn adopt(&mut self, request: std::os::fd::OwnedFd) -> Result<(), VerbsError> {

@@ -103,6 +103,9 @@ pub(crate) trait StackOps: Send + Sync {
     fn listen_adopted(&self, addr: SocketAddr, backlog: u32) -> io::Result<ListenerId>;
     /// Answer a request another process's listener handed off.
     fn adopt(&self, l: ListenerId, request: OwnedFd) -> io::Result<()>;
+    /// Whether the listener has connections being set up, ready, or requests taken in and
+    /// not answered yet (an accept may still get one).
+    fn listener_busy(&self, l: ListenerId) -> bool;
     /// From now on hand every request of `l` down `to`, unanswered, and ring `bell` with how
     /// many went at each round that handed some.
     fn set_handoff(&self, l: ListenerId, to: OwnedFd, bell: Bell) -> io::Result<()>;

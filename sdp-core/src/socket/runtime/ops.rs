@@ -117,6 +117,14 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         Ok(())
     }
 
+    fn listener_busy(&self, l: ListenerId) -> bool {
+        self.lock().ok().is_some_and(|g| {
+            g.driver
+                .listen_stats(l)
+                .is_some_and(|s| s.queued > 0 || s.unanswered > 0)
+        })
+    }
+
     fn set_handoff(&self, l: ListenerId, to: OwnedFd, bell: Bell) -> io::Result<()> {
         let mut g = self.lock()?;
         g.driver.set_handoff(l, to).map_err(driver_err)?;

@@ -3135,6 +3135,10 @@ impl Listener for ShmListener {
         self.handed
     }
 
+    fn unanswered(&self) -> usize {
+        self.half.len()
+    }
+
     fn adopt(&mut self, request: OwnedFd) -> Result<(), VerbsError> {
         if self.half.len() >= self.backlog {
             send_simple(
