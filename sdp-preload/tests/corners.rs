@@ -7,6 +7,15 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The cases run one at a time: several at once on a small host deschedule their processes
+/// for milliseconds, longer than the shim waits for a peer's wakeup byte under way (a read
+/// after one that long may see the fd readable for nothing, which `level_triggered` counts).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The shim library cargo built for this test run. `cargo test` builds the library (a cdylib
 /// too) as a dependency of this test into `target/<profile>/deps/` and does not copy it up to
 /// `target/<profile>/` (only `cargo build` does), so the one beside this test's binary is the
@@ -67,6 +76,7 @@ fn run(prog: &Path, case: Option<&str>, preload: bool, report: Option<&Path>) ->
 
 #[test]
 fn corner_cases_match_kernel_tcp() {
+    let _serial = serial();
     let prog = build_c("corners", "all");
     let report = std::env::temp_dir().join(format!("sdp-report-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&report);
@@ -101,6 +111,7 @@ fn corner_cases_match_kernel_tcp() {
 
 #[test]
 fn connection_refused_falls_back_to_tcp_and_reports_why() {
+    let _serial = serial();
     let prog = build_c("corners", "errors");
     let report = std::env::temp_dir().join(format!("sdp-report-e-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&report);
@@ -124,6 +135,7 @@ fn connection_refused_falls_back_to_tcp_and_reports_why() {
 /// every one of these connections fell back to kernel TCP.
 #[test]
 fn prefork_workers_accept_over_sdp() {
+    let _serial = serial();
     let prog = build_c("corners", "prefork");
     let report = std::env::temp_dir().join(format!("sdp-report-p-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&report);
@@ -154,6 +166,7 @@ fn prefork_workers_accept_over_sdp() {
 /// take-over every one fell back to kernel TCP.
 #[test]
 fn an_orphaned_shared_listener_is_taken_over() {
+    let _serial = serial();
     let prog = build_c("corners", "orphan");
     let report = std::env::temp_dir().join(format!("sdp-report-o-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&report);
