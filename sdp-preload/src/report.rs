@@ -53,7 +53,6 @@ pub(crate) fn of_stream(role: &'static str, s: &AppStream) -> Record {
     }
 }
 
-/// Remember a finished socket for the report.
 /// In a forked child: the parent's finished sockets are the parent's to report.
 pub(crate) fn forget_inherited() {
     if DONE.is_locked() {
@@ -65,6 +64,7 @@ pub(crate) fn forget_inherited() {
     DONE.lock().clear();
 }
 
+/// Remember a finished socket for the report.
 pub(crate) fn push(r: Record) {
     if wanted() {
         DONE.lock().push(r);

@@ -152,14 +152,19 @@ pub(crate) fn remove(fd: i32) -> Option<Arc<Sock>> {
     m.as_mut()?.remove(&fd).map(|(s, _)| s)
 }
 
-/// Every SDP stream the process holds (for reports and exit).
-pub(crate) fn streams() -> Vec<(i32, Arc<Sock>)> {
+/// The sockets `pick` chooses, with their fds.
+fn pick(pick: impl Fn(&Sock) -> bool) -> Vec<(i32, Arc<Sock>)> {
     MAP.read().as_ref().map_or(Vec::new(), |m| {
         m.iter()
-            .filter(|(_, (s, _))| matches!(**s, Sock::Stream(..)))
+            .filter(|(_, (s, _))| pick(s))
             .map(|(fd, (s, _))| (*fd, s.clone()))
             .collect()
     })
+}
+
+/// Every SDP stream the process holds (for reports and exit).
+pub(crate) fn streams() -> Vec<(i32, Arc<Sock>)> {
+    pick(|s| matches!(s, Sock::Stream(..)))
 }
 
 /// Before fork(): hold the table so the child gets it in a consistent state.
@@ -169,12 +174,7 @@ pub(crate) fn lock_for_fork() {
 
 /// Every listener the process holds (to share them before fork).
 pub(crate) fn listeners() -> Vec<(i32, Arc<Sock>)> {
-    MAP.read().as_ref().map_or(Vec::new(), |m| {
-        m.iter()
-            .filter(|(_, (s, _))| matches!(**s, Sock::Listener(_)))
-            .map(|(fd, (s, _))| (*fd, s.clone()))
-            .collect()
-    })
+    pick(|s| matches!(s, Sock::Listener(_)))
 }
 
 /// After fork(), in both processes: let the table go again, then take out every listener that

@@ -74,21 +74,39 @@ fn run(prog: &Path, case: Option<&str>, preload: bool, report: Option<&Path>) ->
     text
 }
 
-#[test]
-fn corner_cases_match_kernel_tcp() {
-    let _serial = serial();
-    let prog = build_c("corners", "all");
-    let report = std::env::temp_dir().join(format!("sdp-report-{}.jsonl", std::process::id()));
+/// Run `case` (all cases: `None`) over kernel TCP and under the shim, require the same
+/// transcript, and return it with the shim's report (its JSON lines).
+fn differential(case: Option<&str>, tag: &str) -> (String, String) {
+    let prog = build_c("corners", tag);
+    let report =
+        std::env::temp_dir().join(format!("sdp-report-{tag}-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&report);
-    let tcp = run(&prog, None, false, None);
-    let sdp = run(&prog, None, true, Some(&report));
-    assert!(tcp.ends_with("done\n"), "{tcp}");
+    let tcp = run(&prog, case, false, None);
+    let sdp = run(&prog, case, true, Some(&report));
+    let lines = std::fs::read_to_string(&report).unwrap_or_default();
+    let _ = std::fs::remove_file(&report);
+    let _ = std::fs::remove_file(&prog);
     assert_eq!(
         tcp, sdp,
         "transcripts differ: kernel TCP first, shim second"
     );
+    (tcp, lines)
+}
+
+/// The report's server sockets over shm that received the prefork cases' 200,000 bytes.
+fn shm_servers_of_200000(lines: &str) -> impl Iterator<Item = &str> {
+    lines
+        .lines()
+        .filter(|l| l.contains("\"role\":\"server\"") && l.contains("\"transport\":\"shm\""))
+        .filter(|l| l.contains("\"bytes_in\":200000"))
+}
+
+#[test]
+fn corner_cases_match_kernel_tcp() {
+    let _serial = serial();
+    let (tcp, lines) = differential(None, "all");
+    assert!(tcp.ends_with("done\n"), "{tcp}");
     // Proof that SDP carried the connections: both ends of the cases report shm.
-    let lines = std::fs::read_to_string(&report).unwrap_or_default();
     let shm_server = lines
         .lines()
         .filter(|l| l.contains("\"transport\":\"shm\"") && l.contains("\"role\":\"server\""))
@@ -105,28 +123,18 @@ fn corner_cases_match_kernel_tcp() {
             .any(|l| l.contains("\"transport\":\"shm\"") && l.contains("\"bytes_in\":4194304")),
         "report:\n{lines}"
     );
-    let _ = std::fs::remove_file(&report);
-    let _ = std::fs::remove_file(&prog);
 }
 
 #[test]
 fn connection_refused_falls_back_to_tcp_and_reports_why() {
     let _serial = serial();
-    let prog = build_c("corners", "errors");
-    let report = std::env::temp_dir().join(format!("sdp-report-e-{}.jsonl", std::process::id()));
-    let _ = std::fs::remove_file(&report);
-    let tcp = run(&prog, Some("errors"), false, None);
-    let sdp = run(&prog, Some("errors"), true, Some(&report));
-    assert_eq!(tcp, sdp);
-    let lines = std::fs::read_to_string(&report).unwrap_or_default();
+    let (_, lines) = differential(Some("errors"), "errors");
     assert!(
         lines
             .lines()
             .any(|l| l.contains("\"transport\":\"tcp\"") && l.contains("refused")),
         "report:\n{lines}"
     );
-    let _ = std::fs::remove_file(&report);
-    let _ = std::fs::remove_file(&prog);
 }
 
 /// A listener shared by fork: each worker that accepts sets its SDP connection up itself (a
@@ -136,28 +144,14 @@ fn connection_refused_falls_back_to_tcp_and_reports_why() {
 #[test]
 fn prefork_workers_accept_over_sdp() {
     let _serial = serial();
-    let prog = build_c("corners", "prefork");
-    let report = std::env::temp_dir().join(format!("sdp-report-p-{}.jsonl", std::process::id()));
-    let _ = std::fs::remove_file(&report);
-    let tcp = run(&prog, Some("prefork"), false, None);
-    let sdp = run(&prog, Some("prefork"), true, Some(&report));
+    let (tcp, lines) = differential(Some("prefork"), "prefork");
     assert!(tcp.contains("prefork done, client exit 0"), "{tcp}");
-    assert_eq!(
-        tcp, sdp,
-        "transcripts differ: kernel TCP first, shim second"
-    );
-    let lines = std::fs::read_to_string(&report).unwrap_or_default();
-    let servers: std::collections::HashSet<String> = lines
-        .lines()
-        .filter(|l| l.contains("\"role\":\"server\"") && l.contains("\"transport\":\"shm\""))
-        .filter(|l| l.contains("\"bytes_in\":200000"))
-        .map(|l| l.split(',').next().unwrap_or_default().to_string())
+    let servers: std::collections::HashSet<&str> = shm_servers_of_200000(&lines)
+        .map(|l| l.split(',').next().unwrap_or_default())
         .collect();
     // Three server sockets over shm, in three processes (two workers and the parent).
     assert_eq!(servers.len(), 3, "report:\n{lines}");
     assert!(!lines.contains("\"transport\":\"tcp\""), "report:\n{lines}");
-    let _ = std::fs::remove_file(&report);
-    let _ = std::fs::remove_file(&prog);
 }
 
 /// A listener whose creator exits after the fork (a daemon's parent; nginx with `daemon on`):
@@ -167,23 +161,10 @@ fn prefork_workers_accept_over_sdp() {
 #[test]
 fn an_orphaned_shared_listener_is_taken_over() {
     let _serial = serial();
-    let prog = build_c("corners", "orphan");
-    let report = std::env::temp_dir().join(format!("sdp-report-o-{}.jsonl", std::process::id()));
-    let _ = std::fs::remove_file(&report);
-    let tcp = run(&prog, Some("orphan_listener"), false, None);
-    let sdp = run(&prog, Some("orphan_listener"), true, Some(&report));
+    let (tcp, lines) = differential(Some("orphan_listener"), "orphan");
     assert!(tcp.contains("orphan listener done"), "{tcp}");
-    assert_eq!(
-        tcp, sdp,
-        "transcripts differ: kernel TCP first, shim second"
+    assert!(
+        shm_servers_of_200000(&lines).count() >= 2,
+        "report:\n{lines}"
     );
-    let lines = std::fs::read_to_string(&report).unwrap_or_default();
-    let shm_servers = lines
-        .lines()
-        .filter(|l| l.contains("\"role\":\"server\"") && l.contains("\"transport\":\"shm\""))
-        .filter(|l| l.contains("\"bytes_in\":200000"))
-        .count();
-    assert!(shm_servers >= 2, "report:\n{lines}");
-    let _ = std::fs::remove_file(&report);
-    let _ = std::fs::remove_file(&prog);
 }

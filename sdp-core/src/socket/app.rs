@@ -467,6 +467,13 @@ impl Handoff {
         self.table.u32(i * 4)
     }
 
+    /// The slots a doorbell from `port` may sit in, in the order it is looked for (slot 0 is
+    /// the count).
+    fn slots_for(port: u16) -> impl Iterator<Item = usize> {
+        let n = HANDOFF_SLOTS - 1;
+        (0..n).map(move |k| 1 + (port as usize + k) % n)
+    }
+
     /// Owner: ring a doorbell for each of `n` requests just handed off (a loopback connect
     /// whose port is in the table before the connect starts); close the doorbells claimed.
     fn ring(&self, n: usize) {
@@ -482,9 +489,7 @@ impl Handoff {
                 return;
             };
             let v = BELL_LIVE | local.port() as u32;
-            let start = 1 + local.port() as usize % (HANDOFF_SLOTS - 1);
-            let Some(i) = (0..HANDOFF_SLOTS - 1)
-                .map(|k| 1 + (start - 1 + k) % (HANDOFF_SLOTS - 1))
+            let Some(i) = Self::slots_for(local.port())
                 .find(|&i| self.slot(i).compare_exchange(0, v, AcqRel, Relaxed).is_ok())
             else {
                 // Table full: the request waits in the queue for another doorbell's taker.
@@ -509,9 +514,7 @@ impl Handoff {
             return false;
         }
         let v = BELL_LIVE | peer.port() as u32;
-        let start = 1 + peer.port() as usize % (HANDOFF_SLOTS - 1);
-        for k in 0..HANDOFF_SLOTS - 1 {
-            let i = 1 + (start - 1 + k) % (HANDOFF_SLOTS - 1);
+        for i in Self::slots_for(peer.port()) {
             if self.slot(i).load(Relaxed) == v
                 && self.slot(i).compare_exchange(v, 0, AcqRel, Relaxed).is_ok()
             {

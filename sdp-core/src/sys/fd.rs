@@ -3,7 +3,7 @@
 
 use std::io;
 use std::mem::zeroed;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 /// Own an fd a system call just created, moved out of the application's numbers ([`high_fd`]).
@@ -24,14 +24,12 @@ pub fn high_fd(fd: RawFd) -> RawFd {
     if fd < 0 || fd >= floor {
         return fd;
     }
-    // SAFETY: duplicates an fd we own; the original is closed only if that worked.
-    let hi = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor) };
-    if hi < 0 {
+    let Ok(hi) = dup_at(fd, floor) else {
         return fd;
-    }
-    // SAFETY: `fd` is ours and replaced by `hi`.
+    };
+    // SAFETY: `fd` is ours and replaced by `hi` (closed only once the duplicate exists).
     unsafe { libc::close(fd) };
-    hi
+    hi.into_raw_fd()
 }
 
 /// Highest floor of [`high_fd`]: the kernel sizes a process's fd table by its highest fd, so a
@@ -68,8 +66,13 @@ pub fn high_fd_floor() -> RawFd {
 
 /// A close-on-exec duplicate of `fd`, at a high number ([`high_fd`]).
 pub fn dup_high(fd: RawFd) -> io::Result<OwnedFd> {
+    dup_at(fd, high_fd_floor())
+}
+
+/// A close-on-exec duplicate of `fd` at the lowest free number from `floor` up.
+fn dup_at(fd: RawFd, floor: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: duplicates an fd the caller holds; no memory is passed.
-    let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, high_fd_floor()) };
+    let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor) };
     if d < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -79,7 +82,6 @@ pub fn dup_high(fd: RawFd) -> io::Result<OwnedFd> {
 
 /// [`high_fd`] for an owned fd.
 pub(crate) fn high_owned(fd: OwnedFd) -> OwnedFd {
-    use std::os::fd::IntoRawFd;
     // SAFETY: the fd was ours; high_fd() returns it or its replacement, which we own.
     unsafe { OwnedFd::from_raw_fd(high_fd(fd.into_raw_fd())) }
 }

@@ -7,24 +7,26 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use super::{high_fd, owned};
 
-/// A connected pair of nonblocking, close-on-exec AF_UNIX stream sockets.
-pub(crate) fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+/// A connected pair of nonblocking, close-on-exec AF_UNIX sockets of type `ty`, as the
+/// kernel numbered them.
+fn raw_pair(ty: libc::c_int) -> io::Result<[RawFd; 2]> {
     let mut fds = [-1 as libc::c_int; 2];
     // SAFETY: `fds` is a valid array of two ints the kernel fills in.
     syscall!(socketpair(
         libc::AF_UNIX,
-        libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
         0,
         fds.as_mut_ptr()
     ))?;
+    Ok(fds)
+}
+
+/// A connected pair of nonblocking, close-on-exec AF_UNIX stream sockets.
+pub(crate) fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let [app, ours] = raw_pair(libc::SOCK_STREAM)?;
     // SAFETY: both fds were just returned by socketpair and are owned by nobody else. The
     // first is the application's; the second, ours, moves out of the application's numbers.
-    Ok(unsafe {
-        (
-            OwnedFd::from_raw_fd(fds[0]),
-            OwnedFd::from_raw_fd(high_fd(fds[1])),
-        )
-    })
+    Ok((unsafe { OwnedFd::from_raw_fd(app) }, owned(ours)))
 }
 
 /// `sockaddr_un` for an abstract name (no leading NUL in `name`), and its length.
@@ -138,15 +140,8 @@ pub fn seqpacket_listen(name: &[u8], backlog: u32) -> io::Result<OwnedFd> {
 /// A connected pair of nonblocking, close-on-exec seqpacket sockets (a queue of messages
 /// with fds between processes that inherit both ends).
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [-1 as libc::c_int; 2];
-    // SAFETY: `fds` is a valid array of two ints the kernel fills in.
-    syscall!(socketpair(
-        libc::AF_UNIX,
-        libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-        0,
-        fds.as_mut_ptr()
-    ))?;
-    Ok((owned(high_fd(fds[0])), owned(high_fd(fds[1]))))
+    let [a, b] = raw_pair(libc::SOCK_SEQPACKET)?;
+    Ok((owned(a), owned(b)))
 }
 
 /// SO_PASSCRED: every message received on `fd` carries its sender's credentials, as the

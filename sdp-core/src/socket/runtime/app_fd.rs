@@ -102,27 +102,31 @@ impl<P: Provider + 'static> Runtime<P> {
                 return r;
             }
             let direct = s.app.as_ref().is_some_and(|a| a.direct);
-            if let Some(wait) = direct.then(|| driver.direct_settler(id)).flatten() {
-                // A byte the peer is still writing for a SEND we took would land after the
-                // take-back and make the fd readable for nothing (a level-triggered poller's
-                // next read would get EAGAIN, which TCP never gives it): wait for it, without
-                // the lock (the peer may be descheduled mid-write).
-                drop(g);
-                wait();
-                g = match self.lock() {
-                    Ok(g) => g,
-                    Err(_) => return r,
-                };
-            }
-            let Inner { driver, socks, .. } = &mut *g;
-            let Some(s) = socks.get_mut(&id) else {
-                return r;
+            let s = match direct.then(|| driver.direct_settler(id)).flatten() {
+                None => s,
+                Some(wait) => {
+                    // A byte the peer is still writing for a SEND we took would land after the
+                    // take-back and make the fd readable for nothing (a level-triggered
+                    // poller's next read would get EAGAIN, which TCP never gives it): wait for
+                    // it, without the lock (the peer may be descheduled mid-write).
+                    drop(g);
+                    wait();
+                    g = match self.lock() {
+                        Ok(g) => g,
+                        Err(_) => return r,
+                    };
+                    let Inner { driver, socks, .. } = &mut *g;
+                    let Some(s) = socks.get_mut(&id) else {
+                        return r;
+                    };
+                    if driver.view(id).is_some_and(|c| c.read_ready()) {
+                        // Bytes came meanwhile: the fd stays readable for them.
+                        refresh_app(driver, id, s, Some(user));
+                        return r;
+                    }
+                    s
+                }
             };
-            if driver.view(id).is_some_and(|c| c.read_ready()) {
-                // Bytes came meanwhile: the fd stays readable for them.
-                refresh_app(driver, id, s, Some(user));
-                return r;
-            }
             if let Some(a) = s.app.as_mut() {
                 a.take_direct_tokens(user);
             }

@@ -1220,27 +1220,14 @@ impl Provider for ShmProvider {
                     })?;
             (s, addr.port(), None)
         };
-        let ctl = Arc::new(Ctl {
-            hint: AtomicBool::new(false),
-            inbox: None,
-            nslots: 0,
-            peer: OnceLock::new(),
-        });
-        let token = self.inner.add_ctl(&ctl, Some((sock.as_raw_fd(), false)))?;
-        Ok(ShmListener {
-            inner: self.inner.clone(),
-            _ctl: ctl,
-            token,
-            sock: Some(sock),
-            addr: SocketAddr::new(ip, port),
+        ShmListener::new(
+            &self.inner,
+            Some(sock),
+            SocketAddr::new(ip, port),
+            backlog,
             caps,
             tcp,
-            half: VecDeque::new(),
-            backlog: backlog.clamp(1, 4096) as usize,
-            last_check: Instant::now(),
-            handoff: None,
-            handed: 0,
-        })
+        )
     }
 
     fn listen_adopted(
@@ -1249,27 +1236,8 @@ impl Provider for ShmProvider {
         backlog: u32,
         caps: QpCaps,
     ) -> Result<ShmListener, VerbsError> {
-        let ctl = Arc::new(Ctl {
-            hint: AtomicBool::new(false),
-            inbox: None,
-            nslots: 0,
-            peer: OnceLock::new(),
-        });
-        let token = self.inner.add_ctl(&ctl, None)?;
-        Ok(ShmListener {
-            inner: self.inner.clone(),
-            _ctl: ctl,
-            token,
-            sock: None,
-            addr: SocketAddr::new(normalize(addr.ip()), addr.port()),
-            caps,
-            tcp: None,
-            half: VecDeque::new(),
-            backlog: backlog.clamp(1, 4096) as usize,
-            last_check: Instant::now(),
-            handoff: None,
-            handed: 0,
-        })
+        let addr = SocketAddr::new(normalize(addr.ip()), addr.port());
+        ShmListener::new(&self.inner, None, addr, backlog, caps, None)
     }
 
     fn connect(
@@ -2943,6 +2911,39 @@ impl std::fmt::Debug for ShmListener {
 }
 
 impl ShmListener {
+    /// A listener on `addr`, taking requests on the rendezvous socket `sock` (none: only those
+    /// handed to it, `Listener::adopt`).
+    fn new(
+        inner: &Arc<Inner>,
+        sock: Option<OwnedFd>,
+        addr: SocketAddr,
+        backlog: u32,
+        caps: QpCaps,
+        tcp: Option<OwnedFd>,
+    ) -> Result<ShmListener, VerbsError> {
+        let ctl = Arc::new(Ctl {
+            hint: AtomicBool::new(false),
+            inbox: None,
+            nslots: 0,
+            peer: OnceLock::new(),
+        });
+        let token = inner.add_ctl(&ctl, sock.as_ref().map(|s| (s.as_raw_fd(), false)))?;
+        Ok(ShmListener {
+            inner: inner.clone(),
+            _ctl: ctl,
+            token,
+            sock,
+            addr,
+            caps,
+            tcp,
+            half: VecDeque::new(),
+            backlog: backlog.clamp(1, 4096) as usize,
+            last_check: Instant::now(),
+            handoff: None,
+            handed: 0,
+        })
+    }
+
     /// The kernel TCP socket bound (not listening) to reserve an ephemeral port, if listen
     /// picked the port. The socket layer may take it (e.g. to listen for TCP fallback on the
     /// same port).
