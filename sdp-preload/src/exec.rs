@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 
 use libc::{c_char, c_int};
 
+use crate::limits::ExecLimit;
 use crate::{internal, real, ENABLED, PID};
 
 /// Whether `path` (relative to `dirfd`) names a file we may execute.
@@ -75,6 +76,7 @@ pub unsafe extern "C" fn execve(
 ) -> c_int {
     before_exec(|| executable_at(libc::AT_FDCWD, path, 0));
     // SAFETY: forwards the caller's arguments.
+    let _limit = ExecLimit::enter();
     unsafe { real::execve(path, argv, envp) }
 }
 
@@ -84,6 +86,7 @@ pub unsafe extern "C" fn execve(
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
     before_exec(|| executable_at(libc::AT_FDCWD, path, 0));
     // SAFETY: forwards the caller's arguments.
+    let _limit = ExecLimit::enter();
     unsafe { real::execv(path, argv) }
 }
 
@@ -93,6 +96,7 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) 
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
     before_exec(|| findable(file));
     // SAFETY: forwards the caller's arguments.
+    let _limit = ExecLimit::enter();
     unsafe { real::execvp(file, argv) }
 }
 
@@ -106,6 +110,7 @@ pub unsafe extern "C" fn execvpe(
 ) -> c_int {
     before_exec(|| findable(file));
     // SAFETY: forwards the caller's arguments.
+    let _limit = ExecLimit::enter();
     unsafe { real::execvpe(file, argv, envp) }
 }
 
@@ -119,6 +124,7 @@ pub unsafe extern "C" fn fexecve(
 ) -> c_int {
     before_exec(|| executable_at(fd, c"".as_ptr(), libc::AT_EMPTY_PATH));
     // SAFETY: forwards the caller's arguments.
+    let _limit = ExecLimit::enter();
     unsafe { real::fexecve(fd, argv, envp) }
 }
 
@@ -134,6 +140,7 @@ pub unsafe extern "C" fn execveat(
 ) -> c_int {
     before_exec(|| executable_at(dirfd, path, flags));
     // SAFETY: forwards the caller's arguments.
+    let _limit = ExecLimit::enter();
     unsafe { real::execveat(dirfd, path, argv, envp, flags) }
 }
 

@@ -38,6 +38,7 @@ pub fn json_str(s: &str) -> String {
 }
 
 mod exec;
+mod limits;
 mod real;
 mod report;
 mod rules;
@@ -115,6 +116,10 @@ fn enabled() -> bool {
             unsafe {
                 libc::atexit(at_exit);
                 libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+            }
+            if on {
+                // Room for our fds above the application's fd limit (limits.rs).
+                let _ = sdp_core::socket::fd_limit::make_fd_room();
             }
             ENABLED.store(if on { 1 } else { 2 }, Ordering::Relaxed);
             on
@@ -412,6 +417,12 @@ unsafe fn put_sockaddr(a: SocketAddr, addr: *mut sockaddr, len: *mut socklen_t) 
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
     // SAFETY: forwards the caller's arguments.
     let fd = unsafe { real::socket(domain, ty, proto) };
+    if limits::past_app_limit(fd) {
+        // SAFETY: the socket just made, nobody else's.
+        unsafe { real::close(fd) };
+        set_errno(libc::EMFILE);
+        return -1;
+    }
     let stream = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) == libc::SOCK_STREAM;
     if fd >= 0
         && stream
@@ -1710,6 +1721,7 @@ pub unsafe extern "C" fn posix_spawn(
     envp: *const *mut libc::c_char,
 ) -> c_int {
     before_spawn(&spawn_dups(fa));
+    let _limit = limits::ExecLimit::enter();
     // SAFETY: forwards the caller's arguments.
     unsafe { real::posix_spawn(pid, path, fa, attr, argv, envp) }
 }
@@ -1733,6 +1745,7 @@ pub unsafe extern "C" fn popen(
     mode: *const libc::c_char,
 ) -> *mut libc::FILE {
     before_spawn(&[]);
+    let _limit = limits::ExecLimit::enter();
     // SAFETY: forwards the caller's arguments.
     unsafe { real::popen(cmd, mode) }
 }
@@ -1747,6 +1760,7 @@ pub unsafe extern "C" fn posix_spawnp(
     envp: *const *mut libc::c_char,
 ) -> c_int {
     before_spawn(&spawn_dups(fa));
+    let _limit = limits::ExecLimit::enter();
     // SAFETY: forwards the caller's arguments.
     unsafe { real::posix_spawnp(pid, file, fa, attr, argv, envp) }
 }

@@ -97,6 +97,11 @@ real_fns! {
     fn posix_spawn_file_actions_adddup2(fa: *mut libc::posix_spawn_file_actions_t, fd: c_int, newfd: c_int) -> c_int;
     fn posix_spawn_file_actions_destroy(fa: *mut libc::posix_spawn_file_actions_t) -> c_int;
     fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
+    fn getrlimit(resource: c_int, r: *mut libc::rlimit) -> c_int;
+    fn setrlimit(resource: c_int, r: *const libc::rlimit) -> c_int;
+    fn prlimit64(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit64, old: *mut libc::rlimit64) -> c_int;
+    fn getdtablesize() -> c_int;
+    fn sysconf(name: c_int) -> libc::c_long;
     fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t;
     fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t;
     fn __recvfrom_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;

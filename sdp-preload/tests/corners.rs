@@ -137,6 +137,36 @@ fn connection_refused_falls_back_to_tcp_and_reports_why() {
     );
 }
 
+/// A process whose fd limit just fits its connections over TCP (128: 100 connections, both
+/// ends in two processes) holds them all under the shim, over SDP, and is told its own limit;
+/// with soft = hard the connections past the shim's room fall back to TCP instead of taking
+/// the application's fds. Before: EMFILE in the server's accept and the client's socket.
+#[test]
+fn a_small_fd_limit_holds_as_many_connections_as_over_tcp() {
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("fd_limit"), "fd_limit");
+    assert!(
+        tcp.contains("the client's 100 connections echo: all"),
+        "{tcp}"
+    );
+    assert!(
+        tcp.contains("the client's 40 connections echo: all"),
+        "{tcp}"
+    );
+    let shm = |role: &str| {
+        lines
+            .lines()
+            .filter(|l| l.contains("\"transport\":\"shm\"") && l.contains(role))
+            .count()
+    };
+    // The 100 of the first run, and some of the 40 of the second.
+    assert!(
+        shm("\"role\":\"server\"") > 100 && shm("\"role\":\"client\"") > 100,
+        "report:\n{lines}"
+    );
+    assert!(lines.contains("\"transport\":\"tcp\""), "report:\n{lines}");
+}
+
 /// A listener shared by fork: each worker that accepts sets its SDP connection up itself (a
 /// request handed over by the listener's process), and the listener's own process still
 /// accepts over SDP after a child that ignored the listener exited. Before shared listeners,

@@ -1350,6 +1350,88 @@ static void case_many_fds(void) {
     CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
 }
 
+/* A program holding as many connections as its fd limit allows over TCP. The shim's own fds
+ * (up to three per SDP connection) must not take the application's numbers: with room above
+ * the soft limit (the hard one higher) every connection goes over SDP, and getrlimit, sysconf
+ * and getdtablesize say the application's limit and socket() says EMFILE at it, as over TCP;
+ * with soft = hard, the connections past the shim's room fall back to kernel TCP. A worker
+ * process holds the limit; its child is the client. */
+static void fd_limit_run(int n, rlim_t soft, int hard_too) {
+    pid_t w = fork();
+    CHECK(w >= 0);
+    if (w == 0) {
+        struct rlimit r;
+        CHECK(getrlimit(RLIMIT_NOFILE, &r) == 0);
+        r.rlim_cur = soft;
+        if (hard_too)
+            r.rlim_max = soft;
+        CHECK(setrlimit(RLIMIT_NOFILE, &r) == 0);
+        CHECK(getrlimit(RLIMIT_NOFILE, &r) == 0);
+        out("fd limit %d%s: getrlimit %llu, sysconf %ld, getdtablesize %d", (int)soft,
+            hard_too ? " (hard too)" : "", (unsigned long long)r.rlim_cur, sysconf(_SC_OPEN_MAX),
+            getdtablesize());
+        int ap[2];
+        CHECK(pipe(ap) == 0);
+        pid_t c = fork();
+        CHECK(c >= 0);
+        if (c == 0) {
+            struct sockaddr_in a;
+            CHECK(read(ap[0], &a, sizeof a) == sizeof a);
+            static int fds[1024];
+            for (int i = 0; i < n; i++)
+                fds[i] = dial(&a);
+            /* All written before any echo is read: where SDP falls back to TCP for some, the
+             * server may accept them in another order than they were made. */
+            int ok = 0;
+            for (int i = 0; i < n; i++) {
+                char b[8];
+                snprintf(b, sizeof b, "m%05d", i);
+                CHECK(write(fds[i], b, 6) == 6);
+            }
+            for (int i = 0; i < n; i++) {
+                char b[8], e[8] = {0};
+                snprintf(b, sizeof b, "m%05d", i);
+                ok += read(fds[i], e, 6) == 6 && memcmp(b, e, 6) == 0;
+            }
+            out("fd limit %d: the client's %d connections echo: %s", (int)soft, n,
+                ok == n ? "all" : "not all");
+            if (!hard_too) {
+                int more = 0;
+                while (socket(AF_INET, SOCK_STREAM, 0) >= 0)
+                    more++;
+                out("fd limit %d: %d more sockets, then %s", (int)soft, more,
+                    errno == EMFILE ? "EMFILE" : en(errno));
+            }
+            _exit(0);
+        }
+        struct sockaddr_in a;
+        int l = listener(&a);
+        CHECK(listen(l, n + 8) == 0);
+        CHECK(write(ap[1], &a, sizeof a) == sizeof a);
+        static int s[1024];
+        for (int i = 0; i < n; i++) {
+            s[i] = accept(l, NULL, NULL);
+            CHECK(s[i] >= 0);
+        }
+        for (int i = 0; i < n; i++) {
+            char b[8];
+            CHECK(read(s[i], b, 6) == 6);
+            CHECK(write(s[i], b, 6) == 6);
+        }
+        int st;
+        CHECK(waitpid(c, &st, 0) == c);
+        _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 1);
+    }
+    int st;
+    CHECK(waitpid(w, &st, 0) == w);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+static void case_fd_limit(void) {
+    fd_limit_run(100, 128, 0);
+    fd_limit_run(40, 128, 1);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc > 2 && strcmp(argv[1], "serve-fd") == 0)
@@ -1364,6 +1446,7 @@ int main(int argc, char **argv) {
     RUN(identity);
     RUN(fd_numbers);
     RUN(many_fds);
+    RUN(fd_limit);
     RUN(epoll_et);
     RUN(oneshot_and_level);
     RUN(level_triggered);

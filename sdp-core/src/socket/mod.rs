@@ -71,6 +71,15 @@ mod stream;
 pub(crate) mod tunables;
 pub use errors::{errno_of, Errno};
 
+/// RLIMIT_NOFILE and the fds SDP holds beside the application's (for the shim): room is made
+/// above the application's limit, which is what the application is told.
+pub mod fd_limit {
+    pub use crate::sys::fd::{
+        app_fd_limit, fd_limit_for_exec, fd_room_after_exec, make_fd_room, nofile_limit,
+        set_app_fd_limit,
+    };
+}
+
 pub use exit::{exit_linger, flush_at_exit, DEFAULT_EXIT_LINGER};
 pub use listener::{Incoming, SdpListener};
 pub use stack::{Choice, Options, Stack};

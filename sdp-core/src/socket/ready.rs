@@ -33,7 +33,7 @@ impl ReadyFd {
     /// [`ReadyFd::set`] right away with the socket's state.
     pub(crate) fn new() -> io::Result<ReadyFd> {
         let (user, ours) = sys::socketpair()?;
-        let user = sys::high_owned(user);
+        let user = sys::high_owned(user)?;
         // The smallest send buffer the kernel allows, so a few bytes fill it.
         sys::setsockopt_int(user.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, 1)?;
         Ok(ReadyFd {

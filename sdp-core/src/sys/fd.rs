@@ -7,29 +7,39 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawF
 use std::time::Duration;
 
 /// Own an fd a system call just created, moved out of the application's numbers ([`high_fd`]).
-pub(crate) fn owned(fd: RawFd) -> OwnedFd {
+pub(crate) fn owned(fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: `fd` was just returned by a successful system call that created it; nobody
-    // else owns it.
-    unsafe { OwnedFd::from_raw_fd(high_fd(fd)) }
+    // else owns it. high_fd() returns it or its replacement, or closed it.
+    high_fd(fd).map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Move an fd this library made for itself to a high number (close-on-exec), so the low numbers
 /// stay the application's, as they would be without SDP: programs size tables by the fds they
 /// get (wrk, select's FD_SETSIZE, redis' event loop of `maxclients` + 128) or expect the
-/// lowest free one. The floor is half the soft RLIMIT_NOFILE as it is now (a program may raise
-/// it after its first socket), at most [`HIGH_FD_MAX_FLOOR`]; the fd stays where it is if
-/// nothing is free there.
-pub fn high_fd(fd: RawFd) -> RawFd {
+/// lowest free one. The floor is the application's own limit where the shim made room above it
+/// ([`set_app_fd_limit`]), else half the soft RLIMIT_NOFILE as it is now (a program may raise
+/// it after its first socket); at most [`HIGH_FD_MAX_FLOOR`].
+///
+/// Nothing free from the floor up: `fd` is closed and the error is EMFILE. Our fds never take
+/// the application's numbers: what needed the fd fails instead (an SDP connection that cannot
+/// be made falls back to kernel TCP, which needs one fd), where taking a low number would make
+/// the application run out of fds before it would over TCP.
+pub fn high_fd(fd: RawFd) -> io::Result<RawFd> {
     let floor = high_fd_floor();
     if fd < 0 || fd >= floor {
-        return fd;
+        return Ok(fd);
     }
-    let Ok(hi) = dup_at(fd, floor) else {
-        return fd;
-    };
-    // SAFETY: `fd` is ours and replaced by `hi` (closed only once the duplicate exists).
+    let moved = dup_at(fd, floor);
+    // SAFETY: `fd` is ours: replaced by its duplicate, or given up.
     unsafe { libc::close(fd) };
-    hi.into_raw_fd()
+    match moved {
+        Ok(hi) => Ok(hi.into_raw_fd()),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            // The floor is at or past the hard limit.
+            Err(io::Error::from_raw_os_error(libc::EMFILE))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Highest floor of [`high_fd`]: the kernel sizes a process's fd table by its highest fd, so a
@@ -44,24 +54,151 @@ pub const HIGH_FD_MAX_FLOOR: i32 = 32768;
 /// The limit is read again at most every `FLOOR_REFRESH_MS` (a connection's setup moves a
 /// dozen fds: a getrlimit for each was ~2% of a short connection's cost).
 pub fn high_fd_floor() -> RawFd {
-    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use std::sync::atomic::Ordering::Relaxed;
     const FLOOR_REFRESH_MS: u64 = 50;
-    // The floor (low 32 bits) and when it was read (coarse ms, high 32 bits); 0: never.
-    static CACHED: AtomicU64 = AtomicU64::new(0);
+    let app = APP_FD_LIMIT.load(Relaxed);
+    if app != 0 {
+        return app.min(HIGH_FD_MAX_FLOOR as u64) as RawFd;
+    }
     let now = super::coarse_ms() & 0xffff_ffff;
-    let c = CACHED.load(Relaxed);
+    let c = FLOOR_CACHE.load(Relaxed);
     if c != 0 && now.wrapping_sub(c >> 32) & 0xffff_ffff < FLOOR_REFRESH_MS {
         return c as u32 as RawFd;
     }
-    // SAFETY: an all-zero rlimit is valid; getrlimit writes into it.
-    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+    let Ok((soft, _)) = nofile_limit() else {
         return 0;
-    }
-    let floor = (r.rlim_cur / 2).min(HIGH_FD_MAX_FLOOR as libc::rlim_t) as i32;
-    CACHED.store((now << 32) | floor as u32 as u64, Relaxed);
+    };
+    let floor = (soft / 2).min(HIGH_FD_MAX_FLOOR as u64) as i32;
+    FLOOR_CACHE.store((now << 32) | floor as u32 as u64, Relaxed);
     floor
+}
+
+/// [`high_fd_floor`]'s last reading (low 32 bits) and when it was read (coarse ms, high 32
+/// bits); 0: never.
+static FLOOR_CACHE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The soft RLIMIT_NOFILE the application set (or started with) where [`make_fd_room`] raised
+/// the process's own above it; 0: not raised.
+static APP_FD_LIMIT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How far past the application's limit our fds may go: an SDP connection holds up to three
+/// fds of ours beside the application's one, plus a few per stack.
+fn fd_room(app_soft: u64, hard: u64) -> u64 {
+    app_soft.saturating_mul(4).saturating_add(256).min(hard)
+}
+
+/// Less room than this past the application's limit is not worth keeping apart: the limit
+/// stays as the application set it and our fds go above half of it.
+const MIN_FD_ROOM: u64 = 64;
+
+/// RLIMIT_NOFILE (soft, hard) as the kernel has it (a system call: no library hook between).
+pub fn nofile_limit() -> io::Result<(u64, u64)> {
+    // SAFETY: an all-zero rlimit is valid.
+    let mut r: libc::rlimit64 = unsafe { zeroed() };
+    // SAFETY: prlimit64 on ourselves (pid 0) writes the old limit into `r`; no new limit.
+    syscall!(syscall(
+        libc::SYS_prlimit64,
+        0,
+        libc::RLIMIT_NOFILE,
+        std::ptr::null::<libc::rlimit64>(),
+        &mut r as *mut libc::rlimit64
+    ))?;
+    Ok((r.rlim_cur, r.rlim_max))
+}
+
+fn set_nofile_limit(soft: u64, hard: u64) -> io::Result<()> {
+    let r = libc::rlimit64 {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: prlimit64 on ourselves (pid 0) reads the new limit from `r`.
+    syscall!(syscall(
+        libc::SYS_prlimit64,
+        0,
+        libc::RLIMIT_NOFILE,
+        &r as *const libc::rlimit64,
+        std::ptr::null_mut::<libc::rlimit64>()
+    ))?;
+    Ok(())
+}
+
+/// Make room for our fds above the application's fd numbers: set RLIMIT_NOFILE to (`soft`,
+/// `hard`) as the application asks, but with the soft limit raised where the hard limit
+/// allows, so that [`high_fd`] puts our fds at or above the application's `soft` and the
+/// application can open as many fds as it could without SDP. Afterwards
+/// [`app_fd_limit`] is what the application must be told (getrlimit); `None` when there was
+/// no room (the limit is exactly as asked, and our fds go above half of it).
+/// `soft > hard` and a hard limit above the allowed one fail as setrlimit(2) fails.
+pub fn set_app_fd_limit(soft: u64, hard: u64) -> io::Result<()> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let room = if soft <= hard {
+        fd_room(soft, hard)
+    } else {
+        soft
+    };
+    if room >= soft.saturating_add(MIN_FD_ROOM) {
+        set_nofile_limit(room, hard)?;
+        APP_FD_LIMIT.store(soft.max(1), Relaxed);
+    } else {
+        set_nofile_limit(soft, hard)?;
+        APP_FD_LIMIT.store(0, Relaxed);
+    }
+    FLOOR_CACHE.store(0, Relaxed);
+    Ok(())
+}
+
+/// [`set_app_fd_limit`] with the limit as it is now (at the start: the application's).
+pub fn make_fd_room() -> io::Result<()> {
+    if APP_FD_LIMIT.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+        return Ok(());
+    }
+    let (soft, hard) = nofile_limit()?;
+    set_app_fd_limit(soft, hard)
+}
+
+/// The application's own soft RLIMIT_NOFILE where [`make_fd_room`] raised the process's.
+pub fn app_fd_limit() -> Option<u64> {
+    match APP_FD_LIMIT.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => None,
+        n => Some(n),
+    }
+}
+
+/// Before an exec (or a spawn) whose program must see the application's own limit: put the
+/// soft limit back to it (`true`: it was raised, call [`fd_room_after_exec`] if the exec
+/// returned).
+pub fn fd_limit_for_exec() -> bool {
+    let Some(app) = app_fd_limit() else {
+        return false;
+    };
+    match nofile_limit() {
+        Ok((_, hard)) => set_nofile_limit(app, hard).is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// After [`fd_limit_for_exec`], when the exec failed or the spawn is done: the room again.
+pub fn fd_room_after_exec() {
+    if let (Some(app), Ok((_, hard))) = (app_fd_limit(), nofile_limit()) {
+        let _ = set_nofile_limit(fd_room(app, hard), hard);
+    }
+}
+
+/// Whether `k` more fds of ours fit: the `k` numbers below the soft limit are free. Ours are
+/// taken lowest first from [`high_fd_floor`], so the numbers above the highest one taken are
+/// all free, and the number `k` below the limit is free while that line is below it. `fd` is
+/// any fd of ours (duplicated once to look, and closed again).
+pub fn fds_to_spare(fd: BorrowedFd<'_>, k: u32) -> bool {
+    let Ok((soft, _)) = nofile_limit() else {
+        return true;
+    };
+    let Some(at) = soft
+        .checked_sub(k as u64)
+        .filter(|&at| at >= high_fd_floor() as u64 && at <= i32::MAX as u64)
+    else {
+        return false;
+    };
+    dup_at(fd.as_raw_fd(), at as RawFd).is_ok_and(|d| d.as_raw_fd() == at as RawFd)
 }
 
 /// A close-on-exec duplicate of `fd`, at a high number ([`high_fd`]).
@@ -81,9 +218,8 @@ fn dup_at(fd: RawFd, floor: RawFd) -> io::Result<OwnedFd> {
 }
 
 /// [`high_fd`] for an owned fd.
-pub(crate) fn high_owned(fd: OwnedFd) -> OwnedFd {
-    // SAFETY: the fd was ours; high_fd() returns it or its replacement, which we own.
-    unsafe { OwnedFd::from_raw_fd(high_fd(fd.into_raw_fd())) }
+pub(crate) fn high_owned(fd: OwnedFd) -> io::Result<OwnedFd> {
+    owned(fd.into_raw_fd())
 }
 
 /// Set or clear O_NONBLOCK and FD_CLOEXEC on an fd.
@@ -115,10 +251,10 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
 }
 
 pub fn eventfd() -> io::Result<OwnedFd> {
-    Ok(owned(syscall!(eventfd(
+    owned(syscall!(eventfd(
         0,
         libc::EFD_NONBLOCK | libc::EFD_CLOEXEC
-    ))?))
+    ))?)
 }
 
 /// Add 1 to an eventfd's counter (never blocks: a full counter is already readable).
@@ -142,10 +278,10 @@ pub(crate) fn eventfd_drain(fd: impl AsFd) {
 }
 
 pub fn timerfd() -> io::Result<OwnedFd> {
-    Ok(owned(syscall!(timerfd_create(
+    owned(syscall!(timerfd_create(
         libc::CLOCK_MONOTONIC,
         libc::TFD_NONBLOCK | libc::TFD_CLOEXEC
-    ))?))
+    ))?)
 }
 
 /// Fire once after `ns` nanoseconds (0 disarms).
@@ -170,7 +306,7 @@ pub fn timerfd_set(fd: BorrowedFd<'_>, ns: u64) {
 }
 
 pub fn epoll_create() -> io::Result<OwnedFd> {
-    Ok(owned(syscall!(epoll_create1(libc::EPOLL_CLOEXEC))?))
+    owned(syscall!(epoll_create1(libc::EPOLL_CLOEXEC))?)
 }
 
 /// Register `fd` with `token`; `edge`: edge-triggered.

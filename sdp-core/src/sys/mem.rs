@@ -250,7 +250,7 @@ pub fn memfd_sized(name: &str, len: usize) -> io::Result<OwnedFd> {
     let fd = owned(syscall!(memfd_create(
         cname.as_ptr(),
         libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING
-    ))?);
+    ))?)?;
     syscall!(ftruncate(fd.as_raw_fd(), len as libc::off_t))?;
     syscall!(fcntl(
         fd.as_raw_fd(),
@@ -283,7 +283,9 @@ pub fn write_paths(fd: BorrowedFd<'_>) -> Vec<&'static str> {
     let Ok(rw) = syscall!(open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC)) else {
         return ok;
     };
-    let rw = owned(rw);
+    let Ok(rw) = owned(rw) else {
+        return ok;
+    };
     ok.push("reopen O_RDWR");
     let b = [0x77u8; 8];
     // SAFETY: writes 8 bytes from a live array.
@@ -334,8 +336,8 @@ pub fn sealed_size(fd: BorrowedFd<'_>) -> io::Result<(usize, bool)> {
 /// Reopen a memfd read-only (a new open file description the peer cannot map writable).
 pub fn reopen_readonly(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     let path = format!("/proc/self/fd/{}\0", fd.as_raw_fd());
-    Ok(owned(syscall!(open(
+    owned(syscall!(open(
         path.as_ptr().cast(),
         libc::O_RDONLY | libc::O_CLOEXEC
-    ))?))
+    ))?)
 }

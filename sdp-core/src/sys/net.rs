@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use super::{high_fd, owned, poll};
+use super::{owned, poll};
 
 /// `sockaddr_storage` for `a`, and its length.
 pub(crate) fn sockaddr_of(a: std::net::SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -316,8 +316,7 @@ pub(crate) fn tcp_socket_bound(src: std::net::SocketAddr) -> io::Result<OwnedFd>
         libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
         0
     ))?;
-    // SAFETY: the fd was just returned by socket() and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(high_fd(fd)) };
+    let fd = owned(fd)?;
     let (sa, len) = sockaddr_of(src);
     // SAFETY: `sa` is a valid sockaddr of `len` bytes for the socket's family.
     syscall!(bind(
@@ -453,7 +452,7 @@ pub fn tcp_reserve(addr: SocketAddr) -> io::Result<(OwnedFd, u16)> {
         fam,
         libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
         0
-    ))?);
+    ))?)?;
     let (sa, len) = sockaddr_of(addr);
     // SAFETY: `sa` holds a sockaddr of `len` bytes for the socket's family.
     syscall!(bind(

@@ -144,7 +144,7 @@ impl Proc {
         if r.is_ok() && fd >= 0 {
             return Ok(Proc {
                 pid,
-                pidfd: owned(fd),
+                pidfd: owned(fd)?,
                 seen: AtomicU64::new(0),
             });
         }
@@ -164,7 +164,7 @@ impl Proc {
         }
         Ok(Proc {
             pid,
-            pidfd: owned(fd as RawFd),
+            pidfd: owned(fd as RawFd)?,
             seen: AtomicU64::new(0),
         })
     }

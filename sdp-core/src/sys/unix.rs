@@ -5,11 +5,11 @@ use std::io;
 use std::mem::{size_of, zeroed};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-use super::{high_fd, owned};
+use super::{high_owned, owned};
 
 /// A connected pair of nonblocking, close-on-exec AF_UNIX sockets of type `ty`, as the
 /// kernel numbered them.
-fn raw_pair(ty: libc::c_int) -> io::Result<[RawFd; 2]> {
+fn raw_pair(ty: libc::c_int) -> io::Result<[OwnedFd; 2]> {
     let mut fds = [-1 as libc::c_int; 2];
     // SAFETY: `fds` is a valid array of two ints the kernel fills in.
     syscall!(socketpair(
@@ -18,15 +18,15 @@ fn raw_pair(ty: libc::c_int) -> io::Result<[RawFd; 2]> {
         0,
         fds.as_mut_ptr()
     ))?;
-    Ok(fds)
+    // SAFETY: both fds were just returned by socketpair and are owned by nobody else.
+    Ok(fds.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// A connected pair of nonblocking, close-on-exec AF_UNIX stream sockets.
 pub(crate) fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
     let [app, ours] = raw_pair(libc::SOCK_STREAM)?;
-    // SAFETY: both fds were just returned by socketpair and are owned by nobody else. The
-    // first is the application's; the second, ours, moves out of the application's numbers.
-    Ok((unsafe { OwnedFd::from_raw_fd(app) }, owned(ours)))
+    // The first is the application's; the second, ours, moves out of the application's numbers.
+    Ok((app, high_owned(ours)?))
 }
 
 /// `sockaddr_un` for an abstract name (no leading NUL in `name`), and its length.
@@ -52,8 +52,7 @@ pub(crate) fn abstract_listener(name: &[u8]) -> io::Result<OwnedFd> {
         libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
         0
     ))?;
-    // SAFETY: the fd was just returned by socket() and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(high_fd(fd)) };
+    let fd = owned(fd)?;
     // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
     syscall!(bind(
         fd.as_raw_fd(),
@@ -116,11 +115,11 @@ pub(crate) fn peer_uid(fd: RawFd) -> io::Result<u32> {
 }
 
 fn seqpacket() -> io::Result<OwnedFd> {
-    Ok(owned(syscall!(socket(
+    owned(syscall!(socket(
         libc::AF_UNIX,
         libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
         0
-    ))?))
+    ))?)
 }
 
 /// A listening seqpacket socket on an abstract name.
@@ -141,7 +140,7 @@ pub fn seqpacket_listen(name: &[u8], backlog: u32) -> io::Result<OwnedFd> {
 /// with fds between processes that inherit both ends).
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let [a, b] = raw_pair(libc::SOCK_SEQPACKET)?;
-    Ok((owned(a), owned(b)))
+    Ok((high_owned(a)?, high_owned(b)?))
 }
 
 /// SO_PASSCRED: every message received on `fd` carries its sender's credentials, as the
@@ -181,7 +180,7 @@ pub fn accept(fd: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
         std::ptr::null_mut(),
         libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC
     )) {
-        Ok(s) => Ok(Some(owned(s))),
+        Ok(s) => owned(s).map(Some),
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(None),
         Err(e) => Err(e),
@@ -300,6 +299,8 @@ pub fn recv_msg_cred(fd: BorrowedFd<'_>, buf: &mut [u8], cred: &mut Option<(i32,
                 let bytes = (*cm).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
                 let p = libc::CMSG_DATA(cm) as *const RawFd;
                 for i in 0..bytes / size_of::<RawFd>() {
+                    // One with no number out of the application's range: the message is
+                    // lost below, as if the peer had gone (what it sets up fails).
                     fds.push(owned(p.add(i).read_unaligned()));
                 }
             } else if (*cm).cmsg_level == libc::SOL_SOCKET
@@ -320,5 +321,8 @@ pub fn recv_msg_cred(fd: BorrowedFd<'_>, buf: &mut [u8], cred: &mut Option<(i32,
         // Oversized or with too many fds: drop it (the fds close with the Vec).
         return Recv::Msg(0, Vec::new());
     }
-    Recv::Msg(n, fds)
+    match fds.into_iter().collect::<io::Result<Vec<_>>>() {
+        Ok(fds) => Recv::Msg(n, fds),
+        Err(_) => Recv::Eof,
+    }
 }

@@ -505,7 +505,8 @@ impl Inner {
             .map_err(|e| format!("SDP shm: bad handshake (eventfd): {e}"))?;
         // Kept while connections to the provider live: out of the application's range of fd
         // numbers.
-        let evfd = sys::high_owned(evfd);
+        let evfd = sys::high_owned(evfd)
+            .map_err(|e| format!("SDP shm: no fd for the peer's eventfd: {e}"))?;
         let p = Arc::new(PeerProvider {
             keys,
             bells,
@@ -2467,7 +2468,8 @@ impl ShmEndpoint {
                             if let (Some(p), 1) = (self.peer.as_mut(), fds.len()) {
                                 // Out of the application's range of fd numbers at once, as
                                 // every fd of ours (a program's double close must not hit it).
-                                p.direct = fds.into_iter().next().map(sys::high_owned);
+                                p.direct =
+                                    fds.into_iter().next().and_then(|f| sys::high_owned(f).ok());
                             }
                         }
                         (QpState::Pending, M_DISC) => {
@@ -3043,6 +3045,12 @@ impl ShmListener {
                 ))
             }
         }
+        // Out of fds (the process's limit, or the room above the application's): refused now,
+        // so the connector falls back to kernel TCP (one fd), not set up and then dropped at
+        // accept for want of the fds the connection, its doorbell and its application fd take.
+        if !sys::fds_to_spare(h.sock.as_fd(), FDS_PER_ACCEPT) {
+            return refuse("SDP shm: out of file descriptors");
+        }
         let Ok((inbox_fd, inbox, nslots)) = new_inbox(self.caps.max_recv_wr) else {
             return refuse("SDP shm: out of resources");
         };
@@ -3081,6 +3089,10 @@ impl ShmListener {
         Some((ep, pd))
     }
 }
+
+/// Spare fds a connection request needs to be accepted: its own (inbox, the peer's eventfd,
+/// key table and bell page, its direct wakeup), the socket layer's doorbell and readiness pair.
+const FDS_PER_ACCEPT: u32 = 10;
 
 impl Listener for ShmListener {
     type Endpoint = ShmEndpoint;
