@@ -186,19 +186,20 @@ pub fn fd_room_after_exec() {
 
 /// Whether `k` more fds of ours fit: the `k` numbers below the soft limit are free. Ours are
 /// taken lowest first from [`high_fd_floor`], so the numbers above the highest one taken are
-/// all free, and the number `k` below the limit is free while that line is below it. `fd` is
+/// all free: a duplicate asked for at 2`k` below the limit lands less than `k` above that
+/// while the line is lower (the slack is for other threads looking at the same time). `fd` is
 /// any fd of ours (duplicated once to look, and closed again).
 pub fn fds_to_spare(fd: BorrowedFd<'_>, k: u32) -> bool {
     let Ok((soft, _)) = nofile_limit() else {
         return true;
     };
     let Some(at) = soft
-        .checked_sub(k as u64)
+        .checked_sub(2 * k as u64)
         .filter(|&at| at >= high_fd_floor() as u64 && at <= i32::MAX as u64)
     else {
         return false;
     };
-    dup_at(fd.as_raw_fd(), at as RawFd).is_ok_and(|d| d.as_raw_fd() == at as RawFd)
+    dup_at(fd.as_raw_fd(), at as RawFd).is_ok_and(|d| (d.as_raw_fd() as u64) < at + k as u64)
 }
 
 /// A close-on-exec duplicate of `fd`, at a high number ([`high_fd`]).
