@@ -124,7 +124,7 @@ fn set_nofile_limit(soft: u64, hard: u64) -> io::Result<()> {
 
 /// Make room for our fds above the application's fd numbers: set RLIMIT_NOFILE to (`soft`,
 /// `hard`) as the application asks, but with the soft limit raised where the hard limit
-/// allows, so that [`high_fd`] puts our fds at or above the application's `soft` and the
+/// allows, so that `high_fd` puts our fds at or above the application's `soft` and the
 /// application can open as many fds as it could without SDP. Afterwards
 /// [`app_fd_limit`] is what the application must be told (getrlimit); `None` when there was
 /// no room (the limit is exactly as asked, and our fds go above half of it).
