@@ -53,17 +53,18 @@ fn findable(file: *const c_char) -> bool {
     })
 }
 
-/// The shim's work before an exec that `can` says will succeed.
-fn before_exec(can: impl FnOnce() -> bool) {
-    if ENABLED.load(Ordering::Relaxed) != 1
-        || internal()
-        || PID.load(Ordering::Relaxed) != std::process::id()
+/// The shim's work before an exec that `can` says will succeed; the guard gives the new
+/// program the application's fd limit (limits.rs), and the room back if the exec returns.
+#[must_use]
+fn before_exec(can: impl FnOnce() -> bool) -> ExecLimit {
+    if ENABLED.load(Ordering::Relaxed) == 1
+        && !internal()
+        && PID.load(Ordering::Relaxed) == std::process::id()
+        && can()
     {
-        return;
-    }
-    if can() {
         crate::at_exit();
     }
+    ExecLimit::enter()
 }
 
 /// # Safety
@@ -74,9 +75,8 @@ pub unsafe extern "C" fn execve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    before_exec(|| executable_at(libc::AT_FDCWD, path, 0));
+    let _limit = before_exec(|| executable_at(libc::AT_FDCWD, path, 0));
     // SAFETY: forwards the caller's arguments.
-    let _limit = ExecLimit::enter();
     unsafe { real::execve(path, argv, envp) }
 }
 
@@ -84,9 +84,8 @@ pub unsafe extern "C" fn execve(
 /// As `execv(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    before_exec(|| executable_at(libc::AT_FDCWD, path, 0));
+    let _limit = before_exec(|| executable_at(libc::AT_FDCWD, path, 0));
     // SAFETY: forwards the caller's arguments.
-    let _limit = ExecLimit::enter();
     unsafe { real::execv(path, argv) }
 }
 
@@ -94,9 +93,8 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) 
 /// As `execvp(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    before_exec(|| findable(file));
+    let _limit = before_exec(|| findable(file));
     // SAFETY: forwards the caller's arguments.
-    let _limit = ExecLimit::enter();
     unsafe { real::execvp(file, argv) }
 }
 
@@ -108,9 +106,8 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    before_exec(|| findable(file));
+    let _limit = before_exec(|| findable(file));
     // SAFETY: forwards the caller's arguments.
-    let _limit = ExecLimit::enter();
     unsafe { real::execvpe(file, argv, envp) }
 }
 
@@ -122,9 +119,8 @@ pub unsafe extern "C" fn fexecve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    before_exec(|| executable_at(fd, c"".as_ptr(), libc::AT_EMPTY_PATH));
+    let _limit = before_exec(|| executable_at(fd, c"".as_ptr(), libc::AT_EMPTY_PATH));
     // SAFETY: forwards the caller's arguments.
-    let _limit = ExecLimit::enter();
     unsafe { real::fexecve(fd, argv, envp) }
 }
 
@@ -138,9 +134,8 @@ pub unsafe extern "C" fn execveat(
     envp: *const *const c_char,
     flags: c_int,
 ) -> c_int {
-    before_exec(|| executable_at(dirfd, path, flags));
+    let _limit = before_exec(|| executable_at(dirfd, path, flags));
     // SAFETY: forwards the caller's arguments.
-    let _limit = ExecLimit::enter();
     unsafe { real::execveat(dirfd, path, argv, envp, flags) }
 }
 

@@ -149,7 +149,7 @@ pub unsafe extern "C" fn sysconf(name: c_int) -> c_long {
 /// application set (the room above is the shim's: over TCP it would have got EMFILE).
 #[inline]
 pub(crate) fn past_app_limit(fd: c_int) -> bool {
-    fd >= 0 && fd_limit::app_fd_limit().is_some_and(|app| fd as u64 >= app) && !internal()
+    fd >= 0 && app_soft().is_some_and(|app| fd as u64 >= app)
 }
 
 /// Around an exec or a spawn: the new program gets the application's limit, and the room
