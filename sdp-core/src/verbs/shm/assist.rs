@@ -47,6 +47,21 @@ const A_DONE: usize = 576;
 /// Set by the helper when one of its copies failed.
 const A_ERR: usize = 580;
 
+/// The descriptor's words in the initiator's inbox (name, offset, length), for the check that
+/// no other word of the inbox overlaps them.
+#[cfg(test)]
+pub(super) const LAYOUT: [(&str, usize, usize); 9] = [
+    ("assist claim", A_CLAIM, 8),
+    ("assist op", A_OP, 4),
+    ("assist rkey", A_RKEY, 4),
+    ("assist raddr", A_RADDR, 8),
+    ("assist laddr", A_LADDR, 8),
+    ("assist len", A_LEN, 8),
+    ("assist chunk", A_CHUNK, 8),
+    ("assist done", A_DONE, 4),
+    ("assist err", A_ERR, 4),
+];
+
 const IDLE: u32 = u32::MAX;
 /// What is being copied, which decides the direction and what the helper checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

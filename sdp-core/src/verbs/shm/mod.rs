@@ -53,7 +53,11 @@ use super::{
     MAX_PRIVATE_DATA_REJECT as MAX_PD_REJECT,
 };
 
-// Inbox layout: a header page, then the receive slots.
+// Inbox layout: a header page, then the receive slots. The header's words, one cache line
+// each for those two sides write: 0 magic and slots, 64 head, 128 tail, 192 state, 320 copy in
+// flight, 384 RNR, 448 direct switch, 512-584 the shared copy's descriptor (`assist`), 640
+// direct done, 704 direct busy, 768 the inline ring's tail (test
+// `an_inbox_header_has_no_overlapping_words`).
 const HDR: usize = 4096;
 const INBOX_MAGIC: u32 = 0x5344_5049;
 const OFF_MAGIC: usize = 0;
@@ -80,7 +84,7 @@ const OFF_RNR: usize = 384;
 const OFF_DIRECT: usize = 448;
 /// Direct wakeups under way: the peer raises it before it looks at `OFF_DIRECT` and lowers it
 /// once its byte is written, so an owner turning them off can wait until no byte can come.
-const OFF_DIRECT_BUSY: usize = 512;
+const OFF_DIRECT_BUSY: usize = 704;
 /// Longest `set_direct_wake(false, settle)` waits for a live peer's byte in flight.
 const DIRECT_SETTLE_MAX: Duration = Duration::from_millis(250);
 /// Longest a read that leaves nothing to read waits for the peer's direct wakeups under way to
@@ -91,7 +95,7 @@ const DIRECT_READ_SETTLE: Duration = Duration::from_millis(5);
 /// its direct byte written if it sent one): see `Endpoint::direct_settler`.
 const OFF_DIRECT_DONE: usize = 640;
 /// Bytes of the inbox's inline ring the owner has taken (owner writes; see [`RING_LEN`]).
-const OFF_RING_TAIL: usize = 576;
+const OFF_RING_TAIL: usize = 768;
 /// Longest a deregistration waits for a peer's copy in flight whose process is alive (a peer
 /// stopped in the middle of its copy, SIGSTOP or a debugger; a dead one ends the wait at once).
 const COPY_DRAIN_MAX: Duration = Duration::from_millis(250);
@@ -189,7 +193,8 @@ const HANDED_WAIT_MS: u64 = 1000;
 /// 2: fds only after the sender probed the other side (REQ none, ACC the acceptor's, RTU the
 /// connector's). 3: a fourth fd, the bell page, and the sender's bell.
 /// 4: the inline ring after the slots (`RING_LEN`). 5: `OFF_DIRECT_DONE`, `M_HND`.
-const M_VERSION: u8 = 5;
+/// 6: `OFF_DIRECT_BUSY` and `OFF_RING_TAIL` moved off the shared copy's descriptor.
+const M_VERSION: u8 = 6;
 const M_HDR: usize = 40;
 
 /// A busy listener looks for new connections at least this often (epoll's hint brings them at
@@ -421,6 +426,8 @@ struct Inner {
     providers: Mutex<HashMap<(u64, u64), Weak<PeerProvider>>>,
     /// Inboxes `drain_copies` looked at (`ShmProvider::inboxes_drained`).
     drain_looks: AtomicU64,
+    /// Direct wakeups turned off whose settle wait ran out (`ShmProvider::settles_timed_out`).
+    settle_timeouts: AtomicU64,
     /// The memory of regions deregistered, kept for new regions of the same size (with new
     /// keys): a connection's receive buffers cost no mmap, page faults and zeroing, and their
     /// release no munmap and TLB shootdown (a short connection paid ~20 of each). At most
@@ -786,6 +793,7 @@ impl ShmProvider {
                 procs: Mutex::new(HashMap::new()),
                 providers: Mutex::new(HashMap::new()),
                 drain_looks: AtomicU64::new(0),
+                settle_timeouts: AtomicU64::new(0),
                 map_cache: Mutex::new((0, Vec::new())),
             }),
         })
@@ -822,6 +830,12 @@ impl ShmProvider {
     /// polling (see `assist`: both processes share such copies).
     pub fn assisted_chunks(&self) -> u64 {
         self.inner.assisted.load(Ordering::Relaxed)
+    }
+
+    /// Times turning direct wakeups off gave up waiting for a peer's wakeup under way
+    /// (`DIRECT_SETTLE_MAX`): a peer stopped in the middle of one.
+    pub fn settles_timed_out(&self) -> u64 {
+        self.inner.settle_timeouts.load(Ordering::Relaxed)
     }
 
     /// SENDs this provider copied through peers' inline rings (larger than a slot holds, up
@@ -2677,12 +2691,15 @@ impl Endpoint for ShmEndpoint {
         }
         if settle {
             let busy = self.inbox.u32(OFF_DIRECT_BUSY);
-            wait_word(
+            let w = wait_word(
                 busy,
                 |n| n == 0,
                 self.peer_proc.as_deref(),
                 DIRECT_SETTLE_MAX,
             );
+            if w == CopyWait::TimedOut {
+                self.inner.settle_timeouts.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -3187,6 +3204,7 @@ impl Drop for ShmListener {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verbs::RemoteBuf;
 
     /// A peer that dies with a copy announced (the word left odd) does not hold a
     /// deregistration: the wait ends on its pidfd, not on the time bound.
@@ -3518,6 +3536,140 @@ mod tests {
             unsafe { sys::copy_from_addr(dst.addr(), &mut got) };
             assert!(got.iter().all(|&x| x == 0), "bytes landed for off {off}");
         }
+    }
+
+    /// The words of an inbox's header page do not overlap: the shared copy's descriptor
+    /// (`assist`) and the inbox's own fields are written by different sides for different
+    /// things (the direct-wakeup count and the inline ring's tail once sat on the descriptor's
+    /// claim word and done count).
+    #[test]
+    fn an_inbox_header_has_no_overlapping_words() {
+        let mut words: Vec<(&str, usize, usize)> = vec![
+            ("magic", OFF_MAGIC, 4),
+            ("nslots", OFF_NSLOTS, 4),
+            ("head", OFF_HEAD, 4),
+            ("tail", OFF_TAIL, 4),
+            ("state", OFF_STATE, 4),
+            ("inflight", OFF_INFLIGHT, 4),
+            ("inflight key", OFF_INFLIGHT_KEY, 4),
+            ("rnr", OFF_RNR, 4),
+            ("direct", OFF_DIRECT, 4),
+            ("direct busy", OFF_DIRECT_BUSY, 4),
+            ("direct done", OFF_DIRECT_DONE, 4),
+            ("ring tail", OFF_RING_TAIL, 4),
+        ];
+        words.extend(assist::LAYOUT.iter().copied());
+        words.sort_by_key(|w| w.1);
+        for p in words.windows(2) {
+            assert!(
+                p[0].1 + p[0].2 <= p[1].1,
+                "inbox words {:?} and {:?} overlap",
+                p[0],
+                p[1]
+            );
+        }
+        assert!(words.last().is_some_and(|w| w.1 + w.2 <= HDR));
+    }
+
+    /// The inline ring keeps carrying SENDs after the receiver ran a shared copy of its own
+    /// (its descriptor's reset once zeroed the ring's tail, so the sender saw a full ring and
+    /// copied every later SEND with `process_vm_writev`).
+    #[test]
+    fn a_shared_copy_leaves_the_inline_ring_alone() {
+        let (pa, mut a, pb, mut b) = connected_pair();
+        const BUF: usize = 32 << 10;
+        let src = pa.reg_mr(BUF, Access::empty()).unwrap();
+        let dst = pb.reg_mr(BUF, Access::LOCAL_WRITE).unwrap();
+        let send = |a: &mut ShmEndpoint, b: &mut ShmEndpoint| {
+            b.post_recv(&RecvWr {
+                wr_id: 1,
+                sge: Sge {
+                    addr: dst.addr(),
+                    len: BUF as u32,
+                    lkey: dst.lkey(),
+                },
+            })
+            .unwrap();
+            a.post_send(&SendWr {
+                wr_id: 2,
+                op: SendOp::Send,
+                sge: Some(Sge {
+                    addr: src.addr(),
+                    len: RING_MSG_MAX as u32,
+                    lkey: src.lkey(),
+                }),
+                payload: None,
+                signaled: true,
+                solicited: false,
+            })
+            .unwrap();
+            assert_eq!(poll_one(a, "a send").status, WcStatus::Success);
+            assert_eq!(poll_one(b, "a receive").status, WcStatus::Success);
+        };
+        // More than a ring's worth through the ring, every one taken.
+        for _ in 0..2 * RING_LEN / RING_MSG_MAX {
+            send(&mut a, &mut b);
+        }
+        let before = pa.ring_sends();
+        assert!(before > 0);
+        // The receiver reads from the sender, a copy large enough to be shared.
+        let len = assist::ASSIST_MIN;
+        let remote = pa.reg_mr(len, Access::REMOTE_READ).unwrap();
+        let local = pb.reg_mr(len, Access::LOCAL_WRITE).unwrap();
+        b.post_send(&SendWr {
+            wr_id: 3,
+            op: SendOp::Read(RemoteBuf {
+                addr: remote.addr(),
+                rkey: remote.rkey(),
+            }),
+            sge: Some(Sge {
+                addr: local.addr(),
+                len: len as u32,
+                lkey: local.lkey(),
+            }),
+            payload: None,
+            signaled: true,
+            solicited: false,
+        })
+        .unwrap();
+        assert_eq!(poll_one(&mut b, "the read").status, WcStatus::Success);
+        send(&mut a, &mut b);
+        assert_eq!(
+            pa.ring_sends(),
+            before + 1,
+            "the SEND after the copy missed the ring"
+        );
+    }
+
+    /// Turning direct wakeups off after a shared copy does not wait out the settle bound for
+    /// a count that was never the peer's (the descriptor's claim word sat on it).
+    #[test]
+    fn direct_wakeups_settle_at_once_after_a_shared_copy() {
+        let (pa, mut a, _pb, b) = connected_pair();
+        let len = assist::ASSIST_MIN;
+        let remote = _pb.reg_mr(len, Access::REMOTE_READ).unwrap();
+        let local = pa.reg_mr(len, Access::LOCAL_WRITE).unwrap();
+        a.post_send(&SendWr {
+            wr_id: 3,
+            op: SendOp::Read(RemoteBuf {
+                addr: remote.addr(),
+                rkey: remote.rkey(),
+            }),
+            sge: Some(Sge {
+                addr: local.addr(),
+                len: len as u32,
+                lkey: local.lkey(),
+            }),
+            payload: None,
+            signaled: true,
+            solicited: false,
+        })
+        .unwrap();
+        assert_eq!(poll_one(&mut a, "the read").status, WcStatus::Success);
+        a.set_direct_wake(true, false);
+        a.set_direct_wake(false, true);
+        assert_eq!(pa.settles_timed_out(), 0);
+        drop(b);
     }
 
     /// Deregistering a region marks the receives posted in it bad (and only those).
