@@ -226,37 +226,56 @@ impl Proc {
     }
 
     /// One copy of a batch the caller brackets with [`Proc::check`]: before the first (and,
-    /// for reads, after the last) copy.
+    /// for reads, after the last) copy. `end`: see [`CopyEnd`].
     ///
     /// # Safety
     /// As [`vm_write`].
-    pub unsafe fn write_in_batch(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+    pub unsafe fn write_in_batch(
+        &self,
+        local: u64,
+        remote: u64,
+        len: usize,
+        end: Option<CopyEnd>,
+    ) -> io::Result<()> {
         // SAFETY: the caller's contract.
-        unsafe { vm_write(self.pid, local, remote, len) }
+        unsafe { vm_write(self.pid, local, remote, len, end) }
     }
 
     /// As [`Proc::write_in_batch`], reading.
     ///
     /// # Safety
     /// As [`vm_read`].
-    pub unsafe fn read_in_batch(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+    pub unsafe fn read_in_batch(
+        &self,
+        local: u64,
+        remote: u64,
+        len: usize,
+        end: Option<CopyEnd>,
+    ) -> io::Result<()> {
         // SAFETY: the caller's contract.
-        unsafe { vm_read(self.pid, local, remote, len) }
+        unsafe { vm_read(self.pid, local, remote, len, end) }
     }
 
     /// Copy `len` bytes from our `local` address into the process at `remote`; `ESRCH` if it
     /// has exited. What is left: the process may exit, be reaped and its pid be handed to a new
     /// process between the liveness check (at most [`LIVENESS_TRUST`] old) and the copy's
     /// system call (the pid allocator would have to wrap around `pid_max` in between).
+    /// `end`: see [`CopyEnd`].
     ///
     /// # Safety
     /// As [`vm_write`].
-    pub unsafe fn write(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+    pub unsafe fn write(
+        &self,
+        local: u64,
+        remote: u64,
+        len: usize,
+        end: Option<CopyEnd>,
+    ) -> io::Result<()> {
         if !self.alive_recently() {
             return Err(Proc::gone());
         }
         // SAFETY: the caller's contract.
-        unsafe { vm_write(self.pid, local, remote, len) }
+        unsafe { vm_write(self.pid, local, remote, len, end) }
     }
 
     /// Copy `len` bytes from the process at `remote` to our `local` address; `ESRCH` if it has
@@ -264,65 +283,103 @@ impl Proc {
     ///
     /// # Safety
     /// As [`vm_read`].
-    pub unsafe fn read(&self, local: u64, remote: u64, len: usize) -> io::Result<()> {
+    pub unsafe fn read(
+        &self,
+        local: u64,
+        remote: u64,
+        len: usize,
+        end: Option<CopyEnd>,
+    ) -> io::Result<()> {
         if !self.alive_recently() {
             return Err(Proc::gone());
         }
         // SAFETY: the caller's contract.
-        unsafe { vm_read(self.pid, local, remote, len) }
+        unsafe { vm_read(self.pid, local, remote, len, end) }
     }
 }
 
-/// Copy `len` bytes from our `local` address into process `pid` at `remote`.
+/// Four bytes a copy's own system call moves after the data, in the same direction: from our
+/// `local` to the process's `remote` for a write, from its `remote` to our `local` for a read.
+/// A word that says "this copy is over" (the end of an announcement, a count of chunks done)
+/// is then written by the kernel once the data is, so a process stopped (SIGSTOP, a debugger)
+/// or preempted as its system call returns does not leave the word saying the copy still
+/// runs. `process_vm_*` copy their vectors in order, each after the one before is done. If
+/// the word cannot be written the copy still succeeds (the caller writes it itself, as without).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyEnd {
+    pub local: u64,
+    pub remote: u64,
+}
+
+/// Copy `len` bytes from `local` in process `pid` (write: ours to theirs; read: theirs to
+/// ours) then `end`'s word; `Err` (with errno) unless every data byte moved.
+fn vm_copy(
+    write: bool,
+    pid: i32,
+    local: u64,
+    remote: u64,
+    len: usize,
+    end: Option<CopyEnd>,
+) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let vec = |a: u64, n: usize| libc::iovec {
+            iov_base: a as usize as *mut libc::c_void,
+            iov_len: n,
+        };
+        let l = [
+            vec(local + done as u64, len - done),
+            vec(end.map_or(0, |e| e.local), 4),
+        ];
+        let r = [
+            vec(remote + done as u64, len - done),
+            vec(end.map_or(0, |e| e.remote), 4),
+        ];
+        let cnt = if end.is_some() { 2 } else { 1 };
+        // SAFETY: the kernel reads (write) or writes (read) our ranges, valid per the
+        // callers' contracts, and the other process's; a bad remote range is an error
+        // (EFAULT), not undefined behaviour here.
+        let n = if write {
+            syscall!(process_vm_writev(pid, l.as_ptr(), cnt, r.as_ptr(), cnt, 0))?
+        } else {
+            syscall!(process_vm_readv(pid, l.as_ptr(), cnt, r.as_ptr(), cnt, 0))?
+        } as usize;
+        if n == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// Copy `len` bytes from our `local` address into process `pid` at `remote`, then `end`.
 /// Returns `Err` (with errno) unless every byte was written.
 ///
 /// # Safety
-/// `local..local + len` must be mapped and readable in this process.
-unsafe fn vm_write(pid: i32, local: u64, remote: u64, len: usize) -> io::Result<()> {
-    let mut done = 0usize;
-    while done < len {
-        let l = libc::iovec {
-            iov_base: (local as usize + done) as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        let r = libc::iovec {
-            iov_base: (remote as usize + done) as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        // SAFETY: the kernel reads our range (valid per the caller) and writes the other
-        // process; a bad remote range is an error (EFAULT), not undefined behaviour here.
-        let n = syscall!(process_vm_writev(pid, &l, 1, &r, 1, 0))? as usize;
-        if n == 0 {
-            return Err(io::Error::from_raw_os_error(libc::EFAULT));
-        }
-        done += n;
-    }
-    Ok(())
+/// `local..local + len` (and `end`'s local word) must be mapped and readable in this process.
+unsafe fn vm_write(
+    pid: i32,
+    local: u64,
+    remote: u64,
+    len: usize,
+    end: Option<CopyEnd>,
+) -> io::Result<()> {
+    vm_copy(true, pid, local, remote, len, end)
 }
 
-/// Copy `len` bytes from process `pid` at `remote` to our `local` address.
+/// Copy `len` bytes from process `pid` at `remote` to our `local` address, then `end`.
 ///
 /// # Safety
-/// `local..local + len` must be mapped, writable, and not referenced by Rust references.
-unsafe fn vm_read(pid: i32, local: u64, remote: u64, len: usize) -> io::Result<()> {
-    let mut done = 0usize;
-    while done < len {
-        let l = libc::iovec {
-            iov_base: (local as usize + done) as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        let r = libc::iovec {
-            iov_base: (remote as usize + done) as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        // SAFETY: the kernel writes our range (valid per the caller) from the other process.
-        let n = syscall!(process_vm_readv(pid, &l, 1, &r, 1, 0))? as usize;
-        if n == 0 {
-            return Err(io::Error::from_raw_os_error(libc::EFAULT));
-        }
-        done += n;
-    }
-    Ok(())
+/// `local..local + len` (and `end`'s local word) must be mapped, writable, and not referenced
+/// by Rust references (`end`'s word may be an atomic the kernel stores into).
+unsafe fn vm_read(
+    pid: i32,
+    local: u64,
+    remote: u64,
+    len: usize,
+    end: Option<CopyEnd>,
+) -> io::Result<()> {
+    vm_copy(false, pid, local, remote, len, end)
 }
 
 static PROBE: u64 = 0x5344_505f_5348_4d21;
@@ -336,6 +393,6 @@ pub fn probe_addr() -> u64 {
 pub fn probe(p: &Proc, addr: u64) -> io::Result<bool> {
     let mut v: u64 = 0;
     // SAFETY: the local range is the live `v`.
-    unsafe { p.read((&mut v as *mut u64) as u64, addr, 8)? };
+    unsafe { p.read((&mut v as *mut u64) as u64, addr, 8, None)? };
     Ok(v == PROBE)
 }

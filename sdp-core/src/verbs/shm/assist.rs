@@ -30,7 +30,8 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::sys::{self, Mapping, Proc};
+use super::{COUNTS, OFF_COUNTS};
+use crate::sys::{self, CopyEnd, Mapping, Proc};
 
 /// Claim word: generation (high 32 bits) and next chunk (low 32 bits, `IDLE`: withdrawn).
 pub(super) const A_CLAIM: usize = 512;
@@ -166,7 +167,9 @@ impl Pending {
 /// `sock` is the connection's rendezvous socket, whose hang-up tells the peer is gone (its
 /// memory with it), the one case where we stop waiting for chunks it claimed. `still_ok` is
 /// asked before each of our chunks whether the remote range may still be touched (the peer
-/// may deregister or revoke it meanwhile: then we copy no more and fail with `EACCES`).
+/// may deregister or revoke it meanwhile: then we copy no more and fail with `EACCES`); it
+/// announces each chunk first. `end`: the word each chunk's system call writes after its data
+/// (the end of that announcement, `sys::CopyEnd`).
 /// Our own chunks are done when this returns; chunks the peer claimed may not be (it was
 /// preempted, or stopped): then the operation is `Waiting`, and must not complete (nor its
 /// buffer be reused) before [`Pending::poll`] says so. Nothing here waits for long on the peer.
@@ -182,7 +185,8 @@ pub(super) unsafe fn start_shared(
     gen: &mut u32,
     peer: &Proc,
     sock: Option<BorrowedFd<'_>>,
-    still_ok: &dyn Fn() -> bool,
+    still_ok: &mut dyn FnMut() -> bool,
+    end: Option<CopyEnd>,
     op: Op,
     rkey: u32,
     local: u64,
@@ -232,9 +236,9 @@ pub(super) unsafe fn start_shared(
         // remote range is the peer's, checked against its key table by the caller.
         res = unsafe {
             if read {
-                peer.read_in_batch(local + off, remote + off, l)
+                peer.read_in_batch(local + off, remote + off, l, end)
             } else {
-                peer.write_in_batch(local + off, remote + off, l)
+                peer.write_in_batch(local + off, remote + off, l, end)
             }
         };
     }
@@ -269,7 +273,7 @@ pub(super) unsafe fn copy_shared(
     gen: &mut u32,
     peer: &Proc,
     sock: Option<BorrowedFd<'_>>,
-    still_ok: &dyn Fn() -> bool,
+    still_ok: &mut dyn FnMut() -> bool,
     op: Op,
     rkey: u32,
     local: u64,
@@ -279,7 +283,7 @@ pub(super) unsafe fn copy_shared(
     // SAFETY: the caller's contract is start_shared's.
     match unsafe {
         start_shared(
-            inbox, gen, peer, sock, still_ok, op, rkey, local, remote, len,
+            inbox, gen, peer, sock, still_ok, None, op, rkey, local, remote, len,
         )
     } {
         Started::Done(r) => r,
@@ -299,9 +303,14 @@ pub(super) fn pending(peer_inbox: &Mapping) -> bool {
 }
 
 /// The helper's side: take and copy chunks of the peer's published operation, if any.
-/// `peer_inbox` is the peer's inbox; the caller keeps what `check` says true (holds the
-/// registrations' lock) until this returns. Returns the chunks copied.
-pub(super) fn help(peer_inbox: &Mapping, peer: &Proc, check: CheckRange<'_>) -> u32 {
+/// `peer_inbox` is the peer's inbox (at `peer_va` in the peer's memory, 0 if unknown); the
+/// caller keeps what `check` says true (holds the registrations' lock) until this returns.
+/// Returns the chunks copied.
+///
+/// Our count of chunks done (`A_DONE`, which only we write during an operation) is written by
+/// each chunk's own system call after its data (`sys::CopyEnd`): a helper stopped or preempted
+/// as that call returns does not hold the initiator, which waits for the count.
+pub(super) fn help(peer_inbox: &Mapping, peer_va: u64, peer: &Proc, check: CheckRange<'_>) -> u32 {
     let claim = peer_inbox.u64(A_CLAIM);
     let mut c = claim.load(Ordering::Acquire);
     let g = (c >> 32) as u32;
@@ -328,6 +337,7 @@ pub(super) fn help(peer_inbox: &Mapping, peer: &Proc, check: CheckRange<'_>) -> 
     // The initiator is alive for as long as it is counting our chunks, unless it died: then
     // its pid must not be written (its descriptor claims are checked below, copies skipped).
     let alive = peer.alive_recently();
+    let done_word = peer_inbox.u32(A_DONE);
     let mut copied = 0;
     loop {
         if (c >> 32) as u32 != g || u64::from(c as u32) >= n {
@@ -337,24 +347,42 @@ pub(super) fn help(peer_inbox: &Mapping, peer: &Proc, check: CheckRange<'_>) -> 
             Ok(_) => {
                 let off = u64::from(c as u32) * chunk;
                 let l = (len - off).min(chunk) as usize;
+                let count = done_word.load(Ordering::Relaxed).wrapping_add(1);
+                // The count's new value: from our stack into the initiator's inbox (we write
+                // its memory), or from its table of counts into our mapping of its inbox.
+                let end = if peer_va == 0 {
+                    None
+                } else if read {
+                    Some(CopyEnd {
+                        local: &count as *const u32 as u64,
+                        remote: peer_va + A_DONE as u64,
+                    })
+                } else {
+                    ((count as usize) < COUNTS).then(|| CopyEnd {
+                        local: peer_inbox.ptr().as_ptr() as u64 + A_DONE as u64,
+                        remote: peer_va + (OFF_COUNTS + 4 * count as usize) as u64,
+                    })
+                };
                 // SAFETY: `raddr + off .. + l` is inside our registration `rkey` (checked
-                // above, kept live by the caller); the kernel checks the peer's range.
+                // above, kept live by the caller); the kernel checks the peer's range; `count`
+                // lives across the call.
                 let r = if !alive {
                     Err(io::Error::from_raw_os_error(libc::ESRCH))
                 } else {
                     // SAFETY: see above.
                     unsafe {
                         if read {
-                            peer.write_in_batch(raddr + off, laddr.wrapping_add(off), l)
+                            peer.write_in_batch(raddr + off, laddr.wrapping_add(off), l, end)
                         } else {
-                            peer.read_in_batch(raddr + off, laddr.wrapping_add(off), l)
+                            peer.read_in_batch(raddr + off, laddr.wrapping_add(off), l, end)
                         }
                     }
                 };
                 if r.is_err() {
                     peer_inbox.u32(A_ERR).store(1, Ordering::Relaxed);
                 }
-                peer_inbox.u32(A_DONE).fetch_add(1, Ordering::Release);
+                // (Already there if the system call wrote it; the error flag before it.)
+                done_word.store(count, Ordering::Release);
                 copied += 1;
                 c = claim.load(Ordering::Acquire);
             }
@@ -387,8 +415,10 @@ mod tests {
                 let check = |_op: Op, rkey: u32, addr: u64, len: u64| {
                     rkey == 7 && addr >= theirs_addr && addr + len <= theirs_addr + n as u64
                 };
+                // Our count of chunks done written by the copies' own system calls.
+                let va = inbox.ptr().as_ptr() as u64;
                 while !stop.load(Ordering::Relaxed) {
-                    helped.fetch_add(help(&inbox, &me, &check), Ordering::Relaxed);
+                    helped.fetch_add(help(&inbox, va, &me, &check), Ordering::Relaxed);
                 }
             })
         };
@@ -410,7 +440,7 @@ mod tests {
                     &mut gen,
                     &me,
                     None,
-                    &|| true,
+                    &mut || true,
                     Op::Read,
                     7,
                     mine.as_mut_ptr() as u64,
@@ -481,7 +511,7 @@ mod tests {
                 checked.set(checked.get() || ok);
                 ok
             };
-            let n = help(&inbox, &peer, &check);
+            let n = help(&inbox, 0, &peer, &check);
             assert!(n == 0 || checked.get());
             assert_eq!(inbox.u32(A_DONE).load(Ordering::Relaxed), n);
             copied += n;

@@ -56,8 +56,8 @@ use super::{
 // Inbox layout: a header page, then the receive slots. The header's words, one cache line
 // each for those two sides write: 0 magic and slots, 64 head, 128 tail, 192 state, 320 copy in
 // flight, 384 RNR, 448 direct switch, 512-584 the shared copy's descriptor (`assist`), 640
-// direct done, 704 direct busy, 768 the inline ring's tail (test
-// `an_inbox_header_has_no_overlapping_words`).
+// direct done, 704 direct busy, 768 the inline ring's tail, 832 the inbox's own address, 896
+// zero, 1024-2048 counts (test `an_inbox_header_has_no_overlapping_words`).
 const HDR: usize = 4096;
 const INBOX_MAGIC: u32 = 0x5344_5049;
 const OFF_MAGIC: usize = 0;
@@ -96,6 +96,15 @@ const DIRECT_READ_SETTLE: Duration = Duration::from_millis(5);
 const OFF_DIRECT_DONE: usize = 640;
 /// Bytes of the inbox's inline ring the owner has taken (owner writes; see [`RING_LEN`]).
 const OFF_RING_TAIL: usize = 768;
+/// The inbox's address in its owner's memory (owner writes once): where a peer's copy system
+/// call writes the end of its announcement or its count of chunks done (`sys::CopyEnd`).
+const OFF_SELF: usize = 832;
+/// Always 0: what a peer's read system call copies into `OFF_INFLIGHT` to end its announcement.
+const OFF_ZERO: usize = 896;
+/// `COUNTS` words holding 0, 1, 2...: what a peer's read system call copies into the shared
+/// copy's done count (`assist`).
+const OFF_COUNTS: usize = 1024;
+const COUNTS: usize = 256;
 /// Longest a deregistration waits for a peer's copy in flight whose process is alive (a peer
 /// stopped in the middle of its copy, SIGSTOP or a debugger; a dead one ends the wait at once).
 const COPY_DRAIN_MAX: Duration = Duration::from_millis(250);
@@ -193,7 +202,8 @@ const HANDED_WAIT_MS: u64 = 1000;
 /// 2: fds only after the sender probed the other side (REQ none, ACC the acceptor's, RTU the
 /// connector's). 3: a fourth fd, the bell page, and the sender's bell.
 /// 4: the inline ring after the slots (`RING_LEN`). 5: `OFF_DIRECT_DONE`, `M_HND`.
-/// 6: `OFF_DIRECT_BUSY` and `OFF_RING_TAIL` moved off the shared copy's descriptor.
+/// 6: `OFF_DIRECT_BUSY` and `OFF_RING_TAIL` moved off the shared copy's descriptor; copies end
+/// their announcements by their own system call (`OFF_SELF`, `OFF_ZERO`, `OFF_COUNTS`).
 const M_VERSION: u8 = 6;
 const M_HDR: usize = 40;
 
@@ -380,6 +390,14 @@ impl<'a> InFlight<'a> {
         fence(Ordering::SeqCst);
         InFlight { word, seq, count }
     }
+
+    /// Announce the next copy of the same region (the one before was ended by its system call,
+    /// `sys::CopyEnd`): a new odd value, then the caller looks at the key table again.
+    fn again(&mut self) {
+        *self.seq = self.seq.wrapping_add(1) | 1;
+        self.word.store(*self.seq, Ordering::Release);
+        fence(Ordering::SeqCst);
+    }
 }
 
 impl Drop for InFlight<'_> {
@@ -428,6 +446,8 @@ struct Inner {
     drain_looks: AtomicU64,
     /// Direct wakeups turned off whose settle wait ran out (`ShmProvider::settles_timed_out`).
     settle_timeouts: AtomicU64,
+    /// Waits for a peer's copy in flight that ran out (`ShmProvider::drains_timed_out`).
+    drain_timeouts: AtomicU64,
     /// The memory of regions deregistered, kept for new regions of the same size (with new
     /// keys): a connection's receive buffers cost no mmap, page faults and zeroing, and their
     /// release no munmap and TLB shootdown (a short connection paid ~20 of each). At most
@@ -666,12 +686,15 @@ impl Inner {
         }
         for (c, v) in busy {
             let ib = c.inbox.as_ref().expect("only inboxes are collected");
-            wait_copy(
+            let w = wait_copy(
                 ib.u32(OFF_INFLIGHT),
                 v,
                 c.peer.get().map(|p| &**p),
                 COPY_DRAIN_MAX,
             );
+            if w == CopyWait::TimedOut {
+                self.drain_timeouts.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -794,6 +817,7 @@ impl ShmProvider {
                 providers: Mutex::new(HashMap::new()),
                 drain_looks: AtomicU64::new(0),
                 settle_timeouts: AtomicU64::new(0),
+                drain_timeouts: AtomicU64::new(0),
                 map_cache: Mutex::new((0, Vec::new())),
             }),
         })
@@ -836,6 +860,13 @@ impl ShmProvider {
     /// (`DIRECT_SETTLE_MAX`): a peer stopped in the middle of one.
     pub fn settles_timed_out(&self) -> u64 {
         self.inner.settle_timeouts.load(Ordering::Relaxed)
+    }
+
+    /// Times a deregistration, a revocation or a teardown gave up waiting for a peer's copy
+    /// in flight (`COPY_DRAIN_MAX`): a live peer stopped between its look at our key table
+    /// and the end of its copy's system call.
+    pub fn drains_timed_out(&self) -> u64 {
+        self.inner.drain_timeouts.load(Ordering::Relaxed)
     }
 
     /// SENDs this provider copied through peers' inline rings (larger than a slot holds, up
@@ -891,6 +922,11 @@ fn new_inbox(max_recv_wr: u32) -> Result<(OwnedFd, Arc<Mapping>, u32), VerbsErro
     let m = Mapping::map(fd.as_fd(), len, true).map_err(os)?;
     m.u32(OFF_MAGIC).store(INBOX_MAGIC, Ordering::Relaxed);
     m.u32(OFF_NSLOTS).store(nslots, Ordering::Relaxed);
+    m.u64(OFF_SELF)
+        .store(m.ptr().as_ptr() as u64, Ordering::Relaxed);
+    for k in 0..COUNTS {
+        m.u32(OFF_COUNTS + 4 * k).store(k as u32, Ordering::Relaxed);
+    }
     Ok((fd, Arc::new(m), nslots))
 }
 
@@ -900,6 +936,9 @@ struct Peer {
     /// peer process, shared by its connections: `Inner::shared_proc`).
     proc: Arc<Proc>,
     inbox: Mapping,
+    /// The peer's inbox at its own address (`OFF_SELF`; 0: unknown, copies end their
+    /// announcements themselves).
+    inbox_va: u64,
     nslots: u32,
     /// The peer provider's key table, bell page and eventfd (shared by its connections).
     prov: Arc<PeerProvider>,
@@ -970,15 +1009,44 @@ impl Peer {
                 ))
             }
         }
+        // Where our copies' system calls end their announcements (`sys::CopyEnd`): a value
+        // that is not a page of the peer's (a hostile or broken peer) only makes those ends
+        // fail, and we end them ourselves.
+        let va = inbox.u64(OFF_SELF).load(Ordering::Relaxed);
+        let inbox_va = if va != 0 && va.is_multiple_of(4096) {
+            va
+        } else {
+            0
+        };
         Ok(Peer {
             proc,
             inbox,
+            inbox_va,
             nslots,
             prov,
             bell,
             wakeups: inner.wakeups.clone(),
             direct: None,
             direct_wakeups: inner.direct_wakeups.clone(),
+        })
+    }
+
+    /// For a copy into the peer's memory: its system call writes 0 over our announcement in
+    /// the peer's inbox after the data (`sys::CopyEnd`).
+    fn end_write(&self) -> Option<sys::CopyEnd> {
+        static ZERO: u32 = 0;
+        (self.inbox_va != 0).then(|| sys::CopyEnd {
+            local: &ZERO as *const u32 as u64,
+            remote: self.inbox_va + OFF_INFLIGHT as u64,
+        })
+    }
+
+    /// For a copy out of the peer's memory: its system call copies the peer's zero word over
+    /// our announcement (through our mapping of its inbox) after the data.
+    fn end_read(&self) -> Option<sys::CopyEnd> {
+        (self.inbox_va != 0).then(|| sys::CopyEnd {
+            local: self.inbox.ptr().as_ptr() as u64 + OFF_INFLIGHT as u64,
+            remote: self.inbox_va + OFF_ZERO as u64,
         })
     }
 
@@ -1834,8 +1902,10 @@ impl ShmEndpoint {
         fence(Ordering::SeqCst);
         let w = self.inbox.u32(OFF_INFLIGHT);
         let v = w.load(Ordering::Relaxed);
-        if v & 1 == 1 {
-            wait_copy(w, v, self.peer_proc.as_deref(), COPY_DRAIN_MAX);
+        if v & 1 == 1
+            && wait_copy(w, v, self.peer_proc.as_deref(), COPY_DRAIN_MAX) == CopyWait::TimedOut
+        {
+            self.inner.drain_timeouts.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -1910,11 +1980,13 @@ impl ShmEndpoint {
                     (ST_RING, Ok(()))
                 } else {
                     let s = wr.sge.expect("len > 0 has an sge");
-                    let _copy = InFlight::begin(ib, &peer.prov.bells, 0, &mut self.copy_seq);
+                    let mut copy = InFlight::begin(ib, &peer.prov.bells, 0, &mut self.copy_seq);
                     // Announced: now the receive must still be good (the owner marks the
-                    // receives of a region it deregisters bad) and the peer open.
+                    // receives of a region it deregisters bad) and the peer open. The copy's
+                    // system call ends the announcement (`Peer::end_write`).
                     let still_ok =
                         || !peer.closed() && ib.u32(base + S_BAD).load(Ordering::Relaxed) == 0;
+                    let end = peer.end_write();
                     // SAFETY: the local ranges are inside live registrations (read lock held).
                     let r = unsafe {
                         if !still_ok() {
@@ -1922,12 +1994,13 @@ impl ShmEndpoint {
                         } else if let Some(p) = wr.payload {
                             // Gathered: header, then payload right after it (plain copies).
                             peer.proc
-                                .write(s.addr, raddr, s.len as usize)
+                                .write(s.addr, raddr, s.len as usize, None)
                                 .and_then(|()| {
                                     peer.proc.write(
                                         p.addr,
                                         raddr + u64::from(s.len),
                                         p.len as usize,
+                                        end,
                                     )
                                 })
                         } else if len as usize >= assist::ASSIST_MIN_SEND {
@@ -1938,7 +2011,11 @@ impl ShmEndpoint {
                                 &mut self.assist_gen,
                                 &peer.proc,
                                 self.sock.as_ref().map(|s| s.as_fd()),
-                                &still_ok,
+                                &mut || {
+                                    copy.again();
+                                    still_ok()
+                                },
+                                end,
                                 assist::Op::Send,
                                 0,
                                 s.addr,
@@ -1954,10 +2031,10 @@ impl ShmEndpoint {
                                 }
                             }
                         } else {
-                            peer.proc.write(s.addr, raddr, len as usize)
+                            peer.proc.write(s.addr, raddr, len as usize, end)
                         }
                     };
-                    drop(_copy);
+                    drop(copy);
                     let ret = publish_send(peer, &mut self.sq_tail, base, len, wr.solicited, r);
                     match ret {
                         Ok(()) => return done(len),
@@ -1988,8 +2065,14 @@ impl ShmEndpoint {
                 } else {
                     Access::REMOTE_WRITE
                 };
-                let _copy =
+                let mut copy =
                     InFlight::begin(&peer.inbox, &peer.prov.bells, rb.rkey, &mut self.copy_seq);
+                // The copy's system call ends the announcement (`Peer::end_read`/`end_write`).
+                let end = if is_read {
+                    peer.end_read()
+                } else {
+                    peer.end_write()
+                };
                 // Announced before the key is looked up: a deregistration or revocation that
                 // we miss here waits for our copy (`Inner::drain_copies`); a large copy looks
                 // again before each of its chunks.
@@ -2017,7 +2100,11 @@ impl ShmEndpoint {
                             &mut self.assist_gen,
                             &peer.proc,
                             self.sock.as_ref().map(|s| s.as_fd()),
-                            &still_ok,
+                            &mut || {
+                                copy.again();
+                                still_ok()
+                            },
+                            end,
                             if is_read {
                                 assist::Op::Read
                             } else {
@@ -2037,12 +2124,12 @@ impl ShmEndpoint {
                             }
                         }
                     } else if is_read {
-                        peer.proc.read(s.addr, rb.addr, len as usize)
+                        peer.proc.read(s.addr, rb.addr, len as usize, end)
                     } else {
-                        peer.proc.write(s.addr, rb.addr, len as usize)
+                        peer.proc.write(s.addr, rb.addr, len as usize, end)
                     }
                 };
-                drop(_copy);
+                drop(copy);
                 match rdma_result(r) {
                     Ok(()) => done(len),
                     Err(st) => Exec::Fail(wc(wr, st)),
@@ -2354,7 +2441,7 @@ impl ShmEndpoint {
                     && regs.check(&r.sge, Access::LOCAL_WRITE)
             }),
         };
-        let n = assist::help(&peer.inbox, &peer.proc, &check);
+        let n = assist::help(&peer.inbox, peer.inbox_va, &peer.proc, &check);
         if n > 0 {
             self.inner
                 .assisted
@@ -3670,6 +3757,47 @@ mod tests {
         a.set_direct_wake(false, true);
         assert_eq!(pa.settles_timed_out(), 0);
         drop(b);
+    }
+
+    /// A peer stopped (SIGSTOP, a debugger) or preempted right as its copy's system call
+    /// returns, before its own code ends the announcement, does not hold a deregistration of
+    /// the region for `COPY_DRAIN_MAX`: the system call ended it (a Write and a Read, each
+    /// as `exec` runs them, then "stopped": the announcement's guard is never dropped).
+    #[test]
+    fn a_copy_ended_by_its_system_call_does_not_hold_a_deregistration() {
+        let (pa, mut a, pb, _b) = connected_pair();
+        let src = pa.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
+        for read in [false, true] {
+            let access = if read {
+                Access::REMOTE_READ
+            } else {
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE
+            };
+            let theirs = pb.reg_mr(8192, access).unwrap();
+            let peer = a.peer.as_ref().unwrap();
+            let copy = InFlight::begin(
+                &peer.inbox,
+                &peer.prov.bells,
+                theirs.rkey(),
+                &mut a.copy_seq,
+            );
+            assert!(peer.lookup(theirs.rkey()).is_some());
+            // SAFETY: both ranges are live registrations of this process, not borrowed.
+            unsafe {
+                if read {
+                    peer.proc
+                        .read(src.addr(), theirs.addr(), 8192, peer.end_read())
+                        .unwrap();
+                } else {
+                    peer.proc
+                        .write(src.addr(), theirs.addr(), 8192, peer.end_write())
+                        .unwrap();
+                }
+            }
+            std::mem::forget(copy);
+            drop(theirs);
+            assert_eq!(pb.drains_timed_out(), 0, "read {read}");
+        }
     }
 
     /// Deregistering a region marks the receives posted in it bad (and only those).
