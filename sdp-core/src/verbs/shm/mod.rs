@@ -325,6 +325,47 @@ enum CopyWait {
     TimedOut,
 }
 
+/// How a withdrawal of memory treats the peers' copies it finds in flight (`Inner::drain_copies`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drain {
+    /// Wait for each up to `COPY_DRAIN_MAX` (the memory stays with its owner: a live region
+    /// whose rights were reduced, under whatever lock the caller holds).
+    Bounded,
+    /// Wait until each ends or its peer exits, however long: the caller's own memory, let go
+    /// outside any lock others need (a stopped peer holds only that call).
+    Unbounded,
+    /// Do not wait: return them, and the caller keeps the memory out of use until they end
+    /// (`Inner::park`).
+    Collect,
+}
+
+/// A peer's copy that was announced (`OFF_INFLIGHT` odd, `v`) in an inbox of ours when we
+/// withdrew memory it may touch, not yet seen to end.
+struct Linger {
+    inbox: Arc<Mapping>,
+    v: u32,
+    /// The region it touches (`OFF_INFLIGHT_KEY`; 0: a posted receive).
+    key: u32,
+    peer: Option<Arc<Proc>>,
+}
+
+impl Linger {
+    /// The copy ended (the word moved on) or its process exited.
+    fn over(&self) -> bool {
+        self.inbox.u32(OFF_INFLIGHT).load(Ordering::Acquire) != self.v
+            || self.peer.as_ref().is_some_and(|p| !p.alive())
+    }
+
+    fn wait(&self, max: Duration) -> CopyWait {
+        wait_copy(
+            self.inbox.u32(OFF_INFLIGHT),
+            self.v,
+            self.peer.as_deref(),
+            max,
+        )
+    }
+}
+
 /// Wait until the in-flight word `w` no longer holds `v` (the copy announced by `v` is done),
 /// the peer exits, or `max` passes. Spins briefly, then yields and sleeps.
 fn wait_copy(w: &AtomicU32, v: u32, peer: Option<&Proc>, max: Duration) -> CopyWait {
@@ -448,6 +489,16 @@ struct Inner {
     settle_timeouts: AtomicU64,
     /// Waits for a peer's copy in flight that ran out (`ShmProvider::drains_timed_out`).
     drain_timeouts: AtomicU64,
+    /// Copies peers had under way into or out of our memory when their connection was torn
+    /// down (`ShmEndpoint::drain_own`), not yet seen to end: a region let go later waits for
+    /// (or parks behind) those of its key and, if receives were posted in it, those of
+    /// receives (the connection's inbox is no longer among `ctls`).
+    lingering: Mutex<Vec<Linger>>,
+    /// Memory of regions let go while a peer's copy that may touch it was under way: kept
+    /// mapped (never reused, never unmapped) until every one of those copies ended, so a peer
+    /// stopped in the middle of one (SIGSTOP, a debugger, preempted) for however long cannot
+    /// land it in memory that serves something else. Looked at by `reap`.
+    parked: Mutex<Vec<(Mapping, Vec<Linger>)>>,
     /// The memory of regions deregistered, kept for new regions of the same size (with new
     /// keys): a connection's receive buffers cost no mmap, page faults and zeroing, and their
     /// release no munmap and TLB shootdown (a short connection paid ~20 of each). At most
@@ -466,6 +517,7 @@ fn os(e: std::io::Error) -> VerbsError {
 impl Inner {
     /// A cached mapping of exactly `len` bytes (see `map_cache`).
     fn cached_map(&self, len: usize) -> Option<Mapping> {
+        self.reap();
         let mut c = self.map_cache.lock();
         let i = c.1.iter().rposition(|m| m.len() == len)?;
         let m = c.1.swap_remove(i);
@@ -581,7 +633,40 @@ impl Inner {
         seq.store(s.wrapping_add(2), Ordering::Release);
     }
 
+    /// Let go of parked memory whose peers' copies ended, and forget copies that ended.
+    fn reap(&self) {
+        {
+            let mut l = self.lingering.lock();
+            if !l.is_empty() {
+                l.retain(|c| !c.over());
+            }
+        }
+        let done: Vec<Mapping> = {
+            let mut p = self.parked.lock();
+            let mut done = Vec::new();
+            let mut i = 0;
+            while i < p.len() {
+                p[i].1.retain(|c| !c.over());
+                if p[i].1.is_empty() {
+                    done.push(p.swap_remove(i).0);
+                } else {
+                    i += 1;
+                }
+            }
+            done
+        };
+        for m in done {
+            self.recycle_map(m);
+        }
+    }
+
+    /// Keep `m` out of use until `lingers` ended (`parked`).
+    fn park(&self, m: Mapping, lingers: Vec<Linger>) {
+        self.parked.lock().push((m, lingers));
+    }
+
     fn register(&self, addr: u64, len: usize, access: Access) -> Result<Reg, VerbsError> {
+        self.reap();
         if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
             return Err(VerbsError::Invalid("REMOTE_WRITE needs LOCAL_WRITE"));
         }
@@ -616,17 +701,17 @@ impl Inner {
         Ok(r)
     }
 
-    /// Deregister, and return only once no peer can still touch the region: its key is
-    /// withdrawn, receives posted in it are marked bad (a SEND then fails instead of landing),
-    /// and copies peers had in flight are waited for (`drain_copies`).
-    fn deregister(&self, lkey: u32) {
+    /// Deregister: the key is withdrawn and receives posted in the region are marked bad (a
+    /// SEND then fails instead of landing); copies peers had in flight are then treated as
+    /// `how` says (`drain_copies`), and those still under way returned (`Drain::Collect`).
+    fn deregister(&self, lkey: u32, how: Drain) -> Vec<Linger> {
         let mut regs = self.regs.write();
         let idx = (lkey & 0xffff) as usize;
         let Some(r) = regs.slots.get(idx).copied().flatten() else {
-            return;
+            return Vec::new();
         };
         if r.lkey != lkey {
-            return;
+            return Vec::new();
         }
         regs.slots[idx] = None;
         regs.free.push(idx as u32);
@@ -637,29 +722,47 @@ impl Inner {
             .access
             .contains(Access::LOCAL_WRITE)
             .then_some((r.addr, r.len));
-        self.drain_copies(r.rkey, bad, posted);
+        self.drain_copies(r.rkey, bad, posted, how)
     }
 
     /// After our memory was withdrawn from peers (a key invalidated or its access reduced;
-    /// `bad`: a range whose posted receives must no longer be written), wait for the copies
-    /// of that region (`rkey`; with `bad` also SENDs into a receive) peers had announced in our
-    /// inboxes (`OFF_INFLIGHT`) when they could still have seen it valid: not for copies of
-    /// other regions (a pipelined read of the next source). Holds no lock while waiting; bounded by the peer's death and `COPY_DRAIN_MAX`.
+    /// `bad`: a range whose posted receives must no longer be written), find the copies of
+    /// that region (`rkey`; with `bad` also SENDs into a receive) peers had announced in our
+    /// inboxes (`OFF_INFLIGHT`) when they could still have seen it valid: not copies of other
+    /// regions (a pipelined read of the next source). Copies of torn-down connections
+    /// (`lingering`) count too. Then wait for them or return them, as `how` says; no lock is
+    /// held while waiting. Returns the copies still under way (all of them for `Collect`,
+    /// those the bounded wait gave up on for `Bounded`, none for `Unbounded`).
     ///
     /// Only the inboxes that can matter are looked at: with `bad`, those of the endpoints that
     /// posted receives in the region (`posted`, from [`Regs::posted`]); for RDMA copies of the
     /// region, every inbox, but only while peers have any under way (`B_COPIES`). A server
     /// with thousands of connections otherwise read every inbox for each buffer it let go.
-    fn drain_copies(&self, rkey: u32, bad: Option<(u64, u64)>, posted: u32) {
+    fn drain_copies(
+        &self,
+        rkey: u32,
+        bad: Option<(u64, u64)>,
+        posted: u32,
+        how: Drain,
+    ) -> Vec<Linger> {
         // Our invalidation before our reads of the words: pairs with `InFlight::begin`.
         fence(Ordering::SeqCst);
         let rdma_busy = self.bells.u32(B_COPIES).load(Ordering::SeqCst) != 0;
         let every = rdma_busy || (bad.is_some() && posted == POSTED_MANY);
-        if !every && (bad.is_none() || posted == 0) {
-            return;
-        }
-        let mut busy: Vec<(Arc<Ctl>, u32)> = Vec::new();
+        let mut busy: Vec<Linger> = Vec::new();
         {
+            let l = self.lingering.lock();
+            for c in l.iter() {
+                if (c.key == rkey || (c.key == 0 && bad.is_some() && posted != 0)) && !c.over() {
+                    busy.push(Linger {
+                        inbox: c.inbox.clone(),
+                        peer: c.peer.clone(),
+                        ..*c
+                    });
+                }
+            }
+        }
+        if every || (bad.is_some() && posted != 0) {
             let ctls = self.ctls.lock();
             let one = (!every).then(|| posted as usize - 1);
             let picked: Box<dyn Iterator<Item = &Weak<Ctl>>> = match one {
@@ -677,25 +780,31 @@ impl Inner {
                 // The key written before `v` (or a later one: then `v`'s copy is over).
                 let k = ib.u32(OFF_INFLIGHT_KEY).load(Ordering::Relaxed);
                 if v & 1 == 1 && (k == rkey || (k == 0 && bad.is_some())) {
-                    busy.push((c, v));
+                    busy.push(Linger {
+                        inbox: ib.clone(),
+                        v,
+                        key: k,
+                        peer: c.peer.get().cloned(),
+                    });
                 }
             }
         }
         if bad.is_some() && !busy.is_empty() {
             fence(Ordering::SeqCst);
         }
-        for (c, v) in busy {
-            let ib = c.inbox.as_ref().expect("only inboxes are collected");
-            let w = wait_copy(
-                ib.u32(OFF_INFLIGHT),
-                v,
-                c.peer.get().map(|p| &**p),
-                COPY_DRAIN_MAX,
-            );
+        let max = match how {
+            Drain::Collect => return busy,
+            Drain::Bounded => COPY_DRAIN_MAX,
+            Drain::Unbounded => Duration::MAX,
+        };
+        busy.retain(|c| {
+            let w = c.wait(max);
             if w == CopyWait::TimedOut {
                 self.drain_timeouts.fetch_add(1, Ordering::Relaxed);
             }
-        }
+            w == CopyWait::TimedOut
+        });
+        busy
     }
 
     fn set_access(&self, lkey: u32, access: Access) -> Result<(), VerbsError> {
@@ -716,7 +825,12 @@ impl Inner {
                 drop(regs);
                 if reduced {
                     // A revocation: as a deregistration, no access of the old rights after.
-                    self.drain_copies(r.rkey, lost_local_write.then_some((r.addr, r.len)), posted);
+                    self.drain_copies(
+                        r.rkey,
+                        lost_local_write.then_some((r.addr, r.len)),
+                        posted,
+                        Drain::Bounded,
+                    );
                 }
                 Ok(())
             }
@@ -818,6 +932,8 @@ impl ShmProvider {
                 drain_looks: AtomicU64::new(0),
                 settle_timeouts: AtomicU64::new(0),
                 drain_timeouts: AtomicU64::new(0),
+                lingering: Mutex::new(Vec::new()),
+                parked: Mutex::new(Vec::new()),
                 map_cache: Mutex::new((0, Vec::new())),
             }),
         })
@@ -1580,8 +1696,10 @@ impl MemoryRegion for ShmMr {
         };
         let r = self.grants.swap_remove(i);
         // As a deregistration: the entry is withdrawn, then the copies peers had announced
-        // on it are waited for, so none lands (or reads) after this returns.
-        self.inner.deregister(r.lkey);
+        // on it are waited for, so none lands (or reads) after this returns: however long
+        // for the caller's own memory (revoked outside the runtime's lock), within
+        // `COPY_DRAIN_MAX` for ours (the engine's buffers, revoked under it).
+        self.inner.deregister(r.lkey, self.drain());
         Ok(())
     }
     fn read(&self, off: usize, dst: &mut [u8]) {
@@ -1592,17 +1710,43 @@ impl MemoryRegion for ShmMr {
     }
 }
 
+impl ShmMr {
+    /// How a withdrawal from this region treats peers' copies in flight: the caller's memory
+    /// (`reg_mr_at`) is waited for until they end, since it goes back to the caller; ours
+    /// within the bound (`Drain`), and at the region's end not at all (parked instead).
+    fn drain(&self) -> Drain {
+        if self._map.is_some() {
+            Drain::Bounded
+        } else {
+            Drain::Unbounded
+        }
+    }
+}
+
 impl Drop for ShmMr {
     fn drop(&mut self) {
-        // Deregister (under the write lock) before the memory goes away, grants first.
-        for r in self.grants.drain(..) {
-            self.inner.deregister(r.lkey);
+        // Deregister (under the write lock) before the memory goes away, grants first. Our
+        // own memory waits for no peer: if a copy that may touch it is still under way (a
+        // peer stopped in the middle of one), it is parked until that ends, never reused
+        // before; the caller's is waited for (it goes back to the caller).
+        let how = if self._map.is_some() {
+            Drain::Collect
+        } else {
+            Drain::Unbounded
+        };
+        let mut lingers = Vec::new();
+        for r in std::mem::take(&mut self.grants) {
+            lingers.extend(self.inner.deregister(r.lkey, how));
         }
-        self.inner.deregister(self.reg.lkey);
-        // No peer reaches it any more (deregistered, copies drained): its memory may serve a
-        // new region, under new keys.
+        lingers.extend(self.inner.deregister(self.reg.lkey, how));
         if let Some(m) = self._map.take() {
-            self.inner.recycle_map(m);
+            if lingers.is_empty() {
+                // No peer reaches it any more: its memory may serve a new region, under new
+                // keys.
+                self.inner.recycle_map(m);
+            } else {
+                self.inner.park(m, lingers);
+            }
         }
     }
 }
@@ -1896,16 +2040,25 @@ impl ShmEndpoint {
         self.peer_pid
     }
 
-    /// Our inbox was just marked closed: wait for the peer's copy in flight into our
-    /// receives, if any (it looks at the state after announcing the copy).
+    /// Our inbox was just marked closed (a peer looks at the state after announcing a copy, so
+    /// none starts after): note the peer's copy in flight into our memory, if any, for the
+    /// regions it may touch (`Inner::lingering`).
     fn drain_own(&self) {
         fence(Ordering::SeqCst);
         let w = self.inbox.u32(OFF_INFLIGHT);
         let v = w.load(Ordering::Relaxed);
-        if v & 1 == 1
-            && wait_copy(w, v, self.peer_proc.as_deref(), COPY_DRAIN_MAX) == CopyWait::TimedOut
-        {
-            self.inner.drain_timeouts.fetch_add(1, Ordering::Relaxed);
+        if v & 1 == 1 {
+            // Not waited for here (under the runtime's lock): the regions it may touch, let go
+            // later, wait for it or are parked behind it (`Inner::lingering`).
+            let c = Linger {
+                inbox: self.inbox.clone(),
+                v,
+                key: self.inbox.u32(OFF_INFLIGHT_KEY).load(Ordering::Relaxed),
+                peer: self.peer_proc.clone(),
+            };
+            if !c.over() {
+                self.inner.lingering.lock().push(c);
+            }
         }
     }
 
@@ -3760,11 +3913,11 @@ mod tests {
     }
 
     /// A peer stopped (SIGSTOP, a debugger) or preempted right as its copy's system call
-    /// returns, before its own code ends the announcement, does not hold a deregistration of
-    /// the region for `COPY_DRAIN_MAX`: the system call ended it (a Write and a Read, each
-    /// as `exec` runs them, then "stopped": the announcement's guard is never dropped).
+    /// returns, before its own code ends the announcement, does not hold a revocation of the
+    /// grant for `COPY_DRAIN_MAX`: the system call ended it (a Write and a Read, each as `exec`
+    /// runs them, then "stopped": the announcement's guard is never dropped).
     #[test]
-    fn a_copy_ended_by_its_system_call_does_not_hold_a_deregistration() {
+    fn a_copy_ended_by_its_system_call_does_not_hold_a_revocation() {
         let (pa, mut a, pb, _b) = connected_pair();
         let src = pa.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
         for read in [false, true] {
@@ -3773,31 +3926,117 @@ mod tests {
             } else {
                 Access::LOCAL_WRITE | Access::REMOTE_WRITE
             };
-            let theirs = pb.reg_mr(8192, access).unwrap();
+            let mut theirs = pb.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
+            let g = theirs.advertise(0, 8192, access).unwrap();
             let peer = a.peer.as_ref().unwrap();
-            let copy = InFlight::begin(
-                &peer.inbox,
-                &peer.prov.bells,
-                theirs.rkey(),
-                &mut a.copy_seq,
-            );
-            assert!(peer.lookup(theirs.rkey()).is_some());
+            let copy = InFlight::begin(&peer.inbox, &peer.prov.bells, g.rkey, &mut a.copy_seq);
+            assert!(peer.lookup(g.rkey).is_some());
             // SAFETY: both ranges are live registrations of this process, not borrowed.
             unsafe {
                 if read {
                     peer.proc
-                        .read(src.addr(), theirs.addr(), 8192, peer.end_read())
+                        .read(src.addr(), g.addr, 8192, peer.end_read())
                         .unwrap();
                 } else {
                     peer.proc
-                        .write(src.addr(), theirs.addr(), 8192, peer.end_write())
+                        .write(src.addr(), g.addr, 8192, peer.end_write())
                         .unwrap();
                 }
             }
             std::mem::forget(copy);
-            drop(theirs);
+            theirs.revoke(&g).unwrap();
             assert_eq!(pb.drains_timed_out(), 0, "read {read}");
         }
+    }
+
+    /// A peer stopped between its look at our key table and its copy's system call, however
+    /// long: the region's end neither waits for it (under the runtime's lock) nor hands the
+    /// memory to a new region while the copy may still land: the memory is parked, the late
+    /// copy lands there, and only then is the memory used again.
+    #[test]
+    fn memory_a_stopped_peer_may_still_write_is_parked_not_reused() {
+        let (pa, mut a, pb, _b) = connected_pair();
+        let src = pa.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
+        // SAFETY: our own region.
+        unsafe { sys::copy_to_addr(src.addr(), &[0xab; 8192]) };
+        let len = 64 << 10;
+        let theirs = pb
+            .reg_mr(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let (addr, rkey) = (theirs.addr(), theirs.rkey());
+        let peer = a.peer.as_ref().unwrap();
+        let copy = InFlight::begin(&peer.inbox, &peer.prov.bells, rkey, &mut a.copy_seq);
+        assert!(peer.lookup(rkey).is_some());
+        // "Stopped" here. The region goes: no wait, and its memory is not reused.
+        drop(theirs);
+        assert_eq!(pb.drains_timed_out(), 0);
+        let next = pb.reg_mr(len, Access::LOCAL_WRITE).unwrap();
+        assert_ne!(next.addr(), addr, "the parked memory served a new region");
+        // "Resumed": the copy lands in the parked memory, and its system call ends it.
+        // SAFETY: `addr` is still mapped (parked), not referenced by any Rust reference.
+        unsafe {
+            peer.proc
+                .write(src.addr(), addr, 8192, peer.end_write())
+                .unwrap();
+        }
+        drop(copy);
+        let mut got = vec![0u8; 8192];
+        next.read(0, &mut got);
+        assert!(
+            got.iter().all(|&x| x == 0),
+            "the late copy reached a live region"
+        );
+        // Then the memory serves again.
+        let again = pb.reg_mr(len, Access::LOCAL_WRITE).unwrap();
+        assert_eq!(
+            again.addr(),
+            addr,
+            "the memory stayed parked after the copy ended"
+        );
+    }
+
+    /// The caller's own memory (`reg_mr_at`) is waited for however long a stopped peer's copy
+    /// takes, past `COPY_DRAIN_MAX`, since the caller gets it back: the region's end returns
+    /// only after that copy ended.
+    #[test]
+    fn the_callers_memory_is_let_go_only_after_a_stopped_peers_copy() {
+        let (_pa, mut a, pb, _b) = connected_pair();
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: `buf` outlives the region (dropped below, before `buf`).
+        let theirs = unsafe {
+            pb.reg_mr_at(
+                NonNull::new(buf.as_mut_ptr()).unwrap(),
+                4096,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )
+        }
+        .unwrap();
+        let peer = a.peer.as_ref().unwrap();
+        let copy = InFlight::begin(
+            &peer.inbox,
+            &peer.prov.bells,
+            theirs.rkey(),
+            &mut a.copy_seq,
+        );
+        assert!(peer.lookup(theirs.rkey()).is_some());
+        std::mem::forget(copy);
+        // "Stopped" for longer than the bound, then the copy ends (the word moves on).
+        let word = peer.inbox.u32(OFF_INFLIGHT) as *const AtomicU32 as usize;
+        let ended = Arc::new(AtomicBool::new(false));
+        let t = {
+            let ended = ended.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(COPY_DRAIN_MAX + Duration::from_millis(100));
+                ended.store(true, Ordering::SeqCst);
+                // SAFETY: the inbox mapping outlives this thread (joined below).
+                unsafe { &*(word as *const AtomicU32) }.fetch_add(1, Ordering::Release);
+            })
+        };
+        drop(theirs);
+        assert!(ended.load(Ordering::SeqCst), "let go before the copy ended");
+        t.join().unwrap();
+        assert_eq!(pb.drains_timed_out(), 0);
+        drop(buf);
     }
 
     /// Deregistering a region marks the receives posted in it bad (and only those).
