@@ -37,7 +37,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::{
     check_grant, Access, CmEvent, Completion, Endpoint, Grant, Listener, MemoryRegion, Provider,
-    QpCaps, RecvWr, SendOp, SendWr, Sge, VerbsError, WcOpcode, WcStatus,
+    QpCaps, RecvWr, RemoteBuf, SendOp, SendWr, Sge, VerbsError, WcOpcode, WcStatus,
 };
 use crate::sys::{self, Mapping, Proc, RawBuf, Recv};
 
@@ -1166,6 +1166,18 @@ impl Peer {
         })
     }
 
+    /// Whether the peer's key `rb.rkey` grants `need` on `len` bytes at `rb.addr`.
+    fn covers(&self, rb: RemoteBuf, len: u32, need: Access) -> bool {
+        self.lookup(rb.rkey).is_some_and(|(a, l, acc)| {
+            acc.contains(need)
+                && rb.addr >= a
+                && rb
+                    .addr
+                    .checked_add(u64::from(len))
+                    .is_some_and(|e| e <= a.saturating_add(l))
+        })
+    }
+
     /// Look `rkey` up in the peer's key table: (addr, len, access).
     fn lookup(&self, rkey: u32) -> Option<(u64, u64, Access)> {
         let idx = (rkey & 0xffff) as usize;
@@ -1853,8 +1865,28 @@ struct Copying {
 
 #[derive(Debug, Clone, Copy)]
 enum Then {
-    Send { base: usize, len: u32 },
-    Rdma { len: u32, read: bool },
+    Send {
+        base: usize,
+        len: u32,
+    },
+    /// `rb`: the peer's range, looked up again after a Read (`Peer::covers`).
+    Rdma {
+        len: u32,
+        read: bool,
+        rb: RemoteBuf,
+    },
+}
+
+/// After a Read's copy: the source must still be advertised, as it was when we looked before
+/// it. A source withdrawn meanwhile (its owner gave up waiting for us: we were stopped between
+/// that look and our copy's system call longer than `COPY_DRAIN_MAX`) may have been changed
+/// under the copy: its bytes are not delivered (RemoteAccess), never delivered torn.
+fn read_still_good(peer: &Peer, read: bool, rb: RemoteBuf, len: u32) -> Result<(), WcStatus> {
+    if !read || peer.covers(rb, len, Access::REMOTE_READ) {
+        Ok(())
+    } else {
+        Err(WcStatus::RemoteAccess)
+    }
 }
 
 /// A SEND's data is in the peer's receive (or failed to get there): publish the slot's result
@@ -2229,16 +2261,7 @@ impl ShmEndpoint {
                 // Announced before the key is looked up: a deregistration or revocation that
                 // we miss here waits for our copy (`Inner::drain_copies`); a large copy looks
                 // again before each of its chunks.
-                let still_ok = || {
-                    peer.lookup(rb.rkey).is_some_and(|(a, l, acc)| {
-                        acc.contains(need)
-                            && rb.addr >= a
-                            && rb
-                                .addr
-                                .checked_add(u64::from(len))
-                                .is_some_and(|e| e <= a.saturating_add(l))
-                    })
-                };
+                let still_ok = || peer.covers(rb, len, need);
                 if !still_ok() {
                     return Exec::Fail(wc(wr, WcStatus::RemoteAccess));
                 }
@@ -2272,7 +2295,11 @@ impl ShmEndpoint {
                             assist::Started::Waiting(pending) => {
                                 return Exec::Wait(Copying {
                                     pending,
-                                    then: Then::Rdma { len, read: is_read },
+                                    then: Then::Rdma {
+                                        len,
+                                        read: is_read,
+                                        rb,
+                                    },
                                 });
                             }
                         }
@@ -2283,7 +2310,7 @@ impl ShmEndpoint {
                     }
                 };
                 drop(copy);
-                match rdma_result(r) {
+                match rdma_result(r).and_then(|()| read_still_good(peer, is_read, rb, len)) {
                     Ok(()) => done(len),
                     Err(st) => Exec::Fail(wc(wr, st)),
                 }
@@ -2307,7 +2334,12 @@ impl ShmEndpoint {
                 }
                 None => Err(WcStatus::Flushed),
             },
-            Then::Rdma { len, .. } => rdma_result(r).map(|()| len),
+            Then::Rdma { len, read, rb } => match self.peer.as_ref() {
+                Some(peer) => rdma_result(r)
+                    .and_then(|()| read_still_good(peer, read, rb, len))
+                    .map(|()| len),
+                None => Err(WcStatus::Flushed),
+            },
         };
         Some(match ret {
             Ok(len) => succeeded(wr, len),
@@ -3444,7 +3476,6 @@ impl Drop for ShmListener {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verbs::RemoteBuf;
 
     /// A peer that dies with a copy announced (the word left odd) does not hold a
     /// deregistration: the wait ends on its pidfd, not on the time bound.
@@ -3993,6 +4024,41 @@ mod tests {
             addr,
             "the memory stayed parked after the copy ended"
         );
+    }
+
+    /// A Read's bytes are delivered only if the source was still advertised after the copy:
+    /// a source whose owner withdrew it meanwhile (it gave up waiting for a reader stopped
+    /// before its copy's system call, then changed the buffer) fails the Read.
+    #[test]
+    fn a_read_of_a_withdrawn_source_is_not_delivered() {
+        let (_pa, a, pb, _b) = connected_pair();
+        let mut theirs = pb.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
+        let g = theirs.advertise(4096, 4096, Access::REMOTE_READ).unwrap();
+        let peer = a.peer.as_ref().unwrap();
+        let rb = RemoteBuf {
+            addr: g.addr,
+            rkey: g.rkey,
+        };
+        assert_eq!(read_still_good(peer, true, rb, 4096), Ok(()));
+        // Past the grant's range: not covered.
+        assert_eq!(
+            read_still_good(peer, true, rb, 4097),
+            Err(WcStatus::RemoteAccess)
+        );
+        theirs.revoke(&g).unwrap();
+        assert_eq!(
+            read_still_good(peer, true, rb, 4096),
+            Err(WcStatus::RemoteAccess)
+        );
+        // A new grant of the same bytes has a key of its own: the old one stays dead.
+        let g2 = theirs.advertise(4096, 4096, Access::REMOTE_READ).unwrap();
+        assert_ne!(g2.rkey, g.rkey);
+        assert_eq!(
+            read_still_good(peer, true, rb, 4096),
+            Err(WcStatus::RemoteAccess)
+        );
+        // Writes are not looked at again (the owner's drain covers them).
+        assert_eq!(read_still_good(peer, false, rb, 4096), Ok(()));
     }
 
     /// The caller's own memory (`reg_mr_at`) is waited for however long a stopped peer's copy
