@@ -44,7 +44,7 @@ const A_LADDR: usize = 536;
 const A_LEN: usize = 544;
 const A_CHUNK: usize = 552;
 /// Chunks the helper finished (its own cache line: the initiator polls it).
-const A_DONE: usize = 576;
+pub(super) const A_DONE: usize = 576;
 /// Set by the helper when one of its copies failed.
 const A_ERR: usize = 580;
 
@@ -94,6 +94,7 @@ const CHUNK_MIN: u64 = 16 * 1024;
 const CHUNK_MAX: u64 = 512 * 1024;
 const MAX_CHUNKS: u64 = 1 << 16;
 /// How long the initiator spins on the helper's last chunks before it also yields the CPU.
+#[cfg(test)]
 const SPIN_BEFORE_YIELD: Duration = Duration::from_micros(200);
 
 /// Chunks for an operation of `len` bytes: SENDs in halves (they are short and the receiver
@@ -144,8 +145,13 @@ impl Pending {
         None
     }
 
-    /// Wait until [`Pending::poll`] has the result (a connection going away with an RDMA Read
-    /// in progress: the peer may still be writing into our buffer).
+    /// The count of the helper's chunks done (`A_DONE`) that ends the operation.
+    pub(super) fn theirs(&self) -> u32 {
+        self.theirs.min(u64::from(u32::MAX)) as u32
+    }
+
+    /// Wait until [`Pending::poll`] has the result (tests).
+    #[cfg(test)]
     pub(super) fn wait(mut self, inbox: &Mapping, sock: Option<BorrowedFd<'_>>) -> io::Result<()> {
         let start = Instant::now();
         loop {

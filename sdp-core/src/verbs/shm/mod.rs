@@ -339,35 +339,54 @@ enum Drain {
     Collect,
 }
 
-/// A peer's copy that was announced (`OFF_INFLIGHT` odd, `v`) in an inbox of ours when we
-/// withdrew memory it may touch, not yet seen to end.
+/// A peer's copy into or out of our memory, under way when we withdrew memory it may touch,
+/// not yet seen to end: one it announced in an inbox of ours (`OFF_INFLIGHT` odd), or the
+/// chunks it claimed of a shared RDMA Read of ours (it writes them into our buffer).
 struct Linger {
     inbox: Arc<Mapping>,
-    v: u32,
-    /// The region it touches (`OFF_INFLIGHT_KEY`; 0: a posted receive).
+    until: Until,
+    /// The region it touches: the rkey (`OFF_INFLIGHT_KEY`; 0: a posted receive).
     key: u32,
     peer: Option<Arc<Proc>>,
 }
 
+#[derive(Debug, Clone, Copy)]
+enum Until {
+    /// `OFF_INFLIGHT` no longer holds this (odd) value.
+    Moves(u32),
+    /// The shared copy's count of the helper's chunks done (`assist::A_DONE`) reaches this.
+    Counts(u32),
+}
+
 impl Linger {
-    /// The copy ended (the word moved on) or its process exited.
+    fn ended(&self, x: u32) -> bool {
+        match self.until {
+            Until::Moves(v) => x != v,
+            Until::Counts(n) => x >= n,
+        }
+    }
+
+    fn word(&self) -> &AtomicU32 {
+        self.inbox.u32(match self.until {
+            Until::Moves(_) => OFF_INFLIGHT,
+            Until::Counts(_) => assist::A_DONE,
+        })
+    }
+
+    /// The copy ended or its process exited.
     fn over(&self) -> bool {
-        self.inbox.u32(OFF_INFLIGHT).load(Ordering::Acquire) != self.v
+        self.ended(self.word().load(Ordering::Acquire))
             || self.peer.as_ref().is_some_and(|p| !p.alive())
     }
 
     fn wait(&self, max: Duration) -> CopyWait {
-        wait_copy(
-            self.inbox.u32(OFF_INFLIGHT),
-            self.v,
-            self.peer.as_deref(),
-            max,
-        )
+        wait_word(self.word(), |x| self.ended(x), self.peer.as_deref(), max)
     }
 }
 
 /// Wait until the in-flight word `w` no longer holds `v` (the copy announced by `v` is done),
 /// the peer exits, or `max` passes. Spins briefly, then yields and sleeps.
+#[cfg(test)]
 fn wait_copy(w: &AtomicU32, v: u32, peer: Option<&Proc>, max: Duration) -> CopyWait {
     wait_word(w, |x| x != v, peer, max)
 }
@@ -499,6 +518,8 @@ struct Inner {
     /// stopped in the middle of one (SIGSTOP, a debugger, preempted) for however long cannot
     /// land it in memory that serves something else. Looked at by `reap`.
     parked: Mutex<Vec<(Mapping, Vec<Linger>)>>,
+    /// `lingering` or `parked` may hold something (`reap` has work).
+    to_reap: AtomicBool,
     /// The memory of regions deregistered, kept for new regions of the same size (with new
     /// keys): a connection's receive buffers cost no mmap, page faults and zeroing, and their
     /// release no munmap and TLB shootdown (a short connection paid ~20 of each). At most
@@ -635,6 +656,10 @@ impl Inner {
 
     /// Let go of parked memory whose peers' copies ended, and forget copies that ended.
     fn reap(&self) {
+        if !self.to_reap.load(Ordering::Acquire) {
+            return;
+        }
+        self.to_reap.store(false, Ordering::Release);
         {
             let mut l = self.lingering.lock();
             if !l.is_empty() {
@@ -658,11 +683,23 @@ impl Inner {
         for m in done {
             self.recycle_map(m);
         }
+        if !self.lingering.lock().is_empty() || !self.parked.lock().is_empty() {
+            self.to_reap.store(true, Ordering::Release);
+        }
+    }
+
+    /// Note a copy under way of a connection going away (`lingering`), unless it ended.
+    fn linger(&self, c: Linger) {
+        if !c.over() {
+            self.lingering.lock().push(c);
+            self.to_reap.store(true, Ordering::Release);
+        }
     }
 
     /// Keep `m` out of use until `lingers` ended (`parked`).
     fn park(&self, m: Mapping, lingers: Vec<Linger>) {
         self.parked.lock().push((m, lingers));
+        self.to_reap.store(true, Ordering::Release);
     }
 
     fn register(&self, addr: u64, len: usize, access: Access) -> Result<Reg, VerbsError> {
@@ -782,7 +819,7 @@ impl Inner {
                 if v & 1 == 1 && (k == rkey || (k == 0 && bad.is_some())) {
                     busy.push(Linger {
                         inbox: ib.clone(),
-                        v,
+                        until: Until::Moves(v),
                         key: k,
                         peer: c.peer.get().cloned(),
                     });
@@ -934,6 +971,7 @@ impl ShmProvider {
                 drain_timeouts: AtomicU64::new(0),
                 lingering: Mutex::new(Vec::new()),
                 parked: Mutex::new(Vec::new()),
+                to_reap: AtomicBool::new(false),
                 map_cache: Mutex::new((0, Vec::new())),
             }),
         })
@@ -1588,6 +1626,9 @@ impl Provider for ShmProvider {
 
     fn arm(&self) -> Result<(), VerbsError> {
         let inner = &self.inner;
+        // (Before the progress thread sleeps: copies of connections gone that ended, and
+        // memory parked behind them, are let go.)
+        inner.reap();
         sys::eventfd_drain(inner.evfd.as_fd());
         let ctls = inner.ctls.lock();
         let mut hinted = inner.hinted.lock();
@@ -2082,15 +2123,12 @@ impl ShmEndpoint {
         if v & 1 == 1 {
             // Not waited for here (under the runtime's lock): the regions it may touch, let go
             // later, wait for it or are parked behind it (`Inner::lingering`).
-            let c = Linger {
+            self.inner.linger(Linger {
                 inbox: self.inbox.clone(),
-                v,
+                until: Until::Moves(v),
                 key: self.inbox.u32(OFF_INFLIGHT_KEY).load(Ordering::Relaxed),
                 peer: self.peer_proc.clone(),
-            };
-            if !c.over() {
-                self.inner.lingering.lock().push(c);
-            }
+            });
         }
     }
 
@@ -3118,12 +3156,19 @@ impl Endpoint for ShmEndpoint {
 impl Drop for ShmEndpoint {
     fn drop(&mut self) {
         if let Some(c) = self.copying.take() {
-            if matches!(c.then, Then::Rdma { read: true, .. }) {
-                // The peer may still be writing its chunks into our buffer, which goes with us:
-                // wait for them (or for the peer to be gone).
-                let _ = c
-                    .pending
-                    .wait(&self.inbox, self.sock.as_ref().map(|s| s.as_fd()));
+            if let (Then::Rdma { read: true, .. }, Some(wr)) = (c.then, self.pending.front()) {
+                // The peer may still be writing the chunks it claimed into our buffer: not
+                // waited for here (under the runtime's lock, a helper stopped before its
+                // chunk's copy would hold it); the buffer's region, let go later, waits for
+                // them or is parked behind them (its lkey's rkey).
+                if let Some(s) = wr.sge {
+                    self.inner.linger(Linger {
+                        inbox: self.inbox.clone(),
+                        until: Until::Counts(c.pending.theirs()),
+                        key: s.lkey | 0x8000_0000,
+                        peer: self.peer_proc.clone(),
+                    });
+                }
             }
         }
         match self.state {
