@@ -787,7 +787,8 @@ impl Inner {
         let rdma_busy = self.bells.u32(B_COPIES).load(Ordering::SeqCst) != 0;
         let every = rdma_busy || (bad.is_some() && posted == POSTED_MANY);
         let mut busy: Vec<Linger> = Vec::new();
-        {
+        // (`to_reap` is set whenever something lingers: most withdrawals take no lock here.)
+        if self.to_reap.load(Ordering::Acquire) {
             let l = self.lingering.lock();
             for c in l.iter() {
                 if (c.key == rkey || (c.key == 0 && bad.is_some() && posted != 0)) && !c.over() {
