@@ -1751,9 +1751,17 @@ impl MemoryRegion for ShmMr {
         let r = self.grants.swap_remove(i);
         // As a deregistration: the entry is withdrawn, then the copies peers had announced
         // on it are waited for, so none lands (or reads) after this returns: however long
-        // for the caller's own memory (revoked outside the runtime's lock), within
-        // `COPY_DRAIN_MAX` for ours (the engine's buffers, revoked under it).
-        self.inner.deregister(r.lkey, self.drain());
+        // for the caller's own memory and for any grant a peer may write (revoked outside the
+        // runtime's lock: a late write would land in memory that serves again); within
+        // `COPY_DRAIN_MAX` for a read-only grant on ours (the engine's staging buffers,
+        // revoked under the lock: a late read takes this connection's own bytes, which the
+        // reader then discards, `read_still_good`).
+        let how = if r.access.contains(Access::REMOTE_WRITE) {
+            Drain::Unbounded
+        } else {
+            self.drain()
+        };
+        self.inner.deregister(r.lkey, how);
         Ok(())
     }
     fn read(&self, off: usize, dst: &mut [u8]) {
@@ -4070,6 +4078,40 @@ mod tests {
             addr,
             "the memory stayed parked after the copy ended"
         );
+    }
+
+    /// A grant a peer may write is revoked only once a stopped peer's copy into it ended,
+    /// however long past `COPY_DRAIN_MAX` (the region lives on: a late write would land in
+    /// memory that serves again).
+    #[test]
+    fn a_writable_grant_is_revoked_only_after_a_stopped_peers_copy() {
+        let (_pa, mut a, pb, _b) = connected_pair();
+        let mut theirs = pb.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
+        let g = theirs
+            .advertise(0, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let peer = a.peer.as_ref().unwrap();
+        let copy = InFlight::begin(&peer.inbox, &peer.prov.bells, g.rkey, &mut a.copy_seq);
+        assert!(peer.lookup(g.rkey).is_some());
+        std::mem::forget(copy);
+        let word = peer.inbox.u32(OFF_INFLIGHT) as *const AtomicU32 as usize;
+        let ended = Arc::new(AtomicBool::new(false));
+        let t = {
+            let ended = ended.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(COPY_DRAIN_MAX + Duration::from_millis(100));
+                ended.store(true, Ordering::SeqCst);
+                // SAFETY: the inbox mapping outlives this thread (joined below).
+                unsafe { &*(word as *const AtomicU32) }.fetch_add(1, Ordering::Release);
+            })
+        };
+        theirs.revoke(&g).unwrap();
+        assert!(
+            ended.load(Ordering::SeqCst),
+            "revoked before the copy ended"
+        );
+        t.join().unwrap();
+        assert_eq!(pb.drains_timed_out(), 0);
     }
 
     /// A Read's bytes are delivered only if the source was still advertised after the copy:
