@@ -226,7 +226,7 @@ impl Proc {
     }
 
     /// One copy of a batch the caller brackets with [`Proc::check`]: before the first (and,
-    /// for reads, after the last) copy. `end`: see [`CopyEnd`].
+    /// for reads, after the last) copy. `end`: see [`CopyEnd`]; `Ok(true)` if it was written.
     ///
     /// # Safety
     /// As [`vm_write`].
@@ -236,7 +236,7 @@ impl Proc {
         remote: u64,
         len: usize,
         end: Option<CopyEnd>,
-    ) -> io::Result<()> {
+    ) -> io::Result<bool> {
         // SAFETY: the caller's contract.
         unsafe { vm_write(self.pid, local, remote, len, end) }
     }
@@ -251,7 +251,7 @@ impl Proc {
         remote: u64,
         len: usize,
         end: Option<CopyEnd>,
-    ) -> io::Result<()> {
+    ) -> io::Result<bool> {
         // SAFETY: the caller's contract.
         unsafe { vm_read(self.pid, local, remote, len, end) }
     }
@@ -275,7 +275,7 @@ impl Proc {
             return Err(Proc::gone());
         }
         // SAFETY: the caller's contract.
-        unsafe { vm_write(self.pid, local, remote, len, end) }
+        unsafe { vm_write(self.pid, local, remote, len, end) }.map(drop)
     }
 
     /// Copy `len` bytes from the process at `remote` to our `local` address; `ESRCH` if it has
@@ -294,7 +294,7 @@ impl Proc {
             return Err(Proc::gone());
         }
         // SAFETY: the caller's contract.
-        unsafe { vm_read(self.pid, local, remote, len, end) }
+        unsafe { vm_read(self.pid, local, remote, len, end) }.map(drop)
     }
 }
 
@@ -312,7 +312,8 @@ pub struct CopyEnd {
 }
 
 /// Copy `len` bytes from `local` in process `pid` (write: ours to theirs; read: theirs to
-/// ours) then `end`'s word; `Err` (with errno) unless every data byte moved.
+/// ours) then `end`'s word; `Err` (with errno) unless every data byte moved. `Ok(true)`: the
+/// end word was written too (by the system call that moved the last data byte).
 fn vm_copy(
     write: bool,
     pid: i32,
@@ -320,9 +321,12 @@ fn vm_copy(
     remote: u64,
     len: usize,
     end: Option<CopyEnd>,
-) -> io::Result<()> {
+) -> io::Result<bool> {
+    if len == 0 && end.is_none() {
+        return Ok(false);
+    }
     let mut done = 0usize;
-    while done < len {
+    loop {
         let vec = |a: u64, n: usize| libc::iovec {
             iov_base: a as usize as *mut libc::c_void,
             iov_len: n,
@@ -344,12 +348,14 @@ fn vm_copy(
         } else {
             syscall!(process_vm_readv(pid, l.as_ptr(), cnt, r.as_ptr(), cnt, 0))?
         } as usize;
-        if n == 0 {
+        if n == 0 && done < len {
             return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        if n >= len - done {
+            return Ok(end.is_some() && n == len - done + 4);
         }
         done += n;
     }
-    Ok(())
 }
 
 /// Copy `len` bytes from our `local` address into process `pid` at `remote`, then `end`.
@@ -363,7 +369,7 @@ unsafe fn vm_write(
     remote: u64,
     len: usize,
     end: Option<CopyEnd>,
-) -> io::Result<()> {
+) -> io::Result<bool> {
     vm_copy(true, pid, local, remote, len, end)
 }
 
@@ -378,7 +384,7 @@ unsafe fn vm_read(
     remote: u64,
     len: usize,
     end: Option<CopyEnd>,
-) -> io::Result<()> {
+) -> io::Result<bool> {
     vm_copy(false, pid, local, remote, len, end)
 }
 
@@ -395,4 +401,57 @@ pub fn probe(p: &Proc, addr: u64) -> io::Result<bool> {
     // SAFETY: the local range is the live `v`.
     unsafe { p.read((&mut v as *mut u64) as u64, addr, 8, None)? };
     Ok(v == PROBE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A copy's end word is written by the same system call, after the data, and the caller
+    /// learns whether it was (a helper must not write its count again when it was).
+    #[test]
+    fn a_copy_writes_its_end_word_after_the_data() {
+        let pid = std::process::id() as i32;
+        let src = vec![7u8; 3 * 4096 + 5];
+        let mut dst = vec![0u8; src.len()];
+        let one: u32 = 1;
+        let word = std::sync::atomic::AtomicU32::new(0);
+        let end = CopyEnd {
+            local: &one as *const u32 as u64,
+            remote: word.as_ptr() as u64,
+        };
+        for read in [false, true] {
+            word.store(0, std::sync::atomic::Ordering::SeqCst);
+            dst.iter_mut().for_each(|b| *b = 0);
+            let (l, r) = (src.as_ptr() as u64, dst.as_mut_ptr() as u64);
+            // SAFETY: both buffers live across the calls; `word` is an atomic the kernel stores
+            // into like another thread would.
+            let got = unsafe {
+                if read {
+                    let e = CopyEnd {
+                        local: word.as_ptr() as u64,
+                        remote: &one as *const u32 as u64,
+                    };
+                    vm_read(pid, r, l, src.len(), Some(e))
+                } else {
+                    vm_write(pid, l, r, src.len(), Some(end))
+                }
+            };
+            assert!(got.unwrap(), "read {read}");
+            assert_eq!(word.load(std::sync::atomic::Ordering::SeqCst), 1);
+            assert!(dst == src);
+        }
+        // Without an end, or with one that cannot be written: the data moves, no end.
+        // SAFETY: as above.
+        unsafe {
+            let (l, r) = (src.as_ptr() as u64, dst.as_mut_ptr() as u64);
+            assert!(!vm_write(pid, l, r, src.len(), None).unwrap());
+            let bad = CopyEnd {
+                local: &one as *const u32 as u64,
+                remote: 8,
+            };
+            assert!(!vm_write(pid, l, r, src.len(), Some(bad)).unwrap());
+            assert!(!vm_write(pid, l, r, 0, None).unwrap());
+        }
+    }
 }

@@ -246,6 +246,7 @@ pub(super) unsafe fn start_shared(
             } else {
                 peer.write_in_batch(local + off, remote + off, l, end)
             }
+            .map(drop)
         };
     }
     claim.store(u64::from(g) << 32 | u64::from(IDLE), Ordering::Release);
@@ -384,11 +385,16 @@ pub(super) fn help(peer_inbox: &Mapping, peer_va: u64, peer: &Proc, check: Check
                         }
                     }
                 };
-                if r.is_err() {
-                    peer_inbox.u32(A_ERR).store(1, Ordering::Relaxed);
+                match r {
+                    // The system call wrote the count: not again (the initiator may already
+                    // have completed and started its next operation, whose count starts at 0).
+                    Ok(true) => {}
+                    Ok(false) => done_word.store(count, Ordering::Release),
+                    Err(_) => {
+                        peer_inbox.u32(A_ERR).store(1, Ordering::Relaxed);
+                        done_word.store(count, Ordering::Release);
+                    }
                 }
-                // (Already there if the system call wrote it; the error flag before it.)
-                done_word.store(count, Ordering::Release);
                 copied += 1;
                 c = claim.load(Ordering::Acquire);
             }

@@ -354,22 +354,27 @@ struct Linger {
 enum Until {
     /// `OFF_INFLIGHT` no longer holds this (odd) value.
     Moves(u32),
-    /// The shared copy's count of the helper's chunks done (`assist::A_DONE`) reaches this.
-    Counts(u32),
+    /// The shared copy of generation `gen` (the high half of `assist::A_CLAIM`) has the
+    /// helper's chunks done (`assist::A_DONE`) reach `n`; a later generation means it ended
+    /// (an endpoint starts its next shared copy only once the one before completed).
+    Counts { gen: u32, n: u32 },
 }
 
 impl Linger {
     fn ended(&self, x: u32) -> bool {
         match self.until {
             Until::Moves(v) => x != v,
-            Until::Counts(n) => x >= n,
+            Until::Counts { gen, n } => {
+                let claim = self.inbox.u64(assist::A_CLAIM).load(Ordering::Acquire);
+                x >= n || (claim >> 32) as u32 != gen
+            }
         }
     }
 
     fn word(&self) -> &AtomicU32 {
         self.inbox.u32(match self.until {
             Until::Moves(_) => OFF_INFLIGHT,
-            Until::Counts(_) => assist::A_DONE,
+            Until::Counts { .. } => assist::A_DONE,
         })
     }
 
@@ -379,7 +384,14 @@ impl Linger {
             || self.peer.as_ref().is_some_and(|p| !p.alive())
     }
 
+    /// Wait up to `max` for the copy to end (without a peer to watch, at most
+    /// `COPY_DRAIN_MAX`: none is known before a connection's handshake, when none copies).
     fn wait(&self, max: Duration) -> CopyWait {
+        let max = if self.peer.is_none() {
+            max.min(COPY_DRAIN_MAX)
+        } else {
+            max
+        };
         wait_word(self.word(), |x| self.ended(x), self.peer.as_deref(), max)
     }
 }
@@ -518,8 +530,10 @@ struct Inner {
     /// stopped in the middle of one (SIGSTOP, a debugger, preempted) for however long cannot
     /// land it in memory that serves something else. Looked at by `reap`.
     parked: Mutex<Vec<(Mapping, Vec<Linger>)>>,
-    /// `lingering` or `parked` may hold something (`reap` has work).
-    to_reap: AtomicBool,
+    /// `lingering` is not empty (kept under its lock): most withdrawals take no lock for it.
+    lingering_any: AtomicBool,
+    /// `parked` is not empty (kept under its lock).
+    parked_any: AtomicBool,
     /// The memory of regions deregistered, kept for new regions of the same size (with new
     /// keys): a connection's receive buffers cost no mmap, page faults and zeroing, and their
     /// release no munmap and TLB shootdown (a short connection paid ~20 of each). At most
@@ -656,15 +670,13 @@ impl Inner {
 
     /// Let go of parked memory whose peers' copies ended, and forget copies that ended.
     fn reap(&self) {
-        if !self.to_reap.load(Ordering::Acquire) {
-            return;
-        }
-        self.to_reap.store(false, Ordering::Release);
-        {
+        if self.lingering_any.load(Ordering::Acquire) {
             let mut l = self.lingering.lock();
-            if !l.is_empty() {
-                l.retain(|c| !c.over());
-            }
+            l.retain(|c| !c.over());
+            self.lingering_any.store(!l.is_empty(), Ordering::Release);
+        }
+        if !self.parked_any.load(Ordering::Acquire) {
+            return;
         }
         let done: Vec<Mapping> = {
             let mut p = self.parked.lock();
@@ -678,28 +690,29 @@ impl Inner {
                     i += 1;
                 }
             }
+            self.parked_any.store(!p.is_empty(), Ordering::Release);
             done
         };
         for m in done {
             self.recycle_map(m);
         }
-        if !self.lingering.lock().is_empty() || !self.parked.lock().is_empty() {
-            self.to_reap.store(true, Ordering::Release);
-        }
     }
 
-    /// Note a copy under way of a connection going away (`lingering`), unless it ended.
+    /// Note a copy under way into or out of our memory that no inbox of `ctls` may show any
+    /// more (`lingering`), unless it ended.
     fn linger(&self, c: Linger) {
         if !c.over() {
-            self.lingering.lock().push(c);
-            self.to_reap.store(true, Ordering::Release);
+            let mut l = self.lingering.lock();
+            l.push(c);
+            self.lingering_any.store(true, Ordering::SeqCst);
         }
     }
 
     /// Keep `m` out of use until `lingers` ended (`parked`).
     fn park(&self, m: Mapping, lingers: Vec<Linger>) {
-        self.parked.lock().push((m, lingers));
-        self.to_reap.store(true, Ordering::Release);
+        let mut p = self.parked.lock();
+        p.push((m, lingers));
+        self.parked_any.store(true, Ordering::Release);
     }
 
     fn register(&self, addr: u64, len: usize, access: Access) -> Result<Reg, VerbsError> {
@@ -787,19 +800,6 @@ impl Inner {
         let rdma_busy = self.bells.u32(B_COPIES).load(Ordering::SeqCst) != 0;
         let every = rdma_busy || (bad.is_some() && posted == POSTED_MANY);
         let mut busy: Vec<Linger> = Vec::new();
-        // (`to_reap` is set whenever something lingers: most withdrawals take no lock here.)
-        if self.to_reap.load(Ordering::Acquire) {
-            let l = self.lingering.lock();
-            for c in l.iter() {
-                if (c.key == rkey || (c.key == 0 && bad.is_some() && posted != 0)) && !c.over() {
-                    busy.push(Linger {
-                        inbox: c.inbox.clone(),
-                        peer: c.peer.clone(),
-                        ..*c
-                    });
-                }
-            }
-        }
         if every || (bad.is_some() && posted != 0) {
             let ctls = self.ctls.lock();
             let one = (!every).then(|| posted as usize - 1);
@@ -823,6 +823,20 @@ impl Inner {
                         until: Until::Moves(v),
                         key: k,
                         peer: c.peer.get().cloned(),
+                    });
+                }
+            }
+        }
+        // Then the copies of connections gone (after the inboxes: an endpoint notes its copy
+        // here before it leaves `ctls`, so one of the two looks finds it).
+        if self.lingering_any.load(Ordering::SeqCst) {
+            let l = self.lingering.lock();
+            for c in l.iter() {
+                if (c.key == rkey || (c.key == 0 && bad.is_some() && posted != 0)) && !c.over() {
+                    busy.push(Linger {
+                        inbox: c.inbox.clone(),
+                        peer: c.peer.clone(),
+                        ..*c
                     });
                 }
             }
@@ -854,6 +868,7 @@ impl Inner {
         match regs.slots.get_mut(idx) {
             Some(Some(r)) if r.lkey == lkey => {
                 let reduced = !access.contains(r.access);
+                let old_access = r.access;
                 let lost_local_write =
                     r.access.contains(Access::LOCAL_WRITE) && !access.contains(Access::LOCAL_WRITE);
                 r.access = access;
@@ -863,11 +878,20 @@ impl Inner {
                 drop(regs);
                 if reduced {
                     // A revocation: as a deregistration, no access of the old rights after.
+                    // A write right taken away: no late write may land in memory that stays
+                    // in use, however long that takes.
+                    let how = if old_access.contains(Access::REMOTE_WRITE)
+                        && !access.contains(Access::REMOTE_WRITE)
+                    {
+                        Drain::Unbounded
+                    } else {
+                        Drain::Bounded
+                    };
                     self.drain_copies(
                         r.rkey,
                         lost_local_write.then_some((r.addr, r.len)),
                         posted,
-                        Drain::Bounded,
+                        how,
                     );
                 }
                 Ok(())
@@ -972,7 +996,8 @@ impl ShmProvider {
                 drain_timeouts: AtomicU64::new(0),
                 lingering: Mutex::new(Vec::new()),
                 parked: Mutex::new(Vec::new()),
-                to_reap: AtomicBool::new(false),
+                lingering_any: AtomicBool::new(false),
+                parked_any: AtomicBool::new(false),
                 map_cache: Mutex::new((0, Vec::new())),
             }),
         })
@@ -1168,7 +1193,7 @@ impl Peer {
         // that is not a page of the peer's (a hostile or broken peer) only makes those ends
         // fail, and we end them ourselves.
         let va = inbox.u64(OFF_SELF).load(Ordering::Relaxed);
-        let inbox_va = if va != 0 && va.is_multiple_of(4096) {
+        let inbox_va = if va != 0 && va.is_multiple_of(4096) && va < 1 << 56 {
             va
         } else {
             0
@@ -1203,6 +1228,14 @@ impl Peer {
             local: self.inbox.ptr().as_ptr() as u64 + OFF_INFLIGHT as u64,
             remote: self.inbox_va + OFF_ZERO as u64,
         })
+    }
+
+    /// Whether an RDMA copy of `len` bytes at the peer's `rb` (with `need`) may run now, after
+    /// it was announced: the key grants it, and the peer is still open (one tearing the
+    /// connection down marks its inbox closed, then looks at our announcement: `drain_own`;
+    /// without this look, the chunks of a shared copy after the first went on landing).
+    fn may_copy(&self, rb: RemoteBuf, len: u32, need: Access) -> bool {
+        !self.closed() && self.covers(rb, len, need)
     }
 
     /// Whether the peer's key `rb.rkey` grants `need` on `len` bytes at `rb.addr`.
@@ -2308,7 +2341,7 @@ impl ShmEndpoint {
                 // Announced before the key is looked up: a deregistration or revocation that
                 // we miss here waits for our copy (`Inner::drain_copies`); a large copy looks
                 // again before each of its chunks.
-                let still_ok = || peer.covers(rb, len, need);
+                let still_ok = || peer.may_copy(rb, len, need);
                 if !still_ok() {
                     return Exec::Fail(wc(wr, WcStatus::RemoteAccess));
                 }
@@ -2340,6 +2373,20 @@ impl ShmEndpoint {
                         ) {
                             assist::Started::Done(r) => r,
                             assist::Started::Waiting(pending) => {
+                                if is_read {
+                                    // The peer's chunks write into our buffer until they are
+                                    // done: its region, if let go meanwhile (the connection
+                                    // torn down), waits for them or is parked behind them.
+                                    self.inner.linger(Linger {
+                                        inbox: self.inbox.clone(),
+                                        until: Until::Counts {
+                                            gen: self.assist_gen,
+                                            n: pending.theirs(),
+                                        },
+                                        key: s.lkey | 0x8000_0000,
+                                        peer: self.peer_proc.clone(),
+                                    });
+                                }
                                 return Exec::Wait(Copying {
                                     pending,
                                     then: Then::Rdma {
@@ -3164,22 +3211,10 @@ impl Endpoint for ShmEndpoint {
 
 impl Drop for ShmEndpoint {
     fn drop(&mut self) {
-        if let Some(c) = self.copying.take() {
-            if let (Then::Rdma { read: true, .. }, Some(wr)) = (c.then, self.pending.front()) {
-                // The peer may still be writing the chunks it claimed into our buffer: not
-                // waited for here (under the runtime's lock, a helper stopped before its
-                // chunk's copy would hold it); the buffer's region, let go later, waits for
-                // them or is parked behind them (its lkey's rkey).
-                if let Some(s) = wr.sge {
-                    self.inner.linger(Linger {
-                        inbox: self.inbox.clone(),
-                        until: Until::Counts(c.pending.theirs()),
-                        key: s.lkey | 0x8000_0000,
-                        peer: self.peer_proc.clone(),
-                    });
-                }
-            }
-        }
+        // (A shared Read whose helper's chunks are not done was noted when it started to wait
+        // for them, `exec`: its buffer's region, let go before or after this, waits for them or
+        // is parked behind them. Nothing here waits.)
+        self.copying = None;
         match self.state {
             QpState::Pending => {
                 if let Some(s) = &self.sock {
@@ -3882,6 +3917,9 @@ mod tests {
             ("direct busy", OFF_DIRECT_BUSY, 4),
             ("direct done", OFF_DIRECT_DONE, 4),
             ("ring tail", OFF_RING_TAIL, 4),
+            ("self", OFF_SELF, 8),
+            ("zero", OFF_ZERO, 4),
+            ("counts", OFF_COUNTS, 4 * COUNTS),
         ];
         words.extend(assist::LAYOUT.iter().copied());
         words.sort_by_key(|w| w.1);
@@ -4112,6 +4150,108 @@ mod tests {
         );
         t.join().unwrap();
         assert_eq!(pb.drains_timed_out(), 0);
+    }
+
+    /// An RDMA copy (each chunk of a shared one) may run only while the peer is open: one
+    /// tearing the connection down marks its inbox closed and then notes only the copy
+    /// announced before that (`drain_own`), so a chunk announced after must not run, though
+    /// the region's key is still good.
+    #[test]
+    fn no_rdma_copy_runs_into_a_closed_peer() {
+        let (_pa, a, pb, b) = connected_pair();
+        let theirs = pb
+            .reg_mr(8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let peer = a.peer.as_ref().unwrap();
+        let rb = RemoteBuf {
+            addr: theirs.addr(),
+            rkey: theirs.rkey(),
+        };
+        assert!(peer.may_copy(rb, 8192, Access::REMOTE_WRITE));
+        // The first step of the owner's teardown (`fail`, the drop), its region still there.
+        b.inbox.u32(OFF_STATE).store(1, Ordering::SeqCst);
+        assert!(peer.covers(rb, 8192, Access::REMOTE_WRITE));
+        assert!(!peer.may_copy(rb, 8192, Access::REMOTE_WRITE));
+    }
+
+    /// A shared RDMA Read whose helper claimed a chunk and has not copied it (stopped, or
+    /// preempted) parks the sink's memory if the sink is let go meanwhile (the connection
+    /// torn down): the helper's late chunk cannot land in memory that serves another region.
+    #[test]
+    fn a_shared_reads_sink_waits_for_the_helpers_chunks() {
+        let (pa, mut a, pb, _b) = connected_pair();
+        let len = assist::ASSIST_MIN;
+        let remote = pb.reg_mr(len, Access::REMOTE_READ).unwrap();
+        // The "helper": claims one chunk of our descriptor as soon as one is published, then
+        // stops; the test ends its chunk later.
+        let inbox = a.inbox.clone();
+        let claimed = Arc::new(AtomicBool::new(false));
+        let sink = loop {
+            let local = pa.reg_mr(len, Access::LOCAL_WRITE).unwrap();
+            let stop = Arc::new(AtomicBool::new(false));
+            let t = {
+                let (inbox, claimed, stop) = (inbox.clone(), claimed.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let claim = inbox.u64(assist::A_CLAIM);
+                    let seen = claim.load(Ordering::Acquire) >> 32;
+                    while !stop.load(Ordering::Relaxed) {
+                        let c = claim.load(Ordering::Acquire);
+                        if c >> 32 != seen && c as u32 != u32::MAX && (c as u32) < 4 {
+                            if claim
+                                .compare_exchange(c, c + 1, Ordering::AcqRel, Ordering::Acquire)
+                                .is_ok()
+                            {
+                                claimed.store(true, Ordering::SeqCst);
+                                return;
+                            }
+                        }
+                        std::hint::spin_loop();
+                    }
+                })
+            };
+            a.post_send(&SendWr {
+                wr_id: 5,
+                op: SendOp::Read(RemoteBuf {
+                    addr: remote.addr(),
+                    rkey: remote.rkey(),
+                }),
+                sge: Some(Sge {
+                    addr: local.addr(),
+                    len: len as u32,
+                    lkey: local.lkey(),
+                }),
+                payload: None,
+                signaled: true,
+                solicited: false,
+            })
+            .unwrap();
+            stop.store(true, Ordering::Relaxed);
+            t.join().unwrap();
+            if claimed.load(Ordering::SeqCst) {
+                break local;
+            }
+            // The helper thread got no chunk this time (we copied them all): again.
+            poll_one(&mut a, "a read nobody helped with");
+        };
+        // The connection goes (its sink with it) while the helper's chunk is outstanding.
+        let addr = sink.addr();
+        drop(sink);
+        let next = pb.reg_mr(len, Access::LOCAL_WRITE).unwrap();
+        let next_a = pa.reg_mr(len, Access::LOCAL_WRITE).unwrap();
+        assert_ne!(
+            next_a.addr(),
+            addr,
+            "the sink's memory served again under a live chunk"
+        );
+        // The helper's chunk ends (its count reaches the one the initiator waits for).
+        a.inbox.u32(assist::A_DONE).store(1, Ordering::Release);
+        let again = pa.reg_mr(len, Access::LOCAL_WRITE).unwrap();
+        assert_eq!(
+            again.addr(),
+            addr,
+            "the memory stayed parked after the chunk ended"
+        );
+        drop((next, next_a, again));
     }
 
     /// A Read's bytes are delivered only if the source was still advertised after the copy:
