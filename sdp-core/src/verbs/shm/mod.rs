@@ -4196,14 +4196,15 @@ mod tests {
                     let seen = claim.load(Ordering::Acquire) >> 32;
                     while !stop.load(Ordering::Relaxed) {
                         let c = claim.load(Ordering::Acquire);
-                        if c >> 32 != seen && c as u32 != u32::MAX && (c as u32) < 4 {
-                            if claim
+                        if c >> 32 != seen
+                            && c as u32 != u32::MAX
+                            && (c as u32) < 4
+                            && claim
                                 .compare_exchange(c, c + 1, Ordering::AcqRel, Ordering::Acquire)
                                 .is_ok()
-                            {
-                                claimed.store(true, Ordering::SeqCst);
-                                return;
-                            }
+                        {
+                            claimed.store(true, Ordering::SeqCst);
+                            return;
                         }
                         std::hint::spin_loop();
                     }
