@@ -189,6 +189,7 @@ impl Pending {
 pub(super) unsafe fn start_shared(
     inbox: &Mapping,
     gen: &mut u32,
+    ask: &dyn Fn(),
     peer: &Proc,
     sock: Option<BorrowedFd<'_>>,
     still_ok: &mut dyn FnMut() -> bool,
@@ -218,11 +219,16 @@ pub(super) unsafe fn start_shared(
     inbox.u32(A_DONE).store(0, Ordering::Relaxed);
     inbox.u32(A_ERR).store(0, Ordering::Relaxed);
     claim.store(u64::from(g) << 32, Ordering::Release);
+    // Published: now ask the peer's help (a bell rung before could be taken, and the
+    // descriptor looked at, before it was there).
+    ask();
 
     let mut mine = 0u64;
     // One liveness check for our chunks.
     let mut res = peer.check();
-    loop {
+    // At most `n` claims: a peer that writes the claim word back (it can write our inbox)
+    // cannot keep us copying.
+    for _ in 0..n {
         let c = claim.fetch_add(1, Ordering::AcqRel);
         let i = u64::from(c as u32);
         if (c >> 32) as u32 != g || i >= n {
@@ -290,7 +296,18 @@ pub(super) unsafe fn copy_shared(
     // SAFETY: the caller's contract is start_shared's.
     match unsafe {
         start_shared(
-            inbox, gen, peer, sock, still_ok, None, op, rkey, local, remote, len,
+            inbox,
+            gen,
+            &|| {},
+            peer,
+            sock,
+            still_ok,
+            None,
+            op,
+            rkey,
+            local,
+            remote,
+            len,
         )
     } {
         Started::Done(r) => r,
@@ -347,7 +364,9 @@ pub(super) fn help(peer_inbox: &Mapping, peer_va: u64, peer: &Proc, check: Check
     let done_word = peer_inbox.u32(A_DONE);
     let mut copied = 0;
     loop {
-        if (c >> 32) as u32 != g || u64::from(c as u32) >= n {
+        // At most `n` chunks: an initiator that writes its claim word back cannot keep us
+        // copying (with our registrations' lock held).
+        if (c >> 32) as u32 != g || u64::from(c as u32) >= n || u64::from(copied) >= n {
             return copied;
         }
         match claim.compare_exchange_weak(c, c + 1, Ordering::AcqRel, Ordering::Acquire) {
@@ -469,6 +488,49 @@ mod tests {
             helped.load(Ordering::Relaxed) > 0,
             "the helper thread took no chunk in 2000 copies"
         );
+    }
+
+    /// An initiator that keeps writing its claim word back (it can write the inbox we help
+    /// with) cannot keep the helper copying: at most the operation's chunks are taken.
+    #[test]
+    fn a_claim_word_written_back_does_not_hold_the_helper() {
+        let inbox = Arc::new(Mapping::anon(8192).unwrap());
+        let buf = vec![0u8; 1 << 20];
+        let base = buf.as_ptr() as u64;
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let peer = Proc::open(child.id() as i32).unwrap();
+        let n = 8u64;
+        inbox.u32(A_OP).store(Op::Read as u32, Ordering::Relaxed);
+        inbox.u32(A_RKEY).store(7, Ordering::Relaxed);
+        inbox.u64(A_RADDR).store(base, Ordering::Relaxed);
+        inbox.u64(A_LADDR).store(0x10000, Ordering::Relaxed);
+        inbox.u64(A_LEN).store(n * 65536, Ordering::Relaxed);
+        inbox.u64(A_CHUNK).store(65536, Ordering::Relaxed);
+        inbox.u64(A_CLAIM).store(1 << 32, Ordering::Release);
+        // For 100 ms (a helper without the bound copies until then, then returns).
+        let t = {
+            let inbox = inbox.clone();
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                while start.elapsed() < Duration::from_millis(100) {
+                    inbox.u64(A_CLAIM).store(1 << 32, Ordering::Release);
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        // (The writer runs first.)
+        std::thread::sleep(Duration::from_millis(5));
+        let check = |_op: Op, rkey: u32, addr: u64, len: u64| {
+            rkey == 7 && addr >= base && addr + len <= base + buf.len() as u64
+        };
+        let copied = help(&inbox, 0, &peer, &check);
+        t.join().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(u64::from(copied) <= n, "{copied} chunks of {n}");
     }
 
     /// Random descriptors in a peer's inbox never make the helper panic, never copy without

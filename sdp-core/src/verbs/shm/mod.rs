@@ -384,6 +384,20 @@ impl Linger {
             || self.peer.as_ref().is_some_and(|p| !p.alive())
     }
 
+    /// After `over`: a peer that died in the middle of an RDMA copy never took back the count
+    /// it raised in our bell page (`B_COPIES`, `InFlight::begin`); take it back for it, or
+    /// every later deregistration would look at every inbox. Called once per connection's
+    /// announcement (the note its teardown made), never for the copies parked memory waits on.
+    fn settle(&self, bells: &Mapping) {
+        if let Until::Moves(v) = self.until {
+            if self.key != 0 && self.inbox.u32(OFF_INFLIGHT).load(Ordering::Acquire) == v {
+                let _ = bells
+                    .u32(B_COPIES)
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |x| x.checked_sub(1));
+            }
+        }
+    }
+
     /// Wait up to `max` for the copy to end (without a peer to watch, at most
     /// `COPY_DRAIN_MAX`: none is known before a connection's handshake, when none copies).
     fn wait(&self, max: Duration) -> CopyWait {
@@ -672,7 +686,13 @@ impl Inner {
     fn reap(&self) {
         if self.lingering_any.load(Ordering::Acquire) {
             let mut l = self.lingering.lock();
-            l.retain(|c| !c.over());
+            l.retain(|c| {
+                let over = c.over();
+                if over {
+                    c.settle(&self.bells);
+                }
+                !over
+            });
             self.lingering_any.store(!l.is_empty(), Ordering::Release);
         }
         if !self.parked_any.load(Ordering::Acquire) {
@@ -701,7 +721,9 @@ impl Inner {
     /// Note a copy under way into or out of our memory that no inbox of `ctls` may show any
     /// more (`lingering`), unless it ended.
     fn linger(&self, c: Linger) {
-        if !c.over() {
+        if c.over() {
+            c.settle(&self.bells);
+        } else {
             let mut l = self.lingering.lock();
             l.push(c);
             self.lingering_any.store(true, Ordering::SeqCst);
@@ -813,6 +835,10 @@ impl Inner {
                 let Some(ib) = c.inbox.as_ref() else { continue };
                 if let Some((addr, len)) = bad {
                     mark_bad_recvs(ib, c.nslots, addr, len);
+                    // The marks before our read of the word: pairs with the peer's fence
+                    // between its announcement and its look at the receive (one of us sees
+                    // the other's store; without it the store could wait in our store buffer).
+                    fence(Ordering::SeqCst);
                 }
                 let v = ib.u32(OFF_INFLIGHT).load(Ordering::Acquire);
                 // The key written before `v` (or a later one: then `v`'s copy is over).
@@ -2165,6 +2191,8 @@ impl ShmEndpoint {
         if v & 1 == 1 {
             // Not waited for here (under the runtime's lock): the regions it may touch, let go
             // later, wait for it or are parked behind it (`Inner::lingering`).
+            // (One note per connection: its teardown is the one place that settles a dead
+            // peer's count, `Linger::settle`.)
             self.inner.linger(Linger {
                 inbox: self.inbox.clone(),
                 until: Until::Moves(v),
@@ -2269,11 +2297,12 @@ impl ShmEndpoint {
                                     )
                                 })
                         } else if len as usize >= assist::ASSIST_MIN_SEND {
-                            // Ask the peer's help: its next round looks at this connection.
-                            peer.ring();
+                            // Ask the peer's help (once the copy is published): its next round
+                            // looks at this connection.
                             match assist::start_shared(
                                 &self.inbox,
                                 &mut self.assist_gen,
+                                &|| peer.ring(),
                                 &peer.proc,
                                 self.sock.as_ref().map(|s| s.as_fd()),
                                 &mut || {
@@ -2350,10 +2379,10 @@ impl ShmEndpoint {
                 // with LOCAL_WRITE for a Read.
                 let r = unsafe {
                     if len as usize >= assist::ASSIST_MIN {
-                        peer.ring();
                         match assist::start_shared(
                             &self.inbox,
                             &mut self.assist_gen,
+                            &|| peer.ring(),
                             &peer.proc,
                             self.sock.as_ref().map(|s| s.as_fd()),
                             &mut || {
@@ -4253,6 +4282,54 @@ mod tests {
             "the memory stayed parked after the chunk ended"
         );
         drop((next, next_a, again));
+    }
+
+    /// A peer that died in the middle of an RDMA copy of our memory leaves the count it raised
+    /// in our bell page (`B_COPIES`): the connection's teardown takes it back, so later
+    /// deregistrations do not look at every inbox for ever.
+    #[test]
+    fn a_dead_peers_copy_count_is_taken_back() {
+        let (_pa, mut a, pb, b) = connected_pair();
+        let theirs = pb
+            .reg_mr(8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let peer = a.peer.as_ref().unwrap();
+        let copy = InFlight::begin(
+            &peer.inbox,
+            &peer.prov.bells,
+            theirs.rkey(),
+            &mut a.copy_seq,
+        );
+        std::mem::forget(copy);
+        assert_eq!(pb.inner.bells.u32(B_COPIES).load(Ordering::SeqCst), 1);
+        // The copier "dies": the teardown's note names a peer that exited.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let dead = Arc::new(Proc::open(child.id() as i32).unwrap());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let v = b.inbox.u32(OFF_INFLIGHT).load(Ordering::SeqCst);
+        assert_eq!(v & 1, 1);
+        pb.inner.linger(Linger {
+            inbox: b.inbox.clone(),
+            until: Until::Moves(v),
+            key: theirs.rkey(),
+            peer: Some(dead),
+        });
+        assert_eq!(pb.inner.bells.u32(B_COPIES).load(Ordering::SeqCst), 0);
+        let looks = pb.inboxes_drained();
+        drop(
+            pb.reg_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .unwrap(),
+        );
+        assert_eq!(
+            pb.inboxes_drained(),
+            looks,
+            "a deregistration looked at every inbox"
+        );
+        drop(theirs);
     }
 
     /// A Read's bytes are delivered only if the source was still advertised after the copy:
