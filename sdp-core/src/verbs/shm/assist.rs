@@ -207,6 +207,9 @@ pub(super) unsafe fn start_shared(
     *gen = gen.wrapping_add(1).max(1);
     let g = *gen;
     let claim = inbox.u64(A_CLAIM);
+    // Ask the peer's help now (a head start: it is often asleep or busy) and again once the
+    // copy is published below (a peer that looked in between saw nothing to help with).
+    ask();
     // Withdrawn (it already is, unless a peer scribbled on our inbox), then the fields.
     claim.store(u64::from(g) << 32 | u64::from(IDLE), Ordering::Relaxed);
     fence(Ordering::Release);
@@ -219,8 +222,6 @@ pub(super) unsafe fn start_shared(
     inbox.u32(A_DONE).store(0, Ordering::Relaxed);
     inbox.u32(A_ERR).store(0, Ordering::Relaxed);
     claim.store(u64::from(g) << 32, Ordering::Release);
-    // Published: now ask the peer's help (a bell rung before could be taken, and the
-    // descriptor looked at, before it was there).
     ask();
 
     let mut mine = 0u64;
