@@ -226,44 +226,30 @@ impl Proc {
     }
 
     /// One copy of a batch the caller brackets with [`Proc::check`]: before the first (and,
-    /// for reads, after the last) copy. `end`: see [`CopyEnd`]; `Ok(true)` if it was written.
+    /// for reads, after the last) copy; `write`: ours into the process's, else the other way.
+    /// `end`: see [`CopyEnd`]; `Ok(true)` if it was written.
     ///
     /// # Safety
-    /// As [`vm_write`].
-    pub unsafe fn write_in_batch(
+    /// As [`vm_copy`].
+    pub unsafe fn copy_in_batch(
         &self,
+        write: bool,
         local: u64,
         remote: u64,
         len: usize,
         end: Option<CopyEnd>,
     ) -> io::Result<bool> {
         // SAFETY: the caller's contract.
-        unsafe { vm_write(self.pid, local, remote, len, end) }
-    }
-
-    /// As [`Proc::write_in_batch`], reading.
-    ///
-    /// # Safety
-    /// As [`vm_read`].
-    pub unsafe fn read_in_batch(
-        &self,
-        local: u64,
-        remote: u64,
-        len: usize,
-        end: Option<CopyEnd>,
-    ) -> io::Result<bool> {
-        // SAFETY: the caller's contract.
-        unsafe { vm_read(self.pid, local, remote, len, end) }
+        unsafe { vm_copy(write, self.pid, local, remote, len, end) }
     }
 
     /// Copy `len` bytes from our `local` address into the process at `remote`; `ESRCH` if it
     /// has exited. What is left: the process may exit, be reaped and its pid be handed to a new
     /// process between the liveness check (at most [`LIVENESS_TRUST`] old) and the copy's
-    /// system call (the pid allocator would have to wrap around `pid_max` in between).
-    /// `end`: see [`CopyEnd`].
+    /// system call (docs/providers.md, "Known gaps"). `end`: see [`CopyEnd`].
     ///
     /// # Safety
-    /// As [`vm_write`].
+    /// As [`vm_copy`] for a write.
     pub unsafe fn write(
         &self,
         local: u64,
@@ -271,18 +257,16 @@ impl Proc {
         len: usize,
         end: Option<CopyEnd>,
     ) -> io::Result<()> {
-        if !self.alive_recently() {
-            return Err(Proc::gone());
-        }
+        self.check()?;
         // SAFETY: the caller's contract.
-        unsafe { vm_write(self.pid, local, remote, len, end) }.map(drop)
+        unsafe { self.copy_in_batch(true, local, remote, len, end) }.map(drop)
     }
 
     /// Copy `len` bytes from the process at `remote` to our `local` address; `ESRCH` if it has
     /// exited (checked as for [`Proc::write`]).
     ///
     /// # Safety
-    /// As [`vm_read`].
+    /// As [`vm_copy`] for a read.
     pub unsafe fn read(
         &self,
         local: u64,
@@ -290,11 +274,9 @@ impl Proc {
         len: usize,
         end: Option<CopyEnd>,
     ) -> io::Result<()> {
-        if !self.alive_recently() {
-            return Err(Proc::gone());
-        }
+        self.check()?;
         // SAFETY: the caller's contract.
-        unsafe { vm_read(self.pid, local, remote, len, end) }.map(drop)
+        unsafe { self.copy_in_batch(false, local, remote, len, end) }.map(drop)
     }
 }
 
@@ -311,10 +293,15 @@ pub struct CopyEnd {
     pub remote: u64,
 }
 
-/// Copy `len` bytes from `local` in process `pid` (write: ours to theirs; read: theirs to
-/// ours) then `end`'s word; `Err` (with errno) unless every data byte moved. `Ok(true)`: the
-/// end word was written too (by the system call that moved the last data byte).
-fn vm_copy(
+/// Copy `len` bytes between our `local` and process `pid`'s `remote` (write: ours to theirs;
+/// read: theirs to ours), then `end`'s word; `Err` (with errno) unless every data byte moved.
+/// `Ok(true)`: the end word was written too (by the system call that moved the last data byte).
+///
+/// # Safety
+/// Our range `local..local + len` (and `end`'s local word) must be mapped: readable for a
+/// write; for a read writable and not referenced by Rust references (`end`'s word may be an
+/// atomic the kernel stores into, as another thread would).
+unsafe fn vm_copy(
     write: bool,
     pid: i32,
     local: u64,
@@ -341,7 +328,7 @@ fn vm_copy(
         ];
         let cnt = if end.is_some() { 2 } else { 1 };
         // SAFETY: the kernel reads (write) or writes (read) our ranges, valid per the
-        // callers' contracts, and the other process's; a bad remote range is an error
+        // caller's contract, and the other process's; a bad remote range is an error
         // (EFAULT), not undefined behaviour here.
         let n = if write {
             syscall!(process_vm_writev(pid, l.as_ptr(), cnt, r.as_ptr(), cnt, 0))?
@@ -356,36 +343,6 @@ fn vm_copy(
         }
         done += n;
     }
-}
-
-/// Copy `len` bytes from our `local` address into process `pid` at `remote`, then `end`.
-/// Returns `Err` (with errno) unless every byte was written.
-///
-/// # Safety
-/// `local..local + len` (and `end`'s local word) must be mapped and readable in this process.
-unsafe fn vm_write(
-    pid: i32,
-    local: u64,
-    remote: u64,
-    len: usize,
-    end: Option<CopyEnd>,
-) -> io::Result<bool> {
-    vm_copy(true, pid, local, remote, len, end)
-}
-
-/// Copy `len` bytes from process `pid` at `remote` to our `local` address, then `end`.
-///
-/// # Safety
-/// `local..local + len` (and `end`'s local word) must be mapped, writable, and not referenced
-/// by Rust references (`end`'s word may be an atomic the kernel stores into).
-unsafe fn vm_read(
-    pid: i32,
-    local: u64,
-    remote: u64,
-    len: usize,
-    end: Option<CopyEnd>,
-) -> io::Result<bool> {
-    vm_copy(false, pid, local, remote, len, end)
 }
 
 static PROBE: u64 = 0x5344_505f_5348_4d21;
@@ -432,9 +389,9 @@ mod tests {
                         local: word.as_ptr() as u64,
                         remote: &one as *const u32 as u64,
                     };
-                    vm_read(pid, r, l, src.len(), Some(e))
+                    vm_copy(false, pid, r, l, src.len(), Some(e))
                 } else {
-                    vm_write(pid, l, r, src.len(), Some(end))
+                    vm_copy(true, pid, l, r, src.len(), Some(end))
                 }
             };
             assert!(got.unwrap(), "read {read}");
@@ -445,13 +402,13 @@ mod tests {
         // SAFETY: as above.
         unsafe {
             let (l, r) = (src.as_ptr() as u64, dst.as_mut_ptr() as u64);
-            assert!(!vm_write(pid, l, r, src.len(), None).unwrap());
+            assert!(!vm_copy(true, pid, l, r, src.len(), None).unwrap());
             let bad = CopyEnd {
                 local: &one as *const u32 as u64,
                 remote: 8,
             };
-            assert!(!vm_write(pid, l, r, src.len(), Some(bad)).unwrap());
-            assert!(!vm_write(pid, l, r, 0, None).unwrap());
+            assert!(!vm_copy(true, pid, l, r, src.len(), Some(bad)).unwrap());
+            assert!(!vm_copy(true, pid, l, r, 0, None).unwrap());
         }
     }
 }

@@ -248,12 +248,8 @@ pub(super) unsafe fn start_shared(
         // SAFETY: a sub-range of the caller's buffer (see the function's contract); the
         // remote range is the peer's, checked against its key table by the caller.
         res = unsafe {
-            if read {
-                peer.read_in_batch(local + off, remote + off, l, end)
-            } else {
-                peer.write_in_batch(local + off, remote + off, l, end)
-            }
-            .map(drop)
+            peer.copy_in_batch(!read, local + off, remote + off, l, end)
+                .map(drop)
         };
     }
     claim.store(u64::from(g) << 32 | u64::from(IDLE), Ordering::Release);
@@ -398,11 +394,7 @@ pub(super) fn help(peer_inbox: &Mapping, peer_va: u64, peer: &Proc, check: Check
                 } else {
                     // SAFETY: see above.
                     unsafe {
-                        if read {
-                            peer.write_in_batch(raddr + off, laddr.wrapping_add(off), l, end)
-                        } else {
-                            peer.read_in_batch(raddr + off, laddr.wrapping_add(off), l, end)
-                        }
+                        peer.copy_in_batch(read, raddr + off, laddr.wrapping_add(off), l, end)
                     }
                 };
                 match r {
@@ -491,6 +483,17 @@ mod tests {
         );
     }
 
+    /// A child process that does nothing with its memory (the helper's writes go there), and
+    /// its pidfd.
+    fn idle_child() -> (std::process::Child, Proc) {
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let peer = Proc::open(child.id() as i32).unwrap();
+        (child, peer)
+    }
+
     /// An initiator that keeps writing its claim word back (it can write the inbox we help
     /// with) cannot keep the helper copying: at most the operation's chunks are taken.
     #[test]
@@ -498,11 +501,7 @@ mod tests {
         let inbox = Arc::new(Mapping::anon(8192).unwrap());
         let buf = vec![0u8; 1 << 20];
         let base = buf.as_ptr() as u64;
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let peer = Proc::open(child.id() as i32).unwrap();
+        let (mut child, peer) = idle_child();
         let n = 8u64;
         inbox.u32(A_OP).store(Op::Read as u32, Ordering::Relaxed);
         inbox.u32(A_RKEY).store(7, Ordering::Relaxed);
@@ -541,12 +540,7 @@ mod tests {
         let inbox = Mapping::anon(8192).unwrap();
         let buf = vec![0u8; 1 << 20];
         let base = buf.as_ptr() as u64;
-        // Writes go to a child process that does nothing with its memory.
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let peer = Proc::open(child.id() as i32).unwrap();
+        let (mut child, peer) = idle_child();
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = || {
             x ^= x << 13;

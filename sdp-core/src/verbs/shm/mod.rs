@@ -3742,6 +3742,25 @@ mod tests {
         (a, ca, b, cb)
     }
 
+    /// An RDMA Read of `len` bytes from the peer's `remote` into our `local`.
+    fn read_wr(wr_id: u64, remote: &ShmMr, local: &ShmMr, len: usize) -> SendWr {
+        SendWr {
+            wr_id,
+            op: SendOp::Read(RemoteBuf {
+                addr: remote.addr(),
+                rkey: remote.rkey(),
+            }),
+            sge: Some(Sge {
+                addr: local.addr(),
+                len: len as u32,
+                lkey: local.lkey(),
+            }),
+            payload: None,
+            signaled: true,
+            solicited: false,
+        }
+    }
+
     fn poll_one(ep: &mut ShmEndpoint, what: &str) -> Completion {
         let end = Instant::now() + Duration::from_secs(10);
         let mut c = [Completion {
@@ -4008,22 +4027,7 @@ mod tests {
         let len = assist::ASSIST_MIN;
         let remote = pa.reg_mr(len, Access::REMOTE_READ).unwrap();
         let local = pb.reg_mr(len, Access::LOCAL_WRITE).unwrap();
-        b.post_send(&SendWr {
-            wr_id: 3,
-            op: SendOp::Read(RemoteBuf {
-                addr: remote.addr(),
-                rkey: remote.rkey(),
-            }),
-            sge: Some(Sge {
-                addr: local.addr(),
-                len: len as u32,
-                lkey: local.lkey(),
-            }),
-            payload: None,
-            signaled: true,
-            solicited: false,
-        })
-        .unwrap();
+        b.post_send(&read_wr(3, &remote, &local, len)).unwrap();
         assert_eq!(poll_one(&mut b, "the read").status, WcStatus::Success);
         send(&mut a, &mut b);
         assert_eq!(
@@ -4041,22 +4045,7 @@ mod tests {
         let len = assist::ASSIST_MIN;
         let remote = _pb.reg_mr(len, Access::REMOTE_READ).unwrap();
         let local = pa.reg_mr(len, Access::LOCAL_WRITE).unwrap();
-        a.post_send(&SendWr {
-            wr_id: 3,
-            op: SendOp::Read(RemoteBuf {
-                addr: remote.addr(),
-                rkey: remote.rkey(),
-            }),
-            sge: Some(Sge {
-                addr: local.addr(),
-                len: len as u32,
-                lkey: local.lkey(),
-            }),
-            payload: None,
-            signaled: true,
-            solicited: false,
-        })
-        .unwrap();
+        a.post_send(&read_wr(3, &remote, &local, len)).unwrap();
         assert_eq!(poll_one(&mut a, "the read").status, WcStatus::Success);
         a.set_direct_wake(true, false);
         a.set_direct_wake(false, true);
@@ -4239,22 +4228,7 @@ mod tests {
                     }
                 })
             };
-            a.post_send(&SendWr {
-                wr_id: 5,
-                op: SendOp::Read(RemoteBuf {
-                    addr: remote.addr(),
-                    rkey: remote.rkey(),
-                }),
-                sge: Some(Sge {
-                    addr: local.addr(),
-                    len: len as u32,
-                    lkey: local.lkey(),
-                }),
-                payload: None,
-                signaled: true,
-                solicited: false,
-            })
-            .unwrap();
+            a.post_send(&read_wr(5, &remote, &local, len)).unwrap();
             stop.store(true, Ordering::Relaxed);
             t.join().unwrap();
             if claimed.load(Ordering::SeqCst) {
