@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Speed of unmodified programs under the LD_PRELOAD shim against kernel TCP loopback, measured
 # in the same run (interleaved, medians of RUNS): iperf3 (128 KiB writes), sockperf ping-pong
-# p50, redis-benchmark GET/SET with -P 1 and -P 16, nginx + wrk requests/s (1 KiB and 1 MiB);
+# p50, redis-benchmark GET/SET with -P 1 and -P 16, nginx + wrk requests/s (1 KiB and 1 MiB, and
+# 1 KiB with one request per connection);
 # and the shim's cost on fds it does not own (tests/preload/passthrough.c: read/write on a pipe,
 # a file and an AF_UNIX pair, fcntl, in ns per call, with and without the shim).
 # Prints one row per measurement with the ratio shim / TCP (or shim / none). A benchmark, not a test.
@@ -55,7 +56,7 @@ redis_rps() { # MODE TEST PIPELINE
         tr '\r' '\n' | awk '/requests per second/ { print $2 }' | tail -1
     kill $s; wait $s 2>/dev/null
 }
-nginx_rps() { # MODE FILE
+nginx_rps() { # MODE FILE [close: one request per connection]
     next_port
     mkdir -p "$WORK/www" "$WORK/ng"
     [ -f "$WORK/www/1k" ] || head -c 1024 /dev/urandom >"$WORK/www/1k"
@@ -71,7 +72,9 @@ EOF
     $(pre "$1") nginx -c "$WORK/ng/nginx.conf" >/dev/null 2>&1 &
     local s=$!
     wait_port $PORT
-    $(pre "$1") wrk -t1 -c8 -d2 http://127.0.0.1:$PORT/"$2" 2>/dev/null | awk '/Requests\/sec/ { print $2 }'
+    local hdr=()
+    [ "${3:-}" = close ] && hdr=(-H "Connection: close")
+    $(pre "$1") wrk -t1 -c8 -d2 "${hdr[@]}" http://127.0.0.1:$PORT/"$2" 2>/dev/null | awk '/Requests\/sec/ { print $2 }'
     kill $s; wait $s 2>/dev/null
 }
 
@@ -99,6 +102,7 @@ measure "redis SET -P 16" req/s 1 eval 'f() { redis_rps "$1" set 16; }; f'
 measure "redis GET -P 16" req/s 1 eval 'f() { redis_rps "$1" get 16; }; f'
 measure "nginx+wrk 1 KiB" req/s 1 eval 'f() { nginx_rps "$1" 1k; }; f'
 measure "nginx+wrk 1 MiB" req/s 1 eval 'f() { nginx_rps "$1" 1m; }; f'
+measure "nginx+wrk 1 KiB conn close" req/s 1 eval 'f() { nginx_rps "$1" 1k close; }; f'
 
 # Calls on fds the shim does not own (target: within 2% of no shim).
 gcc -O2 -Wall -Werror -o "$WORK/passthrough" tests/preload/passthrough.c || exit 1
