@@ -342,6 +342,7 @@ enum Drain {
 /// A peer's copy into or out of our memory, under way when we withdrew memory it may touch,
 /// not yet seen to end: one it announced in an inbox of ours (`OFF_INFLIGHT` odd), or the
 /// chunks it claimed of a shared RDMA Read of ours (it writes them into our buffer).
+#[derive(Clone)]
 struct Linger {
     inbox: Arc<Mapping>,
     until: Until,
@@ -698,22 +699,18 @@ impl Inner {
         if !self.parked_any.load(Ordering::Acquire) {
             return;
         }
-        let done: Vec<Mapping> = {
+        let done: Vec<(Mapping, Vec<Linger>)> = {
             let mut p = self.parked.lock();
-            let mut done = Vec::new();
-            let mut i = 0;
-            while i < p.len() {
-                p[i].1.retain(|c| !c.over());
-                if p[i].1.is_empty() {
-                    done.push(p.swap_remove(i).0);
-                } else {
-                    i += 1;
-                }
-            }
+            let done = p
+                .extract_if(.., |(_, ls)| {
+                    ls.retain(|c| !c.over());
+                    ls.is_empty()
+                })
+                .collect();
             self.parked_any.store(!p.is_empty(), Ordering::Release);
             done
         };
-        for m in done {
+        for (m, _) in done {
             self.recycle_map(m);
         }
     }
@@ -859,11 +856,7 @@ impl Inner {
             let l = self.lingering.lock();
             for c in l.iter() {
                 if (c.key == rkey || (c.key == 0 && bad.is_some() && posted != 0)) && !c.over() {
-                    busy.push(Linger {
-                        inbox: c.inbox.clone(),
-                        peer: c.peer.clone(),
-                        ..*c
-                    });
+                    busy.push(c.clone());
                 }
             }
         }
@@ -1068,9 +1061,9 @@ impl ShmProvider {
         self.inner.settle_timeouts.load(Ordering::Relaxed)
     }
 
-    /// Times a deregistration, a revocation or a teardown gave up waiting for a peer's copy
-    /// in flight (`COPY_DRAIN_MAX`): a live peer stopped between its look at our key table
-    /// and the end of its copy's system call.
+    /// Times a revocation (or a reduction of rights) gave up waiting for a peer's copy in
+    /// flight (`COPY_DRAIN_MAX`, read-only grants of our own memory): a live peer stopped
+    /// between its look at our key table and its copy's system call.
     pub fn drains_timed_out(&self) -> u64 {
         self.inner.drain_timeouts.load(Ordering::Relaxed)
     }
@@ -1815,12 +1808,7 @@ impl MemoryRegion for ShmMr {
         // `COPY_DRAIN_MAX` for a read-only grant on ours (the engine's staging buffers,
         // revoked under the lock: a late read takes this connection's own bytes, which the
         // reader then discards, `read_still_good`).
-        let how = if r.access.contains(Access::REMOTE_WRITE) {
-            Drain::Unbounded
-        } else {
-            self.drain()
-        };
-        self.inner.deregister(r.lkey, how);
+        self.inner.deregister(r.lkey, self.drain(r.access, false));
         Ok(())
     }
     fn read(&self, off: usize, dst: &mut [u8]) {
@@ -1832,14 +1820,20 @@ impl MemoryRegion for ShmMr {
 }
 
 impl ShmMr {
-    /// How a withdrawal from this region treats peers' copies in flight: the caller's memory
-    /// (`reg_mr_at`) is waited for until they end, since it goes back to the caller; ours
-    /// within the bound (`Drain`), and at the region's end not at all (parked instead).
-    fn drain(&self) -> Drain {
-        if self._map.is_some() {
-            Drain::Bounded
-        } else {
+    /// How a withdrawal of a grant or region with `access` treats peers' copies in flight
+    /// (`Drain`); `end`: the region itself goes. The caller's memory (`reg_mr_at`) is waited
+    /// for until they end, since it goes back to the caller; ours at its end not at all (parked
+    /// instead); a grant of ours a peer may write until they end; any other grant of ours
+    /// within `COPY_DRAIN_MAX`.
+    fn drain(&self, access: Access, end: bool) -> Drain {
+        if self._map.is_none() {
             Drain::Unbounded
+        } else if end {
+            Drain::Collect
+        } else if access.contains(Access::REMOTE_WRITE) {
+            Drain::Unbounded
+        } else {
+            Drain::Bounded
         }
     }
 }
@@ -1850,11 +1844,7 @@ impl Drop for ShmMr {
         // own memory waits for no peer: if a copy that may touch it is still under way (a
         // peer stopped in the middle of one), it is parked until that ends, never reused
         // before; the caller's is waited for (it goes back to the caller).
-        let how = if self._map.is_some() {
-            Drain::Collect
-        } else {
-            Drain::Unbounded
-        };
+        let how = self.drain(self.reg.access, true);
         let mut lingers = Vec::new();
         for r in std::mem::take(&mut self.grants) {
             lingers.extend(self.inner.deregister(r.lkey, how));
@@ -2297,7 +2287,7 @@ impl ShmEndpoint {
                                     )
                                 })
                         } else if len as usize >= assist::ASSIST_MIN_SEND {
-                            // Ask the peer's help (once the copy is published): its next round
+                            // Asks the peer's help (`start_shared` rings its bell): its next round
                             // looks at this connection.
                             match assist::start_shared(
                                 &self.inbox,
@@ -3742,6 +3732,47 @@ mod tests {
         (a, ca, b, cb)
     }
 
+    /// A copy of the peer's region `rkey` announced (and its key looked at) as `exec` does,
+    /// whose copier is then "stopped" for longer than `COPY_DRAIN_MAX` before the copy ends (the
+    /// word moves on, from a thread). Returns whether it ended, and the thread to join.
+    fn a_late_copy(
+        peer: &Peer,
+        rkey: u32,
+        seq: &mut u32,
+    ) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
+        let copy = InFlight::begin(&peer.inbox, &peer.prov.bells, rkey, seq);
+        assert!(peer.lookup(rkey).is_some());
+        std::mem::forget(copy);
+        let word = peer.inbox.u32(OFF_INFLIGHT) as *const AtomicU32 as usize;
+        let ended = Arc::new(AtomicBool::new(false));
+        let t = {
+            let ended = ended.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(COPY_DRAIN_MAX + Duration::from_millis(100));
+                ended.store(true, Ordering::SeqCst);
+                // SAFETY: the inbox mapping outlives this thread (the caller joins it).
+                unsafe { &*(word as *const AtomicU32) }.fetch_add(1, Ordering::Release);
+            })
+        };
+        (ended, t)
+    }
+
+    /// A SEND of the first `len` bytes of `src`.
+    fn send_wr(wr_id: u64, src: &ShmMr, len: usize, solicited: bool) -> SendWr {
+        SendWr {
+            wr_id,
+            op: SendOp::Send,
+            sge: Some(Sge {
+                addr: src.addr(),
+                len: len as u32,
+                lkey: src.lkey(),
+            }),
+            payload: None,
+            signaled: true,
+            solicited,
+        }
+    }
+
     /// An RDMA Read of `len` bytes from the peer's `remote` into our `local`.
     fn read_wr(wr_id: u64, remote: &ShmMr, local: &ShmMr, len: usize) -> SendWr {
         SendWr {
@@ -3824,19 +3855,7 @@ mod tests {
                 }
                 // SAFETY: the region is ours and `len` <= its size.
                 unsafe { sys::copy_to_addr(src.addr(), &data) };
-                a.post_send(&SendWr {
-                    wr_id: 1,
-                    op: SendOp::Send,
-                    sge: Some(Sge {
-                        addr: src.addr(),
-                        len: len as u32,
-                        lkey: src.lkey(),
-                    }),
-                    payload: None,
-                    signaled: true,
-                    solicited: true,
-                })
-                .unwrap();
+                a.post_send(&send_wr(1, &src, len, true)).unwrap();
                 let c = poll_one(&mut a, "the send");
                 assert_eq!(c.status, WcStatus::Success, "send of {len}");
                 sent += 1;
@@ -3869,19 +3888,8 @@ mod tests {
         for k in 0..N {
             // SAFETY: the region is ours.
             unsafe { sys::copy_to_addr(src.addr(), &[k as u8; RING_MSG_MAX]) };
-            a.post_send(&SendWr {
-                wr_id: k as u64,
-                op: SendOp::Send,
-                sge: Some(Sge {
-                    addr: src.addr(),
-                    len: RING_MSG_MAX as u32,
-                    lkey: src.lkey(),
-                }),
-                payload: None,
-                signaled: true,
-                solicited: false,
-            })
-            .unwrap();
+            a.post_send(&send_wr(k as u64, &src, RING_MSG_MAX, false))
+                .unwrap();
             assert_eq!(poll_one(&mut a, "a send").status, WcStatus::Success);
         }
         assert!(
@@ -4001,19 +4009,7 @@ mod tests {
                 },
             })
             .unwrap();
-            a.post_send(&SendWr {
-                wr_id: 2,
-                op: SendOp::Send,
-                sge: Some(Sge {
-                    addr: src.addr(),
-                    len: RING_MSG_MAX as u32,
-                    lkey: src.lkey(),
-                }),
-                payload: None,
-                signaled: true,
-                solicited: false,
-            })
-            .unwrap();
+            a.post_send(&send_wr(2, &src, RING_MSG_MAX, false)).unwrap();
             assert_eq!(poll_one(a, "a send").status, WcStatus::Success);
             assert_eq!(poll_one(b, "a receive").status, WcStatus::Success);
         };
@@ -4147,20 +4143,7 @@ mod tests {
             .advertise(0, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
             .unwrap();
         let peer = a.peer.as_ref().unwrap();
-        let copy = InFlight::begin(&peer.inbox, &peer.prov.bells, g.rkey, &mut a.copy_seq);
-        assert!(peer.lookup(g.rkey).is_some());
-        std::mem::forget(copy);
-        let word = peer.inbox.u32(OFF_INFLIGHT) as *const AtomicU32 as usize;
-        let ended = Arc::new(AtomicBool::new(false));
-        let t = {
-            let ended = ended.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(COPY_DRAIN_MAX + Duration::from_millis(100));
-                ended.store(true, Ordering::SeqCst);
-                // SAFETY: the inbox mapping outlives this thread (joined below).
-                unsafe { &*(word as *const AtomicU32) }.fetch_add(1, Ordering::Release);
-            })
-        };
+        let (ended, t) = a_late_copy(peer, g.rkey, &mut a.copy_seq);
         theirs.revoke(&g).unwrap();
         assert!(
             ended.load(Ordering::SeqCst),
@@ -4358,26 +4341,7 @@ mod tests {
         }
         .unwrap();
         let peer = a.peer.as_ref().unwrap();
-        let copy = InFlight::begin(
-            &peer.inbox,
-            &peer.prov.bells,
-            theirs.rkey(),
-            &mut a.copy_seq,
-        );
-        assert!(peer.lookup(theirs.rkey()).is_some());
-        std::mem::forget(copy);
-        // "Stopped" for longer than the bound, then the copy ends (the word moves on).
-        let word = peer.inbox.u32(OFF_INFLIGHT) as *const AtomicU32 as usize;
-        let ended = Arc::new(AtomicBool::new(false));
-        let t = {
-            let ended = ended.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(COPY_DRAIN_MAX + Duration::from_millis(100));
-                ended.store(true, Ordering::SeqCst);
-                // SAFETY: the inbox mapping outlives this thread (joined below).
-                unsafe { &*(word as *const AtomicU32) }.fetch_add(1, Ordering::Release);
-            })
-        };
+        let (ended, t) = a_late_copy(peer, theirs.rkey(), &mut a.copy_seq);
         drop(theirs);
         assert!(ended.load(Ordering::SeqCst), "let go before the copy ended");
         t.join().unwrap();
