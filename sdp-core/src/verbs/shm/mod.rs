@@ -2198,6 +2198,23 @@ impl ShmEndpoint {
         signal_if_armed(&self.inner.bells, self.inner.evfd.as_fd());
     }
 
+    /// Tell the attached peer that receives were posted: wake it if a SEND of its found none
+    /// and asked (`OFF_RNR`), else only ring its bell. Only a peer whose SENDs wait for a
+    /// receive needs waking; SDP's credits keep that rare, and a wakeup per reposted receive
+    /// cost the peer's progress thread a round per message. Called after `post_recv` and when
+    /// the peer is attached at its RTU (receives posted before then told nobody).
+    fn tell_receives(&self) {
+        let Some(p) = &self.peer else { return };
+        fence(Ordering::SeqCst);
+        let w = self.inbox.u32(OFF_RNR);
+        if w.load(Ordering::Relaxed) != 0 {
+            w.store(0, Ordering::Relaxed);
+            p.wake();
+        } else {
+            p.ring();
+        }
+    }
+
     /// Execute one send-queue WR now if possible.
     fn exec(&mut self, wr: &SendWr) -> Exec {
         let Some(peer) = self.peer.as_ref() else {
@@ -2855,6 +2872,9 @@ impl ShmEndpoint {
                                 }
                             }
                             self.await_rtu = false;
+                            // A SEND of the connector's may have met none of the receives
+                            // posted before now, which woke nobody.
+                            self.tell_receives();
                             self.cm.push_back(CmEvent::Established {
                                 private_data: Vec::new(),
                             });
@@ -2953,14 +2973,14 @@ impl Endpoint for ShmEndpoint {
         {
             return Err(VerbsError::QueueFull("receive queue"));
         }
-        let valid = {
-            let regs = self.inner.regs.read();
-            let ok = regs.check(&wr.sge, Access::LOCAL_WRITE);
-            if ok {
-                regs.note_posted(wr.sge.lkey, self.token);
-            }
-            ok
-        };
+        // The key table's read lock is held until the receive is published: a deregistration
+        // on another thread then either comes first (the check fails, the slot is marked bad
+        // here) or marks the slot itself (`mark_bad_recvs` sees the new head), never neither.
+        let regs = self.inner.regs.read();
+        let valid = regs.check(&wr.sge, Access::LOCAL_WRITE);
+        if valid {
+            regs.note_posted(wr.sge.lkey, self.token);
+        }
         let base = HDR + (self.rq_head % self.nslots) as usize * SLOT;
         let ib = &self.inbox;
         ib.u64(base + S_ADDR).store(wr.sge.addr, Ordering::Relaxed);
@@ -2970,20 +2990,9 @@ impl Endpoint for ShmEndpoint {
         ib.u32(base + S_STATUS).store(0, Ordering::Relaxed);
         self.rq_head = self.rq_head.wrapping_add(1);
         ib.u32(OFF_HEAD).store(self.rq_head, Ordering::Release);
+        drop(regs);
         self.recvs.push_back(*wr);
-        if let Some(p) = &self.peer {
-            // Only a peer whose SENDs wait for a receive needs waking (`OFF_RNR`); SDP's
-            // credits keep that rare, and a wakeup per reposted receive cost the peer's
-            // progress thread a round per message.
-            fence(Ordering::SeqCst);
-            let w = ib.u32(OFF_RNR);
-            if w.load(Ordering::Relaxed) != 0 {
-                w.store(0, Ordering::Relaxed);
-                p.wake();
-            } else {
-                p.ring();
-            }
-        }
+        self.tell_receives();
         Ok(())
     }
 
@@ -4373,6 +4382,61 @@ mod tests {
         assert_ne!(c.addr(), addr);
         drop((b, c));
         assert!(p.inner.map_cache.lock().0 <= MAP_CACHE_BYTES);
+    }
+
+    /// A connector whose SEND met no receive before the acceptor took its RTU (it asked to be
+    /// woken, `OFF_RNR`) is woken when the acceptor, having posted a receive meanwhile,
+    /// attaches it at the RTU: not left to its retry timer (a review's finding, 2026-11-26).
+    #[test]
+    fn a_send_that_met_no_receive_before_the_rtu_is_woken_at_it() {
+        let (a, b) = (ShmProvider::new().unwrap(), ShmProvider::new().unwrap());
+        let (_tcp, port) = sys::tcp_reserve("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut l = b.listen(addr, 4, QpCaps::default()).unwrap();
+        let mut ca = a.connect(addr, None, QpCaps::default(), b"x").unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut cb = loop {
+            if let Some((mut ep, _)) = l.poll_request() {
+                ep.accept(b"y").unwrap();
+                break ep;
+            }
+            assert!(Instant::now() < end, "no request");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        // The connector is established (it sent its RTU); the acceptor has not looked yet.
+        while !matches!(ca.poll_cm(), Some(CmEvent::Established { .. })) {
+            assert!(Instant::now() < end, "connector not established");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let src = a.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+        ca.post_send(&send_wr(1, &src, 64, false)).unwrap();
+        ca.progress();
+        assert_eq!(cb.inbox.u32(OFF_RNR).load(Ordering::Relaxed), 1, "no RNR");
+        // The connector's progress thread goes to sleep; the acceptor posts a receive, then
+        // takes the RTU.
+        a.arm().unwrap();
+        let notify = a.notify_fd().unwrap();
+        assert!(!sys::poll_readable(notify, 0), "woken before the receive");
+        let dst = b.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+        cb.post_recv(&RecvWr {
+            wr_id: 2,
+            sge: Sge {
+                addr: dst.addr(),
+                len: 64,
+                lkey: dst.lkey(),
+            },
+        })
+        .unwrap();
+        while !matches!(cb.poll_cm(), Some(CmEvent::Established { .. })) {
+            assert!(Instant::now() < end, "acceptor not established");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            sys::poll_readable(notify, 0),
+            "the connector waiting on RNR was not woken at the RTU"
+        );
+        assert_eq!(cb.inbox.u32(OFF_RNR).load(Ordering::Relaxed), 0);
+        assert_eq!(poll_one(&mut ca, "the send").status, WcStatus::Success);
     }
 
     #[test]
