@@ -184,6 +184,24 @@ fn prefork_workers_accept_over_sdp() {
     assert!(!lines.contains("\"transport\":\"tcp\""), "report:\n{lines}");
 }
 
+/// A shared listener's nonblocking accept while the connecting client is stopped before its
+/// half of the setup: the connection is handed over at once, as TCP's kernel does, and over
+/// SDP (before, the accepting process waited 2 s for the stopped client and returned EAGAIN).
+#[test]
+fn a_shared_listeners_accept_does_not_wait_for_a_stopped_client() {
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("shared_stopped_client"), "stopped");
+    assert!(
+        tcp.contains("accept while the client is stopped: a connection, at once")
+            && tcp.contains("read from the resumed client: after the stop"),
+        "{tcp}"
+    );
+    assert!(
+        lines.contains("\"role\":\"server\"") && !lines.contains("\"transport\":\"tcp\""),
+        "report:\n{lines}"
+    );
+}
+
 /// A listener whose creator exits after the fork (a daemon's parent; nginx with `daemon on`):
 /// the child that serves it takes it over at its first kernel TCP client (the one that came
 /// while nobody listened over SDP), and the clients after that are SDP again. Before the

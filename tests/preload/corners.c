@@ -778,6 +778,50 @@ static void case_shared_late_accept(void) {
     close(l);
 }
 
+/* A shared listener's nonblocking accept while the client that connected is stopped (SIGSTOP,
+ * a debugger) before it finished its side of the setup: TCP hands the connection over at once
+ * (the kernel did the handshake), and it works once the client runs again. Under the shim the
+ * process that took the request used to wait for the client's half (up to 2 s), stalling an
+ * event loop on a nonblocking listener, and then gave up with EAGAIN. */
+static void case_shared_stopped_client(void) {
+    struct sockaddr_in a;
+    int l = listener(&a);
+    fork_and_ignore();
+    pid_t c = fork();
+    CHECK(c >= 0);
+    if (c == 0) {
+        int s = dial(&a);
+        CHECK(write(s, "after the stop", 14) == 14);
+        _exit(0);
+    }
+    struct pollfd p = {.fd = l, .events = POLLIN};
+    CHECK(poll(&p, 1, 5000) == 1);
+    CHECK(kill(c, SIGSTOP) == 0);
+    usleep(50000);
+    CHECK(fcntl(l, F_SETFL, fcntl(l, F_GETFL) | O_NONBLOCK) == 0);
+    struct timeval t0, t1;
+    gettimeofday(&t0, NULL);
+    int s = accept(l, NULL, NULL);
+    int e = errno;
+    gettimeofday(&t1, NULL);
+    long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_usec - t0.tv_usec) / 1000;
+    out("accept while the client is stopped: %s, %s", s >= 0 ? "a connection" : en(e),
+        ms < 500 ? "at once" : "late");
+    CHECK(kill(c, SIGCONT) == 0);
+    if (s >= 0) {
+        char b[32];
+        ssize_t r, n = 0;
+        while ((r = read(s, b + n, sizeof b - n)) > 0)
+            n += r;
+        out("read from the resumed client: %.*s", (int)n, b);
+        close(s);
+    }
+    int st;
+    CHECK(waitpid(c, &st, 0) == c);
+    out("stopped client exit %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    close(l);
+}
+
 /* Level-triggered epoll promises data: a nonblocking read after `epoll_wait` said readable
  * never gets EAGAIN with one reader (wrk counts such a read as an error). 10,000 request and
  * response round trips of 100 bytes (each answer in 25 writes), both sides on epoll, count
@@ -1470,6 +1514,7 @@ int main(int argc, char **argv) {
     RUN(fork_ignore);
     RUN(prefork);
     RUN(shared_late_accept);
+    RUN(shared_stopped_client);
     RUN(orphan_listener);
     RUN(spawn_serve);
     RUN(splice);

@@ -2679,12 +2679,9 @@ impl ShmEndpoint {
             p.wake();
         }
         if was == QpState::Ready {
-            if self.await_rtu {
-                self.await_rtu = false;
-                self.cm.push_back(CmEvent::ConnectError);
-            } else {
-                self.cm.push_back(CmEvent::Disconnected);
-            }
+            // (An acceptor waiting for the RTU reported Established at `accept`.)
+            self.await_rtu = false;
+            self.cm.push_back(CmEvent::Disconnected);
         }
     }
 
@@ -2724,6 +2721,13 @@ impl ShmEndpoint {
                 }
             }
             return;
+        }
+        if self.await_rtu {
+            // Established at our ACC: the connector's RTU attaches it, whoever polls first.
+            self.check_socket();
+            if self.state == QpState::Error {
+                return;
+            }
         }
         if self.harvest().is_err() {
             self.fail(None);
@@ -2860,9 +2864,6 @@ impl ShmEndpoint {
                                     // it is established, then closed by the peer: what it
                                     // sent is in our own inbox.
                                     self.await_rtu = false;
-                                    self.cm.push_back(CmEvent::Established {
-                                        private_data: Vec::new(),
-                                    });
                                     self.peer_closed();
                                     return;
                                 }
@@ -2875,9 +2876,6 @@ impl ShmEndpoint {
                             // A SEND of the connector's may have met none of the receives
                             // posted before now, which woke nobody.
                             self.tell_receives();
-                            self.cm.push_back(CmEvent::Established {
-                                private_data: Vec::new(),
-                            });
                             if !self.pending.is_empty() {
                                 self.run_sends();
                             }
@@ -3034,8 +3032,9 @@ impl Endpoint for ShmEndpoint {
     }
 
     fn give_direct_wake(&mut self, fd: BorrowedFd<'_>) -> bool {
-        let (QpState::Ready, Some(sock), Some(_)) = (self.state, self.sock.as_ref(), &self.peer)
-        else {
+        // (Before the RTU too: the connector was probed before our ACC, which went first on
+        // the same socket.)
+        let (QpState::Ready, Some(sock)) = (self.state, self.sock.as_ref()) else {
             return false;
         };
         let m = encode(&Msg {
@@ -3196,6 +3195,15 @@ impl Endpoint for ShmEndpoint {
         self.inbox_fd = None;
         self.state = QpState::Ready;
         self.await_rtu = true;
+        // Established now, as a kernel's listener hands a connection to accept once the
+        // handshake is done on its side: the connector's SENDs can land in our inbox from here
+        // on, and ours wait for its RTU (its fds), which the connector sends as soon as it
+        // reads this ACC. Waiting for the RTU made the application's accept wait on the
+        // connector (a stopped one held a shared listener's nonblocking accept up to 2 s). An
+        // RTU that fails to attach ends the connection as a peer's reset would.
+        self.cm.push_back(CmEvent::Established {
+            private_data: Vec::new(),
+        });
         Ok(())
     }
 
@@ -3306,6 +3314,9 @@ pub struct ShmListener {
     last_check: Instant,
     /// Requests go there unanswered (`Listener::set_handoff`).
     handoff: Option<OwnedFd>,
+    /// Shared listener: requests whose connect request has not arrived yet, with when they
+    /// came (handed on once it has: `hand_ready`).
+    unready: Vec<(OwnedFd, Instant)>,
     /// Requests handed off so far.
     handed: u64,
 }
@@ -3348,6 +3359,7 @@ impl ShmListener {
             backlog: backlog.clamp(1, 4096) as usize,
             last_check: Instant::now(),
             handoff: None,
+            unready: Vec::new(),
             handed: 0,
         })
     }
@@ -3380,18 +3392,57 @@ impl ShmListener {
             return;
         }
         self.last_check = now;
+        self.hand_ready();
         if !sys::poll_readable(sock, 0) {
             return;
         }
-        while self.half.len() < self.backlog || self.handoff.is_some() {
+        while self.half.len() < self.backlog
+            || (self.handoff.is_some() && self.unready.len() < self.backlog)
+        {
             let Some(Ok(Some(s))) = self.sock.as_ref().map(|k| sys::accept(k.as_fd())) else {
                 return;
             };
-            if let Some(q) = &self.handoff {
-                self.handed += hand_off(q.as_fd(), s) as u64;
+            if self.handoff.is_some() {
+                self.hand_when_asked(s);
                 continue;
             }
             self.admit(s);
+        }
+    }
+
+    /// Shared listener: hand a request on once its connect request is there (or its connector
+    /// hung up), never before. The process that takes it answers at once and its `accept`
+    /// returns; a request handed before the connector sent anything (it was stopped or
+    /// preempted between its connect and its send) made that `accept` wait for it, up to 2 s,
+    /// even on a nonblocking listener, where TCP's kernel queues only finished handshakes.
+    fn hand_when_asked(&mut self, s: OwnedFd) {
+        let Some(q) = &self.handoff else { return };
+        if sys::poll_readable(s.as_raw_fd(), 0) {
+            self.handed += hand_off(q.as_fd(), s) as u64;
+        } else {
+            // Its connect request will be news (the listener's token).
+            self.inner.add_fd(self.token, s.as_raw_fd(), true);
+            self.unready.push((s, Instant::now()));
+        }
+    }
+
+    /// Hand on the requests of `unready` whose connect request came; drop those that sent
+    /// none in 10 s (as unanswered requests are).
+    fn hand_ready(&mut self) {
+        let Some(q) = &self.handoff else { return };
+        let mut i = 0;
+        while i < self.unready.len() {
+            let (s, since) = &self.unready[i];
+            let ready = sys::poll_readable(s.as_raw_fd(), 0);
+            if ready || since.elapsed() > Duration::from_secs(10) {
+                let (s, _) = self.unready.swap_remove(i);
+                sys::epoll_del(self.inner.epoll.as_fd(), s.as_raw_fd());
+                if ready {
+                    self.handed += hand_off(q.as_fd(), s) as u64;
+                }
+            } else {
+                i += 1;
+            }
         }
     }
 
@@ -3541,11 +3592,11 @@ impl Listener for ShmListener {
             ));
         }
         // Requests taken but not answered yet go too (their connect request still unread).
+        self.handoff = Some(to);
         for h in std::mem::take(&mut self.half) {
             sys::epoll_del(self.inner.epoll.as_fd(), h.sock.as_raw_fd());
-            self.handed += hand_off(to.as_fd(), h.sock) as u64;
+            self.hand_when_asked(h.sock);
         }
-        self.handoff = Some(to);
         self._ctl.hint.store(true, Ordering::Relaxed);
         Ok(())
     }
@@ -3732,7 +3783,8 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         };
         let (mut ua, mut ub) = (false, false);
-        while !(ua && ub) {
+        // (The acceptor is established at its ACC; it attaches the connector at the RTU.)
+        while !(ua && ub && cb.peer.is_some()) {
             ua |= matches!(ca.poll_cm(), Some(CmEvent::Established { .. }));
             ub |= matches!(cb.poll_cm(), Some(CmEvent::Established { .. }));
             assert!(Instant::now() < end, "not established");
@@ -4427,8 +4479,11 @@ mod tests {
             },
         })
         .unwrap();
-        while !matches!(cb.poll_cm(), Some(CmEvent::Established { .. })) {
-            assert!(Instant::now() < end, "acceptor not established");
+        // Established at its ACC; the RTU attaches the connector.
+        assert!(matches!(cb.poll_cm(), Some(CmEvent::Established { .. })));
+        while cb.peer.is_none() {
+            cb.poll_cm();
+            assert!(Instant::now() < end, "the acceptor did not take the RTU");
             std::thread::sleep(Duration::from_millis(1));
         }
         assert!(
