@@ -529,6 +529,13 @@ struct Inner {
     /// the connections to them.
     procs: Mutex<HashMap<i32, Weak<Proc>>>,
     providers: Mutex<HashMap<(u64, u64), Weak<PeerProvider>>>,
+    /// Peer providers kept mapped for `RECENT_IDLE` after a handshake brought them, with their
+    /// process, though no connection to them remains: a program that makes one short connection
+    /// after another to the same server mapped and unmapped its key table (2 MiB) and bell page
+    /// every time (`reap` lets them go; `arm` sets the timer for it).
+    recent: Mutex<Vec<Recent>>,
+    /// `recent` is not empty (kept under its lock).
+    recent_any: AtomicBool,
     /// Inboxes `drain_copies` looked at (`ShmProvider::inboxes_drained`).
     drain_looks: AtomicU64,
     /// Direct wakeups turned off whose settle wait ran out (`ShmProvider::settles_timed_out`).
@@ -559,6 +566,13 @@ struct Inner {
 /// See `Inner::map_cache`.
 const MAP_CACHE_BYTES: usize = 16 << 20;
 const MAP_CACHE_MAX_REGION: usize = 1 << 20;
+/// A peer provider kept mapped (`Inner::recent`), its process, and when a handshake last
+/// brought it.
+type Recent = (Arc<PeerProvider>, Arc<Proc>, Instant);
+
+/// See `Inner::recent`: how long, and for how many peer providers.
+const RECENT_IDLE: Duration = Duration::from_millis(250);
+const RECENT_MAX: usize = 8;
 
 fn os(e: std::io::Error) -> VerbsError {
     VerbsError::Os(e.to_string())
@@ -607,6 +621,46 @@ impl Inner {
     /// The peer provider whose key table, bell page and eventfd a handshake brought: the one
     /// an earlier connection mapped if both memfds are the same files, else mapped now.
     fn peer_provider(
+        &self,
+        proc: &Arc<Proc>,
+        keys_fd: OwnedFd,
+        bells_fd: OwnedFd,
+        evfd: OwnedFd,
+    ) -> Result<Arc<PeerProvider>, String> {
+        let p = self.map_peer_provider(keys_fd, bells_fd, evfd)?;
+        self.remember(&p, proc);
+        Ok(p)
+    }
+
+    /// Keep `p` (of the process `proc`) mapped a while after its last connection (`recent`).
+    fn remember(&self, p: &Arc<PeerProvider>, proc: &Arc<Proc>) {
+        let now = Instant::now();
+        let mut r = self.recent.lock();
+        if let Some(e) = r.iter_mut().find(|e| Arc::ptr_eq(&e.0, p)) {
+            e.2 = now;
+            return;
+        }
+        if r.len() >= RECENT_MAX {
+            // The one used longest ago goes.
+            if let Some(i) = (0..r.len()).min_by_key(|&i| r[i].2) {
+                r.swap_remove(i);
+            }
+        }
+        r.push((p.clone(), proc.clone(), now));
+        self.recent_any.store(true, Ordering::Release);
+    }
+
+    /// When the next of `recent` is due to go (`None`: none kept).
+    fn recent_due(&self) -> Option<Duration> {
+        if !self.recent_any.load(Ordering::Acquire) {
+            return None;
+        }
+        let r = self.recent.lock();
+        let oldest = r.iter().map(|e| e.2).min()?;
+        Some(RECENT_IDLE.saturating_sub(oldest.elapsed()))
+    }
+
+    fn map_peer_provider(
         &self,
         keys_fd: OwnedFd,
         bells_fd: OwnedFd,
@@ -685,6 +739,16 @@ impl Inner {
 
     /// Let go of parked memory whose peers' copies ended, and forget copies that ended.
     fn reap(&self) {
+        if self.recent_any.load(Ordering::Acquire) {
+            let gone: Vec<_> = {
+                let mut r = self.recent.lock();
+                let gone = r.extract_if(.., |e| e.2.elapsed() >= RECENT_IDLE).collect();
+                self.recent_any.store(!r.is_empty(), Ordering::Release);
+                gone
+            };
+            // (Unmapped and closed outside the lock.)
+            drop(gone);
+        }
         if self.lingering_any.load(Ordering::Acquire) {
             let mut l = self.lingering.lock();
             l.retain(|c| {
@@ -1010,6 +1074,8 @@ impl ShmProvider {
                 ring_sends: AtomicU64::new(0),
                 procs: Mutex::new(HashMap::new()),
                 providers: Mutex::new(HashMap::new()),
+                recent: Mutex::new(Vec::new()),
+                recent_any: AtomicBool::new(false),
                 drain_looks: AtomicU64::new(0),
                 settle_timeouts: AtomicU64::new(0),
                 drain_timeouts: AtomicU64::new(0),
@@ -1188,7 +1254,7 @@ impl Peer {
             Ok((sz, true)) if sz >= BELLS_LEN => {}
             _ => return Err("SDP shm: bad handshake (bell page not a sealed memfd)".into()),
         }
-        let prov = inner.peer_provider(keys_fd, bells_fd, evfd)?;
+        let prov = inner.peer_provider(&proc, keys_fd, bells_fd, evfd)?;
         let bell = match m.bell {
             NO_BELL => None,
             b if (b as usize) < NBELLS => bell_off(b as usize),
@@ -1708,8 +1774,13 @@ impl Provider for ShmProvider {
             w.store(1, Ordering::Relaxed);
         }
         fence(Ordering::SeqCst);
-        if inner.rnr_waiting.load(Ordering::Relaxed) > 0 {
-            sys::timerfd_set(inner.timer.as_fd(), 10_000_000);
+        // A SEND waiting for a receive retries every 10 ms; peer providers kept for later
+        // connections go when they are due (`Inner::recent`).
+        let rnr =
+            (inner.rnr_waiting.load(Ordering::Relaxed) > 0).then_some(Duration::from_millis(10));
+        let due = inner.recent_due().map(|d| d.max(Duration::from_millis(1)));
+        if let Some(t) = rnr.into_iter().chain(due).min() {
+            sys::timerfd_set(inner.timer.as_fd(), t.as_nanos() as u64);
         }
         Ok(())
     }
@@ -4434,6 +4505,60 @@ mod tests {
         assert_ne!(c.addr(), addr);
         drop((b, c));
         assert!(p.inner.map_cache.lock().0 <= MAP_CACHE_BYTES);
+    }
+
+    /// A peer provider's mappings (key table, bell page) outlive its last connection by
+    /// `RECENT_IDLE`, so the next connection to it maps nothing again; then they go, at the
+    /// timer `arm` set (a sleeping progress thread wakes for it).
+    #[test]
+    fn a_peer_provider_is_kept_for_the_next_connection_then_let_go() {
+        let (pa, a, pb, b) = connected_pair();
+        let first = Arc::downgrade(&a.peer.as_ref().unwrap().prov);
+        drop((a, b));
+        // A listener of pb's, as `connected_pair` makes, on the same two providers.
+        let (_tcp, port) = sys::tcp_reserve("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut l = pb.listen(addr, 4, QpCaps::default()).unwrap();
+        let mut ca = pa.connect(addr, None, QpCaps::default(), b"x").unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut cb = loop {
+            if let Some((mut ep, _)) = l.poll_request() {
+                ep.accept(b"y").unwrap();
+                break ep;
+            }
+            assert!(Instant::now() < end, "no request");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        while ca.peer.is_none() || cb.peer.is_none() {
+            ca.poll_cm();
+            cb.poll_cm();
+            assert!(Instant::now() < end, "not established");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            first
+                .upgrade()
+                .is_some_and(|p| Arc::ptr_eq(&p, &ca.peer.as_ref().unwrap().prov)),
+            "the second connection mapped the peer provider again"
+        );
+        drop((ca, cb));
+        assert!(pa.inner.recent_any.load(Ordering::Relaxed));
+        // Asleep after arm: the timer wakes us when the kept provider is due.
+        pa.arm().unwrap();
+        let notify = pa.notify_fd().unwrap();
+        assert!(
+            sys::poll_readable(notify, 2000),
+            "no wakeup to let the kept provider go"
+        );
+        assert!(pa.inner.recent_due().unwrap_or_default() <= Duration::from_millis(5));
+        pa.arm().unwrap();
+        assert!(!pa.inner.recent_any.load(Ordering::Relaxed));
+        assert!(pa
+            .inner
+            .providers
+            .lock()
+            .values()
+            .all(|w| w.strong_count() == 0));
     }
 
     /// A connector whose SEND met no receive before the acceptor took its RTU (it asked to be
