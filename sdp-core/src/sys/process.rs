@@ -352,6 +352,17 @@ pub fn probe_addr() -> u64 {
     &PROBE as *const u64 as u64
 }
 
+/// Whether this process may copy to and from the process's memory at all (ptrace access:
+/// Yama's `ptrace_scope`, dumpability), without knowing any of its addresses: a read at
+/// address 0, never mapped (`vm.mmap_min_addr`), fails with EFAULT when access is granted and
+/// EPERM when it is not (the kernel checks access before it looks at the addresses).
+pub fn may_access(p: &Proc) -> bool {
+    let mut v: u8 = 0;
+    // SAFETY: the local range is the live `v`; the remote address is never mapped.
+    let r = unsafe { p.read(&mut v as *mut u8 as u64, 0, 1, None) };
+    matches!(r, Err(e) if e.raw_os_error() == Some(libc::EFAULT))
+}
+
 /// Whether we can read the probe word at `addr` of the process (ptrace access, right process).
 pub fn probe(p: &Proc, addr: u64) -> io::Result<bool> {
     let mut v: u64 = 0;
@@ -363,6 +374,21 @@ pub fn probe(p: &Proc, addr: u64) -> io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Access to a live process of ours is granted; to one that exited it is not.
+    #[test]
+    fn may_access_a_live_process_not_a_gone_one() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let p = Proc::open(child.id() as i32).unwrap();
+        assert!(may_access(&p));
+        assert!(may_access(&Proc::open(std::process::id() as i32).unwrap()));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!may_access(&p));
+    }
 
     /// A copy's end word is written by the same system call, after the data, and the caller
     /// learns whether it was (a helper must not write its count again when it was).

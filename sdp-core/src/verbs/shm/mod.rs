@@ -529,13 +529,6 @@ struct Inner {
     /// the connections to them.
     procs: Mutex<HashMap<i32, Weak<Proc>>>,
     providers: Mutex<HashMap<(u64, u64), Weak<PeerProvider>>>,
-    /// Peer providers kept mapped for `RECENT_IDLE` after a handshake brought them, with their
-    /// process, though no connection to them remains: a program that makes one short connection
-    /// after another to the same server mapped and unmapped its key table (2 MiB) and bell page
-    /// every time (`reap` lets them go; `arm` sets the timer for it).
-    recent: Mutex<Vec<Recent>>,
-    /// `recent` is not empty (kept under its lock).
-    recent_any: AtomicBool,
     /// Inboxes `drain_copies` looked at (`ShmProvider::inboxes_drained`).
     drain_looks: AtomicU64,
     /// Direct wakeups turned off whose settle wait ran out (`ShmProvider::settles_timed_out`).
@@ -566,13 +559,6 @@ struct Inner {
 /// See `Inner::map_cache`.
 const MAP_CACHE_BYTES: usize = 16 << 20;
 const MAP_CACHE_MAX_REGION: usize = 1 << 20;
-/// A peer provider kept mapped (`Inner::recent`), its process, and when a handshake last
-/// brought it.
-type Recent = (Arc<PeerProvider>, Arc<Proc>, Instant);
-
-/// See `Inner::recent`: how long, and for how many peer providers.
-const RECENT_IDLE: Duration = Duration::from_millis(250);
-const RECENT_MAX: usize = 8;
 
 fn os(e: std::io::Error) -> VerbsError {
     VerbsError::Os(e.to_string())
@@ -621,46 +607,6 @@ impl Inner {
     /// The peer provider whose key table, bell page and eventfd a handshake brought: the one
     /// an earlier connection mapped if both memfds are the same files, else mapped now.
     fn peer_provider(
-        &self,
-        proc: &Arc<Proc>,
-        keys_fd: OwnedFd,
-        bells_fd: OwnedFd,
-        evfd: OwnedFd,
-    ) -> Result<Arc<PeerProvider>, String> {
-        let p = self.map_peer_provider(keys_fd, bells_fd, evfd)?;
-        self.remember(&p, proc);
-        Ok(p)
-    }
-
-    /// Keep `p` (of the process `proc`) mapped a while after its last connection (`recent`).
-    fn remember(&self, p: &Arc<PeerProvider>, proc: &Arc<Proc>) {
-        let now = Instant::now();
-        let mut r = self.recent.lock();
-        if let Some(e) = r.iter_mut().find(|e| Arc::ptr_eq(&e.0, p)) {
-            e.2 = now;
-            return;
-        }
-        if r.len() >= RECENT_MAX {
-            // The one used longest ago goes.
-            if let Some(i) = (0..r.len()).min_by_key(|&i| r[i].2) {
-                r.swap_remove(i);
-            }
-        }
-        r.push((p.clone(), proc.clone(), now));
-        self.recent_any.store(true, Ordering::Release);
-    }
-
-    /// When the next of `recent` is due to go (`None`: none kept).
-    fn recent_due(&self) -> Option<Duration> {
-        if !self.recent_any.load(Ordering::Acquire) {
-            return None;
-        }
-        let r = self.recent.lock();
-        let oldest = r.iter().map(|e| e.2).min()?;
-        Some(RECENT_IDLE.saturating_sub(oldest.elapsed()))
-    }
-
-    fn map_peer_provider(
         &self,
         keys_fd: OwnedFd,
         bells_fd: OwnedFd,
@@ -739,16 +685,6 @@ impl Inner {
 
     /// Let go of parked memory whose peers' copies ended, and forget copies that ended.
     fn reap(&self) {
-        if self.recent_any.load(Ordering::Acquire) {
-            let gone: Vec<_> = {
-                let mut r = self.recent.lock();
-                let gone = r.extract_if(.., |e| e.2.elapsed() >= RECENT_IDLE).collect();
-                self.recent_any.store(!r.is_empty(), Ordering::Release);
-                gone
-            };
-            // (Unmapped and closed outside the lock.)
-            drop(gone);
-        }
         if self.lingering_any.load(Ordering::Acquire) {
             let mut l = self.lingering.lock();
             l.retain(|c| {
@@ -1074,8 +1010,6 @@ impl ShmProvider {
                 ring_sends: AtomicU64::new(0),
                 procs: Mutex::new(HashMap::new()),
                 providers: Mutex::new(HashMap::new()),
-                recent: Mutex::new(Vec::new()),
-                recent_any: AtomicBool::new(false),
                 drain_looks: AtomicU64::new(0),
                 settle_timeouts: AtomicU64::new(0),
                 drain_timeouts: AtomicU64::new(0),
@@ -1254,7 +1188,7 @@ impl Peer {
             Ok((sz, true)) if sz >= BELLS_LEN => {}
             _ => return Err("SDP shm: bad handshake (bell page not a sealed memfd)".into()),
         }
-        let prov = inner.peer_provider(&proc, keys_fd, bells_fd, evfd)?;
+        let prov = inner.peer_provider(keys_fd, bells_fd, evfd)?;
         let bell = match m.bell {
             NO_BELL => None,
             b if (b as usize) < NBELLS => bell_off(b as usize),
@@ -1687,6 +1621,20 @@ impl Provider for ShmProvider {
         };
         match sys::peer_cred(sock.as_fd()) {
             Ok((pid, uid)) if uid == self.inner.uid => match Proc::of_peer(sock.as_fd(), pid) {
+                Ok(p) if !sys::may_access(&p) => {
+                    // We could not prove we reach its memory after its ACC (Yama's
+                    // ptrace_scope, a child connecting to its parent): ask nothing. Its
+                    // acceptor is established at its ACC, so a connect that failed after it
+                    // would leave the application a connection that only resets (and, with the
+                    // shim's fallback, a second one for the same client).
+                    drop(p);
+                    ep.state = QpState::Error;
+                    ep.cm.push_back(CmEvent::Rejected {
+                        private_data: b"SDP shm: cannot access the listener's memory (see kernel.yama.ptrace_scope)".to_vec(),
+                        consumer: true,
+                    });
+                    return Ok(ep);
+                }
                 Ok(p) => {
                     // The listener's process: the acceptor unless it hands the request to
                     // another process sharing the listener (then its ACC says who: `check_socket`).
@@ -1774,13 +1722,8 @@ impl Provider for ShmProvider {
             w.store(1, Ordering::Relaxed);
         }
         fence(Ordering::SeqCst);
-        // A SEND waiting for a receive retries every 10 ms; peer providers kept for later
-        // connections go when they are due (`Inner::recent`).
-        let rnr =
-            (inner.rnr_waiting.load(Ordering::Relaxed) > 0).then_some(Duration::from_millis(10));
-        let due = inner.recent_due().map(|d| d.max(Duration::from_millis(1)));
-        if let Some(t) = rnr.into_iter().chain(due).min() {
-            sys::timerfd_set(inner.timer.as_fd(), t.as_nanos() as u64);
+        if inner.rnr_waiting.load(Ordering::Relaxed) > 0 {
+            sys::timerfd_set(inner.timer.as_fd(), 10_000_000);
         }
         Ok(())
     }
@@ -1952,6 +1895,9 @@ pub struct ShmEndpoint {
     state: QpState,
     /// Passive side accepted, waiting for the RTU.
     await_rtu: bool,
+    /// Acceptor of a request another process's listener handed over (a shared listener's):
+    /// established at its ACC, not at the RTU (`accept`).
+    early: bool,
     active: bool,
     caps: QpCaps,
     local: SocketAddr,
@@ -2198,6 +2144,7 @@ impl ShmEndpoint {
                 QpState::Pending
             },
             await_rtu: false,
+            early: false,
             active,
             caps,
             local,
@@ -2602,7 +2549,9 @@ impl ShmEndpoint {
                 }
             }
         }
-        let waiting = !self.pending.is_empty() && self.state == QpState::Ready;
+        // (Sends that wait for the RTU need no retry timer: the RTU is news on our socket.)
+        let waiting =
+            !self.pending.is_empty() && self.state == QpState::Ready && self.peer.is_some();
         if waiting != self.rnr_counted {
             self.rnr_counted = waiting;
             if waiting {
@@ -2750,9 +2699,14 @@ impl ShmEndpoint {
             p.wake();
         }
         if was == QpState::Ready {
-            // (An acceptor waiting for the RTU reported Established at `accept`.)
-            self.await_rtu = false;
-            self.cm.push_back(CmEvent::Disconnected);
+            if self.await_rtu && !self.early {
+                self.await_rtu = false;
+                self.cm.push_back(CmEvent::ConnectError);
+            } else {
+                // (An early acceptor reported Established at `accept`.)
+                self.await_rtu = false;
+                self.cm.push_back(CmEvent::Disconnected);
+            }
         }
     }
 
@@ -2935,6 +2889,11 @@ impl ShmEndpoint {
                                     // it is established, then closed by the peer: what it
                                     // sent is in our own inbox.
                                     self.await_rtu = false;
+                                    if !self.early {
+                                        self.cm.push_back(CmEvent::Established {
+                                            private_data: Vec::new(),
+                                        });
+                                    }
                                     self.peer_closed();
                                     return;
                                 }
@@ -2947,6 +2906,11 @@ impl ShmEndpoint {
                             // A SEND of the connector's may have met none of the receives
                             // posted before now, which woke nobody.
                             self.tell_receives();
+                            if !self.early {
+                                self.cm.push_back(CmEvent::Established {
+                                    private_data: Vec::new(),
+                                });
+                            }
                             if !self.pending.is_empty() {
                                 self.run_sends();
                             }
@@ -3266,15 +3230,19 @@ impl Endpoint for ShmEndpoint {
         self.inbox_fd = None;
         self.state = QpState::Ready;
         self.await_rtu = true;
-        // Established now, as a kernel's listener hands a connection to accept once the
-        // handshake is done on its side: the connector's SENDs can land in our inbox from here
-        // on, and ours wait for its RTU (its fds), which the connector sends as soon as it
-        // reads this ACC. Waiting for the RTU made the application's accept wait on the
-        // connector (a stopped one held a shared listener's nonblocking accept up to 2 s). An
-        // RTU that fails to attach ends the connection as a peer's reset would.
-        self.cm.push_back(CmEvent::Established {
-            private_data: Vec::new(),
-        });
+        if self.early {
+            // A handed request: the process that took it answers from inside the
+            // application's `accept`, which must not wait on the connector (a stopped one held
+            // a shared listener's nonblocking accept up to 2 s). Established now, as a kernel
+            // queues a connection for accept once its side of the handshake is done: the
+            // connector's SENDs can land in our inbox from here on, ours wait for its RTU (its
+            // fds), and an RTU that fails ends the connection as a peer's reset would. A
+            // listener of our own keeps the connection until the RTU, as TCP's accept returns a
+            // connection only after the client's final ACK.
+            self.cm.push_back(CmEvent::Established {
+                private_data: Vec::new(),
+            });
+        }
         Ok(())
     }
 
@@ -3457,7 +3425,14 @@ impl ShmListener {
         };
         let hint = self._ctl.hint.swap(false, Ordering::Relaxed);
         let now = Instant::now();
-        if (self.half.len() >= self.backlog && self.handoff.is_none())
+        // Full: the kernel's queue holds the rest until there is room (a full handed-off
+        // listener's room is requests whose connect request has not come).
+        let full = if self.handoff.is_some() {
+            self.unready.len() >= self.backlog
+        } else {
+            self.half.len() >= self.backlog
+        };
+        if (full && self.handoff.is_none())
             || (!hint && now.duration_since(self.last_check) < LISTEN_CHECK)
         {
             return;
@@ -3467,9 +3442,11 @@ impl ShmListener {
         if !sys::poll_readable(sock, 0) {
             return;
         }
-        while self.half.len() < self.backlog
-            || (self.handoff.is_some() && self.unready.len() < self.backlog)
-        {
+        while if self.handoff.is_some() {
+            self.unready.len() < self.backlog
+        } else {
+            self.half.len() < self.backlog
+        } {
             let Some(Ok(Some(s))) = self.sock.as_ref().map(|k| sys::accept(k.as_fd())) else {
                 return;
             };
@@ -3488,6 +3465,18 @@ impl ShmListener {
     /// even on a nonblocking listener, where TCP's kernel queues only finished handshakes.
     fn hand_when_asked(&mut self, s: OwnedFd) {
         let Some(q) = &self.handoff else { return };
+        // Another user's connection is refused here, not held (any user reaches the abstract
+        // rendezvous name; held ones would count against our fds and the queue).
+        match sys::peer_cred(s.as_fd()) {
+            Ok((_, uid)) if uid == self.inner.uid => {}
+            Ok((_, uid)) => {
+                self.inner.refused_uid.fetch_add(1, Ordering::Relaxed);
+                let reason = format!("SDP shm: peer uid {uid} refused");
+                send_simple(&s, M_REJ, true, reason.as_bytes());
+                return;
+            }
+            Err(_) => return,
+        }
         if sys::poll_readable(s.as_raw_fd(), 0) {
             self.handed += hand_off(q.as_fd(), s) as u64;
         } else {
@@ -3606,6 +3595,7 @@ impl ShmListener {
             Err(_) => return refuse("SDP shm: out of resources"),
         };
         // Its fds come with the RTU (`check_socket`).
+        ep.early = self.sock.is_none();
         ep.peer_pid = h.proc.pid();
         let _ = ep.ctl.peer.set(h.proc.clone());
         ep.peer_proc = Some(h.proc);
@@ -3854,7 +3844,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         };
         let (mut ua, mut ub) = (false, false);
-        // (The acceptor is established at its ACC; it attaches the connector at the RTU.)
+        // (An acceptor of a handed request is established at its ACC: wait for the RTU too.)
         while !(ua && ub && cb.peer.is_some()) {
             ua |= matches!(ca.poll_cm(), Some(CmEvent::Established { .. }));
             ub |= matches!(cb.poll_cm(), Some(CmEvent::Established { .. }));
@@ -4507,58 +4497,37 @@ mod tests {
         assert!(p.inner.map_cache.lock().0 <= MAP_CACHE_BYTES);
     }
 
-    /// A peer provider's mappings (key table, bell page) outlive its last connection by
-    /// `RECENT_IDLE`, so the next connection to it maps nothing again; then they go, at the
-    /// timer `arm` set (a sleeping progress thread wakes for it).
+    /// A shared listener hands a request on only once its connect request came, and holds at
+    /// most its backlog of requests waiting for theirs (the kernel's queue keeps the rest): a
+    /// review found the bound never applied (any local process can reach the rendezvous name).
     #[test]
-    fn a_peer_provider_is_kept_for_the_next_connection_then_let_go() {
-        let (pa, a, pb, b) = connected_pair();
-        let first = Arc::downgrade(&a.peer.as_ref().unwrap().prov);
-        drop((a, b));
-        // A listener of pb's, as `connected_pair` makes, on the same two providers.
+    fn a_shared_listener_holds_at_most_its_backlog_of_silent_requests() {
+        let p = ShmProvider::new().unwrap();
         let (_tcp, port) = sys::tcp_reserve("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut l = pb.listen(addr, 4, QpCaps::default()).unwrap();
-        let mut ca = pa.connect(addr, None, QpCaps::default(), b"x").unwrap();
-        let end = Instant::now() + Duration::from_secs(10);
-        let mut cb = loop {
-            if let Some((mut ep, _)) = l.poll_request() {
-                ep.accept(b"y").unwrap();
-                break ep;
-            }
-            assert!(Instant::now() < end, "no request");
-            std::thread::sleep(Duration::from_millis(1));
-        };
-        while ca.peer.is_none() || cb.peer.is_none() {
-            ca.poll_cm();
-            cb.poll_cm();
-            assert!(Instant::now() < end, "not established");
-            std::thread::sleep(Duration::from_millis(1));
+        let mut l = p.listen(addr, 2, QpCaps::default()).unwrap();
+        let (tx, rx) = sys::seqpacket_pair().unwrap();
+        l.set_handoff(tx).unwrap();
+        let silent: Vec<OwnedFd> = (0..5)
+            .filter_map(|_| sys::seqpacket_connect(&rendezvous_name(addr)).ok())
+            .collect();
+        assert!(silent.len() >= 3, "the kernel took only {}", silent.len());
+        for _ in 0..20 {
+            assert!(l.poll_request().is_none());
+            std::thread::sleep(LISTEN_CHECK * 2);
         }
-        assert!(
-            first
-                .upgrade()
-                .is_some_and(|p| Arc::ptr_eq(&p, &ca.peer.as_ref().unwrap().prov)),
-            "the second connection mapped the peer provider again"
-        );
-        drop((ca, cb));
-        assert!(pa.inner.recent_any.load(Ordering::Relaxed));
-        // Asleep after arm: the timer wakes us when the kept provider is due.
-        pa.arm().unwrap();
-        let notify = pa.notify_fd().unwrap();
-        assert!(
-            sys::poll_readable(notify, 2000),
-            "no wakeup to let the kept provider go"
-        );
-        assert!(pa.inner.recent_due().unwrap_or_default() <= Duration::from_millis(5));
-        pa.arm().unwrap();
-        assert!(!pa.inner.recent_any.load(Ordering::Relaxed));
-        assert!(pa
-            .inner
-            .providers
-            .lock()
-            .values()
-            .all(|w| w.strong_count() == 0));
+        assert_eq!(l.unready.len(), 2, "held beyond the backlog");
+        assert_eq!(l.handed_off(), 0, "handed before their connect request");
+        // One speaks: it is handed on, and room is made for one more.
+        sys::send_msg(silent[0].as_fd(), b"REQ", &[]).unwrap();
+        for _ in 0..20 {
+            assert!(l.poll_request().is_none());
+            std::thread::sleep(LISTEN_CHECK * 2);
+        }
+        assert_eq!(l.handed_off(), 1);
+        assert_eq!(l.unready.len(), 2);
+        let mut buf = [0u8; 8];
+        assert!(matches!(sys::recv_msg(rx.as_fd(), &mut buf), Recv::Msg(1, fds) if fds.len() == 1));
     }
 
     /// A connector whose SEND met no receive before the acceptor took its RTU (it asked to be
@@ -4604,7 +4573,7 @@ mod tests {
             },
         })
         .unwrap();
-        // Established at its ACC; the RTU attaches the connector.
+        // The RTU attaches the connector (and establishes the acceptor).
         assert!(matches!(cb.poll_cm(), Some(CmEvent::Established { .. })));
         while cb.peer.is_none() {
             cb.poll_cm();
