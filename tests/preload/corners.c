@@ -746,6 +746,15 @@ static void case_orphan_listener(void) {
     out("orphan listener done");
 }
 
+/* Read `s` until EOF, an error or `cap` bytes: how many came. */
+static size_t read_to_end(int s, char *b, size_t cap) {
+    ssize_t r;
+    size_t n = 0;
+    while (n < cap && (r = read(s, b + n, cap - n)) > 0)
+        n += (size_t)r;
+    return n;
+}
+
 /* A shared listener whose process accepts only after 1.5 s: the client's connect and write
  * complete before (over TCP the kernel queues them; under the shim the client falls back to
  * kernel TCP once nobody took its SDP request for a second), and its bytes arrive whole. */
@@ -767,9 +776,7 @@ static void case_shared_late_accept(void) {
     int s = accept(l, NULL, NULL);
     CHECK(s >= 0);
     char b[32];
-    ssize_t r, n = 0;
-    while ((r = read(s, b + n, sizeof b - n)) > 0)
-        n += r;
+    size_t n = read_to_end(s, b, sizeof b);
     out("late accept read %.*s", (int)n, b);
     close(s);
     int st;
@@ -810,9 +817,7 @@ static void case_shared_stopped_client(void) {
     CHECK(kill(c, SIGCONT) == 0);
     if (s >= 0) {
         char b[32];
-        ssize_t r, n = 0;
-        while ((r = read(s, b + n, sizeof b - n)) > 0)
-            n += r;
+        size_t n = read_to_end(s, b, sizeof b);
         out("read from the resumed client: %.*s", (int)n, b);
         close(s);
     }

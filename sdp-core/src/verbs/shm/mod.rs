@@ -3827,15 +3827,16 @@ mod tests {
         }
     }
 
-    /// Two endpoints of one process connected through a listener of another provider.
-    fn connected_pair() -> (ShmProvider, ShmEndpoint, ShmProvider, ShmEndpoint) {
+    /// A connector of one provider and the endpoint that accepted its request on a listener of
+    /// another (both of this process), before either looked at the other's answer.
+    fn accepted_pair() -> (ShmProvider, ShmEndpoint, ShmProvider, ShmEndpoint) {
         let (a, b) = (ShmProvider::new().unwrap(), ShmProvider::new().unwrap());
         let (_tcp, port) = sys::tcp_reserve("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut l = b.listen(addr, 4, QpCaps::default()).unwrap();
-        let mut ca = a.connect(addr, None, QpCaps::default(), b"x").unwrap();
+        let ca = a.connect(addr, None, QpCaps::default(), b"x").unwrap();
         let end = Instant::now() + Duration::from_secs(10);
-        let mut cb = loop {
+        let cb = loop {
             if let Some((mut ep, _)) = l.poll_request() {
                 ep.accept(b"y").unwrap();
                 break ep;
@@ -3843,6 +3844,13 @@ mod tests {
             assert!(Instant::now() < end, "no request");
             std::thread::sleep(Duration::from_millis(1));
         };
+        (a, ca, b, cb)
+    }
+
+    /// Two endpoints of one process connected through a listener of another provider.
+    fn connected_pair() -> (ShmProvider, ShmEndpoint, ShmProvider, ShmEndpoint) {
+        let (a, mut ca, b, mut cb) = accepted_pair();
+        let end = Instant::now() + Duration::from_secs(10);
         let (mut ua, mut ub) = (false, false);
         // (An acceptor of a handed request is established at its ACC: wait for the RTU too.)
         while !(ua && ub && cb.peer.is_some()) {
@@ -4535,20 +4543,8 @@ mod tests {
     /// attaches it at the RTU: not left to its retry timer (a review's finding, 2026-11-26).
     #[test]
     fn a_send_that_met_no_receive_before_the_rtu_is_woken_at_it() {
-        let (a, b) = (ShmProvider::new().unwrap(), ShmProvider::new().unwrap());
-        let (_tcp, port) = sys::tcp_reserve("127.0.0.1:0".parse().unwrap()).unwrap();
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut l = b.listen(addr, 4, QpCaps::default()).unwrap();
-        let mut ca = a.connect(addr, None, QpCaps::default(), b"x").unwrap();
+        let (a, mut ca, b, mut cb) = accepted_pair();
         let end = Instant::now() + Duration::from_secs(10);
-        let mut cb = loop {
-            if let Some((mut ep, _)) = l.poll_request() {
-                ep.accept(b"y").unwrap();
-                break ep;
-            }
-            assert!(Instant::now() < end, "no request");
-            std::thread::sleep(Duration::from_millis(1));
-        };
         // The connector is established (it sent its RTU); the acceptor has not looked yet.
         while !matches!(ca.poll_cm(), Some(CmEvent::Established { .. })) {
             assert!(Instant::now() < end, "connector not established");
