@@ -1623,10 +1623,10 @@ impl Provider for ShmProvider {
             Ok((pid, uid)) if uid == self.inner.uid => match Proc::of_peer(sock.as_fd(), pid) {
                 Ok(p) if !sys::may_access(&p) => {
                     // We could not prove we reach its memory after its ACC (Yama's
-                    // ptrace_scope, a child connecting to its parent): ask nothing. Its
-                    // acceptor is established at its ACC, so a connect that failed after it
-                    // would leave the application a connection that only resets (and, with the
-                    // shim's fallback, a second one for the same client).
+                    // ptrace_scope, a child connecting to its parent): ask nothing. The
+                    // acceptor of a handed request is established at its ACC, so a connect that
+                    // failed after it would leave the application a connection that only resets
+                    // (and, with the shim's fallback, a second one for the same client).
                     drop(p);
                     ep.state = QpState::Error;
                     ep.cm.push_back(CmEvent::Rejected {
@@ -2699,14 +2699,15 @@ impl ShmEndpoint {
             p.wake();
         }
         if was == QpState::Ready {
-            if self.await_rtu && !self.early {
-                self.await_rtu = false;
-                self.cm.push_back(CmEvent::ConnectError);
+            // An acceptor still waiting for the RTU was never established, unless early
+            // (Established at `accept`).
+            let never = self.await_rtu && !self.early;
+            self.await_rtu = false;
+            self.cm.push_back(if never {
+                CmEvent::ConnectError
             } else {
-                // (An early acceptor reported Established at `accept`.)
-                self.await_rtu = false;
-                self.cm.push_back(CmEvent::Disconnected);
-            }
+                CmEvent::Disconnected
+            });
         }
     }
 
@@ -2748,7 +2749,8 @@ impl ShmEndpoint {
             return;
         }
         if self.await_rtu {
-            // Established at our ACC: the connector's RTU attaches it, whoever polls first.
+            // The connector's RTU attaches it, whoever polls first (an early acceptor is in
+            // the application's hands already).
             self.check_socket();
             if self.state == QpState::Error {
                 return;
@@ -3425,14 +3427,7 @@ impl ShmListener {
         };
         let hint = self._ctl.hint.swap(false, Ordering::Relaxed);
         let now = Instant::now();
-        // Full: the kernel's queue holds the rest until there is room (a full handed-off
-        // listener's room is requests whose connect request has not come).
-        let full = if self.handoff.is_some() {
-            self.unready.len() >= self.backlog
-        } else {
-            self.half.len() >= self.backlog
-        };
-        if (full && self.handoff.is_none())
+        if (!self.has_room() && self.handoff.is_none())
             || (!hint && now.duration_since(self.last_check) < LISTEN_CHECK)
         {
             return;
@@ -3442,11 +3437,7 @@ impl ShmListener {
         if !sys::poll_readable(sock, 0) {
             return;
         }
-        while if self.handoff.is_some() {
-            self.unready.len() < self.backlog
-        } else {
-            self.half.len() < self.backlog
-        } {
+        while self.has_room() {
             let Some(Ok(Some(s))) = self.sock.as_ref().map(|k| sys::accept(k.as_fd())) else {
                 return;
             };
@@ -3456,6 +3447,18 @@ impl ShmListener {
             }
             self.admit(s);
         }
+    }
+
+    /// Whether another request may be taken in; when not, the kernel's queue holds the rest
+    /// until there is room (a handed-off listener's room is requests whose connect request has
+    /// not come, `unready`; another's, requests not answered yet, `half`).
+    fn has_room(&self) -> bool {
+        let held = if self.handoff.is_some() {
+            self.unready.len()
+        } else {
+            self.half.len()
+        };
+        held < self.backlog
     }
 
     /// Shared listener: hand a request on once its connect request is there (or its connector
@@ -3469,12 +3472,7 @@ impl ShmListener {
         // rendezvous name; held ones would count against our fds and the queue).
         match sys::peer_cred(s.as_fd()) {
             Ok((_, uid)) if uid == self.inner.uid => {}
-            Ok((_, uid)) => {
-                self.inner.refused_uid.fetch_add(1, Ordering::Relaxed);
-                let reason = format!("SDP shm: peer uid {uid} refused");
-                send_simple(&s, M_REJ, true, reason.as_bytes());
-                return;
-            }
+            Ok((_, uid)) => return self.refuse_uid(&s, uid),
             Err(_) => return,
         }
         if sys::poll_readable(s.as_raw_fd(), 0) {
@@ -3521,13 +3519,16 @@ impl ShmListener {
                     since: Instant::now(),
                 });
             }
-            Ok((_, uid)) => {
-                self.inner.refused_uid.fetch_add(1, Ordering::Relaxed);
-                let reason = format!("SDP shm: peer uid {uid} refused");
-                send_simple(&s, M_REJ, true, reason.as_bytes());
-            }
+            Ok((_, uid)) => self.refuse_uid(&s, uid),
             Err(_) => {}
         }
+    }
+
+    /// Refuse a connector of another user (`uid`), and count it.
+    fn refuse_uid(&self, s: &OwnedFd, uid: u32) {
+        self.inner.refused_uid.fetch_add(1, Ordering::Relaxed);
+        let reason = format!("SDP shm: peer uid {uid} refused");
+        send_simple(s, M_REJ, true, reason.as_bytes());
     }
 
     fn endpoint_for(
@@ -3852,8 +3853,7 @@ mod tests {
         let (a, mut ca, b, mut cb) = accepted_pair();
         let end = Instant::now() + Duration::from_secs(10);
         let (mut ua, mut ub) = (false, false);
-        // (An acceptor of a handed request is established at its ACC: wait for the RTU too.)
-        while !(ua && ub && cb.peer.is_some()) {
+        while !(ua && ub) {
             ua |= matches!(ca.poll_cm(), Some(CmEvent::Established { .. }));
             ub |= matches!(cb.poll_cm(), Some(CmEvent::Established { .. }));
             assert!(Instant::now() < end, "not established");
@@ -4569,13 +4569,12 @@ mod tests {
             },
         })
         .unwrap();
-        // The RTU attaches the connector (and establishes the acceptor).
-        assert!(matches!(cb.poll_cm(), Some(CmEvent::Established { .. })));
-        while cb.peer.is_none() {
-            cb.poll_cm();
-            assert!(Instant::now() < end, "the acceptor did not take the RTU");
+        // The RTU attaches the connector and establishes the acceptor.
+        while !matches!(cb.poll_cm(), Some(CmEvent::Established { .. })) {
+            assert!(Instant::now() < end, "acceptor not established");
             std::thread::sleep(Duration::from_millis(1));
         }
+        assert!(cb.peer.is_some());
         assert!(
             sys::poll_readable(notify, 0),
             "the connector waiting on RNR was not woken at the RTU"
