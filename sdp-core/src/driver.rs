@@ -229,6 +229,9 @@ pub struct ListenerId(ConnId);
 pub struct Driver<P: Provider> {
     provider: Arc<P>,
     cfg: Config,
+    /// Write a line on stderr for each connection that ends with an error
+    /// ([`Driver::set_trace`]).
+    trace: bool,
     caps: QpCaps,
     conns: Table<Entry<P>>,
     listeners: Table<ListenEntry<P>>,
@@ -303,6 +306,7 @@ impl<P: Provider> Driver<P> {
         Driver {
             provider: Arc::new(provider),
             cfg,
+            trace: false,
             caps,
             conns: Table::default(),
             listeners: Table::default(),
@@ -369,6 +373,24 @@ impl<P: Provider> Driver<P> {
     pub fn provider(&self) -> &Arc<P> {
         &self.provider
     }
+    /// `on`: each connection that ends with an error writes one line on stderr: the error,
+    /// where the engine decided it, the addresses and the engine's state (`SDP_TRACE`).
+    pub fn set_trace(&mut self, on: bool) {
+        self.trace = on;
+    }
+
+    fn trace_end(provider: &P, id: ConnId, conn: &Conn<MrStore<P>>, err: &ConnError) {
+        let site = conn
+            .error_site()
+            .map_or_else(String::new, |l| format!(" (at {}:{})", l.file(), l.line()));
+        eprintln!(
+            "sdp[{} {}]: connection {id:?} ended: {err}{site}; {}",
+            std::process::id(),
+            provider.name(),
+            conn.debug_state()
+        );
+    }
+
     pub fn config(&self) -> &Config {
         &self.cfg
     }
@@ -789,6 +811,9 @@ impl<P: Provider> Driver<P> {
             }
         }
         while let Some(ev) = e.conn.poll_event() {
+            if let (true, Event::Closed(Some(err))) = (self.trace, &ev) {
+                Self::trace_end(&self.provider, id, &e.conn, err);
+            }
             // Nobody takes the events of a connection waiting in a listen queue: keep them
             // from piling up (the application looks at the state once it accepts).
             if e.conn.is_queued()
@@ -1231,6 +1256,14 @@ impl<P: Provider> ConnView<'_, P> {
     /// Why the connection failed, if it did.
     pub fn error(&self) -> Option<&ConnError> {
         self.0.error()
+    }
+    /// Where in the engine its error was decided ([`Conn::error_site`]).
+    pub fn error_site(&self) -> Option<&'static std::panic::Location<'static>> {
+        self.0.error_site()
+    }
+    /// The engine's state on one line ([`Conn::debug_state`]).
+    pub fn debug_state(&self) -> String {
+        self.0.debug_state()
     }
     /// A read would not block: data, EOF or an error ([`Conn::is_readable`]).
     pub fn is_readable(&self) -> bool {

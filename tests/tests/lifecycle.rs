@@ -567,3 +567,51 @@ fn zero_copy_read_from_a_peer_that_dies_reports_its_sink_once() {
 fn zero_copy_read_under_a_local_abort_reports_its_sink_once() {
     zero_copy_read_cut_short(23, CutShort::LocalAbort);
 }
+
+/// A QP that goes to error silently (only its posted work flushed: no error completion, no CM
+/// event, the peer not told, as Soft-RoCE's responder does after a replayed RDMA Read met a
+/// deregistered region) after the peer's DisConn must still fail the connection when bytes of
+/// ours can no longer arrive. Found by the rig's soak: the flushes were taken for the end of an
+/// orderly close (the peer had sent DisConn), and a writer whose zero-copy source was still out
+/// waited forever (`sdp-soak: HANG: no byte moved for 30 s`).
+#[test]
+fn a_silent_qp_error_after_the_peers_disconn_fails_a_writer() {
+    let mut p = Pair::new(25, Config::default());
+    let (a, b) = p.connect();
+    let now = p.now();
+    p.b.shutdown(now, b, Shutdown::Write).unwrap();
+    assert!(p.run_until(SEC, |p| p.a.conn(a).unwrap().read_closed()));
+    // Bytes of A's in flight when its QP dies.
+    let now = p.now();
+    assert_eq!(p.a.write(now, a, &[7u8; 10_000]).unwrap(), 10_000);
+    p.fabric.faults().error_qps_silently(A_IP);
+    let closed = p.run_until(20 * SEC, |p| p.a.conn(a).unwrap().state() == State::Closed);
+    assert!(closed, "the writer's connection outlived its QP");
+    let c = p.a.conn(a).unwrap();
+    assert_eq!(c.error(), Some(&ConnError::Reset));
+    assert_eq!(c.error().unwrap().errno(), libc::ECONNRESET);
+}
+
+/// The same on a quiet half-closed connection: nothing of ours is lost, so nothing is reported
+/// (TCP's reader sees EOF, not an error) until the application writes, which fails as a write
+/// to a peer that is gone does over TCP.
+#[test]
+fn a_silent_qp_error_on_a_quiet_half_closed_connection_surfaces_at_the_next_write() {
+    let mut p = Pair::new(26, Config::default());
+    let (a, b) = p.connect();
+    let now = p.now();
+    p.b.shutdown(now, b, Shutdown::Write).unwrap();
+    assert!(p.run_until(SEC, |p| p.a.conn(a).unwrap().read_closed()));
+    p.fabric.faults().error_qps_silently(A_IP);
+    p.run_for(SEC);
+    {
+        let c = p.a.conn(a).unwrap();
+        assert_eq!(c.error(), None);
+        assert!(c.read_closed(), "the reader still sees EOF");
+    }
+    let now = p.now();
+    let _ = p.a.write(now, a, &[7u8; 10_000]);
+    let closed = p.run_until(20 * SEC, |p| p.a.conn(a).unwrap().state() == State::Closed);
+    assert!(closed, "a write on the dead QP did not end the connection");
+    assert_eq!(p.a.conn(a).unwrap().error(), Some(&ConnError::Reset));
+}

@@ -19,7 +19,7 @@ use super::iocb::{Iocbs, Staging, ZSink, ZSrc};
 use super::msgs::{self, Ext, Header, Hello, HelloAck, Mid};
 use super::rx::{RxHalf, RxItem};
 use super::timers::{Timer, TimerTable};
-use super::tx::{Inflight, TxHalf, TxItem};
+use super::tx::{Inflight, TxHalf};
 use super::Instant;
 use crate::verbs::{CmEvent, Completion, WcStatus, WorkRequest};
 
@@ -216,6 +216,9 @@ pub struct Conn<S: BufStore> {
     state: State,
     role: Role,
     error: Option<ConnError>,
+    /// Where in the engine `error` was decided (for `sdpstat` and `SDP_TRACE`: which of the
+    /// several paths to a reset, say, this connection took).
+    error_site: Option<&'static std::panic::Location<'static>>,
 
     // Negotiated at setup.
     /// Largest message we may send (the peer's receive buffer size).
@@ -308,6 +311,7 @@ impl<S: BufStore> Conn<S> {
             state: State::Closed,
             role,
             error: None,
+            error_site: None,
         }
     }
 
@@ -451,31 +455,6 @@ impl<S: BufStore> Conn<S> {
     pub fn state(&self) -> State {
         self.state
     }
-    /// A one-line summary of the connection's internals (for diagnostics).
-    pub fn debug_state(&self) -> String {
-        format!(
-            "state={:?} err={:?} credits={} peer_credits={} next_mseq={} last_rx={} tx_q={:?} inflight={} tx_bytes={} rx_q={} rx_posted={} rx_held={} srcs={:?} sink={} sink_cancel={} peer_srcs={} peer_sink={} disconn_sent={} disconn_rcvd={}",
-            self.state,
-            self.error,
-            self.credits.tx(),
-            self.credits.peer(),
-            self.credits.next_mseq(),
-            self.credits.last_rx_mseq(),
-            self.tx.queued().take(6).map(|i| match i { TxItem::Data { len, .. } => format!("D{len}"), TxItem::Ctrl { mid, .. } => format!("{mid:?}"), TxItem::Src { key } => format!("S{key}") }).collect::<Vec<_>>(),
-            self.tx.inflight_len(),
-            self.tx.bytes(),
-            self.rx.queue_len(),
-            self.rx.posted_len(),
-            self.rx.held(),
-            self.iocbs.srcs().map(|s| (s.key, s.token, s.state, s.acked, s.written)).collect::<Vec<_>>(),
-            self.iocbs.has_sink(),
-            self.iocbs.sink_cancel_pending(),
-            self.advts.src_count(),
-            self.advts.sink_usable(),
-            self.disconn_sent,
-            self.disconn_rcvd,
-        )
-    }
 
     /// True on the side that opened the connection.
     pub fn is_active(&self) -> bool {
@@ -551,6 +530,41 @@ impl<S: BufStore> Conn<S> {
                 (bufs.min(max as usize) as u32).max(MIN_RX_POSTED.min(max))
             }
         }
+    }
+    /// Everything that decides what the connection waits for, on one line (for `sdpstat`'s
+    /// `engine` field and `SDP_TRACE`): state, close flags, sequence numbers and credits, both
+    /// halves, advertisements, zero-copy blocks and timers.
+    pub fn debug_state(&self) -> String {
+        format!(
+            "{:?} {:?} error {:?} at {:?}; shut rd {} wr {} disconn sent {} rcvd {} issued {} app closed {} queued {} hold {}; \
+             {:?}; {}; {}; {:?}; {:?}; {:?}; {} wrs, {} cm, {} events",
+            self.state,
+            self.role,
+            self.error,
+            self.error_site.map(|l| format!("{}:{}", l.file(), l.line())),
+            self.shut_rd,
+            self.shut_wr,
+            self.disconn_sent,
+            self.disconn_rcvd,
+            self.disconnect_issued,
+            self.app_closed,
+            self.queued,
+            self.hold_sends,
+            self.credits,
+            self.tx.summary(),
+            self.rx.summary(),
+            self.advts,
+            self.iocbs,
+            self.timers,
+            self.wrs.len(),
+            self.cm.len(),
+            self.events.len()
+        )
+    }
+    /// Where in the engine the connection's error was decided (a source location), if it
+    /// failed.
+    pub fn error_site(&self) -> Option<&'static std::panic::Location<'static>> {
+        self.error_site
     }
     /// The error that ended the connection, if any.
     pub fn error(&self) -> Option<&ConnError> {
@@ -839,8 +853,8 @@ impl<S: BufStore> Conn<S> {
                 // peer's DisConn (its FIN) that is its orderly close finishing: what we hold
                 // stays readable, then EOF, as a TCP socket in CLOSE_WAIT. Without one (and
                 // without an abort of ours) it is a reset, as in TCP.
-                if !(self.disconn_rcvd || self.disconnect_issued) && self.error.is_none() {
-                    self.error = Some(ConnError::Reset);
+                if !self.disconnect_issued && (!self.disconn_rcvd || self.stream_undelivered()) {
+                    self.set_error(ConnError::Reset);
                 }
                 self.finish(now);
             }
@@ -926,8 +940,17 @@ impl<S: BufStore> Conn<S> {
     /// A completion with an error status: flushes after we are already going down are expected;
     /// anything else is the transport failing.
     fn on_wc_error(&mut self, now: Instant, status: WcStatus) {
+        self.on_wc_error_lost(now, status, false);
+    }
+
+    /// [`Conn::on_wc_error`] for a work request that carried stream bytes of ours (`lost`:
+    /// they never arrived).
+    pub(super) fn on_wc_error_lost(&mut self, now: Instant, status: WcStatus, lost: bool) {
         if status == WcStatus::Flushed {
-            let orderly = self.disconn_rcvd;
+            // After the peer's DisConn a flush may be the end of an orderly close, unless
+            // bytes of ours can no longer arrive: then the QP died under a stream still in
+            // use (a peer gone, a link down, a device that errors a QP silently).
+            let orderly = self.disconn_rcvd && !lost && !self.stream_undelivered();
             if self.error.is_none()
                 && !self.disconnect_issued
                 && !orderly
@@ -1067,10 +1090,12 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Abort the connection (AbortConn, like a TCP reset).
+    #[track_caller]
     pub fn abort(&mut self, now: Instant) {
         self.abort_with(now, ConnError::Aborted);
     }
 
+    #[track_caller]
     fn abort_with(&mut self, now: Instant, err: ConnError) {
         if matches!(self.state, State::Closed) {
             return;
@@ -1087,13 +1112,12 @@ impl<S: BufStore> Conn<S> {
     }
 
     /// Enter the error path: record the error (reads and writes see it), disconnect.
+    #[track_caller]
     fn fail(&mut self, now: Instant, err: ConnError, disconnect: bool) {
         if self.state == State::Closed {
             return;
         }
-        if self.error.is_none() {
-            self.error = Some(err);
-        }
+        self.set_error(err);
         match self.state {
             State::Connecting | State::Accepting if !disconnect => self.finish(now),
             _ => {
@@ -1130,7 +1154,25 @@ impl<S: BufStore> Conn<S> {
         }
     }
 
+    /// Stream bytes of ours the peer has not acknowledged (queued, in flight, or in a
+    /// zero-copy source not finished): lost if the connection ends now.
+    fn stream_undelivered(&self) -> bool {
+        self.tx.bytes() > 0 || self.iocbs.src_queued() > 0
+    }
+
+    /// The connection's error, unless it has one: the first reason stays, with the place in
+    /// the engine that decided it (the caller's caller for [`Conn::fail`] and
+    /// [`Conn::finish`], both `track_caller`).
+    #[track_caller]
+    fn set_error(&mut self, err: ConnError) {
+        if self.error.is_none() {
+            self.error = Some(err);
+            self.error_site = Some(std::panic::Location::caller());
+        }
+    }
+
     /// Release everything and report the end.
+    #[track_caller]
     fn finish(&mut self, _now: Instant) {
         if self.state == State::Closed {
             return;
@@ -1138,8 +1180,8 @@ impl<S: BufStore> Conn<S> {
         self.state = State::Closed;
         self.timers.stop_all();
         self.fail_pending_zcopy();
-        if self.error.is_none() && !self.disconn_rcvd {
-            self.error = Some(ConnError::Reset);
+        if !self.disconn_rcvd {
+            self.set_error(ConnError::Reset);
         }
         self.release_all();
         self.emit(Event::Closed(self.error.clone()));

@@ -209,11 +209,6 @@ impl Credits {
     pub(crate) fn can_send_data(&self) -> bool {
         self.tx >= DATA_CREDITS
     }
-    /// Credits the peer has as far as we know.
-    #[inline]
-    pub(crate) fn peer(&self) -> u32 {
-        self.peer
-    }
     /// We have `posted` receives the peer does not know of (a message of ours would tell it).
     #[inline]
     pub(crate) fn peer_unaware(&self, posted: u32) -> bool {
@@ -227,10 +222,6 @@ impl Credits {
     #[inline]
     pub(crate) fn next_mseq(&self) -> u32 {
         self.next_mseq
-    }
-    #[inline]
-    pub(crate) fn last_rx_mseq(&self) -> u32 {
-        self.last_rx_mseq
     }
     /// Credits the peer had left after its last message (`i64::MAX` if unknown).
     #[cfg(test)]

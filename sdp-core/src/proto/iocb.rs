@@ -390,10 +390,6 @@ impl Iocbs {
             })
             .collect()
     }
-    /// The sources, in stream order.
-    pub(crate) fn srcs(&self) -> impl Iterator<Item = &SrcIocb> {
-        self.srcs.iter()
-    }
     /// The application's sources queued or outstanding.
     pub(crate) fn src_queued(&self) -> usize {
         self.srcs.iter().filter(|s| s.last).count()
@@ -624,10 +620,6 @@ impl Iocbs {
     /// Our sink is out, or its cancel is (no new one may be offered).
     pub(crate) fn sink_busy(&self) -> bool {
         self.sink.is_some() || self.sink_cancel_pending
-    }
-    /// A sink is out (cancelled or not).
-    pub(crate) fn has_sink(&self) -> bool {
-        self.sink.is_some()
     }
     /// The length of our sink out, if one is.
     pub(crate) fn sink_len(&self) -> Option<u32> {

@@ -60,6 +60,20 @@ pub(crate) struct RxHalf {
 }
 
 impl RxHalf {
+    /// A one-line account of the receive half, for diagnostics (`Conn::debug_state`).
+    pub(crate) fn summary(&self) -> String {
+        let srcs = self.queue.iter().filter(|i| i.src().is_some()).count();
+        format!(
+            "rx {} posted (target {}, {} old), queue {} items ({srcs} srcs) {} B in {} bufs, resize ack {:?}",
+            self.posted.len(),
+            self.target,
+            self.old_posted,
+            self.queue.len(),
+            self.bytes,
+            self.held,
+            self.resize_ack_due
+        )
+    }
     #[inline]
     pub(crate) fn new(size: u32, target: u32) -> RxHalf {
         RxHalf {
@@ -230,11 +244,6 @@ impl RxHalf {
     #[inline]
     pub(crate) fn queue_empty(&self) -> bool {
         self.queue.is_empty()
-    }
-    /// Items in the stream unread.
-    #[inline]
-    pub(crate) fn queue_len(&self) -> usize {
-        self.queue.len()
     }
     /// The unread stream contents, in order.
     #[inline]

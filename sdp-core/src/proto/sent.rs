@@ -12,6 +12,13 @@ impl<S: BufStore> Conn<S> {
         let Some(inf) = self.tx.complete(idx) else {
             return;
         };
+        let stream = match &inf {
+            Inflight::Msg { ctrl, data, .. } => !ctrl && *data > 0,
+            Inflight::WriteData { .. } | Inflight::WriteSrc { .. } | Inflight::SendSrc { .. } => {
+                true
+            }
+            Inflight::Read(_) | Inflight::Keepalive => false,
+        };
         match inf {
             Inflight::Msg { buf, ctrl, data } => {
                 if ctrl {
@@ -43,7 +50,7 @@ impl<S: BufStore> Conn<S> {
             }
         }
         if wc.status != WcStatus::Success {
-            self.on_wc_error(now, wc.status);
+            self.on_wc_error_lost(now, wc.status, stream);
         }
     }
 }

@@ -101,6 +101,44 @@ pub(crate) struct TxHalf {
 }
 
 impl TxHalf {
+    /// A one-line account of the send half, for diagnostics (`Conn::debug_state`).
+    pub(crate) fn summary(&self) -> String {
+        let (mut data, mut ctrl, mut src) = (0, 0, 0);
+        for i in &self.queue {
+            match i {
+                TxItem::Data { .. } => data += 1,
+                TxItem::Ctrl { .. } => ctrl += 1,
+                TxItem::Src { .. } => src += 1,
+            }
+        }
+        let first = self.queue.front().map(|i| match i {
+            TxItem::Data { len, .. } => format!("data {len}"),
+            TxItem::Ctrl { mid, .. } => format!("{mid:?}"),
+            TxItem::Src { key } => format!("src {key}"),
+        });
+        let inflight: Vec<String> = self
+            .inflight
+            .iter()
+            .take(8)
+            .map(|(_, f)| match f {
+                Inflight::Msg { ctrl, data, .. } => format!("msg(ctrl {ctrl}, {data} B)"),
+                Inflight::WriteData { data, .. } => format!("write({data} B)"),
+                Inflight::WriteSrc { key, len } => format!("writesrc({key}, {len} B)"),
+                Inflight::SendSrc { key, len, .. } => format!("sendsrc({key}, {len} B)"),
+                Inflight::Read(r) => format!("read(advt {}, {} B)", r.advt, r.len),
+                Inflight::Keepalive => "keepalive".into(),
+            })
+            .collect();
+        format!(
+            "tx queue {data} data/{ctrl} ctrl/{src} src (first {first:?}), {} in flight {inflight:?}, \
+             {} B unacked, {} data outstanding, {} stream posts, resize {:?}",
+            self.inflight.len(),
+            self.bytes,
+            self.data_outstanding,
+            self.stream_posts,
+            self.resize_pending
+        )
+    }
     #[inline]
     pub(crate) fn new(size: u32, ctrl_size: u32) -> TxHalf {
         TxHalf {
@@ -255,11 +293,6 @@ impl TxHalf {
     #[inline]
     pub(crate) fn has_queued(&self) -> bool {
         !self.queue.is_empty()
-    }
-    /// The queued items, in order.
-    #[inline]
-    pub(crate) fn queued(&self) -> impl Iterator<Item = &TxItem> {
-        self.queue.iter()
     }
     /// Append the first of `bytes` to the last queued item if it is a data buffer of `size`
     /// with room that carries no urgent byte; returns how many went.

@@ -388,6 +388,7 @@ fn rdma_stack(peer: Option<IpAddr>, local: Option<IpAddr>, iwarp: bool) -> io::R
     }
     let cfg = Config {
         send_stall_timeout: Some(RDMA_SEND_STALL),
+        zcopy_split: super::tunables::tunables().zcopy_split,
         ..Config::default()
     };
     let s = Stack::with_provider(p, cfg)?;

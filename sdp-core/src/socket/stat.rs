@@ -8,7 +8,8 @@
 //!
 //! A line is tab-separated `key=value` fields: `pid`, `stack` (shm, rdma), `id`, `state`,
 //! `local`, `peer`, `bytes_in`, `bytes_out`, `zcopy_bytes`, `rx_queued`, `tx_queued`,
-//! `credits`, `send_size`, `error`.
+//! `credits`, `send_size`, `error`, `app`, `engine` (the engine's state on one line:
+//! `Conn::debug_state`).
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};

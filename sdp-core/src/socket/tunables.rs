@@ -11,6 +11,8 @@
 //! | `SDP_EXIT_LINGER_MS` | [`Tunables::exit_linger`] | 10 s |
 //! | `SDP_STAT` | [`Tunables::stat`] | on (`0` turns it off) |
 //! | `SDP_DIRECT_WAKE` | [`Tunables::direct_wake`] | on (`0` turns it off) |
+//! | `SDP_TRACE` | [`Tunables::trace`] | off (`1` turns it on) |
+//! | `SDP_ZCOPY_SPLIT` | [`Tunables::zcopy_split`] | the provider's choice (`0` off, `1` on) |
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -38,6 +40,13 @@ pub(crate) struct Tunables {
     /// `SDP_DIRECT_WAKE`: an application fd's peer (over shm) wakes its reader straight, not
     /// through this process's progress thread (`0` turns it off; `socket::ready::AppReady`).
     pub direct_wake: bool,
+    /// `SDP_TRACE=1`: a line on stderr for each connection that ends with an error: the
+    /// error, where the engine decided it, and the engine's state (`driver`).
+    pub trace: bool,
+    /// `SDP_ZCOPY_SPLIT`: split zero copy over RDMA (`Config::zcopy_split`) on (`1`) or off
+    /// (`0`: every zero-copy source goes by gathered SENDs where the device prefers them, no
+    /// RDMA Read); `None`: the provider's choice.
+    pub zcopy_split: Option<bool>,
 }
 
 /// The exit linger without `SDP_EXIT_LINGER_MS`.
@@ -56,6 +65,12 @@ impl Tunables {
                 .map_or(DEFAULT_EXIT_LINGER, Duration::from_millis),
             stat: get("SDP_STAT").is_none_or(|v| v != "0"),
             direct_wake: get("SDP_DIRECT_WAKE").is_none_or(|v| v != "0"),
+            trace: get("SDP_TRACE").is_some_and(|v| v.trim() == "1"),
+            zcopy_split: match get("SDP_ZCOPY_SPLIT").as_deref().map(str::trim) {
+                Some("0") => Some(false),
+                Some("1") => Some(true),
+                _ => None,
+            },
         }
     }
 }
@@ -96,6 +111,8 @@ mod tests {
         assert_eq!((t.spin, t.zcopy_min, t.zcopy_stall), (None, None, None));
         assert_eq!(t.exit_linger, DEFAULT_EXIT_LINGER);
         assert!(t.stat);
+        assert!(!t.trace);
+        assert_eq!(t.zcopy_split, None);
     }
 
     #[test]
@@ -107,6 +124,8 @@ mod tests {
             ("SDP_ZCOPY_STALL_US", " 5000 "),
             ("SDP_EXIT_LINGER_MS", "250"),
             ("SDP_STAT", "0"),
+            ("SDP_TRACE", "1"),
+            ("SDP_ZCOPY_SPLIT", "0"),
         ]);
         assert_eq!(t.providers, "rdma");
         assert_eq!(t.spin, Some(Duration::ZERO));
@@ -114,15 +133,21 @@ mod tests {
         assert_eq!(t.zcopy_stall, Some(Duration::from_millis(5)));
         assert_eq!(t.exit_linger, Duration::from_millis(250));
         assert!(!t.stat);
+        assert!(t.trace);
+        assert_eq!(t.zcopy_split, Some(false));
         let bad = with(&[
             ("SDP_SPIN_US", "fast"),
             ("SDP_ZCOPY_MIN", "2g"),
             ("SDP_EXIT_LINGER_MS", "-1"),
             ("SDP_STAT", "1"),
+            ("SDP_TRACE", "yes"),
+            ("SDP_ZCOPY_SPLIT", "maybe"),
         ]);
         assert_eq!((bad.spin, bad.zcopy_min), (None, None));
         assert_eq!(bad.exit_linger, DEFAULT_EXIT_LINGER);
         assert!(bad.stat);
+        assert!(!bad.trace);
+        assert_eq!(bad.zcopy_split, None);
         assert_eq!(parse_size("1M"), Some(1 << 20));
     }
 }

@@ -47,6 +47,12 @@ if [ "${RIG_SIW_ONLY:-0}" = 1 ]; then
   finish
   exit 0
 fi
+if [ "${RIG_GT_ONLY:-0}" = 1 ]; then
+  section "checks skipped (tests/rig/run --guest-test-only)"
+  extra_tests
+  finish
+  exit 0
+fi
 if [ "${RIG_LAT_ONLY:-0}" = 1 ]; then
   section "checks skipped (tests/rig/run --lat-only)"
   . /rig/lat.sh

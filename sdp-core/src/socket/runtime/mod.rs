@@ -385,7 +385,11 @@ impl<P: Provider + 'static> Runtime<P> {
         let zcopy_threshold = cfg.zcopy_threshold;
         let sh = Arc::new(Shared {
             inner: Mutex::new(Inner {
-                driver: Driver::new(provider, cfg),
+                driver: {
+                    let mut d = Driver::new(provider, cfg);
+                    d.set_trace(super::tunables::tunables().trace);
+                    d
+                },
                 socks: HashMap::new(),
                 lsocks: HashMap::new(),
                 next_token: 1,
@@ -664,6 +668,7 @@ impl<P: Provider + 'static> Shared<P> {
                     "error",
                     c.error().map_or("-".to_string(), |e| format!("{e:?}")),
                 ),
+                ("engine", c.debug_state()),
                 (
                     "app",
                     g.socks

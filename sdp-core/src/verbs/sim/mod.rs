@@ -450,6 +450,15 @@ impl Faults {
         self.world.lock().crash(ip);
     }
 
+    /// Every QP of host `ip` goes to the error state silently: its posted work completes
+    /// `Flushed`, and nothing else is reported: no error completion, no CM event, no word to
+    /// the peer, whose QP stays ready. This is what Soft-RoCE's responder does after a class C
+    /// error on a request that consumes no receive (an RDMA Read replayed after its region was
+    /// deregistered: `rxe_resp.c`, `RESPST_ERR_RKEY_VIOLATION`), seen in the rig's soak.
+    pub fn error_qps_silently(&self, ip: IpAddr) {
+        self.world.lock().error_qps_silently(ip);
+    }
+
     /// Remove host `ip`'s device while its processes live on (`rdma link delete`): every
     /// endpoint errors and reports [`CmEvent::DeviceRemoval`], listeners stop, new objects fail
     /// with `NoDevice`, and [`Provider::device_lost`] says so. Unlike [`Faults::crash`], the

@@ -1029,6 +1029,17 @@ impl World {
     /// QP reports `Disconnected` (and `TimewaitExit` later); with `notify_peer` a DREQ tells the
     /// peer, which errors the same way when it arrives.
     fn qp_error(&mut self, id: Id, failing: Option<(u64, WcStatus)>, notify_peer: bool) {
+        self.qp_error_with(id, failing, notify_peer, true);
+    }
+
+    /// [`World::qp_error`], with or without the `Disconnected` a connected QP reports.
+    fn qp_error_with(
+        &mut self,
+        id: Id,
+        failing: Option<(u64, WcStatus)>,
+        notify_peer: bool,
+        cm_event: bool,
+    ) {
         let Some(q) = self.qps.get_mut(&id) else {
             return;
         };
@@ -1065,7 +1076,7 @@ impl World {
             };
             self.push_cq(id, c);
         }
-        if connected {
+        if connected && cm_event {
             self.push_cm(id, CmEvent::Disconnected);
             let at = self.now.saturating_add(self.cfg.timewait_ns);
             self.schedule(at, Ev::Timewait { qp: id });
@@ -1881,6 +1892,16 @@ impl World {
     /// requests flushed, its peer told) and reports `DeviceRemoval`, listeners stop (their
     /// queued requests dropped), new objects fail with `NoDevice`. Regions and endpoints stay
     /// counted in the host's stats until their handles are dropped.
+    pub fn error_qps_silently(&mut self, ip: IpAddr) {
+        let qps: Vec<Id> = match self.hosts.get(&ip) {
+            Some(h) if h.alive => h.qps.iter().copied().collect(),
+            _ => return,
+        };
+        for id in qps {
+            self.qp_error_with(id, None, false, false);
+        }
+    }
+
     pub fn remove_device(&mut self, ip: IpAddr) {
         let Some(h) = self.hosts.get_mut(&ip) else {
             return;

@@ -23,7 +23,8 @@
 //! `--fault-cmd CMD` (e.g. the rig's link removal) `cmd`, which runs CMD and lets every session
 //! under way fail. A killed worker is replaced. A side that moves no byte for `--hang-secs`, or
 //! does not end within the bound after a fault, is a hang (the worker is then killed to free
-//! it). Every session without a fault that ended it must deliver every byte both ways, then EOF.
+//! it; first both ends' connections are printed as `sdpstat` shows them, and `--hang-cmd CMD`
+//! runs, e.g. the rig's `rdma res show qp`). Every session without a fault that ended it must deliver every byte both ways, then EOF.
 //!
 //! At the end the parent compares its open fds and its stack's connections, registered bytes
 //! and registered regions with what it had before the first session (they must come back), and
@@ -86,13 +87,14 @@ struct Args {
     listen: String,
     source_ip: Option<IpAddr>,
     fault_cmd: Option<String>,
+    hang_cmd: Option<String>,
 }
 
 const USAGE: &str = "usage: sdp-soak [--gib N] [--seconds S] [--workers W] [--seed X] \
 [--faults on|off|KIND,...] [--fault-interval SECS] [--tx-modes auto,bcopy,zcopy,async] \
 [--rx-modes plain,registered] [--fault-bound SECS] [--hang-secs SECS] \
 [--max-session BYTES] [--transport shm|sdp] [--listen IP:PORT] [--source-ip IP] \
-[--fault-cmd CMD] [--json] [--quiet]";
+[--fault-cmd CMD] [--hang-cmd CMD] [--json] [--quiet]";
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
     let (num, mult) = match s.char_indices().last() {
@@ -132,6 +134,7 @@ fn parse_args(v: &[String]) -> Result<Args, String> {
         listen: "127.0.0.1:0".into(),
         source_ip: None,
         fault_cmd: None,
+        hang_cmd: None,
     };
     let mut i = 0;
     while i < v.len() {
@@ -217,6 +220,7 @@ fn parse_args(v: &[String]) -> Result<Args, String> {
                 a.source_ip = Some(val()?.parse().map_err(|_| "--source-ip: an IP address")?)
             }
             "--fault-cmd" => a.fault_cmd = Some(val()?),
+            "--hang-cmd" => a.hang_cmd = Some(val()?),
             "--json" => a.json = true,
             "--quiet" => a.quiet = true,
             "-h" | "--help" => {
@@ -873,6 +877,30 @@ impl Soak {
                 sess.ctl.tx_done.load(Relaxed),
                 sess.ctl.rx_done.load(Relaxed),
             ));
+            // Both ends' engines as they stand, for the diagnosis (`sdpstat`).
+            let pids = [std::process::id().to_string(), sess.pid.to_string()];
+            match sdp_core::socket::stat::query_all() {
+                Ok(lines) => {
+                    for l in lines
+                        .iter()
+                        .filter(|l| l.get("pid").is_some_and(|p| pids.contains(p)))
+                    {
+                        let get = |k: &str| l.get(k).map_or("-", String::as_str);
+                        st.note(format!(
+                            "  sdpstat pid {} {} {} -> {}: {}",
+                            get("pid"),
+                            get("id"),
+                            get("local"),
+                            get("peer"),
+                            get("engine")
+                        ));
+                    }
+                }
+                Err(e) => st.note(format!("  sdpstat: {e}")),
+            }
+        }
+        if let Some(cmd) = &self.args.hang_cmd {
+            let _ = Command::new("sh").args(["-c", cmd]).status();
         }
         self.kill(sess.pid);
     }
