@@ -289,7 +289,10 @@ impl<P: Provider> Driver<P> {
             cfg.zcopy_by_send
                 .unwrap_or_else(|| provider.prefers_send_gather()),
         );
-        cfg.zcopy_split = Some(cfg.zcopy_split.unwrap_or(cfg.zcopy_by_send == Some(true)));
+        cfg.zcopy_split =
+            Some(cfg.zcopy_split.unwrap_or_else(|| {
+                cfg.zcopy_by_send == Some(true) && provider.prefers_split_zcopy()
+            }));
         cfg.staged_send_min = Some(
             cfg.staged_send_min
                 .unwrap_or_else(|| provider.staged_send_min()),

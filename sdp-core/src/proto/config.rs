@@ -39,8 +39,9 @@ pub struct Config {
     /// is outstanding, and the sources behind it go on as gathered SENDs at once. On a software
     /// device the packet work of a SEND runs on the sender's CPU and that of an RDMA Read on the
     /// reader's, so both CPUs work on one stream. The peer reads such an advertisement at once
-    /// and in full (into a bounce buffer), so it is never cancelled. `None`: as
-    /// `zcopy_by_send` (the driver fills it in).
+    /// and in full (into a bounce buffer), so it is never cancelled. `None`: with
+    /// `zcopy_by_send` where the provider suits it (`Provider::prefers_split_zcopy`; the
+    /// driver fills it in).
     pub zcopy_split: Option<bool>,
     /// The transport requires the connecting side to send the first message (iWARP's MPA, RFC
     /// 5044; RFC 6581 added a ready-to-receive handshake for the other order, which the CM does

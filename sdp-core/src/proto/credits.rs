@@ -223,6 +223,15 @@ impl Credits {
     pub(crate) fn next_mseq(&self) -> u32 {
         self.next_mseq
     }
+    /// Credits the peer has as far as we know.
+    #[cfg(test)]
+    pub(crate) fn peer(&self) -> u32 {
+        self.peer
+    }
+    #[cfg(test)]
+    pub(crate) fn last_rx_mseq(&self) -> u32 {
+        self.last_rx_mseq
+    }
     /// Credits the peer had left after its last message (`i64::MAX` if unknown).
     #[cfg(test)]
     pub(crate) fn peer_left(&self) -> i64 {

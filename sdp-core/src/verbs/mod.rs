@@ -422,6 +422,13 @@ pub trait Provider: Send + Sync {
     fn prefers_send_gather(&self) -> bool {
         false
     }
+    /// Whether split zero copy (`Config::zcopy_split`: some sources by the peer's RDMA Read,
+    /// the rest by gathered SENDs) suits the device, where [`Provider::prefers_send_gather`]
+    /// holds. False where the device's RDMA Reads are not safe against the source's prompt
+    /// revocation (Soft-RoCE: see the rdma provider). `Config::zcopy_split` overrides it.
+    fn prefers_split_zcopy(&self) -> bool {
+        self.prefers_send_gather()
+    }
     /// The smallest plain write worth staging (`Config::staged_send_min`): a copy into a
     /// registered buffer of ours the peer RDMA-reads, in place of Data messages; 0: never.
     fn staged_send_min(&self) -> usize {

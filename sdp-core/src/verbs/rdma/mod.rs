@@ -626,6 +626,18 @@ impl Provider for RdmaProvider {
         self.sh.software && self.sh.gather
     }
 
+    /// Not on Soft-RoCE. Its responder replays a retransmitted RDMA Read by looking the
+    /// region up again (`rxe_resp.c`, `rxe_recheck_mr`), and one replayed after the source
+    /// revoked the advertisement's region (the read had completed, the source was told) is an
+    /// R_Key violation that moves the source's QP to the error state with nothing reported but
+    /// flushes: the connection resets (ECONNRESET; before 2026-11-27 it hung). The rig's soak
+    /// met it in about one 60 s run of five with split zero copy and in none of nine without
+    /// (docs/findings.md). Gathered SENDs only on Soft-RoCE; siw (iWARP over TCP) keeps
+    /// the split.
+    fn prefers_split_zcopy(&self) -> bool {
+        self.prefers_send_gather() && self.is_iwarp()
+    }
+
     fn initiator_sends_first(&self) -> bool {
         self.is_iwarp()
     }
