@@ -568,6 +568,16 @@ fn zero_copy_read_under_a_local_abort_reports_its_sink_once() {
     zero_copy_read_cut_short(23, CutShort::LocalAbort);
 }
 
+/// A connection whose B end shut its write side, once A has read B's DisConn: (the pair, A's id).
+fn half_closed_by_b(seed: u64) -> (Pair, sdp_core::proto::table::ConnId) {
+    let mut p = Pair::new(seed, Config::default());
+    let (a, b) = p.connect();
+    let now = p.now();
+    p.b.shutdown(now, b, Shutdown::Write).unwrap();
+    assert!(p.run_until(SEC, |p| p.a.conn(a).unwrap().read_closed()));
+    (p, a)
+}
+
 /// A QP that goes to error silently (only its posted work flushed: no error completion, no CM
 /// event, the peer not told, as Soft-RoCE's responder does after a replayed RDMA Read met a
 /// deregistered region) after the peer's DisConn must still fail the connection when bytes of
@@ -576,11 +586,7 @@ fn zero_copy_read_under_a_local_abort_reports_its_sink_once() {
 /// waited forever (`sdp-soak: HANG: no byte moved for 30 s`).
 #[test]
 fn a_silent_qp_error_after_the_peers_disconn_fails_a_writer() {
-    let mut p = Pair::new(25, Config::default());
-    let (a, b) = p.connect();
-    let now = p.now();
-    p.b.shutdown(now, b, Shutdown::Write).unwrap();
-    assert!(p.run_until(SEC, |p| p.a.conn(a).unwrap().read_closed()));
+    let (mut p, a) = half_closed_by_b(25);
     // Bytes of A's in flight when its QP dies.
     let now = p.now();
     assert_eq!(p.a.write(now, a, &[7u8; 10_000]).unwrap(), 10_000);
@@ -597,11 +603,7 @@ fn a_silent_qp_error_after_the_peers_disconn_fails_a_writer() {
 /// to a peer that is gone does over TCP.
 #[test]
 fn a_silent_qp_error_on_a_quiet_half_closed_connection_surfaces_at_the_next_write() {
-    let mut p = Pair::new(26, Config::default());
-    let (a, b) = p.connect();
-    let now = p.now();
-    p.b.shutdown(now, b, Shutdown::Write).unwrap();
-    assert!(p.run_until(SEC, |p| p.a.conn(a).unwrap().read_closed()));
+    let (mut p, a) = half_closed_by_b(26);
     p.fabric.faults().error_qps_silently(A_IP);
     p.run_for(SEC);
     {
