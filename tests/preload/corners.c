@@ -1279,6 +1279,35 @@ static void case_sndtimeo(void) {
     finish(pid, s);
 }
 
+/* A nonblocking writer into a peer that reads nothing fills what the two ends buffer, and then
+ * no room comes back while the peer still reads nothing, as over TCP. Under the shim room came
+ * back seconds later: the reader's arrivals went to its application (direct wakeups), so its
+ * engine took them, and gave credits back, only when its progress thread woke for something else. */
+static void case_no_room_back(void) {
+    int s;
+    pid_t pid = start(peer_no_read, &s);
+    CHECK(fcntl(s, F_SETFL, O_NONBLOCK) == 0);
+    static char chunk[65536];
+    size_t total = 0;
+    for (;;) {
+        ssize_t w = write(s, chunk, sizeof chunk);
+        if (w > 0) {
+            total += (size_t)w;
+            continue;
+        }
+        CHECK(w < 0 && errno == EAGAIN);
+        struct pollfd pfd = {.fd = s, .events = POLLOUT};
+        if (poll(&pfd, 1, 300) == 0)
+            break;
+    }
+    fprintf(stderr, "no_room_back: the writer stopped after %zu bytes\n", total);
+    struct pollfd pfd = {.fd = s, .events = POLLOUT};
+    int n = poll(&pfd, 1, 3000);
+    out("no_room_back: room came back within 3 s: %s", n > 0 ? "yes" : "no");
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
 /* Socket fd numbers are what they would be without the shim (the lowest free ones): programs
  * size tables by them (wrk) or use select's FD_SETSIZE. */
 static void case_fd_numbers(void) {
@@ -1510,6 +1539,7 @@ int main(int argc, char **argv) {
     RUN(urgent);
     RUN(eintr);
     RUN(sndtimeo);
+    RUN(no_room_back);
     RUN(buffers);
     RUN(raw_close);
     RUN(linger_abort);
