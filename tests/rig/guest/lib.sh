@@ -130,12 +130,29 @@ rdma_pair_flaky() {
   return 0
 }
 
+# A check still running TEST_TIMEOUT + 20 s after it started (its timeout did not end it: a process
+# stuck in the kernel ignores signals): print what every process is doing, kernel stacks of the
+# stuck ones and the kernel's log, so a wedged guest says why before the VM's own timeout kills it.
+stuck_dump() {   # stuck_dump NAME
+  echo "RIG: check $1 still running after $((TEST_TIMEOUT + 20)) s; processes (pid state wchan comm):"
+  for d in /proc/[0-9]*; do
+    st=$(sed -n 's/^State:[[:space:]]*//p' "$d/status" 2>/dev/null)
+    [ -n "$st" ] || continue
+    echo "  ${d#/proc/} $st $(cat "$d/wchan" 2>/dev/null) $(cat "$d/comm" 2>/dev/null)"
+    case $st in D*) sed 's/^/      /' "$d/stack" 2>/dev/null ;; esac
+  done
+  dmesg | tail -40 | sed 's/^/  dmesg: /'
+}
+
 run_check() {   # run_check NAME CMD [ARGS...]
   name=$1; shift
   s0=$(snap); t0=$(now)
+  ( sleep $((TEST_TIMEOUT + 20)); stuck_dump "$name" ) &
+  wd=$!
   if type "$1" 2>/dev/null | grep -q function; then "$@" >"$LOGD/$name.log" 2>&1   # a shell function
-  else timeout "$TEST_TIMEOUT" "$@" >"$LOGD/$name.log" 2>&1; fi
+  else timeout -k 10 "$TEST_TIMEOUT" "$@" >"$LOGD/$name.log" 2>&1; fi
   rc=$?
+  kill "$wd" 2>/dev/null; wait "$wd" 2>/dev/null
   deltas "$s0"
   show "$LOGD/$name.log" | tail -40
   if [ $rc = 0 ]; then pass "$name" "$(since "$t0")s; $(pkts)"; else fail "$name" "exit $rc ($(since "$t0")s; $(pkts))"; fi
