@@ -1279,6 +1279,23 @@ static void case_sndtimeo(void) {
     finish(pid, s);
 }
 
+/* Write `chunk` to the nonblocking `fd` until no room comes for 300 ms (room may come back
+ * while the bytes travel); returns the bytes written. */
+static size_t fill(int fd, const char *chunk, size_t n) {
+    size_t total = 0;
+    for (;;) {
+        ssize_t w = write(fd, chunk, n);
+        if (w > 0) {
+            total += (size_t)w;
+            continue;
+        }
+        CHECK(w < 0 && errno == EAGAIN);
+        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+        if (poll(&pfd, 1, 300) == 0)
+            return total;
+    }
+}
+
 /* A nonblocking writer into a peer that reads nothing fills what the two ends buffer, and then
  * no room comes back while the peer still reads nothing, as over TCP. Under the shim room came
  * back seconds later: the reader's arrivals went to its application (direct wakeups), so its
@@ -1288,18 +1305,7 @@ static void case_no_room_back(void) {
     pid_t pid = start(peer_no_read, &s);
     CHECK(fcntl(s, F_SETFL, O_NONBLOCK) == 0);
     static char chunk[65536];
-    size_t total = 0;
-    for (;;) {
-        ssize_t w = write(s, chunk, sizeof chunk);
-        if (w > 0) {
-            total += (size_t)w;
-            continue;
-        }
-        CHECK(w < 0 && errno == EAGAIN);
-        struct pollfd pfd = {.fd = s, .events = POLLOUT};
-        if (poll(&pfd, 1, 300) == 0)
-            break;
-    }
+    size_t total = fill(s, chunk, sizeof chunk);
     fprintf(stderr, "no_room_back: the writer stopped after %zu bytes\n", total);
     struct pollfd pfd = {.fd = s, .events = POLLOUT};
     int n = poll(&pfd, 1, 3000);
@@ -1359,19 +1365,7 @@ static void case_buffers(void) {
     out("buffers: client SO_SNDBUF %d, accepted SO_RCVBUF %d", v, rv);
     CHECK(fcntl(c, F_SETFL, O_NONBLOCK) == 0);
     static char chunk[4096];
-    size_t total = 0;
-    for (;;) {
-        ssize_t w = write(c, chunk, sizeof chunk);
-        if (w > 0) {
-            total += (size_t)w;
-            continue;
-        }
-        CHECK(w < 0 && errno == EAGAIN);
-        /* Room may come back while the bytes travel; stop once none has for 300 ms. */
-        struct pollfd pfd = {.fd = c, .events = POLLOUT};
-        if (poll(&pfd, 1, 300) == 0)
-            break;
-    }
+    size_t total = fill(c, chunk, sizeof chunk);
     fprintf(stderr, "buffers: the writer stopped after %zu bytes\n", total);
     out("buffers: a writer into a reader that reads nothing stops %s 2 MiB",
         total < (2u << 20) ? "below" : "above");
