@@ -382,12 +382,10 @@ impl<P: Provider> Driver<P> {
         self.trace = on;
     }
 
+    /// The engine's state carries where the error was decided (`Conn::error_site`).
     fn trace_end(provider: &P, id: ConnId, conn: &Conn<MrStore<P>>, err: &ConnError) {
-        let site = conn
-            .error_site()
-            .map_or_else(String::new, |l| format!(" (at {}:{})", l.file(), l.line()));
         eprintln!(
-            "sdp[{} {}]: connection {id:?} ended: {err}{site}; {}",
+            "sdp[{} {}]: connection {id:?} ended: {err}; {}",
             std::process::id(),
             provider.name(),
             conn.debug_state()
@@ -1259,10 +1257,6 @@ impl<P: Provider> ConnView<'_, P> {
     /// Why the connection failed, if it did.
     pub fn error(&self) -> Option<&ConnError> {
         self.0.error()
-    }
-    /// Where in the engine its error was decided ([`Conn::error_site`]).
-    pub fn error_site(&self) -> Option<&'static std::panic::Location<'static>> {
-        self.0.error_site()
     }
     /// The engine's state on one line ([`Conn::debug_state`]).
     pub fn debug_state(&self) -> String {

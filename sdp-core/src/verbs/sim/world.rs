@@ -1888,10 +1888,8 @@ impl World {
         self.bump_links_of(ip);
     }
 
-    /// The host's device goes away while its processes live on: every QP errors (its work
-    /// requests flushed, its peer told) and reports `DeviceRemoval`, listeners stop (their
-    /// queued requests dropped), new objects fail with `NoDevice`. Regions and endpoints stay
-    /// counted in the host's stats until their handles are dropped.
+    /// Host `ip`'s QPs go to the error state with only their posted work flushed: no error
+    /// completion, no CM event, nothing to the peer ([`super::Faults::error_qps_silently`]).
     pub fn error_qps_silently(&mut self, ip: IpAddr) {
         let qps: Vec<Id> = match self.hosts.get(&ip) {
             Some(h) if h.alive => h.qps.iter().copied().collect(),
@@ -1902,6 +1900,10 @@ impl World {
         }
     }
 
+    /// The host's device goes away while its processes live on: every QP errors (its work
+    /// requests flushed, its peer told) and reports `DeviceRemoval`, listeners stop (their
+    /// queued requests dropped), new objects fail with `NoDevice`. Regions and endpoints stay
+    /// counted in the host's stats until their handles are dropped.
     pub fn remove_device(&mut self, ip: IpAddr) {
         let Some(h) = self.hosts.get_mut(&ip) else {
             return;

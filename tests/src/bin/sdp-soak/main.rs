@@ -24,7 +24,8 @@
 //! under way fail. A killed worker is replaced. A side that moves no byte for `--hang-secs`, or
 //! does not end within the bound after a fault, is a hang (the worker is then killed to free
 //! it; first both ends' connections are printed as `sdpstat` shows them, and `--hang-cmd CMD`
-//! runs, e.g. the rig's `rdma res show qp`). Every session without a fault that ended it must deliver every byte both ways, then EOF.
+//! runs, e.g. the rig's `rdma res show qp`). Every session without a fault that ended it must
+//! deliver every byte both ways, then EOF.
 //!
 //! At the end the parent compares its open fds and its stack's connections, registered bytes
 //! and registered regions with what it had before the first session (they must come back), and
@@ -877,26 +878,32 @@ impl Soak {
                 sess.ctl.tx_done.load(Relaxed),
                 sess.ctl.rx_done.load(Relaxed),
             ));
-            // Both ends' engines as they stand, for the diagnosis (`sdpstat`).
-            let pids = [std::process::id().to_string(), sess.pid.to_string()];
-            match sdp_core::socket::stat::query_all() {
-                Ok(lines) => {
-                    for l in lines
-                        .iter()
-                        .filter(|l| l.get("pid").is_some_and(|p| pids.contains(p)))
-                    {
-                        let get = |k: &str| l.get(k).map_or("-", String::as_str);
-                        st.note(format!(
-                            "  sdpstat pid {} {} {} -> {}: {}",
-                            get("pid"),
-                            get("id"),
-                            get("local"),
-                            get("peer"),
-                            get("engine")
-                        ));
-                    }
-                }
-                Err(e) => st.note(format!("  sdpstat: {e}")),
+        }
+        // Both ends' engines as they stand, for the diagnosis (`sdpstat`; asked without the
+        // stats lock, as the stacks answer over sockets).
+        let pids = [std::process::id().to_string(), sess.pid.to_string()];
+        let dump: Vec<String> = match sdp_core::socket::stat::query_all() {
+            Ok(lines) => lines
+                .iter()
+                .filter(|l| l.get("pid").is_some_and(|p| pids.contains(p)))
+                .map(|l| {
+                    let get = |k: &str| l.get(k).map_or("-", String::as_str);
+                    format!(
+                        "  sdpstat pid {} {} {} -> {}: {}",
+                        get("pid"),
+                        get("id"),
+                        get("local"),
+                        get("peer"),
+                        get("engine")
+                    )
+                })
+                .collect(),
+            Err(e) => vec![format!("  sdpstat: {e}")],
+        };
+        {
+            let mut st = self.stats.lock().unwrap();
+            for line in dump {
+                st.note(line);
             }
         }
         if let Some(cmd) = &self.args.hang_cmd {
