@@ -52,6 +52,7 @@ fn send_wr(wr_id: u64, op: SendOp, sge: Option<Sge>) -> SendWr {
         sge,
         signaled: true,
         solicited: false,
+        wake_engine: false,
         payload: None,
     }
 }
@@ -994,7 +995,8 @@ fn posted_receives_wake_the_peer_only_when_its_sends_wait() {
 }
 
 /// Direct wakeups (issue 15): while the owner has them on, a solicited SEND writes one byte
-/// into the socket the owner gave its peer and leaves the owner's notify fd alone; unsolicited
+/// into the socket the owner gave its peer and leaves the owner's notify fd alone (unless it
+/// asks for the owner's engine too: `SendWr::wake_engine`, which wakes both); unsolicited
 /// SENDs, and every SEND once they are off, wake the notify fd; turning them off after a SEND
 /// that went by the byte only makes the notify fd readable, so nothing is lost.
 #[test]
@@ -1031,6 +1033,7 @@ fn direct_wakeups_go_to_the_given_socket_while_on() {
     }
     let solicited = |wr_id| SendWr {
         solicited: true,
+        wake_engine: false,
         ..send_wr(wr_id, SendOp::Send, Some(s.sge(0, 64)))
     };
 
@@ -1043,17 +1046,31 @@ fn direct_wakeups_go_to_the_given_socket_while_on() {
     assert!(!readable(fd, 20), "the notify fd woke for a direct SEND");
     assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 0);
 
+    // On, a solicited SEND that asks for the engine too (it takes the owner's last credits):
+    // the byte for the reader, and the notify fd for the engine.
+    b.arm().unwrap();
+    let direct = a.direct_wakeups_sent();
+    x.post_send(&SendWr {
+        wake_engine: true,
+        ..solicited(1)
+    })
+    .unwrap();
+    assert_eq!(a.direct_wakeups_sent(), direct + 1);
+    assert_eq!(bytes(&mut user), 1, "no byte in the given socket");
+    assert!(readable(fd, 2000), "the engine was not woken");
+    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 1);
+
     // An unsolicited SEND (credits, acknowledgements) wakes the notify fd.
     b.arm().unwrap();
-    x.post_send(&send_wr(1, SendOp::Send, Some(s.sge(0, 64))))
+    x.post_send(&send_wr(2, SendOp::Send, Some(s.sge(0, 64))))
         .unwrap();
     assert!(readable(fd, 2000), "no wakeup for an unsolicited SEND");
     assert_eq!(bytes(&mut user), 0);
-    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 1);
+    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 2);
 
     // On, a SEND by the byte only, then off: the notify fd knows of it.
     b.arm().unwrap();
-    x.post_send(&solicited(2)).unwrap();
+    x.post_send(&solicited(3)).unwrap();
     assert_eq!(bytes(&mut user), 1);
     assert!(!readable(fd, 0));
     y.set_direct_wake(false, true);
@@ -1061,15 +1078,15 @@ fn direct_wakeups_go_to_the_given_socket_while_on() {
         readable(fd, 0),
         "a SEND announced by the byte only was lost"
     );
-    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 2);
+    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 3);
 
     // Off: solicited SENDs wake the notify fd, no byte.
     b.arm().unwrap();
-    x.post_send(&solicited(3)).unwrap();
+    x.post_send(&solicited(4)).unwrap();
     assert!(readable(fd, 2000));
     assert_eq!(bytes(&mut user), 0);
-    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 3);
-    assert_eq!(poll_n(&mut x, 4, T).len(), 4);
+    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 4);
+    assert_eq!(poll_n(&mut x, 5, T).len(), 5);
 }
 
 #[test]

@@ -84,6 +84,7 @@ fn send(wr_id: u64, mr: &SimMr, off: usize, len: u32) -> SendWr {
         sge: Some(mr.sge(off, len)),
         signaled: true,
         solicited: false,
+        wake_engine: false,
         payload: None,
     }
 }
@@ -95,6 +96,7 @@ fn write(wr_id: u64, mr: &SimMr, off: usize, len: u32, to: RemoteBuf) -> SendWr 
         sge: Some(mr.sge(off, len)),
         signaled: true,
         solicited: false,
+        wake_engine: false,
         payload: None,
     }
 }
@@ -106,6 +108,7 @@ fn read(wr_id: u64, mr: &SimMr, off: usize, len: u32, from: RemoteBuf) -> SendWr
         sge: Some(mr.sge(off, len)),
         signaled: true,
         solicited: false,
+        wake_engine: false,
         payload: None,
     }
 }
@@ -562,6 +565,7 @@ fn send_recv_in_order_with_byte_len() {
         sge: None,
         signaled: true,
         solicited: false,
+        wake_engine: false,
         payload: None,
     })
     .unwrap();
@@ -1149,6 +1153,7 @@ fn zero_length_write_is_a_probe() {
         sge: None,
         signaled: true,
         solicited: false,
+        wake_engine: false,
         payload: None,
     };
     let t0 = p.f.now();
@@ -1306,6 +1311,7 @@ fn broken_link_loses_messages_and_times_out() {
         sge: None,
         signaled: false,
         solicited: false,
+        wake_engine: false,
         payload: None,
     })
     .unwrap();

@@ -107,6 +107,7 @@ impl<S: BufStore> Conn<S> {
             sge: Some(local),
             signaled: true,
             solicited: false,
+            wake_engine: false,
             payload: None,
         }));
     }

@@ -481,20 +481,22 @@ impl<S: BufStore> Conn<S> {
             sge: Some(buf.sge(BSDH_LEN as u32 + len)),
             signaled: true,
             // Urgent data must reach the peer's runtime at once (SIGURG, POLLPRI), not only
-            // its reader; so must the message that spends our last data credits.
-            solicited: !flags.intersects(BsdhFlags::OOB_PRES | BsdhFlags::OOB_PEND)
-                && !self.spent_data_credits(),
+            // its reader.
+            solicited: !flags.intersects(BsdhFlags::OOB_PRES | BsdhFlags::OOB_PEND),
+            wake_engine: self.spent_data_credits(),
             payload: None,
         }));
     }
 
     /// The message just built left us too few credits for another Data message: the peer's
-    /// engine, not only its reader, must see it. A provider with direct wakeups sends a
-    /// solicited SEND's wakeup to the peer's reader alone (`Endpoint::give_direct_wake`); a
-    /// reader that reads nothing then never runs its engine, which would take the data into
-    /// its receive buffer (up to SO_RCVBUF) and give credits back, so its writer stopped after
-    /// the receives the reader happened to have posted and got room back at some later wake,
-    /// where TCP's writer fills the receive buffer at once and gets no room after.
+    /// engine, not only its reader, must see it (`SendWr::wake_engine`). A provider with
+    /// direct wakeups sends a solicited SEND's wakeup to the peer's reader alone
+    /// (`Endpoint::give_direct_wake`); a reader that reads nothing then never runs its engine,
+    /// which would take the data into its receive buffer (up to SO_RCVBUF) and give credits
+    /// back, so its writer stopped after the receives the reader happened to have posted and
+    /// got room back at some later wake, where TCP's writer fills the receive buffer at once
+    /// and gets no room after. (The message stays solicited: a reader waiting for it wakes
+    /// with one hop, as for any other.)
     fn spent_data_credits(&self) -> bool {
         !self.credits.can_send_data()
     }
@@ -545,7 +547,8 @@ impl<S: BufStore> Conn<S> {
                 sge: Some(hdr.sge(BSDH_LEN as u32)),
                 payload: Some(payload),
                 signaled: true,
-                solicited: !self.spent_data_credits(),
+                solicited: true,
+                wake_engine: self.spent_data_credits(),
             }));
             if done {
                 self.tx.pop_front();
@@ -582,6 +585,7 @@ impl<S: BufStore> Conn<S> {
             signaled: true,
             // An offer of data wakes the reader as data does.
             solicited: mid == Mid::SrcAvail,
+            wake_engine: false,
             payload: None,
         }));
         true

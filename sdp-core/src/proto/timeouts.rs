@@ -117,6 +117,7 @@ impl<S: BufStore> Conn<S> {
             sge: None,
             signaled: true,
             solicited: false,
+            wake_engine: false,
             payload: None,
         }));
         self.timers

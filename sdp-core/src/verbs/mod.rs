@@ -122,6 +122,11 @@ pub struct SendWr {
     /// the reader straight for these; the rest (credits, acknowledgements) go to the peer's
     /// notify fd.
     pub solicited: bool,
+    /// SEND only: the peer's engine must see this message at once, not only its reader: it
+    /// takes the last receives the peer gave us credits for, and a reader that reads nothing
+    /// would leave them unreplaced. A provider that wakes the reader alone for solicited
+    /// SENDs wakes the peer's notify fd too for these; others need do nothing.
+    pub wake_engine: bool,
 }
 
 /// A work request for the receive queue.

@@ -781,6 +781,7 @@ fn junk_after_hello(rt: &Rt, dst: SocketAddr) -> Res<()> {
         sge: Some(junk.sge(0, 64)),
         signaled: true,
         solicited: false,
+        wake_engine: false,
         payload: None,
     };
     ep.post_send(&wr).map_err(|e| format!("post_send: {e}"))?;
@@ -1026,6 +1027,7 @@ fn grants(
             sge: Some(sink.sge(0, 4096)),
             signaled: true,
             solicited: false,
+            wake_engine: false,
             payload: None,
         };
         ep.post_send(&wr).map_err(|e| format!("post_send: {e}"))?;

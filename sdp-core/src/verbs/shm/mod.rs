@@ -1308,9 +1308,10 @@ impl Peer {
     }
 
     /// After a solicited SEND: while the peer has direct wakeups on, one byte into its socket
-    /// wakes its reader with one hop (the bell rung first, the eventfd left alone); else as
-    /// [`Peer::wake`]. The byte goes only to a socket the peer gave us for this connection.
-    fn wake_solicited(&self) {
+    /// wakes its reader with one hop (the bell rung first, the eventfd left alone unless
+    /// `engine_too`); else as [`Peer::wake`]. The byte goes only to a socket the peer gave us
+    /// for this connection.
+    fn wake_solicited(&self, engine_too: bool) {
         let Some(fd) = self.direct.as_ref() else {
             return self.wake();
         };
@@ -1328,7 +1329,8 @@ impl Peer {
         busy.fetch_sub(1, Ordering::SeqCst);
         if sent {
             self.direct_wakeups.fetch_add(1, Ordering::Relaxed);
-        } else {
+        }
+        if !sent || engine_too {
             self.signal();
         }
     }
@@ -2013,6 +2015,7 @@ fn publish_send(
     base: usize,
     len: u32,
     solicited: bool,
+    wake_engine: bool,
     r: std::io::Result<()>,
 ) -> Result<(), WcStatus> {
     let (status, ret) = match r {
@@ -2022,17 +2025,19 @@ fn publish_send(
         }
         Err(_) => (ST_REM_OP, Err(WcStatus::Other(WC_REM_OP_ERR))),
     };
-    publish_slot(peer, sq_tail, base, len, solicited, status);
+    publish_slot(peer, sq_tail, base, len, solicited, wake_engine, status);
     ret
 }
 
-/// Publish one slot of the peer's inbox (result, status), then the tail; wake the peer.
+/// Publish one slot of the peer's inbox (result, status), then the tail; wake the peer (its
+/// reader for a solicited SEND, its engine too with `wake_engine`: `SendWr::wake_engine`).
 fn publish_slot(
     peer: &Peer,
     sq_tail: &mut u32,
     base: usize,
     len: u32,
     solicited: bool,
+    wake_engine: bool,
     status: u32,
 ) {
     let ib = &peer.inbox;
@@ -2041,7 +2046,7 @@ fn publish_slot(
     *sq_tail = sq_tail.wrapping_add(1);
     ib.u32(OFF_TAIL).store(*sq_tail, Ordering::Release);
     if solicited && matches!(status, ST_OK | ST_INLINE | ST_RING) {
-        peer.wake_solicited();
+        peer.wake_solicited(wake_engine);
     } else {
         peer.wake();
     }
@@ -2354,13 +2359,29 @@ impl ShmEndpoint {
                         }
                     };
                     drop(copy);
-                    let ret = publish_send(peer, &mut self.sq_tail, base, len, wr.solicited, r);
+                    let ret = publish_send(
+                        peer,
+                        &mut self.sq_tail,
+                        base,
+                        len,
+                        wr.solicited,
+                        wr.wake_engine,
+                        r,
+                    );
                     match ret {
                         Ok(()) => return done(len),
                         Err(st) => return Exec::Fail(wc(wr, st)),
                     }
                 };
-                publish_slot(peer, &mut self.sq_tail, base, len, wr.solicited, status);
+                publish_slot(
+                    peer,
+                    &mut self.sq_tail,
+                    base,
+                    len,
+                    wr.solicited,
+                    wr.wake_engine,
+                    status,
+                );
                 match ret {
                     Ok(()) => done(len),
                     Err(st) => Exec::Fail(wc(wr, st)),
@@ -2477,9 +2498,16 @@ impl ShmEndpoint {
         };
         let ret = match c.then {
             Then::Send { base, len } => match self.peer.as_ref() {
-                Some(peer) => {
-                    publish_send(peer, &mut self.sq_tail, base, len, wr.solicited, r).map(|()| len)
-                }
+                Some(peer) => publish_send(
+                    peer,
+                    &mut self.sq_tail,
+                    base,
+                    len,
+                    wr.solicited,
+                    wr.wake_engine,
+                    r,
+                )
+                .map(|()| len),
                 None => Err(WcStatus::Flushed),
             },
             Then::Rdma { len, read, rb } => match self.peer.as_ref() {
@@ -3900,6 +3928,7 @@ mod tests {
             payload: None,
             signaled: true,
             solicited,
+            wake_engine: false,
         }
     }
 
@@ -3919,6 +3948,7 @@ mod tests {
             payload: None,
             signaled: true,
             solicited: false,
+            wake_engine: false,
         }
     }
 
@@ -4070,7 +4100,7 @@ mod tests {
             peer.inbox
                 .u32(base + S_RING_USED)
                 .store(used, Ordering::Relaxed);
-            publish_slot(peer, &mut a.sq_tail, base, n, true, ST_RING);
+            publish_slot(peer, &mut a.sq_tail, base, n, true, false, ST_RING);
             let c = poll_one(&mut b, "the bad receive");
             assert_eq!(
                 (c.wr_id, c.status, c.byte_len),

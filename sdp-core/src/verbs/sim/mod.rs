@@ -115,7 +115,7 @@
 //! assert_eq!(a.poll_cm(), Some(CmEvent::Established { private_data: b"welcome".to_vec() }));
 //! let mut sbuf = client.reg_mr(64, Access::empty()).unwrap();
 //! sbuf.write(0, b"ping");
-//! let wr = SendWr { wr_id: 2, op: SendOp::Send, sge: Some(sbuf.sge(0, 4)), signaled: true, solicited: false, payload: None };
+//! let wr = SendWr { wr_id: 2, op: SendOp::Send, sge: Some(sbuf.sge(0, 4)), signaled: true, solicited: false, wake_engine: false, payload: None };
 //! a.post_send(&wr).unwrap();
 //! fabric.run_until_idle(u64::MAX);
 //! let mut wc = [Completion { wr_id: 0, status: WcStatus::Flushed, opcode: WcOpcode::Recv,

@@ -98,6 +98,7 @@ fn op_status(f: &SimFabric, ep: &mut SimEndpoint, sink: &SimMr, op: SendOp, len:
         payload: None,
         signaled: true,
         solicited: false,
+        wake_engine: false,
     };
     ep.post_send(&wr).unwrap();
     f.run_until_idle(u64::MAX);
