@@ -223,7 +223,9 @@ impl SdpListener {
                 }
                 if !self.nonblocking.load(Ordering::Relaxed) {
                     for sub in subs.iter().filter(|s| s.retry_at.is_none()) {
-                        if let Ok(fd) = sub.stack.0.listener_fd(sub.id) {
+                        // (A wait of ours, not an fd handed out: a server that accepted and
+                        // now reads keeps its progress thread standing by while it reads.)
+                        if let Ok(fd) = sub.stack.0.listener_wait_fd(sub.id) {
                             fds.push((fd, libc::POLLIN));
                         }
                     }

@@ -380,6 +380,7 @@ fn main() {
             let _ = s.set_nodelay(true);
             let mut buf = vec![0u8; num(&arg(2)) as usize];
             let mut n = 0u64;
+            let cs0 = context_switches();
             loop {
                 match read_full(&mut s, &mut buf) {
                     Ok(true) => {}
@@ -390,7 +391,11 @@ fn main() {
                     .unwrap_or_else(|e| die(format!("write: {e}")));
                 n += 1;
             }
-            println!("PP-SERVER transport={} exchanges={n}", s.transport());
+            println!(
+                "PP-SERVER transport={} exchanges={n} {}",
+                s.transport(),
+                switches_per(cs0, n)
+            );
         }
         "pp" => {
             let (size, iters) = (num(&arg(3)) as usize, num(&arg(4)));
@@ -400,7 +405,11 @@ fn main() {
             let mut out = vec![0u8; size];
             let mut back = vec![0u8; size];
             let mut rtts = Vec::with_capacity(iters as usize);
+            let mut cs0 = context_switches();
             for i in 0..warm + iters {
+                if i == warm {
+                    cs0 = context_switches();
+                }
                 for (k, b) in out.iter_mut().enumerate() {
                     *b = (i as usize * 7 + k * 131) as u8;
                 }
@@ -425,15 +434,36 @@ fn main() {
             let pct = |p: f64| rtts[((rtts.len() as f64 - 1.0) * p).round() as usize];
             let avg = rtts.iter().sum::<f64>() / rtts.len() as f64;
             println!(
-                "PP-CLIENT transport={} size={size} iters={iters} rtt_p50_usec={:.1} rtt_p99_usec={:.1} rtt_min_usec={:.1} rtt_avg_usec={avg:.1}",
+                "PP-CLIENT transport={} size={size} iters={iters} rtt_p50_usec={:.1} rtt_p99_usec={:.1} rtt_min_usec={:.1} rtt_avg_usec={avg:.1} {}",
                 s.transport(),
                 pct(0.5),
                 pct(0.99),
-                rtts[0]
+                rtts[0],
+                switches_per(cs0, iters)
             );
         }
         other => die(format!("unknown command {other}")),
     }
+}
+
+/// Context switches of the whole process so far (every thread): voluntary, involuntary.
+fn context_switches() -> (i64, i64) {
+    // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct we pass.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    (ru.ru_nvcsw, ru.ru_nivcsw)
+}
+
+/// The process's context switches since `from`, per exchange of `n`.
+fn switches_per(from: (i64, i64), n: u64) -> String {
+    let now = context_switches();
+    let n = n.max(1) as f64;
+    format!(
+        "csw_per_exchange={:.2}/{:.2}",
+        (now.0 - from.0) as f64 / n,
+        (now.1 - from.1) as f64 / n
+    )
 }
 
 fn num(s: &str) -> u64 {

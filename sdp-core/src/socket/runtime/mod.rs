@@ -113,7 +113,13 @@ pub(crate) trait StackOps: Send + Sync {
     /// The next connection of the listener, and its peer's address.
     fn accept(&self, l: ListenerId, w: Wait) -> io::Result<(ConnId, SocketAddr)>;
     fn close_listener(&self, l: ListenerId);
+    /// The listener's readiness fd, handed out: watched from outside calls from now on (the
+    /// progress thread keeps it up to date at once, never standing by).
     fn listener_fd(&self, l: ListenerId) -> io::Result<RawFd>;
+    /// The listener's readiness fd for a wait inside a call ([`crate::socket::SdpListener`]'s
+    /// blocking accept): not handed out, so it does not keep the progress thread from standing
+    /// by while other calls run (they move the listener along themselves).
+    fn listener_wait_fd(&self, l: ListenerId) -> io::Result<RawFd>;
     fn read(&self, id: ConnId, buf: &mut [u8], w: Wait) -> io::Result<usize>;
     fn write(&self, id: ConnId, buf: &[u8], w: Wait) -> io::Result<usize>;
     fn send_registered(

@@ -177,6 +177,14 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         g.driver.close_listener(l);
     }
 
+    fn listener_wait_fd(&self, l: ListenerId) -> io::Result<RawFd> {
+        let g = self.lock()?;
+        g.lsocks
+            .get(&l)
+            .map(|ls| ls.ready.fd())
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
+    }
+
     fn listener_fd(&self, l: ListenerId) -> io::Result<RawFd> {
         let g = self.lock()?;
         let mut g = g;
