@@ -78,13 +78,39 @@ pub(crate) fn atexit(f: extern "C" fn()) {
     unsafe { libc::atexit(f) };
 }
 
-/// This thread's involuntary context switches so far (`None` if the kernel does not say).
-pub(crate) fn involuntary_switches() -> Option<u64> {
-    // SAFETY: getrusage fills the zeroed struct it is given.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a live rusage struct.
-    syscall!(getrusage(libc::RUSAGE_THREAD, &mut ru)).ok()?;
-    Some(ru.ru_nivcsw as u64)
+/// The calling thread's involuntary context switches and CPU time (user + system), and when
+/// they were read: a poll compares two of these to tell whether it was preempted, and how much
+/// of its time the preemption took.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ThreadSched {
+    pub(crate) ivcsw: u64,
+    pub(crate) cpu: std::time::Duration,
+    pub(crate) at: std::time::Instant,
+}
+
+impl ThreadSched {
+    pub(crate) fn now() -> Option<ThreadSched> {
+        // SAFETY: getrusage fills the zeroed struct it is given.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ru` is a live rusage struct.
+        syscall!(getrusage(libc::RUSAGE_THREAD, &mut ru)).ok()?;
+        let tv = |t: libc::timeval| {
+            std::time::Duration::from_secs(t.tv_sec.max(0) as u64)
+                + std::time::Duration::from_micros(t.tv_usec.max(0) as u64)
+        };
+        Some(ThreadSched {
+            ivcsw: ru.ru_nivcsw as u64,
+            cpu: tv(ru.ru_utime) + tv(ru.ru_stime),
+            at: std::time::Instant::now(),
+        })
+    }
+
+    /// Since `before`: whether the thread was preempted, and the wall time it did not run.
+    pub(crate) fn since(&self, before: &ThreadSched) -> (bool, std::time::Duration) {
+        let wall = self.at.saturating_duration_since(before.at);
+        let cpu = self.cpu.saturating_sub(before.cpu);
+        (self.ivcsw > before.ivcsw, wall.saturating_sub(cpu))
+    }
 }
 
 /// Milliseconds of CLOCK_MONOTONIC_COARSE (a few ms of resolution; cheaper to read than the

@@ -521,8 +521,8 @@ impl<P: Provider + 'static> Runtime<P> {
             _ => Duration::ZERO,
         };
         let guarded = spin_fixed().is_none() && !spin.is_zero();
-        // Involuntary context switches when polling began (see `SpinGuard`).
-        let mut ivcsw0: Option<u64> = None;
+        // The thread's context switches and CPU time when polling began (see `SpinGuard`).
+        let mut ivcsw0: Option<sys::ThreadSched> = None;
         let mut waited = false;
         loop {
             if self.sh.failed() {
@@ -541,7 +541,7 @@ impl<P: Provider + 'static> Runtime<P> {
                     self.sh.spin.record(start.elapsed());
                 }
                 if guarded && ivcsw0.is_some() && start.elapsed() <= spin {
-                    SpinGuard::ended(start, ivcsw0);
+                    SpinGuard::ended(start, ivcsw0, self.sh.name == "rdma");
                 }
                 return r;
             }
@@ -557,14 +557,14 @@ impl<P: Provider + 'static> Runtime<P> {
             waited = true;
             if elapsed < spin {
                 if guarded && ivcsw0.is_none() {
-                    ivcsw0 = sys::involuntary_switches();
+                    ivcsw0 = sys::ThreadSched::now();
                 }
                 MutexGuard::unlocked(&mut g, std::hint::spin_loop);
                 continue;
             }
             if guarded && ivcsw0.is_some() {
                 // The poll is over without an answer; was it preempted?
-                SpinGuard::ended(start, ivcsw0.take());
+                SpinGuard::ended(start, ivcsw0.take(), self.sh.name == "rdma");
             }
             // Our call may have set an earlier timer than the one the progress thread sleeps
             // towards.

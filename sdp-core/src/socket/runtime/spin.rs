@@ -62,7 +62,8 @@ impl AdaptiveSpin {
 /// involuntary context switch during its poll), something else wanted that CPU, possibly the
 /// peer it waits for, and polling on would take the CPU from it. Then this thread's blocking
 /// calls sleep at once for a while (20 ms, doubling while it happens again, up to 1 s), after
-/// which one poll probes again. The back-off is forgotten only after [`SPIN_FORGIVE`] without
+/// which one poll probes again (over RDMA, a preemption that took less than [`PREEMPT_COSTLY`]
+/// of the poll does not count). The back-off is forgotten only after [`SPIN_FORGIVE`] without
 /// a preemption: a busy host leaves some polls clean, and forgetting at the first one let
 /// polling come back every 20 ms, each return costing a preempted waiter a scheduler slice
 /// (p99 of 0.6-1 ms under `sdp-bench compare --load 1`). Per thread: a busy host's threads
@@ -72,6 +73,15 @@ pub(super) struct SpinGuard;
 /// The shortest and longest time a thread does not poll after it was preempted polling.
 pub(super) const SPIN_OFF_MIN: Duration = Duration::from_millis(20);
 pub(super) const SPIN_OFF_MAX: Duration = Duration::from_secs(1);
+/// Over RDMA, a preempted poll backs off only if the preemption took at least this much of
+/// its time. There the peer runs on another host, so a poller takes no CPU from it; what
+/// preempts it for a moment is mostly the device's kernel work for the very message it waits
+/// for (Soft-RoCE's and siw's packet processing: in the rig most round trips), no reason to
+/// stop polling, while a CPU-bound neighbour takes a scheduler slice (milliseconds). Over shm
+/// the peer shares our CPUs, and under a CPU-bound load even a short preemption foretells long
+/// ones (`sdp-bench compare --load 1` with this rule: p99 at 64 KiB 460-490 us against 78-87):
+/// every preemption counts there.
+pub(super) const PREEMPT_COSTLY: Duration = Duration::from_micros(100);
 /// A thread not preempted while polling for this long starts again from no back-off.
 pub(super) const SPIN_FORGIVE: Duration = Duration::from_secs(2);
 
@@ -101,15 +111,27 @@ impl SpinGuard {
         })
     }
 
-    /// A poll that ran from `start` with `ivcsw0` involuntary context switches before ended.
-    pub(super) fn ended(start: std::time::Instant, ivcsw0: Option<u64>) {
-        let (Some(before), Some(after)) = (ivcsw0, sys::involuntary_switches()) else {
+    /// Whether a poll's preemption (`preempted`, for `lost` of its time) stops polling for a
+    /// while; with `costly_only` (over RDMA), only one that took [`PREEMPT_COSTLY`].
+    fn counts(preempted: bool, lost: Duration, costly_only: bool) -> bool {
+        preempted && (!costly_only || lost >= PREEMPT_COSTLY)
+    }
+
+    /// A poll that ran from `start` (its thread's scheduling as it began: `ivcsw0`) ended;
+    /// with `costly_only`, a preemption counts only if it took [`PREEMPT_COSTLY`] of the poll.
+    pub(super) fn ended(
+        start: std::time::Instant,
+        ivcsw0: Option<sys::ThreadSched>,
+        costly_only: bool,
+    ) {
+        let (Some(before), Some(after)) = (ivcsw0, sys::ThreadSched::now()) else {
             return;
         };
+        let (preempted, lost) = after.since(&before);
         SPIN_OFF.with(|c| {
             let mut s = c.get();
             let now = std::time::Instant::now();
-            if after > before {
+            if Self::counts(preempted, lost, costly_only) {
                 s.backoff = (s.backoff * 2).clamp(SPIN_OFF_MIN, SPIN_OFF_MAX);
                 s.until = Some(now + s.backoff);
                 s.preempted = Some(now);
@@ -132,6 +154,32 @@ impl SpinGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Over shm every preemption of a poll stops polling for a while; over RDMA only one that
+    /// took the poll [`PREEMPT_COSTLY`] or more (the device's packet work preempts a poller
+    /// for moments), measured as wall time the thread did not run.
+    #[test]
+    fn which_preemptions_stop_polling() {
+        let short = Duration::from_micros(20);
+        assert!(SpinGuard::counts(true, short, false));
+        assert!(!SpinGuard::counts(true, short, true));
+        assert!(SpinGuard::counts(true, PREEMPT_COSTLY, true));
+        assert!(!SpinGuard::counts(false, Duration::from_millis(5), true));
+        assert!(!SpinGuard::counts(false, Duration::from_millis(5), false));
+        let at = std::time::Instant::now();
+        let before = sys::ThreadSched {
+            ivcsw: 3,
+            cpu: Duration::from_micros(1000),
+            at,
+        };
+        let after = sys::ThreadSched {
+            ivcsw: 4,
+            cpu: Duration::from_micros(1060),
+            at: at + Duration::from_micros(300),
+        };
+        assert_eq!(after.since(&before), (true, Duration::from_micros(240)));
+        assert_eq!(before.since(&before), (false, Duration::ZERO));
+    }
 
     #[test]
     fn adaptive_spin_follows_short_waits_and_falls_back_after_long_ones() {
