@@ -2009,13 +2009,29 @@ fn read_still_good(peer: &Peer, read: bool, rb: RemoteBuf, len: u32) -> Result<(
 
 /// A SEND's data is in the peer's receive (or failed to get there): publish the slot's result
 /// and status, then the new tail, and wake the peer.
+/// How a published SEND wakes its receiver: its reader (`SendWr::solicited`), its engine too
+/// (`SendWr::wake_engine`).
+#[derive(Debug, Clone, Copy)]
+struct Wake {
+    reader: bool,
+    engine: bool,
+}
+
+impl Wake {
+    fn of(wr: &SendWr) -> Wake {
+        Wake {
+            reader: wr.solicited,
+            engine: wr.wake_engine,
+        }
+    }
+}
+
 fn publish_send(
     peer: &Peer,
     sq_tail: &mut u32,
     base: usize,
     len: u32,
-    solicited: bool,
-    wake_engine: bool,
+    wake: Wake,
     r: std::io::Result<()>,
 ) -> Result<(), WcStatus> {
     let (status, ret) = match r {
@@ -2025,28 +2041,20 @@ fn publish_send(
         }
         Err(_) => (ST_REM_OP, Err(WcStatus::Other(WC_REM_OP_ERR))),
     };
-    publish_slot(peer, sq_tail, base, len, solicited, wake_engine, status);
+    publish_slot(peer, sq_tail, base, len, wake, status);
     ret
 }
 
-/// Publish one slot of the peer's inbox (result, status), then the tail; wake the peer (its
-/// reader for a solicited SEND, its engine too with `wake_engine`: `SendWr::wake_engine`).
-fn publish_slot(
-    peer: &Peer,
-    sq_tail: &mut u32,
-    base: usize,
-    len: u32,
-    solicited: bool,
-    wake_engine: bool,
-    status: u32,
-) {
+/// Publish one slot of the peer's inbox (result, status), then the tail; wake the peer as
+/// `wake` says.
+fn publish_slot(peer: &Peer, sq_tail: &mut u32, base: usize, len: u32, wake: Wake, status: u32) {
     let ib = &peer.inbox;
     ib.u32(base + S_RESULT).store(len, Ordering::Relaxed);
     ib.u32(base + S_STATUS).store(status, Ordering::Relaxed);
     *sq_tail = sq_tail.wrapping_add(1);
     ib.u32(OFF_TAIL).store(*sq_tail, Ordering::Release);
-    if solicited && matches!(status, ST_OK | ST_INLINE | ST_RING) {
-        peer.wake_solicited(wake_engine);
+    if wake.reader && matches!(status, ST_OK | ST_INLINE | ST_RING) {
+        peer.wake_solicited(wake.engine);
     } else {
         peer.wake();
     }
@@ -2359,29 +2367,13 @@ impl ShmEndpoint {
                         }
                     };
                     drop(copy);
-                    let ret = publish_send(
-                        peer,
-                        &mut self.sq_tail,
-                        base,
-                        len,
-                        wr.solicited,
-                        wr.wake_engine,
-                        r,
-                    );
+                    let ret = publish_send(peer, &mut self.sq_tail, base, len, Wake::of(wr), r);
                     match ret {
                         Ok(()) => return done(len),
                         Err(st) => return Exec::Fail(wc(wr, st)),
                     }
                 };
-                publish_slot(
-                    peer,
-                    &mut self.sq_tail,
-                    base,
-                    len,
-                    wr.solicited,
-                    wr.wake_engine,
-                    status,
-                );
+                publish_slot(peer, &mut self.sq_tail, base, len, Wake::of(wr), status);
                 match ret {
                     Ok(()) => done(len),
                     Err(st) => Exec::Fail(wc(wr, st)),
@@ -2498,16 +2490,9 @@ impl ShmEndpoint {
         };
         let ret = match c.then {
             Then::Send { base, len } => match self.peer.as_ref() {
-                Some(peer) => publish_send(
-                    peer,
-                    &mut self.sq_tail,
-                    base,
-                    len,
-                    wr.solicited,
-                    wr.wake_engine,
-                    r,
-                )
-                .map(|()| len),
+                Some(peer) => {
+                    publish_send(peer, &mut self.sq_tail, base, len, Wake::of(wr), r).map(|()| len)
+                }
                 None => Err(WcStatus::Flushed),
             },
             Then::Rdma { len, read, rb } => match self.peer.as_ref() {
@@ -4100,7 +4085,17 @@ mod tests {
             peer.inbox
                 .u32(base + S_RING_USED)
                 .store(used, Ordering::Relaxed);
-            publish_slot(peer, &mut a.sq_tail, base, n, true, false, ST_RING);
+            publish_slot(
+                peer,
+                &mut a.sq_tail,
+                base,
+                n,
+                Wake {
+                    reader: true,
+                    engine: false,
+                },
+                ST_RING,
+            );
             let c = poll_one(&mut b, "the bad receive");
             assert_eq!(
                 (c.wr_id, c.status, c.byte_len),
