@@ -52,6 +52,7 @@ use std::net::Shutdown;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use sdp_core::socket::{Options, SdpListener, SdpStream};
+use sdp_tests::context_switches;
 
 fn die(msg: String) -> ! {
     eprintln!("sdp-peer: {msg}");
@@ -444,15 +445,6 @@ fn main() {
         }
         other => die(format!("unknown command {other}")),
     }
-}
-
-/// Context switches of the whole process so far (every thread): voluntary, involuntary.
-fn context_switches() -> (i64, i64) {
-    // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage fills the struct we pass.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    (ru.ru_nvcsw, ru.ru_nivcsw)
 }
 
 /// The process's context switches since `from`, per exchange of `n`.

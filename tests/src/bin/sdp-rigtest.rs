@@ -40,6 +40,7 @@ use sdp_core::verbs::{
     Access, CmEvent, Completion, Endpoint, Listener, MemoryRegion, Provider, QpCaps, RemoteBuf,
     SendOp, SendWr, VerbsError, WcOpcode, WcStatus, WorkRequest,
 };
+use sdp_tests::context_switches;
 use sdp_tests::stream::{App, Mode};
 
 type Res<T> = Result<T, String>;
@@ -1209,17 +1210,6 @@ fn sched_note() -> String {
     format!("on cpu {cpu}, {mig} migrations")
 }
 
-/// Voluntary and involuntary context switches of this process so far.
-fn ctx_switches() -> (i64, i64) {
-    // SAFETY: getrusage fills the rusage struct we pass; an all-zero rusage is a valid value.
-    let ru = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
-        ru
-    };
-    (ru.ru_nvcsw, ru.ru_nivcsw)
-}
-
 fn bench_server(addr: SocketAddr, mode: &str, size: u64, bytes: u64) -> Res<()> {
     let zc = mode == "zcopy";
     let mut rt = Rt::with_spin(addr.ip(), bench_cfg(size), BENCH_SPIN)?;
@@ -1228,7 +1218,7 @@ fn bench_server(addr: SocketAddr, mode: &str, size: u64, bytes: u64) -> Res<()> 
     let id = rt.accept(l, Duration::from_secs(30))?;
     let cpu0 = cpu_secs();
     let (ucpu0, scpu0) = cpu_split();
-    let cs0 = ctx_switches();
+    let cs0 = context_switches();
     let t = StdInstant::now();
     let p = rt.d.provider().clone();
     let mut sink = if zc {
@@ -1307,7 +1297,7 @@ fn bench_server(addr: SocketAddr, mode: &str, size: u64, bytes: u64) -> Res<()> 
     rt.d.shutdown(now, id, Shutdown::Write)
         .map_err(|e| format!("shutdown: {e}"))?;
     let (polls, arms, sleeps) = (rt.polls, rt.arms, rt.sleeps);
-    let (vcs, ics) = ctx_switches();
+    let (vcs, ics) = context_switches();
     let s = rt.d.conn(id).map(|c| c.stats().clone()).unwrap_or_default();
     let _ = rt.wait_closed(id, Duration::from_secs(10));
     println!(
@@ -1345,7 +1335,7 @@ fn bench_client(dst: SocketAddr, src: IpAddr, mode: &str, size: u64, bytes: u64)
     let mut free: Vec<usize> = (0..srcs.len()).collect();
     let cpu0 = cpu_secs();
     let (ucpu0, scpu0) = cpu_split();
-    let cs0 = ctx_switches();
+    let cs0 = context_switches();
     let t = StdInstant::now();
     let mut queued = 0u64; // handed to the engine
     let mut done = 0u64; // acknowledged (zcopy) or accepted (bcopy)
@@ -1441,7 +1431,7 @@ fn bench_client(dst: SocketAddr, src: IpAddr, mode: &str, size: u64, bytes: u64)
         return Err(format!("server received {got} of {bytes}"));
     }
     let s = rt.d.conn(id).map(|c| c.stats().clone()).unwrap_or_default();
-    let (vcs, ics) = ctx_switches();
+    let (vcs, ics) = context_switches();
     println!(
         "loop: {} polls, {} arms, {} sleeps; {} messages sent, {} credit updates, {} stalls without credit; context switches {} voluntary, {} involuntary; {}",
         rt.polls, rt.arms, rt.sleeps, s.msgs_sent, s.credit_updates_sent, s.stalls_no_credit, vcs - cs0.0, ics - cs0.1, sched_note()
@@ -1580,7 +1570,7 @@ fn pp_client(dst: SocketAddr, src: IpAddr, size: u64, iters: u64) -> Res<()> {
     let mut back = vec![0u8; size as usize];
     let mut rtts = Vec::with_capacity(iters as usize);
     let (p0, a0, s0) = (rt.polls, rt.arms, rt.sleeps);
-    let cs0 = ctx_switches();
+    let cs0 = context_switches();
     for i in 0..warm + iters {
         for (k, b) in out.iter_mut().enumerate() {
             *b = (i as usize * 7 + k * 131) as u8;
@@ -1609,7 +1599,7 @@ fn pp_client(dst: SocketAddr, src: IpAddr, size: u64, iters: u64) -> Res<()> {
     };
     let avg = rtts.iter().map(|d| d.as_secs_f64()).sum::<f64>() / rtts.len() as f64 * 1e6;
     let n = rtts.len() as f64;
-    let (vcs, ics) = ctx_switches();
+    let (vcs, ics) = context_switches();
     println!(
         "loop per exchange: {:.1} polls, {:.2} arms, {:.2} sleeps; context switches {:.2} voluntary, {:.2} involuntary; {}",
         (rt.polls - p0) as f64 / n,

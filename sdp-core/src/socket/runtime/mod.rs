@@ -521,8 +521,10 @@ impl<P: Provider + 'static> Runtime<P> {
             _ => Duration::ZERO,
         };
         let guarded = spin_fixed().is_none() && !spin.is_zero();
+        // Over RDMA only a costly preemption stops polling (`SpinGuard`).
+        let costly_only = self.sh.name == "rdma";
         // The thread's context switches and CPU time when polling began (see `SpinGuard`).
-        let mut ivcsw0: Option<sys::ThreadSched> = None;
+        let mut sched0: Option<sys::ThreadSched> = None;
         let mut waited = false;
         loop {
             if self.sh.failed() {
@@ -540,8 +542,8 @@ impl<P: Provider + 'static> Runtime<P> {
                 if waited && w.spin.is_none() {
                     self.sh.spin.record(start.elapsed());
                 }
-                if guarded && ivcsw0.is_some() && start.elapsed() <= spin {
-                    SpinGuard::ended(start, ivcsw0, self.sh.name == "rdma");
+                if guarded && sched0.is_some() && start.elapsed() <= spin {
+                    SpinGuard::ended(start, sched0, costly_only);
                 }
                 return r;
             }
@@ -556,15 +558,15 @@ impl<P: Provider + 'static> Runtime<P> {
             };
             waited = true;
             if elapsed < spin {
-                if guarded && ivcsw0.is_none() {
-                    ivcsw0 = sys::ThreadSched::now();
+                if guarded && sched0.is_none() {
+                    sched0 = sys::ThreadSched::now();
                 }
                 MutexGuard::unlocked(&mut g, std::hint::spin_loop);
                 continue;
             }
-            if guarded && ivcsw0.is_some() {
+            if guarded && sched0.is_some() {
                 // The poll is over without an answer; was it preempted?
-                SpinGuard::ended(start, ivcsw0.take(), self.sh.name == "rdma");
+                SpinGuard::ended(start, sched0.take(), costly_only);
             }
             // Our call may have set an earlier timer than the one the progress thread sleeps
             // towards.

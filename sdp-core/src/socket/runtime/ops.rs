@@ -17,6 +17,18 @@ const ZREAD_MIN: usize = 16 * 1024;
 
 /// Closing (see [`StackOps::close`]).
 impl<P: Provider + 'static> Runtime<P> {
+    /// The listener's readiness fd; `hand_out`: marked as watched from outside calls
+    /// ([`StackOps::listener_fd`]), else for a wait inside one ([`StackOps::listener_wait_fd`]).
+    fn listener_ready_fd(&self, l: ListenerId, hand_out: bool) -> io::Result<RawFd> {
+        let mut g = self.lock()?;
+        let ls = g
+            .lsocks
+            .get_mut(&l)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        ls.fd_given |= hand_out;
+        Ok(ls.ready.fd())
+    }
+
     /// `close(2)` without a linger, under the lock.
     fn close_locked(g: &mut Inner<P>, now: Instant, id: ConnId) {
         if let Some(p) = g.socks.get_mut(&id).and_then(|s| s.pump.as_mut()) {
@@ -178,23 +190,11 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     }
 
     fn listener_wait_fd(&self, l: ListenerId) -> io::Result<RawFd> {
-        let g = self.lock()?;
-        g.lsocks
-            .get(&l)
-            .map(|ls| ls.ready.fd())
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
+        self.listener_ready_fd(l, false)
     }
 
     fn listener_fd(&self, l: ListenerId) -> io::Result<RawFd> {
-        let g = self.lock()?;
-        let mut g = g;
-        g.lsocks
-            .get_mut(&l)
-            .map(|ls| {
-                ls.fd_given = true;
-                ls.ready.fd()
-            })
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
+        self.listener_ready_fd(l, true)
     }
 
     fn read(&self, id: ConnId, buf: &mut [u8], w: Wait) -> io::Result<usize> {

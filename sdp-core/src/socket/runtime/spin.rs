@@ -117,14 +117,14 @@ impl SpinGuard {
         preempted && (!costly_only || lost >= PREEMPT_COSTLY)
     }
 
-    /// A poll that ran from `start` (its thread's scheduling as it began: `ivcsw0`) ended;
+    /// A poll that ran from `start` (its thread's scheduling as it began: `sched0`) ended;
     /// with `costly_only`, a preemption counts only if it took [`PREEMPT_COSTLY`] of the poll.
     pub(super) fn ended(
         start: std::time::Instant,
-        ivcsw0: Option<sys::ThreadSched>,
+        sched0: Option<sys::ThreadSched>,
         costly_only: bool,
     ) {
-        let (Some(before), Some(after)) = (ivcsw0, sys::ThreadSched::now()) else {
+        let (Some(before), Some(after)) = (sched0, sys::ThreadSched::now()) else {
             return;
         };
         let (preempted, lost) = after.since(&before);

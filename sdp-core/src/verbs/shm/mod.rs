@@ -2007,8 +2007,6 @@ fn read_still_good(peer: &Peer, read: bool, rb: RemoteBuf, len: u32) -> Result<(
     }
 }
 
-/// A SEND's data is in the peer's receive (or failed to get there): publish the slot's result
-/// and status, then the new tail, and wake the peer.
 /// How a published SEND wakes its receiver: its reader (`SendWr::solicited`), its engine too
 /// (`SendWr::wake_engine`).
 #[derive(Debug, Clone, Copy)]
@@ -2026,6 +2024,8 @@ impl Wake {
     }
 }
 
+/// A SEND's data is in the peer's receive (or failed to get there): publish the slot's result
+/// and status, then the new tail, and wake the peer.
 fn publish_send(
     peer: &Peer,
     sq_tail: &mut u32,
