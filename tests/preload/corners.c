@@ -1256,6 +1256,61 @@ static void case_eintr(void) {
     finish(pid, s);
 }
 
+static void peer_reply_late3(int s) {
+    for (int i = 0; i < 3; i++) {
+        await(p2c[0]);
+        sleep_ms(300);
+        CHECK(write(s, "late", 4) == 4);
+    }
+    await(p2c[0]);
+}
+
+/* Signals that come in the first moments of a blocking read (run with SDP_SPIN_US=400000, so
+ * that under the shim they come while the read polls the connection instead of sleeping): a
+ * handler without SA_RESTART interrupts it (EINTR), one with SA_RESTART lets it go on, and a
+ * signal whose default action is to ignore it (SIGWINCH, sent by another process) leaves it
+ * alone; each read then gets the bytes the peer writes 300 ms later. */
+static void case_eintr_polling(void) {
+    int s;
+    pid_t pid = start(peer_reply_late3, &s);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it = {{0, 0}, {0, 50000}};
+    char b[8];
+    for (int restart = 0; restart < 2; restart++) {
+        sa.sa_flags = restart ? SA_RESTART : 0;
+        sigaction(SIGALRM, &sa, NULL);
+        tell(p2c[1]);
+        setitimer(ITIMER_REAL, &it, NULL);
+        ssize_t r = read(s, b, sizeof b);
+        if (r < 0)
+            out("polling read, alarm %s SA_RESTART: -1 %s alarms=%d", restart ? "with" : "without",
+                en(errno), (int)alarms);
+        else
+            out("polling read, alarm %s SA_RESTART: %zd %.*s alarms=%d",
+                restart ? "with" : "without", r, (int)r, b, (int)alarms);
+        if (r < 0) {
+            r = read(s, b, sizeof b);
+            out("then %zd %.*s", r, (int)(r > 0 ? r : 0), b);
+        }
+    }
+    signal(SIGALRM, SIG_DFL);
+    tell(p2c[1]);
+    pid_t k = fork();
+    if (k == 0) {
+        sleep_ms(50);
+        kill(getppid(), SIGWINCH);
+        _exit(0);
+    }
+    ssize_t r = read(s, b, sizeof b);
+    out("polling read, SIGWINCH by default ignored: %zd %.*s", r, (int)(r > 0 ? r : 0), b);
+    waitpid(k, NULL, 0);
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
 static void peer_no_read(int s) {
     (void)s;
     await(p2c[0]);
@@ -1550,6 +1605,9 @@ int main(int argc, char **argv) {
     RUN(vfork_exec);
     RUN(system_serve);
     RUN(popen_serve);
+    /* Only by name (the test runs it with a long SDP_SPIN_US). */
+    if (only && strcmp(only, "eintr_polling") == 0)
+        case_eintr_polling();
     out("done");
     return 0;
 }

@@ -279,6 +279,33 @@ pub(crate) fn wait_readable(fd: RawFd, extra: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether a read on `fd` (a socket) may sleep: O_NONBLOCK off and no SO_RCVTIMEO (a poll
+/// before such a read could not keep the timeout exact).
+pub(crate) fn read_may_sleep_untimed(fd: RawFd) -> bool {
+    let Ok(fl) = syscall!(fcntl(fd, libc::F_GETFL)) else {
+        return false;
+    };
+    fl & libc::O_NONBLOCK == 0 && !recv_timeout_set(fd)
+}
+
+/// Whether `fd` (a socket) has a receive timeout (SO_RCVTIMEO); `true` if it cannot be told.
+pub(crate) fn recv_timeout_set(fd: RawFd) -> bool {
+    let mut tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
+    let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+    // SAFETY: SO_RCVTIMEO writes at most `len` bytes into the live timeval.
+    let r = syscall!(getsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_RCVTIMEO,
+        (&mut tv as *mut libc::timeval).cast(),
+        &mut len
+    ));
+    r.is_err() || tv.tv_sec != 0 || tv.tv_usec != 0
+}
+
 /// Block until `fd` (a socket) has room to send, honouring O_NONBLOCK, SO_SNDTIMEO, signals
 /// and SA_RESTART as a write on it would: sends one filler byte once there is room.
 pub(crate) fn wait_writable(fd: RawFd, extra: i32) -> io::Result<()> {

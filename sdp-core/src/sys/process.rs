@@ -464,3 +464,96 @@ mod tests {
         }
     }
 }
+
+/// Signals held back from a thread while it polls instead of sleeping in the kernel (a blocking
+/// read of the shim's; see `AppStream::read`): a signal that comes meanwhile is not run in the
+/// middle of the poll but when [`SignalsHeld::release`] restores the thread's mask, which then
+/// says whether the signal interrupts the call, as it would have interrupted a sleep in the
+/// kernel. Dropped without `release`, the mask is restored all the same.
+pub(crate) struct SignalsHeld {
+    old: Option<libc::sigset_t>,
+}
+
+impl SignalsHeld {
+    /// Block every signal in this thread (`None` if the mask cannot be changed).
+    pub(crate) fn hold() -> Option<SignalsHeld> {
+        // SAFETY: all-zero sigsets are valid values for sigfillset/pthread_sigmask to fill.
+        let (mut all, mut old): (libc::sigset_t, libc::sigset_t) =
+            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        // SAFETY: both sets are live; pthread_sigmask only changes this thread's mask.
+        let ok = unsafe {
+            libc::sigfillset(&mut all) == 0
+                && libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) == 0
+        };
+        ok.then_some(SignalsHeld { old: Some(old) })
+    }
+
+    /// Whether a signal the thread's own mask lets through came since [`Self::hold`].
+    pub(crate) fn came(&self) -> bool {
+        let Some(old) = &self.old else {
+            return false;
+        };
+        // SAFETY: an all-zero sigset is a valid value for sigpending to fill.
+        let mut pending: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `pending` is live.
+        if unsafe { libc::sigpending(&mut pending) } != 0 {
+            return false;
+        }
+        // SAFETY: both sets are live and initialised.
+        (1..libc::SIGRTMAX() + 1).any(|sig| unsafe {
+            libc::sigismember(&pending, sig) == 1 && libc::sigismember(old, sig) == 0
+        })
+    }
+
+    /// Restore the thread's mask (signals that came are handled now, in this thread) and say
+    /// whether one of them interrupts a blocking socket call without a timeout, as Linux
+    /// decides for a call sleeping in the kernel: a handler installed without SA_RESTART does
+    /// (EINTR), one with SA_RESTART restarts the call, default and ignored dispositions leave
+    /// it alone. (A socket with a timeout would return EINTR under SA_RESTART too; callers
+    /// do not hold signals for those.)
+    pub(crate) fn release(mut self) -> bool {
+        let Some(old) = self.old.take() else {
+            return false;
+        };
+        // SAFETY: an all-zero sigset is a valid value for sigpending to fill.
+        let mut pending: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `pending` is live.
+        let got = unsafe { libc::sigpending(&mut pending) } == 0;
+        let mut interrupts = false;
+        for sig in 1..libc::SIGRTMAX() + 1 {
+            // SAFETY: both sets are live and initialised.
+            let came = got
+                && unsafe {
+                    libc::sigismember(&pending, sig) == 1 && libc::sigismember(&old, sig) == 0
+                };
+            if !came {
+                continue;
+            }
+            // SAFETY: an all-zero sigaction is a valid value for sigaction to fill.
+            let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: only reads the disposition of `sig` into `sa`.
+            if unsafe { libc::sigaction(sig, std::ptr::null(), &mut sa) } != 0
+                || sa.sa_sigaction == libc::SIG_DFL
+                || sa.sa_sigaction == libc::SIG_IGN
+            {
+                continue;
+            }
+            interrupts |= sa.sa_flags & libc::SA_RESTART == 0;
+        }
+        restore_mask(&old);
+        interrupts
+    }
+}
+
+impl Drop for SignalsHeld {
+    fn drop(&mut self) {
+        if let Some(old) = self.old.take() {
+            restore_mask(&old);
+        }
+    }
+}
+
+fn restore_mask(old: &libc::sigset_t) {
+    // SAFETY: `old` is the live mask pthread_sigmask gave us.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+}

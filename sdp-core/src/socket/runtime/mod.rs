@@ -190,6 +190,17 @@ pub(crate) trait StackOps: Send + Sync {
     fn app_shutdown(&self, id: ConnId, user: RawFd, how: Shutdown) -> io::Result<()>;
     /// Counters and state for TCP_INFO, FIONREAD, SIOCOUTQ and reports.
     fn app_info(&self, id: ConnId) -> io::Result<super::app::AppInfo>;
+    /// How long a blocking call on an application fd may poll before it sleeps in the kernel
+    /// (`spin`: the adaptive time, `SDP_SPIN_US`, or zero while this thread backs off).
+    fn app_poll_time(&self) -> Duration;
+    /// A blocking read on `id`'s application fd found nothing: poll the connection for up to
+    /// `spin` instead of sleeping in the kernel at once, or until `stop` (asked every few
+    /// microseconds) says so; whether a read would now not block. The caller holds signals
+    /// back meanwhile (`stop`: one came).
+    fn app_poll_readable(&self, id: ConnId, spin: Duration, stop: &dyn Fn() -> bool) -> bool;
+    /// A blocking call on an application fd waited `waited` in all (the adaptive poll time
+    /// learns from it).
+    fn app_waited(&self, waited: Duration);
     /// Ring `bell` with the number of connections ready to accept whenever it changes (called
     /// under the stack's lock, by progress and by accept alike).
     fn set_listener_bell(&self, l: ListenerId, bell: Bell) -> io::Result<()>;
@@ -522,7 +533,7 @@ impl<P: Provider + 'static> Runtime<P> {
         };
         let guarded = spin_fixed().is_none() && !spin.is_zero();
         // Over RDMA only a costly preemption stops polling (`SpinGuard`).
-        let costly_only = self.sh.name == "rdma";
+        let rdma = self.sh.name == "rdma";
         // The thread's context switches and CPU time when polling began (see `SpinGuard`).
         let mut sched0: Option<sys::ThreadSched> = None;
         let mut waited = false;
@@ -543,7 +554,9 @@ impl<P: Provider + 'static> Runtime<P> {
                     self.sh.spin.record(start.elapsed());
                 }
                 if guarded && sched0.is_some() && start.elapsed() <= spin {
-                    SpinGuard::ended(start, sched0, costly_only);
+                    // Answered; but the socket API's calls count every preemption over shm
+                    // still (`answered: false`), as when `sdp-bench --load` was measured.
+                    SpinGuard::ended(start, sched0, SpinGuard::min_lost(rdma, false));
                 }
                 return r;
             }
@@ -566,7 +579,7 @@ impl<P: Provider + 'static> Runtime<P> {
             }
             if guarded && sched0.is_some() {
                 // The poll is over without an answer; was it preempted?
-                SpinGuard::ended(start, sched0.take(), costly_only);
+                SpinGuard::ended(start, sched0.take(), SpinGuard::min_lost(rdma, false));
             }
             // Our call may have set an earlier timer than the one the progress thread sleeps
             // towards.

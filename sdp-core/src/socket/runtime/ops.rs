@@ -623,6 +623,24 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         self.app_call(id, user, |g, now| g.driver.shutdown(now, id, how))
     }
 
+    fn app_poll_time(&self) -> Duration {
+        match spin_fixed() {
+            Some(d) => d,
+            None if SpinGuard::allowed() => self.sh.spin.get(),
+            None => Duration::ZERO,
+        }
+    }
+
+    fn app_poll_readable(&self, id: ConnId, spin: Duration, stop: &dyn Fn() -> bool) -> bool {
+        self.poll_app_readable(id, spin, stop)
+    }
+
+    fn app_waited(&self, waited: Duration) {
+        if spin_fixed().is_none() {
+            self.sh.spin.record(waited);
+        }
+    }
+
     fn app_info(&self, id: ConnId) -> io::Result<crate::socket::app::AppInfo> {
         let mut g = self.lock()?;
         // FIONREAD after a direct wakeup counts what the wakeup announced, as TCP's counts what
