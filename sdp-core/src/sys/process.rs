@@ -397,74 +397,6 @@ pub fn probe(p: &Proc, addr: u64) -> io::Result<bool> {
     Ok(v == PROBE)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Access to a live process of ours is granted; to one that exited it is not.
-    #[test]
-    fn may_access_a_live_process_not_a_gone_one() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let p = Proc::open(child.id() as i32).unwrap();
-        assert!(may_access(&p));
-        assert!(may_access(&Proc::open(std::process::id() as i32).unwrap()));
-        child.kill().unwrap();
-        child.wait().unwrap();
-        assert!(!may_access(&p));
-    }
-
-    /// A copy's end word is written by the same system call, after the data, and the caller
-    /// learns whether it was (a helper must not write its count again when it was).
-    #[test]
-    fn a_copy_writes_its_end_word_after_the_data() {
-        let pid = std::process::id() as i32;
-        let src = vec![7u8; 3 * 4096 + 5];
-        let mut dst = vec![0u8; src.len()];
-        let one: u32 = 1;
-        let word = std::sync::atomic::AtomicU32::new(0);
-        let end = CopyEnd {
-            local: &one as *const u32 as u64,
-            remote: word.as_ptr() as u64,
-        };
-        for read in [false, true] {
-            word.store(0, std::sync::atomic::Ordering::SeqCst);
-            dst.iter_mut().for_each(|b| *b = 0);
-            let (l, r) = (src.as_ptr() as u64, dst.as_mut_ptr() as u64);
-            // SAFETY: both buffers live across the calls; `word` is an atomic the kernel stores
-            // into like another thread would.
-            let got = unsafe {
-                if read {
-                    let e = CopyEnd {
-                        local: word.as_ptr() as u64,
-                        remote: &one as *const u32 as u64,
-                    };
-                    vm_copy(false, pid, r, l, src.len(), Some(e))
-                } else {
-                    vm_copy(true, pid, l, r, src.len(), Some(end))
-                }
-            };
-            assert!(got.unwrap(), "read {read}");
-            assert_eq!(word.load(std::sync::atomic::Ordering::SeqCst), 1);
-            assert!(dst == src);
-        }
-        // Without an end, or with one that cannot be written: the data moves, no end.
-        // SAFETY: as above.
-        unsafe {
-            let (l, r) = (src.as_ptr() as u64, dst.as_mut_ptr() as u64);
-            assert!(!vm_copy(true, pid, l, r, src.len(), None).unwrap());
-            let bad = CopyEnd {
-                local: &one as *const u32 as u64,
-                remote: 8,
-            };
-            assert!(!vm_copy(true, pid, l, r, src.len(), Some(bad)).unwrap());
-            assert!(!vm_copy(true, pid, l, r, 0, None).unwrap());
-        }
-    }
-}
-
 /// Signals held back from a thread while it polls instead of sleeping in the kernel (a blocking
 /// read of the shim's; see `AppStream::read`): a signal that comes meanwhile is not run in the
 /// middle of the poll but when [`SignalsHeld::release`] restores the thread's mask, which then
@@ -556,4 +488,72 @@ impl Drop for SignalsHeld {
 fn restore_mask(old: &libc::sigset_t) {
     // SAFETY: `old` is the live mask pthread_sigmask gave us.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Access to a live process of ours is granted; to one that exited it is not.
+    #[test]
+    fn may_access_a_live_process_not_a_gone_one() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let p = Proc::open(child.id() as i32).unwrap();
+        assert!(may_access(&p));
+        assert!(may_access(&Proc::open(std::process::id() as i32).unwrap()));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!may_access(&p));
+    }
+
+    /// A copy's end word is written by the same system call, after the data, and the caller
+    /// learns whether it was (a helper must not write its count again when it was).
+    #[test]
+    fn a_copy_writes_its_end_word_after_the_data() {
+        let pid = std::process::id() as i32;
+        let src = vec![7u8; 3 * 4096 + 5];
+        let mut dst = vec![0u8; src.len()];
+        let one: u32 = 1;
+        let word = std::sync::atomic::AtomicU32::new(0);
+        let end = CopyEnd {
+            local: &one as *const u32 as u64,
+            remote: word.as_ptr() as u64,
+        };
+        for read in [false, true] {
+            word.store(0, std::sync::atomic::Ordering::SeqCst);
+            dst.iter_mut().for_each(|b| *b = 0);
+            let (l, r) = (src.as_ptr() as u64, dst.as_mut_ptr() as u64);
+            // SAFETY: both buffers live across the calls; `word` is an atomic the kernel stores
+            // into like another thread would.
+            let got = unsafe {
+                if read {
+                    let e = CopyEnd {
+                        local: word.as_ptr() as u64,
+                        remote: &one as *const u32 as u64,
+                    };
+                    vm_copy(false, pid, r, l, src.len(), Some(e))
+                } else {
+                    vm_copy(true, pid, l, r, src.len(), Some(end))
+                }
+            };
+            assert!(got.unwrap(), "read {read}");
+            assert_eq!(word.load(std::sync::atomic::Ordering::SeqCst), 1);
+            assert!(dst == src);
+        }
+        // Without an end, or with one that cannot be written: the data moves, no end.
+        // SAFETY: as above.
+        unsafe {
+            let (l, r) = (src.as_ptr() as u64, dst.as_mut_ptr() as u64);
+            assert!(!vm_copy(true, pid, l, r, src.len(), None).unwrap());
+            let bad = CopyEnd {
+                local: &one as *const u32 as u64,
+                remote: 8,
+            };
+            assert!(!vm_copy(true, pid, l, r, src.len(), Some(bad)).unwrap());
+            assert!(!vm_copy(true, pid, l, r, 0, None).unwrap());
+        }
+    }
 }
