@@ -11,7 +11,9 @@
 //!   its flags; otherwise the kernel TCP socket connects as usual. `listen()` listens on the
 //!   kernel TCP socket and, on the same address, over SDP; SDP clients are announced by
 //!   doorbells, so the listener's fd polls natively and `accept()` hands out SDP or TCP clients.
-//! * poll, select and epoll are not interposed: the kernel answers them on the real fds.
+//! * poll, select and epoll are answered by the kernel on the real fds; while the process has
+//!   SDP streams, epoll_wait and poll first poll for a moment instead of sleeping at once
+//!   (`app::poll_events`).
 //! * Each hook is a dispatch: a call on an fd the shim does not own costs one atomic load
 //!   before it goes to libc.
 //!
@@ -1115,6 +1117,66 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
     }
     // SAFETY: forwards the caller's arguments.
     unsafe { real::read(fd, buf, n) }
+}
+
+// Event waits: the kernel answers them on the real fds; while the process has SDP streams they
+// poll before they sleep (`app::poll_events`). Not for the shim's own threads and calls.
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    if internal() {
+        // SAFETY: forwards the caller's arguments.
+        return unsafe { real::epoll_wait(epfd, ev, max, timeout) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    app::poll_events(timeout, |t| unsafe { real::epoll_wait(epfd, ev, max, t) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if internal() || !mask.is_null() {
+        // With a signal mask for the wait: as it is (the poll would hold other signals).
+        // SAFETY: forwards the caller's arguments.
+        return unsafe { real::epoll_pwait(epfd, ev, max, timeout, mask) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    app::poll_events(timeout, |t| unsafe { real::epoll_wait(epfd, ev, max, t) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
+    if internal() {
+        // SAFETY: forwards the caller's arguments.
+        return unsafe { real::poll(fds, n, timeout) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    app::poll_events(timeout, |t| unsafe { real::poll(fds, n, t) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: c_int,
+    len: size_t,
+) -> c_int {
+    if (len / std::mem::size_of::<libc::pollfd>()) < n as usize {
+        // SAFETY: the real checker reports the overflow.
+        return unsafe { real::__poll_chk(fds, n, timeout, len) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { poll(fds, n, timeout) }
 }
 
 #[no_mangle]

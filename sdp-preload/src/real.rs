@@ -49,6 +49,16 @@ macro_rules! real_fns {
 use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
 real_fns! {
+    fn epoll_wait(epfd: c_int, ev: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int;
+    fn epoll_pwait(
+        epfd: c_int,
+        ev: *mut libc::epoll_event,
+        max: c_int,
+        timeout: c_int,
+        mask: *const libc::sigset_t
+    ) -> c_int;
+    fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int;
+    fn __poll_chk(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int, len: size_t) -> c_int;
     fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int;
     fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
     fn listen(fd: c_int, backlog: c_int) -> c_int;

@@ -228,10 +228,11 @@ fn an_orphaned_shared_listener_is_taken_over() {
     );
 }
 
-/// Signals that come while a blocking read polls the connection (the shim polls before it
+/// Signals that come while a blocking read or an event wait polls (the shim polls before it
 /// sleeps; `SDP_SPIN_US=400000` makes every signal of the case come then): a handler without
 /// SA_RESTART interrupts the read with EINTR, one with SA_RESTART and a default-ignored
-/// SIGWINCH let it go on, as for a read sleeping in the kernel. (Before signals were held and
+/// SIGWINCH let it go on, as for a read sleeping in the kernel; any handler ends epoll_wait
+/// (EINTR), an ignored signal does not end poll, and a timeout holds while polling. (Before signals were held and
 /// looked at while polling, the first read ran the handler and went on polling: it returned
 /// the peer's bytes 250 ms later instead of EINTR.)
 #[test]
@@ -245,7 +246,11 @@ fn signals_while_a_read_polls_act_as_on_a_sleeping_read() {
     assert!(
         tcp.contains("alarm without SA_RESTART: -1 EINTR alarms=1")
             && tcp.contains("alarm with SA_RESTART: 4 late alarms=2")
-            && tcp.contains("SIGWINCH by default ignored: 4 late"),
+            && tcp.contains("SIGWINCH by default ignored: 4 late")
+            && tcp.contains("epoll_wait, 100 ms, nothing comes: 0")
+            && tcp.contains("epoll_wait, alarm with SA_RESTART: -1 EINTR")
+            && tcp.contains("then epoll_wait 1, read 4 late")
+            && tcp.contains("poll, SIGWINCH by default ignored: 1, read 4 late"),
         "{tcp}"
     );
     assert!(lines.contains("\"transport\":\"shm\""), "report:\n{lines}");

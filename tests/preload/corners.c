@@ -1257,7 +1257,7 @@ static void case_eintr(void) {
 }
 
 static void peer_reply_late3(int s) {
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 5; i++) {
         await(p2c[0]);
         sleep_ms(300);
         CHECK(write(s, "late", 4) == 4);
@@ -1307,6 +1307,38 @@ static void case_eintr_polling(void) {
     ssize_t r = read(s, b, sizeof b);
     out("polling read, SIGWINCH by default ignored: %zd %.*s", r, (int)(r > 0 ? r : 0), b);
     waitpid(k, NULL, 0);
+    /* Event waits are never restarted: a handler, even with SA_RESTART, ends them (EINTR); an
+     * ignored signal does not; a timeout holds while they poll. */
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s}, got;
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) == 0);
+    int n = epoll_wait(ep, &got, 1, 100);
+    out("polling epoll_wait, 100 ms, nothing comes: %d", n);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGALRM, &sa, NULL);
+    tell(p2c[1]);
+    setitimer(ITIMER_REAL, &it, NULL);
+    n = epoll_wait(ep, &got, 1, -1);
+    out("polling epoll_wait, alarm with SA_RESTART: %d %s alarms=%d", n, en(n < 0 ? errno : 0),
+        (int)alarms);
+    n = epoll_wait(ep, &got, 1, -1);
+    r = read(s, b, sizeof b);
+    out("then epoll_wait %d, read %zd %.*s", n, r, (int)(r > 0 ? r : 0), b);
+    signal(SIGALRM, SIG_DFL);
+    tell(p2c[1]);
+    k = fork();
+    if (k == 0) {
+        sleep_ms(50);
+        kill(getppid(), SIGWINCH);
+        _exit(0);
+    }
+    struct pollfd pf = {.fd = s, .events = POLLIN};
+    n = poll(&pf, 1, -1);
+    r = read(s, b, sizeof b);
+    out("polling poll, SIGWINCH by default ignored: %d, read %zd %.*s", n, r, (int)(r > 0 ? r : 0),
+        b);
+    waitpid(k, NULL, 0);
+    close(ep);
     tell(p2c[1]);
     finish(pid, s);
 }

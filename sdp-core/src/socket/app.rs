@@ -109,7 +109,16 @@ impl std::fmt::Debug for AppStream {
 impl Drop for AppStream {
     fn drop(&mut self) {
         self.stack.0.close(self.id);
+        super::runtime::APP_STREAMS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
+}
+
+/// An event wait of the application's (`epoll_wait`, `poll`; the shim's hooks) with
+/// `timeout_ms`, made by `wait(timeout)` (the real function: its count, or -1 with errno
+/// set): while the process has SDP streams it polls before it sleeps, as their blocking reads
+/// do (see the runtime's `poll_events`). Returns what the C function returns.
+pub fn poll_events(timeout_ms: i32, wait: impl FnMut(i32) -> i32) -> i32 {
+    super::runtime::poll_events(timeout_ms, wait)
 }
 
 /// Errors after which a connector should use kernel TCP: the peer or the path does not do SDP
@@ -163,6 +172,7 @@ impl AppStream {
     }
 
     fn new(stack: Stack, id: ConnId) -> AppStream {
+        super::runtime::APP_STREAMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         AppStream {
             stack,
             id,
@@ -267,7 +277,7 @@ impl AppStream {
         let start = std::time::Instant::now();
         if let Some(held) = sys::SignalsHeld::hold() {
             let ready = ops.app_poll_readable(self.id, spin, &|| held.came());
-            if held.release() {
+            if held.release().not_restarting {
                 return Waited::Interrupted;
             }
             if ready {

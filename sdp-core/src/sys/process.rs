@@ -397,6 +397,29 @@ pub fn probe(p: &Proc, addr: u64) -> io::Result<bool> {
     Ok(v == PROBE)
 }
 
+/// The host's CPU pressure so far (PSI, `/proc/pressure/cpu`): the microseconds during which
+/// some runnable task waited for a CPU. `None` where the kernel does not keep it.
+pub(crate) fn cpu_pressure_us() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/pressure/cpu").ok()?;
+    let some = text.lines().find(|l| l.starts_with("some "))?;
+    some.split_whitespace()
+        .find_map(|f| f.strip_prefix("total="))?
+        .parse()
+        .ok()
+}
+
+/// The calling thread's errno.
+pub(crate) fn errno() -> i32 {
+    // SAFETY: __errno_location gives this thread's errno, always valid to read.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Set the calling thread's errno (a C function's error report).
+pub(crate) fn set_errno(e: i32) {
+    // SAFETY: __errno_location gives this thread's errno, always valid to write.
+    unsafe { *libc::__errno_location() = e };
+}
+
 /// Signals held back from a thread while it polls instead of sleeping in the kernel (a blocking
 /// read of the shim's; see `AppStream::read`): a signal that comes meanwhile is not run in the
 /// middle of the poll but when [`SignalsHeld::release`] restores the thread's mask, which then
@@ -438,20 +461,20 @@ impl SignalsHeld {
     }
 
     /// Restore the thread's mask (signals that came are handled now, in this thread) and say
-    /// whether one of them interrupts a blocking socket call without a timeout, as Linux
-    /// decides for a call sleeping in the kernel: a handler installed without SA_RESTART does
-    /// (EINTR), one with SA_RESTART restarts the call, default and ignored dispositions leave
-    /// it alone. (A socket with a timeout would return EINTR under SA_RESTART too; callers
-    /// do not hold signals for those.)
-    pub(crate) fn release(mut self) -> bool {
+    /// which handlers ran: a call sleeping in the kernel would have been interrupted by any
+    /// of them (an event wait: epoll_wait, poll) or by one installed without SA_RESTART (a
+    /// socket call without a timeout; one with SA_RESTART restarts it). Default and ignored
+    /// dispositions interrupt nothing. (A socket call with a timeout would return EINTR under
+    /// SA_RESTART too; callers do not hold signals for those.)
+    pub(crate) fn release(mut self) -> Handled {
+        let mut handled = Handled::default();
         let Some(old) = self.old.take() else {
-            return false;
+            return handled;
         };
         // SAFETY: an all-zero sigset is a valid value for sigpending to fill.
         let mut pending: libc::sigset_t = unsafe { std::mem::zeroed() };
         // SAFETY: `pending` is live.
         let got = unsafe { libc::sigpending(&mut pending) } == 0;
-        let mut interrupts = false;
         for sig in 1..libc::SIGRTMAX() + 1 {
             // SAFETY: both sets are live and initialised.
             let came = got
@@ -470,11 +493,21 @@ impl SignalsHeld {
             {
                 continue;
             }
-            interrupts |= sa.sa_flags & libc::SA_RESTART == 0;
+            handled.any = true;
+            handled.not_restarting |= sa.sa_flags & libc::SA_RESTART == 0;
         }
         restore_mask(&old);
-        interrupts
+        handled
     }
+}
+
+/// The handlers that ran when [`SignalsHeld::release`] restored the mask.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Handled {
+    /// Some handler ran (an event wait returns EINTR).
+    pub(crate) any: bool,
+    /// One installed without SA_RESTART ran (a socket call returns EINTR).
+    pub(crate) not_restarting: bool,
 }
 
 impl Drop for SignalsHeld {

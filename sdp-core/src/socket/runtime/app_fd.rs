@@ -159,10 +159,7 @@ impl<P: Provider + 'static> Runtime<P> {
         } else {
             None
         };
-        // How often `stop` is asked: a signal that comes is handled this much later at most
-        // (a kernel wakeup takes as long).
-        const STOP_CHECK: Duration = Duration::from_micros(10);
-        let mut next_stop_check = STOP_CHECK;
+        let mut next_stop_check = SIGNAL_CHECK;
         let ready = loop {
             match self.lock() {
                 Err(_) => break true,
@@ -187,7 +184,7 @@ impl<P: Provider + 'static> Runtime<P> {
                 if stop() {
                     break false;
                 }
-                next_stop_check = elapsed + STOP_CHECK;
+                next_stop_check = elapsed + SIGNAL_CHECK;
             }
             for _ in 0..64 {
                 std::hint::spin_loop();

@@ -626,7 +626,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     fn app_poll_time(&self) -> Duration {
         match spin_fixed() {
             Some(d) => d,
-            None if SpinGuard::allowed() => self.sh.spin.get(),
+            None if SpinGuard::allowed() && CpuRoom::allows() => self.sh.spin.get(),
             None => Duration::ZERO,
         }
     }
