@@ -154,6 +154,7 @@ impl<P: Provider + 'static> Runtime<P> {
         let guarded = spin_fixed().is_none();
         let _caller = Caller::enter(&self.sh);
         let start = std::time::Instant::now();
+        CpuRoom::polling();
         let sched0 = if guarded {
             sys::ThreadSched::now()
         } else {
@@ -192,7 +193,7 @@ impl<P: Provider + 'static> Runtime<P> {
         };
         if guarded {
             let rdma = self.sh.name == "rdma";
-            SpinGuard::ended(start, sched0, SpinGuard::min_lost(rdma, ready));
+            SpinGuard::ended(start, sched0, SpinGuard::min_lost(rdma));
         }
         ready
     }

@@ -557,7 +557,7 @@ impl<P: Provider + 'static> Runtime<P> {
                 if guarded && sched0.is_some() && start.elapsed() <= spin {
                     // Answered; but the socket API's calls count every preemption over shm
                     // still (`answered: false`), as when `sdp-bench --load` was measured.
-                    SpinGuard::ended(start, sched0, SpinGuard::min_lost(rdma, false));
+                    SpinGuard::ended(start, sched0, SpinGuard::min_lost(rdma));
                 }
                 return r;
             }
@@ -580,7 +580,7 @@ impl<P: Provider + 'static> Runtime<P> {
             }
             if guarded && sched0.is_some() {
                 // The poll is over without an answer; was it preempted?
-                SpinGuard::ended(start, sched0.take(), SpinGuard::min_lost(rdma, false));
+                SpinGuard::ended(start, sched0.take(), SpinGuard::min_lost(rdma));
             }
             // Our call may have set an earlier timer than the one the progress thread sleeps
             // towards.

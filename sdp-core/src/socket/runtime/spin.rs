@@ -59,15 +59,16 @@ impl AdaptiveSpin {
 }
 
 /// Polling pays only while the CPUs have room: when a thread that polls is preempted (an
-/// involuntary context switch during its poll), something else wanted that CPU, possibly the
-/// peer it waits for, and polling on would take the CPU from it. Then this thread's blocking
-/// calls sleep at once for a while (20 ms, doubling while it happens again, up to 1 s), after
-/// which one poll probes again (over RDMA, a preemption that took less than [`PREEMPT_COSTLY`]
-/// of the poll does not count). The back-off is forgotten only after [`SPIN_FORGIVE`] without
-/// a preemption: a busy host leaves some polls clean, and forgetting at the first one let
-/// polling come back every 20 ms, each return costing a preempted waiter a scheduler slice
-/// (p99 of 0.6-1 ms under `sdp-bench compare --load 1`). Per thread: a busy host's threads
-/// each learn it by themselves. (A fixed `SDP_SPIN_US` is used as it is.)
+/// involuntary context switch during its poll) for a while ([`SpinGuard::min_lost`]),
+/// something else wanted that CPU, possibly the peer it waits for, and polling on would take
+/// the CPU from it. Then this thread's blocking calls sleep at once for a while (20 ms,
+/// doubling while it happens again, up to 1 s), after which one poll probes again. The
+/// back-off is forgotten only after [`SPIN_FORGIVE`] without such a preemption: a busy host
+/// leaves some polls clean, and forgetting at the first one let polling come back every 20 ms,
+/// each return costing a preempted waiter a scheduler slice (p99 of 0.6-1 ms under `sdp-bench
+/// compare --load 1`). Per thread: a busy host's threads each learn it by themselves; the
+/// host's CPU pressure ([`CpuRoom`]) stops the whole process. (A fixed `SDP_SPIN_US` is used
+/// as it is.)
 pub(super) struct SpinGuard;
 
 /// The shortest and longest time a thread does not poll after it was preempted polling.
@@ -77,18 +78,18 @@ pub(super) const SPIN_OFF_MAX: Duration = Duration::from_secs(1);
 /// its time. There the peer runs on another host, so a poller takes no CPU from it; what
 /// preempts it for a moment is mostly the device's kernel work for the very message it waits
 /// for (Soft-RoCE's and siw's packet processing: in the rig most round trips), no reason to
-/// stop polling, while a CPU-bound neighbour takes a scheduler slice (milliseconds). Over shm
-/// the peer shares our CPUs, and under a CPU-bound load even a short preemption foretells long
-/// ones (`sdp-bench compare --load 1` with this rule: p99 at 64 KiB 460-490 us against 78-87):
-/// every preemption counts there.
+/// stop polling, while a CPU-bound neighbour takes a scheduler slice (milliseconds).
 pub(super) const PREEMPT_COSTLY: Duration = Duration::from_micros(100);
-/// Over shm, a poll that found its answer backs off only if a preemption took at least this
-/// much of it. When one end sleeps, the wakeup its peer sends puts it on the peer's CPU
+/// Over shm, a preempted poll backs off only if the preemption took at least this much of it.
+/// A CPU-bound neighbour takes scheduler slices (0.75 ms and more); the short preemptions of a
+/// quiet host are no reason to stop: the wakeup a sleeping end gets puts it on its peer's CPU
 /// (the scheduler's wake-affine placement), preempting the peer's poll for the few
-/// microseconds it takes to answer: that preemption is the answer coming, not a busy host
-/// (whose CPU-bound processes take scheduler slices, 0.75 ms and more). Counted, it made both
-/// ends of a ping-pong back off together and sleep on every message (sockperf under the shim:
-/// p50 10.8 us instead of 4.3).
+/// microseconds it takes to answer, and the progress threads' standby looks (every
+/// millisecond) preempt pollers on a small host. Counting every preemption, as first built,
+/// made both ends back off together and sleep on every message: `sdp-bench compare` quiet
+/// p50 at 64 B 47-53 us instead of 2.5-2.7 (kernel TCP 66), sockperf under the shim 10.8 us
+/// instead of 4.3. The price (2026-11-27, `--load 1`, two runs): p50 unchanged, p99 at 64 KiB
+/// 86-488 us against ~70 (at 64 B 33-39 against 12-17).
 pub(super) const PREEMPT_PEER: Duration = Duration::from_micros(50);
 /// A thread not preempted while polling for this long starts again from no back-off.
 pub(super) const SPIN_FORGIVE: Duration = Duration::from_secs(2);
@@ -120,13 +121,12 @@ impl SpinGuard {
     }
 
     /// How much of a poll a preemption must take to stop polling (see [`Self::ended`]): over
-    /// RDMA ([`PREEMPT_COSTLY`]); over shm none when the poll found nothing, and
-    /// [`PREEMPT_PEER`] when it found its answer.
-    pub(super) fn min_lost(rdma: bool, answered: bool) -> Duration {
-        match (rdma, answered) {
-            (true, _) => PREEMPT_COSTLY,
-            (false, true) => PREEMPT_PEER,
-            (false, false) => Duration::ZERO,
+    /// RDMA [`PREEMPT_COSTLY`], over shm [`PREEMPT_PEER`].
+    pub(super) fn min_lost(rdma: bool) -> Duration {
+        if rdma {
+            PREEMPT_COSTLY
+        } else {
+            PREEMPT_PEER
         }
     }
 
@@ -172,13 +172,18 @@ impl SpinGuard {
 
 /// Whether the host's CPUs have room for polling, from its CPU pressure (PSI `some`: the share
 /// of time some runnable task waited for a CPU), sampled every [`CpuRoom::SAMPLE`] by one
-/// thread of the process: above [`CpuRoom::BUSY`] of the time, nobody in this process polls
-/// for a while (20 ms, doubling while it stays so, up to 1 s; halved at each sample under
-/// it). A thread sees its own preemptions ([`SpinGuard`]); the pressure shows the others'
-/// waits too: a poller that keeps a CPU makes its peer or a neighbour wait for one without
-/// ever being preempted itself. Measured with redis-benchmark -c 1 under the shim, both
-/// ends polling: 3% quiet, 47% beside one CPU-bound process, 67% beside two (where polling
-/// cost 4x the requests per second). Without PSI in the kernel, [`SpinGuard`] alone decides.
+/// thread of the process: when it was above [`CpuRoom::BUSY`] of a window in which this
+/// process polled, nobody in this process polls for a while (20 ms, doubling while it stays
+/// so, up to 1 s; halved at each sample under it). A thread sees its own preemptions
+/// ([`SpinGuard`]); the pressure shows the others' waits too: a poller that keeps a CPU makes
+/// its peer or a neighbour wait for one without being preempted itself. Measured with
+/// redis-benchmark -c 1 under the shim, both ends polling: 3% quiet, 47% beside one CPU-bound
+/// process, 67% beside two (where polling cost the requests per second 2-4x). Used by the
+/// shim's waits (its programs' reads and event loops), not by the socket API's `block_on`:
+/// under `sdp-bench compare`, whose processes also sleep and wake between rows, a VM's slowly
+/// waking idle vCPUs make PSI high for sleepers (sleep-and-wake ping-pong alone shows
+/// 40-98%) and quiet p50 at 64 B went from 2.5 to 50 us. Without PSI in the kernel,
+/// [`SpinGuard`] alone decides.
 pub(crate) struct CpuRoom;
 
 /// [`CpuRoom`]'s state (process-wide: the pressure is the host's).
@@ -189,9 +194,11 @@ struct CpuRoomState {
     /// No polling before this (ns after `base`), and the last back-off given (ns).
     until: AtomicU64,
     backoff: AtomicU64,
-    /// A thread is sampling; PSI is missing (never sample again).
+    /// A thread is sampling; PSI is missing (never sample again); some thread polled since
+    /// the last sample.
     sampling: AtomicBool,
     missing: AtomicBool,
+    polled: AtomicBool,
 }
 
 static CPU_ROOM: CpuRoomState = CpuRoomState {
@@ -201,6 +208,7 @@ static CPU_ROOM: CpuRoomState = CpuRoomState {
     backoff: AtomicU64::new(0),
     sampling: AtomicBool::new(false),
     missing: AtomicBool::new(false),
+    polled: AtomicBool::new(false),
 };
 
 impl CpuRoom {
@@ -227,11 +235,12 @@ impl CpuRoom {
             return false;
         }
         let at = st.at.load(Ordering::Relaxed);
-        // A window that began before the back-off ended measured the host while this process
-        // did not poll: waking sleepers wait for a CPU too (in a VM whose idle vCPUs wake
-        // slowly, sleep-and-wake ping-pong alone shows 40-98%), so it says nothing about
-        // polling. Such a window is only restarted.
-        let fresh = at == 0 || at < st.until.load(Ordering::Relaxed);
+        // A window in which this process did not poll (it began before the back-off ended, or
+        // nobody polled) measured the host without our polling: waking sleepers wait for a CPU
+        // too (in a VM whose idle vCPUs wake slowly, sleep-and-wake ping-pong alone shows
+        // 40-98%), so it says nothing about polling. Such a window is only restarted.
+        let fresh =
+            at == 0 || at < st.until.load(Ordering::Relaxed) || !st.polled.load(Ordering::Relaxed);
         let due = fresh || now.saturating_sub(at) >= Self::SAMPLE.as_nanos() as u64;
         if due && !st.missing.load(Ordering::Relaxed) && !st.sampling.swap(true, Ordering::Acquire)
         {
@@ -239,6 +248,11 @@ impl CpuRoom {
             st.sampling.store(false, Ordering::Release);
         }
         now >= st.until.load(Ordering::Relaxed)
+    }
+
+    /// A thread of this process begins a poll (the window it falls in is judged).
+    pub(crate) fn polling() {
+        CPU_ROOM.polled.store(true, Ordering::Relaxed);
     }
 
     /// Read the pressure; with `judge`, decide on the window since the last reading.
@@ -253,6 +267,7 @@ impl CpuRoom {
         );
         st.at.store(now, Ordering::Relaxed);
         st.total.store(total, Ordering::Relaxed);
+        st.polled.store(false, Ordering::Relaxed);
         if !judge {
             return;
         }
@@ -343,7 +358,7 @@ impl EventPolls {
 /// events is emulated. Signals are held back while it polls; one that comes ends the poll and
 /// acts as on the sleeping call: a handler makes it fail with EINTR (these calls are never
 /// restarted), a default or ignored disposition lets it wait on. The thread's back-off rules
-/// apply ([`SpinGuard`], [`EventPolls`]).
+/// apply ([`SpinGuard`], [`CpuRoom`], [`EventPolls`]).
 pub(crate) fn poll_events(timeout_ms: i32, mut wait: impl FnMut(i32) -> i32) -> i32 {
     use std::sync::atomic::Ordering;
     if timeout_ms == 0 || APP_STREAMS.load(Ordering::Relaxed) == 0 {
@@ -365,6 +380,7 @@ pub(crate) fn poll_events(timeout_ms: i32, mut wait: impl FnMut(i32) -> i32) -> 
         return wait(timeout_ms);
     };
     let guarded = spin_fixed().is_none();
+    CpuRoom::polling();
     let start = std::time::Instant::now();
     let sched0 = if guarded {
         sys::ThreadSched::now()
@@ -390,7 +406,7 @@ pub(crate) fn poll_events(timeout_ms: i32, mut wait: impl FnMut(i32) -> i32) -> 
     };
     let handled = held.release();
     if guarded {
-        SpinGuard::ended(start, sched0, PREEMPT_COSTLY);
+        SpinGuard::ended(start, sched0, SpinGuard::min_lost(false));
         EventPolls::ended(n > 0);
     }
     let record = |start: std::time::Instant| {
@@ -430,29 +446,21 @@ pub(crate) fn poll_events(timeout_ms: i32, mut wait: impl FnMut(i32) -> i32) -> 
 mod tests {
     use super::*;
 
-    /// Over shm a preemption of a poll that found nothing stops polling for a while, and one
-    /// of a poll that found its answer only if it took a scheduler slice's worth; over RDMA
-    /// only one that took the poll [`PREEMPT_COSTLY`] or more (the device's packet work
-    /// preempts a poller for moments), measured as wall time the thread did not run.
+    /// A preemption stops polling only if it took the poll's thread off its CPU for long
+    /// enough: a scheduler slice's worth over shm ([`PREEMPT_PEER`]), [`PREEMPT_COSTLY`]
+    /// over RDMA (the device's packet work preempts a poller for moments), measured as wall
+    /// time the thread did not run.
     #[test]
     fn which_preemptions_stop_polling() {
         let short = Duration::from_micros(20);
-        let (rdma, shm_found, shm_none) = (
-            SpinGuard::min_lost(true, false),
-            SpinGuard::min_lost(false, true),
-            SpinGuard::min_lost(false, false),
-        );
-        assert_eq!(SpinGuard::min_lost(true, true), rdma);
-        assert!(SpinGuard::counts(true, short, shm_none));
+        let (rdma, shm) = (SpinGuard::min_lost(true), SpinGuard::min_lost(false));
         assert!(!SpinGuard::counts(true, short, rdma));
-        assert!(!SpinGuard::counts(true, short, shm_found));
+        assert!(!SpinGuard::counts(true, short, shm));
+        assert!(SpinGuard::counts(true, PREEMPT_PEER, shm));
+        assert!(!SpinGuard::counts(true, PREEMPT_PEER, rdma));
         assert!(SpinGuard::counts(true, PREEMPT_COSTLY, rdma));
-        assert!(SpinGuard::counts(
-            true,
-            Duration::from_micros(750),
-            shm_found
-        ));
-        for min_lost in [rdma, shm_found, shm_none] {
+        assert!(SpinGuard::counts(true, Duration::from_micros(750), shm));
+        for min_lost in [rdma, shm] {
             assert!(!SpinGuard::counts(
                 false,
                 Duration::from_millis(5),
