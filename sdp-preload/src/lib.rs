@@ -12,8 +12,8 @@
 //!   kernel TCP socket and, on the same address, over SDP; SDP clients are announced by
 //!   doorbells, so the listener's fd polls natively and `accept()` hands out SDP or TCP clients.
 //! * poll, select and epoll are answered by the kernel on the real fds; while the process has
-//!   SDP streams, epoll_wait and poll first poll for a moment instead of sleeping at once
-//!   (`app::poll_events`).
+//!   SDP streams, epoll_wait, poll, ppoll, select and pselect first poll for a moment instead
+//!   of sleeping at once (`wait`, `app::poll_events`).
 //! * Each hook is a dispatch: a call on an fd the shim does not own costs one atomic load
 //!   before it goes to libc.
 //!
@@ -45,6 +45,7 @@ mod real;
 mod report;
 mod rules;
 mod table;
+mod wait;
 
 use std::cell::Cell;
 use std::io;
@@ -346,7 +347,7 @@ fn log(msg: std::fmt::Arguments<'_>) {
     }
 }
 
-fn set_errno(e: c_int) {
+pub(crate) fn set_errno(e: c_int) {
     // SAFETY: errno is thread-local and always valid to write.
     unsafe { *libc::__errno_location() = e };
 }
@@ -1162,6 +1163,54 @@ pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: 
     }
     // SAFETY: forwards the caller's arguments.
     app::poll_events(timeout, |t| unsafe { real::poll(fds, n, t) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if internal() || !mask.is_null() {
+        // SAFETY: forwards the caller's arguments.
+        return unsafe { real::ppoll(fds, n, ts, mask) };
+    }
+    // SAFETY: the caller's arguments, as ppoll takes them.
+    unsafe { wait::ppoll(fds, n, ts) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    tv: *mut libc::timeval,
+) -> c_int {
+    if internal() {
+        // SAFETY: forwards the caller's arguments.
+        return unsafe { real::select(nfds, r, w, e, tv) };
+    }
+    // SAFETY: the caller's arguments, as select takes them.
+    unsafe { wait::select(nfds, r, w, e, tv) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if internal() || !mask.is_null() {
+        // SAFETY: forwards the caller's arguments.
+        return unsafe { real::pselect(nfds, r, w, e, ts, mask) };
+    }
+    // SAFETY: the caller's arguments, as pselect takes them.
+    unsafe { wait::pselect(nfds, r, w, e, ts) }
 }
 
 #[no_mangle]

@@ -58,6 +58,27 @@ real_fns! {
         mask: *const libc::sigset_t
     ) -> c_int;
     fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int;
+    fn ppoll(
+        fds: *mut libc::pollfd,
+        n: libc::nfds_t,
+        ts: *const libc::timespec,
+        mask: *const libc::sigset_t
+    ) -> c_int;
+    fn select(
+        nfds: c_int,
+        r: *mut libc::fd_set,
+        w: *mut libc::fd_set,
+        e: *mut libc::fd_set,
+        tv: *mut libc::timeval
+    ) -> c_int;
+    fn pselect(
+        nfds: c_int,
+        r: *mut libc::fd_set,
+        w: *mut libc::fd_set,
+        e: *mut libc::fd_set,
+        ts: *const libc::timespec,
+        mask: *const libc::sigset_t
+    ) -> c_int;
     fn __poll_chk(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int, len: size_t) -> c_int;
     fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int;
     fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;

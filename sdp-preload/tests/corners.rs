@@ -231,8 +231,9 @@ fn an_orphaned_shared_listener_is_taken_over() {
 /// Signals that come while a blocking read or an event wait polls (the shim polls before it
 /// sleeps; `SDP_SPIN_US=400000` makes every signal of the case come then): a handler without
 /// SA_RESTART interrupts the read with EINTR, one with SA_RESTART and a default-ignored
-/// SIGWINCH let it go on, as for a read sleeping in the kernel; any handler ends epoll_wait
-/// (EINTR), an ignored signal does not end poll, and a timeout holds while polling. (Before signals were held and
+/// SIGWINCH let it go on, as for a read sleeping in the kernel; any handler ends epoll_wait and
+/// select (EINTR), an ignored signal does not end poll, a timeout holds while polling, and
+/// select's sets and time left come back as Linux leaves them. (Before signals were held and
 /// looked at while polling, the first read ran the handler and went on polling: it returned
 /// the peer's bytes 250 ms later instead of EINTR.)
 #[test]
@@ -250,7 +251,10 @@ fn signals_while_a_read_polls_act_as_on_a_sleeping_read() {
             && tcp.contains("epoll_wait, 100 ms, nothing comes: 0")
             && tcp.contains("epoll_wait, alarm with SA_RESTART: -1 EINTR")
             && tcp.contains("then epoll_wait 1, read 4 late")
-            && tcp.contains("poll, SIGWINCH by default ignored: 1, read 4 late"),
+            && tcp.contains("poll, SIGWINCH by default ignored: 1, read 4 late")
+            && tcp.contains("select, 100 ms, nothing comes: 0, set 0, time left 0.000000")
+            && tcp.contains("select, alarm with SA_RESTART: -1 EINTR")
+            && tcp.contains("then select 1, set 1, some time left 1, read 4 late"),
         "{tcp}"
     );
     assert!(lines.contains("\"transport\":\"shm\""), "report:\n{lines}");

@@ -18,6 +18,7 @@
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h>
@@ -1257,7 +1258,7 @@ static void case_eintr(void) {
 }
 
 static void peer_reply_late3(int s) {
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         await(p2c[0]);
         sleep_ms(300);
         CHECK(write(s, "late", 4) == 4);
@@ -1339,6 +1340,34 @@ static void case_eintr_polling(void) {
         b);
     waitpid(k, NULL, 0);
     close(ep);
+    /* select: its sets come back as the kernel leaves them, and Linux writes the time not
+     * slept back into the timeout. */
+    fd_set rs;
+    FD_ZERO(&rs);
+    FD_SET(s, &rs);
+    struct timeval tv = {0, 100000};
+    n = select(s + 1, &rs, NULL, NULL, &tv);
+    out("polling select, 100 ms, nothing comes: %d, set %d, time left %ld.%06ld", n,
+        FD_ISSET(s, &rs), (long)tv.tv_sec, (long)tv.tv_usec);
+    sa.sa_flags = SA_RESTART;
+    sa.sa_handler = on_alarm;
+    sigaction(SIGALRM, &sa, NULL);
+    tell(p2c[1]);
+    setitimer(ITIMER_REAL, &it, NULL);
+    FD_ZERO(&rs);
+    FD_SET(s, &rs);
+    n = select(s + 1, &rs, NULL, NULL, NULL);
+    out("polling select, alarm with SA_RESTART: %d %s alarms=%d", n, en(n < 0 ? errno : 0),
+        (int)alarms);
+    FD_ZERO(&rs);
+    FD_SET(s, &rs);
+    tv.tv_sec = 5;
+    tv.tv_usec = 0;
+    n = select(s + 1, &rs, NULL, NULL, &tv);
+    r = read(s, b, sizeof b);
+    out("then select %d, set %d, some time left %d, read %zd %.*s", n, FD_ISSET(s, &rs),
+        tv.tv_sec >= 4, r, (int)(r > 0 ? r : 0), b);
+    signal(SIGALRM, SIG_DFL);
     tell(p2c[1]);
     finish(pid, s);
 }

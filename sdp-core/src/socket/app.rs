@@ -121,6 +121,15 @@ pub fn poll_events(timeout_ms: i32, wait: impl FnMut(i32) -> i32) -> i32 {
     super::runtime::poll_events(timeout_ms, wait)
 }
 
+/// [`poll_events`] for calls with finer timeouts (`select`, `ppoll`): `timeout` `None` waits
+/// without one; `wait` gets the time left (`Some(ZERO)`: a poll).
+pub fn poll_events_for(
+    timeout: Option<std::time::Duration>,
+    wait: impl FnMut(Option<std::time::Duration>) -> i32,
+) -> i32 {
+    super::runtime::poll_events_for(timeout, wait)
+}
+
 /// Errors after which a connector should use kernel TCP: the peer or the path does not do SDP
 /// (nobody listens over SDP there, no device or route, the peer refused us).
 pub fn falls_back(e: &io::Error) -> bool {

@@ -59,7 +59,7 @@ use self::failure::*;
 use self::progress::*;
 use self::readiness::*;
 use self::spin::*;
-pub(crate) use self::spin::{poll_events, APP_STREAMS};
+pub(crate) use self::spin::{poll_events, poll_events_for, APP_STREAMS};
 use self::zcopy::*;
 use super::ready::{AppReady, AppState, ReadyFd};
 use crate::driver::{Driver, ListenerId};

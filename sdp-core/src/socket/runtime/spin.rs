@@ -360,9 +360,25 @@ impl EventPolls {
 /// restarted), a default or ignored disposition lets it wait on. The thread's back-off rules
 /// apply ([`SpinGuard`], [`CpuRoom`], [`EventPolls`]).
 pub(crate) fn poll_events(timeout_ms: i32, mut wait: impl FnMut(i32) -> i32) -> i32 {
+    let timeout = u64::try_from(timeout_ms).ok().map(Duration::from_millis);
+    poll_events_for(timeout, |t| {
+        wait(match t {
+            None => -1,
+            // Whole milliseconds, rounded up, as the kernel rounds its own wait up.
+            Some(t) => t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32,
+        })
+    })
+}
+
+/// [`poll_events`] for calls with finer timeouts (`select`, `ppoll`): `timeout` `None` waits
+/// without one, and `wait` gets the time left (`Some(ZERO)`: a poll).
+pub(crate) fn poll_events_for(
+    timeout: Option<Duration>,
+    mut wait: impl FnMut(Option<Duration>) -> i32,
+) -> i32 {
     use std::sync::atomic::Ordering;
-    if timeout_ms == 0 || APP_STREAMS.load(Ordering::Relaxed) == 0 {
-        return wait(timeout_ms);
+    if timeout == Some(Duration::ZERO) || APP_STREAMS.load(Ordering::Relaxed) == 0 {
+        return wait(timeout);
     }
     let spin = match spin_fixed() {
         Some(d) => d,
@@ -371,13 +387,12 @@ pub(crate) fn poll_events(timeout_ms: i32, mut wait: impl FnMut(i32) -> i32) -> 
         }
         None => Duration::ZERO,
     };
-    let limit = (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms as u64));
-    let spin = limit.map_or(spin, |l| spin.min(l));
+    let spin = timeout.map_or(spin, |l| spin.min(l));
     if spin.is_zero() {
-        return wait(timeout_ms);
+        return wait(timeout);
     }
     let Some(held) = sys::SignalsHeld::hold() else {
-        return wait(timeout_ms);
+        return wait(timeout);
     };
     let guarded = spin_fixed().is_none();
     CpuRoom::polling();
@@ -389,7 +404,7 @@ pub(crate) fn poll_events(timeout_ms: i32, mut wait: impl FnMut(i32) -> i32) -> 
     };
     let mut next_check = SIGNAL_CHECK;
     let (n, err) = loop {
-        let n = wait(0);
+        let n = wait(Some(Duration::ZERO));
         if n != 0 {
             break (n, sys::errno());
         }
@@ -427,11 +442,10 @@ pub(crate) fn poll_events(timeout_ms: i32, mut wait: impl FnMut(i32) -> i32) -> 
         sys::set_errno(libc::EINTR);
         return -1;
     }
-    let left = match limit {
-        None => -1,
+    let left = match timeout {
+        None => None,
         Some(l) => match l.checked_sub(start.elapsed()) {
-            // Whole milliseconds, rounded up, as the kernel rounds its own wait up.
-            Some(left) if !left.is_zero() => left.as_micros().div_ceil(1000) as i32,
+            Some(left) if !left.is_zero() => Some(left),
             _ => return 0,
         },
     };

@@ -1,0 +1,167 @@
+//! Event waits (`epoll_wait`, `poll`, `select` and their kin): the kernel answers them on the
+//! real fds; while the process has SDP streams they first poll for a moment instead of
+//! sleeping at once (`app::poll_events`, docs/waiting.md §5). `select` needs its sets put back
+//! before each try (the kernel overwrites them) and its timeout updated as Linux does.
+
+use std::time::Duration;
+
+use libc::{c_int, fd_set, timespec, timeval};
+use sdp_core::socket::app;
+
+use crate::real;
+
+/// A timeval's or timespec's length; `None` if negative (the kernel's EINVAL).
+fn length(secs: i64, nanos: i64) -> Option<Duration> {
+    let secs = u64::try_from(secs).ok()?;
+    let nanos = u32::try_from(nanos).ok().filter(|&n| n < 1_000_000_000)?;
+    Some(Duration::new(secs, nanos))
+}
+
+fn to_timeval(d: Duration) -> timeval {
+    timeval {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_usec: d.subsec_micros() as libc::suseconds_t,
+    }
+}
+
+fn to_timespec(d: Duration) -> timespec {
+    timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    }
+}
+
+/// The caller's `select` sets as given, to put back before each try.
+struct Sets {
+    given: [(*mut fd_set, Vec<u8>); 3],
+}
+
+impl Sets {
+    /// # Safety
+    /// Each non-null set holds at least `nfds` bits (rounded up to whole longs), as `select`
+    /// requires of its caller.
+    unsafe fn save(nfds: c_int, sets: [*mut fd_set; 3]) -> Sets {
+        let bytes = (nfds.max(0) as usize).div_ceil(64) * 8;
+        Sets {
+            given: sets.map(|p| {
+                let copy = if p.is_null() {
+                    Vec::new()
+                } else {
+                    // SAFETY: the caller's set holds `bytes` bytes (see above).
+                    unsafe { std::slice::from_raw_parts(p.cast::<u8>(), bytes) }.to_vec()
+                };
+                (p, copy)
+            }),
+        }
+    }
+
+    fn restore(&self) {
+        for (p, copy) in &self.given {
+            if !p.is_null() {
+                // SAFETY: `p` is the caller's set, `copy.len()` bytes long (see `save`).
+                unsafe { std::ptr::copy_nonoverlapping(copy.as_ptr(), p.cast::<u8>(), copy.len()) };
+            }
+        }
+    }
+}
+
+/// `select` polling first. Linux writes the time not slept back into `tv`.
+///
+/// # Safety
+/// As for `select(2)`.
+pub(crate) unsafe fn select(
+    nfds: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    tv: *mut timeval,
+) -> c_int {
+    // SAFETY: the caller's timeval, if any.
+    let given = (!tv.is_null()).then(|| unsafe { *tv });
+    let timeout = match given {
+        None => None,
+        Some(t) => match length(t.tv_sec, t.tv_usec * 1000) {
+            Some(d) => Some(d),
+            // SAFETY: forwards the caller's arguments (the kernel says EINVAL).
+            None => return unsafe { real::select(nfds, r, w, e, tv) },
+        },
+    };
+    // SAFETY: the caller's sets hold `nfds` bits.
+    let sets = unsafe { Sets::save(nfds, [r, w, e]) };
+    let start = std::time::Instant::now();
+    let n = app::poll_events_for(timeout, |left| {
+        sets.restore();
+        let mut t = left.map(to_timeval);
+        let tp = t
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |t| t as *mut timeval);
+        // SAFETY: the caller's sets, our timeval.
+        unsafe { real::select(nfds, r, w, e, tp) }
+    });
+    if let Some(d) = timeout {
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        // SAFETY: the caller's timeval.
+        unsafe { *tv = to_timeval(d.saturating_sub(start.elapsed())) };
+        crate::set_errno(errno);
+    }
+    n
+}
+
+/// `pselect` without a signal mask, polling first (the timeout is not written back).
+///
+/// # Safety
+/// As for `pselect(2)`.
+pub(crate) unsafe fn pselect(
+    nfds: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    ts: *const timespec,
+) -> c_int {
+    // SAFETY: the caller's timespec, if any.
+    let given = (!ts.is_null()).then(|| unsafe { *ts });
+    let timeout = match given {
+        None => None,
+        Some(t) => match length(t.tv_sec, t.tv_nsec) {
+            Some(d) => Some(d),
+            // SAFETY: forwards the caller's arguments (the kernel says EINVAL).
+            None => return unsafe { real::pselect(nfds, r, w, e, ts, std::ptr::null()) },
+        },
+    };
+    // SAFETY: the caller's sets hold `nfds` bits.
+    let sets = unsafe { Sets::save(nfds, [r, w, e]) };
+    app::poll_events_for(timeout, |left| {
+        sets.restore();
+        let t = left.map(to_timespec);
+        let tp = t
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const timespec);
+        // SAFETY: the caller's sets, our timespec.
+        unsafe { real::pselect(nfds, r, w, e, tp, std::ptr::null()) }
+    })
+}
+
+/// `ppoll` without a signal mask, polling first.
+///
+/// # Safety
+/// As for `ppoll(2)`.
+pub(crate) unsafe fn ppoll(fds: *mut libc::pollfd, n: libc::nfds_t, ts: *const timespec) -> c_int {
+    // SAFETY: the caller's timespec, if any.
+    let given = (!ts.is_null()).then(|| unsafe { *ts });
+    let timeout = match given {
+        None => None,
+        Some(t) => match length(t.tv_sec, t.tv_nsec) {
+            Some(d) => Some(d),
+            // SAFETY: forwards the caller's arguments (the kernel says EINVAL).
+            None => return unsafe { real::ppoll(fds, n, ts, std::ptr::null()) },
+        },
+    };
+    app::poll_events_for(timeout, |left| {
+        let t = left.map(to_timespec);
+        let tp = t
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const timespec);
+        // SAFETY: the caller's pollfds, our timespec.
+        unsafe { real::ppoll(fds, n, tp, std::ptr::null()) }
+    })
+}
