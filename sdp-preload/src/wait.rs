@@ -10,11 +10,18 @@ use sdp_core::socket::app;
 
 use crate::real;
 
-/// A timeval's or timespec's length; `None` if negative (the kernel's EINVAL).
-fn length(secs: i64, nanos: i64) -> Option<Duration> {
-    let secs = u64::try_from(secs).ok()?;
-    let nanos = u32::try_from(nanos).ok().filter(|&n| n < 1_000_000_000)?;
-    Some(Duration::new(secs, nanos))
+/// The timeout a call was given as (seconds, nanoseconds), or none (a null pointer): `Err` if
+/// it is not a valid length (the kernel's EINVAL; the call goes to libc as it is).
+fn given(t: Option<(i64, i64)>) -> Result<Option<Duration>, ()> {
+    let Some((secs, nanos)) = t else {
+        return Ok(None);
+    };
+    let secs = u64::try_from(secs).map_err(|_| ())?;
+    let nanos = u32::try_from(nanos)
+        .ok()
+        .filter(|&n| n < 1_000_000_000)
+        .ok_or(())?;
+    Ok(Some(Duration::new(secs, nanos)))
 }
 
 fn to_timeval(d: Duration) -> timeval {
@@ -77,14 +84,9 @@ pub(crate) unsafe fn select(
     tv: *mut timeval,
 ) -> c_int {
     // SAFETY: the caller's timeval, if any.
-    let given = (!tv.is_null()).then(|| unsafe { *tv });
-    let timeout = match given {
-        None => None,
-        Some(t) => match length(t.tv_sec, t.tv_usec * 1000) {
-            Some(d) => Some(d),
-            // SAFETY: forwards the caller's arguments (the kernel says EINVAL).
-            None => return unsafe { real::select(nfds, r, w, e, tv) },
-        },
+    let Ok(timeout) = given(unsafe { tv.as_ref() }.map(|t| (t.tv_sec, t.tv_usec * 1000))) else {
+        // SAFETY: forwards the caller's arguments (the kernel says EINVAL).
+        return unsafe { real::select(nfds, r, w, e, tv) };
     };
     // SAFETY: the caller's sets hold `nfds` bits.
     let sets = unsafe { Sets::save(nfds, [r, w, e]) };
@@ -119,14 +121,9 @@ pub(crate) unsafe fn pselect(
     ts: *const timespec,
 ) -> c_int {
     // SAFETY: the caller's timespec, if any.
-    let given = (!ts.is_null()).then(|| unsafe { *ts });
-    let timeout = match given {
-        None => None,
-        Some(t) => match length(t.tv_sec, t.tv_nsec) {
-            Some(d) => Some(d),
-            // SAFETY: forwards the caller's arguments (the kernel says EINVAL).
-            None => return unsafe { real::pselect(nfds, r, w, e, ts, std::ptr::null()) },
-        },
+    let Ok(timeout) = given(unsafe { ts.as_ref() }.map(|t| (t.tv_sec, t.tv_nsec))) else {
+        // SAFETY: forwards the caller's arguments (the kernel says EINVAL).
+        return unsafe { real::pselect(nfds, r, w, e, ts, std::ptr::null()) };
     };
     // SAFETY: the caller's sets hold `nfds` bits.
     let sets = unsafe { Sets::save(nfds, [r, w, e]) };
@@ -147,14 +144,9 @@ pub(crate) unsafe fn pselect(
 /// As for `ppoll(2)`.
 pub(crate) unsafe fn ppoll(fds: *mut libc::pollfd, n: libc::nfds_t, ts: *const timespec) -> c_int {
     // SAFETY: the caller's timespec, if any.
-    let given = (!ts.is_null()).then(|| unsafe { *ts });
-    let timeout = match given {
-        None => None,
-        Some(t) => match length(t.tv_sec, t.tv_nsec) {
-            Some(d) => Some(d),
-            // SAFETY: forwards the caller's arguments (the kernel says EINVAL).
-            None => return unsafe { real::ppoll(fds, n, ts, std::ptr::null()) },
-        },
+    let Ok(timeout) = given(unsafe { ts.as_ref() }.map(|t| (t.tv_sec, t.tv_nsec))) else {
+        // SAFETY: forwards the caller's arguments (the kernel says EINVAL).
+        return unsafe { real::ppoll(fds, n, ts, std::ptr::null()) };
     };
     app::poll_events_for(timeout, |left| {
         let t = left.map(to_timespec);
