@@ -271,18 +271,26 @@ impl CpuRoom {
         if !judge {
             return;
         }
-        let waited_ns = total.saturating_sub(before) * 1000;
-        let wall_ns = now.saturating_sub(at).max(1);
-        let backoff = st.backoff.load(Ordering::Relaxed);
-        if waited_ns * 100 > wall_ns * Self::BUSY {
-            let off = (backoff * 2).clamp(
-                Self::OFF_MIN.as_nanos() as u64,
-                Self::OFF_MAX.as_nanos() as u64,
-            );
-            st.backoff.store(off, Ordering::Relaxed);
-            st.until.store(now + off, Ordering::Relaxed);
+        let waited = Duration::from_micros(total.saturating_sub(before));
+        let wall = Duration::from_nanos(now.saturating_sub(at));
+        let backoff = Duration::from_nanos(st.backoff.load(Ordering::Relaxed));
+        let (backoff, off) = Self::judge(waited, wall, backoff);
+        st.backoff
+            .store(backoff.as_nanos() as u64, Ordering::Relaxed);
+        if let Some(off) = off {
+            st.until
+                .store(now + off.as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// A window of `wall` in which some task `waited` for a CPU, after the back-off `backoff`:
+    /// the back-off now, and how long polling stops (`None`: it goes on).
+    fn judge(waited: Duration, wall: Duration, backoff: Duration) -> (Duration, Option<Duration>) {
+        if waited.as_nanos() * 100 > wall.as_nanos().max(1) * Self::BUSY as u128 {
+            let off = (backoff * 2).clamp(Self::OFF_MIN, Self::OFF_MAX);
+            (off, Some(off))
         } else {
-            st.backoff.store(backoff / 2, Ordering::Relaxed);
+            (backoff / 2, None)
         }
     }
 }
@@ -494,6 +502,67 @@ mod tests {
         };
         assert_eq!(after.since(&before), (true, Duration::from_micros(240)));
         assert_eq!(before.since(&before), (false, Duration::ZERO));
+    }
+
+    /// Polling stops for 20 ms when tasks waited for a CPU more than a tenth of a window,
+    /// doubling while it stays so, up to 1 s; a calm window halves the back-off and lets
+    /// polling go on.
+    #[test]
+    fn cpu_pressure_stops_polling_and_calm_brings_it_back() {
+        let ms = Duration::from_millis;
+        let wall = ms(10);
+        let (b, off) = CpuRoom::judge(Duration::from_micros(300), wall, Duration::ZERO);
+        assert_eq!((b, off), (Duration::ZERO, None), "3% is quiet");
+        let (b, off) = CpuRoom::judge(ms(5), wall, Duration::ZERO);
+        assert_eq!((b, off), (ms(20), Some(ms(20))));
+        let (b, off) = CpuRoom::judge(ms(5), wall, b);
+        assert_eq!((b, off), (ms(40), Some(ms(40))));
+        let (b, off) = CpuRoom::judge(ms(9), wall, ms(900));
+        assert_eq!((b, off), (ms(1000), Some(ms(1000))));
+        let (b, off) = CpuRoom::judge(ms(0), wall, ms(40));
+        assert_eq!((b, off), (ms(20), None));
+        // Exactly a tenth is not over it.
+        assert_eq!(CpuRoom::judge(ms(1), wall, ms(0)).1, None);
+    }
+
+    /// A thread whose event waits' polls keep finding nothing polls before fewer and fewer
+    /// waits (after 4 in a row: 1 in 2, then 1 in 3, 1 in 5... at most 1 in 65), and polls
+    /// before every wait again once one finds its events.
+    #[test]
+    fn event_polls_that_find_nothing_come_rarer() {
+        std::thread::spawn(|| {
+            let mut polled = Vec::new();
+            for _ in 0..40 {
+                let p = EventPolls::polls();
+                polled.push(p);
+                if p {
+                    EventPolls::ended(false);
+                }
+            }
+            // Four wasted polls, then skips of 1, 2, 4, 8 between polls.
+            let at: Vec<usize> = polled
+                .iter()
+                .enumerate()
+                .filter(|(_, &p)| p)
+                .map(|(i, _)| i)
+                .collect();
+            assert_eq!(&at[..8], &[0, 1, 2, 3, 5, 8, 13, 22], "{polled:?}");
+            // Skips never pass 64.
+            for _ in 0..2000 {
+                if EventPolls::polls() {
+                    EventPolls::ended(false);
+                }
+            }
+            let mut gap = 0;
+            while !EventPolls::polls() {
+                gap += 1;
+            }
+            assert!(gap <= 64, "{gap}");
+            EventPolls::ended(true);
+            assert!((0..10).all(|_| EventPolls::polls()));
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
