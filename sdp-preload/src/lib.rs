@@ -908,16 +908,22 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     n
 }
 
+#[inline(always)]
 unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: usize, f64: bool) -> c_int {
     // SAFETY: forwards the caller's arguments.
-    let r = unsafe {
+    let real = || unsafe {
         if f64 {
             real::fcntl64(fd, cmd, arg)
         } else {
             real::fcntl(fd, cmd, arg)
         }
     };
-    if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) && table::owned(fd) {
+    if !table::owned(fd) {
+        // Not ours: straight to libc (a tail call, no frame of our own).
+        return real();
+    }
+    let r = real();
+    if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
         dup_entry(fd, r);
     }
     r
@@ -948,10 +954,19 @@ fn stream(fd: c_int) -> Option<Arc<Sock>> {
 
 /// The SDP stream behind `fd` if its bytes are the shim's to move: not once the fd is shared
 /// with another process (then they flow through the kernel file and libc's calls serve).
+/// Inlined: for an fd the shim does not own the hook is one load and a tail call into libc.
+#[inline(always)]
 fn data(fd: c_int) -> Option<Arc<Sock>> {
     if !table::owned(fd) {
         return None;
     }
+    data_owned(fd)
+}
+
+/// [`data`] for an fd the shim owns (out of line: the hooks' path for other fds stays a load
+/// and a tail call).
+#[inline(never)]
+fn data_owned(fd: c_int) -> Option<Arc<Sock>> {
     stream(fd).filter(|s| matches!(&**s, Sock::Stream(st, _) if !st.is_shared()))
 }
 
@@ -1109,7 +1124,18 @@ unsafe fn buf_ref<'a>(p: *const c_void, n: size_t) -> Option<&'a [u8]> {
 
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
-    if let Some(s) = data(fd) {
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { read_owned(fd, buf, n) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::read(fd, buf, n) }
+}
+
+/// [`read`] on an fd the shim owns (out of line: see [`data`]).
+#[inline(never)]
+unsafe fn read_owned(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    if let Some(s) = data_owned(fd) {
         // SAFETY: the caller's buffer.
         return match unsafe { buf_mut(buf, n) } {
             Some(b) => do_read(&s, fd, b, 0),
@@ -1245,7 +1271,18 @@ pub unsafe extern "C" fn __read_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    if let Some(s) = data(fd) {
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { recv_owned(fd, buf, n, flags) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::recv(fd, buf, n, flags) }
+}
+
+/// [`recv`] on an fd the shim owns (out of line: see [`data`]).
+#[inline(never)]
+unsafe fn recv_owned(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    if let Some(s) = data_owned(fd) {
         // SAFETY: the caller's buffer.
         return match unsafe { buf_mut(buf, n) } {
             Some(b) => do_read(&s, fd, b, flags),
@@ -1281,7 +1318,25 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
-    if let Some(s) = data(fd) {
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { recvfrom_owned(fd, buf, n, flags, addr, len) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::recvfrom(fd, buf, n, flags, addr, len) }
+}
+
+/// [`recvfrom`] on an fd the shim owns (out of line: see [`data`]).
+#[inline(never)]
+unsafe fn recvfrom_owned(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    if let Some(s) = data_owned(fd) {
         // SAFETY: the caller's buffer.
         let r = match unsafe { buf_mut(buf, n) } {
             Some(b) => do_read(&s, fd, b, flags),
@@ -1318,7 +1373,18 @@ pub unsafe extern "C" fn __recvfrom_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if let Some(s) = data(fd) {
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { readv_owned(fd, iov, cnt) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::readv(fd, iov, cnt) }
+}
+
+/// [`readv`] on an fd the shim owns (out of line: see [`data`]).
+#[inline(never)]
+unsafe fn readv_owned(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if let Some(s) = data_owned(fd) {
         // SAFETY: the caller's iovecs.
         return unsafe { read_iov(&s, fd, iov, cnt, 0) };
     }
@@ -1328,7 +1394,18 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    if let Some(s) = data(fd) {
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { recvmsg_owned(fd, msg, flags) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::recvmsg(fd, msg, flags) }
+}
+
+/// [`recvmsg`] on an fd the shim owns (out of line: see [`data`]).
+#[inline(never)]
+unsafe fn recvmsg_owned(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    if let Some(s) = data_owned(fd) {
         if msg.is_null() {
             set_errno(libc::EFAULT);
             return -1;
@@ -1350,7 +1427,18 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
 
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
-    if let Some(s) = data(fd) {
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { write_owned(fd, buf, n) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::write(fd, buf, n) }
+}
+
+/// [`write`] on an fd the shim owns (out of line: see [`data`]).
+#[inline(never)]
+unsafe fn write_owned(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    if let Some(s) = data_owned(fd) {
         // SAFETY: the caller's buffer.
         return match unsafe { buf_ref(buf, n) } {
             Some(b) => do_write(&s, fd, b, 0),
@@ -1363,7 +1451,18 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    if let Some(s) = data(fd) {
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { send_owned(fd, buf, n, flags) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::send(fd, buf, n, flags) }
+}
+
+/// [`send`] on an fd the shim owns (out of line: see [`data`]).
+#[inline(never)]
+unsafe fn send_owned(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    if let Some(s) = data_owned(fd) {
         // SAFETY: the caller's buffer.
         return match unsafe { buf_ref(buf, n) } {
             Some(b) => do_write(&s, fd, b, flags),
@@ -1383,7 +1482,25 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     len: socklen_t,
 ) -> ssize_t {
-    if let Some(s) = data(fd) {
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { sendto_owned(fd, buf, n, flags, addr, len) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::sendto(fd, buf, n, flags, addr, len) }
+}
+
+/// [`sendto`] on an fd the shim owns (out of line: see [`data`]).
+#[inline(never)]
+unsafe fn sendto_owned(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
+    if let Some(s) = data_owned(fd) {
         // A connected stream socket ignores the address, as TCP does.
         // SAFETY: the caller's buffer.
         return match unsafe { buf_ref(buf, n) } {
@@ -1397,7 +1514,18 @@ pub unsafe extern "C" fn sendto(
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if let Some(s) = data(fd) {
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { writev_owned(fd, iov, cnt) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::writev(fd, iov, cnt) }
+}
+
+/// [`writev`] on an fd the shim owns (out of line: see [`data`]).
+#[inline(never)]
+unsafe fn writev_owned(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if let Some(s) = data_owned(fd) {
         // SAFETY: the caller's iovecs.
         return unsafe { write_iov(&s, fd, iov, cnt, 0) };
     }
@@ -1407,7 +1535,18 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
 
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    if let Some(s) = data(fd) {
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { sendmsg_owned(fd, msg, flags) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::sendmsg(fd, msg, flags) }
+}
+
+/// [`sendmsg`] on an fd the shim owns (out of line: see [`data`]).
+#[inline(never)]
+unsafe fn sendmsg_owned(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    if let Some(s) = data_owned(fd) {
         if msg.is_null() {
             set_errno(libc::EFAULT);
             return -1;
@@ -1426,7 +1565,18 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
-    if let Some(s) = data(fd) {
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { shutdown_owned(fd, how) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::shutdown(fd, how) }
+}
+
+/// [`shutdown`] on an fd the shim owns (out of line: see [`data`]).
+#[inline(never)]
+unsafe fn shutdown_owned(fd: c_int, how: c_int) -> c_int {
+    if let Some(s) = data_owned(fd) {
         let Sock::Stream(st, _) = &*s else {
             unreachable!()
         };
@@ -1533,7 +1683,18 @@ pub unsafe extern "C" fn setsockopt(
 
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {
-    if let Some(s) = data(fd) {
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { ioctl_owned(fd, req, arg) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::ioctl(fd, req, arg) }
+}
+
+/// [`ioctl`] on an fd the shim owns (out of line: see [`data`]).
+#[inline(never)]
+unsafe fn ioctl_owned(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {
+    if let Some(s) = data_owned(fd) {
         let Sock::Stream(st, _) = &*s else {
             unreachable!()
         };

@@ -15,6 +15,13 @@ pub(crate) fn cached(slot: &AtomicUsize, name: &[u8]) -> usize {
     if p != 0 {
         return p;
     }
+    resolve(slot, name)
+}
+
+/// The first call's lookup, out of line (a hook's way to libc stays a load and a jump).
+#[cold]
+#[inline(never)]
+fn resolve(slot: &AtomicUsize, name: &[u8]) -> usize {
     let p = lookup(name);
     if p == 0 {
         // Without the real function nothing can work: say so and stop.
