@@ -1156,7 +1156,7 @@ pub unsafe extern "C" fn epoll_wait(
     max: c_int,
     timeout: c_int,
 ) -> c_int {
-    if internal() {
+    if !app::event_waits_poll() || internal() {
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::epoll_wait(epfd, ev, max, timeout) };
     }
@@ -1172,7 +1172,7 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    if internal() || !mask.is_null() {
+    if !app::event_waits_poll() || internal() || !mask.is_null() {
         // With a signal mask for the wait: as it is (the poll would hold other signals).
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::epoll_pwait(epfd, ev, max, timeout, mask) };
@@ -1183,7 +1183,7 @@ pub unsafe extern "C" fn epoll_pwait(
 
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
-    if internal() {
+    if !app::event_waits_poll() || internal() {
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::poll(fds, n, timeout) };
     }
@@ -1198,7 +1198,7 @@ pub unsafe extern "C" fn ppoll(
     ts: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    if internal() || !mask.is_null() {
+    if !app::event_waits_poll() || internal() || !mask.is_null() {
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::ppoll(fds, n, ts, mask) };
     }
@@ -1214,7 +1214,7 @@ pub unsafe extern "C" fn select(
     e: *mut libc::fd_set,
     tv: *mut libc::timeval,
 ) -> c_int {
-    if internal() {
+    if !app::event_waits_poll() || internal() {
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::select(nfds, r, w, e, tv) };
     }
@@ -1231,7 +1231,7 @@ pub unsafe extern "C" fn pselect(
     ts: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    if internal() || !mask.is_null() {
+    if !app::event_waits_poll() || internal() || !mask.is_null() {
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::pselect(nfds, r, w, e, ts, mask) };
     }

@@ -113,6 +113,13 @@ impl Drop for AppStream {
     }
 }
 
+/// Whether event waits poll first: the process has SDP streams. The shim's hooks ask it before
+/// anything else, so a program without SDP streams pays one load for its event waits.
+#[inline]
+pub fn event_waits_poll() -> bool {
+    super::runtime::APP_STREAMS.load(std::sync::atomic::Ordering::Relaxed) > 0
+}
+
 /// An event wait of the application's (`epoll_wait`, `poll`; the shim's hooks) with
 /// `timeout_ms`, made by `wait(timeout)` (the real function: its count, or -1 with errno
 /// set): while the process has SDP streams it polls before it sleeps, as their blocking reads
