@@ -944,6 +944,23 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 // ---------------------------------------------------------------------------------------------
 // Reads and writes
 
+/// A hook whose fd the shim may own: `$owned` (out of line) for an fd it owns, else straight to
+/// libc's function of the same name (one load and a jump: see [`data`]). The first argument is
+/// the fd.
+macro_rules! owned_or_libc {
+    (fn $name:ident($fd:ident: $fty:ty $(, $arg:ident: $ty:ty)*) -> $ret:ty => $owned:ident) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($fd: $fty $(, $arg: $ty)*) -> $ret {
+            if table::owned($fd) {
+                // SAFETY: the caller's arguments.
+                return unsafe { $owned($fd $(, $arg)*) };
+            }
+            // SAFETY: forwards the caller's arguments.
+            unsafe { real::$name($fd $(, $arg)*) }
+        }
+    };
+}
+
 /// The SDP stream behind `fd`, if the shim serves calls on it.
 fn stream(fd: c_int) -> Option<Arc<Sock>> {
     if internal() {
@@ -1122,15 +1139,7 @@ unsafe fn buf_ref<'a>(p: *const c_void, n: size_t) -> Option<&'a [u8]> {
     Some(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), n) })
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
-    if table::owned(fd) {
-        // SAFETY: the caller's arguments.
-        return unsafe { read_owned(fd, buf, n) };
-    }
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::read(fd, buf, n) }
-}
+owned_or_libc! { fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t => read_owned }
 
 /// [`read`] on an fd the shim owns (out of line: see [`data`]).
 #[inline(never)]
@@ -1269,14 +1278,8 @@ pub unsafe extern "C" fn __read_chk(
     unsafe { read(fd, buf, n) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    if table::owned(fd) {
-        // SAFETY: the caller's arguments.
-        return unsafe { recv_owned(fd, buf, n, flags) };
-    }
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::recv(fd, buf, n, flags) }
+owned_or_libc! {
+    fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t => recv_owned
 }
 
 /// [`recv`] on an fd the shim owns (out of line: see [`data`]).
@@ -1309,21 +1312,9 @@ pub unsafe extern "C" fn __recv_chk(
     unsafe { recv(fd, buf, n, flags) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn recvfrom(
-    fd: c_int,
-    buf: *mut c_void,
-    n: size_t,
-    flags: c_int,
-    addr: *mut sockaddr,
-    len: *mut socklen_t,
-) -> ssize_t {
-    if table::owned(fd) {
-        // SAFETY: the caller's arguments.
-        return unsafe { recvfrom_owned(fd, buf, n, flags, addr, len) };
-    }
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::recvfrom(fd, buf, n, flags, addr, len) }
+owned_or_libc! {
+    fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr,
+        len: *mut socklen_t) -> ssize_t => recvfrom_owned
 }
 
 /// [`recvfrom`] on an fd the shim owns (out of line: see [`data`]).
@@ -1371,15 +1362,7 @@ pub unsafe extern "C" fn __recvfrom_chk(
     unsafe { recvfrom(fd, buf, n, flags, addr, len) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if table::owned(fd) {
-        // SAFETY: the caller's arguments.
-        return unsafe { readv_owned(fd, iov, cnt) };
-    }
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::readv(fd, iov, cnt) }
-}
+owned_or_libc! { fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t => readv_owned }
 
 /// [`readv`] on an fd the shim owns (out of line: see [`data`]).
 #[inline(never)]
@@ -1392,15 +1375,7 @@ unsafe fn readv_owned(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     unsafe { real::readv(fd, iov, cnt) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    if table::owned(fd) {
-        // SAFETY: the caller's arguments.
-        return unsafe { recvmsg_owned(fd, msg, flags) };
-    }
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::recvmsg(fd, msg, flags) }
-}
+owned_or_libc! { fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t => recvmsg_owned }
 
 /// [`recvmsg`] on an fd the shim owns (out of line: see [`data`]).
 #[inline(never)]
@@ -1425,15 +1400,7 @@ unsafe fn recvmsg_owned(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     unsafe { real::recvmsg(fd, msg, flags) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
-    if table::owned(fd) {
-        // SAFETY: the caller's arguments.
-        return unsafe { write_owned(fd, buf, n) };
-    }
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::write(fd, buf, n) }
-}
+owned_or_libc! { fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t => write_owned }
 
 /// [`write`] on an fd the shim owns (out of line: see [`data`]).
 #[inline(never)]
@@ -1449,14 +1416,8 @@ unsafe fn write_owned(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     unsafe { real::write(fd, buf, n) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    if table::owned(fd) {
-        // SAFETY: the caller's arguments.
-        return unsafe { send_owned(fd, buf, n, flags) };
-    }
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::send(fd, buf, n, flags) }
+owned_or_libc! {
+    fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t => send_owned
 }
 
 /// [`send`] on an fd the shim owns (out of line: see [`data`]).
@@ -1473,21 +1434,9 @@ unsafe fn send_owned(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> 
     unsafe { real::send(fd, buf, n, flags) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn sendto(
-    fd: c_int,
-    buf: *const c_void,
-    n: size_t,
-    flags: c_int,
-    addr: *const sockaddr,
-    len: socklen_t,
-) -> ssize_t {
-    if table::owned(fd) {
-        // SAFETY: the caller's arguments.
-        return unsafe { sendto_owned(fd, buf, n, flags, addr, len) };
-    }
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::sendto(fd, buf, n, flags, addr, len) }
+owned_or_libc! {
+    fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr,
+        len: socklen_t) -> ssize_t => sendto_owned
 }
 
 /// [`sendto`] on an fd the shim owns (out of line: see [`data`]).
@@ -1512,15 +1461,7 @@ unsafe fn sendto_owned(
     unsafe { real::sendto(fd, buf, n, flags, addr, len) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if table::owned(fd) {
-        // SAFETY: the caller's arguments.
-        return unsafe { writev_owned(fd, iov, cnt) };
-    }
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::writev(fd, iov, cnt) }
-}
+owned_or_libc! { fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t => writev_owned }
 
 /// [`writev`] on an fd the shim owns (out of line: see [`data`]).
 #[inline(never)]
@@ -1533,14 +1474,8 @@ unsafe fn writev_owned(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     unsafe { real::writev(fd, iov, cnt) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    if table::owned(fd) {
-        // SAFETY: the caller's arguments.
-        return unsafe { sendmsg_owned(fd, msg, flags) };
-    }
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::sendmsg(fd, msg, flags) }
+owned_or_libc! {
+    fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t => sendmsg_owned
 }
 
 /// [`sendmsg`] on an fd the shim owns (out of line: see [`data`]).
@@ -1563,15 +1498,7 @@ unsafe fn sendmsg_owned(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t 
 // ---------------------------------------------------------------------------------------------
 // shutdown, names, options, ioctl
 
-#[no_mangle]
-pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
-    if table::owned(fd) {
-        // SAFETY: the caller's arguments.
-        return unsafe { shutdown_owned(fd, how) };
-    }
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::shutdown(fd, how) }
-}
+owned_or_libc! { fn shutdown(fd: c_int, how: c_int) -> c_int => shutdown_owned }
 
 /// [`shutdown`] on an fd the shim owns (out of line: see [`data`]).
 #[inline(never)]
@@ -1681,15 +1608,7 @@ pub unsafe extern "C" fn setsockopt(
     r
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {
-    if table::owned(fd) {
-        // SAFETY: the caller's arguments.
-        return unsafe { ioctl_owned(fd, req, arg) };
-    }
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::ioctl(fd, req, arg) }
-}
+owned_or_libc! { fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int => ioctl_owned }
 
 /// [`ioctl`] on an fd the shim owns (out of line: see [`data`]).
 #[inline(never)]
