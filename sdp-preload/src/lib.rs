@@ -347,7 +347,7 @@ fn log(msg: std::fmt::Arguments<'_>) {
     }
 }
 
-pub(crate) fn set_errno(e: c_int) {
+fn set_errno(e: c_int) {
     // SAFETY: errno is thread-local and always valid to write.
     unsafe { *libc::__errno_location() = e };
 }

@@ -101,10 +101,8 @@ pub(crate) unsafe fn select(
         unsafe { real::select(nfds, r, w, e, tp) }
     });
     if let Some(d) = timeout {
-        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
         // SAFETY: the caller's timeval.
         unsafe { *tv = to_timeval(d.saturating_sub(start.elapsed())) };
-        crate::set_errno(errno);
     }
     n
 }

@@ -445,19 +445,9 @@ impl SignalsHeld {
 
     /// Whether a signal the thread's own mask lets through came since [`Self::hold`].
     pub(crate) fn came(&self) -> bool {
-        let Some(old) = &self.old else {
-            return false;
-        };
-        // SAFETY: an all-zero sigset is a valid value for sigpending to fill.
-        let mut pending: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `pending` is live.
-        if unsafe { libc::sigpending(&mut pending) } != 0 {
-            return false;
-        }
-        // SAFETY: both sets are live and initialised.
-        (1..libc::SIGRTMAX() + 1).any(|sig| unsafe {
-            libc::sigismember(&pending, sig) == 1 && libc::sigismember(old, sig) == 0
-        })
+        self.old
+            .as_ref()
+            .is_some_and(|old| arrived(old).next().is_some())
     }
 
     /// Restore the thread's mask (signals that came are handled now, in this thread) and say
@@ -471,19 +461,7 @@ impl SignalsHeld {
         let Some(old) = self.old.take() else {
             return handled;
         };
-        // SAFETY: an all-zero sigset is a valid value for sigpending to fill.
-        let mut pending: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `pending` is live.
-        let got = unsafe { libc::sigpending(&mut pending) } == 0;
-        for sig in 1..libc::SIGRTMAX() + 1 {
-            // SAFETY: both sets are live and initialised.
-            let came = got
-                && unsafe {
-                    libc::sigismember(&pending, sig) == 1 && libc::sigismember(&old, sig) == 0
-                };
-            if !came {
-                continue;
-            }
+        for sig in arrived(&old) {
             // SAFETY: an all-zero sigaction is a valid value for sigaction to fill.
             let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
             // SAFETY: only reads the disposition of `sig` into `sa`.
@@ -516,6 +494,19 @@ impl Drop for SignalsHeld {
             restore_mask(&old);
         }
     }
+}
+
+/// The signals pending now (for the thread or the process) that `old`, the thread's own mask,
+/// lets through.
+fn arrived(old: &libc::sigset_t) -> impl Iterator<Item = i32> + '_ {
+    // SAFETY: an all-zero sigset is a valid value for sigpending to fill.
+    let mut pending: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `pending` is live.
+    let got = unsafe { libc::sigpending(&mut pending) } == 0;
+    (1..libc::SIGRTMAX() + 1).filter(move |&sig| {
+        // SAFETY: both sets are live and initialised.
+        got && unsafe { libc::sigismember(&pending, sig) == 1 && libc::sigismember(old, sig) == 0 }
+    })
 }
 
 fn restore_mask(old: &libc::sigset_t) {

@@ -143,58 +143,35 @@ impl<P: Provider + 'static> Runtime<P> {
         }
     }
     /// See [`StackOps::app_poll_readable`]: polls `id` (a round of progress on it, then a
-    /// look) for `spin`, as `block_on` polls before it sleeps, and tells `SpinGuard` whether
-    /// the poll was preempted.
+    /// look) for `spin` ([`poll_for`]), as `block_on` polls before it sleeps.
     pub(super) fn poll_app_readable(
         &self,
         id: ConnId,
         spin: Duration,
         stop: &dyn Fn() -> bool,
     ) -> bool {
-        let guarded = spin_fixed().is_none();
         let _caller = Caller::enter(&self.sh);
-        let start = std::time::Instant::now();
-        CpuRoom::polling();
-        let sched0 = if guarded {
-            sys::ThreadSched::now()
-        } else {
-            None
-        };
-        let mut next_stop_check = SIGNAL_CHECK;
-        let ready = loop {
-            match self.lock() {
-                Err(_) => break true,
-                Ok(mut g) => {
-                    let ready = |g: &Inner<P>| g.driver.view(id).is_none_or(|c| c.read_ready());
-                    if ready(&g) {
-                        break true;
-                    }
-                    if self.sh.step_for(&mut g, Some(id)) > 0 {
-                        self.sh.wake_waiters();
-                        if ready(&g) {
-                            break true;
-                        }
-                    }
+        let ready = |g: &Inner<P>| g.driver.view(id).is_none_or(|c| c.read_ready());
+        let min_lost = SpinGuard::min_lost(self.sh.name == "rdma");
+        poll_for(spin, min_lost, stop, || {
+            let Ok(mut g) = self.lock() else {
+                return Some(());
+            };
+            if ready(&g) {
+                return Some(());
+            }
+            if self.sh.step_for(&mut g, Some(id)) > 0 {
+                self.sh.wake_waiters();
+                if ready(&g) {
+                    return Some(());
                 }
             }
-            let elapsed = start.elapsed();
-            if elapsed >= spin {
-                break false;
-            }
-            if elapsed >= next_stop_check {
-                if stop() {
-                    break false;
-                }
-                next_stop_check = elapsed + SIGNAL_CHECK;
-            }
+            drop(g);
             for _ in 0..64 {
                 std::hint::spin_loop();
             }
-        };
-        if guarded {
-            let rdma = self.sh.name == "rdma";
-            SpinGuard::ended(start, sched0, SpinGuard::min_lost(rdma));
-        }
-        ready
+            None
+        })
+        .is_some()
     }
 }

@@ -526,11 +526,10 @@ impl<P: Provider + 'static> Runtime<P> {
         let start = std::time::Instant::now();
         let mut g = self.lock()?;
         let _caller = Caller::enter(&self.sh);
-        let spin = match (w.spin, spin_fixed()) {
-            (Some(d), _) if SpinGuard::allowed() => d,
-            (None, Some(d)) => d,
-            (None, None) if SpinGuard::allowed() => self.sh.spin.get(),
-            _ => Duration::ZERO,
+        let spin = match w.spin {
+            Some(d) if SpinGuard::allowed() => d,
+            Some(_) => Duration::ZERO,
+            None => poll_time(&self.sh.spin, SpinGuard::allowed),
         };
         let guarded = spin_fixed().is_none() && !spin.is_zero();
         // Over RDMA only a costly preemption stops polling (`SpinGuard`).
@@ -555,8 +554,6 @@ impl<P: Provider + 'static> Runtime<P> {
                     self.sh.spin.record(start.elapsed());
                 }
                 if guarded && sched0.is_some() && start.elapsed() <= spin {
-                    // Answered; but the socket API's calls count every preemption over shm
-                    // still (`answered: false`), as when `sdp-bench --load` was measured.
                     SpinGuard::ended(start, sched0, SpinGuard::min_lost(rdma));
                 }
                 return r;

@@ -624,11 +624,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     }
 
     fn app_poll_time(&self) -> Duration {
-        match spin_fixed() {
-            Some(d) => d,
-            None if SpinGuard::allowed() && CpuRoom::allows() => self.sh.spin.get(),
-            None => Duration::ZERO,
-        }
+        poll_time(&self.sh.spin, || SpinGuard::allowed() && CpuRoom::allows())
     }
 
     fn app_poll_readable(&self, id: ConnId, spin: Duration, stop: &dyn Fn() -> bool) -> bool {
@@ -636,9 +632,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     }
 
     fn app_waited(&self, waited: Duration) {
-        if spin_fixed().is_none() {
-            self.sh.spin.record(waited);
-        }
+        self.sh.spin.record(waited);
     }
 
     fn app_info(&self, id: ConnId) -> io::Result<crate::socket::app::AppInfo> {

@@ -307,6 +307,61 @@ static EVENT_SPIN: std::sync::OnceLock<AdaptiveSpin> = std::sync::OnceLock::new(
 /// kernel wakeup takes about as long).
 pub(super) const SIGNAL_CHECK: Duration = Duration::from_micros(10);
 
+/// How long a wait polls before it sleeps: `SDP_SPIN_US` if set, else `adaptive`'s time while
+/// `may` (the back-off rules) allows it, else not at all.
+pub(super) fn poll_time(adaptive: &AdaptiveSpin, may: impl FnOnce() -> bool) -> Duration {
+    match spin_fixed() {
+        Some(d) => d,
+        None if may() => adaptive.get(),
+        None => Duration::ZERO,
+    }
+}
+
+/// One poll of a waiting thread (the shim's reads and event waits): `attempt` again and again
+/// until it gives an answer, `spin` is over or `stop` (asked every [`SIGNAL_CHECK`]) says so.
+/// The process counts as polling for [`CpuRoom`]; the poll's preemption goes to [`SpinGuard`]
+/// (counted from `min_lost`) unless `SDP_SPIN_US` fixes the time.
+pub(super) fn poll_for<T>(
+    spin: Duration,
+    min_lost: Duration,
+    stop: &dyn Fn() -> bool,
+    mut attempt: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let guarded = spin_fixed().is_none();
+    CpuRoom::polling();
+    let start = std::time::Instant::now();
+    let sched0 = if guarded {
+        sys::ThreadSched::now()
+    } else {
+        None
+    };
+    let mut next_check = SIGNAL_CHECK;
+    let answer = loop {
+        if let Some(a) = attempt() {
+            break Some(a);
+        }
+        let elapsed = start.elapsed();
+        if elapsed >= spin {
+            break None;
+        }
+        if elapsed >= next_check {
+            if stop() {
+                break None;
+            }
+            next_check = elapsed + SIGNAL_CHECK;
+        }
+    };
+    if guarded {
+        SpinGuard::ended(start, sched0, min_lost);
+    }
+    answer
+}
+
+/// The adaptive poll time of event waits ([`EVENT_SPIN`]).
+fn event_spin() -> &'static AdaptiveSpin {
+    EVENT_SPIN.get_or_init(AdaptiveSpin::new)
+}
+
 /// One thread's record of its event waits' polls: a thread whose polls keep finding nothing
 /// (a timer thread, a loop whose events are not SDP's) polls before fewer and fewer waits:
 /// after [`EventPolls::WASTED`] such polls in a row it skips 1, then 2, 4... up to 64 waits
@@ -388,13 +443,9 @@ pub(crate) fn poll_events_for(
     if timeout == Some(Duration::ZERO) || APP_STREAMS.load(Ordering::Relaxed) == 0 {
         return wait(timeout);
     }
-    let spin = match spin_fixed() {
-        Some(d) => d,
-        None if SpinGuard::allowed() && CpuRoom::allows() && EventPolls::polls() => {
-            EVENT_SPIN.get_or_init(AdaptiveSpin::new).get()
-        }
-        None => Duration::ZERO,
-    };
+    let spin = poll_time(event_spin(), || {
+        SpinGuard::allowed() && CpuRoom::allows() && EventPolls::polls()
+    });
     let spin = timeout.map_or(spin, |l| spin.min(l));
     if spin.is_zero() {
         return wait(timeout);
@@ -402,46 +453,19 @@ pub(crate) fn poll_events_for(
     let Some(held) = sys::SignalsHeld::hold() else {
         return wait(timeout);
     };
-    let guarded = spin_fixed().is_none();
-    CpuRoom::polling();
     let start = std::time::Instant::now();
-    let sched0 = if guarded {
-        sys::ThreadSched::now()
-    } else {
-        None
-    };
-    let mut next_check = SIGNAL_CHECK;
-    let (n, err) = loop {
+    let got = poll_for(spin, SpinGuard::min_lost(false), &|| held.came(), || {
         let n = wait(Some(Duration::ZERO));
-        if n != 0 {
-            break (n, sys::errno());
-        }
-        let elapsed = start.elapsed();
-        if elapsed >= spin {
-            break (0, 0);
-        }
-        if elapsed >= next_check {
-            if held.came() {
-                break (0, 0);
-            }
-            next_check = elapsed + SIGNAL_CHECK;
-        }
-    };
+        (n != 0).then(|| (n, sys::errno()))
+    });
+    // The handlers run here, and may leave errno changed: the poll's own goes back after.
     let handled = held.release();
-    if guarded {
-        SpinGuard::ended(start, sched0, SpinGuard::min_lost(false));
-        EventPolls::ended(n > 0);
+    if spin_fixed().is_none() {
+        EventPolls::ended(got.is_some_and(|(n, _)| n > 0));
     }
-    let record = |start: std::time::Instant| {
-        if spin_fixed().is_none() {
-            EVENT_SPIN
-                .get_or_init(AdaptiveSpin::new)
-                .record(start.elapsed());
-        }
-    };
-    if n != 0 {
+    if let Some((n, err)) = got {
         if n > 0 {
-            record(start);
+            event_spin().record(start.elapsed());
         }
         sys::set_errno(err);
         return n;
@@ -458,9 +482,7 @@ pub(crate) fn poll_events_for(
         },
     };
     let n = wait(left);
-    let err = sys::errno();
-    record(start);
-    sys::set_errno(err);
+    event_spin().record(start.elapsed());
     n
 }
 
