@@ -12,7 +12,7 @@
 //!   kernel TCP socket and, on the same address, over SDP; SDP clients are announced by
 //!   doorbells, so the listener's fd polls natively and `accept()` hands out SDP or TCP clients.
 //! * poll, select and epoll are answered by the kernel on the real fds; while the process has
-//!   SDP streams, epoll_wait, poll, ppoll, select and pselect first poll for a moment instead
+//!   SDP streams, the epoll waits, poll, ppoll, select and pselect first poll for a moment instead
 //!   of sleeping at once (`wait`, `app::poll_events`).
 //! * Each hook is a dispatch: a call on an fd the shim does not own costs one atomic load
 //!   before it goes to libc.
@@ -1181,13 +1181,33 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    if !app::event_waits_poll() || internal() || !mask.is_null() {
-        // With a signal mask for the wait: as it is (the poll would hold other signals).
+    if !app::event_waits_poll() || internal() {
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::epoll_pwait(epfd, ev, max, timeout, mask) };
     }
-    // SAFETY: forwards the caller's arguments.
-    app::poll_events(timeout, |t| unsafe { real::epoll_wait(epfd, ev, max, t) })
+    // SAFETY: the caller's mask, if any, is a live sigset.
+    match unsafe { mask.as_ref() } {
+        // SAFETY: forwards the caller's arguments.
+        None => app::poll_events(timeout, |t| unsafe { real::epoll_wait(epfd, ev, max, t) }),
+        // SAFETY: the caller's arguments, as epoll_pwait takes them.
+        Some(m) => unsafe { wait::epoll_pwait_masked(epfd, ev, max, timeout, m) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait2(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if !app::event_waits_poll() || internal() {
+        // SAFETY: forwards the caller's arguments.
+        return unsafe { real::epoll_pwait2(epfd, ev, max, ts, mask) };
+    }
+    // SAFETY: the caller's arguments, as epoll_pwait2 takes them.
+    unsafe { wait::epoll_pwait2(epfd, ev, max, ts, mask) }
 }
 
 #[no_mangle]
@@ -1207,12 +1227,12 @@ pub unsafe extern "C" fn ppoll(
     ts: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    if !app::event_waits_poll() || internal() || !mask.is_null() {
+    if !app::event_waits_poll() || internal() {
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::ppoll(fds, n, ts, mask) };
     }
     // SAFETY: the caller's arguments, as ppoll takes them.
-    unsafe { wait::ppoll(fds, n, ts) }
+    unsafe { wait::ppoll(fds, n, ts, mask) }
 }
 
 #[no_mangle]
@@ -1240,12 +1260,12 @@ pub unsafe extern "C" fn pselect(
     ts: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    if !app::event_waits_poll() || internal() || !mask.is_null() {
+    if !app::event_waits_poll() || internal() {
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::pselect(nfds, r, w, e, ts, mask) };
     }
     // SAFETY: the caller's arguments, as pselect takes them.
-    unsafe { wait::pselect(nfds, r, w, e, ts) }
+    unsafe { wait::pselect(nfds, r, w, e, ts, mask) }
 }
 
 #[no_mangle]

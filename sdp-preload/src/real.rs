@@ -55,6 +55,41 @@ macro_rules! real_fns {
 
 use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
+/// `epoll_pwait2`: libc's (glibc 2.35 and later), or the system call where libc has none (a
+/// program may find ours through the shim on an older libc).
+#[allow(clippy::missing_safety_doc)]
+pub(crate) unsafe fn epoll_pwait2(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    type F = unsafe extern "C" fn(
+        c_int,
+        *mut libc::epoll_event,
+        c_int,
+        *const libc::timespec,
+        *const libc::sigset_t,
+    ) -> c_int;
+    static SLOT: AtomicUsize = AtomicUsize::new(0);
+    let mut p = SLOT.load(Ordering::Relaxed);
+    if p == 0 {
+        p = lookup(b"epoll_pwait2\0").max(1);
+        SLOT.store(p, Ordering::Relaxed);
+    }
+    if p == 1 {
+        // SAFETY: the caller's arguments, as the system call takes them (the kernel's
+        // sigset is 8 bytes).
+        return unsafe { libc::syscall(libc::SYS_epoll_pwait2, epfd, ev, max, ts, mask, 8) }
+            as c_int;
+    }
+    // SAFETY: `p` is libc's epoll_pwait2.
+    let f: F = unsafe { std::mem::transmute(p) };
+    // SAFETY: the caller passes the arguments epoll_pwait2 expects.
+    unsafe { f(epfd, ev, max, ts, mask) }
+}
+
 real_fns! {
     fn epoll_wait(epfd: c_int, ev: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int;
     fn epoll_pwait(

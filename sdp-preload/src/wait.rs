@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use libc::{c_int, fd_set, timespec, timeval};
+use libc::{c_int, fd_set, sigset_t, timespec, timeval};
 use sdp_core::socket::app;
 
 use crate::real;
@@ -107,7 +107,27 @@ pub(crate) unsafe fn select(
     n
 }
 
-/// `pselect` without a signal mask, polling first (the timeout is not written back).
+/// An event wait made by `call(time left, mask)` (`Some(ZERO)`: a poll), polling first; with
+/// the caller's signal mask for the wait if it gave one (`app::poll_events_masked`: polls go
+/// without it, the wait after them with it).
+fn polling(
+    timeout: Option<Duration>,
+    mask: *const sigset_t,
+    call: impl Fn(Option<Duration>, *const sigset_t) -> c_int,
+) -> c_int {
+    // SAFETY: the caller's mask, if any, is a live sigset.
+    match unsafe { mask.as_ref() } {
+        None => app::poll_events_for(timeout, |left| call(left, std::ptr::null())),
+        Some(m) => app::poll_events_masked(
+            timeout,
+            m,
+            || call(Some(Duration::ZERO), std::ptr::null()),
+            |left| call(left, mask),
+        ),
+    }
+}
+
+/// `pselect` polling first (the timeout is not written back).
 ///
 /// # Safety
 /// As for `pselect(2)`.
@@ -117,41 +137,96 @@ pub(crate) unsafe fn pselect(
     w: *mut fd_set,
     e: *mut fd_set,
     ts: *const timespec,
+    mask: *const sigset_t,
 ) -> c_int {
     // SAFETY: the caller's timespec, if any.
     let Ok(timeout) = given(unsafe { ts.as_ref() }.map(|t| (t.tv_sec, t.tv_nsec))) else {
         // SAFETY: forwards the caller's arguments (the kernel says EINVAL).
-        return unsafe { real::pselect(nfds, r, w, e, ts, std::ptr::null()) };
+        return unsafe { real::pselect(nfds, r, w, e, ts, mask) };
     };
     // SAFETY: the caller's sets hold `nfds` bits.
     let sets = unsafe { Sets::save(nfds, [r, w, e]) };
-    app::poll_events_for(timeout, |left| {
+    polling(timeout, mask, |left, mask| {
         sets.restore();
         let t = left.map(to_timespec);
         let tp = t
             .as_ref()
             .map_or(std::ptr::null(), |t| t as *const timespec);
-        // SAFETY: the caller's sets, our timespec.
-        unsafe { real::pselect(nfds, r, w, e, tp, std::ptr::null()) }
+        // SAFETY: the caller's sets and mask, our timespec.
+        unsafe { real::pselect(nfds, r, w, e, tp, mask) }
     })
 }
 
-/// `ppoll` without a signal mask, polling first.
+/// `ppoll` polling first.
 ///
 /// # Safety
 /// As for `ppoll(2)`.
-pub(crate) unsafe fn ppoll(fds: *mut libc::pollfd, n: libc::nfds_t, ts: *const timespec) -> c_int {
+pub(crate) unsafe fn ppoll(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    ts: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
     // SAFETY: the caller's timespec, if any.
     let Ok(timeout) = given(unsafe { ts.as_ref() }.map(|t| (t.tv_sec, t.tv_nsec))) else {
         // SAFETY: forwards the caller's arguments (the kernel says EINVAL).
-        return unsafe { real::ppoll(fds, n, ts, std::ptr::null()) };
+        return unsafe { real::ppoll(fds, n, ts, mask) };
     };
-    app::poll_events_for(timeout, |left| {
+    polling(timeout, mask, |left, mask| {
         let t = left.map(to_timespec);
         let tp = t
             .as_ref()
             .map_or(std::ptr::null(), |t| t as *const timespec);
-        // SAFETY: the caller's pollfds, our timespec.
-        unsafe { real::ppoll(fds, n, tp, std::ptr::null()) }
+        // SAFETY: the caller's pollfds and mask, our timespec.
+        unsafe { real::ppoll(fds, n, tp, mask) }
+    })
+}
+
+/// `epoll_pwait` given a signal mask, polling first.
+///
+/// # Safety
+/// As for `epoll_pwait(2)`.
+pub(crate) unsafe fn epoll_pwait_masked(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: &sigset_t,
+) -> c_int {
+    let timeout = u64::try_from(timeout).ok().map(Duration::from_millis);
+    polling(timeout, mask, |left, mask| {
+        let ms = match left {
+            None => -1,
+            // Whole milliseconds, rounded up, as the kernel rounds its own wait up.
+            Some(t) => t.as_micros().div_ceil(1000).min(i32::MAX as u128) as c_int,
+        };
+        // SAFETY: the caller's epoll fd, events array and mask.
+        unsafe { real::epoll_pwait(epfd, ev, max, ms, mask) }
+    })
+}
+
+/// `epoll_pwait2` polling first.
+///
+/// # Safety
+/// As for `epoll_pwait2(2)`.
+pub(crate) unsafe fn epoll_pwait2(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    ts: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: the caller's timespec, if any.
+    let Ok(timeout) = given(unsafe { ts.as_ref() }.map(|t| (t.tv_sec, t.tv_nsec))) else {
+        // SAFETY: forwards the caller's arguments (the kernel says EINVAL).
+        return unsafe { real::epoll_pwait2(epfd, ev, max, ts, mask) };
+    };
+    polling(timeout, mask, |left, mask| {
+        let t = left.map(to_timespec);
+        let tp = t
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const timespec);
+        // SAFETY: the caller's epoll fd, events array and mask, our timespec.
+        unsafe { real::epoll_pwait2(epfd, ev, max, tp, mask) }
     })
 }

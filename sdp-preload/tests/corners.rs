@@ -228,6 +228,42 @@ fn an_orphaned_shared_listener_is_taken_over() {
     );
 }
 
+/// Waits given a signal mask for the wait (ppoll, pselect, epoll_pwait, epoll_pwait2), which
+/// poll first under the shim like the others (`SDP_SPIN_US=400000`: the signal comes while they
+/// poll): a SIGALRM that the thread blocks and the call's mask lets through interrupts the call
+/// (EINTR, the handler run in it); one the thread lets through and the call's mask blocks
+/// waits until the call returns with the peer's bytes, and its handler runs as it returns.
+/// Timeouts hold. (Before the shim's threads blocked every signal, the kernel gave the alarm
+/// that the application's thread blocked to the shim's progress thread, which ran the handler:
+/// ppoll then returned the peer's bytes 300 ms later instead of EINTR, the classic pselect
+/// pattern broken.)
+#[test]
+fn waits_given_a_signal_mask_take_the_signals_it_lets_through() {
+    let _serial = serial();
+    let (tcp, lines) = differential_env(
+        Some("eintr_masked"),
+        "eintr_masked",
+        &[("SDP_SPIN_US", "400000")],
+    );
+    for call in ["ppoll", "pselect", "epoll_pwait", "epoll_pwait2"] {
+        assert!(
+            tcp.contains(&format!(
+                "{call}, alarm let through by the call's mask: -1 EINTR, handlers run in the call 1, read 4 late"
+            )) && tcp.contains(&format!(
+                "{call}, alarm held by the call's mask: 1 0, handlers run in the call 1, read 4 late"
+            )),
+            "{call}: {tcp}"
+        );
+    }
+    assert!(
+        tcp.contains("ppoll with a mask, 100 ms, nothing comes: 0")
+            && tcp.contains("epoll_pwait2 with a mask, 100 ms, nothing comes: 0")
+            && tcp.contains("epoll_pwait2, 100 ms, nothing comes: 0"),
+        "{tcp}"
+    );
+    assert!(lines.contains("\"transport\":\"shm\""), "report:\n{lines}");
+}
+
 /// Signals that come while a blocking read or an event wait polls (the shim polls before it
 /// sleeps; `SDP_SPIN_US=400000` makes every signal of the case come then): a handler without
 /// SA_RESTART interrupts the read with EINTR, one with SA_RESTART and a default-ignored

@@ -1372,6 +1372,84 @@ static void case_eintr_polling(void) {
     finish(pid, s);
 }
 
+static void peer_reply_late8(int s) {
+    for (int i = 0; i < 8; i++) {
+        await(p2c[0]);
+        sleep_ms(300);
+        CHECK(write(s, "late", 4) == 4);
+    }
+    await(p2c[0]);
+}
+
+/* One wait given a signal mask, with no timeout (-1 / NULL), on s (epoll set ep). */
+static int masked_wait(int k, int s, int ep, const sigset_t *m) {
+    struct epoll_event got;
+    struct pollfd pf = {.fd = s, .events = POLLIN};
+    fd_set rs;
+    FD_ZERO(&rs);
+    FD_SET(s, &rs);
+    switch (k) {
+    case 0: return ppoll(&pf, 1, NULL, m);
+    case 1: return pselect(s + 1, &rs, NULL, NULL, NULL, m);
+    case 2: return epoll_pwait(ep, &got, 1, -1, m);
+    default: return epoll_pwait2(ep, &got, 1, NULL, m);
+    }
+}
+
+/* Waits given a signal mask for their wait (ppoll, pselect, epoll_pwait, epoll_pwait2; run with
+ * SDP_SPIN_US=400000, so that under the shim the signal comes while they poll): a signal that
+ * the call's mask lets through interrupts it (EINTR, its handler run in the call) although the
+ * thread's own mask blocks it; one that the call's mask blocks waits: the call returns with the
+ * peer's bytes 300 ms later, and the handler runs as it returns. Timeouts hold. */
+static void case_eintr_masked(void) {
+    static const char *names[] = {"ppoll", "pselect", "epoll_pwait", "epoll_pwait2"};
+    int s;
+    pid_t pid = start(peer_reply_late8, &s);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it = {{0, 0}, {0, 50000}};
+    sigset_t alrm, none;
+    sigemptyset(&none);
+    sigemptyset(&alrm);
+    sigaddset(&alrm, SIGALRM);
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s};
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) == 0);
+    char b[8];
+    for (int k = 0; k < 4; k++) {
+        for (int through = 1; through >= 0; through--) {
+            /* through: the thread blocks SIGALRM and the call's mask lets it through; else the
+             * thread lets it through and the call's mask blocks it. */
+            sigprocmask(SIG_SETMASK, through ? &alrm : &none, NULL);
+            int a0 = alarms;
+            tell(p2c[1]);
+            setitimer(ITIMER_REAL, &it, NULL);
+            int n = masked_wait(k, s, ep, through ? &none : &alrm);
+            int e = n < 0 ? errno : 0, in_call = alarms - a0;
+            sigprocmask(SIG_SETMASK, &none, NULL);
+            ssize_t r = read(s, b, sizeof b);
+            out("%s, alarm %s: %d %s, handlers run in the call %d, read %zd %.*s", names[k],
+                through ? "let through by the call's mask" : "held by the call's mask", n, en(e),
+                in_call, r, (int)(r > 0 ? r : 0), b);
+        }
+    }
+    struct pollfd pf = {.fd = s, .events = POLLIN};
+    struct timespec ts = {0, 100000000};
+    struct epoll_event got;
+    int n = ppoll(&pf, 1, &ts, &alrm);
+    out("ppoll with a mask, 100 ms, nothing comes: %d", n);
+    n = epoll_pwait2(ep, &got, 1, &ts, &alrm);
+    out("epoll_pwait2 with a mask, 100 ms, nothing comes: %d", n);
+    n = epoll_pwait2(ep, &got, 1, &ts, NULL);
+    out("epoll_pwait2, 100 ms, nothing comes: %d", n);
+    close(ep);
+    signal(SIGALRM, SIG_DFL);
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
 static void peer_no_read(int s) {
     (void)s;
     await(p2c[0]);
@@ -1669,6 +1747,8 @@ int main(int argc, char **argv) {
     /* Only by name (the test runs it with a long SDP_SPIN_US). */
     if (only && strcmp(only, "eintr_polling") == 0)
         case_eintr_polling();
+    if (only && strcmp(only, "eintr_masked") == 0)
+        case_eintr_masked();
     out("done");
     return 0;
 }

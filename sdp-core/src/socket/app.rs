@@ -137,6 +137,20 @@ pub fn poll_events_for(
     super::runtime::poll_events_for(timeout, wait)
 }
 
+/// [`poll_events_for`] for the calls given a signal mask for their wait (`ppoll`, `pselect`,
+/// `epoll_pwait`, `epoll_pwait2` with a mask): `poll()` tries once without waiting and without
+/// the mask, `wait(left)` is the real call with the caller's `mask` and the time left. Signals
+/// act as on the real call: those `mask` lets through interrupt it, the others wait for the
+/// thread's own mask.
+pub fn poll_events_masked(
+    timeout: Option<std::time::Duration>,
+    mask: &libc::sigset_t,
+    poll: impl FnMut() -> i32,
+    wait: impl FnOnce(Option<std::time::Duration>) -> i32,
+) -> i32 {
+    super::runtime::poll_events_masked(timeout, mask, poll, wait)
+}
+
 /// Errors after which a connector should use kernel TCP: the peer or the path does not do SDP
 /// (nobody listens over SDP there, no device or route, the peer refused us).
 pub fn falls_back(e: &io::Error) -> bool {

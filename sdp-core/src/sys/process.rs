@@ -450,6 +450,12 @@ impl SignalsHeld {
             .is_some_and(|old| arrived(old).next().is_some())
     }
 
+    /// Whether a signal that `mask` (a call's mask for its wait) lets through came since
+    /// [`Self::hold`].
+    pub(crate) fn came_through(&self, mask: &libc::sigset_t) -> bool {
+        self.old.is_some() && arrived(mask).next().is_some()
+    }
+
     /// Restore the thread's mask (signals that came are handled now, in this thread) and say
     /// which handlers ran: a call sleeping in the kernel would have been interrupted by any
     /// of them (an event wait: epoll_wait, poll) or by one installed without SA_RESTART (a
@@ -479,6 +485,29 @@ impl SignalsHeld {
     }
 }
 
+/// Spawn a thread of the library's own (a progress thread, a device watch) with every signal
+/// blocked in it from its first instruction: the application's signals must reach the
+/// application's threads. A signal sent to the process goes to any thread that does not block
+/// it; one of ours would run the application's handler where the application never looks (a
+/// `pselect` that unblocks SIGALRM for its wait would never see its EINTR; a single-threaded
+/// program's handler would run beside its main thread). The calling thread blocks all
+/// signals around the spawn (the new thread starts with the mask it was created under) and
+/// gets its own mask back.
+pub(crate) fn spawn_without_signals<F, T>(
+    builder: std::thread::Builder,
+    f: F,
+) -> std::io::Result<std::thread::JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let held = SignalsHeld::hold();
+    let r = builder.spawn(f);
+    // Restores this thread's mask; nothing it held came meanwhile that it must report.
+    drop(held);
+    r
+}
+
 /// The handlers that ran when [`SignalsHeld::release`] restored the mask.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Handled {
@@ -496,8 +525,8 @@ impl Drop for SignalsHeld {
     }
 }
 
-/// The signals pending now (for the thread or the process) that `old`, the thread's own mask,
-/// lets through.
+/// The signals pending now (for the thread or the process) that `old` (the thread's own mask,
+/// or a call's) lets through.
 fn arrived(old: &libc::sigset_t) -> impl Iterator<Item = i32> + '_ {
     // SAFETY: an all-zero sigset is a valid value for sigpending to fill.
     let mut pending: libc::sigset_t = unsafe { std::mem::zeroed() };

@@ -59,7 +59,7 @@ use self::failure::*;
 use self::progress::*;
 use self::readiness::*;
 use self::spin::*;
-pub(crate) use self::spin::{poll_events, poll_events_for, APP_STREAMS};
+pub(crate) use self::spin::{poll_events, poll_events_for, poll_events_masked, APP_STREAMS};
 use self::zcopy::*;
 use super::ready::{AppReady, AppState, ReadyFd};
 use crate::driver::{Driver, ListenerId};
@@ -442,9 +442,10 @@ impl<P: Provider + 'static> Runtime<P> {
             stat: super::stat::StatServer::new(name),
         });
         let thread_sh = sh.clone();
-        std::thread::Builder::new()
-            .name("sdp-progress".into())
-            .spawn(move || progress_thread(thread_sh, notify))?;
+        sys::spawn_without_signals(
+            std::thread::Builder::new().name("sdp-progress".into()),
+            move || progress_thread(thread_sh, notify),
+        )?;
         let weak: std::sync::Weak<Shared<P>> = Arc::downgrade(&sh);
         super::exit::register(weak);
         Ok(Arc::new(Runtime { sh }))

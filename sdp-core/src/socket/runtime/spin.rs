@@ -486,6 +486,68 @@ pub(crate) fn poll_events_for(
     n
 }
 
+/// [`poll_events_for`] for the calls given a signal mask for their wait (`ppoll`, `pselect`,
+/// `epoll_pwait`, `epoll_pwait2`): `poll()` tries once without waiting, `wait(left)` is the
+/// real call with the caller's mask and the time left. Every signal is held while polling
+/// (zero-timeout tries deliver none); a signal the call's mask lets through ends the poll, and
+/// the real call, made while they are still held, installs the caller's mask as it would
+/// have at once: the kernel delivers what that mask lets through (EINTR, the handler run
+/// with the call's mask) and leaves the rest pending until the thread's own mask comes back
+/// after it, as after any such call. Nothing here turns a handler into EINTR itself.
+pub(crate) fn poll_events_masked(
+    timeout: Option<Duration>,
+    mask: &libc::sigset_t,
+    mut poll: impl FnMut() -> i32,
+    wait: impl FnOnce(Option<Duration>) -> i32,
+) -> i32 {
+    use std::sync::atomic::Ordering;
+    if timeout == Some(Duration::ZERO) || APP_STREAMS.load(Ordering::Relaxed) == 0 {
+        return wait(timeout);
+    }
+    let spin = poll_time(event_spin(), || {
+        SpinGuard::allowed() && CpuRoom::allows() && EventPolls::polls()
+    });
+    let spin = timeout.map_or(spin, |l| spin.min(l));
+    if spin.is_zero() {
+        return wait(timeout);
+    }
+    let Some(held) = sys::SignalsHeld::hold() else {
+        return wait(timeout);
+    };
+    let start = std::time::Instant::now();
+    let got = poll_for(
+        spin,
+        SpinGuard::min_lost(false),
+        &|| held.came_through(mask),
+        || {
+            let n = poll();
+            (n != 0).then(|| (n, sys::errno()))
+        },
+    );
+    if spin_fixed().is_none() {
+        EventPolls::ended(got.is_some_and(|(n, _)| n > 0));
+    }
+    let (n, err) = match got {
+        Some(answer) => {
+            if answer.0 > 0 {
+                event_spin().record(start.elapsed());
+            }
+            answer
+        }
+        None => {
+            let left = timeout.map(|l| l.saturating_sub(start.elapsed()));
+            let n = wait(left);
+            event_spin().record(start.elapsed());
+            (n, sys::errno())
+        }
+    };
+    // Signals the call's mask held back and the thread's own lets through run now, after
+    // the call, as they would after the real one.
+    drop(held);
+    sys::set_errno(err);
+    n
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

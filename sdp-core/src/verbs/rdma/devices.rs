@@ -44,10 +44,10 @@ pub(super) fn resync_soon() {
             return;
         }
     }
-    match std::thread::Builder::new()
-        .name("sdp-rdma-devices".into())
-        .spawn(watch)
-    {
+    match crate::sys::spawn_without_signals(
+        std::thread::Builder::new().name("sdp-rdma-devices".into()),
+        watch,
+    ) {
         Ok(h) => *w = Some((me, h.thread().clone())),
         // No thread (resource exhaustion): look here, once.
         Err(_) => {

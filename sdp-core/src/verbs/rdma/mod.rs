@@ -68,7 +68,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 use parking_lot::{MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard};
 use rdma_sys as rs;
@@ -136,7 +136,13 @@ struct Shared {
     release_wanted: AtomicBool,
     /// Endpoints, listeners and regions alive (each holds a [`Hold`]).
     objects: AtomicUsize,
+    /// Looks at the CM channel asked for by polls since the last one read it
+    /// ([`Shared::pump_cm_polled`]).
+    cm_looks: AtomicU32,
 }
+
+/// Polls read the CM channel this often (see [`Shared::pump_cm_polled`]).
+const CM_LOOK_EVERY: u32 = 16;
 
 /// An endpoint's, listener's or region's hold on the provider: counted, so that after the
 /// device was lost it is given back when the last object made on it goes.
@@ -270,13 +276,30 @@ impl Shared {
             lost: AtomicBool::new(false),
             release_wanted: AtomicBool::new(false),
             objects: AtomicUsize::new(0),
+            cm_looks: AtomicU32::new(0),
         })
     }
 
     /// Read every pending CM event, acknowledge it and queue it where it belongs.
     fn pump_cm(&self, st: &mut State) {
+        self.cm_looks.store(1, Ordering::Relaxed);
         while let Some(ev) = self.channel.get_event() {
             self.dispatch(st, ev);
+        }
+    }
+
+    /// [`Shared::pump_cm`] for a poll: every [`CM_LOOK_EVERY`]th time only. Reading the CM
+    /// channel is a system call that almost always finds nothing, and a progress round polls
+    /// every connection and listener; CM events are rare and none is lost meanwhile (they
+    /// wait in the channel, whose fd keeps the notify fd readable, and `arm` reads them all
+    /// before anyone sleeps).
+    fn pump_cm_polled(&self, st: &mut State) {
+        if self
+            .cm_looks
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(CM_LOOK_EVERY)
+        {
+            self.pump_cm(st);
         }
     }
 
@@ -1080,7 +1103,7 @@ impl Endpoint for RdmaEndpoint {
 
     fn poll_cm(&mut self) -> Option<CmEvent> {
         let mut st = self.sh.st.lock();
-        self.sh.pump_cm(&mut st);
+        self.sh.pump_cm_polled(&mut st);
         match st.ids.get_mut(&self.key) {
             Some(Slot::Ep(ep)) => ep.events.pop_front(),
             _ => None,
@@ -1176,7 +1199,7 @@ impl Listener for RdmaListener {
 
     fn poll_request(&mut self) -> Option<(RdmaEndpoint, Vec<u8>)> {
         let mut st = self.sh.st.lock();
-        self.sh.pump_cm(&mut st);
+        self.sh.pump_cm_polled(&mut st);
         let Some(Slot::Listener(l)) = st.ids.get_mut(&self.key) else {
             return None;
         };
