@@ -1681,11 +1681,47 @@ const SIOCATMARK: libc::c_ulong = 0x8905;
 // and writes the stream, with sendfile's semantics (offset or file position advanced by what
 // was sent).
 
-unsafe fn sendfile_common(out: c_int, inp: c_int, off: *mut i64, count: size_t) -> ssize_t {
-    let Some(s) = stream(out) else {
-        unreachable!("checked by the caller")
-    };
-    let mut buf = vec![0u8; count.clamp(1, 256 * 1024)];
+thread_local! {
+    /// sendfile's staging buffer, kept by the thread: a fresh zeroed one per call cost every
+    /// call of a large file a 256 KiB allocation (an mmap, page faults and the zeroing).
+    static SENDFILE_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Largest piece sendfile reads from the file at a time.
+const SENDFILE_CHUNK: usize = 256 * 1024;
+
+/// sendfile on the SDP stream `s` (the caller looked it up for `out`).
+unsafe fn sendfile_common(
+    s: &Sock,
+    out: c_int,
+    inp: c_int,
+    off: *mut i64,
+    count: size_t,
+) -> ssize_t {
+    let want = count.clamp(1, SENDFILE_CHUNK);
+    SENDFILE_BUF.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut kept) => {
+            if kept.len() < want {
+                kept.resize(want, 0);
+            }
+            // SAFETY: the caller's arguments, our buffer.
+            unsafe { sendfile_with(s, out, inp, off, count, &mut kept[..want]) }
+        }
+        // A signal handler's sendfile in the middle of ours: a buffer of its own.
+        // SAFETY: as above.
+        Err(_) => unsafe { sendfile_with(s, out, inp, off, count, &mut vec![0u8; want]) },
+    })
+}
+
+/// [`sendfile_common`] staging through `buf`.
+unsafe fn sendfile_with(
+    s: &Sock,
+    out: c_int,
+    inp: c_int,
+    off: *mut i64,
+    count: size_t,
+    buf: &mut [u8],
+) -> ssize_t {
     let mut total: ssize_t = 0;
     while (total as usize) < count {
         let want = (count - total as usize).min(buf.len());
@@ -1703,7 +1739,7 @@ unsafe fn sendfile_common(out: c_int, inp: c_int, off: *mut i64, count: size_t) 
             break;
         }
         let flags = if total > 0 { libc::MSG_DONTWAIT } else { 0 };
-        let w = do_write(&s, out, &buf[..n as usize], flags);
+        let w = do_write(s, out, &buf[..n as usize], flags);
         if w < 0 {
             if off.is_null() {
                 // Give back what was read and not sent.
@@ -1738,9 +1774,9 @@ pub unsafe extern "C" fn sendfile(
     off: *mut libc::off_t,
     n: size_t,
 ) -> ssize_t {
-    if data(out).is_some() {
+    if let Some(s) = data(out) {
         // SAFETY: off_t is i64 on this target; the caller's pointers.
-        return unsafe { sendfile_common(out, inp, off.cast(), n) };
+        return unsafe { sendfile_common(&s, out, inp, off.cast(), n) };
     }
     // SAFETY: forwards the caller's arguments.
     unsafe { real::sendfile(out, inp, off, n) }
@@ -1753,9 +1789,9 @@ pub unsafe extern "C" fn sendfile64(
     off: *mut libc::off64_t,
     n: size_t,
 ) -> ssize_t {
-    if data(out).is_some() {
+    if let Some(s) = data(out) {
         // SAFETY: the caller's pointers.
-        return unsafe { sendfile_common(out, inp, off, n) };
+        return unsafe { sendfile_common(&s, out, inp, off, n) };
     }
     // SAFETY: forwards the caller's arguments.
     unsafe { real::sendfile64(out, inp, off, n) }
