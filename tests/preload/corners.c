@@ -18,6 +18,7 @@
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -1010,6 +1011,63 @@ static void peer_splice(int s) {
     fflush(stdout);
 }
 
+static void peer_sendfile(int s) {
+    /* Everything until EOF: its length and a checksum. */
+    static char b[65536];
+    unsigned long sum = 0, total = 0;
+    for (;;) {
+        ssize_t r = read(s, b, sizeof b);
+        CHECK(r >= 0);
+        if (r == 0)
+            break;
+        for (ssize_t i = 0; i < r; i++)
+            sum = sum * 31 + (unsigned char)b[i];
+        total += (unsigned long)r;
+    }
+    printf("peer got %lu bytes, sum %lx\n", total, sum);
+    fflush(stdout);
+}
+
+/* sendfile from a file into the socket (nginx, lighttpd), with and without an offset: what it
+ * returns, where the offset and the file position end, what the peer gets; EBADF and EINVAL as
+ * the kernel gives them. */
+static void case_sendfile(void) {
+    int s;
+    pid_t pid = start(peer_sendfile, &s);
+    char path[] = "/tmp/sdp-corners-sendfile-XXXXXX";
+    int f = mkstemp(path);
+    CHECK(f >= 0);
+    unlink(path);
+    static char data[307200];
+    for (size_t i = 0; i < sizeof data; i++)
+        data[i] = (char)(i * 7 + i / 4096);
+    CHECK(write(f, data, sizeof data) == (ssize_t)sizeof data);
+    CHECK(lseek(f, 0, SEEK_SET) == 0);
+    off_t off = 1000;
+    ssize_t n = sendfile(s, f, &off, 100000);
+    out("sendfile 100000 at 1000: %zd, offset %ld, file position %ld", n, (long)off,
+        (long)lseek(f, 0, SEEK_CUR));
+    n = sendfile(s, f, NULL, 50000);
+    out("sendfile 50000 from the file position: %zd, file position %ld", n,
+        (long)lseek(f, 0, SEEK_CUR));
+    off = 250000;
+    n = sendfile(s, f, &off, 1 << 20);
+    out("sendfile 1 MiB at 250000: %zd, offset %ld", n, (long)off);
+    off = sizeof data + 10;
+    n = sendfile(s, f, &off, 100);
+    out("sendfile past the end: %zd, offset %ld", n, (long)off);
+    int bad = dup(f);
+    close(bad);
+    n = sendfile(s, bad, NULL, 100);
+    out("sendfile from a closed fd: %zd %s", n, en(n < 0 ? errno : 0));
+    off = -1;
+    n = sendfile(s, f, &off, 100);
+    out("sendfile at offset -1: %zd %s", n, en(n < 0 ? errno : 0));
+    close(f);
+    CHECK(shutdown(s, SHUT_WR) == 0);
+    finish(pid, s);
+}
+
 /* splice between the socket and pipes, both ways (haproxy's zero-copy forwarding). */
 static void case_splice(void) {
     int s;
@@ -1741,6 +1799,7 @@ int main(int argc, char **argv) {
     RUN(orphan_listener);
     RUN(spawn_serve);
     RUN(splice);
+    RUN(sendfile);
     RUN(vfork_exec);
     RUN(system_serve);
     RUN(popen_serve);
