@@ -433,40 +433,60 @@ pub(crate) fn poll_events(timeout_ms: i32, mut wait: impl FnMut(i32) -> i32) -> 
     })
 }
 
+/// How long an event wait with `timeout` polls before it waits (`None`: not at all: the
+/// process has no SDP streams, the call does not wait, or the back-off rules say no).
+fn event_poll_time(timeout: Option<Duration>) -> Option<Duration> {
+    use std::sync::atomic::Ordering;
+    if timeout == Some(Duration::ZERO) || APP_STREAMS.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    let spin = poll_time(event_spin(), || {
+        SpinGuard::allowed() && CpuRoom::allows() && EventPolls::polls()
+    });
+    let spin = timeout.map_or(spin, |l| spin.min(l));
+    (!spin.is_zero()).then_some(spin)
+}
+
+/// An event wait's poll: `attempt()` (the real call without waiting) again and again for
+/// `spin` or until `stop()`; its count and errno once it is not 0. Records the poll for
+/// [`EventPolls`] and, when it found events, for the adaptive poll time.
+fn event_poll(
+    spin: Duration,
+    stop: &dyn Fn() -> bool,
+    mut attempt: impl FnMut() -> i32,
+) -> Option<(i32, i32)> {
+    let start = std::time::Instant::now();
+    let got = poll_for(spin, SpinGuard::min_lost(false), stop, || {
+        let n = attempt();
+        (n != 0).then(|| (n, sys::errno()))
+    });
+    let found = got.is_some_and(|(n, _)| n > 0);
+    if spin_fixed().is_none() {
+        EventPolls::ended(found);
+    }
+    if found {
+        event_spin().record(start.elapsed());
+    }
+    got
+}
+
 /// [`poll_events`] for calls with finer timeouts (`select`, `ppoll`): `timeout` `None` waits
 /// without one, and `wait` gets the time left (`Some(ZERO)`: a poll).
 pub(crate) fn poll_events_for(
     timeout: Option<Duration>,
     mut wait: impl FnMut(Option<Duration>) -> i32,
 ) -> i32 {
-    use std::sync::atomic::Ordering;
-    if timeout == Some(Duration::ZERO) || APP_STREAMS.load(Ordering::Relaxed) == 0 {
+    let Some(spin) = event_poll_time(timeout) else {
         return wait(timeout);
-    }
-    let spin = poll_time(event_spin(), || {
-        SpinGuard::allowed() && CpuRoom::allows() && EventPolls::polls()
-    });
-    let spin = timeout.map_or(spin, |l| spin.min(l));
-    if spin.is_zero() {
-        return wait(timeout);
-    }
+    };
     let Some(held) = sys::SignalsHeld::hold() else {
         return wait(timeout);
     };
     let start = std::time::Instant::now();
-    let got = poll_for(spin, SpinGuard::min_lost(false), &|| held.came(), || {
-        let n = wait(Some(Duration::ZERO));
-        (n != 0).then(|| (n, sys::errno()))
-    });
+    let got = event_poll(spin, &|| held.came(), || wait(Some(Duration::ZERO)));
     // The handlers run here, and may leave errno changed: the poll's own goes back after.
     let handled = held.release();
-    if spin_fixed().is_none() {
-        EventPolls::ended(got.is_some_and(|(n, _)| n > 0));
-    }
     if let Some((n, err)) = got {
-        if n > 0 {
-            event_spin().record(start.elapsed());
-        }
         sys::set_errno(err);
         return n;
     }
@@ -497,43 +517,19 @@ pub(crate) fn poll_events_for(
 pub(crate) fn poll_events_masked(
     timeout: Option<Duration>,
     mask: &libc::sigset_t,
-    mut poll: impl FnMut() -> i32,
+    poll: impl FnMut() -> i32,
     wait: impl FnOnce(Option<Duration>) -> i32,
 ) -> i32 {
-    use std::sync::atomic::Ordering;
-    if timeout == Some(Duration::ZERO) || APP_STREAMS.load(Ordering::Relaxed) == 0 {
+    let Some(spin) = event_poll_time(timeout) else {
         return wait(timeout);
-    }
-    let spin = poll_time(event_spin(), || {
-        SpinGuard::allowed() && CpuRoom::allows() && EventPolls::polls()
-    });
-    let spin = timeout.map_or(spin, |l| spin.min(l));
-    if spin.is_zero() {
-        return wait(timeout);
-    }
+    };
     let Some(held) = sys::SignalsHeld::hold() else {
         return wait(timeout);
     };
     let start = std::time::Instant::now();
-    let got = poll_for(
-        spin,
-        SpinGuard::min_lost(false),
-        &|| held.came_through(mask),
-        || {
-            let n = poll();
-            (n != 0).then(|| (n, sys::errno()))
-        },
-    );
-    if spin_fixed().is_none() {
-        EventPolls::ended(got.is_some_and(|(n, _)| n > 0));
-    }
+    let got = event_poll(spin, &|| held.came_through(mask), poll);
     let (n, err) = match got {
-        Some(answer) => {
-            if answer.0 > 0 {
-                event_spin().record(start.elapsed());
-            }
-            answer
-        }
+        Some(answer) => answer,
         None => {
             let left = timeout.map(|l| l.saturating_sub(start.elapsed()));
             let n = wait(left);
