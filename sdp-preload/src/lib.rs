@@ -1682,9 +1682,24 @@ const SIOCATMARK: libc::c_ulong = 0x8905;
 // was sent).
 
 thread_local! {
-    /// sendfile's staging buffer, kept by the thread: a fresh zeroed one per call cost every
-    /// call of a large file a 256 KiB allocation (an mmap, page faults and the zeroing).
-    static SENDFILE_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// sendfile's and splice's staging buffer, kept by the thread: a fresh zeroed one per call
+    /// cost every call of a large file a 256 KiB allocation (an mmap, page faults and the
+    /// zeroing).
+    static STAGE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `f` with `len` bytes of the thread's staging buffer ([`STAGE`]; a buffer of its own for a
+/// signal handler's call in the middle of another).
+fn with_stage<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    STAGE.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut kept) => {
+            if kept.len() < len {
+                kept.resize(len, 0);
+            }
+            f(&mut kept[..len])
+        }
+        Err(_) => f(&mut vec![0u8; len]),
+    })
 }
 
 /// Largest piece sendfile reads from the file at a time.
@@ -1698,18 +1713,9 @@ unsafe fn sendfile_common(
     off: *mut i64,
     count: size_t,
 ) -> ssize_t {
-    let want = count.clamp(1, SENDFILE_CHUNK);
-    SENDFILE_BUF.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut kept) => {
-            if kept.len() < want {
-                kept.resize(want, 0);
-            }
-            // SAFETY: the caller's arguments, our buffer.
-            unsafe { sendfile_with(s, out, inp, off, count, &mut kept[..want]) }
-        }
-        // A signal handler's sendfile in the middle of ours: a buffer of its own.
-        // SAFETY: as above.
-        Err(_) => unsafe { sendfile_with(s, out, inp, off, count, &mut vec![0u8; want]) },
+    // SAFETY: the caller's arguments, our buffer.
+    with_stage(count.clamp(1, SENDFILE_CHUNK), |buf| unsafe {
+        sendfile_with(s, out, inp, off, count, buf)
     })
 }
 
@@ -2059,21 +2065,23 @@ fn splice_from_stream(s: &Sock, sock: c_int, pipe: c_int, len: usize, nb: bool) 
             want = want.min(room);
         }
     }
-    let mut buf = vec![0u8; want];
-    // The stream side blocks as its fd says (TCP's splice too: SPLICE_F_NONBLOCK is the pipe's).
-    let n = do_read(s, sock, &mut buf, libc::MSG_PEEK);
-    if n <= 0 {
-        return n;
-    }
-    // SAFETY: writes from our own buffer.
-    let w = unsafe { real::write(pipe, buf.as_ptr().cast(), n as usize) };
-    if w <= 0 {
-        return w;
-    }
-    // The bytes are in the pipe: take them from the stream (they are there, in order).
-    let taken = do_read(s, sock, &mut buf[..w as usize], libc::MSG_DONTWAIT);
-    debug_assert_eq!(taken, w);
-    w
+    with_stage(want, |buf| {
+        // The stream side blocks as its fd says (TCP's splice too: SPLICE_F_NONBLOCK is the
+        // pipe's).
+        let n = do_read(s, sock, buf, libc::MSG_PEEK);
+        if n <= 0 {
+            return n;
+        }
+        // SAFETY: writes from our own buffer.
+        let w = unsafe { real::write(pipe, buf.as_ptr().cast(), n as usize) };
+        if w <= 0 {
+            return w;
+        }
+        // The bytes are in the pipe: take them from the stream (they are there, in order).
+        let taken = do_read(s, sock, &mut buf[..w as usize], libc::MSG_DONTWAIT);
+        debug_assert_eq!(taken, w);
+        w
+    })
 }
 
 /// A pipe into an SDP stream: `tee` the pipe's bytes (they stay in it), write them to the
@@ -2102,32 +2110,33 @@ fn splice_to_stream(s: &Sock, pipe: c_int, sock: c_int, len: usize, nb: bool) ->
         }
         return t;
     }
-    let mut buf = vec![0u8; t as usize];
-    let mut got = 0;
-    while got < buf.len() {
-        // SAFETY: reads into our own buffer.
-        let r = unsafe { real::read(p[0], buf[got..].as_mut_ptr().cast(), buf.len() - got) };
-        if r <= 0 {
-            break;
+    with_stage(t as usize, |buf| {
+        let mut got = 0;
+        while got < buf.len() {
+            // SAFETY: reads into our own buffer.
+            let r = unsafe { real::read(p[0], buf[got..].as_mut_ptr().cast(), buf.len() - got) };
+            if r <= 0 {
+                break;
+            }
+            got += r as usize;
         }
-        got += r as usize;
-    }
-    close(&p);
-    let w = do_write(s, sock, &buf[..got], 0);
-    if w <= 0 {
-        return w;
-    }
-    // The stream took `w` bytes: take them from the pipe (they are its first bytes).
-    let mut left = w as usize;
-    while left > 0 {
-        // SAFETY: reads into our own buffer.
-        let r = unsafe { real::read(pipe, buf.as_mut_ptr().cast(), left) };
-        if r <= 0 {
-            break;
+        close(&p);
+        let w = do_write(s, sock, &buf[..got], 0);
+        if w <= 0 {
+            return w;
         }
-        left -= r as usize;
-    }
-    w
+        // The stream took `w` bytes: take them from the pipe (they are its first bytes).
+        let mut left = w as usize;
+        while left > 0 {
+            // SAFETY: reads into our own buffer.
+            let r = unsafe { real::read(pipe, buf.as_mut_ptr().cast(), left) };
+            if r <= 0 {
+                break;
+            }
+            left -= r as usize;
+        }
+        w
+    })
 }
 
 #[no_mangle]
