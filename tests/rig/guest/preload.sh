@@ -11,9 +11,9 @@
 #     without it the shim would pick shm for this host's own addresses.
 #   - under librspreload (LD_PRELOAD=librspreload.so): the same commands; works/fails is recorded and
 #     printed as a table, it never fails the rig (a failure of rsockets is a finding, not ours).
-# The shim's connect does not take the source address a program bound (TODO.md), so its connections
-# are placed by the route to $B: rxe1 to rxe1 (Soft-RoCE loopback, no veth crossing); each line shows
-# which devices' packet counters moved.
+# The shim's connect leaves from the address a program bound (nc -s, iperf3 -B, sockperf --client_ip:
+# $A, so rxe0 to rxe1 across the veth pair); a program that binds none is placed by the route to $B
+# (rxe1 to rxe1, Soft-RoCE loopback). Each line shows which devices' packet counters moved.
 # Quick by design (a few MiB per program); the heavier runs are in bench.sh (--bench-preload).
 PRE=${PRE:-/rig/lib/libsdp_preload.so}
 RSP=${RSP:-/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so}
