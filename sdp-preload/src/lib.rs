@@ -1185,13 +1185,8 @@ pub unsafe extern "C" fn epoll_pwait(
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::epoll_pwait(epfd, ev, max, timeout, mask) };
     }
-    // SAFETY: the caller's mask, if any, is a live sigset.
-    match unsafe { mask.as_ref() } {
-        // SAFETY: forwards the caller's arguments.
-        None => app::poll_events(timeout, |t| unsafe { real::epoll_wait(epfd, ev, max, t) }),
-        // SAFETY: the caller's arguments, as epoll_pwait takes them.
-        Some(m) => unsafe { wait::epoll_pwait_masked(epfd, ev, max, timeout, m) },
-    }
+    // SAFETY: the caller's arguments, as epoll_pwait takes them.
+    unsafe { wait::epoll_pwait(epfd, ev, max, timeout, mask) }
 }
 
 #[no_mangle]

@@ -38,6 +38,16 @@ fn to_timespec(d: Duration) -> timespec {
     }
 }
 
+/// The time left as a timespec for a real call (`None`: no timeout, a null pointer), made by
+/// `call` while it lives.
+fn with_timespec<R>(left: Option<Duration>, call: impl FnOnce(*const timespec) -> R) -> R {
+    let t = left.map(to_timespec);
+    call(
+        t.as_ref()
+            .map_or(std::ptr::null(), |t| t as *const timespec),
+    )
+}
+
 /// The caller's `select` sets as given, to put back before each try.
 struct Sets {
     given: [(*mut fd_set, Vec<u8>); 3],
@@ -148,12 +158,8 @@ pub(crate) unsafe fn pselect(
     let sets = unsafe { Sets::save(nfds, [r, w, e]) };
     polling(timeout, mask, |left, mask| {
         sets.restore();
-        let t = left.map(to_timespec);
-        let tp = t
-            .as_ref()
-            .map_or(std::ptr::null(), |t| t as *const timespec);
         // SAFETY: the caller's sets and mask, our timespec.
-        unsafe { real::pselect(nfds, r, w, e, tp, mask) }
+        with_timespec(left, |tp| unsafe { real::pselect(nfds, r, w, e, tp, mask) })
     })
 }
 
@@ -173,35 +179,25 @@ pub(crate) unsafe fn ppoll(
         return unsafe { real::ppoll(fds, n, ts, mask) };
     };
     polling(timeout, mask, |left, mask| {
-        let t = left.map(to_timespec);
-        let tp = t
-            .as_ref()
-            .map_or(std::ptr::null(), |t| t as *const timespec);
         // SAFETY: the caller's pollfds and mask, our timespec.
-        unsafe { real::ppoll(fds, n, tp, mask) }
+        with_timespec(left, |tp| unsafe { real::ppoll(fds, n, tp, mask) })
     })
 }
 
-/// `epoll_pwait` given a signal mask, polling first.
+/// `epoll_pwait` polling first.
 ///
 /// # Safety
 /// As for `epoll_pwait(2)`.
-pub(crate) unsafe fn epoll_pwait_masked(
+pub(crate) unsafe fn epoll_pwait(
     epfd: c_int,
     ev: *mut libc::epoll_event,
     max: c_int,
     timeout: c_int,
-    mask: &sigset_t,
+    mask: *const sigset_t,
 ) -> c_int {
-    let timeout = u64::try_from(timeout).ok().map(Duration::from_millis);
-    polling(timeout, mask, |left, mask| {
-        let ms = match left {
-            None => -1,
-            // Whole milliseconds, rounded up, as the kernel rounds its own wait up.
-            Some(t) => t.as_micros().div_ceil(1000).min(i32::MAX as u128) as c_int,
-        };
+    polling(app::timeout_of_ms(timeout), mask, |left, mask| {
         // SAFETY: the caller's epoll fd, events array and mask.
-        unsafe { real::epoll_pwait(epfd, ev, max, ms, mask) }
+        unsafe { real::epoll_pwait(epfd, ev, max, app::ms_of_timeout(left), mask) }
     })
 }
 
@@ -222,11 +218,9 @@ pub(crate) unsafe fn epoll_pwait2(
         return unsafe { real::epoll_pwait2(epfd, ev, max, ts, mask) };
     };
     polling(timeout, mask, |left, mask| {
-        let t = left.map(to_timespec);
-        let tp = t
-            .as_ref()
-            .map_or(std::ptr::null(), |t| t as *const timespec);
         // SAFETY: the caller's epoll fd, events array and mask, our timespec.
-        unsafe { real::epoll_pwait2(epfd, ev, max, tp, mask) }
+        with_timespec(left, |tp| unsafe {
+            real::epoll_pwait2(epfd, ev, max, tp, mask)
+        })
     })
 }

@@ -137,6 +137,18 @@ pub fn poll_events_for(
     super::runtime::poll_events_for(timeout, wait)
 }
 
+/// A millisecond timeout of `epoll_wait` or `poll` (negative: none) as a length, for
+/// [`poll_events_for`] and [`poll_events_masked`].
+pub fn timeout_of_ms(ms: i32) -> Option<std::time::Duration> {
+    super::runtime::timeout_of_ms(ms)
+}
+
+/// The time left of such a wait as its millisecond timeout (`None`: -1), rounded up as the
+/// kernel rounds its own wait up.
+pub fn ms_of_timeout(t: Option<std::time::Duration>) -> i32 {
+    super::runtime::ms_of_timeout(t)
+}
+
 /// [`poll_events_for`] for the calls given a signal mask for their wait (`ppoll`, `pselect`,
 /// `epoll_pwait`, `epoll_pwait2` with a mask): `poll()` tries once without waiting and without
 /// the mask, `wait(left)` is the real call with the caller's `mask` and the time left. Signals

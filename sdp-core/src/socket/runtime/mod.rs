@@ -59,7 +59,9 @@ use self::failure::*;
 use self::progress::*;
 use self::readiness::*;
 use self::spin::*;
-pub(crate) use self::spin::{poll_events, poll_events_for, poll_events_masked, APP_STREAMS};
+pub(crate) use self::spin::{
+    ms_of_timeout, poll_events, poll_events_for, poll_events_masked, timeout_of_ms, APP_STREAMS,
+};
 use self::zcopy::*;
 use super::ready::{AppReady, AppState, ReadyFd};
 use crate::driver::{Driver, ListenerId};

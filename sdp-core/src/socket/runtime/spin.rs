@@ -423,14 +423,21 @@ impl EventPolls {
 /// restarted), a default or ignored disposition lets it wait on. The thread's back-off rules
 /// apply ([`SpinGuard`], [`CpuRoom`], [`EventPolls`]).
 pub(crate) fn poll_events(timeout_ms: i32, mut wait: impl FnMut(i32) -> i32) -> i32 {
-    let timeout = u64::try_from(timeout_ms).ok().map(Duration::from_millis);
-    poll_events_for(timeout, |t| {
-        wait(match t {
-            None => -1,
-            // Whole milliseconds, rounded up, as the kernel rounds its own wait up.
-            Some(t) => t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32,
-        })
-    })
+    poll_events_for(timeout_of_ms(timeout_ms), |t| wait(ms_of_timeout(t)))
+}
+
+/// A millisecond timeout as the event waits take it (negative: none) as a length.
+pub(crate) fn timeout_of_ms(ms: i32) -> Option<Duration> {
+    u64::try_from(ms).ok().map(Duration::from_millis)
+}
+
+/// A length as a millisecond timeout (`None`: -1, none): whole milliseconds, rounded up, as
+/// the kernel rounds its own wait up.
+pub(crate) fn ms_of_timeout(t: Option<Duration>) -> i32 {
+    match t {
+        None => -1,
+        Some(t) => t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32,
+    }
 }
 
 /// How long an event wait with `timeout` polls before it waits (`None`: not at all: the
