@@ -57,6 +57,7 @@ use std::sync::Arc;
 use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 use parking_lot::Mutex;
 use sdp_core::socket::app::{self, AppListener, AppStream, ReadFlags};
+use sdp_core::socket::history;
 use sdp_core::socket::Options;
 
 use table::{Opts, Sock};
@@ -469,6 +470,11 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::connect(fd, addr, len) };
     }
+    if choice == rules::Use::Both {
+        if let Some(why) = history::advice(dst) {
+            return connect_tcp(fd, addr, len, dst, &why.to_string());
+        }
+    }
     let (nonblocking, cloexec) = fd_flags(fd);
     let r = {
         let _g = Internal::enter();
@@ -510,20 +516,29 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             ));
             fail(&e)
         }
-        Err(e) => {
-            log(format_args!("connect fd {fd} to {dst}: kernel TCP ({e})"));
-            report::push(report::Record {
-                role: "client",
-                peer: Some(dst),
-                transport: "tcp".into(),
-                fallback: Some(e.to_string()),
-                ..Default::default()
-            });
-            table::remove(fd);
-            // SAFETY: forwards the caller's arguments.
-            unsafe { real::connect(fd, addr, len) }
-        }
+        Err(e) => connect_tcp(fd, addr, len, dst, &e.to_string()),
     }
+}
+
+/// An automatic connect that goes by kernel TCP after all, for `why` (logged and reported).
+fn connect_tcp(
+    fd: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+    dst: SocketAddr,
+    why: &str,
+) -> c_int {
+    log(format_args!("connect fd {fd} to {dst}: kernel TCP ({why})"));
+    report::push(report::Record {
+        role: "client",
+        peer: Some(dst),
+        transport: "tcp".into(),
+        fallback: Some(why.into()),
+        ..Default::default()
+    });
+    table::remove(fd);
+    // SAFETY: forwards the caller's arguments (the connect hook's own).
+    unsafe { real::connect(fd, addr, len) }
 }
 
 /// The address a not yet connected socket was bound to, if the application bound one.

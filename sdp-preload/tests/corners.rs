@@ -295,3 +295,61 @@ fn signals_while_a_read_polls_act_as_on_a_sleeping_read() {
     );
     assert!(lines.contains("\"transport\":\"shm\""), "report:\n{lines}");
 }
+
+/// The client's transports in the report, in order, runs of one collapsed: ("shm", 8), ...;
+/// a TCP line counts only with `why` in its fallback reason.
+fn client_runs(lines: &str, why: &str) -> Vec<(String, usize)> {
+    let mut runs: Vec<(String, usize)> = Vec::new();
+    for l in lines.lines().filter(|l| l.contains("\"role\":\"client\"")) {
+        let t = if l.contains("\"transport\":\"shm\"") {
+            "shm".to_string()
+        } else if l.contains("\"transport\":\"tcp\"") && l.contains(why) {
+            "tcp".to_string()
+        } else {
+            l.to_string()
+        };
+        match runs.last_mut() {
+            Some((last, n)) if *last == t => *n += 1,
+            _ => runs.push((t, 1)),
+        }
+    }
+    runs
+}
+
+/// Short connections in a row to one server: after 8 over SDP that each ended within a few
+/// messages, the client's connects there go by kernel TCP (reported with the reason) for a
+/// second, as SDP's setup costs more than such a connection gains; after that SDP is tried
+/// again, a longer connection (40 round trips) clears the count, and 8 more short ones start
+/// the hold again. Same transcript as TCP throughout; with `SDP_SHORT_CONNS=0` all go by SDP.
+/// (Before, every connection paid SDP's setup: nginx with one request per connection ran at
+/// 0.08x TCP.)
+#[test]
+fn short_connections_in_a_row_go_by_tcp_for_a_while() {
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("short_conns"), "short_conns");
+    assert!(
+        tcp.contains("short connections: 12 of 12 echoed")
+            && tcp.contains("a long connection after a pause: echoed")
+            && tcp.contains("short connections: 9 of 9 echoed")
+            && tcp.contains("short connections' server exit 0"),
+        "{tcp}"
+    );
+    let want = |v: &[(&str, usize)]| -> Vec<(String, usize)> {
+        v.iter().map(|(t, n)| (t.to_string(), *n)).collect()
+    };
+    assert_eq!(
+        client_runs(&lines, "short-lived connections"),
+        want(&[("shm", 8), ("tcp", 4), ("shm", 9), ("tcp", 1)]),
+        "report:\n{lines}"
+    );
+    let (_, lines) = differential_env(
+        Some("short_conns"),
+        "short_conns_off",
+        &[("SDP_SHORT_CONNS", "0")],
+    );
+    assert_eq!(
+        client_runs(&lines, "short-lived connections"),
+        want(&[("shm", 22)]),
+        "report:\n{lines}"
+    );
+}

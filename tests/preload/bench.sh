@@ -2,7 +2,8 @@
 # Speed of unmodified programs under the LD_PRELOAD shim against kernel TCP loopback, measured
 # in the same run (interleaved, medians of RUNS): iperf3 (128 KiB writes), sockperf ping-pong
 # p50, redis-benchmark GET/SET with -P 1 and -P 16, nginx + wrk requests/s (1 KiB and 1 MiB, and
-# 1 KiB with one request per connection);
+# 1 KiB with one request per connection: as the shim chooses, which after a run of short
+# connections is kernel TCP (sdp-core socket/history.rs), and with SDP kept, SDP_SHORT_CONNS=0);
 # and the shim's cost on fds it does not own (tests/preload/passthrough.c: read/write on a pipe,
 # a file and an AF_UNIX pair, fcntl, in ns per call, with and without the shim).
 # Prints one row per measurement with the ratio shim / TCP (or shim / none). A benchmark, not a test.
@@ -56,7 +57,7 @@ redis_rps() { # MODE TEST PIPELINE
         tr '\r' '\n' | awk '/requests per second/ { print $2 }' | tail -1
     kill $s; wait $s 2>/dev/null
 }
-nginx_rps() { # MODE FILE [close: one request per connection]
+nginx_rps() { # MODE FILE [close | close-sdp: one request per connection (close-sdp: SDP kept)]
     next_port
     mkdir -p "$WORK/www" "$WORK/ng"
     [ -f "$WORK/www/1k" ] || head -c 1024 /dev/urandom >"$WORK/www/1k"
@@ -72,9 +73,10 @@ EOF
     $(pre "$1") nginx -c "$WORK/ng/nginx.conf" >/dev/null 2>&1 &
     local s=$!
     wait_port $PORT
-    local hdr=()
-    [ "${3:-}" = close ] && hdr=(-H "Connection: close")
-    $(pre "$1") wrk -t1 -c8 -d2 "${hdr[@]}" http://127.0.0.1:$PORT/"$2" 2>/dev/null | awk '/Requests\/sec/ { print $2 }'
+    local hdr=() keep=()
+    [ -n "${3:-}" ] && hdr=(-H "Connection: close")
+    [ "${3:-}" = close-sdp ] && keep=(env SDP_SHORT_CONNS=0)
+    "${keep[@]}" $(pre "$1") wrk -t1 -c8 -d2 "${hdr[@]}" http://127.0.0.1:$PORT/"$2" 2>/dev/null | awk '/Requests\/sec/ { print $2 }'
     kill $s; wait $s 2>/dev/null
 }
 
@@ -103,6 +105,7 @@ measure "redis GET -P 16" req/s 1 eval 'f() { redis_rps "$1" get 16; }; f'
 measure "nginx+wrk 1 KiB" req/s 1 eval 'f() { nginx_rps "$1" 1k; }; f'
 measure "nginx+wrk 1 MiB" req/s 1 eval 'f() { nginx_rps "$1" 1m; }; f'
 measure "nginx+wrk 1 KiB conn close" req/s 1 eval 'f() { nginx_rps "$1" 1k close; }; f'
+measure "  the same, SDP kept" req/s 1 eval 'f() { nginx_rps "$1" 1k close-sdp; }; f'
 
 # Calls on fds the shim does not own (target: within 2% of no shim).
 gcc -O2 -Wall -Werror -o "$WORK/passthrough" tests/preload/passthrough.c || exit 1

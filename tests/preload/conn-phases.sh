@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Where a short connection's time and CPU go, kernel TCP against the shim over shm in the same
-# run (tests/preload/conn-phases.c: connect, 100 bytes each way, close, N times in turn).
+# run (SDP kept for every connection; then the shim's own choice, which moves these to TCP) (tests/preload/conn-phases.c: connect, 100 bytes each way, close, N times in turn).
 # Prints, per transport, the medians of each phase (stamps of both processes on one clock) and
 # the CPU each process (and the shim's progress thread) used per connection. A benchmark, not
 # a test: the figures and their dates go to docs/benchmarks.md.
@@ -19,9 +19,9 @@ for _ in $(seq "${LOAD:-0}"); do (while :; do :; done) & LOADPIDS+=($!); done
 gcc -O2 -Wall -Werror -o "$WORK/cp" tests/preload/conn-phases.c || exit 1
 command -v gawk >/dev/null || { echo "needs gawk" >&2; exit 1; }
 
-run() { # run NAME PRELOAD(0/1)
+run() { # run NAME PRELOAD(0/1) [ENV...]
     local pre=(env -u LD_PRELOAD) port=$((20000 + RANDOM % 10000))
-    [ "$2" = 1 ] && pre=(env LD_PRELOAD="$SO")
+    [ "$2" = 1 ] && pre=(env LD_PRELOAD="$SO" "${@:3}")
     "${pre[@]}" "$WORK/cp" s $port $((N + 200)) 200 "$WORK/s" & local s=$!
     for _ in $(seq 100); do ss -ltn | grep -q ":$port " && break; sleep 0.05; done
     sleep 0.3
@@ -41,4 +41,7 @@ run() { # run NAME PRELOAD(0/1)
 }
 echo "conn-phases: $N connections in turn, ${LOAD:-0} CPU-bound processes beside"
 run tcp 0
-run shim 1
+# SDP kept for every connection (by default, after a run of short connections the shim's
+# connects to this server go by kernel TCP: that row is the last).
+run shim 1 SDP_SHORT_CONNS=0
+run auto 1

@@ -1111,6 +1111,72 @@ static void case_splice(void) {
     out("splice to socket: %zu", put);
 }
 
+/* Short connections in a row to one server (sdp-core socket/history.rs): each client connection
+ * is echoed; a short one writes 100 bytes and reads them back, a long one makes 40 round trips.
+ * The transcript is TCP's; the shim's report tells which went by SDP. */
+static int echo_rounds(const struct sockaddr_in *a, int rounds) {
+    int s = dial(a);
+    char b[100], r[100];
+    for (int i = 0; i < rounds; i++) {
+        memset(b, 'a' + i % 26, sizeof b);
+        CHECK(write(s, b, sizeof b) == sizeof b);
+        size_t got = 0;
+        while (got < sizeof r) {
+            ssize_t k = read(s, r + got, sizeof r - got);
+            CHECK(k > 0);
+            got += k;
+        }
+        if (memcmp(b, r, sizeof b) != 0) {
+            close(s);
+            return 0;
+        }
+    }
+    close(s);
+    return 1;
+}
+
+static void case_short_conns(void) {
+    enum { CONNS = 22 };
+    /* The server listens in its own process (a listener shared by fork is another case's). */
+    int ap[2];
+    CHECK(pipe(ap) == 0);
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (srv == 0) {
+        struct sockaddr_in a;
+        int l = listener(&a);
+        CHECK(write(ap[1], &a, sizeof a) == sizeof a);
+        for (int i = 0; i < CONNS; i++) {
+            int c = accept(l, NULL, NULL);
+            CHECK(c >= 0);
+            char b[4096];
+            ssize_t k;
+            while ((k = read(c, b, sizeof b)) > 0)
+                CHECK(write(c, b, k) == k);
+            CHECK(k == 0);
+            close(c);
+        }
+        _exit(0);
+    }
+    struct sockaddr_in a;
+    CHECK(read(ap[0], &a, sizeof a) == sizeof a);
+    close(ap[0]);
+    close(ap[1]);
+    int ok = 0;
+    for (int i = 0; i < 12; i++)
+        ok += echo_rounds(&a, 1);
+    out("short connections: %d of 12 echoed", ok);
+    sleep_ms(1100);
+    out("a long connection after a pause: %s", echo_rounds(&a, 40) ? "echoed" : "wrong");
+    ok = 0;
+    for (int i = 0; i < 9; i++)
+        ok += echo_rounds(&a, 1);
+    out("short connections: %d of 9 echoed", ok);
+    int st;
+    CHECK(waitpid(srv, &st, 0) == srv);
+    out("short connections' server exit %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
 static volatile sig_atomic_t sigurgs;
 static void on_urg(int sig) { (void)sig; sigurgs++; }
 
@@ -1803,6 +1869,7 @@ int main(int argc, char **argv) {
     RUN(vfork_exec);
     RUN(system_serve);
     RUN(popen_serve);
+    RUN(short_conns);
     /* Only by name (the test runs it with a long SDP_SPIN_US). */
     if (only && strcmp(only, "eintr_polling") == 0)
         case_eintr_polling();

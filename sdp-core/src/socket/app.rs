@@ -59,6 +59,9 @@ pub struct AppInfo {
     pub tx_queued: usize,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// SDP messages received and sent (data and control).
+    pub msgs_in: u64,
+    pub msgs_out: u64,
     /// Bytes that went by zero copy (either way).
     pub zcopy_bytes: u64,
     /// Send credits (peer receive buffers) available now.
@@ -98,6 +101,8 @@ pub struct AppStream {
     id: ConnId,
     /// The fd is shared with other processes (see [`AppStream::share`]).
     shared: std::sync::atomic::AtomicBool,
+    /// The destination of a connect, whose end teaches automatic choice (`history`).
+    dest: Option<SocketAddr>,
 }
 
 impl std::fmt::Debug for AppStream {
@@ -108,6 +113,15 @@ impl std::fmt::Debug for AppStream {
 
 impl Drop for AppStream {
     fn drop(&mut self) {
+        if let (Some(dest), false) = (self.dest, self.is_shared()) {
+            if let Ok(i) = self.info() {
+                super::history::record_end(
+                    dest,
+                    i.msgs_in + i.msgs_out,
+                    i.bytes_in + i.bytes_out,
+                );
+            }
+        }
         self.stack.0.close(self.id);
         super::runtime::APP_STREAMS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
@@ -197,7 +211,8 @@ impl AppStream {
         // A nonblocking connect cannot wait for room in a full listen queue: it fails
         // (ECONNREFUSED), so the shim's caller goes to kernel TCP, whose SYN waits there.
         let id = stack.0.connect(addr, opts.connect_timeout, !nonblocking)?;
-        let s = AppStream::new(stack, id);
+        let mut s = AppStream::new(stack, id);
+        s.dest = Some(addr);
         let fd = s.stack.0.app_attach(id, nonblocking, cloexec)?;
         Ok((s, fd))
     }
@@ -219,6 +234,7 @@ impl AppStream {
             stack,
             id,
             shared: std::sync::atomic::AtomicBool::new(false),
+            dest: None,
         }
     }
 

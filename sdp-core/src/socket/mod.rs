@@ -61,6 +61,7 @@
 pub mod app;
 mod errors;
 mod exit;
+pub mod history;
 mod listener;
 mod pump;
 mod ready;

@@ -13,6 +13,7 @@
 //! | `SDP_DIRECT_WAKE` | [`Tunables::direct_wake`] | on (`0` turns it off) |
 //! | `SDP_TRACE` | [`Tunables::trace`] | off (`1` turns it on) |
 //! | `SDP_ZCOPY_SPLIT` | [`Tunables::zcopy_split`] | the provider's choice (`0` off, `1` on) |
+//! | `SDP_SHORT_CONNS` | [`Tunables::short_conns`] | 8 (`0` off) |
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -47,7 +48,13 @@ pub(crate) struct Tunables {
     /// (`0`: every zero-copy source goes by gathered SENDs where the device prefers them, no
     /// RDMA Read); `None`: the provider's choice.
     pub zcopy_split: Option<bool>,
+    /// `SDP_SHORT_CONNS`: short connections in a row to one destination after which an
+    /// automatic connect goes there by kernel TCP for a while (`0`: never; `socket::history`).
+    pub short_conns: u32,
 }
+
+/// Short connections in a row that hold a destination on kernel TCP without `SDP_SHORT_CONNS`.
+pub const DEFAULT_SHORT_CONNS: u32 = 8;
 
 /// The exit linger without `SDP_EXIT_LINGER_MS`.
 pub const DEFAULT_EXIT_LINGER: Duration = Duration::from_secs(10);
@@ -71,6 +78,8 @@ impl Tunables {
                 Some("1") => Some(true),
                 _ => None,
             },
+            short_conns: num("SDP_SHORT_CONNS")
+                .map_or(DEFAULT_SHORT_CONNS, |n| n.min(u32::MAX.into()) as u32),
         }
     }
 }
@@ -113,6 +122,7 @@ mod tests {
         assert!(t.stat);
         assert!(!t.trace);
         assert_eq!(t.zcopy_split, None);
+        assert_eq!(t.short_conns, DEFAULT_SHORT_CONNS);
     }
 
     #[test]
@@ -126,6 +136,7 @@ mod tests {
             ("SDP_STAT", "0"),
             ("SDP_TRACE", "1"),
             ("SDP_ZCOPY_SPLIT", "0"),
+            ("SDP_SHORT_CONNS", "0"),
         ]);
         assert_eq!(t.providers, "rdma");
         assert_eq!(t.spin, Some(Duration::ZERO));
@@ -135,6 +146,7 @@ mod tests {
         assert!(!t.stat);
         assert!(t.trace);
         assert_eq!(t.zcopy_split, Some(false));
+        assert_eq!(t.short_conns, 0);
         let bad = with(&[
             ("SDP_SPIN_US", "fast"),
             ("SDP_ZCOPY_MIN", "2g"),
@@ -142,12 +154,14 @@ mod tests {
             ("SDP_STAT", "1"),
             ("SDP_TRACE", "yes"),
             ("SDP_ZCOPY_SPLIT", "maybe"),
+            ("SDP_SHORT_CONNS", "few"),
         ]);
         assert_eq!((bad.spin, bad.zcopy_min), (None, None));
         assert_eq!(bad.exit_linger, DEFAULT_EXIT_LINGER);
         assert!(bad.stat);
         assert!(!bad.trace);
         assert_eq!(bad.zcopy_split, None);
+        assert_eq!(bad.short_conns, DEFAULT_SHORT_CONNS);
         assert_eq!(parse_size("1M"), Some(1 << 20));
     }
 }

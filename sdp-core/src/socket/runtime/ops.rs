@@ -653,6 +653,8 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             tx_queued: c.tx_queued(),
             bytes_in: s.data_bytes_rcvd,
             bytes_out: s.data_bytes_sent,
+            msgs_in: s.msgs_rcvd,
+            msgs_out: s.msgs_sent,
             zcopy_bytes: s.zcopy_read_bytes + s.zcopy_write_bytes + s.zcopy_send_bytes,
             credits: c.tx_credits(),
             send_size: c.send_size(),
