@@ -50,6 +50,7 @@ impl Errno for VerbsError {
             VerbsError::QueueFull(_) | VerbsError::NoResources(_) => libc::ENOBUFS,
             VerbsError::Invalid(_) => libc::EINVAL,
             VerbsError::NotConnected => libc::ENOTCONN,
+            VerbsError::Refused => libc::ECONNREFUSED,
             VerbsError::Os(_) => libc::EIO,
         }
     }
@@ -91,6 +92,10 @@ pub(crate) fn verbs_err(e: VerbsError) -> io::Error {
 /// A driver call's error as `io::Error`.
 pub(crate) fn driver_err(e: DriverError) -> io::Error {
     match e {
+        // As TCP's connect says it: a plain errno (the shim's callers see ECONNREFUSED).
+        DriverError::Verbs(VerbsError::Refused) => {
+            io::Error::from_raw_os_error(libc::ECONNREFUSED)
+        }
         DriverError::Verbs(v) => verbs_err(v),
         DriverError::Call(c) => io_err(c),
         e => io::Error::from_raw_os_error(e.errno()),

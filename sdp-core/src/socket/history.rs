@@ -6,7 +6,9 @@
 //! each side and a rendezvous; over RDMA the CM's exchange, a QP, registered buffers), and a
 //! connection that carries one request and its answer never wins that back: nginx with one
 //! request per connection ran at 0.08x kernel TCP under the shim. So, as SMC's handshake limit
-//! and TCP Fast Open's blackhole cache adapt per destination, a connector that made
+//! and TCP Fast Open's blackhole cache adapt per destination, a process whose application-fd
+//! connects ([`AppStream::connect`](super::app::AppStream::connect); the shim asks [`advice`]
+//! before its automatic ones, an explicit SDP choice never does) made
 //! [`Tunables::short_conns`](super::tunables) connections in a row to one address and port
 //! over SDP, each ending with fewer than [`SHORT_MSGS`] messages and [`SHORT_BYTES`] bytes
 //! both ways, connects there over kernel TCP for [`HOLD`]; then SDP is tried again, and one

@@ -3,7 +3,7 @@
 
 use std::io;
 use std::mem::{size_of, zeroed};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 
 use super::{high_owned, owned};
 
@@ -159,6 +159,39 @@ pub fn set_passcred(fd: BorrowedFd<'_>) -> io::Result<()> {
 }
 
 /// Connect (nonblocking) to an abstract name.
+/// Connect a seqpacket socket to the first of `names` a listener holds: the socket and the
+/// name's index. One socket serves every try (a refused connect leaves it unconnected) and is
+/// moved above the application's fds only once connected, so a refusal costs a socket, a
+/// connect per name and a close. A full queue (EAGAIN) ends the tries; otherwise the last
+/// name's error.
+pub fn seqpacket_connect_first(names: &[Vec<u8>]) -> io::Result<(OwnedFd, usize)> {
+    // SAFETY: a new socket, owned at once.
+    let fd = unsafe {
+        OwnedFd::from_raw_fd(syscall!(socket(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0
+        ))?)
+    };
+    let mut last = io::Error::from_raw_os_error(libc::ECONNREFUSED);
+    for (i, name) in names.iter().enumerate() {
+        let (a, len) =
+            abstract_addr(name).map_err(|_| io::Error::other("rendezvous name too long"))?;
+        // SAFETY: `a` is a live sockaddr_un of `len` bytes.
+        match syscall!(connect(
+            fd.as_raw_fd(),
+            (&a as *const libc::sockaddr_un).cast(),
+            len
+        )) {
+            Ok(_) => return Ok((owned(fd.into_raw_fd())?, i)),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Err(e),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+#[cfg(test)]
 pub fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
     let fd = seqpacket()?;
     let (a, len) = abstract_addr(name).map_err(|_| io::Error::other("rendezvous name too long"))?;

@@ -235,6 +235,10 @@ pub enum VerbsError {
     Invalid(&'static str),
     #[error("endpoint is not connected")]
     NotConnected,
+    /// Nobody listens over SDP at the address, known at once (shm's rendezvous): the connect
+    /// fails before any endpoint exists.
+    #[error("connection refused: nobody listens over SDP there")]
+    Refused,
     #[error("provider error: {0}")]
     Os(String),
 }

@@ -1573,23 +1573,17 @@ impl Provider for ShmProvider {
             names.push(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port));
         }
         names.push(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port));
-        let mut sock = None;
-        let mut full = false;
-        for n in &names {
-            match sys::seqpacket_connect(&rendezvous_name(*n)) {
-                Ok(s) => {
-                    sock = Some(s);
-                    break;
-                }
-                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                    // The rendezvous socket's own queue is full (a burst the listener has
-                    // not taken yet): as the listener's full queue answers.
-                    full = true;
-                    break;
-                }
-                Err(_) => continue,
-            }
-        }
+        let names: Vec<Vec<u8>> = names.into_iter().map(rendezvous_name).collect();
+        let (sock, full) = match sys::seqpacket_connect_first(&names) {
+            Ok((s, _)) => (Some(s), false),
+            // The rendezvous socket's own queue is full (a burst the listener has not taken
+            // yet): as the listener's full queue answers.
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => (None, true),
+            // Nobody listens over shm there: refused at once, before an endpoint and its
+            // inbox exist (a program under the shim connecting to kernel TCP servers pays
+            // this on every connect).
+            Err(_) => return Err(VerbsError::Refused),
+        };
         let local = src.filter(|s| s.port() != 0).unwrap_or_else(|| {
             let p = self.inner.next_port.fetch_add(1, Ordering::Relaxed);
             SocketAddr::new(ip, 32768 + (p % 28232) as u16)
