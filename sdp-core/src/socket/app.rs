@@ -115,11 +115,7 @@ impl Drop for AppStream {
     fn drop(&mut self) {
         if let (Some(dest), false) = (self.dest, self.is_shared()) {
             if let Ok(i) = self.info() {
-                super::history::record_end(
-                    dest,
-                    i.msgs_in + i.msgs_out,
-                    i.bytes_in + i.bytes_out,
-                );
+                super::history::record_end(dest, i.msgs_in + i.msgs_out, i.bytes_in + i.bytes_out);
             }
         }
         self.stack.0.close(self.id);

@@ -93,9 +93,7 @@ pub(crate) fn verbs_err(e: VerbsError) -> io::Error {
 pub(crate) fn driver_err(e: DriverError) -> io::Error {
     match e {
         // As TCP's connect says it: a plain errno (the shim's callers see ECONNREFUSED).
-        DriverError::Verbs(VerbsError::Refused) => {
-            io::Error::from_raw_os_error(libc::ECONNREFUSED)
-        }
+        DriverError::Verbs(VerbsError::Refused) => io::Error::from_raw_os_error(libc::ECONNREFUSED),
         DriverError::Verbs(v) => verbs_err(v),
         DriverError::Call(c) => io_err(c),
         e => io::Error::from_raw_os_error(e.errno()),

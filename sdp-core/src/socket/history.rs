@@ -162,7 +162,11 @@ mod tests {
         }
         h.record_end(addr(1), t, 9, 100);
         assert_eq!(h.advice(addr(1), t), Some(ShortLived { run: 3 }));
-        assert_eq!(h.advice(addr(2), t), None, "another port is another destination");
+        assert_eq!(
+            h.advice(addr(2), t),
+            None,
+            "another port is another destination"
+        );
         let later = t + HOLD - Duration::from_millis(1);
         assert!(h.advice(addr(1), later).is_some());
         // The hold over, SDP is tried again; one more short connection renews the hold.
