@@ -9,7 +9,7 @@
 //! and TCP Fast Open's blackhole cache adapt per destination, a process whose application-fd
 //! connects ([`AppStream::connect`](super::app::AppStream::connect); the shim asks [`advice`]
 //! before its automatic ones, an explicit SDP choice never does) made
-//! [`Tunables::short_conns`](super::tunables) connections in a row to one address and port
+//! `SDP_SHORT_CONNS` (default 8) connections in a row to one address and port
 //! over SDP, each ending with fewer than [`SHORT_MSGS`] messages and [`SHORT_BYTES`] bytes
 //! both ways, connects there over kernel TCP for [`HOLD`]; then SDP is tried again, and one
 //! more short connection renews the hold at once, while a connection that carried more clears
