@@ -544,12 +544,14 @@ impl<P: Provider + 'static> Runtime<P> {
             if self.sh.failed() {
                 return Err(self.sh.fail_error());
             }
-            let now = self.now();
+            // One clock read per look, for the engine's time and the poll's length.
+            let t = std::time::Instant::now();
+            let now = self.sh.at(t);
             let mut r = f(&mut g, now);
             // Move things along ourselves, then look again.
-            if r.is_none() && self.sh.step(&mut g) > 0 {
+            if r.is_none() && self.sh.step_for_at(&mut g, None, now) > 0 {
                 self.sh.wake_waiters();
-                r = f(&mut g, self.now());
+                r = f(&mut g, now);
             }
             if let Some(r) = r {
                 self.sh.after_call(&mut g);
@@ -564,7 +566,7 @@ impl<P: Provider + 'static> Runtime<P> {
             if w.nonblocking {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            let elapsed = start.elapsed();
+            let elapsed = t.saturating_duration_since(start);
             let left = match w.timeout {
                 Some(t) if elapsed >= t => return Err(io::ErrorKind::WouldBlock.into()),
                 Some(t) => t - elapsed,
@@ -751,8 +753,13 @@ impl<P: Provider + 'static> Shared<P> {
 
     /// [`Shared::step`] for connection `only` (`Driver::poll_one`), or every connection.
     fn step_for(&self, g: &mut Inner<P>, only: Option<ConnId>) -> usize {
+        self.step_for_at(g, only, self.now())
+    }
+
+    /// [`Shared::step_for`] at the engine's time `now` (a caller that has just read the clock).
+    fn step_for_at(&self, g: &mut Inner<P>, only: Option<ConnId>, now: Instant) -> usize {
         let guard = FailOnUnwind(self);
-        let act = self.step_inner(g, only);
+        let act = self.step_inner(g, only, now);
         std::mem::forget(guard);
         if g.driver.device_lost() && !self.failed() {
             self.lose_device(g);
@@ -762,8 +769,7 @@ impl<P: Provider + 'static> Shared<P> {
 
     /// One round of progress: the driver polls everything, then the runtime collects events,
     /// hands accepted connections to their listeners and updates readiness fds.
-    fn step_inner(&self, g: &mut Inner<P>, only: Option<ConnId>) -> usize {
-        let now = self.now();
+    fn step_inner(&self, g: &mut Inner<P>, only: Option<ConnId>, now: Instant) -> usize {
         if let Some(t) = &self.tick {
             t(now);
         }
@@ -829,7 +835,12 @@ impl<P: Provider + 'static> Shared<P> {
 
 impl<P: Provider> Shared<P> {
     fn now(&self) -> Instant {
-        Instant::from_nanos(self.origin.elapsed().as_nanos() as u64)
+        self.at(std::time::Instant::now())
+    }
+
+    /// The engine's time at the clock's `t`.
+    fn at(&self, t: std::time::Instant) -> Instant {
+        Instant::from_nanos(t.saturating_duration_since(self.origin).as_nanos() as u64)
     }
 
     /// A caller is in `block_on`, or left it less than `STANDBY` ago.
