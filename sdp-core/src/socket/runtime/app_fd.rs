@@ -153,14 +153,14 @@ impl<P: Provider + 'static> Runtime<P> {
         let _caller = Caller::enter(&self.sh);
         let ready = |g: &Inner<P>| g.driver.view(id).is_none_or(|c| c.read_ready());
         let min_lost = SpinGuard::min_lost(self.sh.name == "rdma");
-        poll_for(spin, min_lost, stop, || {
+        poll_for(spin, min_lost, stop, |t| {
             let Ok(mut g) = self.lock() else {
                 return Some(());
             };
             if ready(&g) {
                 return Some(());
             }
-            if self.sh.step_for(&mut g, Some(id)) > 0 {
+            if self.sh.step_for_at(&mut g, Some(id), self.sh.at(t)) > 0 {
                 self.sh.wake_waiters();
                 if ready(&g) {
                     return Some(());

@@ -326,15 +326,16 @@ pub(super) fn poll_time(adaptive: &AdaptiveSpin, may: impl FnOnce() -> bool) -> 
     }
 }
 
-/// One poll of a waiting thread (the shim's reads and event waits): `attempt` again and again
-/// until it gives an answer, `spin` is over or `stop` (asked every [`SIGNAL_CHECK`]) says so.
+/// One poll of a waiting thread (the shim's reads and event waits): `attempt(t)` (`t`: the
+/// clock's time as it begins, read once per look) again and again until it gives an answer,
+/// `spin` is over or `stop` (asked every [`SIGNAL_CHECK`]) says so.
 /// The process counts as polling for [`CpuRoom`]; the poll's preemption goes to [`SpinGuard`]
 /// (counted from `min_lost`) unless `SDP_SPIN_US` fixes the time.
 pub(super) fn poll_for<T>(
     spin: Duration,
     min_lost: Duration,
     stop: &dyn Fn() -> bool,
-    mut attempt: impl FnMut() -> Option<T>,
+    mut attempt: impl FnMut(std::time::Instant) -> Option<T>,
 ) -> Option<T> {
     let guarded = spin_fixed().is_none();
     CpuRoom::polling();
@@ -346,10 +347,11 @@ pub(super) fn poll_for<T>(
     };
     let mut next_check = SIGNAL_CHECK;
     let answer = loop {
-        if let Some(a) = attempt() {
+        let t = std::time::Instant::now();
+        if let Some(a) = attempt(t) {
             break Some(a);
         }
-        let elapsed = start.elapsed();
+        let elapsed = t.saturating_duration_since(start);
         if elapsed >= spin {
             break None;
         }
@@ -472,7 +474,7 @@ fn event_poll(
     mut attempt: impl FnMut() -> i32,
 ) -> Option<(i32, i32)> {
     let start = std::time::Instant::now();
-    let got = poll_for(spin, SpinGuard::min_lost(false), stop, || {
+    let got = poll_for(spin, SpinGuard::min_lost(false), stop, |_| {
         let n = attempt();
         (n != 0).then(|| (n, sys::errno()))
     });
