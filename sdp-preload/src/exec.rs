@@ -6,13 +6,166 @@
 //! that tries paths in turn keeps its connections through the failures. Without this, bytes
 //! still queued were lost and a peer could copy into the new image's memory until it noticed.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use libc::{c_char, c_int};
+use parking_lot::Mutex;
 
 use crate::limits::ExecLimit;
+use crate::table::{self, Opts, Sock};
 use crate::{internal, real, ENABLED, PID};
+
+/// The variable that carries, through an exec, the identity of the SDP streams the new program
+/// inherits (as systemd's `LISTEN_FDS` carries sockets): `FD=DEV.INO=LOCAL>PEER>ROLE,...` (the
+/// kernel file's identity; `-` for an address not known). The new program's shim takes it out
+/// of its environment at load and, for each fd that is still that file (the spawned shell of
+/// `system()` and whatever it runs included), answers getsockname, getpeername and options as
+/// TCP would; their bytes flow
+/// through the kernel file, pumped by the process that owns the connection. Without it, sshd's
+/// per-connection re-exec saw an AF_UNIX socket: no client address in its log and
+/// `SSH_CONNECTION`, keys with `from="..."` refused.
+pub(crate) const EXEC_FDS: &str = "SDP_EXEC_FDS";
+
+/// `SDP_EXEC_FDS=...` for a new program: the streams whose fds it inherits (no FD_CLOEXEC), and
+/// `dups` (an fd, and the number a spawn's file action gives it in the child). `None` when
+/// there are none.
+pub(crate) fn exec_fds_var(dups: &[(c_int, c_int)]) -> Option<CString> {
+    if internal() || ENABLED.load(Ordering::Relaxed) != 1 {
+        return None;
+    }
+    // The entry of the stream `s` on our `fd`, known as `child_fd` in the new program.
+    let describe = |child_fd: c_int, fd: c_int, s: &Sock| -> Option<String> {
+        let o = match s {
+            // Only a stream shared with others lives on beyond this program.
+            Sock::Stream(st, o) if st.is_shared() => o,
+            Sock::Exec(o) => o,
+            _ => return None,
+        };
+        let (dev, ino) = table::file_id(fd)?;
+        let o = o.lock();
+        let a = |a: Option<SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
+        Some(format!(
+            "{child_fd}={dev}.{ino}={}>{}>{}",
+            a(o.local),
+            a(o.peer),
+            o.role
+        ))
+    };
+    let all = table::identities();
+    let mut entries: Vec<String> = all
+        .iter()
+        // SAFETY: F_GETFD on an fd number: no memory is passed.
+        .filter(|(fd, _)| unsafe { real::fcntl(*fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC == 0)
+        .filter_map(|(fd, s)| describe(*fd, *fd, s))
+        .collect();
+    for (from, to) in dups {
+        if let Some((_, s)) = all.iter().find(|(fd, _)| fd == from) {
+            entries.extend(describe(*to, *from, s));
+        }
+    }
+    if entries.is_empty() {
+        return None;
+    }
+    CString::new(format!("{EXEC_FDS}={}", entries.join(","))).ok()
+}
+
+/// An environment for a new program: `envp` (null: this process's) without any
+/// `SDP_EXEC_FDS`, with `var`. The vector of pointers ends with a null and points into `var`
+/// and `envp`'s strings: both must outlive its use.
+pub(crate) unsafe fn env_with(envp: *const *const c_char, var: &CString) -> Vec<*const c_char> {
+    let envp = if envp.is_null() {
+        // SAFETY: the process's environment, a null-terminated array.
+        unsafe { environ }
+    } else {
+        envp
+    };
+    let mut out = Vec::new();
+    let prefix = format!("{EXEC_FDS}=");
+    let mut i = 0;
+    loop {
+        // SAFETY: a null-terminated array of C strings (the caller's or the environment).
+        let p = unsafe { *envp.add(i) };
+        if p.is_null() {
+            break;
+        }
+        // SAFETY: one of its NUL-terminated strings.
+        if !unsafe { CStr::from_ptr(p) }
+            .to_bytes()
+            .starts_with(prefix.as_bytes())
+        {
+            out.push(p);
+        }
+        i += 1;
+    }
+    out.push(var.as_ptr());
+    out.push(std::ptr::null());
+    out
+}
+
+extern "C" {
+    static environ: *const *const c_char;
+}
+
+/// At load: take `SDP_EXEC_FDS` out of the environment and, if this process is the one it was
+/// written for, answer those fds' identity (each still an open AF_UNIX socket).
+pub(crate) fn adopt_inherited() {
+    let Some(v) = std::env::var_os(EXEC_FDS) else {
+        return;
+    };
+    std::env::remove_var(EXEC_FDS);
+    let Some(list) = v.to_str() else {
+        return;
+    };
+    if !crate::enabled() {
+        return;
+    }
+    for e in list.split(',') {
+        let mut f = e.splitn(3, '=');
+        let (Some(fd), Some(id), Some(rest)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let mut parts = rest.split('>');
+        let (Some(fd), Some(id), Some(local), Some(peer), Some(role)) = (
+            fd.parse::<c_int>().ok(),
+            id.split_once('.')
+                .and_then(|(d, i)| Some((d.parse::<u64>().ok()?, i.parse::<u64>().ok()?))),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
+            continue;
+        };
+        // Still the stream's file (not a number closed and reused since), an AF_UNIX socket.
+        if table::file_id(fd) != Some(id) || !is_unix_socket(fd) {
+            continue;
+        }
+        let o = Opts {
+            role: if role == "server" { "server" } else { "client" },
+            local: local.parse().ok(),
+            peer: peer.parse().ok(),
+            ..Opts::default()
+        };
+        if table::insert(fd, Arc::new(Sock::Exec(Mutex::new(o)))) {
+            crate::log(format_args!(
+                "exec: fd {fd} is an SDP stream ({local} to {peer}), its bytes go through the kernel file"
+            ));
+        }
+    }
+}
+
+/// Whether `fd` is an open AF_UNIX socket (what an SDP stream's fd is).
+fn is_unix_socket(fd: c_int) -> bool {
+    // SAFETY: zeroed storage is valid; the kernel fills in at most its size.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: our own storage and length.
+    let r =
+        unsafe { real::getsockname(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut sl) };
+    r == 0 && ss.ss_family as c_int == libc::AF_UNIX
+}
 
 /// Whether `path` (relative to `dirfd`) names a file we may execute.
 fn executable_at(dirfd: c_int, path: *const c_char, flags: c_int) -> bool {
@@ -76,8 +229,28 @@ pub unsafe extern "C" fn execve(
     envp: *const *const c_char,
 ) -> c_int {
     let _limit = before_exec(|| executable_at(libc::AT_FDCWD, path, 0));
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::execve(path, argv, envp) }
+    // SAFETY: the caller's arguments, the environment given with the streams' identity.
+    with_exec_fds(envp, |envp| unsafe { real::execve(path, argv, envp) })
+}
+
+/// Run `exec(envp)` with `envp` plus the inherited streams' identity ([`exec_fds_var`]) when
+/// there are any (`envp` null: this process's environment).
+fn with_exec_fds(
+    envp: *const *const c_char,
+    exec: impl FnOnce(*const *const c_char) -> c_int,
+) -> c_int {
+    match exec_fds_var(&[]) {
+        Some(var) => {
+            // SAFETY: `envp` is the caller's environment array (or null); `var` outlives it.
+            let env = unsafe { env_with(envp, &var) };
+            exec(env.as_ptr())
+        }
+        None if envp.is_null() => {
+            // SAFETY: the process's environment.
+            exec(unsafe { environ })
+        }
+        None => exec(envp),
+    }
 }
 
 /// # Safety
@@ -85,8 +258,10 @@ pub unsafe extern "C" fn execve(
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
     let _limit = before_exec(|| executable_at(libc::AT_FDCWD, path, 0));
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::execv(path, argv) }
+    // SAFETY: the caller's arguments; execv is execve with the process's environment.
+    with_exec_fds(std::ptr::null(), |envp| unsafe {
+        real::execve(path, argv, envp)
+    })
 }
 
 /// # Safety
@@ -94,8 +269,10 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) 
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
     let _limit = before_exec(|| findable(file));
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::execvp(file, argv) }
+    // SAFETY: the caller's arguments; execvp is execvpe with the process's environment.
+    with_exec_fds(std::ptr::null(), |envp| unsafe {
+        real::execvpe(file, argv, envp)
+    })
 }
 
 /// # Safety
@@ -107,8 +284,8 @@ pub unsafe extern "C" fn execvpe(
     envp: *const *const c_char,
 ) -> c_int {
     let _limit = before_exec(|| findable(file));
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::execvpe(file, argv, envp) }
+    // SAFETY: the caller's arguments, the environment with the streams' identity.
+    with_exec_fds(envp, |envp| unsafe { real::execvpe(file, argv, envp) })
 }
 
 /// # Safety
@@ -120,8 +297,8 @@ pub unsafe extern "C" fn fexecve(
     envp: *const *const c_char,
 ) -> c_int {
     let _limit = before_exec(|| executable_at(fd, c"".as_ptr(), libc::AT_EMPTY_PATH));
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::fexecve(fd, argv, envp) }
+    // SAFETY: the caller's arguments, the environment with the streams' identity.
+    with_exec_fds(envp, |envp| unsafe { real::fexecve(fd, argv, envp) })
 }
 
 /// # Safety
@@ -135,8 +312,10 @@ pub unsafe extern "C" fn execveat(
     flags: c_int,
 ) -> c_int {
     let _limit = before_exec(|| executable_at(dirfd, path, flags));
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::execveat(dirfd, path, argv, envp, flags) }
+    // SAFETY: the caller's arguments, the environment with the streams' identity.
+    with_exec_fds(envp, |envp| unsafe {
+        real::execveat(dirfd, path, argv, envp, flags)
+    })
 }
 
 // execl, execlp, execle: C-variadic. Each exported symbol is a bare jump to the C function of

@@ -131,6 +131,16 @@ fn enabled() -> bool {
     }
 }
 
+/// At load, in a program exec'd with SDP streams open (`SDP_EXEC_FDS`): answer their identity
+/// from the first call (`exec::adopt_inherited`). Other programs pay one environment lookup.
+extern "C" fn at_load() {
+    exec::adopt_inherited();
+}
+
+#[used]
+#[link_section = ".init_array"]
+static AT_LOAD: extern "C" fn() = at_load;
+
 /// Exit-time work, once: flush the connections, then the report of every socket handled.
 extern "C" fn at_exit() {
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -450,7 +460,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     let entry = table::get(fd);
     if entry
         .as_ref()
-        .is_some_and(|s| matches!(**s, Sock::Stream(..)))
+        .is_some_and(|s| matches!(**s, Sock::Stream(..) | Sock::Exec(_)))
     {
         // Already connected, as a TCP socket would say.
         set_errno(libc::EISCONN);
@@ -981,7 +991,7 @@ fn stream(fd: c_int) -> Option<Arc<Sock>> {
     if internal() {
         return None;
     }
-    table::get(fd).filter(|s| matches!(**s, Sock::Stream(..)))
+    table::get(fd).filter(|s| matches!(**s, Sock::Stream(..) | Sock::Exec(_)))
 }
 
 /// The SDP stream behind `fd` if its bytes are the shim's to move: not once the fd is shared
@@ -1565,7 +1575,7 @@ unsafe fn stream_name(
     len: *mut socklen_t,
 ) -> Option<c_int> {
     let s = table::owned(fd).then(|| stream(fd)).flatten()?;
-    let Sock::Stream(_, o) = &*s else {
+    let (Sock::Stream(_, o) | Sock::Exec(o)) = &*s else {
         unreachable!()
     };
     let a = if peer { o.lock().peer } else { o.lock().local };
@@ -1904,7 +1914,8 @@ pub unsafe extern "C" fn sendmmsg(
 
 /// fds the application asked `posix_spawn_file_actions_adddup2` to give a child: (file actions
 /// object, fd). Only the shim's own fds are kept.
-static SPAWN_DUPS: parking_lot::Mutex<Vec<(usize, c_int)>> = parking_lot::Mutex::new(Vec::new());
+static SPAWN_DUPS: parking_lot::Mutex<Vec<(usize, c_int, c_int)>> =
+    parking_lot::Mutex::new(Vec::new());
 
 /// Before a child that will exec is made: share the streams it inherits (fds without
 /// FD_CLOEXEC, and `extra`), take the listeners it inherits out of SDP.
@@ -1947,9 +1958,52 @@ fn spawn_dups(fa: *const libc::posix_spawn_file_actions_t) -> Vec<c_int> {
     SPAWN_DUPS
         .lock()
         .iter()
-        .filter(|(f, _)| *f == fa as usize)
-        .map(|(_, fd)| *fd)
+        .filter(|(f, ..)| *f == fa as usize)
+        .map(|(_, fd, _)| *fd)
         .collect()
+}
+
+/// The (fd, number in the child) pairs of `fa`'s dup2 actions on the shim's fds.
+fn spawn_dup_targets(fa: *const libc::posix_spawn_file_actions_t) -> Vec<(c_int, c_int)> {
+    SPAWN_DUPS
+        .lock()
+        .iter()
+        .filter(|(f, ..)| *f == fa as usize)
+        .map(|(_, fd, to)| (*fd, *to))
+        .collect()
+}
+
+/// Run a spawn with `envp` (null: the process's environment) plus the inherited streams'
+/// identity (`exec::exec_fds_var`), the fds `fa` gives the child included.
+fn spawn_with_exec_fds(
+    fa: *const libc::posix_spawn_file_actions_t,
+    envp: *const *mut libc::c_char,
+    spawn: impl FnOnce(*const *mut libc::c_char) -> c_int,
+) -> c_int {
+    match exec::exec_fds_var(&spawn_dup_targets(fa)) {
+        Some(var) => {
+            // SAFETY: `envp` is the caller's environment array (or null); `var` outlives it.
+            let env = unsafe { exec::env_with(envp.cast(), &var) };
+            spawn(env.as_ptr().cast())
+        }
+        None => spawn(envp),
+    }
+}
+
+/// Run `f` (system(), popen(): glibc spawns their shell itself, with the process's
+/// environment) with the inherited streams' identity in the environment, then take it out.
+fn with_exec_fds_set<T>(f: impl FnOnce() -> T) -> T {
+    let Some(var) = exec::exec_fds_var(&[]) else {
+        return f();
+    };
+    let s = var.to_string_lossy();
+    let Some((_, v)) = s.split_once('=') else {
+        return f();
+    };
+    std::env::set_var(exec::EXEC_FDS, v);
+    let r = f();
+    std::env::remove_var(exec::EXEC_FDS);
+    r
 }
 
 #[no_mangle]
@@ -1959,7 +2013,7 @@ pub unsafe extern "C" fn posix_spawn_file_actions_adddup2(
     newfd: c_int,
 ) -> c_int {
     if table::owned(fd) && !internal() {
-        SPAWN_DUPS.lock().push((fa as usize, fd));
+        SPAWN_DUPS.lock().push((fa as usize, fd, newfd));
     }
     // SAFETY: forwards the caller's arguments.
     unsafe { real::posix_spawn_file_actions_adddup2(fa, fd, newfd) }
@@ -1969,7 +2023,7 @@ pub unsafe extern "C" fn posix_spawn_file_actions_adddup2(
 pub unsafe extern "C" fn posix_spawn_file_actions_destroy(
     fa: *mut libc::posix_spawn_file_actions_t,
 ) -> c_int {
-    SPAWN_DUPS.lock().retain(|(f, _)| *f != fa as usize);
+    SPAWN_DUPS.lock().retain(|(f, ..)| *f != fa as usize);
     // SAFETY: forwards the caller's arguments.
     unsafe { real::posix_spawn_file_actions_destroy(fa) }
 }
@@ -1985,8 +2039,10 @@ pub unsafe extern "C" fn posix_spawn(
 ) -> c_int {
     before_spawn(&spawn_dups(fa));
     let _limit = limits::ExecLimit::enter();
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::posix_spawn(pid, path, fa, attr, argv, envp) }
+    // SAFETY: the caller's arguments, the environment with the streams' identity.
+    spawn_with_exec_fds(fa, envp, |envp| unsafe {
+        real::posix_spawn(pid, path, fa, attr, argv, envp)
+    })
 }
 
 // glibc's system() and popen() spawn their shell internally (no posix_spawn call the shim
@@ -1995,11 +2051,13 @@ pub unsafe extern "C" fn posix_spawn(
 #[no_mangle]
 pub unsafe extern "C" fn system(cmd: *const libc::c_char) -> c_int {
     // system(NULL) only asks whether a shell exists.
-    if !cmd.is_null() {
-        before_spawn(&[]);
+    if cmd.is_null() {
+        // SAFETY: forwards the caller's argument.
+        return unsafe { real::system(cmd) };
     }
+    before_spawn(&[]);
     // SAFETY: forwards the caller's arguments.
-    unsafe { real::system(cmd) }
+    with_exec_fds_set(|| unsafe { real::system(cmd) })
 }
 
 #[no_mangle]
@@ -2010,7 +2068,7 @@ pub unsafe extern "C" fn popen(
     before_spawn(&[]);
     let _limit = limits::ExecLimit::enter();
     // SAFETY: forwards the caller's arguments.
-    unsafe { real::popen(cmd, mode) }
+    with_exec_fds_set(|| unsafe { real::popen(cmd, mode) })
 }
 
 #[no_mangle]
@@ -2024,8 +2082,10 @@ pub unsafe extern "C" fn posix_spawnp(
 ) -> c_int {
     before_spawn(&spawn_dups(fa));
     let _limit = limits::ExecLimit::enter();
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::posix_spawnp(pid, file, fa, attr, argv, envp) }
+    // SAFETY: the caller's arguments, the environment with the streams' identity.
+    spawn_with_exec_fds(fa, envp, |envp| unsafe {
+        real::posix_spawnp(pid, file, fa, attr, argv, envp)
+    })
 }
 
 /// vfork is fork here: a vfork child borrows the parent's memory and stack until it execs,

@@ -98,6 +98,13 @@ fn tcp_info(st: &sdp_core::socket::app::AppStream) -> Vec<u8> {
     b
 }
 
+/// `struct tcp_info` of a stream whose counters live in another process: established.
+fn established_info() -> Vec<u8> {
+    let mut b = vec![0u8; 232];
+    b[0] = 1;
+    b
+}
+
 pub(crate) unsafe fn get(
     s: &Sock,
     fd: c_int,
@@ -106,8 +113,10 @@ pub(crate) unsafe fn get(
     val: *mut c_void,
     len: *mut socklen_t,
 ) -> c_int {
-    let Sock::Stream(st, opts) = s else {
-        unreachable!()
+    let (st, opts) = match s {
+        Sock::Stream(st, o) => (Some(st), o),
+        Sock::Exec(o) => (None, o),
+        _ => unreachable!(),
     };
     let int = |v: c_int| v.to_ne_bytes().to_vec();
     let bytes = match (level, name) {
@@ -116,15 +125,33 @@ pub(crate) unsafe fn get(
             // SAFETY: forwards the caller's buffers.
             return unsafe { real::getsockopt(fd, level, name, val, len) };
         }
-        (libc::SOL_SOCKET, libc::SO_DOMAIN) => int(match st.local_addr() {
-            Ok(a) if a.is_ipv6() => libc::AF_INET6,
-            _ => libc::AF_INET,
-        }),
-        (libc::SOL_SOCKET, libc::SO_ERROR) => int(match st.take_error() {
-            Ok(Some(e)) => e.raw_os_error().unwrap_or(libc::EIO),
+        (libc::SOL_SOCKET, libc::SO_DOMAIN) => {
+            let local = match st {
+                Some(st) => st.local_addr().ok(),
+                None => opts.lock().local,
+            };
+            int(match local {
+                Some(a) if a.is_ipv6() => libc::AF_INET6,
+                _ => libc::AF_INET,
+            })
+        }
+        // A stream got through exec: its errors show on the kernel file (a reset), as its
+        // bytes do.
+        (libc::SOL_SOCKET, libc::SO_ERROR) => int(match st.map(|st| st.take_error()) {
+            Some(Ok(Some(e))) => e.raw_os_error().unwrap_or(libc::EIO),
             _ => 0,
         }),
-        (libc::IPPROTO_TCP, libc::TCP_INFO) => tcp_info(st),
+        (libc::IPPROTO_TCP, libc::TCP_INFO) => match st {
+            Some(st) => tcp_info(st),
+            None => established_info(),
+        },
+        // Not bound to a device: TCP answers an empty name (sshd logs `rdomain ""` from it).
+        (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) => opts
+            .lock()
+            .stored
+            .get(&(level, name))
+            .cloned()
+            .unwrap_or_default(),
         (libc::SOL_SOCKET, libc::SO_LINGER) => opts
             .lock()
             .stored
@@ -154,8 +181,10 @@ pub(crate) unsafe fn set(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
-    let Sock::Stream(st, opts) = s else {
-        unreachable!()
+    let (st, opts) = match s {
+        Sock::Stream(st, o) => (Some(st), o),
+        Sock::Exec(o) => (None, o),
+        _ => unreachable!(),
     };
     if (len as i32) < 0 || (len > 0 && val.is_null()) {
         crate::set_errno(if val.is_null() {
@@ -204,7 +233,9 @@ pub(crate) unsafe fn set(
                     secs as u64
                 })
             });
-            let _ = st.set_linger(linger);
+            if let Some(st) = st {
+                let _ = st.set_linger(linger);
+            }
             o.stored.insert((level, name), linger_bytes(on, secs));
             return 0;
         }
@@ -233,19 +264,25 @@ pub(crate) unsafe fn set(
     };
     let stored = match (level, name) {
         (libc::IPPROTO_TCP, libc::TCP_NODELAY) => {
-            let _ = st.set_nodelay(v != 0);
+            if let Some(st) = st {
+                let _ = st.set_nodelay(v != 0);
+            }
             int().map(|v| (v != 0) as c_int)
         }
         // Linux doubles a buffer size (from its minimum) and reports the doubled size; the
         // stream's buffers follow the doubled size (the receive side within the stack's bounds).
         (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
             let b = doubled(v, 2304);
-            let _ = st.set_send_buffer_size(b as usize);
+            if let Some(st) = st {
+                let _ = st.set_send_buffer_size(b as usize);
+            }
             Some(b)
         }
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
             let b = doubled(v, 1152);
-            let _ = st.set_recv_buffer_size(b as usize);
+            if let Some(st) = st {
+                let _ = st.set_recv_buffer_size(b as usize);
+            }
             Some(b)
         }
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE | libc::SO_REUSEADDR | libc::SO_REUSEPORT)

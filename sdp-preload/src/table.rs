@@ -56,7 +56,7 @@ type Map = rustc_hash::FxHashMap<i32, (Arc<Sock>, FileId)>;
 /// A kernel file's identity.
 type FileId = (u64, u64);
 
-fn file_id(fd: i32) -> Option<FileId> {
+pub(crate) fn file_id(fd: i32) -> Option<FileId> {
     // SAFETY: an all-zero stat is a valid value for the kernel to overwrite.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // The fstat system call itself where there is one: glibc's fstat is fstatat(fd, "",
@@ -91,6 +91,10 @@ pub(crate) enum Sock {
     Listener(AppListener),
     /// An SDP stream whose fd is its readiness pair's user end.
     Stream(AppStream, Mutex<Opts>),
+    /// An SDP stream this program got through exec (the program before it held the fd): its
+    /// bytes flow through the kernel file, which the process owning the connection pumps;
+    /// the shim answers its identity (addresses, options) as TCP would (`exec.rs`).
+    Exec(Mutex<Opts>),
 }
 
 impl Drop for Sock {
@@ -165,6 +169,11 @@ fn pick(pick: impl Fn(&Sock) -> bool) -> Vec<(i32, Arc<Sock>)> {
 /// Every SDP stream the process holds (for reports and exit).
 pub(crate) fn streams() -> Vec<(i32, Arc<Sock>)> {
     pick(|s| matches!(s, Sock::Stream(..)))
+}
+
+/// Every SDP stream whose identity the shim answers, its own and those it got through exec.
+pub(crate) fn identities() -> Vec<(i32, Arc<Sock>)> {
+    pick(|s| matches!(s, Sock::Stream(..) | Sock::Exec(_)))
 }
 
 /// Before fork(): hold the table so the child gets it in a consistent state.

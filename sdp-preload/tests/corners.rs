@@ -117,6 +117,15 @@ fn corner_cases_match_kernel_tcp() {
     let _serial = serial();
     let (tcp, lines) = differential(None, "all");
     assert!(tcp.ends_with("done\n"), "{tcp}");
+    // The handlers exec'd with an accepted socket (posix_spawn with a dup2 action, vfork +
+    // exec, system(), popen()) see a TCP socket: its addresses, SO_DOMAIN, SO_TYPE,
+    // TCP_NODELAY (under the shim before `SDP_EXEC_FDS`: an AF_UNIX socket, "other ... bad").
+    assert_eq!(
+        tcp.matches("spawned reply to request 0 inet 127.0.0.1/127.0.0.1 ok")
+            .count(),
+        4,
+        "{tcp}"
+    );
     // Proof that SDP carried the connections: both ends of the cases report shm.
     let shm_server = lines
         .lines()

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <net/if.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
@@ -154,6 +155,10 @@ static void peer_identity(int s) {
     socklen_t l = sizeof v;
     CHECK(getsockopt(s, SOL_SOCKET, SO_DOMAIN, &v, &l) == 0);
     printf("peer SO_DOMAIN inet=%d\n", v == AF_INET);
+    char dev[IFNAMSIZ] = "x";
+    socklen_t dl = sizeof dev;
+    int dr = getsockopt(s, SOL_SOCKET, SO_BINDTODEVICE, dev, &dl);
+    printf("peer SO_BINDTODEVICE %d len %d\n", dr, (int)dl);
     struct sockaddr_in me, peer;
     socklen_t ml = sizeof me, pl = sizeof peer;
     CHECK(getsockname(s, (struct sockaddr *)&me, &ml) == 0);
@@ -894,12 +899,35 @@ static void case_level_triggered(void) {
 }
 
 /* The child program of the spawn cases (`corners serve-fd N`): serve the socket on fd N. */
+/* How the handler sees its socket, as a TCP socket answers: its family, the peer's and its
+ * own address, SO_DOMAIN and SO_TYPE, TCP_NODELAY settable. */
+static void socket_view(int fd, char *v, size_t cap) {
+    struct sockaddr_in peer, local;
+    socklen_t pl = sizeof peer, ll = sizeof local;
+    memset(&peer, 0, sizeof peer);
+    memset(&local, 0, sizeof local);
+    int ok = getpeername(fd, (struct sockaddr *)&peer, &pl) == 0 &&
+             getsockname(fd, (struct sockaddr *)&local, &ll) == 0;
+    int dom = 0, type = 0, one = 1;
+    socklen_t il = sizeof dom;
+    ok = ok && getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &il) == 0;
+    il = sizeof type;
+    ok = ok && getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &il) == 0;
+    ok = ok && setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0;
+    char pa[INET_ADDRSTRLEN] = "?", la[INET_ADDRSTRLEN] = "?";
+    inet_ntop(AF_INET, &peer.sin_addr, pa, sizeof pa);
+    inet_ntop(AF_INET, &local.sin_addr, la, sizeof la);
+    snprintf(v, cap, "%s %s/%s %s", peer.sin_family == AF_INET ? "inet" : "other", pa, la,
+             ok && dom == AF_INET && type == SOCK_STREAM && peer.sin_port ? "ok" : "bad");
+}
+
 static int serve_fd(int fd) {
-    char b[64];
+    char b[64], view[48];
     ssize_t r;
+    socket_view(fd, view, sizeof view);
     while ((r = read(fd, b, sizeof b)) > 0) {
         char reply[80];
-        int n = snprintf(reply, sizeof reply, "spawned reply to %.*s", (int)r, b);
+        int n = snprintf(reply, sizeof reply, "spawned reply to %.*s %s", (int)r, b, view);
         if (write(fd, reply, n) != n)
             return 1;
     }
