@@ -177,6 +177,18 @@ extern "C" fn fork_prepare() {
             }
         }
     }
+    // The runtime's ends of the shared streams' files, for the child to close (`fork_child`).
+    {
+        let mut ends = PUMP_ENDS.lock();
+        ends.clear();
+        for (_, s) in table::streams() {
+            if let Sock::Stream(st, _) = &*s {
+                if let Some((fd, id)) = st.pump_fd().and_then(|f| Some((f, table::file_id(f)?))) {
+                    ends.push((fd, id));
+                }
+            }
+        }
+    }
     // Listeners become shared: whichever process accepts an SDP client sets it up itself.
     for (fd, s) in table::listeners() {
         if let Sock::Listener(l) = &*s {
@@ -206,8 +218,21 @@ extern "C" fn fork_parent() {
     drop(gone);
 }
 
+/// The runtime's ends of the shared streams' files as fork began (fd, kernel file): the child's
+/// copies are closed at once. The parent's pump alone uses them; a child holding one kept its
+/// own fd's file open for ever: with the parent gone (`ssh -f`, `daemon()`), the child's reads
+/// waited for ever instead of seeing the connection end.
+static PUMP_ENDS: parking_lot::Mutex<Vec<(c_int, (u64, u64))>> =
+    parking_lot::Mutex::new(Vec::new());
+
 extern "C" fn fork_child() {
     PID.store(std::process::id(), Ordering::Relaxed);
+    for (fd, id) in std::mem::take(&mut *PUMP_ENDS.lock()) {
+        if table::file_id(fd) == Some(id) {
+            // SAFETY: the parent runtime's fd, which this child never uses.
+            unsafe { real::close(fd) };
+        }
+    }
     report::forget_inherited();
     let gone = table::unlock_after_fork();
     let _g = Internal::enter();

@@ -1205,6 +1205,66 @@ static void case_short_conns(void) {
     out("short connections' server exit %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 }
 
+/* A client connects, forks, and the parent exits at once (`ssh -f`, daemon(3)); the child then
+ * writes a request and reads the answer (5 s SO_RCVTIMEO). Over TCP it is answered. Under the
+ * shim the connection lives in the parent's runtime, which goes with it (TODO.md): the child
+ * must at least see that at once (EPIPE, a reset or EOF), not wait. Run by name. */
+static void case_owner_exits(void) {
+    int ap[2], rp[2];
+    CHECK(pipe(ap) == 0 && pipe(rp) == 0);
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (srv == 0) {
+        struct sockaddr_in a;
+        int l = listener(&a);
+        CHECK(write(ap[1], &a, sizeof a) == sizeof a);
+        int c = accept(l, NULL, NULL);
+        CHECK(c >= 0);
+        struct timeval tv = {5, 0};
+        setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        char b[64];
+        ssize_t r = read(c, b, sizeof b);
+        if (r > 0) {
+            char reply[80];
+            int n = snprintf(reply, sizeof reply, "reply:%.*s", (int)r, b);
+            send(c, reply, n, MSG_NOSIGNAL);
+        }
+        close(c);
+        _exit(0);
+    }
+    struct sockaddr_in a;
+    CHECK(read(ap[0], &a, sizeof a) == sizeof a);
+    pid_t cl = fork();
+    CHECK(cl >= 0);
+    if (cl == 0) {
+        close(rp[0]);
+        int s = dial(&a);
+        if (fork() != 0)
+            _exit(0); /* the owner goes */
+        usleep(200 * 1000);
+        struct timeval tv = {5, 0};
+        setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        char line[128], b[64];
+        ssize_t w = send(s, "hello", 5, MSG_NOSIGNAL);
+        int we = errno;
+        ssize_t r = w == 5 ? read(s, b, sizeof b) : -1;
+        int re = errno;
+        int n = snprintf(line, sizeof line, "owner exits: child write %s, read %s%.*s", w == 5 ? "ok" : en(we),
+                         r > 0 ? "" : r == 0 ? "EOF" : w == 5 ? en(re) : "-", r > 0 ? (int)r : 0, b);
+        CHECK(write(rp[1], line, n) == n);
+        _exit(0);
+    }
+    close(rp[1]);
+    int st;
+    CHECK(waitpid(cl, &st, 0) == cl);
+    char line[128];
+    ssize_t n = read(rp[0], line, sizeof line - 1);
+    line[n > 0 ? n : 0] = 0;
+    out("%s", n > 0 ? line : "owner exits: nothing from the child");
+    close(rp[0]);
+    CHECK(waitpid(srv, &st, 0) == srv);
+}
+
 static volatile sig_atomic_t sigurgs;
 static void on_urg(int sig) { (void)sig; sigurgs++; }
 
@@ -1903,6 +1963,8 @@ int main(int argc, char **argv) {
         case_eintr_polling();
     if (only && strcmp(only, "eintr_masked") == 0)
         case_eintr_masked();
+    if (only && strcmp(only, "owner_exits") == 0)
+        case_owner_exits();
     out("done");
     return 0;
 }

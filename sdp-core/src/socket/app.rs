@@ -253,6 +253,14 @@ impl AppStream {
         self.stack.0.app_share(self.id, fd)
     }
 
+    /// The runtime's end of a shared stream's file, which this process's pump reads and
+    /// writes. A child forked from here inherits a copy it never uses: it must close it (the
+    /// LD_PRELOAD shim does, at fork), or the child's own fd would never see the connection
+    /// end when this process goes (its reads would wait for ever).
+    pub fn pump_fd(&self) -> Option<RawFd> {
+        self.stack.0.app_pump_fd(self.id)
+    }
+
     /// Whether the fd is shared (its bytes flow through the kernel file).
     pub fn is_shared(&self) -> bool {
         self.shared.load(std::sync::atomic::Ordering::Relaxed)

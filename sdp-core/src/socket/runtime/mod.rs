@@ -214,6 +214,8 @@ pub(crate) trait StackOps: Send + Sync {
     /// The application fd is about to be shared with another process: from now on the
     /// stream's bytes flow through it (see `socket::pump`).
     fn app_share(&self, id: ConnId, user: RawFd) -> io::Result<()>;
+    /// The runtime's end of a shared stream's file (see `AppStream::pump_fd`).
+    fn app_pump_fd(&self, id: ConnId) -> Option<RawFd>;
 }
 
 /// How [`StackOps::send_registered_async`] started.

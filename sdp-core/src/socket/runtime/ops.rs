@@ -713,6 +713,11 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         Ok(())
     }
 
+    fn app_pump_fd(&self, id: ConnId) -> Option<RawFd> {
+        let g = self.lock().ok()?;
+        g.socks.get(&id)?.pump.as_ref()?.ours_fd()
+    }
+
     fn set_listener_bell(&self, l: ListenerId, bell: Bell) -> io::Result<()> {
         let mut g = self.lock()?;
         let ls = g
