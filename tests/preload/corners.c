@@ -1139,6 +1139,26 @@ static void case_splice(void) {
     out("splice to socket: %zu", put);
 }
 
+/* Fork a server that listens in its own process (a listener shared by fork is other cases'),
+ * runs `serve(listener)` and exits; `a` gets its address. */
+static pid_t fork_server(struct sockaddr_in *a, void (*serve)(int l)) {
+    int ap[2];
+    CHECK(pipe(ap) == 0);
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (srv == 0) {
+        close(ap[0]);
+        int l = listener(a);
+        CHECK(write(ap[1], a, sizeof *a) == sizeof *a);
+        serve(l);
+        _exit(0);
+    }
+    CHECK(read(ap[0], a, sizeof *a) == sizeof *a);
+    close(ap[0]);
+    close(ap[1]);
+    return srv;
+}
+
 /* Short connections in a row to one server (sdp-core socket/history.rs): each client connection
  * is echoed; a short one writes 100 bytes and reads them back, a long one makes 40 round trips.
  * The transcript is TCP's; the shim's report tells which went by SDP. */
@@ -1163,33 +1183,25 @@ static int echo_rounds(const struct sockaddr_in *a, int rounds) {
     return 1;
 }
 
-static void case_short_conns(void) {
-    enum { CONNS = 22 };
-    /* The server listens in its own process (a listener shared by fork is another case's). */
-    int ap[2];
-    CHECK(pipe(ap) == 0);
-    pid_t srv = fork();
-    CHECK(srv >= 0);
-    if (srv == 0) {
-        struct sockaddr_in a;
-        int l = listener(&a);
-        CHECK(write(ap[1], &a, sizeof a) == sizeof a);
-        for (int i = 0; i < CONNS; i++) {
-            int c = accept(l, NULL, NULL);
-            CHECK(c >= 0);
-            char b[4096];
-            ssize_t k;
-            while ((k = read(c, b, sizeof b)) > 0)
-                CHECK(write(c, b, k) == k);
-            CHECK(k == 0);
-            close(c);
-        }
-        _exit(0);
+enum { SHORT_CONNS = 22 };
+
+/* Echo each of SHORT_CONNS connections in turn until its EOF. */
+static void serve_short_conns(int l) {
+    for (int i = 0; i < SHORT_CONNS; i++) {
+        int c = accept(l, NULL, NULL);
+        CHECK(c >= 0);
+        char b[4096];
+        ssize_t k;
+        while ((k = read(c, b, sizeof b)) > 0)
+            CHECK(write(c, b, k) == k);
+        CHECK(k == 0);
+        close(c);
     }
+}
+
+static void case_short_conns(void) {
     struct sockaddr_in a;
-    CHECK(read(ap[0], &a, sizeof a) == sizeof a);
-    close(ap[0]);
-    close(ap[1]);
+    pid_t srv = fork_server(&a, serve_short_conns);
     int ok = 0;
     for (int i = 0; i < 12; i++)
         ok += echo_rounds(&a, 1);
@@ -1209,31 +1221,27 @@ static void case_short_conns(void) {
  * writes a request and reads the answer (5 s SO_RCVTIMEO). Over TCP it is answered. Under the
  * shim the connection lives in the parent's runtime, which goes with it (TODO.md): the child
  * must at least see that at once (EPIPE, a reset or EOF), not wait. Run by name. */
-static void case_owner_exits(void) {
-    int ap[2], rp[2];
-    CHECK(pipe(ap) == 0 && pipe(rp) == 0);
-    pid_t srv = fork();
-    CHECK(srv >= 0);
-    if (srv == 0) {
-        struct sockaddr_in a;
-        int l = listener(&a);
-        CHECK(write(ap[1], &a, sizeof a) == sizeof a);
-        int c = accept(l, NULL, NULL);
-        CHECK(c >= 0);
-        struct timeval tv = {5, 0};
-        setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        char b[64];
-        ssize_t r = read(c, b, sizeof b);
-        if (r > 0) {
-            char reply[80];
-            int n = snprintf(reply, sizeof reply, "reply:%.*s", (int)r, b);
-            send(c, reply, n, MSG_NOSIGNAL);
-        }
-        close(c);
-        _exit(0);
+/* Answer one request ("reply:" and what came), waiting for it up to 5 s. */
+static void serve_one_request(int l) {
+    int c = accept(l, NULL, NULL);
+    CHECK(c >= 0);
+    struct timeval tv = {5, 0};
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char b[64];
+    ssize_t r = read(c, b, sizeof b);
+    if (r > 0) {
+        char reply[80];
+        int n = snprintf(reply, sizeof reply, "reply:%.*s", (int)r, b);
+        send(c, reply, n, MSG_NOSIGNAL);
     }
+    close(c);
+}
+
+static void case_owner_exits(void) {
+    int rp[2];
+    CHECK(pipe(rp) == 0);
     struct sockaddr_in a;
-    CHECK(read(ap[0], &a, sizeof a) == sizeof a);
+    pid_t srv = fork_server(&a, serve_one_request);
     pid_t cl = fork();
     CHECK(cl >= 0);
     if (cl == 0) {
