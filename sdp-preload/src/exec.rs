@@ -29,21 +29,25 @@ use crate::{internal, real, ENABLED, PID};
 /// `SSH_CONNECTION`, keys with `from="..."` refused.
 pub(crate) const EXEC_FDS: &str = "SDP_EXEC_FDS";
 
-/// `SDP_EXEC_FDS=...` for a new program: the streams whose fds it inherits (no FD_CLOEXEC), and
-/// `dups` (an fd, and the number a spawn's file action gives it in the child). `None` when
-/// there are none.
+/// `SDP_EXEC_FDS=...` for a new program's environment ([`exec_fds_value`]).
 pub(crate) fn exec_fds_var(dups: &[(c_int, c_int)]) -> Option<CString> {
+    CString::new(format!("{EXEC_FDS}={}", exec_fds_value(dups)?)).ok()
+}
+
+/// The value of `SDP_EXEC_FDS` for a new program: the streams whose fds it inherits (no
+/// FD_CLOEXEC), and `dups` (an fd, and the number a spawn's file action gives it in the
+/// child). `None` when there are none.
+pub(crate) fn exec_fds_value(dups: &[(c_int, c_int)]) -> Option<String> {
     if internal() || ENABLED.load(Ordering::Relaxed) != 1 {
         return None;
     }
     // The entry of the stream `s` on our `fd`, known as `child_fd` in the new program.
     let describe = |child_fd: c_int, fd: c_int, s: &Sock| -> Option<String> {
-        let o = match s {
-            // Only a stream shared with others lives on beyond this program.
-            Sock::Stream(st, o) if st.is_shared() => o,
-            Sock::Exec(o) => o,
-            _ => return None,
-        };
+        let (st, o) = s.stream_parts()?;
+        // Only a stream shared with others lives on beyond this program.
+        if st.is_some_and(|st| !st.is_shared()) {
+            return None;
+        }
         let (dev, ino) = table::file_id(fd)?;
         let o = o.lock();
         let a = |a: Option<SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
@@ -66,10 +70,7 @@ pub(crate) fn exec_fds_var(dups: &[(c_int, c_int)]) -> Option<CString> {
             entries.extend(describe(*to, *from, s));
         }
     }
-    if entries.is_empty() {
-        return None;
-    }
-    CString::new(format!("{EXEC_FDS}={}", entries.join(","))).ok()
+    (!entries.is_empty()).then(|| entries.join(","))
 }
 
 /// An environment for a new program: `envp` (null: this process's) without any
@@ -109,8 +110,8 @@ extern "C" {
     static environ: *const *const c_char;
 }
 
-/// At load: take `SDP_EXEC_FDS` out of the environment and, if this process is the one it was
-/// written for, answer those fds' identity (each still an open AF_UNIX socket).
+/// At load: take `SDP_EXEC_FDS` out of the environment and answer the identity of each fd it
+/// names that is still the kernel file it names.
 pub(crate) fn adopt_inherited() {
     let Some(v) = std::env::var_os(EXEC_FDS) else {
         return;
@@ -138,8 +139,8 @@ pub(crate) fn adopt_inherited() {
         ) else {
             continue;
         };
-        // Still the stream's file (not a number closed and reused since), an AF_UNIX socket.
-        if table::file_id(fd) != Some(id) || !is_unix_socket(fd) {
+        // Still the stream's file (its AF_UNIX socket), not a number closed and reused since.
+        if table::file_id(fd) != Some(id) {
             continue;
         }
         let o = Opts {
@@ -154,17 +155,6 @@ pub(crate) fn adopt_inherited() {
             ));
         }
     }
-}
-
-/// Whether `fd` is an open AF_UNIX socket (what an SDP stream's fd is).
-fn is_unix_socket(fd: c_int) -> bool {
-    // SAFETY: zeroed storage is valid; the kernel fills in at most its size.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    // SAFETY: our own storage and length.
-    let r =
-        unsafe { real::getsockname(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut sl) };
-    r == 0 && ss.ss_family as c_int == libc::AF_UNIX
 }
 
 /// Whether `path` (relative to `dirfd`) names a file we may execute.

@@ -164,7 +164,10 @@ extern "C" fn at_exit() {
 
 extern "C" fn fork_prepare() {
     // Streams become shared with the child: their bytes will flow through the kernel files.
+    // The runtime's ends of those files are noted for the child to close (`fork_child`).
     let g = Internal::enter();
+    let mut ends = PUMP_ENDS.lock();
+    ends.clear();
     for (fd, s) in table::streams() {
         if let Sock::Stream(st, _) = &*s {
             if !st.is_shared() {
@@ -175,20 +178,12 @@ extern "C" fn fork_prepare() {
                     Err(e) => log(format_args!("fork: fd {fd} cannot be shared: {e}")),
                 }
             }
-        }
-    }
-    // The runtime's ends of the shared streams' files, for the child to close (`fork_child`).
-    {
-        let mut ends = PUMP_ENDS.lock();
-        ends.clear();
-        for (_, s) in table::streams() {
-            if let Sock::Stream(st, _) = &*s {
-                if let Some((fd, id)) = st.pump_fd().and_then(|f| Some((f, table::file_id(f)?))) {
-                    ends.push((fd, id));
-                }
+            if let Some((end, id)) = st.pump_fd().and_then(|f| Some((f, table::file_id(f)?))) {
+                ends.push((end, id));
             }
         }
     }
+    drop(ends);
     // Listeners become shared: whichever process accepts an SDP client sets it up itself.
     for (fd, s) in table::listeners() {
         if let Sock::Listener(l) = &*s {
@@ -483,10 +478,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         return unsafe { real::connect(fd, addr, len) };
     }
     let entry = table::get(fd);
-    if entry
-        .as_ref()
-        .is_some_and(|s| matches!(**s, Sock::Stream(..) | Sock::Exec(_)))
-    {
+    if entry.as_ref().is_some_and(|s| s.stream_parts().is_some()) {
         // Already connected, as a TCP socket would say.
         set_errno(libc::EISCONN);
         return -1;
@@ -1016,7 +1008,7 @@ fn stream(fd: c_int) -> Option<Arc<Sock>> {
     if internal() {
         return None;
     }
-    table::get(fd).filter(|s| matches!(**s, Sock::Stream(..) | Sock::Exec(_)))
+    table::get(fd).filter(|s| s.stream_parts().is_some())
 }
 
 /// The SDP stream behind `fd` if its bytes are the shim's to move: not once the fd is shared
@@ -1600,7 +1592,7 @@ unsafe fn stream_name(
     len: *mut socklen_t,
 ) -> Option<c_int> {
     let s = table::owned(fd).then(|| stream(fd)).flatten()?;
-    let (Sock::Stream(_, o) | Sock::Exec(o)) = &*s else {
+    let Some((_, o)) = s.stream_parts() else {
         unreachable!()
     };
     let a = if peer { o.lock().peer } else { o.lock().local };
@@ -1943,14 +1935,15 @@ static SPAWN_DUPS: parking_lot::Mutex<Vec<(usize, c_int, c_int)>> =
     parking_lot::Mutex::new(Vec::new());
 
 /// Before a child that will exec is made: share the streams it inherits (fds without
-/// FD_CLOEXEC, and `extra`), take the listeners it inherits out of SDP.
-fn before_spawn(extra: &[c_int]) {
+/// FD_CLOEXEC, and those `dups` gives it), take the listeners it inherits out of SDP.
+fn before_spawn(dups: &[(c_int, c_int)]) {
     if internal() {
         return;
     }
     let inherited = |fd: c_int| {
         // SAFETY: F_GETFD on an fd number: no memory is passed.
-        extra.contains(&fd) || unsafe { real::fcntl(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC == 0
+        dups.iter().any(|(from, _)| *from == fd)
+            || unsafe { real::fcntl(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC == 0
     };
     let _g = Internal::enter();
     for (fd, s) in table::streams() {
@@ -1975,21 +1968,12 @@ fn before_spawn(extra: &[c_int]) {
     drop(gone);
 }
 
-/// The fds recorded for the file actions object `fa`.
-fn spawn_dups(fa: *const libc::posix_spawn_file_actions_t) -> Vec<c_int> {
+/// The dup2 actions recorded for the file actions object `fa`: (the shim's fd, its number in
+/// the child).
+fn spawn_dups(fa: *const libc::posix_spawn_file_actions_t) -> Vec<(c_int, c_int)> {
     if fa.is_null() {
         return Vec::new();
     }
-    SPAWN_DUPS
-        .lock()
-        .iter()
-        .filter(|(f, ..)| *f == fa as usize)
-        .map(|(_, fd, _)| *fd)
-        .collect()
-}
-
-/// The (fd, number in the child) pairs of `fa`'s dup2 actions on the shim's fds.
-fn spawn_dup_targets(fa: *const libc::posix_spawn_file_actions_t) -> Vec<(c_int, c_int)> {
     SPAWN_DUPS
         .lock()
         .iter()
@@ -1999,13 +1983,13 @@ fn spawn_dup_targets(fa: *const libc::posix_spawn_file_actions_t) -> Vec<(c_int,
 }
 
 /// Run a spawn with `envp` (null: the process's environment) plus the inherited streams'
-/// identity (`exec::exec_fds_var`), the fds `fa` gives the child included.
+/// identity (`exec::exec_fds_var`), those `dups` gives the child included.
 fn spawn_with_exec_fds(
-    fa: *const libc::posix_spawn_file_actions_t,
+    dups: &[(c_int, c_int)],
     envp: *const *mut libc::c_char,
     spawn: impl FnOnce(*const *mut libc::c_char) -> c_int,
 ) -> c_int {
-    match exec::exec_fds_var(&spawn_dup_targets(fa)) {
+    match exec::exec_fds_var(dups) {
         Some(var) => {
             // SAFETY: `envp` is the caller's environment array (or null); `var` outlives it.
             let env = unsafe { exec::env_with(envp.cast(), &var) };
@@ -2018,11 +2002,7 @@ fn spawn_with_exec_fds(
 /// Run `f` (system(), popen(): glibc spawns their shell itself, with the process's
 /// environment) with the inherited streams' identity in the environment, then take it out.
 fn with_exec_fds_set<T>(f: impl FnOnce() -> T) -> T {
-    let Some(var) = exec::exec_fds_var(&[]) else {
-        return f();
-    };
-    let s = var.to_string_lossy();
-    let Some((_, v)) = s.split_once('=') else {
+    let Some(v) = exec::exec_fds_value(&[]) else {
         return f();
     };
     std::env::set_var(exec::EXEC_FDS, v);
@@ -2062,10 +2042,11 @@ pub unsafe extern "C" fn posix_spawn(
     argv: *const *mut libc::c_char,
     envp: *const *mut libc::c_char,
 ) -> c_int {
-    before_spawn(&spawn_dups(fa));
+    let dups = spawn_dups(fa);
+    before_spawn(&dups);
     let _limit = limits::ExecLimit::enter();
     // SAFETY: the caller's arguments, the environment with the streams' identity.
-    spawn_with_exec_fds(fa, envp, |envp| unsafe {
+    spawn_with_exec_fds(&dups, envp, |envp| unsafe {
         real::posix_spawn(pid, path, fa, attr, argv, envp)
     })
 }
@@ -2105,10 +2086,11 @@ pub unsafe extern "C" fn posix_spawnp(
     argv: *const *mut libc::c_char,
     envp: *const *mut libc::c_char,
 ) -> c_int {
-    before_spawn(&spawn_dups(fa));
+    let dups = spawn_dups(fa);
+    before_spawn(&dups);
     let _limit = limits::ExecLimit::enter();
     // SAFETY: the caller's arguments, the environment with the streams' identity.
-    spawn_with_exec_fds(fa, envp, |envp| unsafe {
+    spawn_with_exec_fds(&dups, envp, |envp| unsafe {
         real::posix_spawnp(pid, file, fa, attr, argv, envp)
     })
 }

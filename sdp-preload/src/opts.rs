@@ -113,10 +113,8 @@ pub(crate) unsafe fn get(
     val: *mut c_void,
     len: *mut socklen_t,
 ) -> c_int {
-    let (st, opts) = match s {
-        Sock::Stream(st, o) => (Some(st), o),
-        Sock::Exec(o) => (None, o),
-        _ => unreachable!(),
+    let Some((st, opts)) = s.stream_parts() else {
+        unreachable!()
     };
     let int = |v: c_int| v.to_ne_bytes().to_vec();
     let bytes = match (level, name) {
@@ -181,10 +179,8 @@ pub(crate) unsafe fn set(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
-    let (st, opts) = match s {
-        Sock::Stream(st, o) => (Some(st), o),
-        Sock::Exec(o) => (None, o),
-        _ => unreachable!(),
+    let Some((st, opts)) = s.stream_parts() else {
+        unreachable!()
     };
     if (len as i32) < 0 || (len > 0 && val.is_null()) {
         crate::set_errno(if val.is_null() {

@@ -97,6 +97,18 @@ pub(crate) enum Sock {
     Exec(Mutex<Opts>),
 }
 
+impl Sock {
+    /// A stream's engine stream (none for one got through exec) and options; `None` for a
+    /// socket that is no stream.
+    pub(crate) fn stream_parts(&self) -> Option<(Option<&AppStream>, &Mutex<Opts>)> {
+        match self {
+            Sock::Stream(st, o) => Some((Some(st), o)),
+            Sock::Exec(o) => Some((None, o)),
+            _ => None,
+        }
+    }
+}
+
 impl Drop for Sock {
     fn drop(&mut self) {
         if let Sock::Stream(s, o) = self {
@@ -173,7 +185,7 @@ pub(crate) fn streams() -> Vec<(i32, Arc<Sock>)> {
 
 /// Every SDP stream whose identity the shim answers, its own and those it got through exec.
 pub(crate) fn identities() -> Vec<(i32, Arc<Sock>)> {
-    pick(|s| matches!(s, Sock::Stream(..) | Sock::Exec(_)))
+    pick(|s| s.stream_parts().is_some())
 }
 
 /// Before fork(): hold the table so the child gets it in a consistent state.

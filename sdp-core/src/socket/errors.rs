@@ -83,6 +83,10 @@ pub(crate) fn io_err(e: CallError) -> io::Error {
 /// A provider's error as `io::Error`: its errno, with the provider's words kept.
 pub(crate) fn verbs_err(e: VerbsError) -> io::Error {
     let errno = e.errno();
+    if let VerbsError::Refused = e {
+        // As TCP's connect says it: a plain errno (the shim's callers see ECONNREFUSED).
+        return io::Error::from_raw_os_error(errno);
+    }
     io::Error::new(
         io::Error::from_raw_os_error(errno).kind(),
         format!("{e} (os error {errno})"),
@@ -92,8 +96,6 @@ pub(crate) fn verbs_err(e: VerbsError) -> io::Error {
 /// A driver call's error as `io::Error`.
 pub(crate) fn driver_err(e: DriverError) -> io::Error {
     match e {
-        // As TCP's connect says it: a plain errno (the shim's callers see ECONNREFUSED).
-        DriverError::Verbs(VerbsError::Refused) => io::Error::from_raw_os_error(libc::ECONNREFUSED),
         DriverError::Verbs(v) => verbs_err(v),
         DriverError::Call(c) => io_err(c),
         e => io::Error::from_raw_os_error(e.errno()),

@@ -114,12 +114,20 @@ pub(crate) fn peer_uid(fd: RawFd) -> io::Result<u32> {
     Ok(c.uid)
 }
 
-fn seqpacket() -> io::Result<OwnedFd> {
-    owned(syscall!(socket(
+/// A new seqpacket socket, at the number the kernel gave it.
+fn seqpacket_here() -> io::Result<OwnedFd> {
+    let fd = syscall!(socket(
         libc::AF_UNIX,
         libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
         0
-    ))?)
+    ))?;
+    // SAFETY: a new socket, owned at once.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A new seqpacket socket above the application's fds.
+fn seqpacket() -> io::Result<OwnedFd> {
+    owned(seqpacket_here()?.into_raw_fd())
 }
 
 /// A listening seqpacket socket on an abstract name.
@@ -158,23 +166,14 @@ pub fn set_passcred(fd: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
-/// Connect (nonblocking) to an abstract name.
-/// Connect a seqpacket socket to the first of `names` a listener holds: the socket and the
-/// name's index. One socket serves every try (a refused connect leaves it unconnected) and is
-/// moved above the application's fds only once connected, so a refusal costs a socket, a
-/// connect per name and a close. A full queue (EAGAIN) ends the tries; otherwise the last
-/// name's error.
-pub fn seqpacket_connect_first(names: &[Vec<u8>]) -> io::Result<(OwnedFd, usize)> {
-    // SAFETY: a new socket, owned at once.
-    let fd = unsafe {
-        OwnedFd::from_raw_fd(syscall!(socket(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0
-        ))?)
-    };
+/// Connect (nonblocking) a seqpacket socket to the first of `names` (abstract) a listener
+/// holds. One socket serves every try (a refused connect leaves it unconnected) and is moved
+/// above the application's fds only once connected, so a refusal costs a socket, a connect per
+/// name and a close. A full queue (EAGAIN) ends the tries; otherwise the last name's error.
+pub fn seqpacket_connect_first(names: &[Vec<u8>]) -> io::Result<OwnedFd> {
+    let fd = seqpacket_here()?;
     let mut last = io::Error::from_raw_os_error(libc::ECONNREFUSED);
-    for (i, name) in names.iter().enumerate() {
+    for name in names {
         let (a, len) =
             abstract_addr(name).map_err(|_| io::Error::other("rendezvous name too long"))?;
         // SAFETY: `a` is a live sockaddr_un of `len` bytes.
@@ -183,7 +182,7 @@ pub fn seqpacket_connect_first(names: &[Vec<u8>]) -> io::Result<(OwnedFd, usize)
             (&a as *const libc::sockaddr_un).cast(),
             len
         )) {
-            Ok(_) => return Ok((owned(fd.into_raw_fd())?, i)),
+            Ok(_) => return owned(fd.into_raw_fd()),
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Err(e),
             Err(e) => last = e,
         }
@@ -191,6 +190,7 @@ pub fn seqpacket_connect_first(names: &[Vec<u8>]) -> io::Result<(OwnedFd, usize)
     Err(last)
 }
 
+/// Connect (nonblocking) to an abstract name.
 #[cfg(test)]
 pub fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
     let fd = seqpacket()?;

@@ -1574,11 +1574,11 @@ impl Provider for ShmProvider {
         }
         names.push(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port));
         let names: Vec<Vec<u8>> = names.into_iter().map(rendezvous_name).collect();
-        let (sock, full) = match sys::seqpacket_connect_first(&names) {
-            Ok((s, _)) => (Some(s), false),
-            // The rendezvous socket's own queue is full (a burst the listener has not taken
-            // yet): as the listener's full queue answers.
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => (None, true),
+        // `None`: the rendezvous socket's own queue is full (a burst the listener has not
+        // taken yet), answered as the listener's full queue answers.
+        let sock = match sys::seqpacket_connect_first(&names) {
+            Ok(s) => Some(s),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => None,
             // Nobody listens over shm there: refused at once, before an endpoint and its
             // inbox exist (a program under the shim connecting to kernel TCP servers pays
             // this on every connect).
@@ -1602,16 +1602,9 @@ impl Provider for ShmProvider {
         )?;
         let Some(sock) = sock else {
             ep.state = QpState::Error;
-            ep.cm.push_back(if full {
-                CmEvent::Rejected {
-                    private_data: crate::verbs::REJECT_QUEUE_FULL.as_bytes().to_vec(),
-                    consumer: true,
-                }
-            } else {
-                CmEvent::Rejected {
-                    private_data: Vec::new(),
-                    consumer: false,
-                }
+            ep.cm.push_back(CmEvent::Rejected {
+                private_data: crate::verbs::REJECT_QUEUE_FULL.as_bytes().to_vec(),
+                consumer: true,
             });
             return Ok(ep);
         };
