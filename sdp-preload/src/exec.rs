@@ -210,6 +210,29 @@ fn before_exec(can: impl FnOnce() -> bool) -> ExecLimit {
     ExecLimit::enter()
 }
 
+/// In a fork child about to exec: the streams it inherited and the new program keeps (no
+/// FD_CLOEXEC) become shared first (their owner is asked), since the new program uses the
+/// kernel file directly.
+fn share_inherited_for_exec() {
+    if internal() || ENABLED.load(Ordering::Relaxed) != 1 {
+        return;
+    }
+    let _g = crate::Internal::enter();
+    for (fd, s) in table::streams() {
+        if let Sock::Stream(st, _) = &*s {
+            // SAFETY: F_GETFD on an fd number: no memory is passed.
+            let kept = unsafe { real::fcntl(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC == 0;
+            if kept && st.is_inherited() && !st.is_shared() {
+                if let Err(e) = st.share(fd) {
+                    crate::log(format_args!(
+                        "exec: fd {fd}: the process owning this inherited stream could not share it: {e}"
+                    ));
+                }
+            }
+        }
+    }
+}
+
 /// # Safety
 /// As `execve(2)`.
 #[no_mangle]
@@ -229,6 +252,7 @@ fn with_exec_fds(
     envp: *const *const c_char,
     exec: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
+    share_inherited_for_exec();
     match exec_fds_var(&[]) {
         Some(var) => {
             // SAFETY: `envp` is the caller's environment array (or null); `var` outlives it.

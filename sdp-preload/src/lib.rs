@@ -153,7 +153,10 @@ extern "C" fn at_exit() {
             let live = table::streams()
                 .into_iter()
                 .filter_map(|(_, s)| match &*s {
-                    Sock::Stream(st, o) => Some(report::of_stream(o.lock().role, st)),
+                    // An inherited stream is its owner's to report.
+                    Sock::Stream(st, o) if !st.is_inherited() => {
+                        Some(report::of_stream(o.lock().role, st))
+                    }
                     _ => None,
                 })
                 .collect();
@@ -163,27 +166,20 @@ extern "C" fn at_exit() {
 }
 
 extern "C" fn fork_prepare() {
-    // Streams become shared with the child: their bytes will flow through the kernel files.
-    // The runtime's ends of those files are noted for the child to close (`fork_child`).
+    // The child inherits the streams: they keep their speed until a process uses the child's
+    // copy (then the owner shares it on that process's request: its bytes flow through the
+    // kernel file). The runtime's fds the child must not hold it closes at once (sdp-core's
+    // own fork handler).
     let g = Internal::enter();
-    let mut ends = PUMP_ENDS.lock();
-    ends.clear();
     for (fd, s) in table::streams() {
         if let Sock::Stream(st, _) = &*s {
             if !st.is_shared() {
-                match st.share(fd) {
-                    Ok(()) => log(format_args!(
-                        "fork: fd {fd} is shared, its bytes go through the kernel file"
-                    )),
-                    Err(e) => log(format_args!("fork: fd {fd} cannot be shared: {e}")),
+                if let Some(Err(e)) = table::file_id(fd).map(|f| st.expose(f)) {
+                    log(format_args!("fork: fd {fd} cannot be inherited: {e}"));
                 }
-            }
-            if let Some((end, id)) = st.pump_fd().and_then(|f| Some((f, table::file_id(f)?))) {
-                ends.push((end, id));
             }
         }
     }
-    drop(ends);
     // Listeners become shared: whichever process accepts an SDP client sets it up itself.
     for (fd, s) in table::listeners() {
         if let Sock::Listener(l) = &*s {
@@ -213,21 +209,8 @@ extern "C" fn fork_parent() {
     drop(gone);
 }
 
-/// The runtime's ends of the shared streams' files as fork began (fd, kernel file): the child's
-/// copies are closed at once. The parent's pump alone uses them; a child holding one kept its
-/// own fd's file open for ever: with the parent gone (`ssh -f`, `daemon()`), the child's reads
-/// waited for ever instead of seeing the connection end.
-static PUMP_ENDS: parking_lot::Mutex<Vec<(c_int, (u64, u64))>> =
-    parking_lot::Mutex::new(Vec::new());
-
 extern "C" fn fork_child() {
     PID.store(std::process::id(), Ordering::Relaxed);
-    for (fd, id) in std::mem::take(&mut *PUMP_ENDS.lock()) {
-        if table::file_id(fd) == Some(id) {
-            // SAFETY: the parent runtime's fd, which this child never uses.
-            unsafe { real::close(fd) };
-        }
-    }
     report::forget_inherited();
     let gone = table::unlock_after_fork();
     let _g = Internal::enter();
@@ -896,6 +879,7 @@ pub unsafe extern "C" fn accept4(
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if table::owned(fd) && !internal() {
         let s = table::remove(fd);
+        before_last_close(fd, s.as_ref());
         // SAFETY: forwards the caller's argument.
         let r = unsafe { real::close(fd) };
         // The connection ends when its last fd in this process is gone (the Arc's last clone).
@@ -905,6 +889,18 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     }
     // SAFETY: forwards the caller's argument.
     unsafe { real::close(fd) }
+}
+
+/// `fd` is about to close and `s` (just taken out of the table) was its socket: if that was
+/// this process's last fd of a stream a fork exposed, let the stream tell at the close whether
+/// another process still holds the file (`AppStream::before_last_close`).
+fn before_last_close(fd: c_int, s: Option<&Arc<Sock>>) {
+    if let Some(s) = s.filter(|s| Arc::strong_count(s) == 1) {
+        if let Sock::Stream(st, _) = &**s {
+            let _g = Internal::enter();
+            st.before_last_close(fd);
+        }
+    }
 }
 
 /// After a dup of `old` to `new` succeeded: `new` refers to what `old` does.
@@ -1023,10 +1019,30 @@ fn data(fd: c_int) -> Option<Arc<Sock>> {
 }
 
 /// [`data`] for an fd the shim owns (out of line: the hooks' path for other fds stays a load
-/// and a tail call).
+/// and a tail call). In a fork child, the first such call on a stream it inherited asks the
+/// owning process to share it (until then the owner moves its bytes at full speed), and the
+/// call goes to the kernel file.
 #[inline(never)]
 fn data_owned(fd: c_int) -> Option<Arc<Sock>> {
-    stream(fd).filter(|s| matches!(&**s, Sock::Stream(st, _) if !st.is_shared()))
+    let s = stream(fd)?;
+    match &*s {
+        Sock::Stream(st, _) if !st.is_shared() => {
+            if !st.is_inherited() {
+                return Some(s);
+            }
+            let _g = Internal::enter();
+            match st.share(fd) {
+                Ok(()) => log(format_args!(
+                    "fd {fd}: inherited stream shared by its owner, its bytes go through the kernel file"
+                )),
+                Err(e) => log(format_args!(
+                    "fd {fd}: the process owning this inherited stream could not share it: {e}"
+                )),
+            }
+            None
+        }
+        _ => None,
+    }
 }
 
 fn do_read(s: &Sock, fd: c_int, buf: &mut [u8], flags: c_int) -> ssize_t {
@@ -1054,6 +1070,11 @@ fn do_read(s: &Sock, fd: c_int, buf: &mut [u8], flags: c_int) -> ssize_t {
     let _g = Internal::enter();
     match st.read(fd, buf, f) {
         Ok(n) => n as ssize_t,
+        // Another process's request shared it during the call: its bytes are in the file now.
+        // SAFETY: the caller's buffer.
+        Err(e) if app::is_shared_now(&e) => unsafe {
+            real::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags)
+        },
         Err(e) => fail(&e),
     }
 }
@@ -1072,6 +1093,11 @@ fn do_write(s: &Sock, fd: c_int, buf: &[u8], flags: c_int) -> ssize_t {
     };
     match r {
         Ok(n) => n as ssize_t,
+        // Another process's request shared it during the call: write the file.
+        // SAFETY: the caller's buffer.
+        Err(e) if app::is_shared_now(&e) => unsafe {
+            real::send(fd, buf.as_ptr().cast(), buf.len(), flags)
+        },
         Err(e) => {
             if errno_of(&e) == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
                 // SAFETY: raising a signal in the calling thread, as the kernel does for TCP.
@@ -1560,6 +1586,7 @@ owned_or_libc! { fn shutdown(fd: c_int, how: c_int) -> c_int => shutdown_owned }
 /// [`shutdown`] on an fd the shim owns (out of line: see [`data`]).
 #[inline(never)]
 unsafe fn shutdown_owned(fd: c_int, how: c_int) -> c_int {
+    let raw_how = how;
     if let Some(s) = data_owned(fd) {
         let Sock::Stream(st, _) = &*s else {
             unreachable!()
@@ -1576,6 +1603,8 @@ unsafe fn shutdown_owned(fd: c_int, how: c_int) -> c_int {
         let _g = Internal::enter();
         return match st.shutdown(fd, how) {
             Ok(()) => 0,
+            // SAFETY: forwards the caller's arguments (shared during the call).
+            Err(e) if app::is_shared_now(&e) => unsafe { real::shutdown(fd, raw_how) },
             Err(e) => fail(&e),
         };
     }

@@ -1,6 +1,7 @@
 //! `SDP_REPORT=FILE`: at exit each process appends one JSON line per socket it handled (pid,
 //! program, local, peer, transport shm|rdma|tcp, bytes in/out, zero-copy bytes, fallback
-//! reason), so a run can prove which transport carried its bytes.
+//! reason, whether the stream's bytes went through its kernel file because another process
+//! used the fd), so a run can prove which transport carried its bytes.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +20,10 @@ pub(crate) struct Record {
     pub(crate) bytes_out: u64,
     pub(crate) zcopy_bytes: u64,
     pub(crate) fallback: Option<String>,
+    /// The stream's bytes went through its kernel file (another process used the fd), pumped
+    /// by this process: read when the line is written (a stream closed by its owner may be
+    /// shared at that close, after its record was taken).
+    pub(crate) shared: std::sync::Arc<AtomicBool>,
 }
 
 static DONE: Mutex<Vec<Record>> = Mutex::new(Vec::new());
@@ -50,6 +55,7 @@ pub(crate) fn of_stream(role: &'static str, s: &AppStream) -> Record {
         bytes_out: info.as_ref().map_or(0, |i| i.bytes_out),
         zcopy_bytes: info.as_ref().map_or(0, |i| i.zcopy_bytes),
         fallback: None,
+        shared: s.shared_flag(),
     }
 }
 
@@ -93,7 +99,7 @@ pub(crate) fn write(live: Vec<Record>) {
     let done = std::mem::take(&mut *DONE.lock());
     for r in done.into_iter().chain(live) {
         lines.push_str(&format!(
-            "{{\"pid\":{pid},\"program\":{},\"role\":{},\"local\":{},\"peer\":{},\"transport\":{},\"bytes_in\":{},\"bytes_out\":{},\"zcopy_bytes\":{},\"fallback\":{}}}\n",
+            "{{\"pid\":{pid},\"program\":{},\"role\":{},\"local\":{},\"peer\":{},\"transport\":{},\"bytes_in\":{},\"bytes_out\":{},\"zcopy_bytes\":{},\"fallback\":{},\"shared\":{}}}\n",
             json_str(&program),
             json_str(r.role),
             opt_addr(r.local),
@@ -103,6 +109,7 @@ pub(crate) fn write(live: Vec<Record>) {
             r.bytes_out,
             r.zcopy_bytes,
             r.fallback.as_deref().map_or("null".into(), json_str),
+            r.shared.load(Ordering::SeqCst),
         ));
     }
     if lines.is_empty() {

@@ -112,6 +112,10 @@ impl Sock {
 impl Drop for Sock {
     fn drop(&mut self) {
         if let Sock::Stream(s, o) = self {
+            if s.is_inherited() {
+                // Its owner reports it.
+                return;
+            }
             crate::report::push(crate::report::of_stream(o.lock().role, s));
         }
     }

@@ -384,3 +384,45 @@ fn a_child_whose_parent_exits_is_not_left_waiting() {
     // EAGAIN: its read waited out its 5 s timeout.
     assert!(!sdp.contains("EAGAIN"), "the child waited: {sdp}");
 }
+
+/// The server's report line of a single-connection case (one server stream over shm).
+fn shm_server_line(lines: &str) -> &str {
+    let mut it = lines
+        .lines()
+        .filter(|l| l.contains("\"role\":\"server\"") && l.contains("\"transport\":\"shm\""));
+    let l = it
+        .next()
+        .unwrap_or_else(|| panic!("no shm server in the report:\n{lines}"));
+    assert!(it.next().is_none(), "one shm server expected:\n{lines}");
+    l
+}
+
+/// A fork child that ignores the connections it inherits (redis' BGSAVE, a helper that execs)
+/// leaves them as they were: the parent's stream is not shared (its bytes do not go through the
+/// kernel file: they did, for every stream at every fork, until the child's first use began to
+/// decide it). A child that uses its copy later gets the stream shared by its owner at that
+/// moment, with the bytes in order (the transcripts equal TCP's).
+#[test]
+fn a_fork_child_shares_a_stream_only_once_it_uses_it() {
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("fork_ignore"), "fork-ignore");
+    assert!(tcp.contains("fork-ignore parent read end 0"), "{tcp}");
+    let server = shm_server_line(&lines);
+    assert!(server.contains("\"shared\":false"), "{lines}");
+    assert!(server.contains("\"bytes_in\":18"), "{lines}");
+    let (tcp, lines) = differential(Some("fork_late_use"), "fork-late-use");
+    assert!(
+        tcp.contains("peer got child's answer to request 1"),
+        "{tcp}"
+    );
+    assert!(
+        shm_server_line(&lines).contains("\"shared\":true"),
+        "{lines}"
+    );
+    let (tcp, lines) = differential(Some("fork_serve"), "fork-serve");
+    assert!(tcp.contains("fork-serve child exit 0 peer exit 0"), "{tcp}");
+    assert!(
+        shm_server_line(&lines).contains("\"shared\":true"),
+        "{lines}"
+    );
+}

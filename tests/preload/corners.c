@@ -635,6 +635,44 @@ static void case_fork_ignore(void) {
     finish(pid, s);
 }
 
+/* A child inherits a connection the parent goes on using, and uses it only later: the parent
+ * answers the peer's first request, then the child answers the second, then the parent reads
+ * the end (under the shim the stream keeps its speed until the child's first use, then its
+ * bytes go through the kernel file). */
+static void case_fork_late_use(void) {
+    int s;
+    pid_t pid = start(peer_talk, &s);
+    int go[2];
+    CHECK(pipe(go) == 0);
+    pid_t child = fork();
+    CHECK(child >= 0);
+    char b[64], reply[80];
+    if (child == 0) {
+        close(go[1]);
+        char c;
+        CHECK(read(go[0], &c, 1) == 1);
+        ssize_t r = read(s, b, sizeof b);
+        CHECK(r > 0);
+        int n = snprintf(reply, sizeof reply, "child's answer to %.*s", (int)r, b);
+        CHECK(write(s, reply, n) == n);
+        _exit(0);
+    }
+    close(go[0]);
+    ssize_t r = read(s, b, sizeof b);
+    CHECK(r > 0);
+    int n = snprintf(reply, sizeof reply, "answer to %.*s", (int)r, b);
+    CHECK(write(s, reply, n) == n);
+    /* The peer's second request waits for the child. */
+    tell(go[1]);
+    int st;
+    CHECK(waitpid(child, &st, 0) == child);
+    r = read(s, b, sizeof b);
+    out("fork-late-use parent read end %zd, child exit %d", r,
+        WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    close(go[1]);
+    finish(pid, s);
+}
+
 /* Serve one connection of a shared listener: read until EOF, answer with the count and a sum
  * of what came, close. */
 static void serve_one(int l, const char *who) {
@@ -1955,6 +1993,7 @@ int main(int argc, char **argv) {
     RUN(linger_exit);
     RUN(fork_serve);
     RUN(fork_ignore);
+    RUN(fork_late_use);
     RUN(prefork);
     RUN(shared_late_accept);
     RUN(shared_stopped_client);

@@ -99,8 +99,11 @@ enum Waited {
 pub struct AppStream {
     stack: Stack,
     id: ConnId,
-    /// The fd is shared with other processes (see [`AppStream::share`]).
-    shared: std::sync::atomic::AtomicBool,
+    /// The fd's bytes flow through the kernel file (see [`AppStream::share`]); the runtime sets
+    /// it too, when another process's request shares the stream (`runtime::share`).
+    shared: Arc<std::sync::atomic::AtomicBool>,
+    /// The process whose runtime holds the connection (a fork child holds a copy).
+    owner: u32,
     /// The destination of a connect, whose end teaches automatic choice (`history`).
     dest: Option<SocketAddr>,
 }
@@ -121,6 +124,13 @@ impl Drop for AppStream {
         self.stack.0.close(self.id);
         super::runtime::APP_STREAMS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
+}
+
+/// Whether an [`AppStream`] call's error says the stream became shared during the call
+/// (another process holding its fd asked to use it): the call is to be made again on the kernel
+/// file, as for any shared stream.
+pub fn is_shared_now(e: &io::Error) -> bool {
+    super::runtime::is_shared_now(e)
 }
 
 /// Whether event waits poll first: the process has SDP streams. The shim's hooks ask it before
@@ -229,7 +239,8 @@ impl AppStream {
         AppStream {
             stack,
             id,
-            shared: std::sync::atomic::AtomicBool::new(false),
+            shared: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            owner: crate::sys::getpid(),
             dest: None,
         }
     }
@@ -241,24 +252,54 @@ impl AppStream {
         self.stack.0.set_linger(self.id, linger)
     }
 
-    /// The fd `fd` (this stream's) is about to be shared with another process (fork): from
-    /// now on the stream's bytes flow through the kernel file, and every holder reads and
-    /// writes it natively (`read(2)`, `send(2)`...); this process's runtime pumps them over
-    /// SDP until the last holder closes the file. [`AppStream::read`] and
+    /// The fd `fd` (this stream's) is about to be shared with another process (exec, fd
+    /// passing), or another process holding it wants to use it: from now on the stream's bytes
+    /// flow through the kernel file, and every holder reads and writes it natively (`read(2)`,
+    /// `send(2)`...); the owning process's runtime pumps them over SDP until the last holder
+    /// closes the file. In a process other than the owner (a fork child), the owner is asked
+    /// to; the stream is treated as shared here whatever its answer (an error: the owner is
+    /// gone, and the file shows the connection's end). [`AppStream::read`] and
     /// [`AppStream::write`] must not be used after this; [`AppStream::is_shared`] says so.
     pub fn share(&self, fd: RawFd) -> io::Result<()> {
         if self.shared.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
+        if self.is_inherited() {
+            return self.stack.0.app_join(self.id, fd);
+        }
         self.stack.0.app_share(self.id, fd)
     }
 
-    /// The runtime's end of a shared stream's file, which this process's pump reads and
-    /// writes. A child forked from here inherits a copy it never uses: it must close it (the
-    /// LD_PRELOAD shim does, at fork), or the child's own fd would never see the connection
-    /// end when this process goes (its reads would wait for ever).
-    pub fn pump_fd(&self) -> Option<RawFd> {
-        self.stack.0.app_pump_fd(self.id)
+    /// A child is about to be forked, which inherits this stream's fd, whose kernel file is
+    /// `file`: the stream keeps its speed until a process uses the child's copy (that process
+    /// calls [`AppStream::share`], which asks this one), so a child that ignores it costs
+    /// nothing. Nothing in a process that does not own the stream.
+    pub fn expose(&self, file: (u64, u64)) -> io::Result<()> {
+        if self.is_inherited() {
+            return Ok(());
+        }
+        self.stack.0.app_expose(self.id, file, self.shared.clone())
+    }
+
+    /// The application's last fd of this stream in this process (`fd`) is about to close: a
+    /// stream a fork exposed stops its readiness protocol, so the close can tell whether
+    /// another process holds the file (then its bytes go on through it) or not (then the
+    /// connection closes as TCP's would). Nothing for other streams.
+    pub fn before_last_close(&self, fd: RawFd) {
+        if !self.is_inherited() && !self.is_shared() {
+            self.stack.0.app_quiesce(self.id, fd);
+        }
+    }
+
+    /// What [`AppStream::is_shared`] reads, to read later (a report taken at a close that
+    /// shares the stream).
+    pub fn shared_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.shared.clone()
+    }
+
+    /// This process got the stream from its parent by fork: the connection is the parent's.
+    pub fn is_inherited(&self) -> bool {
+        self.owner != crate::sys::getpid()
     }
 
     /// Whether the fd is shared (its bytes flow through the kernel file).
@@ -312,6 +353,7 @@ impl AppStream {
                         }
                     }
                 }
+                // Shared meanwhile: the caller reads the kernel file (`is_shared_now`).
                 Err(e) => return if got > 0 { Ok(got) } else { Err(e) },
             }
         }

@@ -41,12 +41,6 @@ pub(crate) struct Pump {
 }
 
 impl Pump {
-    /// Our end of the file (none once both halves are done).
-    pub(crate) fn ours_fd(&self) -> Option<std::os::fd::RawFd> {
-        use std::os::fd::AsRawFd;
-        self.ours.as_ref().map(|o| o.as_raw_fd())
-    }
-
     /// Start pumping on `ours`; `eof_out` if SDP's end of stream was already shown on the file.
     pub(crate) fn new(ours: OwnedFd, eof_out: bool) -> Pump {
         // Room for real data in both directions.

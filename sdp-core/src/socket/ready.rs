@@ -152,6 +152,8 @@ impl AppReady {
     /// close-on-exec if `cloexec`), and the runtime's state.
     pub(crate) fn new(nonblocking: bool, cloexec: bool) -> io::Result<(AppReady, OwnedFd)> {
         let (user, ours) = sys::socketpair()?;
+        // A fork child's copy of our end would keep its own fd's file open after we are gone.
+        sys::close_in_fork_child(std::os::fd::AsFd::as_fd(&ours));
         // A small send buffer, so a few writes fill it; room for the primer byte.
         sys::setsockopt_int(user.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, 16384)?;
         sys::send_nb(user.as_raw_fd(), &[0])?;

@@ -441,6 +441,59 @@ pub fn poll_readable(fd: RawFd, timeout_ms: i32) -> bool {
     matches!(syscall!(poll(&mut p, 1, timeout_ms)), Ok(n) if n > 0)
 }
 
+/// fds a fork child must close at once ([`close_in_fork_child`]), with their files' identities.
+static FORK_CLOSES: parking_lot::Mutex<Vec<(RawFd, (u64, u64))>> =
+    parking_lot::Mutex::new(Vec::new());
+/// [`FORK_CLOSES`]' length at which stale entries (fds closed since) are taken out next.
+static FORK_CLOSES_PRUNE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(64);
+
+/// Note an fd of ours that a fork child must not keep: one whose copy would keep a connection
+/// of this process going after the process is gone, where its peer must see it go (shm's
+/// connection sockets and the peers' direct-wakeup sockets, the application fds' readiness
+/// pairs, the runtime's request channel). A child runs no runtime of its parent's, so it
+/// closes them at once (an atfork handler registered at load), each only if the number still
+/// names that file: a fork child that held them kept its parent's connections alive after the
+/// parent died (`daemon()` after connecting: its own reads then waited for ever).
+pub(crate) fn close_in_fork_child(fd: BorrowedFd<'_>) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let Ok(id) = super::file_identity(fd) else {
+        return;
+    };
+    let mut g = FORK_CLOSES.lock();
+    if g.len() >= FORK_CLOSES_PRUNE.load(Relaxed) {
+        g.retain(|&(f, id)| {
+            // SAFETY: only looked at (fstat), never used.
+            super::file_identity(unsafe { BorrowedFd::borrow_raw(f) }).ok() == Some(id)
+        });
+        FORK_CLOSES_PRUNE.store(2 * g.len() + 64, Relaxed);
+    }
+    g.push((fd.as_raw_fd(), id));
+}
+
+/// Held across fork, so the child's copy of the list is whole.
+pub(super) extern "C" fn fork_closes_prepare() {
+    std::mem::forget(FORK_CLOSES.lock());
+}
+
+pub(super) extern "C" fn fork_closes_parent() {
+    // SAFETY: this thread locked it in `fork_closes_prepare` and forgot the guard.
+    unsafe { FORK_CLOSES.force_unlock() };
+}
+
+pub(super) extern "C" fn fork_closes_child() {
+    // SAFETY: as in the parent: the child is the forking thread's copy.
+    unsafe { FORK_CLOSES.force_unlock() };
+    let list = std::mem::take(&mut *FORK_CLOSES.lock());
+    for (fd, id) in list {
+        // SAFETY: only looked at (fstat) first.
+        if super::file_identity(unsafe { BorrowedFd::borrow_raw(fd) }).ok() == Some(id) {
+            // SAFETY: the parent's fd, which nothing in this process uses: the objects that
+            // own it are the parent runtime's, dead here and never dropped.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
 /// Whether `fd` reports a hang-up (or an error) right now.
 pub fn hung_up(fd: RawFd) -> bool {
     let mut p = libc::pollfd {

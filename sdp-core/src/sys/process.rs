@@ -16,6 +16,12 @@ extern "C" fn forget_pid() {
 
 extern "C" fn register_forget_pid() {
     atfork(None, None, Some(forget_pid));
+    // After `forget_pid` in the child; its prepare runs after every other (reverse order).
+    atfork(
+        Some(super::fd::fork_closes_prepare),
+        Some(super::fd::fork_closes_parent),
+        Some(super::fd::fork_closes_child),
+    );
 }
 
 /// The child's pid must be known before any other atfork child handler runs: those run in the

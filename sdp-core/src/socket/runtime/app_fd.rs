@@ -75,8 +75,11 @@ impl<P: Provider + 'static> Runtime<P> {
             self.app_call_round(&mut g, id);
         }
         loop {
-            if !g.socks.contains_key(&id) {
-                return Err(io::Error::from_raw_os_error(libc::EBADF));
+            match g.socks.get(&id) {
+                None => return Err(io::Error::from_raw_os_error(libc::EBADF)),
+                // Another process's request shared it: the caller goes to the kernel file.
+                Some(s) if s.app.is_none() => return Err(shared_now()),
+                Some(_) => {}
             }
             let r = op(&mut g, self.now());
             self.sh.after_call(&mut g);
@@ -151,7 +154,11 @@ impl<P: Provider + 'static> Runtime<P> {
         stop: &dyn Fn() -> bool,
     ) -> bool {
         let _caller = Caller::enter(&self.sh);
-        let ready = |g: &Inner<P>| g.driver.view(id).is_none_or(|c| c.read_ready());
+        // Shared meanwhile (another process's request): the read goes to the kernel file.
+        let ready = |g: &Inner<P>| {
+            g.driver.view(id).is_none_or(|c| c.read_ready())
+                || g.socks.get(&id).is_none_or(|s| s.app.is_none())
+        };
         let min_lost = SpinGuard::min_lost(self.sh.name == "rdma");
         poll_for(spin, min_lost, stop, |t| {
             let Ok(mut g) = self.lock() else {

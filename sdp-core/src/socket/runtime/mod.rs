@@ -51,6 +51,7 @@ mod failure;
 mod ops;
 mod progress;
 mod readiness;
+mod share;
 mod spin;
 mod user_zcopy;
 mod zcopy;
@@ -58,6 +59,8 @@ mod zcopy;
 use self::failure::*;
 use self::progress::*;
 use self::readiness::*;
+pub(crate) use self::share::is_shared_now;
+use self::share::*;
 use self::spin::*;
 pub(crate) use self::spin::{
     ms_of_timeout, poll_events, poll_events_for, poll_events_masked, timeout_of_ms, APP_STREAMS,
@@ -214,8 +217,17 @@ pub(crate) trait StackOps: Send + Sync {
     /// The application fd is about to be shared with another process: from now on the
     /// stream's bytes flow through it (see `socket::pump`).
     fn app_share(&self, id: ConnId, user: RawFd) -> io::Result<()>;
-    /// The runtime's end of a shared stream's file (see `AppStream::pump_fd`).
-    fn app_pump_fd(&self, id: ConnId) -> Option<RawFd>;
+    /// A child is being forked, which inherits the application fd (its kernel file `file`):
+    /// the stream stays as it is until a process uses it (`runtime::share`); `shared` is set
+    /// when it becomes shared.
+    fn app_expose(&self, id: ConnId, file: (u64, u64), shared: Arc<AtomicBool>) -> io::Result<()>;
+    /// Make the stream's bytes flow through its file (`user`, an fd of it): in the owning
+    /// process at once, in another (a fork child) by asking the owner.
+    fn app_join(&self, id: ConnId, user: RawFd) -> io::Result<()>;
+    /// The application's last fd of an exposed stream in this process is about to close
+    /// (`user`): stop the readiness protocol, so the close can tell whether another process
+    /// holds the file.
+    fn app_quiesce(&self, id: ConnId, user: RawFd);
 }
 
 /// How [`StackOps::send_registered_async`] started.
@@ -259,6 +271,12 @@ struct Sock {
     app: Option<AppReady>,
     /// The application's fd is shared with other processes: bytes flow through it.
     pump: Option<super::pump::Pump>,
+    /// A forked child inherited the application fd (`runtime::share`).
+    exposed: Option<Exposed>,
+    /// Our end of the readiness pair once the application's last fd of an exposed stream
+    /// began to close (`app_quiesce`), with whether EOF was shown on it: pumped if another
+    /// process holds the file, else closed with the connection.
+    parked: Option<(OwnedFd, bool)>,
     /// Closed by `flush_at_exit` on the application's behalf.
     exit_closed: bool,
     /// SO_LINGER: `Some(ZERO)` resets at close (and at exit), `Some(d)` makes close wait up
@@ -353,6 +371,9 @@ struct Shared<P: Provider> {
     spin: AdaptiveSpin,
     /// Answers `sdpstat` (see `socket::stat`).
     stat: Option<super::stat::StatServer>,
+    /// Requests of other processes to share a stream (`runtime::share`): receiving and
+    /// sending ends, made at the first fork that exposes one.
+    requests: std::sync::OnceLock<(OwnedFd, OwnedFd)>,
 }
 
 /// A caller inside `Runtime::block_on`: counted while there, its leaving time kept (the
@@ -390,6 +411,10 @@ pub(crate) struct Runtime<P: Provider + 'static> {
 
 impl<P: Provider + 'static> Drop for Runtime<P> {
     fn drop(&mut self) {
+        if sys::getpid() != self.sh.pid {
+            // A fork child's copy: no progress thread here, and the fd numbers are not ours.
+            return;
+        }
         self.sh.stop.store(true, Ordering::SeqCst);
         sys::eventfd_signal(&self.sh.wake);
     }
@@ -444,6 +469,7 @@ impl<P: Provider + 'static> Runtime<P> {
             zcopy_threshold,
             spin: AdaptiveSpin::new(),
             stat: super::stat::StatServer::new(name),
+            requests: std::sync::OnceLock::new(),
         });
         let thread_sh = sh.clone();
         sys::spawn_without_signals(

@@ -448,6 +448,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         let linger = {
             let Ok(mut g) = self.lock() else { return };
             let now = self.now();
+            Self::close_exposed(&mut g, now, id);
             // A stream shared with other processes (pumped) ends with its last holder's close,
             // as a TCP file does: no linger.
             match g
@@ -684,38 +685,30 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     fn app_share(&self, id: ConnId, user: RawFd) -> io::Result<()> {
         let mut g = self.lock()?;
         let now = self.now();
-        let Inner {
-            driver,
-            socks,
-            pumps,
-            ..
-        } = &mut *g;
-        let s = socks
-            .get_mut(&id)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
-        let Some(app) = s.app.take() else {
-            return Ok(());
-        };
-        if app.direct {
-            // Real bytes will flow through the file: no token of the peer's may land among
-            // them.
-            driver.set_direct_wake(id, false, true);
+        if !g.socks.contains_key(&id) {
+            return Err(io::Error::from_raw_os_error(libc::EBADF));
         }
-        if let Some((ours, eof_out)) = app.into_ours(user) {
-            let _ = sys::setsockopt_int(user, libc::SOL_SOCKET, libc::SO_SNDBUF, 1 << 20);
-            let mut p = crate::socket::pump::Pump::new(ours, eof_out);
-            p.run(driver, now, id);
-            s.pump = Some(p);
-            *pumps += 1;
-        }
+        share_locked(&mut g, now, id, Some(user));
         drop(g);
         sys::eventfd_signal(&self.sh.wake);
         Ok(())
     }
 
-    fn app_pump_fd(&self, id: ConnId) -> Option<RawFd> {
-        let g = self.lock().ok()?;
-        g.socks.get(&id)?.pump.as_ref()?.ours_fd()
+    fn app_expose(
+        &self,
+        id: ConnId,
+        file: (u64, u64),
+        shared: Arc<std::sync::atomic::AtomicBool>,
+    ) -> io::Result<()> {
+        self.expose(id, file, shared)
+    }
+
+    fn app_join(&self, id: ConnId, user: RawFd) -> io::Result<()> {
+        self.join(id, user)
+    }
+
+    fn app_quiesce(&self, id: ConnId, user: RawFd) {
+        self.quiesce(id, user)
     }
 
     fn set_listener_bell(&self, l: ListenerId, bell: Bell) -> io::Result<()> {

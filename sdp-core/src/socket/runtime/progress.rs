@@ -95,6 +95,9 @@ pub(super) fn progress_loop<P: Provider + 'static>(sh: &Shared<P>, notify: Optio
         if let Some(s) = &sh.stat {
             fds.push((s.fd(), libc::POLLIN));
         }
+        if let Some((rx, _)) = sh.requests.get() {
+            fds.push((rx.as_raw_fd(), libc::POLLIN));
+        }
         // Shared application fds: wake when an application writes or room comes back.
         {
             let g = sh.inner.lock();
@@ -124,6 +127,9 @@ pub(super) fn progress_loop<P: Provider + 'static>(sh: &Shared<P>, notify: Optio
         }
         if let Some(s) = sh.stat.as_ref().filter(|s| has(s.fd())) {
             s.serve(|| sh.stat_lines());
+        }
+        if sh.requests.get().is_some_and(|(rx, _)| has(rx.as_raw_fd())) {
+            sh.serve_requests();
         }
     }
 }

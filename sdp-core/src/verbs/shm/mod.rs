@@ -1672,6 +1672,7 @@ impl Provider for ShmProvider {
             return Ok(ep);
         }
         self.inner.add_fd(ep.token, sock.as_raw_fd(), true);
+        sys::close_in_fork_child(sock.as_fd());
         ep.sock = Some(sock);
         Ok(ep)
     }
@@ -2924,6 +2925,9 @@ impl ShmEndpoint {
                                 // every fd of ours (a program's double close must not hit it).
                                 p.direct =
                                     fds.into_iter().next().and_then(|f| sys::high_owned(f).ok());
+                                if let Some(d) = &p.direct {
+                                    sys::close_in_fork_child(d.as_fd());
+                                }
                             }
                         }
                         (QpState::Pending, M_DISC) => {
@@ -3604,6 +3608,7 @@ impl ShmListener {
         let sock = h.sock;
         sys::epoll_del(self.inner.epoll.as_fd(), sock.as_raw_fd());
         self.inner.add_fd(ep.token, sock.as_raw_fd(), true);
+        sys::close_in_fork_child(sock.as_fd());
         ep.sock = Some(sock);
         Some((ep, pd))
     }
