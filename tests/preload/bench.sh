@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Speed of unmodified programs under the LD_PRELOAD shim against kernel TCP loopback, measured
 # in the same run (interleaved, medians of RUNS): iperf3 (128 KiB writes), sockperf ping-pong
-# p50, redis-benchmark GET/SET with -P 1 and -P 16, nginx + wrk requests/s (1 KiB and 1 MiB, and
+# p50, redis-benchmark GET/SET with -P 1 and -P 16 (GET -P 16 also with a BGSAVE, a fork, early in
+# a longer run: the clients' connections are inherited by the child, which ignores them), nginx + wrk requests/s (1 KiB and 1 MiB, and
 # 1 KiB with one request per connection: as the shim chooses, which after a run of short
 # connections is kernel TCP (sdp-core socket/history.rs), and with SDP kept, SDP_SHORT_CONNS=0);
 # and the shim's cost on fds it does not own (tests/preload/passthrough.c: read/write on a pipe,
@@ -48,13 +49,21 @@ sockperf_p50() {
         awk '/percentile 50.000/ { print $NF }'
     kill $s; wait $s 2>/dev/null
 }
-redis_rps() { # MODE TEST PIPELINE
+redis_rps() { # MODE TEST PIPELINE [bgsave: a BGSAVE (fork) 0.2 s into a longer run]
     next_port
-    $(pre "$1") redis-server --port $PORT --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 &
-    local s=$!
+    $(pre "$1") redis-server --port $PORT --bind 127.0.0.1 --save '' --appendonly no \
+        --dir "$WORK" --dbfilename "dump-$PORT.rdb" >/dev/null 2>&1 &
+    local s=$! n=100000 b=
     wait_port $PORT
-    $(pre "$1") redis-benchmark -p $PORT -t "$2" -n 100000 -P "$3" -q 2>/dev/null |
+    if [ "${4:-}" = bgsave ]; then
+        n=2000000
+        redis-cli -p $PORT debug populate 100000 >/dev/null
+        (sleep 0.2; redis-cli -p $PORT bgsave >/dev/null) &
+        b=$!
+    fi
+    $(pre "$1") redis-benchmark -p $PORT -t "$2" -n $n -P "$3" -q 2>/dev/null |
         tr '\r' '\n' | awk '/requests per second/ { print $2 }' | tail -1
+    [ -n "$b" ] && wait $b
     kill $s; wait $s 2>/dev/null
 }
 nginx_rps() { # MODE FILE [close | close-sdp: one request per connection (close-sdp: SDP kept)]
@@ -102,6 +111,7 @@ measure "redis SET -P 1" req/s 1 eval 'f() { redis_rps "$1" set 1; }; f'
 measure "redis GET -P 1" req/s 1 eval 'f() { redis_rps "$1" get 1; }; f'
 measure "redis SET -P 16" req/s 1 eval 'f() { redis_rps "$1" set 16; }; f'
 measure "redis GET -P 16" req/s 1 eval 'f() { redis_rps "$1" get 16; }; f'
+measure "  the same, with a BGSAVE" req/s 1 eval 'f() { redis_rps "$1" get 16 bgsave; }; f'
 measure "nginx+wrk 1 KiB" req/s 1 eval 'f() { nginx_rps "$1" 1k; }; f'
 measure "nginx+wrk 1 MiB" req/s 1 eval 'f() { nginx_rps "$1" 1m; }; f'
 measure "nginx+wrk 1 KiB conn close" req/s 1 eval 'f() { nginx_rps "$1" 1k close; }; f'
