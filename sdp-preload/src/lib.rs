@@ -155,10 +155,11 @@ extern "C" fn at_exit() {
                 .filter_map(|(_, s)| match &*s {
                     // An inherited stream is its owner's to report.
                     Sock::Stream(st, o) if !st.is_inherited() => {
-                        Some(report::of_stream(o.lock().role, st))
+                        Some(report::of_stream(&o.lock(), st))
                     }
                     _ => None,
                 })
+                .chain(report::tcp_live())
                 .collect();
             report::write(live);
         }
@@ -539,13 +540,16 @@ fn connect_tcp(
     why: &str,
 ) -> c_int {
     log(format_args!("connect fd {fd} to {dst}: kernel TCP ({why})"));
-    report::push(report::Record {
-        role: "client",
-        peer: Some(dst),
-        transport: "tcp".into(),
-        fallback: Some(why.into()),
-        ..Default::default()
-    });
+    report::tcp_fallback(
+        fd,
+        report::Record {
+            role: "client",
+            peer: Some(dst),
+            transport: "tcp".into(),
+            fallback: Some(why.into()),
+            ..Default::default()
+        },
+    );
     table::remove(fd);
     // SAFETY: forwards the caller's arguments (the connect hook's own).
     unsafe { real::connect(fd, addr, len) }
@@ -836,13 +840,16 @@ unsafe fn accept_common(
             let _g = Internal::enter();
             l.maintain();
         }
-        report::push(report::Record {
-            role: "server",
-            peer,
-            transport: "tcp".into(),
-            fallback: Some("the client connected over kernel TCP".into()),
-            ..Default::default()
-        });
+        report::tcp_fallback(
+            c,
+            report::Record {
+                role: "server",
+                peer,
+                transport: "tcp".into(),
+                fallback: Some("the client connected over kernel TCP".into()),
+                ..Default::default()
+            },
+        );
         return c;
     }
 }
@@ -886,6 +893,9 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         let _g = Internal::enter();
         drop(s);
         return r;
+    }
+    if report::tcp_watched(fd) && !internal() {
+        report::tcp_closing(fd);
     }
     // SAFETY: forwards the caller's argument.
     unsafe { real::close(fd) }

@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 use sdp_core::socket::app::AppStream;
 
+use crate::table;
+
 /// One socket's line.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Record {
@@ -23,7 +25,7 @@ pub(crate) struct Record {
     /// The stream's bytes went through its kernel file (another process used the fd), pumped
     /// by this process: read when the line is written (a stream closed by its owner may be
     /// shared at that close, after its record was taken).
-    pub(crate) shared: std::sync::Arc<AtomicBool>,
+    pub(crate) shared: Option<std::sync::Arc<sdp_core::socket::app::Sharing>>,
 }
 
 static DONE: Mutex<Vec<Record>> = Mutex::new(Vec::new());
@@ -43,20 +45,124 @@ pub(crate) fn wanted() -> bool {
     PATH.get().is_some_and(|p| p.is_some())
 }
 
-/// A stream's record from its live state.
-pub(crate) fn of_stream(role: &'static str, s: &AppStream) -> Record {
+/// A stream's record from its live state (the addresses kept in its options where the runtime
+/// no longer has the connection: a shared one its pump closed).
+pub(crate) fn of_stream(o: &crate::table::Opts, s: &AppStream) -> Record {
     let info = s.info().ok();
     Record {
-        role,
-        local: s.local_addr().ok(),
-        peer: s.peer_addr().ok(),
+        role: o.role,
+        local: s.local_addr().ok().or(o.local),
+        peer: s.peer_addr().ok().or(o.peer),
         transport: s.transport().to_string(),
         bytes_in: info.as_ref().map_or(0, |i| i.bytes_in),
         bytes_out: info.as_ref().map_or(0, |i| i.bytes_out),
         zcopy_bytes: info.as_ref().map_or(0, |i| i.zcopy_bytes),
         fallback: None,
-        shared: s.shared_flag(),
+        shared: Some(s.sharing()),
     }
+}
+
+/// Kernel TCP sockets the shim let go (fallbacks), whose lines wait for their byte counts:
+/// (fd, its file, the record). The counts come from the kernel's TCP_INFO when the fd closes
+/// (the close hook asks [`tcp_watched`] first) or at exit.
+static TCP: Mutex<Vec<TcpLine>> = Mutex::new(Vec::new());
+/// A kernel TCP socket's waiting line: its fd, its file, the record.
+type TcpLine = (i32, (u64, u64), Record);
+static TCP_WATCHED: [AtomicBool; table::MAX_FD] = [const { AtomicBool::new(false) }; table::MAX_FD];
+
+/// A connection went by kernel TCP on `fd` (`r`: its record without counts): its line is
+/// written once its counts are known (at its close or at exit).
+pub(crate) fn tcp_fallback(fd: i32, r: Record) {
+    if !wanted() {
+        return;
+    }
+    let Some(id) = table::file_id(fd).filter(|_| (fd as u32 as usize) < table::MAX_FD) else {
+        push(r);
+        return;
+    };
+    let mut g = TCP.lock();
+    g.retain(|(f, ..)| *f != fd);
+    g.push((fd, id, r));
+    TCP_WATCHED[fd as usize].store(true, Ordering::Relaxed);
+}
+
+/// Whether `fd` is a kernel TCP socket whose line waits for its counts (one load: the close
+/// hook's path for other fds).
+#[inline]
+pub(crate) fn tcp_watched(fd: i32) -> bool {
+    (fd as u32 as usize) < table::MAX_FD && TCP_WATCHED[fd as usize].load(Ordering::Relaxed)
+}
+
+/// `fd`, a watched kernel TCP socket, is about to close: its line gets its counts now.
+pub(crate) fn tcp_closing(fd: i32) {
+    TCP_WATCHED[fd as usize].store(false, Ordering::Relaxed);
+    let taken = {
+        let mut g = TCP.lock();
+        g.iter()
+            .position(|(f, ..)| *f == fd)
+            .map(|i| g.swap_remove(i))
+    };
+    if let Some((fd, id, r)) = taken {
+        push(with_tcp_counts(fd, id, r));
+    }
+}
+
+/// `r` with the byte counts of the kernel TCP socket `fd` if it is still the file `id`.
+fn with_tcp_counts(fd: i32, id: (u64, u64), mut r: Record) -> Record {
+    if table::file_id(fd) != Some(id) {
+        return r;
+    }
+    let mut b = [0u8; 232];
+    let mut len = b.len() as libc::socklen_t;
+    // SAFETY: our own buffer and its length.
+    let ok = unsafe {
+        crate::real::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            b.as_mut_ptr().cast(),
+            &mut len,
+        )
+    } == 0;
+    let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
+    if ok && len as usize >= 136 {
+        // tcpi_bytes_acked (120) and tcpi_bytes_received (128) count a FIN as one byte: not
+        // data. tcpi_bytes_sent (200, kernels since 4.19) counts data only (with retransmits).
+        // The peer's FIN was received in Linux states 6 TIME_WAIT, 7 CLOSE (after LAST_ACK), 8
+        // CLOSE_WAIT, 9 LAST_ACK and 11 CLOSING; ours is acknowledged in 5 FIN_WAIT2 and 6.
+        let state = b[0];
+        let fin_in = matches!(state, 6..=9 | 11) as u64;
+        r.bytes_in = u64_at(128).saturating_sub(fin_in);
+        r.bytes_out = if len as usize >= 208 {
+            u64_at(120).min(u64_at(200))
+        } else {
+            u64_at(120).saturating_sub(matches!(state, 5 | 6) as u64)
+        };
+    }
+    if r.local.is_none() {
+        // SAFETY: zeroed storage is valid; the kernel fills in at most its size.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: our own storage and length.
+        let named = unsafe {
+            crate::real::getsockname(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut sl)
+        } == 0;
+        if named {
+            r.local = sdp_core::socket::app::from_sockaddr(&ss);
+        }
+    }
+    r
+}
+
+/// The lines of the kernel TCP sockets still open (at exit), with their counts.
+pub(crate) fn tcp_live() -> Vec<Record> {
+    let all = std::mem::take(&mut *TCP.lock());
+    all.into_iter()
+        .map(|(fd, id, r)| {
+            TCP_WATCHED[fd as usize].store(false, Ordering::Relaxed);
+            with_tcp_counts(fd, id, r)
+        })
+        .collect()
 }
 
 /// In a forked child: the parent's finished sockets are the parent's to report.
@@ -68,6 +174,14 @@ pub(crate) fn forget_inherited() {
         unsafe { DONE.force_unlock() };
     }
     DONE.lock().clear();
+    // Its kernel TCP sockets too (the counters are the socket's, reported by the parent).
+    if TCP.is_locked() {
+        // SAFETY: as for DONE.
+        unsafe { TCP.force_unlock() };
+    }
+    for (fd, ..) in std::mem::take(&mut *TCP.lock()) {
+        TCP_WATCHED[fd as usize].store(false, Ordering::Relaxed);
+    }
 }
 
 /// Remember a finished socket for the report.
@@ -97,7 +211,12 @@ pub(crate) fn write(live: Vec<Record>) {
     let pid = std::process::id();
     let mut lines = String::new();
     let done = std::mem::take(&mut *DONE.lock());
-    for r in done.into_iter().chain(live) {
+    for mut r in done.into_iter().chain(live) {
+        let shared = r.shared.as_ref().is_some_and(|s| s.is_shared());
+        if let Some((i, o, z)) = r.shared.as_ref().and_then(|s| s.last_counts()) {
+            // A shared stream's whole connection, other processes' bytes included.
+            (r.bytes_in, r.bytes_out, r.zcopy_bytes) = (i, o, z);
+        }
         lines.push_str(&format!(
             "{{\"pid\":{pid},\"program\":{},\"role\":{},\"local\":{},\"peer\":{},\"transport\":{},\"bytes_in\":{},\"bytes_out\":{},\"zcopy_bytes\":{},\"fallback\":{},\"shared\":{}}}\n",
             json_str(&program),
@@ -109,7 +228,7 @@ pub(crate) fn write(live: Vec<Record>) {
             r.bytes_out,
             r.zcopy_bytes,
             r.fallback.as_deref().map_or("null".into(), json_str),
-            r.shared.load(Ordering::SeqCst),
+            shared,
         ));
     }
     if lines.is_empty() {

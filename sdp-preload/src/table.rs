@@ -116,7 +116,7 @@ impl Drop for Sock {
                 // Its owner reports it.
                 return;
             }
-            crate::report::push(crate::report::of_stream(o.lock().role, s));
+            crate::report::push(crate::report::of_stream(&o.lock(), s));
         }
     }
 }

@@ -351,6 +351,20 @@ fn short_connections_in_a_row_go_by_tcp_for_a_while() {
         want(&[("shm", 8), ("tcp", 4), ("shm", 9), ("tcp", 1)]),
         "report:\n{lines}"
     );
+    // Kernel TCP's lines count their bytes too (the kernel's TCP_INFO at the close; they said
+    // 0 before): 100 each way, both ends, with the local address.
+    let tcp_lines: Vec<&str> = lines
+        .lines()
+        .filter(|l| l.contains("\"transport\":\"tcp\""))
+        .collect();
+    assert_eq!(tcp_lines.len(), 10, "report:\n{lines}");
+    assert!(
+        tcp_lines
+            .iter()
+            .all(|l| l.contains("\"bytes_in\":100,\"bytes_out\":100")
+                && l.contains("\"local\":\"127.0.0.1:")),
+        "report:\n{lines}"
+    );
     let (_, lines) = differential_env(
         Some("short_conns"),
         "short_conns_off",
@@ -410,19 +424,25 @@ fn a_fork_child_shares_a_stream_only_once_it_uses_it() {
     let server = shm_server_line(&lines);
     assert!(server.contains("\"shared\":false"), "{lines}");
     assert!(server.contains("\"bytes_in\":18"), "{lines}");
+    // The owner's line counts the whole connection, the child's bytes included (it counted
+    // only its own process's before: 9 and 0 for the forking server).
     let (tcp, lines) = differential(Some("fork_late_use"), "fork-late-use");
     assert!(
         tcp.contains("peer got child's answer to request 1"),
         "{tcp}"
     );
+    let server = shm_server_line(&lines);
+    assert!(server.contains("\"shared\":true"), "{lines}");
     assert!(
-        shm_server_line(&lines).contains("\"shared\":true"),
+        server.contains("\"bytes_in\":18,\"bytes_out\":46"),
         "{lines}"
     );
     let (tcp, lines) = differential(Some("fork_serve"), "fork-serve");
     assert!(tcp.contains("fork-serve child exit 0 peer exit 0"), "{tcp}");
+    let server = shm_server_line(&lines);
+    assert!(server.contains("\"shared\":true"), "{lines}");
     assert!(
-        shm_server_line(&lines).contains("\"shared\":true"),
+        server.contains("\"bytes_in\":18,\"bytes_out\":36"),
         "{lines}"
     );
 }

@@ -101,7 +101,7 @@ pub struct AppStream {
     id: ConnId,
     /// The fd's bytes flow through the kernel file (see [`AppStream::share`]); the runtime sets
     /// it too, when another process's request shares the stream (`runtime::share`).
-    shared: Arc<std::sync::atomic::AtomicBool>,
+    shared: Arc<Sharing>,
     /// The process whose runtime holds the connection (a fork child holds a copy).
     owner: u32,
     /// The destination of a connect, whose end teaches automatic choice (`history`).
@@ -123,6 +123,28 @@ impl Drop for AppStream {
         }
         self.stack.0.close(self.id);
         super::runtime::APP_STREAMS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Whether a stream's bytes go through its kernel file, and what the connection carried in all
+/// once its pump ended (see [`AppStream::share`]).
+#[derive(Debug, Default)]
+pub struct Sharing {
+    pub(crate) shared: std::sync::atomic::AtomicBool,
+    /// Bytes in and out and by zero copy, when the connection's pump ended.
+    pub(crate) last: parking_lot::Mutex<Option<(u64, u64, u64)>>,
+}
+
+impl Sharing {
+    /// The stream's bytes go through its kernel file.
+    pub fn is_shared(&self) -> bool {
+        self.shared.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes in, out and by zero copy over the connection's whole life, once the pump of a
+    /// shared stream ended (other processes' bytes included); `None` before.
+    pub fn last_counts(&self) -> Option<(u64, u64, u64)> {
+        *self.last.lock()
     }
 }
 
@@ -239,7 +261,7 @@ impl AppStream {
         AppStream {
             stack,
             id,
-            shared: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            shared: Arc::default(),
             owner: crate::sys::getpid(),
             dest: None,
         }
@@ -261,7 +283,11 @@ impl AppStream {
     /// gone, and the file shows the connection's end). [`AppStream::read`] and
     /// [`AppStream::write`] must not be used after this; [`AppStream::is_shared`] says so.
     pub fn share(&self, fd: RawFd) -> io::Result<()> {
-        if self.shared.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        if self
+            .shared
+            .shared
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
             return Ok(());
         }
         if self.is_inherited() {
@@ -291,9 +317,9 @@ impl AppStream {
         }
     }
 
-    /// What [`AppStream::is_shared`] reads, to read later (a report taken at a close that
-    /// shares the stream).
-    pub fn shared_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+    /// Whether the stream is shared and its counts once its pump ended, to read later (a
+    /// report taken at a close that shares the stream).
+    pub fn sharing(&self) -> Arc<Sharing> {
         self.shared.clone()
     }
 
@@ -304,7 +330,7 @@ impl AppStream {
 
     /// Whether the fd is shared (its bytes flow through the kernel file).
     pub fn is_shared(&self) -> bool {
-        self.shared.load(std::sync::atomic::Ordering::Relaxed)
+        self.shared.is_shared()
     }
 
     /// What carries the stream.

@@ -218,9 +218,14 @@ pub(crate) trait StackOps: Send + Sync {
     /// stream's bytes flow through it (see `socket::pump`).
     fn app_share(&self, id: ConnId, user: RawFd) -> io::Result<()>;
     /// A child is being forked, which inherits the application fd (its kernel file `file`):
-    /// the stream stays as it is until a process uses it (`runtime::share`); `shared` is set
-    /// when it becomes shared.
-    fn app_expose(&self, id: ConnId, file: (u64, u64), shared: Arc<AtomicBool>) -> io::Result<()>;
+    /// the stream stays as it is until a process uses it (`runtime::share`); `shared` says
+    /// when it became shared, and what the connection carried once its pump ended.
+    fn app_expose(
+        &self,
+        id: ConnId,
+        file: (u64, u64),
+        shared: Arc<super::app::Sharing>,
+    ) -> io::Result<()>;
     /// Make the stream's bytes flow through its file (`user`, an fd of it): in the owning
     /// process at once, in another (a fork child) by asking the owner.
     fn app_join(&self, id: ConnId, user: RawFd) -> io::Result<()>;
@@ -746,13 +751,15 @@ impl<P: Provider + 'static> Shared<P> {
         for (&id, s) in socks.iter_mut() {
             let Some(p) = s.pump.as_mut() else { continue };
             act += p.run(driver, now, id);
-            if p.hup && p.drained() && !p.closed {
-                // Every holder closed the file: close as TCP does (the rest goes first).
-                p.closed = true;
-                driver.close(now, id);
-            }
+            // Every holder closed the file: close as TCP does (the rest goes first).
+            let close = p.hup && p.drained() && !p.closed;
+            p.closed |= close;
             if p.closed && p.released {
                 done.push(id);
+            }
+            if close {
+                note_last_counts(driver, id, s);
+                driver.close(now, id);
             }
         }
         for id in done {

@@ -698,7 +698,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         &self,
         id: ConnId,
         file: (u64, u64),
-        shared: Arc<std::sync::atomic::AtomicBool>,
+        shared: Arc<crate::socket::app::Sharing>,
     ) -> io::Result<()> {
         self.expose(id, file, shared)
     }

@@ -19,16 +19,30 @@
 //! closes.
 
 use std::os::fd::AsFd;
-use std::sync::atomic::AtomicBool;
 
 use super::*;
+use crate::socket::app::Sharing;
+
+/// A shared stream's pump closes its connection (every holder closed the file, everything
+/// was sent): keep what the connection carried in all, for the owner's report.
+pub(super) fn note_last_counts<P: Provider>(driver: &Driver<P>, id: ConnId, s: &Sock) {
+    if let (Some(e), Some(c)) = (&s.exposed, driver.view(id)) {
+        let st = c.stats();
+        *e.shared.last.lock() = Some((
+            st.data_bytes_rcvd,
+            st.data_bytes_sent,
+            st.zcopy_read_bytes + st.zcopy_write_bytes + st.zcopy_send_bytes,
+        ));
+    }
+}
 
 /// A stream a forked child inherited (see the module docs).
 pub(super) struct Exposed {
     /// The application fd's kernel file (device, inode): a request must carry that file.
     file: (u64, u64),
-    /// The stream's `AppStream` reads this before each call: set once the stream is shared.
-    shared: Arc<AtomicBool>,
+    /// The stream's `AppStream` reads this before each call: set once the stream is shared;
+    /// the connection's counts when its pump ends.
+    shared: Arc<Sharing>,
 }
 
 /// How long a child waits for the owner to share a stream it wants to use.
@@ -139,7 +153,7 @@ pub(super) fn share_locked<P: Provider>(
         return;
     };
     if let Some(e) = &s.exposed {
-        e.shared.store(true, Ordering::SeqCst);
+        e.shared.shared.store(true, Ordering::SeqCst);
     }
     let ours = match (s.app.take(), s.parked.take()) {
         (Some(app), _) => {
@@ -168,7 +182,7 @@ impl<P: Provider + 'static> Runtime<P> {
         &self,
         id: ConnId,
         file: (u64, u64),
-        shared: Arc<AtomicBool>,
+        shared: Arc<Sharing>,
     ) -> io::Result<()> {
         let mut g = self.lock()?;
         self.sh.requests()?;
@@ -177,7 +191,7 @@ impl<P: Provider + 'static> Runtime<P> {
             .get_mut(&id)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
         if s.pump.is_some() {
-            shared.store(true, Ordering::SeqCst);
+            shared.shared.store(true, Ordering::SeqCst);
         }
         s.exposed = Some(Exposed { file, shared });
         Ok(())
