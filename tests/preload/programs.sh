@@ -155,10 +155,13 @@ EOF
 
 prog_redis() {
     local p; p=$(next_port)
-    bg "$1" redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no; local s=$BG
+    bg "$1" redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no \
+        --dir "$WORK" --dbfilename "dump-$p.rdb"; local s=$BG
     wait_port "$p" || { echo "no listener"; return; }
     run "$1" redis-cli -p "$p" set k hello
     run "$1" redis-cli -p "$p" get k
+    # One connection across a BGSAVE (a fork whose child ignores the client's socket).
+    printf 'set a 1\nbgsave\nget a\nset b 2\nget b\n' | run "$1" redis-cli -p "$p"
     run "$1" redis-benchmark -p "$p" -t set,get -n 20000 -c 10 -q >"$WORK/rb.txt" 2>&1
     echo "benchmark exit $? $(grep -c 'requests per second' "$WORK/rb.txt") results"
     run "$1" redis-cli -p "$p" dbsize
