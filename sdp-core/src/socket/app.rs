@@ -408,6 +408,7 @@ impl AppStream {
             return Ok(0);
         }
         let mut got = 0;
+        let mut reset_seen = false;
         loop {
             match self
                 .stack
@@ -436,8 +437,13 @@ impl AppStream {
                         }
                         match e.raw_os_error() {
                             // The runtime closed its end: the connection failed; its own
-                            // error (after any data) comes from the next attempt.
-                            Some(libc::ECONNRESET) => continue,
+                            // error (after any data) comes from the next attempt (once: an
+                            // end closed while the connection still says nothing to read
+                            // must not make this loop spin).
+                            Some(libc::ECONNRESET) if !reset_seen => {
+                                reset_seen = true;
+                                continue;
+                            }
                             _ => return Err(e),
                         }
                     }
