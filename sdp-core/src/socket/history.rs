@@ -114,7 +114,15 @@ impl History {
             self.dests.remove(&addr);
             return;
         }
-        let d = self.dest(addr, now);
+        if !self.dests.contains_key(&addr) && self.dests.len() >= MAX_DESTS {
+            self.forget_oldest();
+        }
+        let d = self.dests.entry(addr).or_insert(Dest {
+            run: 0,
+            tcp_until: None,
+            refused: false,
+            seen: now,
+        });
         d.run = d.run.saturating_add(1);
         d.seen = now;
         if d.run >= self.limit {
@@ -132,23 +140,18 @@ impl History {
         if self.limit == 0 {
             return;
         }
-        let d = self.dest(addr, now);
-        d.refused = true;
-        d.seen = now;
-        d.tcp_until = Some(now + HOLD);
-    }
-
-    /// `addr`'s entry, made if new (the oldest forgotten past [`MAX_DESTS`]).
-    fn dest(&mut self, addr: SocketAddr, now: Instant) -> &mut Dest {
         if !self.dests.contains_key(&addr) && self.dests.len() >= MAX_DESTS {
             self.forget_oldest();
         }
-        self.dests.entry(addr).or_insert(Dest {
+        let d = self.dests.entry(addr).or_insert(Dest {
             run: 0,
             tcp_until: None,
-            refused: false,
+            refused: true,
             seen: now,
-        })
+        });
+        d.refused = true;
+        d.seen = now;
+        d.tcp_until = Some(now + HOLD);
     }
 
     fn forget_oldest(&mut self) {
