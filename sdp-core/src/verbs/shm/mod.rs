@@ -3414,8 +3414,6 @@ pub struct ShmListener {
     unready: Vec<(OwnedFd, Instant)>,
     /// Requests handed off so far.
     handed: u64,
-    /// New requests are refused (`Listener::set_refusing`).
-    refusing: bool,
 }
 
 impl std::fmt::Debug for ShmListener {
@@ -3458,7 +3456,6 @@ impl ShmListener {
             handoff: None,
             unready: Vec::new(),
             handed: 0,
-            refusing: false,
         })
     }
 
@@ -3498,11 +3495,6 @@ impl ShmListener {
             let Some(Ok(Some(s))) = self.sock.as_ref().map(|k| sys::accept(k.as_fd())) else {
                 return;
             };
-            if self.refusing {
-                // At once, before anything is made for it (the connector falls back).
-                send_simple(&s, M_REJ, true, crate::verbs::REJECT_SDP_OFF.as_bytes());
-                continue;
-            }
             if self.handoff.is_some() {
                 self.hand_when_asked(s);
                 continue;
@@ -3678,10 +3670,6 @@ const FDS_PER_ACCEPT: u32 = 10;
 
 impl Listener for ShmListener {
     type Endpoint = ShmEndpoint;
-
-    fn set_refusing(&mut self, on: bool) {
-        self.refusing = on;
-    }
 
     fn poll_request(&mut self) -> Option<(ShmEndpoint, Vec<u8>)> {
         self.take_new();
