@@ -555,15 +555,20 @@ fn connect_tcp(
     unsafe { real::connect(fd, addr, len) }
 }
 
-/// The address a not yet connected socket was bound to, if the application bound one.
-fn bound_ip(fd: c_int) -> Option<std::net::IpAddr> {
+/// The kernel socket `fd`'s own address (libc's getsockname), if it is an inet one.
+pub(crate) fn kernel_sockname(fd: c_int) -> Option<SocketAddr> {
     // SAFETY: zeroed storage is valid; the kernel fills in at most its size.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
     // SAFETY: our own storage and length.
     let r =
         unsafe { real::getsockname(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut sl) };
-    let a = (r == 0).then(|| app::from_sockaddr(&ss)).flatten()?;
+    (r == 0).then(|| app::from_sockaddr(&ss)).flatten()
+}
+
+/// The address a not yet connected socket was bound to, if the application bound one.
+fn bound_ip(fd: c_int) -> Option<std::net::IpAddr> {
+    let a = kernel_sockname(fd)?;
     (!a.ip().is_unspecified()).then_some(a.ip())
 }
 
@@ -716,12 +721,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     if !table::get(fd).is_some_and(|s| matches!(*s, Sock::Fresh)) {
         return r;
     }
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
-    // SAFETY: our own storage and length.
-    let named =
-        unsafe { real::getsockname(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut sl) };
-    if let Some(local) = (named == 0).then(|| app::from_sockaddr(&ss)).flatten() {
+    if let Some(local) = kernel_sockname(fd) {
         if choose(rules::Role::Server, local) == rules::Use::Tcp {
             log(format_args!(
                 "listen fd {fd} on {local}: kernel TCP only (rules)"

@@ -140,16 +140,7 @@ fn with_tcp_counts(fd: i32, id: (u64, u64), mut r: Record) -> Record {
         };
     }
     if r.local.is_none() {
-        // SAFETY: zeroed storage is valid; the kernel fills in at most its size.
-        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        // SAFETY: our own storage and length.
-        let named = unsafe {
-            crate::real::getsockname(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut sl)
-        } == 0;
-        if named {
-            r.local = sdp_core::socket::app::from_sockaddr(&ss);
-        }
+        r.local = crate::kernel_sockname(fd);
     }
     r
 }

@@ -134,6 +134,21 @@ fn borrow_fd(fd: RawFd) -> std::os::fd::BorrowedFd<'static> {
     unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }
 
+/// Stop `id`'s readiness protocol: direct wakeups off (real bytes may flow through the file
+/// next: no token of the peer's may land among them), tokens and filler taken back through
+/// `user`; our end of the pair, with whether EOF was shown on it (`AppReady::into_ours`).
+fn end_readiness<P: Provider>(
+    driver: &mut Driver<P>,
+    id: ConnId,
+    app: AppReady,
+    user: RawFd,
+) -> Option<(OwnedFd, bool)> {
+    if app.direct {
+        driver.set_direct_wake(id, false, true);
+    }
+    app.into_ours(user)
+}
+
 /// Share `id`'s stream: its bytes flow through the application's file from now on, pumped by
 /// this runtime (`user`: an fd of that file, through which the readiness tokens are taken
 /// back). Nothing to do if it is shared already.
@@ -156,14 +171,7 @@ pub(super) fn share_locked<P: Provider>(
         e.shared.shared.store(true, Ordering::SeqCst);
     }
     let ours = match (s.app.take(), s.parked.take()) {
-        (Some(app), _) => {
-            if app.direct {
-                // Real bytes will flow through the file: no token of the peer's may land
-                // among them.
-                driver.set_direct_wake(id, false, true);
-            }
-            user.and_then(|u| app.into_ours(u))
-        }
+        (Some(app), _) => user.and_then(|u| end_readiness(driver, id, app, u)),
         (None, parked) => parked,
     };
     if let Some((ours, eof_out)) = ours {
@@ -201,12 +209,7 @@ impl<P: Provider + 'static> Runtime<P> {
     /// docs). In the owner: share it.
     pub(super) fn join(&self, id: ConnId, user: RawFd) -> io::Result<()> {
         if sys::getpid() == self.sh.pid {
-            let mut g = self.lock()?;
-            let now = self.now();
-            share_locked(&mut g, now, id, Some(user));
-            drop(g);
-            sys::eventfd_signal(&self.sh.wake);
-            return Ok(());
+            return self.app_share(id, user);
         }
         let gone = || io::Error::from_raw_os_error(libc::EPIPE);
         // Only the channel, made before the fork: the child's copy of the rest of the runtime
@@ -247,10 +250,7 @@ impl<P: Provider + 'static> Runtime<P> {
             return;
         }
         let Some(app) = s.app.take() else { return };
-        if app.direct {
-            driver.set_direct_wake(id, false, true);
-        }
-        s.parked = app.into_ours(user);
+        s.parked = end_readiness(driver, id, app, user);
         if s.parked.is_some() {
             room_to_write(user);
         }
@@ -260,22 +260,22 @@ impl<P: Provider + 'static> Runtime<P> {
     /// holds its file (its bytes then flow through it until the last holder closes); reset it
     /// if one does and the readiness tokens could not be taken back (closed without
     /// [`Runtime::quiesce`]: a raw close, dup2 over it), since they would reach that holder as
-    /// bytes. Whether the close is the pump's to finish.
-    pub(super) fn close_exposed(g: &mut Inner<P>, now: Instant, id: ConnId) -> bool {
+    /// bytes.
+    pub(super) fn close_exposed(g: &mut Inner<P>, now: Instant, id: ConnId) {
         let Some(s) = g.socks.get_mut(&id) else {
-            return false;
+            return;
         };
         if s.exposed.is_none() || s.pump.is_some() {
-            return s.pump.is_some();
+            return;
         }
         if let Some((ours, _)) = &s.parked {
             if sys::hung_up(ours.as_raw_fd()) {
                 s.parked = None;
-                return false;
+            } else {
+                // The file lives on in another process: pump it (tokens were taken back).
+                share_locked(g, now, id, None);
             }
-            // The file lives on in another process: pump it (tokens were taken back).
-            share_locked(g, now, id, None);
-            return true;
+            return;
         }
         let held = s
             .app
@@ -285,6 +285,5 @@ impl<P: Provider + 'static> Runtime<P> {
         if held {
             g.driver.abort(now, id);
         }
-        false
     }
 }
