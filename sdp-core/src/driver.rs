@@ -52,7 +52,7 @@ use crate::proto::table::{ConnId, Table};
 use crate::proto::{Config, Conn, ConnError, Event, Instant, Shutdown, State};
 use crate::verbs::{
     Access, Completion, Endpoint, Grant, Listener, MemoryRegion, Provider, QpCaps, SendWr,
-    VerbsError, WorkRequest, REJECT_QUEUE_FULL,
+    VerbsError, WorkRequest, REJECT_QUEUE_FULL, REJECT_SDP_OFF,
 };
 
 /// A [`BufStore`] of memory regions registered on a provider, one region per buffer.
@@ -199,6 +199,8 @@ struct ListenEntry<P: Provider> {
     stats: ListenStats,
     /// `Listener::handed_off` at the last round.
     handed_seen: u64,
+    /// New requests are turned away ([`Driver::set_refusing`]); those queued stay.
+    refusing: bool,
 }
 
 /// Requests refused for another reason than a full queue, kept for [`Driver::refused`].
@@ -428,6 +430,7 @@ impl<P: Provider> Driver<P> {
             refused: Vec::new(),
             stats: ListenStats::default(),
             handed_seen: 0,
+            refusing: false,
         }))
     }
 
@@ -456,6 +459,15 @@ impl<P: Provider> Driver<P> {
         let e = self.listeners.get_mut(l.0).ok_or(DriverError::BadId)?;
         e.listener.set_handoff(to)?;
         Ok(())
+    }
+
+    /// Turn new connect requests to `l` away (`on`) with [`REJECT_SDP_OFF`], so connectors go
+    /// elsewhere (kernel TCP); connections already queued stay to be accepted.
+    pub fn set_refusing(&mut self, l: ListenerId, on: bool) {
+        if let Some(e) = self.listeners.get_mut(l.0) {
+            e.refusing = on;
+            e.listener.set_refusing(on);
+        }
     }
 
     pub fn listener_addr(&self, l: ListenerId) -> Option<SocketAddr> {
@@ -584,6 +596,10 @@ impl<P: Provider> Driver<P> {
                     break;
                 };
                 activity += 1;
+                if le.refusing {
+                    let _ = ep.reject(REJECT_SDP_OFF.as_bytes());
+                    continue;
+                }
                 if le.queue.len() >= le.limit {
                     // Full: turn the request away at once (the endpoint goes with it), as
                     // Linux drops a SYN when the accept queue is full.

@@ -769,6 +769,13 @@ unsafe fn accept_common(
     let Sock::Listener(l) = &*l else {
         unreachable!()
     };
+    if l.sdp_turned_off() {
+        log(format_args!(
+            "listen fd {fd}: its last {} accepted connections went on in other processes (fork): \
+             pumped through the kernel, slower than TCP; new clients go by kernel TCP",
+            app::FORK_HANDED
+        ));
+    }
     loop {
         // SAFETY: zeroed storage is valid; the kernel fills in at most its size.
         let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };

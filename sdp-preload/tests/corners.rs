@@ -446,3 +446,44 @@ fn a_fork_child_shares_a_stream_only_once_it_uses_it() {
         "{lines}"
     );
 }
+
+/// A server that forks a child for each connection and closes its own copy (inetd, sshd,
+/// PostgreSQL): each such connection is pumped through the kernel by the server for its whole
+/// life, slower than kernel TCP, so after 4 in a row (`app::FORK_HANDED`) its listener turns
+/// new SDP requests away and clients fall back to TCP at once. Same transcript as TCP; the
+/// report shows 4 shm connections (shared), then kernel TCP on both ends. (Before, every
+/// connection went by SDP and was pumped: PostgreSQL's pgbench TPC-B ran at 0.37-0.52x TCP.)
+#[test]
+fn a_forking_servers_listener_sends_clients_to_tcp() {
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("fork_per_conn"), "fork_per_conn");
+    assert!(
+        tcp.contains("forking server: 8 of 8 answered, server exit 0"),
+        "{tcp}"
+    );
+    let runs = |role: &str| -> Vec<(String, usize)> {
+        let mut runs: Vec<(String, usize)> = Vec::new();
+        for l in lines.lines().filter(|l| l.contains(role)) {
+            let t = if l.contains("\"transport\":\"shm\"") {
+                "shm"
+            } else if l.contains("\"transport\":\"tcp\"") {
+                "tcp"
+            } else {
+                "other"
+            };
+            match runs.last_mut() {
+                Some((last, n)) if last == t => *n += 1,
+                _ => runs.push((t.to_string(), 1)),
+            }
+        }
+        runs
+    };
+    let want = vec![("shm".to_string(), 4), ("tcp".to_string(), 4)];
+    assert_eq!(runs("\"role\":\"server\""), want, "report:\n{lines}");
+    assert_eq!(runs("\"role\":\"client\""), want, "report:\n{lines}");
+    let shared = lines
+        .lines()
+        .filter(|l| l.contains("\"role\":\"server\"") && l.contains("\"shared\":true"))
+        .count();
+    assert_eq!(shared, 4, "report:\n{lines}");
+}

@@ -1197,6 +1197,56 @@ static pid_t fork_server(struct sockaddr_in *a, void (*serve)(int l)) {
     return srv;
 }
 
+enum { FORKED_CONNS = 8 };
+
+/* A server that forks a child for each connection it accepts and closes its own copy at once
+ * (inetd, sshd, PostgreSQL); the child answers one request. */
+static void serve_forking(int l) {
+    for (int i = 0; i < FORKED_CONNS; i++) {
+        int c = accept(l, NULL, NULL);
+        CHECK(c >= 0);
+        pid_t k = fork();
+        CHECK(k >= 0);
+        if (k == 0) {
+            close(l);
+            char b[64], reply[96];
+            ssize_t r = read(c, b, sizeof b);
+            CHECK(r > 0);
+            int n = snprintf(reply, sizeof reply, "child %d: %.*s", i, (int)r, b);
+            CHECK(write(c, reply, n) == n);
+            close(c);
+            _exit(0);
+        }
+        close(c);
+        CHECK(waitpid(k, NULL, 0) == k);
+    }
+}
+
+/* Connections in turn to a forking server (under the shim: after a few handed to children,
+ * pumped by the server, its listener sends new clients to kernel TCP). */
+static void case_fork_per_conn(void) {
+    struct sockaddr_in a;
+    pid_t srv = fork_server(&a, serve_forking);
+    int ok = 0;
+    for (int i = 0; i < FORKED_CONNS; i++) {
+        int s = dial(&a);
+        char msg[32], b[96], want[96];
+        int n = snprintf(msg, sizeof msg, "request %d", i);
+        CHECK(write(s, msg, n) == n);
+        size_t got = 0;
+        ssize_t k;
+        while ((k = read(s, b + got, sizeof b - got)) > 0)
+            got += k;
+        int wn = snprintf(want, sizeof want, "child %d: request %d", i, i);
+        ok += got == (size_t)wn && memcmp(b, want, wn) == 0;
+        close(s);
+    }
+    int st;
+    CHECK(waitpid(srv, &st, 0) == srv);
+    out("forking server: %d of %d answered, server exit %d", ok, FORKED_CONNS,
+        WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
 /* Short connections in a row to one server (sdp-core socket/history.rs): each client connection
  * is echoed; a short one writes 100 bytes and reads them back, a long one makes 40 round trips.
  * The transcript is TCP's; the shim's report tells which went by SDP. */
@@ -1994,6 +2044,7 @@ int main(int argc, char **argv) {
     RUN(fork_serve);
     RUN(fork_ignore);
     RUN(fork_late_use);
+    RUN(fork_per_conn);
     RUN(prefork);
     RUN(shared_late_accept);
     RUN(shared_stopped_client);

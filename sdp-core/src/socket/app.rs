@@ -106,6 +106,8 @@ pub struct AppStream {
     owner: u32,
     /// The destination of a connect, whose end teaches automatic choice (`history`).
     dest: Option<SocketAddr>,
+    /// The listener that accepted it, told how it ended ([`Handed`]).
+    listener: Option<Arc<Handed>>,
 }
 
 impl std::fmt::Debug for AppStream {
@@ -122,7 +124,67 @@ impl Drop for AppStream {
             }
         }
         self.stack.0.close(self.id);
+        if let Some(l) = self.listener.as_ref().filter(|_| !self.is_inherited()) {
+            // (The close shared it if another process still holds the file.)
+            l.ended(self.is_shared());
+        }
         super::runtime::APP_STREAMS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// How an [`AppListener`]'s accepted connections end, for its choice of transport. A
+/// connection the accepting process hands to another (accept, fork, the parent closes its copy
+/// and the child serves: inetd, sshd, PostgreSQL, rsync's daemon) is pumped through the kernel
+/// file by the accepting process for its whole life (`socket::pump`), slower than kernel TCP
+/// (PostgreSQL's pgbench TPC-B 0.37-0.52x). After [`FORK_HANDED`] in a row ended so, the
+/// listener turns new SDP requests away (connectors fall back to kernel TCP at once; those
+/// queued are still accepted); one served to its end in the accepting process resets the count.
+#[derive(Default)]
+pub struct Handed {
+    in_a_row: std::sync::atomic::AtomicU32,
+    /// Kernel TCP from now on.
+    off: std::sync::atomic::AtomicBool,
+    /// The shim was told (`AppListener::sdp_turned_off`).
+    told: std::sync::atomic::AtomicBool,
+    /// The listener's SDP listeners, to turn away new requests at once.
+    subs: Mutex<Vec<(Stack, ListenerId)>>,
+}
+
+impl std::fmt::Debug for Handed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handed")
+            .field("in_a_row", &self.in_a_row)
+            .field("off", &self.off)
+            .finish()
+    }
+}
+
+/// See [`Handed`].
+pub const FORK_HANDED: u32 = 4;
+
+impl Handed {
+    fn ended(&self, handed_on: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !handed_on {
+            self.in_a_row.store(0, Relaxed);
+        } else if self.in_a_row.fetch_add(1, Relaxed) + 1 >= FORK_HANDED
+            && !self.off.swap(true, Relaxed)
+        {
+            for (s, l) in self.subs.lock().iter() {
+                s.0.set_listener_refusing(*l, true);
+            }
+        }
+    }
+
+    /// The listener's SDP listeners are now `subs` (new ones turn requests away if SDP is off).
+    fn set_subs(&self, subs: Vec<(Stack, ListenerId)>) {
+        let mut g = self.subs.lock();
+        if self.off.load(std::sync::atomic::Ordering::Relaxed) {
+            for (s, l) in &subs {
+                s.0.set_listener_refusing(*l, true);
+            }
+        }
+        *g = subs;
     }
 }
 
@@ -264,6 +326,7 @@ impl AppStream {
             shared: Arc::default(),
             owner: crate::sys::getpid(),
             dest: None,
+            listener: None,
         }
     }
 
@@ -801,6 +864,8 @@ pub struct AppListener {
     pid: u32,
     /// Shared with other processes ([`AppListener::share`]).
     handoff: OnceLock<Arc<Handoff>>,
+    /// How its accepted connections ended ([`Handed`]).
+    handed: Arc<Handed>,
 }
 
 /// One SDP listener of an [`AppListener`] (its index is its doorbell count's).
@@ -888,6 +953,8 @@ impl AppListener {
         if sdp.is_empty() {
             return Err(io::Error::other(errs.join("; ")));
         }
+        let handed = Arc::new(Handed::default());
+        handed.set_subs(sdp.iter().map(|s| (s.stack.clone(), s.id)).collect());
         Ok(AppListener {
             sdp: Mutex::new(sdp),
             shared,
@@ -896,6 +963,7 @@ impl AppListener {
             own_stacks: opts.stack.is_none(),
             pid: std::process::id(),
             handoff: OnceLock::new(),
+            handed,
         })
     }
 
@@ -973,6 +1041,7 @@ impl AppListener {
         }
         let now = std::time::Instant::now();
         let mut subs = self.sdp.lock();
+        let mut changed = false;
         for (i, sub) in subs.iter_mut().enumerate() {
             if sub.retry_at.is_none() {
                 if sub.stack.0.alive() {
@@ -997,7 +1066,12 @@ impl AppListener {
                 bell,
             ) {
                 sub.retry_at = None;
+                changed = true;
             }
+        }
+        if changed {
+            self.handed
+                .set_subs(subs.iter().map(|s| (s.stack.clone(), s.id)).collect());
         }
     }
 
@@ -1069,7 +1143,13 @@ impl AppListener {
         cloexec: bool,
     ) -> Option<io::Result<(AppStream, OwnedFd, SocketAddr)>> {
         if claim.shared.is_none() {
-            return self.handoff.get()?.take(nonblocking, cloexec);
+            let r = self.handoff.get()?.take(nonblocking, cloexec);
+            return r.map(|r| {
+                r.map(|(mut s, fd, peer)| {
+                    s.listener = Some(self.handed.clone());
+                    (s, fd, peer)
+                })
+            });
         }
         // The stack's accept says the new ready count (under its lock) before the claim's
         // count goes back: never a moment where the connection being taken is counted ready
@@ -1077,6 +1157,13 @@ impl AppListener {
         let r = self.take(nonblocking, cloexec);
         drop(claim);
         r
+    }
+
+    /// Whether the listener turned SDP off ([`Handed`]: its accepted connections kept going on
+    /// in other processes), the first time it is asked after it did (to say so once).
+    pub fn sdp_turned_off(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.handed.off.load(Relaxed) && !self.handed.told.swap(true, Relaxed)
     }
 
     /// Take an SDP connection that is ready to be accepted, if any, with its application fd.
@@ -1093,8 +1180,12 @@ impl AppListener {
             match sub.stack.0.accept(sub.id, w) {
                 Ok((id, peer)) => {
                     return Some(
-                        AppStream::accepted(sub.stack.clone(), id, nonblocking, cloexec)
-                            .map(|(s, fd)| (s, fd, peer)),
+                        AppStream::accepted(sub.stack.clone(), id, nonblocking, cloexec).map(
+                            |(mut s, fd)| {
+                                s.listener = Some(self.handed.clone());
+                                (s, fd, peer)
+                            },
+                        ),
                     );
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}

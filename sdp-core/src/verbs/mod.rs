@@ -29,6 +29,11 @@ use std::os::fd::{BorrowedFd, RawFd};
 /// the rendezvous socket's) reports the same.
 pub const REJECT_QUEUE_FULL: &str = "SDP: listen queue full";
 
+/// The reason a listener gives when its process takes that address by kernel TCP from now on
+/// (the LD_PRELOAD shim's listener whose accepted connections all went to forked children):
+/// the connector falls back to TCP, as on any refusal.
+pub const REJECT_SDP_OFF: &str = "SDP: the server takes this address by kernel TCP";
+
 bitflags::bitflags! {
     /// Access rights of a memory region, as in `ibv_access_flags`. A region grants the least each
     /// use needs: remote read only while advertised in SrcAvail, remote write only while advertised
@@ -395,6 +400,13 @@ pub trait Listener: Send {
         Err(VerbsError::Invalid(
             "this provider cannot hand requests to another process",
         ))
+    }
+    /// Refuse new requests from now on (`on`) with [`REJECT_SDP_OFF`], as early as the
+    /// provider can (shm: at the rendezvous, before a request is handed to another process);
+    /// requests taken in already are answered. Providers without an earlier point leave it to
+    /// the driver, which refuses what [`Listener::poll_request`] brings.
+    fn set_refusing(&mut self, on: bool) {
+        let _ = on;
     }
     /// Requests handed off so far ([`Listener::set_handoff`]).
     fn handed_off(&self) -> u64 {

@@ -210,6 +210,9 @@ pub(crate) trait StackOps: Send + Sync {
     /// Ring `bell` with the number of connections ready to accept whenever it changes (called
     /// under the stack's lock, by progress and by accept alike).
     fn set_listener_bell(&self, l: ListenerId, bell: Bell) -> io::Result<()>;
+    /// Turn new connect requests to `l` away (connectors fall back to kernel TCP); those
+    /// queued stay.
+    fn set_listener_refusing(&self, l: ListenerId, on: bool);
     /// Send one urgent byte (MSG_OOB) after what was written.
     fn app_send_urgent(&self, id: ConnId, user: RawFd, byte: u8) -> io::Result<()>;
     /// Take (or with `peek` look at) the urgent byte; `None` if there is none.

@@ -711,6 +711,12 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         self.quiesce(id, user)
     }
 
+    fn set_listener_refusing(&self, l: ListenerId, on: bool) {
+        if let Ok(mut g) = self.lock() {
+            g.driver.set_refusing(l, on);
+        }
+    }
+
     fn set_listener_bell(&self, l: ListenerId, bell: Bell) -> io::Result<()> {
         let mut g = self.lock()?;
         let ls = g

@@ -3364,6 +3364,8 @@ pub struct ShmListener {
     unready: Vec<(OwnedFd, Instant)>,
     /// Requests handed off so far.
     handed: u64,
+    /// New requests are refused (`Listener::set_refusing`).
+    refusing: bool,
 }
 
 impl std::fmt::Debug for ShmListener {
@@ -3406,6 +3408,7 @@ impl ShmListener {
             handoff: None,
             unready: Vec::new(),
             handed: 0,
+            refusing: false,
         })
     }
 
@@ -3445,6 +3448,11 @@ impl ShmListener {
             let Some(Ok(Some(s))) = self.sock.as_ref().map(|k| sys::accept(k.as_fd())) else {
                 return;
             };
+            if self.refusing {
+                // At once, before anything is made for it (the connector falls back).
+                send_simple(&s, M_REJ, true, crate::verbs::REJECT_SDP_OFF.as_bytes());
+                continue;
+            }
             if self.handoff.is_some() {
                 self.hand_when_asked(s);
                 continue;
@@ -3620,6 +3628,10 @@ const FDS_PER_ACCEPT: u32 = 10;
 
 impl Listener for ShmListener {
     type Endpoint = ShmEndpoint;
+
+    fn set_refusing(&mut self, on: bool) {
+        self.refusing = on;
+    }
 
     fn poll_request(&mut self) -> Option<(ShmEndpoint, Vec<u8>)> {
         self.take_new();
