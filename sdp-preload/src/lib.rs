@@ -370,6 +370,7 @@ fn set_errno(e: c_int) {
 fn errno_of(e: &io::Error) -> c_int {
     e.raw_os_error().unwrap_or(match e.kind() {
         io::ErrorKind::WouldBlock => libc::EAGAIN,
+        io::ErrorKind::ConnectionRefused => libc::ECONNREFUSED,
         io::ErrorKind::InvalidInput => libc::EINVAL,
         _ => libc::EIO,
     })
@@ -527,7 +528,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             ));
             fail(&e)
         }
-        Err(e) => connect_tcp(fd, addr, len, dst, &e.to_string()),
+        Err(e) => {
+            if app::turned_away(&e) && choice == rules::Use::Both {
+                let _g = Internal::enter();
+                history::record_refused(dst);
+            }
+            connect_tcp(fd, addr, len, dst, &e.to_string())
+        }
     }
 }
 

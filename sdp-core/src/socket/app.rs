@@ -210,6 +210,15 @@ impl Sharing {
     }
 }
 
+/// Whether a connect's error says the listener turned SDP away on purpose (a forking
+/// server's: [`Handed`]), rather than that nothing listens there over SDP: worth remembering
+/// for a while (`history::record_refused`), since asking cost a round trip to that process.
+pub fn turned_away(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::ConnectionRefused
+        && e.raw_os_error().is_none()
+        && e.to_string() == crate::verbs::REJECT_SDP_OFF
+}
+
 /// Whether an [`AppStream`] call's error says the stream became shared during the call
 /// (another process holding its fd asked to use it): the call is to be made again on the kernel
 /// file, as for any shared stream.

@@ -41,10 +41,17 @@ const MAX_DESTS: usize = 1024;
 pub struct ShortLived {
     /// Short connections in a row over SDP to the destination.
     pub run: u32,
+    /// The destination refused SDP lately instead ([`History::record_refused`]).
+    pub refused: bool,
 }
 
 impl std::fmt::Display for ShortLived {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.refused {
+            return f.write_str(
+                "SDP turned away by this address lately (the server takes it by kernel TCP)",
+            );
+        }
         write!(
             f,
             "short-lived connections: the last {} over SDP to this address each ended within \
@@ -60,6 +67,8 @@ struct Dest {
     run: u32,
     /// Connections go by kernel TCP until then.
     tcp_until: Option<Instant>,
+    /// Because an SDP connect there was refused.
+    refused: bool,
     /// The last time this destination was told or taught anything (for forgetting).
     seen: Instant,
 }
@@ -85,7 +94,10 @@ impl History {
         let d = self.dests.get_mut(&addr)?;
         d.seen = now;
         match d.tcp_until {
-            Some(t) if now < t => Some(ShortLived { run: d.run }),
+            Some(t) if now < t => Some(ShortLived {
+                run: d.run,
+                refused: d.refused,
+            }),
             _ => None,
         }
     }
@@ -108,13 +120,38 @@ impl History {
         let d = self.dests.entry(addr).or_insert(Dest {
             run: 0,
             tcp_until: None,
+            refused: false,
             seen: now,
         });
         d.run = d.run.saturating_add(1);
         d.seen = now;
         if d.run >= self.limit {
             d.tcp_until = Some(now + HOLD);
+            d.refused = false;
         }
+    }
+
+    /// An SDP connect to `addr` was turned away by its listener at `now` (a forking server's,
+    /// `app::Handed`): connects there go by kernel TCP for [`HOLD`] without asking (a refusal
+    /// that takes the listener's answer costs a round trip between the processes; one where
+    /// nothing listens over SDP costs less than remembering would save, and a listener may
+    /// come any moment).
+    pub fn record_refused(&mut self, addr: SocketAddr, now: Instant) {
+        if self.limit == 0 {
+            return;
+        }
+        if !self.dests.contains_key(&addr) && self.dests.len() >= MAX_DESTS {
+            self.forget_oldest();
+        }
+        let d = self.dests.entry(addr).or_insert(Dest {
+            run: 0,
+            tcp_until: None,
+            refused: true,
+            seen: now,
+        });
+        d.refused = true;
+        d.seen = now;
+        d.tcp_until = Some(now + HOLD);
     }
 
     fn forget_oldest(&mut self) {
@@ -144,6 +181,11 @@ pub fn record_end(addr: SocketAddr, msgs: u64, bytes: u64) {
     with(|h| h.record_end(addr, Instant::now(), msgs, bytes));
 }
 
+/// [`History::record_refused`] for this process (skipped when the history is busy).
+pub fn record_refused(addr: SocketAddr) {
+    with(|h| h.record_refused(addr, Instant::now()));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,7 +203,13 @@ mod tests {
             assert_eq!(h.advice(addr(1), t), None, "after {} short", i + 1);
         }
         h.record_end(addr(1), t, 9, 100);
-        assert_eq!(h.advice(addr(1), t), Some(ShortLived { run: 3 }));
+        assert_eq!(
+            h.advice(addr(1), t),
+            Some(ShortLived {
+                run: 3,
+                refused: false
+            })
+        );
         assert_eq!(
             h.advice(addr(2), t),
             None,
@@ -173,7 +221,13 @@ mod tests {
         let after = t + HOLD;
         assert_eq!(h.advice(addr(1), after), None);
         h.record_end(addr(1), after, 9, 100);
-        assert_eq!(h.advice(addr(1), after), Some(ShortLived { run: 4 }));
+        assert_eq!(
+            h.advice(addr(1), after),
+            Some(ShortLived {
+                run: 4,
+                refused: false
+            })
+        );
     }
 
     #[test]
@@ -215,5 +269,20 @@ mod tests {
         assert!(h.advice(addr(60000), now).is_some());
         assert!(h.advice(addr(MAX_DESTS as u16 - 1), now).is_some());
         assert_eq!(h.advice(addr(0), t), None, "the oldest went");
+    }
+
+    #[test]
+    fn a_refused_connect_holds_the_destination_on_tcp_for_a_while() {
+        let mut h = History::new(8);
+        let t = Instant::now();
+        h.record_refused(addr(2), t);
+        let a = h.advice(addr(2), t + Duration::from_millis(10)).unwrap();
+        assert!(a.refused && a.to_string().contains("turned away"), "{a}");
+        assert_eq!(h.advice(addr(2), t + HOLD + Duration::from_millis(1)), None);
+        assert_eq!(h.advice(addr(3), t), None);
+        // Learning off: nothing held.
+        let mut off = History::new(0);
+        off.record_refused(addr(2), t);
+        assert_eq!(off.advice(addr(2), t), None);
     }
 }

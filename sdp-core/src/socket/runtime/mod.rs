@@ -74,7 +74,9 @@ use crate::proto::read::ZRecv;
 use crate::proto::table::ConnId;
 use crate::proto::{Config, ConnError, Event, Instant, Shutdown, State};
 use crate::sys;
-use crate::verbs::{Access, Grant, MemoryRegion, Provider, VerbsError, REJECT_QUEUE_FULL};
+use crate::verbs::{
+    Access, Grant, MemoryRegion, Provider, VerbsError, REJECT_QUEUE_FULL, REJECT_SDP_OFF,
+};
 
 /// How a call waits.
 #[derive(Debug, Clone, Copy, Default)]
@@ -530,11 +532,16 @@ impl<P: Provider + 'static> Runtime<P> {
                 match c.state() {
                     State::Connecting => None,
                     State::Established => Some(Ok(())),
-                    _ => Some(Err(c
-                        .error()
-                        .map_or(io::Error::from_raw_os_error(libc::ECONNRESET), |e| {
-                            io::Error::from_raw_os_error(e.errno())
-                        }))),
+                    _ => Some(Err(c.error().map_or(
+                        io::Error::from_raw_os_error(libc::ECONNRESET),
+                        |e| match e {
+                            // Said apart from other refusals (`app::turned_away`).
+                            ConnError::Rejected(why) if why == REJECT_SDP_OFF => {
+                                io::Error::new(io::ErrorKind::ConnectionRefused, REJECT_SDP_OFF)
+                            }
+                            e => io::Error::from_raw_os_error(e.errno()),
+                        },
+                    ))),
                 }
             },
         );
