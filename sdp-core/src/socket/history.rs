@@ -114,15 +114,7 @@ impl History {
             self.dests.remove(&addr);
             return;
         }
-        if !self.dests.contains_key(&addr) && self.dests.len() >= MAX_DESTS {
-            self.forget_oldest();
-        }
-        let d = self.dests.entry(addr).or_insert(Dest {
-            run: 0,
-            tcp_until: None,
-            refused: false,
-            seen: now,
-        });
+        let d = self.dest(addr, now);
         d.run = d.run.saturating_add(1);
         d.seen = now;
         if d.run >= self.limit {
@@ -140,18 +132,23 @@ impl History {
         if self.limit == 0 {
             return;
         }
-        if !self.dests.contains_key(&addr) && self.dests.len() >= MAX_DESTS {
-            self.forget_oldest();
-        }
-        let d = self.dests.entry(addr).or_insert(Dest {
-            run: 0,
-            tcp_until: None,
-            refused: true,
-            seen: now,
-        });
+        let d = self.dest(addr, now);
         d.refused = true;
         d.seen = now;
         d.tcp_until = Some(now + HOLD);
+    }
+
+    /// `addr`'s entry, made if new (the oldest forgotten past [`MAX_DESTS`]).
+    fn dest(&mut self, addr: SocketAddr, now: Instant) -> &mut Dest {
+        if !self.dests.contains_key(&addr) && self.dests.len() >= MAX_DESTS {
+            self.forget_oldest();
+        }
+        self.dests.entry(addr).or_insert(Dest {
+            run: 0,
+            tcp_until: None,
+            refused: false,
+            seen: now,
+        })
     }
 
     fn forget_oldest(&mut self) {
