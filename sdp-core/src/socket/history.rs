@@ -114,10 +114,11 @@ impl History {
             self.dests.remove(&addr);
             return;
         }
+        let limit = self.limit;
         let d = self.dest(addr, now);
         d.run = d.run.saturating_add(1);
         d.seen = now;
-        if d.run >= self.limit {
+        if d.run >= limit {
             d.tcp_until = Some(now + HOLD);
             d.refused = false;
         }
