@@ -6,10 +6,13 @@
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use parking_lot::Mutex;
 use sdp_core::socket::app::AppStream;
 
 use crate::table;
+
+/// A fork child may find these lists locked by a thread it does not have: a spin lock is
+/// unlocked there by one store (a parking_lot one could hand itself to that thread).
+type ForkMutex<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
 
 /// One socket's line.
 #[derive(Debug, Clone, Default)]
@@ -28,7 +31,7 @@ pub(crate) struct Record {
     pub(crate) shared: Option<std::sync::Arc<sdp_core::socket::app::Sharing>>,
 }
 
-static DONE: Mutex<Vec<Record>> = Mutex::new(Vec::new());
+static DONE: ForkMutex<Vec<Record>> = ForkMutex::new(Vec::new());
 static WRITTEN: AtomicBool = AtomicBool::new(false);
 
 /// `SDP_REPORT`, read when the shim starts (a program may clear its environment later, as
@@ -65,7 +68,7 @@ pub(crate) fn of_stream(o: &crate::table::Opts, s: &AppStream) -> Record {
 /// Kernel TCP sockets the shim let go (fallbacks), whose lines wait for their byte counts:
 /// (fd, its file, the record). The counts come from the kernel's TCP_INFO when the fd closes
 /// (the close hook asks [`tcp_watched`] first) or at exit.
-static TCP: Mutex<Vec<TcpLine>> = Mutex::new(Vec::new());
+static TCP: ForkMutex<Vec<TcpLine>> = ForkMutex::new(Vec::new());
 /// A kernel TCP socket's waiting line: its fd, its file, the record.
 type TcpLine = (i32, (u64, u64), Record);
 static TCP_WATCHED: [AtomicBool; table::MAX_FD] = [const { AtomicBool::new(false) }; table::MAX_FD];

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use sdp_core::socket::app::{AppListener, AppStream};
 
 /// fds at or above this are never taken over (they stay kernel TCP).
@@ -48,8 +48,10 @@ pub(crate) fn buffer_set(fd: i32, name: i32) -> bool {
 
 /// fd -> the socket and the identity (device, inode) of the file the fd had when it was
 /// entered: a number closed behind the shim's back (a raw system call, libc's own close) and
-/// reused for another file is recognised and forgotten.
-static MAP: RwLock<Option<Map>> = RwLock::new(None);
+/// reused for another file is recognised and forgotten. A spin lock, as every lock a fork
+/// crosses (sdp-core's `ForkMutex`): held across the fork, it is unlocked in the child by one
+/// store, where a parking_lot lock could hand itself to a waiting thread the child lacks.
+static MAP: spin::rwlock::RwLock<Option<Map>, spin::relax::Yield> = spin::rwlock::RwLock::new(None);
 
 type Map = rustc_hash::FxHashMap<i32, (Arc<Sock>, FileId)>;
 
@@ -207,7 +209,7 @@ pub(crate) fn listeners() -> Vec<(i32, Arc<Sock>)> {
 /// TCP only from now on). Returns them to drop.
 pub(crate) fn unlock_after_fork() -> Vec<Arc<Sock>> {
     // SAFETY: this thread took the write lock in `lock_for_fork` and forgot the guard.
-    unsafe { MAP.force_unlock_write() };
+    unsafe { MAP.force_write_unlock() };
     take_listeners(|_, s| !matches!(s, Sock::Listener(l) if l.is_shared()))
 }
 

@@ -5,8 +5,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-
 use super::runtime::{Runtime, StackOps};
 use super::Transport;
 use crate::proto::Config;
@@ -24,7 +22,7 @@ impl std::fmt::Debug for Stack {
 }
 
 /// The process's shm stack, made afresh after fork().
-static SHM: Mutex<Option<Stack>> = Mutex::new(None);
+static SHM: sys::ForkMutex<Option<Stack>> = sys::ForkMutex::new(None);
 
 impl Stack {
     /// A stack over any provider, with its own progress thread.
@@ -337,7 +335,7 @@ fn shm_stack() -> io::Result<Stack> {
 
 /// The process's RDMA stacks, one per (device, local address), made afresh after fork().
 #[cfg(feature = "rdma")]
-static RDMA: Mutex<Vec<(String, IpAddr, Stack)>> = Mutex::new(Vec::new());
+static RDMA: sys::ForkMutex<Vec<(String, IpAddr, Stack)>> = sys::ForkMutex::new(Vec::new());
 
 /// The RDMA stack for a connection to `peer` (the device the route picks) or from `local`
 /// (the device owning that address), or for a wildcard listener (`None, None`: the first

@@ -442,8 +442,9 @@ pub fn poll_readable(fd: RawFd, timeout_ms: i32) -> bool {
 }
 
 /// fds a fork child must close at once ([`close_in_fork_child`]), with their files' identities.
-static FORK_CLOSES: parking_lot::Mutex<Vec<(RawFd, (u64, u64))>> =
-    parking_lot::Mutex::new(Vec::new());
+/// A spin lock ([`super::ForkMutex`]): held across fork, it must come out unlocked in the child
+/// even when another thread of the parent was waiting for it.
+static FORK_CLOSES: super::ForkMutex<Vec<(RawFd, (u64, u64))>> = super::ForkMutex::new(Vec::new());
 /// [`FORK_CLOSES`]' length at which stale entries (fds closed since) are taken out next.
 static FORK_CLOSES_PRUNE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(64);
 
