@@ -529,6 +529,11 @@ struct Inner {
     /// the connections to them.
     procs: Mutex<HashMap<i32, Weak<Proc>>>,
     providers: Mutex<HashMap<(u64, u64), Weak<PeerProvider>>>,
+    /// Peer providers used lately, held a while after their last connection ended
+    /// (`PEER_KEEP`): a run of connections to one process, one after another, maps its key
+    /// table and bell page once, not once per connection (a map and an unmap each, the unmap's
+    /// TLB shootdown included).
+    recent_providers: Mutex<VecDeque<(Instant, Arc<PeerProvider>)>>,
     /// Inboxes `drain_copies` looked at (`ShmProvider::inboxes_drained`).
     drain_looks: AtomicU64,
     /// Direct wakeups turned off whose settle wait ran out (`ShmProvider::settles_timed_out`).
@@ -620,6 +625,7 @@ impl Inner {
         let mut m = self.providers.lock();
         if let Some(p) = m.get(&ids[1]).and_then(Weak::upgrade) {
             if p.ids == ids {
+                self.keep_provider(&p);
                 return Ok(p);
             }
         }
@@ -644,7 +650,21 @@ impl Inner {
         });
         m.retain(|_, w| w.strong_count() > 0);
         m.insert(ids[1], Arc::downgrade(&p));
+        drop(m);
+        self.keep_provider(&p);
         Ok(p)
+    }
+
+    /// Hold `p` for [`PEER_KEEP`] from now (see `recent_providers`); let go of those held
+    /// longer, and of the oldest beyond [`PEER_KEEP_MAX`].
+    fn keep_provider(&self, p: &Arc<PeerProvider>) {
+        let now = Instant::now();
+        let mut r = self.recent_providers.lock();
+        r.retain(|(t, q)| !Arc::ptr_eq(q, p) && now.duration_since(*t) < PEER_KEEP);
+        r.push_back((now, p.clone()));
+        while r.len() > PEER_KEEP_MAX {
+            r.pop_front();
+        }
     }
 
     fn add_ctl(&self, ctl: &Arc<Ctl>, fd: Option<(RawFd, bool)>) -> Result<usize, VerbsError> {
@@ -1010,6 +1030,7 @@ impl ShmProvider {
                 ring_sends: AtomicU64::new(0),
                 procs: Mutex::new(HashMap::new()),
                 providers: Mutex::new(HashMap::new()),
+                recent_providers: Mutex::new(VecDeque::new()),
                 drain_looks: AtomicU64::new(0),
                 settle_timeouts: AtomicU64::new(0),
                 drain_timeouts: AtomicU64::new(0),
@@ -1148,6 +1169,12 @@ struct Peer {
     direct: Option<OwnedFd>,
     direct_wakeups: Arc<AtomicU64>,
 }
+
+/// How long a peer provider's mappings are kept after a connection to it was set up (see
+/// `Inner::recent_providers`).
+const PEER_KEEP: Duration = Duration::from_secs(2);
+/// Most peer providers kept that way.
+const PEER_KEEP_MAX: usize = 16;
 
 /// What every connection to one peer provider shares: its key table and bell page (mapped once)
 /// and its eventfd (one fd). Connections of one process to another used to hold each their own
