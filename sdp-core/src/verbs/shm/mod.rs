@@ -655,6 +655,22 @@ impl Inner {
         Ok(p)
     }
 
+    /// Let go of the peer providers kept past [`PEER_KEEP`] (a process that makes no new
+    /// connections gives them back when its progress thread next sleeps).
+    fn expire_providers(&self) {
+        let Some(mut r) = self.recent_providers.try_lock() else {
+            return;
+        };
+        let Some((oldest, _)) = r.front() else {
+            return;
+        };
+        let now = Instant::now();
+        if now.duration_since(*oldest) < PEER_KEEP {
+            return;
+        }
+        r.retain(|(t, _)| now.duration_since(*t) < PEER_KEEP);
+    }
+
     /// Hold `p` for [`PEER_KEEP`] from now (see `recent_providers`); let go of those held
     /// longer, and of the oldest beyond [`PEER_KEEP_MAX`].
     fn keep_provider(&self, p: &Arc<PeerProvider>) {
@@ -1095,6 +1111,12 @@ impl ShmProvider {
         self.inner.ring_sends.load(Ordering::Relaxed)
     }
 
+    /// Peer providers held past their last connection's setup (their mappings and eventfd),
+    /// let go within about a second (`PEER_KEEP`).
+    pub fn kept_peer_providers(&self) -> usize {
+        self.inner.recent_providers.lock().len()
+    }
+
     /// Regions registered now.
     pub fn registered_regions(&self) -> usize {
         self.inner.regs.read().slots.iter().flatten().count()
@@ -1172,7 +1194,7 @@ struct Peer {
 
 /// How long a peer provider's mappings are kept after a connection to it was set up (see
 /// `Inner::recent_providers`).
-const PEER_KEEP: Duration = Duration::from_secs(2);
+const PEER_KEEP: Duration = Duration::from_secs(1);
 /// Most peer providers kept that way.
 const PEER_KEEP_MAX: usize = 16;
 
@@ -1711,8 +1733,9 @@ impl Provider for ShmProvider {
     fn arm(&self) -> Result<(), VerbsError> {
         let inner = &self.inner;
         // (Before the progress thread sleeps: copies of connections gone that ended, and
-        // memory parked behind them, are let go.)
+        // memory parked behind them, are let go; so are peer providers kept past their time.)
         inner.reap();
+        inner.expire_providers();
         sys::eventfd_drain(inner.evfd.as_fd());
         let ctls = inner.ctls.lock();
         let mut hinted = inner.hinted.lock();
