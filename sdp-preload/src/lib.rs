@@ -801,10 +801,6 @@ unsafe fn accept_common(
         }
         let peer = app::from_sockaddr(&ss);
         if let Some(claim) = peer.and_then(|p| l.claim_doorbell(p)) {
-            // SAFETY: `c` was just returned by accept and is ours.
-            AppListener::close_doorbell(unsafe {
-                <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(c)
-            });
             let taken = {
                 let _g = Internal::enter();
                 l.take_claimed(
@@ -813,9 +809,15 @@ unsafe fn accept_common(
                     flags & libc::SOCK_CLOEXEC != 0,
                 )
             };
+            let doorbell = || {
+                // SAFETY: `c` was just returned by accept and is ours.
+                AppListener::close_doorbell(unsafe {
+                    <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(c)
+                })
+            };
             match taken {
                 Some(Ok((s, user, peer))) => {
-                    let nfd = user.into_raw_fd();
+                    let nfd = onto_doorbell(user, c, flags & libc::SOCK_CLOEXEC != 0);
                     let mut opts = Opts {
                         role: "server",
                         local: s.local_addr().ok(),
@@ -835,13 +837,38 @@ unsafe fn accept_common(
                     unsafe { put_sockaddr(peer, addr, len) };
                     return nfd;
                 }
-                Some(Err(e)) => {
-                    log(format_args!(
-                        "accept fd {fd}: an SDP connection failed: {e}"
-                    ));
+                Some(Err(e)) if is_exhaustion(&e) => {
+                    // As TCP's accept: the error, the connection left for a later accept.
+                    doorbell();
+                    log(format_args!("accept fd {fd}: {e}"));
+                    set_errno(e.raw_os_error().unwrap_or(libc::ENOMEM));
+                    return -1;
+                }
+                // Its client went to kernel TCP instead: its connection is in the queue or
+                // on its way.
+                None => {
+                    doorbell();
                     continue;
                 }
-                None => continue,
+                // The client went away before it was accepted: TCP's accept hands such a
+                // connection out (its client's end read), never waits for the next client.
+                // (A connection queued behind it is taken instead.)
+                Some(Err(e)) => {
+                    if !app::is_gone_before_accept(&e) {
+                        log(format_args!(
+                            "accept fd {fd}: an SDP connection failed: {e}"
+                        ));
+                    }
+                    if poll_ready(fd) {
+                        doorbell();
+                        continue;
+                    }
+                    if let Some(p) = peer {
+                        // SAFETY: the caller's buffers.
+                        unsafe { put_sockaddr(p, addr, len) };
+                    }
+                    return gone_before_accept(fd, c, peer, e);
+                }
             }
         }
         if let Some(p) = peer {
@@ -866,6 +893,78 @@ unsafe fn accept_common(
         );
         return c;
     }
+}
+
+/// The accepted SDP stream's fd `user` takes the number of the doorbell `c` it was announced
+/// by (the number TCP's accept would have returned), the doorbell closed by reset (no
+/// TIME_WAIT); if that cannot be done, the doorbell closes and the stream keeps its own.
+fn onto_doorbell(user: OwnedFd, c: c_int, cloexec: bool) -> c_int {
+    let lz = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `c` is the doorbell just accepted, ours; `lz` lives across the call.
+    unsafe {
+        real::setsockopt(
+            c,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&lz as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as socklen_t,
+        )
+    };
+    let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+    // SAFETY: both fds are ours; dup3 closes the doorbell in the same step.
+    if unsafe { real::dup3(std::os::fd::AsRawFd::as_raw_fd(&user), c, flags) } == c {
+        drop(user);
+        return c;
+    }
+    // SAFETY: `c` is ours and nothing else holds it.
+    AppListener::close_doorbell(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(c) });
+    user.into_raw_fd()
+}
+
+/// Whether listening `fd` has a connection to accept right now.
+fn poll_ready(fd: c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    unsafe { real::poll(&mut p, 1, 0) == 1 && p.revents & libc::POLLIN != 0 }
+}
+
+/// Errors of accept that leave the connection queued (TCP's accept gives them too).
+fn is_exhaustion(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// An SDP client whose doorbell listener `fd` accepted as `c` went away before it was
+/// accepted (killed; its connection failed or timed out in the queue), its connection gone
+/// with it: hand out the doorbell itself, its reading side shut (reads end at once, as a TCP
+/// connection whose client closed), where TCP's accept would hand out the dead client's
+/// connection.
+fn gone_before_accept(fd: c_int, c: c_int, peer: Option<SocketAddr>, e: std::io::Error) -> c_int {
+    log(format_args!(
+        "accept fd {fd}: an SDP client went away before accept ({e}): fd {c} reads its end"
+    ));
+    // SAFETY: `c` is the connection just accepted, ours until returned.
+    unsafe { real::shutdown(c, libc::SHUT_RD) };
+    report::tcp_fallback(
+        c,
+        report::Record {
+            role: "server",
+            peer,
+            transport: "tcp".into(),
+            fallback: Some("the SDP client went away before accept".into()),
+            ..Default::default()
+        },
+    );
+    c
 }
 
 #[no_mangle]

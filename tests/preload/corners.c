@@ -2006,6 +2006,76 @@ static void case_fd_limit(void) {
     fd_limit_run(40, 128, 1);
 }
 
+/* Accept with a 5 s alarm (no SA_RESTART): a hung accept prints EINTR instead of hanging. */
+static int accept_bounded(int l) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    sigaction(SIGALRM, &sa, NULL);
+    alarm(5);
+    int c = accept(l, NULL, NULL);
+    int e = errno;
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
+    errno = e;
+    return c;
+}
+
+/* Clients of a listener their server shares with them (they are its forked children, as a
+ * prefork server's workers are; the shim hands its SDP clients to whichever process accepts):
+ * one killed while it connects, before the server accepts; one whose connect waited past the
+ * shim's hand-off time (1 s) and went by kernel TCP. As TCP's, the listener polls readable and
+ * accept returns at once: the dead client's connection reads EOF, the late one brings its
+ * bytes (under the shim its SDP request left a doorbell behind, which accept passes by). */
+static void case_gone_before_accept(void) {
+    struct sockaddr_in a;
+    int l = listener(&a);
+    pid_t c = fork();
+    CHECK(c >= 0);
+    if (c == 0) {
+        dial(&a);
+        sleep(10);
+        _exit(0);
+    }
+    sleep_ms(300);
+    kill(c, SIGKILL);
+    int st;
+    CHECK(waitpid(c, &st, 0) == c);
+    struct pollfd p = {.fd = l, .events = POLLIN};
+    int n = poll(&p, 1, 2000);
+    int s = accept_bounded(l);
+    char b[8];
+    ssize_t r = s >= 0 ? read(s, b, sizeof b) : -1;
+    out("killed before accept: poll %d, accept %s, read %zd", n, s >= 0 ? "ok" : en(errno), r);
+    if (s >= 0)
+        close(s);
+    int go[2];
+    CHECK(pipe(go) == 0);
+    c = fork();
+    CHECK(c >= 0);
+    if (c == 0) {
+        close(go[1]);
+        int k = dial(&a);
+        CHECK(write(k, "late", 4) == 4);
+        await(go[0]);
+        _exit(0);
+    }
+    close(go[0]);
+    sleep_ms(1500);
+    n = poll(&p, 1, 2000);
+    s = accept_bounded(l);
+    size_t got = 0;
+    while (s >= 0 && got < 4 && (r = read(s, b + got, 4 - got)) > 0)
+        got += r;
+    out("late client: poll %d, accept %s, read %.*s", n, s >= 0 ? "ok" : en(errno), (int)got, b);
+    tell(go[1]);
+    CHECK(waitpid(c, &st, 0) == c);
+    if (s >= 0)
+        close(s);
+    close(go[1]);
+    close(l);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc > 2 && strcmp(argv[1], "serve-fd") == 0)
@@ -2056,6 +2126,7 @@ int main(int argc, char **argv) {
     RUN(system_serve);
     RUN(popen_serve);
     RUN(short_conns);
+    RUN(gone_before_accept);
     /* Only by name (the test runs it with a long SDP_SPIN_US). */
     if (only && strcmp(only, "eintr_polling") == 0)
         case_eintr_polling();

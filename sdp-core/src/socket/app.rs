@@ -797,7 +797,9 @@ impl Handoff {
     }
 
     /// Take a handed-off request from the queue and answer it on this process's own stack;
-    /// the connection once set up (`None` if the request or its connector went away).
+    /// the connection once set up. `None` if there was no request or its connector, alive,
+    /// gave up waiting for an accept (it went to kernel TCP, where its connection will come
+    /// from); an error if the connector died ([`gone_before_accept`]).
     fn take(
         &self,
         nonblocking: bool,
@@ -808,12 +810,19 @@ impl Handoff {
             sys::Recv::Msg(_, fds) => fds.into_iter().next()?,
             _ => return None,
         };
+        let connector = sys::peer_cred(std::os::fd::AsFd::as_fd(&request))
+            .ok()
+            .and_then(|(pid, _)| sys::Proc::of_peer(std::os::fd::AsFd::as_fd(&request), pid).ok());
+        let gone = || match &connector {
+            Some(p) if p.alive() => None,
+            _ => Some(Err(gone_before_accept())),
+        };
         let (stack, l) = match self.adopting() {
             Ok(x) => x,
             Err(e) => return Some(Err(e)),
         };
-        if let Err(e) = stack.0.adopt(l, request) {
-            return Some(Err(e));
+        if stack.0.adopt(l, request).is_err() {
+            return gone();
         }
         // Until it is set up, or nothing is under way any more (the connector went away), or
         // ADOPT_WAIT passed.
@@ -827,7 +836,7 @@ impl Handoff {
             match stack.0.accept(l, w) {
                 Ok(x) => break x,
                 Err(_) if start.elapsed() < ADOPT_WAIT && stack.0.listener_busy(l) => {}
-                Err(_) => return None,
+                Err(_) => return gone(),
             }
         };
         Some(AppStream::accepted(stack, id, nonblocking, cloexec).map(|(s, fd)| (s, fd, peer)))
@@ -1144,7 +1153,10 @@ impl AppListener {
     }
 
     /// Take the SDP connection a doorbell announced (or another one ready: doorbells are
-    /// interchangeable), with its application fd; `None` if none is ready any more.
+    /// interchangeable), with its application fd. `None`: nothing to take, its client went to
+    /// kernel TCP instead (its connection comes there); an error of [`is_gone_before_accept`]:
+    /// the client went away before this accept (TCP's accept would hand its connection out,
+    /// to read its end), or another error of accept.
     pub fn take_claimed(
         &self,
         claim: BellClaim,
@@ -1162,10 +1174,11 @@ impl AppListener {
         }
         // The stack's accept says the new ready count (under its lock) before the claim's
         // count goes back: never a moment where the connection being taken is counted ready
-        // without a doorbell counted for it.
+        // without a doorbell counted for it. None ready: the one this doorbell was rung for
+        // failed or timed out in the queue (a doorbell is rung only for a ready connection).
         let r = self.take(nonblocking, cloexec);
         drop(claim);
-        r
+        Some(r.unwrap_or_else(|| Err(gone_before_accept())))
     }
 
     /// Whether the listener turned SDP off ([`Handed`]: its accepted connections kept going on
@@ -1205,6 +1218,19 @@ impl AppListener {
         }
         None
     }
+}
+
+/// The error [`AppListener::take_claimed`] gives for a client that went away before accept.
+fn gone_before_accept() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "the SDP client went away before accept",
+    )
+}
+
+/// Whether `e`, from [`AppListener::take_claimed`], says the client went away before accept.
+pub fn is_gone_before_accept(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::ConnectionAborted
 }
 
 /// `sockaddr_storage` for an address, and its length (for the shim's address arguments).
