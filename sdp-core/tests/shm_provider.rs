@@ -1448,7 +1448,9 @@ fn other_uid_is_refused() {
         .read_to_string(&mut out)
         .unwrap();
     assert!(
-        out.contains("CHILD rejected consumer=true reason=SDP shm: peer uid"),
+        out.contains(
+            "CHILD rejected consumer=true reason=SDP shm: the listener runs as another user"
+        ),
         "child said: {out}"
     );
     // Let the listener see the connection, if it has not yet.

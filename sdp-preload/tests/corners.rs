@@ -487,3 +487,24 @@ fn a_forking_servers_listener_sends_clients_to_tcp() {
         .count();
     assert_eq!(shared, 4, "report:\n{lines}");
 }
+
+/// A server run as another user: SDP over shm serves one user only, so the client falls back
+/// to kernel TCP (same transcript as TCP's), and its report line gives the listener's reason
+/// (it said "Connection refused (os error 111)" before). Needs root (the server drops to uid
+/// 65534): `tests/run-all` runs it when it runs as root, as CI does; by hand: `cargo test -p
+/// sdp-preload --test corners -- --ignored`.
+#[test]
+#[ignore = "needs root: runs a server as another user (tests/run-all runs it as root)"]
+fn a_server_of_another_user_is_reached_by_tcp_and_the_report_says_why() {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "needs root");
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("other_user"), "other-user");
+    assert!(tcp.contains("another user's server echoed: hi"), "{tcp}");
+    let client = lines
+        .lines()
+        .find(|l| l.contains("\"role\":\"client\""))
+        .unwrap_or_else(|| panic!("no client line:\n{lines}"));
+    assert!(client.contains("\"transport\":\"tcp\""), "{lines}");
+    assert!(client.contains("another user"), "{lines}");
+}

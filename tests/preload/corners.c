@@ -2076,6 +2076,46 @@ static void case_gone_before_accept(void) {
     close(l);
 }
 
+/* A server run as another user (uid 65534: root forks it and it drops to that user before it
+ * listens): the client's bytes are echoed. Under the shim SDP serves one user only, so the
+ * client falls back to kernel TCP, and its report line says why. Needs root; run by name. */
+static void case_other_user(void) {
+    int ap[2];
+    CHECK(pipe(ap) == 0);
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (srv == 0) {
+        close(ap[0]);
+        CHECK(setgid(65534) == 0 && setuid(65534) == 0);
+        struct sockaddr_in a;
+        int l = listener(&a);
+        CHECK(write(ap[1], &a, sizeof a) == sizeof a);
+        int c = accept(l, NULL, NULL);
+        CHECK(c >= 0);
+        char b[8];
+        ssize_t r = read(c, b, sizeof b);
+        CHECK(r > 0 && write(c, b, r) == r);
+        close(c);
+        _exit(0);
+    }
+    close(ap[1]);
+    struct sockaddr_in a;
+    CHECK(read(ap[0], &a, sizeof a) == sizeof a);
+    close(ap[0]);
+    int s = dial(&a);
+    CHECK(write(s, "hi", 2) == 2);
+    char b[8];
+    size_t got = 0;
+    ssize_t r;
+    while (got < 2 && (r = read(s, b + got, 2 - got)) > 0)
+        got += r;
+    out("another user's server echoed: %.*s", (int)got, b);
+    close(s);
+    int st;
+    CHECK(waitpid(srv, &st, 0) == srv);
+    out("another user's server exit %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc > 2 && strcmp(argv[1], "serve-fd") == 0)
@@ -2134,6 +2174,8 @@ int main(int argc, char **argv) {
         case_eintr_masked();
     if (only && strcmp(only, "owner_exits") == 0)
         case_owner_exits();
+    if (only && strcmp(only, "other_user") == 0)
+        case_other_user();
     out("done");
     return 0;
 }

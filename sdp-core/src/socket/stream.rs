@@ -151,7 +151,13 @@ impl SdpStream {
                 Ok(s) => return Ok(s),
                 Err(e) if matches!(opts.choice, Choice::Auto) && falls_back(&e) => {}
                 Err(e) if matches!(opts.choice, Choice::Auto) && e.raw_os_error().is_none() => {
-                    // The stack itself is unavailable (e.g. no shm support): TCP.
+                    // The stack itself is unavailable (e.g. no shm support), or the listener
+                    // refused us with its reason: TCP.
+                }
+                // As TCP's connect says a refusal: the errno (the listener's reason is the
+                // shim's, for its fallback's log).
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    return Err(io::Error::from_raw_os_error(libc::ECONNREFUSED))
                 }
                 Err(e) => return Err(e),
             }

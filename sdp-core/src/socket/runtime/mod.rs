@@ -74,9 +74,7 @@ use crate::proto::read::ZRecv;
 use crate::proto::table::ConnId;
 use crate::proto::{Config, ConnError, Event, Instant, Shutdown, State};
 use crate::sys;
-use crate::verbs::{
-    Access, Grant, MemoryRegion, Provider, VerbsError, REJECT_QUEUE_FULL, REJECT_SDP_OFF,
-};
+use crate::verbs::{Access, Grant, MemoryRegion, Provider, VerbsError, REJECT_QUEUE_FULL};
 
 /// How a call waits.
 #[derive(Debug, Clone, Copy, Default)]
@@ -535,9 +533,11 @@ impl<P: Provider + 'static> Runtime<P> {
                     _ => Some(Err(c.error().map_or(
                         io::Error::from_raw_os_error(libc::ECONNRESET),
                         |e| match e {
-                            // Said apart from other refusals (`app::turned_away`).
-                            ConnError::Rejected(why) if why == REJECT_SDP_OFF => {
-                                io::Error::new(io::ErrorKind::ConnectionRefused, REJECT_SDP_OFF)
+                            // ECONNREFUSED with the listener's reason, for the fallback's
+                            // log and report (a forking server's is told apart:
+                            // `app::turned_away`).
+                            ConnError::Rejected(why) => {
+                                io::Error::new(io::ErrorKind::ConnectionRefused, why.clone())
                             }
                             e => io::Error::from_raw_os_error(e.errno()),
                         },

@@ -1693,7 +1693,10 @@ impl Provider for ShmProvider {
             Ok((_, uid)) => {
                 ep.state = QpState::Error;
                 ep.cm.push_back(CmEvent::Rejected {
-                    private_data: format!("SDP shm: peer uid {uid} refused").into_bytes(),
+                    private_data: format!(
+                        "SDP shm: the listener runs as another user (uid {uid}): not reached"
+                    )
+                    .into_bytes(),
                     consumer: true,
                 });
                 return Ok(ep);
@@ -3589,7 +3592,7 @@ impl ShmListener {
     /// Refuse a connector of another user (`uid`), and count it.
     fn refuse_uid(&self, s: &OwnedFd, uid: u32) {
         self.inner.refused_uid.fetch_add(1, Ordering::Relaxed);
-        let reason = format!("SDP shm: peer uid {uid} refused");
+        let reason = format!("SDP shm: the listener serves only its own user, not uid {uid}");
         send_simple(s, M_REJ, true, reason.as_bytes());
     }
 
