@@ -195,11 +195,13 @@ extern "C" fn fork_prepare() {
         }
     }
     drop(g);
+    report::lock_for_fork();
     table::lock_for_fork();
 }
 
 extern "C" fn fork_parent() {
     let gone = table::unlock_after_fork();
+    report::unlock_after_fork();
     if !gone.is_empty() {
         log(format_args!(
             "fork: {} listening socket(s) shared with the child now serve kernel TCP only",
@@ -212,8 +214,9 @@ extern "C" fn fork_parent() {
 
 extern "C" fn fork_child() {
     PID.store(std::process::id(), Ordering::Relaxed);
-    report::forget_inherited();
     let gone = table::unlock_after_fork();
+    report::unlock_after_fork();
+    report::forget_inherited();
     let _g = Internal::enter();
     drop(gone);
     close_inherited_rendezvous();

@@ -69,8 +69,27 @@ pub(crate) fn of_stream(o: &crate::table::Opts, s: &AppStream) -> Record {
 /// (fd, its file, the record). The counts come from the kernel's TCP_INFO when the fd closes
 /// (the close hook asks [`tcp_watched`] first) or at exit.
 static TCP: ForkMutex<Vec<TcpLine>> = ForkMutex::new(Vec::new());
-/// A kernel TCP socket's waiting line: its fd, its file, the record.
-type TcpLine = (i32, (u64, u64), Record);
+/// A kernel TCP socket's waiting line.
+struct TcpLine {
+    fd: i32,
+    /// The fd's file.
+    id: (u64, u64),
+    r: Record,
+    /// Inherited at a fork: the socket's counts then. A line says the socket's counts when
+    /// this process let it go; an inherited socket nothing moved on since the fork gets none
+    /// (a BGSAVE child's copies of every client), one that did gets the whole (a forking
+    /// server's child: its line has the connection, the server's what went before its close).
+    at_fork: Option<(u64, u64)>,
+}
+
+impl TcpLine {
+    /// Its record with its counts; `None` for an inherited socket nothing moved on since.
+    fn finish(self) -> Option<Record> {
+        TCP_WATCHED[self.fd as usize].store(false, Ordering::Relaxed);
+        let r = with_tcp_counts(self.fd, self.id, self.r);
+        (self.at_fork != Some((r.bytes_in, r.bytes_out))).then_some(r)
+    }
+}
 static TCP_WATCHED: [AtomicBool; table::MAX_FD] = [const { AtomicBool::new(false) }; table::MAX_FD];
 
 /// A connection went by kernel TCP on `fd` (`r`: its record without counts): its line is
@@ -84,8 +103,13 @@ pub(crate) fn tcp_fallback(fd: i32, r: Record) {
         return;
     };
     let mut g = TCP.lock();
-    g.retain(|(f, ..)| *f != fd);
-    g.push((fd, id, r));
+    g.retain(|l| l.fd != fd);
+    g.push(TcpLine {
+        fd,
+        id,
+        r,
+        at_fork: None,
+    });
     TCP_WATCHED[fd as usize].store(true, Ordering::Relaxed);
 }
 
@@ -101,12 +125,10 @@ pub(crate) fn tcp_closing(fd: i32) {
     TCP_WATCHED[fd as usize].store(false, Ordering::Relaxed);
     let taken = {
         let mut g = TCP.lock();
-        g.iter()
-            .position(|(f, ..)| *f == fd)
-            .map(|i| g.swap_remove(i))
+        g.iter().position(|l| l.fd == fd).map(|i| g.swap_remove(i))
     };
-    if let Some((fd, id, r)) = taken {
-        push(with_tcp_counts(fd, id, r));
+    if let Some(r) = taken.and_then(TcpLine::finish) {
+        push(r);
     }
 }
 
@@ -151,30 +173,38 @@ fn with_tcp_counts(fd: i32, id: (u64, u64), mut r: Record) -> Record {
 /// The lines of the kernel TCP sockets still open (at exit), with their counts.
 pub(crate) fn tcp_live() -> Vec<Record> {
     let all = std::mem::take(&mut *TCP.lock());
-    all.into_iter()
-        .map(|(fd, id, r)| {
-            TCP_WATCHED[fd as usize].store(false, Ordering::Relaxed);
-            with_tcp_counts(fd, id, r)
-        })
-        .collect()
+    all.into_iter().filter_map(TcpLine::finish).collect()
 }
 
-/// In a forked child: the parent's finished sockets are the parent's to report.
+/// Before fork(): hold the lists, so the child gets them whole.
+pub(crate) fn lock_for_fork() {
+    std::mem::forget(DONE.lock());
+    std::mem::forget(TCP.lock());
+}
+
+/// After fork(), in both processes.
+pub(crate) fn unlock_after_fork() {
+    // SAFETY: this thread locked both in `lock_for_fork` (the child is its copy) and forgot
+    // the guards.
+    unsafe {
+        TCP.force_unlock();
+        DONE.force_unlock();
+    }
+}
+
+/// In a forked child (after [`unlock_after_fork`]): the parent's finished sockets are the
+/// parent's to report. Its kernel TCP sockets still open are the child's too: a forking
+/// server's child serves the connection its parent accepted and closed, so it reports those
+/// something moves on from now on (`TcpLine::at_fork`).
 pub(crate) fn forget_inherited() {
-    if DONE.is_locked() {
-        // SAFETY: only the forking thread runs in the child; a holder of the lock was another
-        // thread of the parent (fork came amid its push), which the child does not have, so
-        // nothing here uses the guarded list.
-        unsafe { DONE.force_unlock() };
-    }
     DONE.lock().clear();
-    // Its kernel TCP sockets too (the counters are the socket's, reported by the parent).
-    if TCP.is_locked() {
-        // SAFETY: as for DONE.
-        unsafe { TCP.force_unlock() };
+    if !wanted() {
+        return;
     }
-    for (fd, ..) in std::mem::take(&mut *TCP.lock()) {
-        TCP_WATCHED[fd as usize].store(false, Ordering::Relaxed);
+    let mut g = TCP.lock();
+    for l in g.iter_mut() {
+        let now = with_tcp_counts(l.fd, l.id, Record::default());
+        l.at_fork = Some((now.bytes_in, now.bytes_out));
     }
 }
 

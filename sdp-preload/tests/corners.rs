@@ -462,25 +462,46 @@ fn a_forking_servers_listener_sends_clients_to_tcp() {
         "{tcp}"
     );
     let runs = |role: &str| -> Vec<(String, usize)> {
-        let mut runs: Vec<(String, usize)> = Vec::new();
-        for l in lines.lines().filter(|l| l.contains(role)) {
-            let t = if l.contains("\"transport\":\"shm\"") {
-                "shm"
-            } else if l.contains("\"transport\":\"tcp\"") {
-                "tcp"
-            } else {
-                "other"
-            };
-            match runs.last_mut() {
-                Some((last, n)) if last == t => *n += 1,
-                _ => runs.push((t.to_string(), 1)),
-            }
-        }
-        runs
+        runs_of(
+            &lines
+                .lines()
+                .filter(|l| l.contains(role))
+                .collect::<Vec<_>>(),
+        )
     };
     let want = vec![("shm".to_string(), 4), ("tcp".to_string(), 4)];
-    assert_eq!(runs("\"role\":\"server\""), want, "report:\n{lines}");
+    // The server's own lines (the process that reported the shm streams, shared by it);
+    // each child reports the TCP connection it served, what moved while it held it: its
+    // reply, 18 bytes (the request had reached the kernel before the fork: the server's
+    // line has it).
+    let server_pid = lines
+        .lines()
+        .find(|l| l.contains("\"role\":\"server\"") && l.contains("\"transport\":\"shm\""))
+        .and_then(|l| l.split(',').next())
+        .unwrap_or_else(|| panic!("no shm server line:\n{lines}"))
+        .to_string();
+    let own: Vec<&str> = lines
+        .lines()
+        .filter(|l| l.starts_with(&server_pid) && l.contains("\"role\":\"server\""))
+        .collect();
+    assert_eq!(runs_of(&own), want, "report:\n{lines}");
+    // Each child reports the TCP connection it served, whole: the request (9 bytes in) and
+    // its reply (18 out), as the kernel counted them when it closed it (the server's own line
+    // has what had come before its close, right after the fork).
+    let children: Vec<&str> = lines
+        .lines()
+        .filter(|l| l.contains("\"role\":\"server\"") && !l.starts_with(&server_pid))
+        .collect();
+    assert_eq!(children.len(), 4, "report:\n{lines}");
+    assert!(
+        children.iter().all(|l| l.contains("\"transport\":\"tcp\"")
+            && l.contains("\"bytes_in\":9,\"bytes_out\":18")),
+        "report:\n{lines}"
+    );
     assert_eq!(runs("\"role\":\"client\""), want, "report:\n{lines}");
+    // The clients turned away say why (a connect whose request the server's refusal met
+    // before it went said "Connection refused (os error 111)").
+    assert!(!lines.contains("Connection refused"), "report:\n{lines}");
     let shared = lines
         .lines()
         .filter(|l| l.contains("\"role\":\"server\"") && l.contains("\"shared\":true"))
@@ -507,4 +528,23 @@ fn a_server_of_another_user_is_reached_by_tcp_and_the_report_says_why() {
         .unwrap_or_else(|| panic!("no client line:\n{lines}"));
     assert!(client.contains("\"transport\":\"tcp\""), "{lines}");
     assert!(client.contains("another user"), "{lines}");
+}
+
+/// Report lines' transports in runs: ("shm", 4), ("tcp", 4)...
+fn runs_of(lines: &[&str]) -> Vec<(String, usize)> {
+    let mut runs: Vec<(String, usize)> = Vec::new();
+    for l in lines {
+        let t = if l.contains("\"transport\":\"shm\"") {
+            "shm"
+        } else if l.contains("\"transport\":\"tcp\"") {
+            "tcp"
+        } else {
+            "other"
+        };
+        match runs.last_mut() {
+            Some((last, n)) if last == t => *n += 1,
+            _ => runs.push((t.to_string(), 1)),
+        }
+    }
+    runs
 }

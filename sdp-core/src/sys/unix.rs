@@ -298,6 +298,15 @@ pub fn recv_msg(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Recv {
 /// [`recv_msg`], and the sender's (pid, uid) in `cred` when the message carries them
 /// (SCM_CREDENTIALS: the kernel's, on a socket with [`set_passcred`]).
 pub fn recv_msg_cred(fd: BorrowedFd<'_>, buf: &mut [u8], cred: &mut Option<(i32, u32)>) -> Recv {
+    recv_msg_inner(fd, buf, cred, true)
+}
+
+fn recv_msg_inner(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+    cred: &mut Option<(i32, u32)>,
+    after_reset: bool,
+) -> Recv {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -319,6 +328,15 @@ pub fn recv_msg_cred(fd: BorrowedFd<'_>, buf: &mut [u8], cred: &mut Option<(i32,
         Ok(n) => n as usize,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Recv::Empty,
         Err(e) if e.kind() == io::ErrorKind::Interrupted => return Recv::Empty,
+        Err(e) if after_reset && e.raw_os_error() == Some(libc::ECONNRESET) => {
+            // The peer closed with a message of ours unread, and the kernel reports that
+            // before the messages it sent first (a listener's REJ, then its close): the error
+            // is reported once, so the next receive gets them; then the end.
+            return match recv_msg_inner(fd, buf, cred, false) {
+                Recv::Empty => Recv::Eof,
+                r => r,
+            };
+        }
         Err(_) => return Recv::Eof,
     };
     let mut fds = Vec::new();

@@ -1716,10 +1716,13 @@ impl Provider for ShmProvider {
         // The ACC's sender is known by the kernel's credentials on it.
         if sys::set_passcred(sock.as_fd()).is_err() || sys::send_msg(sock.as_fd(), &m, &[]).is_err()
         {
+            // A listener that refuses at once may have answered and closed before our request
+            // went: its REJ (with its reason) is waiting.
+            let why = queued_reject(sock.as_fd());
             ep.state = QpState::Error;
             ep.cm.push_back(CmEvent::Rejected {
-                private_data: Vec::new(),
-                consumer: false,
+                consumer: why.is_some(),
+                private_data: why.unwrap_or_default(),
             });
             return Ok(ep);
         }
@@ -3381,6 +3384,22 @@ struct Half {
     proc: Arc<Proc>,
 
     since: Instant,
+}
+
+/// The reason of a REJ waiting on a rendezvous connection the listener closed, if one is.
+fn queued_reject(sock: BorrowedFd<'_>) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 512];
+    loop {
+        match sys::recv_msg(sock, &mut buf) {
+            Recv::Msg(n, _) => match decode(&buf[..n]) {
+                Some(m) if m.kind == M_REJ => {
+                    return Some(m.pd[..m.pd.len().min(MAX_PD_REJECT)].to_vec())
+                }
+                _ => {}
+            },
+            Recv::Empty | Recv::Eof => return None,
+        }
+    }
 }
 
 /// Send a request (a rendezvous connection, its connect request unread) to the process that
