@@ -218,19 +218,9 @@ fn share_inherited_for_exec() {
         return;
     }
     let _g = crate::Internal::enter();
-    for (fd, s) in table::streams() {
-        if let Sock::Stream(st, _) = &*s {
-            // SAFETY: F_GETFD on an fd number: no memory is passed.
-            let kept = unsafe { real::fcntl(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC == 0;
-            if kept && st.is_inherited() && !st.is_shared() {
-                if let Err(e) = st.share(fd) {
-                    crate::log(format_args!(
-                        "exec: fd {fd}: the process owning this inherited stream could not share it: {e}"
-                    ));
-                }
-            }
-        }
-    }
+    crate::share_streams("exec", |fd, st| {
+        st.is_inherited() && crate::kept_by_exec(fd)
+    });
 }
 
 /// # Safety

@@ -2095,24 +2095,9 @@ fn before_spawn(dups: &[(c_int, c_int)]) {
     if internal() {
         return;
     }
-    let inherited = |fd: c_int| {
-        // SAFETY: F_GETFD on an fd number: no memory is passed.
-        dups.iter().any(|(from, _)| *from == fd)
-            || unsafe { real::fcntl(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC == 0
-    };
+    let inherited = |fd: c_int| dups.iter().any(|(from, _)| *from == fd) || kept_by_exec(fd);
     let _g = Internal::enter();
-    for (fd, s) in table::streams() {
-        if let Sock::Stream(st, _) = &*s {
-            if !st.is_shared() && inherited(fd) {
-                match st.share(fd) {
-                    Ok(()) => log(format_args!(
-                        "spawn: fd {fd} is shared with the child, its bytes go through the kernel file"
-                    )),
-                    Err(e) => log(format_args!("spawn: fd {fd} cannot be shared: {e}")),
-                }
-            }
-        }
-    }
+    share_streams("spawn", |fd, _| inherited(fd));
     let gone = table::take_listeners(|fd, _| inherited(fd));
     if !gone.is_empty() {
         log(format_args!(
@@ -2121,6 +2106,31 @@ fn before_spawn(dups: &[(c_int, c_int)]) {
         ));
     }
     drop(gone);
+}
+
+/// Whether `fd` stays open across an exec (not close-on-exec).
+pub(crate) fn kept_by_exec(fd: c_int) -> bool {
+    // SAFETY: F_GETFD on an fd number: no memory is passed.
+    let flags = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
+    flags & libc::FD_CLOEXEC == 0
+}
+
+/// Before an exec or a spawn (`what`): share the streams not shared yet that `pick` chooses
+/// (by fd, and the stream): another program is about to hold them, and its bytes must go
+/// through the kernel file. The caller is marked internal.
+pub(crate) fn share_streams(what: &str, pick: impl Fn(c_int, &AppStream) -> bool) {
+    for (fd, s) in table::streams() {
+        if let Sock::Stream(st, _) = &*s {
+            if !st.is_shared() && pick(fd, st) {
+                match st.share(fd) {
+                    Ok(()) => log(format_args!(
+                        "{what}: fd {fd} is shared, its bytes go through the kernel file"
+                    )),
+                    Err(e) => log(format_args!("{what}: fd {fd} cannot be shared: {e}")),
+                }
+            }
+        }
+    }
 }
 
 /// The dup2 actions recorded for the file actions object `fa`: (the shim's fd, its number in
