@@ -1022,10 +1022,15 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// another process still holds the file (`AppStream::before_last_close`).
 fn before_last_close(fd: c_int, s: Option<&Arc<Sock>>) {
     if let Some(s) = s.filter(|s| Arc::strong_count(s) == 1) {
-        if let Sock::Stream(st, _) = &**s {
-            let _g = Internal::enter();
-            st.before_last_close(fd);
-        }
+        last_close(fd, s);
+    }
+}
+
+/// `fd`, this process's last fd of `s`, is about to close (see [`before_last_close`]).
+fn last_close(fd: c_int, s: &Sock) {
+    if let Sock::Stream(st, _) = s {
+        let _g = Internal::enter();
+        st.before_last_close(fd);
     }
 }
 
@@ -1054,22 +1059,42 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    let closing = before_dup_over(old, new);
     // SAFETY: forwards the caller's arguments.
     let n = unsafe { real::dup2(old, new) };
-    if n >= 0 && (table::owned(old) || table::owned(new)) {
+    if n >= 0 && (table::owned(old) || table::owned(new) || closing.is_some()) {
         dup_entry(old, n);
     }
+    drop_internal(closing);
     n
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    let closing = before_dup_over(old, new);
     // SAFETY: forwards the caller's arguments.
     let n = unsafe { real::dup3(old, new, flags) };
-    if n >= 0 && (table::owned(old) || table::owned(new)) {
+    if n >= 0 && (table::owned(old) || table::owned(new) || closing.is_some()) {
         dup_entry(old, n);
     }
+    drop_internal(closing);
     n
+}
+
+/// A dup of `old` onto `new` is about to close `new`: if `new` is a socket of ours (and the dup
+/// can succeed: `old` open, not `new` itself), it is taken out of the table first, as close
+/// does (`before_last_close`), and returned to be dropped after the dup.
+fn before_dup_over(old: c_int, new: c_int) -> Option<Arc<Sock>> {
+    if old == new || !table::owned(new) || internal() {
+        return None;
+    }
+    // SAFETY: F_GETFD on an fd number: no memory is passed.
+    if unsafe { real::fcntl(old, libc::F_GETFD, 0) } < 0 {
+        return None;
+    }
+    let s = table::remove(new);
+    before_last_close(new, s.as_ref());
+    s
 }
 
 #[inline(always)]
@@ -2004,18 +2029,30 @@ pub unsafe extern "C" fn close_range(
     last: libc::c_uint,
     flags: c_int,
 ) -> c_int {
+    let valid = first <= last
+        && flags & !((libc::CLOSE_RANGE_CLOEXEC | libc::CLOSE_RANGE_UNSHARE) as c_int) == 0;
+    let mut gone = Vec::new();
+    if valid && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && !internal() {
+        // The fds in the range are about to go: take the shim's out first, as close does
+        // (`before_last_close`: a stream a fork exposed tells whether another process holds it).
+        let hi = (last as usize).min(table::MAX_FD - 1);
+        for fd in (first as usize)..=hi {
+            if let Some(s) = table::remove(fd as c_int) {
+                gone.push((fd as c_int, s));
+            }
+        }
+        // A socket whose every fd in the process is in the range (dups included): once.
+        for (i, (fd, s)) in gone.iter().enumerate() {
+            let here = gone.iter().filter(|(_, o)| Arc::ptr_eq(o, s)).count();
+            let first_here = gone.iter().position(|(_, o)| Arc::ptr_eq(o, s)) == Some(i);
+            if first_here && Arc::strong_count(s) == here {
+                last_close(*fd, s);
+            }
+        }
+    }
     // SAFETY: forwards the caller's arguments.
     let r = unsafe { real::close_range(first, last, flags) };
-    if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && !internal() {
-        // The fds in the range are gone: forget the ones the shim owned.
-        let hi = (last as usize).min(table::MAX_FD - 1);
-        let mut gone = Vec::new();
-        for fd in (first as usize)..=hi {
-            gone.extend(table::remove(fd as c_int));
-        }
-        let _g = Internal::enter();
-        drop(gone);
-    }
+    drop_internal(gone);
     r
 }
 

@@ -613,6 +613,44 @@ static void case_fork_serve(void) {
     close(c2p[0]);
 }
 
+/* The same, the parent letting its copy go by dup2 of /dev/null over it, then by close_range:
+ * the child's service is as with close (under the shim the parent's runtime gave the readiness
+ * tokens back only in close; these reset the connection). */
+static void case_fork_serve_closes(void) {
+    for (int how = 0; how < 2; how++) {
+        int s;
+        pid_t pid = start(peer_talk, &s);
+        pid_t child = fork();
+        CHECK(child >= 0);
+        if (child == 0) {
+            char b[64];
+            ssize_t r;
+            while ((r = read(s, b, sizeof b)) > 0) {
+                char reply[80];
+                int n = snprintf(reply, sizeof reply, "reply to %.*s", (int)r, b);
+                CHECK(write(s, reply, n) == n);
+            }
+            _exit(r == 0 ? 0 : 1);
+        }
+        if (how == 0) {
+            int nul = open("/dev/null", O_RDONLY);
+            CHECK(nul >= 0);
+            CHECK(dup2(nul, s) == s);
+            close(nul);
+            close(s);
+        } else {
+            CHECK(close_range(s, s, 0) == 0);
+        }
+        int st, pst;
+        CHECK(waitpid(child, &st, 0) == child);
+        CHECK(waitpid(pid, &pst, 0) == pid);
+        out("fork-serve by %s: child exit %d peer exit %d", how ? "close_range" : "dup2",
+            WIFEXITED(st) ? WEXITSTATUS(st) : -1, WIFEXITED(pst) ? WEXITSTATUS(pst) : -1);
+        close(p2c[1]);
+        close(c2p[0]);
+    }
+}
+
 /* A child that ignores the sockets it inherited (redis BGSAVE, a helper exec) must not
  * disturb the parent's connection. */
 static void case_fork_ignore(void) {
@@ -2152,6 +2190,7 @@ int main(int argc, char **argv) {
     RUN(linger_wait);
     RUN(linger_exit);
     RUN(fork_serve);
+    RUN(fork_serve_closes);
     RUN(fork_ignore);
     RUN(fork_late_use);
     RUN(fork_per_conn);
