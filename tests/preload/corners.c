@@ -585,9 +585,11 @@ static void peer_talk(int s) {
     fflush(stdout);
 }
 
-/* A forking server: the child serves the accepted socket, the parent closes its copy at once
- * (inetd, socat fork, classic pre-thread servers). */
-static void case_fork_serve(void) {
+/* A forking server: the child serves the accepted socket, the parent lets its copy go at once
+ * (inetd, socat fork, classic pre-thread servers) by `how`: close, dup2 of /dev/null over it,
+ * or close_range (under the shim only close gave the stream's readiness tokens back at first;
+ * the others reset the connection). Returns the child's and the peer's exit statuses. */
+static void fork_serve_by(const char *how, int *st, int *pst) {
     int s;
     pid_t pid = start(peer_talk, &s);
     pid_t child = fork();
@@ -602,52 +604,38 @@ static void case_fork_serve(void) {
         }
         _exit(r == 0 ? 0 : 1);
     }
-    close(s);
-    int st, pst;
-    CHECK(waitpid(child, &st, 0) == child);
+    if (strcmp(how, "dup2") == 0) {
+        int nul = open("/dev/null", O_RDONLY);
+        CHECK(nul >= 0);
+        CHECK(dup2(nul, s) == s);
+        close(nul);
+        close(s);
+    } else if (strcmp(how, "close_range") == 0) {
+        CHECK(close_range(s, s, 0) == 0);
+    } else {
+        close(s);
+    }
+    CHECK(waitpid(child, st, 0) == child);
     /* The peer ends once it read EOF, which the child's exit gave: then report, in order. */
-    CHECK(waitpid(pid, &pst, 0) == pid);
-    out("fork-serve child exit %d peer exit %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1,
-        WIFEXITED(pst) ? WEXITSTATUS(pst) : -1);
+    CHECK(waitpid(pid, pst, 0) == pid);
     close(p2c[1]);
     close(c2p[0]);
 }
 
-/* The same, the parent letting its copy go by dup2 of /dev/null over it, then by close_range:
- * the child's service is as with close (under the shim the parent's runtime gave the readiness
- * tokens back only in close; these reset the connection). */
+static int status(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : -1; }
+
+static void case_fork_serve(void) {
+    int st, pst;
+    fork_serve_by("close", &st, &pst);
+    out("fork-serve child exit %d peer exit %d", status(st), status(pst));
+}
+
 static void case_fork_serve_closes(void) {
-    for (int how = 0; how < 2; how++) {
-        int s;
-        pid_t pid = start(peer_talk, &s);
-        pid_t child = fork();
-        CHECK(child >= 0);
-        if (child == 0) {
-            char b[64];
-            ssize_t r;
-            while ((r = read(s, b, sizeof b)) > 0) {
-                char reply[80];
-                int n = snprintf(reply, sizeof reply, "reply to %.*s", (int)r, b);
-                CHECK(write(s, reply, n) == n);
-            }
-            _exit(r == 0 ? 0 : 1);
-        }
-        if (how == 0) {
-            int nul = open("/dev/null", O_RDONLY);
-            CHECK(nul >= 0);
-            CHECK(dup2(nul, s) == s);
-            close(nul);
-            close(s);
-        } else {
-            CHECK(close_range(s, s, 0) == 0);
-        }
+    const char *hows[] = {"dup2", "close_range"};
+    for (int i = 0; i < 2; i++) {
         int st, pst;
-        CHECK(waitpid(child, &st, 0) == child);
-        CHECK(waitpid(pid, &pst, 0) == pid);
-        out("fork-serve by %s: child exit %d peer exit %d", how ? "close_range" : "dup2",
-            WIFEXITED(st) ? WEXITSTATUS(st) : -1, WIFEXITED(pst) ? WEXITSTATUS(pst) : -1);
-        close(p2c[1]);
-        close(c2p[0]);
+        fork_serve_by(hows[i], &st, &pst);
+        out("fork-serve by %s: child exit %d peer exit %d", hows[i], status(st), status(pst));
     }
 }
 
