@@ -856,12 +856,16 @@ unsafe fn accept_common(
                 // The client went away before it was accepted: TCP's accept hands such a
                 // connection out (its client's end read), never waits for the next client.
                 // (A connection queued behind it is taken instead.)
+                // Our side could not take it: its client, not answered, goes to kernel TCP
+                // after its wait and comes again there.
+                Some(Err(e)) if !app::is_gone_before_accept(&e) => {
+                    doorbell();
+                    log(format_args!(
+                        "accept fd {fd}: an SDP connection failed: {e}"
+                    ));
+                    continue;
+                }
                 Some(Err(e)) => {
-                    if !app::is_gone_before_accept(&e) {
-                        log(format_args!(
-                            "accept fd {fd}: an SDP connection failed: {e}"
-                        ));
-                    }
                     if poll_ready(fd) {
                         doorbell();
                         continue;
