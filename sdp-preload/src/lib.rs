@@ -853,9 +853,6 @@ unsafe fn accept_common(
                     doorbell();
                     continue;
                 }
-                // The client went away before it was accepted: TCP's accept hands such a
-                // connection out (its client's end read), never waits for the next client.
-                // (A connection queued behind it is taken instead.)
                 // Our side could not take it: its client, not answered, goes to kernel TCP
                 // after its wait and comes again there.
                 Some(Err(e)) if !app::is_gone_before_accept(&e) => {
@@ -865,6 +862,9 @@ unsafe fn accept_common(
                     ));
                     continue;
                 }
+                // The client went away before it was accepted: TCP's accept hands such a
+                // connection out (its client's end read), never waits for the next client.
+                // (A connection queued behind it is taken instead.)
                 Some(Err(e)) => {
                     if poll_ready(fd) {
                         doorbell();
