@@ -810,11 +810,10 @@ impl Handoff {
             sys::Recv::Msg(_, fds) => fds.into_iter().next()?,
             _ => return None,
         };
-        let connector = sys::peer_cred(std::os::fd::AsFd::as_fd(&request))
-            .ok()
-            .and_then(|(pid, _)| sys::Proc::of_peer(std::os::fd::AsFd::as_fd(&request), pid).ok());
-        let gone = || match &connector {
-            Some(p) if p.alive() => None,
+        // Looked at only if the setup fails (a pid reused since reads as alive: passed by).
+        let connector = sys::peer_cred(std::os::fd::AsFd::as_fd(&request)).map(|(pid, _)| pid);
+        let gone = || match connector.map(sys::Proc::open) {
+            Ok(Ok(p)) if p.alive() => None,
             _ => Some(Err(gone_before_accept())),
         };
         let (stack, l) = match self.adopting() {
