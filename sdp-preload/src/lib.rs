@@ -888,16 +888,7 @@ unsafe fn accept_common(
             let _g = Internal::enter();
             l.maintain();
         }
-        report::tcp_fallback(
-            c,
-            report::Record {
-                role: "server",
-                peer,
-                transport: "tcp".into(),
-                fallback: Some("the client connected over kernel TCP".into()),
-                ..Default::default()
-            },
-        );
+        report::tcp_server(c, peer, "the client connected over kernel TCP");
         return c;
     }
 }
@@ -961,16 +952,7 @@ fn gone_before_accept(fd: c_int, c: c_int, peer: Option<SocketAddr>, e: std::io:
     ));
     // SAFETY: `c` is the connection just accepted, ours until returned.
     unsafe { real::shutdown(c, libc::SHUT_RD) };
-    report::tcp_fallback(
-        c,
-        report::Record {
-            role: "server",
-            peer,
-            transport: "tcp".into(),
-            fallback: Some("the SDP client went away before accept".into()),
-            ..Default::default()
-        },
-    );
+    report::tcp_server(c, peer, "the SDP client went away before accept");
     c
 }
 
@@ -1066,7 +1048,7 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     let closing = before_dup_over(old, new);
     // SAFETY: forwards the caller's arguments.
     let n = unsafe { real::dup2(old, new) };
-    if n >= 0 && (table::owned(old) || table::owned(new) || closing.is_some()) {
+    if n >= 0 && (table::owned(old) || table::owned(new)) {
         dup_entry(old, n);
     }
     drop_internal(closing);
@@ -1078,7 +1060,7 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     let closing = before_dup_over(old, new);
     // SAFETY: forwards the caller's arguments.
     let n = unsafe { real::dup3(old, new, flags) };
-    if n >= 0 && (table::owned(old) || table::owned(new) || closing.is_some()) {
+    if n >= 0 && (table::owned(old) || table::owned(new)) {
         dup_entry(old, n);
     }
     drop_internal(closing);

@@ -65,6 +65,20 @@ pub(crate) fn of_stream(o: &crate::table::Opts, s: &AppStream) -> Record {
     }
 }
 
+/// `c`, accepted by a listener of ours from `peer`, is a kernel TCP connection, for `why`.
+pub(crate) fn tcp_server(c: i32, peer: Option<std::net::SocketAddr>, why: &str) {
+    tcp_fallback(
+        c,
+        Record {
+            role: "server",
+            peer,
+            transport: "tcp".into(),
+            fallback: Some(why.into()),
+            ..Default::default()
+        },
+    );
+}
+
 /// Kernel TCP sockets the shim let go (fallbacks), whose lines wait for their byte counts:
 /// (fd, its file, the record). The counts come from the kernel's TCP_INFO when the fd closes
 /// (the close hook asks [`tcp_watched`] first) or at exit.
@@ -137,6 +151,17 @@ fn with_tcp_counts(fd: i32, id: (u64, u64), mut r: Record) -> Record {
     if table::file_id(fd) != Some(id) {
         return r;
     }
+    if let Some((i, o)) = tcp_counts(fd) {
+        (r.bytes_in, r.bytes_out) = (i, o);
+    }
+    if r.local.is_none() {
+        r.local = crate::kernel_sockname(fd);
+    }
+    r
+}
+
+/// The data bytes the kernel TCP socket `fd` received and sent (TCP_INFO), if it says.
+fn tcp_counts(fd: i32) -> Option<(u64, u64)> {
     let mut b = [0u8; 232];
     let mut len = b.len() as libc::socklen_t;
     // SAFETY: our own buffer and its length.
@@ -149,25 +174,22 @@ fn with_tcp_counts(fd: i32, id: (u64, u64), mut r: Record) -> Record {
             &mut len,
         )
     } == 0;
+    if !ok || (len as usize) < 136 {
+        return None;
+    }
     let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
-    if ok && len as usize >= 136 {
-        // tcpi_bytes_acked (120) and tcpi_bytes_received (128) count a FIN as one byte: not
-        // data. tcpi_bytes_sent (200, kernels since 4.19) counts data only (with retransmits).
-        // The peer's FIN was received in Linux states 6 TIME_WAIT, 7 CLOSE (after LAST_ACK), 8
-        // CLOSE_WAIT, 9 LAST_ACK and 11 CLOSING; ours is acknowledged in 5 FIN_WAIT2 and 6.
-        let state = b[0];
-        let fin_in = matches!(state, 6..=9 | 11) as u64;
-        r.bytes_in = u64_at(128).saturating_sub(fin_in);
-        r.bytes_out = if len as usize >= 208 {
-            u64_at(120).min(u64_at(200))
-        } else {
-            u64_at(120).saturating_sub(matches!(state, 5 | 6) as u64)
-        };
-    }
-    if r.local.is_none() {
-        r.local = crate::kernel_sockname(fd);
-    }
-    r
+    // tcpi_bytes_acked (120) and tcpi_bytes_received (128) count a FIN as one byte: not data.
+    // tcpi_bytes_sent (200, kernels since 4.19) counts data only (with retransmits). The peer's
+    // FIN was received in Linux states 6 TIME_WAIT, 7 CLOSE (after LAST_ACK), 8 CLOSE_WAIT, 9
+    // LAST_ACK and 11 CLOSING; ours is acknowledged in 5 FIN_WAIT2 and 6.
+    let state = b[0];
+    let fin_in = matches!(state, 6..=9 | 11) as u64;
+    let bytes_out = if len as usize >= 208 {
+        u64_at(120).min(u64_at(200))
+    } else {
+        u64_at(120).saturating_sub(matches!(state, 5 | 6) as u64)
+    };
+    Some((u64_at(128).saturating_sub(fin_in), bytes_out))
 }
 
 /// The lines of the kernel TCP sockets still open (at exit), with their counts.
@@ -203,8 +225,8 @@ pub(crate) fn forget_inherited() {
     }
     let mut g = TCP.lock();
     for l in g.iter_mut() {
-        let now = with_tcp_counts(l.fd, l.id, Record::default());
-        l.at_fork = Some((now.bytes_in, now.bytes_out));
+        let same = table::file_id(l.fd) == Some(l.id);
+        l.at_fork = Some(same.then(|| tcp_counts(l.fd)).flatten().unwrap_or((0, 0)));
     }
 }
 

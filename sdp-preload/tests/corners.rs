@@ -308,15 +308,28 @@ fn signals_while_a_read_polls_act_as_on_a_sleeping_read() {
 /// The client's transports in the report, in order, runs of one collapsed: ("shm", 8), ...;
 /// a TCP line counts only with `why` in its fallback reason.
 fn client_runs(lines: &str, why: &str) -> Vec<(String, usize)> {
+    runs_by(
+        lines.lines().filter(|l| l.contains("\"role\":\"client\"")),
+        |l| {
+            if l.contains("\"transport\":\"shm\"") {
+                "shm".to_string()
+            } else if l.contains("\"transport\":\"tcp\"") && l.contains(why) {
+                "tcp".to_string()
+            } else {
+                l.to_string()
+            }
+        },
+    )
+}
+
+/// Report lines labelled by `label`, in order, runs of one label collapsed: ("shm", 4), ...
+fn runs_by<'a>(
+    lines: impl IntoIterator<Item = &'a str>,
+    label: impl Fn(&str) -> String,
+) -> Vec<(String, usize)> {
     let mut runs: Vec<(String, usize)> = Vec::new();
-    for l in lines.lines().filter(|l| l.contains("\"role\":\"client\"")) {
-        let t = if l.contains("\"transport\":\"shm\"") {
-            "shm".to_string()
-        } else if l.contains("\"transport\":\"tcp\"") && l.contains(why) {
-            "tcp".to_string()
-        } else {
-            l.to_string()
-        };
+    for l in lines {
+        let t = label(l);
         match runs.last_mut() {
             Some((last, n)) if *last == t => *n += 1,
             _ => runs.push((t, 1)),
@@ -532,19 +545,14 @@ fn a_server_of_another_user_is_reached_by_tcp_and_the_report_says_why() {
 
 /// Report lines' transports in runs: ("shm", 4), ("tcp", 4)...
 fn runs_of(lines: &[&str]) -> Vec<(String, usize)> {
-    let mut runs: Vec<(String, usize)> = Vec::new();
-    for l in lines {
-        let t = if l.contains("\"transport\":\"shm\"") {
+    runs_by(lines.iter().copied(), |l| {
+        if l.contains("\"transport\":\"shm\"") {
             "shm"
         } else if l.contains("\"transport\":\"tcp\"") {
             "tcp"
         } else {
             "other"
-        };
-        match runs.last_mut() {
-            Some((last, n)) if last == t => *n += 1,
-            _ => runs.push((t.to_string(), 1)),
         }
-    }
-    runs
+        .to_string()
+    })
 }

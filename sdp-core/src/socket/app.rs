@@ -1164,12 +1164,7 @@ impl AppListener {
     ) -> Option<io::Result<(AppStream, OwnedFd, SocketAddr)>> {
         if claim.shared.is_none() {
             let r = self.handoff.get()?.take(nonblocking, cloexec);
-            return r.map(|r| {
-                r.map(|(mut s, fd, peer)| {
-                    s.listener = Some(self.handed.clone());
-                    (s, fd, peer)
-                })
-            });
+            return r.map(|r| r.map(|a| self.accepted_here(a)));
         }
         // The stack's accept says the new ready count (under its lock) before the claim's
         // count goes back: never a moment where the connection being taken is counted ready
@@ -1178,6 +1173,15 @@ impl AppListener {
         let r = self.take(nonblocking, cloexec);
         drop(claim);
         Some(r.unwrap_or_else(|| Err(gone_before_accept())))
+    }
+
+    /// A stream this listener accepted: it tells the listener how it ended ([`Handed`]).
+    fn accepted_here(
+        &self,
+        (mut s, fd, peer): (AppStream, OwnedFd, SocketAddr),
+    ) -> (AppStream, OwnedFd, SocketAddr) {
+        s.listener = Some(self.handed.clone());
+        (s, fd, peer)
     }
 
     /// Whether the listener turned SDP off ([`Handed`]: its accepted connections kept going on
@@ -1201,12 +1205,8 @@ impl AppListener {
             match sub.stack.0.accept(sub.id, w) {
                 Ok((id, peer)) => {
                     return Some(
-                        AppStream::accepted(sub.stack.clone(), id, nonblocking, cloexec).map(
-                            |(mut s, fd)| {
-                                s.listener = Some(self.handed.clone());
-                                (s, fd, peer)
-                            },
-                        ),
+                        AppStream::accepted(sub.stack.clone(), id, nonblocking, cloexec)
+                            .map(|(s, fd)| self.accepted_here((s, fd, peer))),
                     );
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
