@@ -897,20 +897,7 @@ unsafe fn accept_common(
 /// by (the number TCP's accept would have returned), the doorbell closed by reset (no
 /// TIME_WAIT); if that cannot be done, the doorbell closes and the stream keeps its own.
 fn onto_doorbell(user: OwnedFd, c: c_int, cloexec: bool) -> c_int {
-    let lz = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: `c` is the doorbell just accepted, ours; `lz` lives across the call.
-    unsafe {
-        real::setsockopt(
-            c,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&lz as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as socklen_t,
-        )
-    };
+    AppListener::doorbell_resets(c);
     let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
     // SAFETY: both fds are ours; dup3 closes the doorbell in the same step.
     if unsafe { real::dup3(std::os::fd::AsRawFd::as_raw_fd(&user), c, flags) } == c {

@@ -1147,8 +1147,13 @@ impl AppListener {
 
     /// Close an accepted doorbell connection without leaving TIME_WAIT behind.
     pub fn close_doorbell(fd: OwnedFd) {
-        let _ = sys::set_linger_zero(fd.as_raw_fd());
+        Self::doorbell_resets(fd.as_raw_fd());
         drop(fd);
+    }
+
+    /// An accepted doorbell connection `fd` closes by reset (no TIME_WAIT), however it closes.
+    pub fn doorbell_resets(fd: RawFd) {
+        let _ = sys::set_linger_zero(fd);
     }
 
     /// Take the SDP connection a doorbell announced (or another one ready: doorbells are
