@@ -57,8 +57,8 @@ use std::sync::Arc;
 use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 use parking_lot::Mutex;
 use sdp_core::socket::app::{self, AppListener, AppStream, ReadFlags};
-use sdp_core::socket::history;
 use sdp_core::socket::Options;
+use sdp_core::socket::{fd_limit, history};
 
 use table::{Opts, Sock};
 
@@ -439,12 +439,10 @@ unsafe fn put_sockaddr(a: SocketAddr, addr: *mut sockaddr, len: *mut socklen_t) 
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
     // SAFETY: forwards the caller's arguments.
     let fd = unsafe { real::socket(domain, ty, proto) };
-    if limits::past_app_limit(fd) {
-        // SAFETY: the socket just made, nobody else's.
-        unsafe { real::close(fd) };
+    let Some(fd) = limits::within_app_limit(fd, ty & libc::SOCK_CLOEXEC != 0) else {
         set_errno(libc::EMFILE);
         return -1;
-    }
+    };
     let stream = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) == libc::SOCK_STREAM;
     if fd >= 0
         && stream
@@ -491,6 +489,9 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         }
     }
     let (nonblocking, cloexec) = fd_flags(fd);
+    // The stream's fd for the application is made at the lowest free number until it takes
+    // `fd`'s: an application thread at its fd limit waits for it (limits::within_app_limit).
+    let low = fd_limit::LowFds::hold();
     let r = {
         let _g = Internal::enter();
         // A source address the application bound picks the device SDP leaves from, as it
@@ -508,7 +509,9 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
                 s.transport()
             ));
             let opts = carry_options(fd, &s, &user);
-            if let Err(e) = replace_fd(user, fd, cloexec) {
+            let replaced = replace_fd(user, fd, cloexec);
+            drop(low);
+            if let Err(e) = replaced {
                 log(format_args!(
                     "connect fd {fd}: cannot take the fd over: {e}"
                 ));
@@ -804,6 +807,9 @@ unsafe fn accept_common(
         }
         let peer = app::from_sockaddr(&ss);
         if let Some(claim) = peer.and_then(|p| l.claim_doorbell(p)) {
+            // As connect's: the stream's fd is at the lowest free number until it takes the
+            // doorbell's.
+            let low = fd_limit::LowFds::hold();
             let taken = {
                 let _g = Internal::enter();
                 l.take_claimed(
@@ -821,6 +827,7 @@ unsafe fn accept_common(
             match taken {
                 Some(Ok((s, user, peer))) => {
                     let nfd = onto_doorbell(user, c, flags & libc::SOCK_CLOEXEC != 0);
+                    drop(low);
                     let mut opts = Opts {
                         role: "server",
                         local: s.local_addr().ok(),

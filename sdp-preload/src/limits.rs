@@ -145,11 +145,16 @@ pub unsafe extern "C" fn sysconf(name: c_int) -> c_long {
     unsafe { real::sysconf(name) }
 }
 
-/// Whether `fd`, just made by socket(2) for the application, is at or past the limit the
-/// application set (the room above is the shim's: over TCP it would have got EMFILE).
+/// `fd`, just made by socket(2) for the application (`cloexec`: with SOCK_CLOEXEC), where
+/// the limit the application set is kept: `fd` itself below it; past it (the room above is
+/// the shim's), the lower number it would have had over TCP if an fd of the shim's holds one
+/// for a moment, or `None` (`fd` closed): EMFILE, as over TCP.
 #[inline]
-pub(crate) fn past_app_limit(fd: c_int) -> bool {
-    fd >= 0 && app_soft().is_some_and(|app| fd as u64 >= app)
+pub(crate) fn within_app_limit(fd: c_int, cloexec: bool) -> Option<c_int> {
+    match app_soft() {
+        Some(app) if fd >= 0 && fd as u64 >= app => fd_limit::app_slot(fd, app, cloexec),
+        _ => Some(fd),
+    }
 }
 
 /// Around an exec or a spawn: the new program gets the application's limit, and the room

@@ -32,8 +32,10 @@ impl ReadyFd {
     /// A pair that starts not readable, writable (the kernel's default), not hung up; call
     /// [`ReadyFd::set`] right away with the socket's state.
     pub(crate) fn new() -> io::Result<ReadyFd> {
+        let low = sys::LowFds::hold();
         let (user, ours) = sys::socketpair()?;
         let user = sys::high_owned(user)?;
+        drop(low);
         // The smallest send buffer the kernel allows, so a few bytes fill it.
         sys::setsockopt_int(user.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, 1)?;
         Ok(ReadyFd {

@@ -6,6 +6,83 @@ use std::mem::zeroed;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
+/// How many of our fds may be at the application's numbers right now: made by the kernel at
+/// the lowest free number and not yet moved above them ([`high_fd`]) or closed. While one is,
+/// an application at its fd limit may find its last number taken for a moment
+/// ([`app_slot`]).
+static LOW_FDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Held from before a system call makes fds of ours until they are above the application's
+/// numbers ([`owned`]) or closed: counted in [`LOW_FDS`].
+#[must_use]
+pub struct LowFds(());
+
+impl LowFds {
+    pub fn hold() -> LowFds {
+        LOW_FDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        LowFds(())
+    }
+}
+
+impl Drop for LowFds {
+    fn drop(&mut self) {
+        LOW_FDS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// An fd `make` creates (a system call's result), owned and moved out of the application's
+/// numbers, counted in [`LOW_FDS`] meanwhile.
+pub(crate) fn made(make: impl FnOnce() -> io::Result<RawFd>) -> io::Result<OwnedFd> {
+    let _low = LowFds::hold();
+    owned(make()?)
+}
+
+/// `fd`, a socket the application just made at or past its own fd limit (`app`), where over
+/// TCP it would have had a lower number if our fds were not there: the number it would have
+/// had, or `None` when the application's numbers are all its own (EMFILE, as over TCP). An
+/// fd of ours at one of them only for a moment ([`LowFds`]) is waited for (a bounded while);
+/// `cloexec` is the socket's FD_CLOEXEC. `fd` is closed either way.
+pub fn app_slot(fd: RawFd, app: u64, cloexec: bool) -> Option<RawFd> {
+    let cmd = if cloexec {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    let mut slot = None;
+    let start = std::time::Instant::now();
+    for tries in 0u32.. {
+        // Read before looking: an fd of ours made after it cannot hold a number that was free
+        // when the application's socket was made (it got the lowest free one).
+        let ours_low = LOW_FDS.load(std::sync::atomic::Ordering::SeqCst) != 0;
+        // SAFETY: duplicates the caller's fd at the lowest free number; no memory passed.
+        let d = unsafe { libc::fcntl(fd, cmd, 0) };
+        if d >= 0 && (d as u64) < app {
+            slot = Some(d);
+            break;
+        }
+        if d >= 0 {
+            // SAFETY: the duplicate just made, nobody else's.
+            unsafe { libc::close(d) };
+        }
+        if !ours_low || start.elapsed() >= APP_SLOT_WAIT {
+            break;
+        }
+        if tries < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    // SAFETY: the caller's fd, given to us to close (its duplicate, if any, replaces it).
+    unsafe { libc::close(fd) };
+    slot
+}
+
+/// How long [`app_slot`] waits while fds of ours are at the application's numbers: each is
+/// there for a few system calls, or a connection's setup (the shim's stream fd, made before it
+/// takes the application's socket's number).
+const APP_SLOT_WAIT: Duration = Duration::from_millis(200);
+
 /// Own an fd a system call just created, moved out of the application's numbers ([`high_fd`]).
 pub(crate) fn owned(fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: `fd` was just returned by a successful system call that created it; nobody
@@ -252,10 +329,7 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
 }
 
 pub fn eventfd() -> io::Result<OwnedFd> {
-    owned(syscall!(eventfd(
-        0,
-        libc::EFD_NONBLOCK | libc::EFD_CLOEXEC
-    ))?)
+    made(|| syscall!(eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)))
 }
 
 /// Add 1 to an eventfd's counter (never blocks: a full counter is already readable).
@@ -279,10 +353,12 @@ pub(crate) fn eventfd_drain(fd: impl AsFd) {
 }
 
 pub fn timerfd() -> io::Result<OwnedFd> {
-    owned(syscall!(timerfd_create(
-        libc::CLOCK_MONOTONIC,
-        libc::TFD_NONBLOCK | libc::TFD_CLOEXEC
-    ))?)
+    made(|| {
+        syscall!(timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC
+        ))
+    })
 }
 
 /// Fire once after `ns` nanoseconds (0 disarms).
@@ -307,7 +383,7 @@ pub fn timerfd_set(fd: BorrowedFd<'_>, ns: u64) {
 }
 
 pub fn epoll_create() -> io::Result<OwnedFd> {
-    owned(syscall!(epoll_create1(libc::EPOLL_CLOEXEC))?)
+    made(|| syscall!(epoll_create1(libc::EPOLL_CLOEXEC)))
 }
 
 /// Register `fd` with `token`; `edge`: edge-triggered.

@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-use super::owned;
+use super::made;
 
 /// A shared mapping of a file (or anonymous memory), unmapped on drop.
 pub struct Mapping {
@@ -247,10 +247,12 @@ pub fn memfd_sealed(name: &str, len: usize) -> io::Result<OwnedFd> {
 /// map it writable, then [`seal_future_writes`].
 pub fn memfd_sized(name: &str, len: usize) -> io::Result<OwnedFd> {
     let cname = std::ffi::CString::new(name).map_err(|_| io::Error::other("bad memfd name"))?;
-    let fd = owned(syscall!(memfd_create(
-        cname.as_ptr(),
-        libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING
-    ))?)?;
+    let fd = made(|| {
+        syscall!(memfd_create(
+            cname.as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING
+        ))
+    })?;
     syscall!(ftruncate(fd.as_raw_fd(), len as libc::off_t))?;
     syscall!(fcntl(
         fd.as_raw_fd(),
@@ -280,10 +282,8 @@ pub fn write_paths(fd: BorrowedFd<'_>) -> Vec<&'static str> {
     use std::os::fd::AsFd;
     let mut ok = Vec::new();
     let path = format!("/proc/self/fd/{}\0", fd.as_raw_fd());
-    let Ok(rw) = syscall!(open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC)) else {
-        return ok;
-    };
-    let Ok(rw) = owned(rw) else {
+    let Ok(rw) = made(|| syscall!(open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC)))
+    else {
         return ok;
     };
     ok.push("reopen O_RDWR");
@@ -336,8 +336,5 @@ pub fn sealed_size(fd: BorrowedFd<'_>) -> io::Result<(usize, bool)> {
 /// Reopen a memfd read-only (a new open file description the peer cannot map writable).
 pub fn reopen_readonly(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     let path = format!("/proc/self/fd/{}\0", fd.as_raw_fd());
-    owned(syscall!(open(
-        path.as_ptr().cast(),
-        libc::O_RDONLY | libc::O_CLOEXEC
-    ))?)
+    made(|| syscall!(open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC)))
 }

@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use super::{owned, poll};
+use super::{made, poll};
 
 /// `sockaddr_storage` for `a`, and its length.
 pub(crate) fn sockaddr_of(a: std::net::SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -338,12 +338,13 @@ pub(crate) fn tcp_socket_bound(src: std::net::SocketAddr) -> io::Result<OwnedFd>
     } else {
         libc::AF_INET6
     };
-    let fd = syscall!(socket(
-        family,
-        libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-        0
-    ))?;
-    let fd = owned(fd)?;
+    let fd = made(|| {
+        syscall!(socket(
+            family,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0
+        ))
+    })?;
     let (sa, len) = sockaddr_of(src);
     // SAFETY: `sa` is a valid sockaddr of `len` bytes for the socket's family.
     syscall!(bind(
@@ -475,11 +476,7 @@ pub fn tcp_reserve(addr: SocketAddr) -> io::Result<(OwnedFd, u16)> {
     } else {
         libc::AF_INET6
     };
-    let fd = owned(syscall!(socket(
-        fam,
-        libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-        0
-    ))?)?;
+    let fd = made(|| syscall!(socket(fam, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0)))?;
     let (sa, len) = sockaddr_of(addr);
     // SAFETY: `sa` holds a sockaddr of `len` bytes for the socket's family.
     syscall!(bind(

@@ -3,10 +3,10 @@
 
 use std::io;
 use std::mem::size_of;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::AtomicU64;
 
-use super::{hung_up, owned};
+use super::{hung_up, made, owned, LowFds};
 
 static PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
@@ -165,6 +165,7 @@ impl Proc {
     pub fn of_peer(sock: BorrowedFd<'_>, pid: i32) -> io::Result<Proc> {
         let mut fd: libc::c_int = -1;
         let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+        let low = LowFds::hold();
         // SAFETY: `fd` is a live c_int of `len` bytes.
         let r = syscall!(getsockopt(
             sock.as_raw_fd(),
@@ -180,6 +181,7 @@ impl Proc {
                 seen: AtomicU64::new(0),
             });
         }
+        drop(low);
         let p = Proc::open(pid)?;
         if hung_up(sock.as_raw_fd()) || !p.alive() {
             return Err(io::Error::from_raw_os_error(libc::ESRCH));
@@ -189,14 +191,17 @@ impl Proc {
 
     /// `pidfd_open(pid)`: the process that has `pid` now.
     pub fn open(pid: i32) -> io::Result<Proc> {
-        // SAFETY: pidfd_open takes a pid and flags; no memory is passed.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let pidfd = made(|| {
+            // SAFETY: pidfd_open takes a pid and flags; no memory is passed.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(fd as RawFd)
+        })?;
         Ok(Proc {
             pid,
-            pidfd: owned(fd as RawFd)?,
+            pidfd,
             seen: AtomicU64::new(0),
         })
     }
@@ -405,8 +410,34 @@ pub fn probe(p: &Proc, addr: u64) -> io::Result<bool> {
 
 /// The host's CPU pressure so far (PSI, `/proc/pressure/cpu`): the microseconds during which
 /// some runnable task waited for a CPU. `None` where the kernel does not keep it.
+///
+/// The file is kept open (above the application's numbers) and read from its start each
+/// time: an open and a close per reading cost a few microseconds, and the fd they made sat at
+/// the application's lowest free number meanwhile. A number that stops reading as the file
+/// (the application closed it behind us and may have reused it) is forgotten, not closed.
 pub(crate) fn cpu_pressure_us() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/pressure/cpu").ok()?;
+    use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
+    static KEPT: AtomicI32 = AtomicI32::new(-1);
+    let kept = KEPT.load(Relaxed);
+    if kept >= 0 {
+        if let Some(us) = read_cpu_pressure(kept) {
+            return Some(us);
+        }
+        KEPT.store(-1, Relaxed);
+    }
+    let path = c"/proc/pressure/cpu";
+    let f = made(|| syscall!(open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC))).ok()?;
+    let us = read_cpu_pressure(f.as_raw_fd())?;
+    KEPT.store(f.into_raw_fd(), Relaxed);
+    Some(us)
+}
+
+/// The "some" total of a PSI file open at `fd`, read from its start.
+fn read_cpu_pressure(fd: RawFd) -> Option<u64> {
+    let mut buf = [0u8; 256];
+    // SAFETY: reads into a live buffer of its length.
+    let n = syscall!(pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0)).ok()?;
+    let text = std::str::from_utf8(&buf[..n as usize]).ok()?;
     let some = text.lines().find(|l| l.starts_with("some "))?;
     some.split_whitespace()
         .find_map(|f| f.strip_prefix("total="))?

@@ -5,7 +5,7 @@ use std::io;
 use std::mem::{size_of, zeroed};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 
-use super::{high_owned, owned};
+use super::{high_owned, made, owned, LowFds};
 
 /// A connected pair of nonblocking, close-on-exec AF_UNIX sockets of type `ty`, as the
 /// kernel numbered them.
@@ -24,6 +24,7 @@ fn raw_pair(ty: libc::c_int) -> io::Result<[OwnedFd; 2]> {
 
 /// A connected pair of nonblocking, close-on-exec AF_UNIX stream sockets.
 pub(crate) fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let _low = LowFds::hold();
     let [app, ours] = raw_pair(libc::SOCK_STREAM)?;
     // The first is the application's; the second, ours, moves out of the application's numbers.
     Ok((app, high_owned(ours)?))
@@ -47,12 +48,13 @@ fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)
 /// A nonblocking, close-on-exec AF_UNIX stream socket listening on an abstract name.
 pub(crate) fn abstract_listener(name: &[u8]) -> io::Result<OwnedFd> {
     let (a, len) = abstract_addr(name)?;
-    let fd = syscall!(socket(
-        libc::AF_UNIX,
-        libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-        0
-    ))?;
-    let fd = owned(fd)?;
+    let fd = made(|| {
+        syscall!(socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0
+        ))
+    })?;
     // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
     syscall!(bind(
         fd.as_raw_fd(),
@@ -84,6 +86,7 @@ pub(crate) fn abstract_connect(name: &[u8]) -> io::Result<OwnedFd> {
 
 /// Accept one waiting connection without blocking (`None`: none waits).
 pub(crate) fn accept_nb(fd: RawFd) -> io::Result<Option<OwnedFd>> {
+    let _low = LowFds::hold();
     // SAFETY: no address is asked for.
     match syscall!(accept4(
         fd,
@@ -91,8 +94,7 @@ pub(crate) fn accept_nb(fd: RawFd) -> io::Result<Option<OwnedFd>> {
         std::ptr::null_mut(),
         libc::SOCK_CLOEXEC
     )) {
-        // SAFETY: the fd was just returned by accept4 and is owned by nobody else.
-        Ok(c) => Ok(Some(unsafe { OwnedFd::from_raw_fd(c) })),
+        Ok(c) => owned(c).map(Some),
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
         Err(e) => Err(e),
     }
@@ -127,7 +129,7 @@ fn seqpacket_here() -> io::Result<OwnedFd> {
 
 /// A new seqpacket socket above the application's fds.
 fn seqpacket() -> io::Result<OwnedFd> {
-    owned(seqpacket_here()?.into_raw_fd())
+    made(|| Ok(seqpacket_here()?.into_raw_fd()))
 }
 
 /// A listening seqpacket socket on an abstract name.
@@ -147,6 +149,7 @@ pub fn seqpacket_listen(name: &[u8], backlog: u32) -> io::Result<OwnedFd> {
 /// A connected pair of nonblocking, close-on-exec seqpacket sockets (a queue of messages
 /// with fds between processes that inherit both ends).
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let _low = LowFds::hold();
     let [a, b] = raw_pair(libc::SOCK_SEQPACKET)?;
     Ok((high_owned(a)?, high_owned(b)?))
 }
@@ -171,6 +174,7 @@ pub fn set_passcred(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// above the application's fds only once connected, so a refusal costs a socket, a connect per
 /// name and a close. A full queue (EAGAIN) ends the tries; otherwise the last name's error.
 pub fn seqpacket_connect_first(names: &[Vec<u8>]) -> io::Result<OwnedFd> {
+    let _low = LowFds::hold();
     let fd = seqpacket_here()?;
     let mut last = io::Error::from_raw_os_error(libc::ECONNREFUSED);
     for name in names {
@@ -206,6 +210,7 @@ pub fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
 
 /// Accept one pending connection (nonblocking); `None` if there is none.
 pub fn accept(fd: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    let _low = LowFds::hold();
     // SAFETY: null address arguments are allowed.
     match syscall!(accept4(
         fd.as_raw_fd(),
@@ -319,6 +324,8 @@ fn recv_msg_inner(
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    // Fds the message carries come at the lowest free numbers, until moved below.
+    let _low = LowFds::hold();
     // SAFETY: `msg` describes live buffers.
     let n = match syscall!(recvmsg(
         fd.as_raw_fd(),
