@@ -2,8 +2,9 @@
 //! past the limit takes the number it would have had over TCP when that number is held only
 //! for a moment by an fd of SDP's (made by the kernel at the lowest free number, then moved
 //! above the application's numbers), and is EMFILE (`None`) when the application's numbers
-//! are all its own. (Before: EMFILE whenever SDP's progress thread held such an fd at that
-//! moment; CI saw the fd-limit corners case make 22 sockets under the shim, 23 over TCP.)
+//! are all its own; accept's look for room (`fd_limit::app_has_room`) likewise. (Before:
+//! EMFILE whenever SDP's progress thread held such an fd at that moment; CI saw the fd-limit
+//! corners case make 22 sockets under the shim, 23 over TCP.)
 //! A file of its own: the test relies on which fd numbers are free in this process.
 #![cfg(target_os = "linux")]
 
@@ -11,7 +12,7 @@ use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use sdp_core::socket::fd_limit::{app_slot, LowFds};
+use sdp_core::socket::fd_limit::{app_has_room, app_slot, LowFds};
 
 fn socket() -> RawFd {
     // SAFETY: plain socket creation; the fd is handed to app_slot or closed by the test.
@@ -57,7 +58,8 @@ fn a_number_ours_only_for_a_moment_is_the_applications() {
     assert!(!is_open(s), "the socket's first number closed");
 
     // The same number held by the application itself (nothing of SDP's is low): EMFILE at
-    // once, and the socket closed.
+    // once, and the socket closed; accept has no room either.
+    assert!(!app_has_room(last, app), "accept's look: no room");
     let s = socket();
     let got = app_slot(s, app, false);
     assert_eq!(got, None, "the application's numbers are all its own");
@@ -71,6 +73,8 @@ fn a_number_ours_only_for_a_moment_is_the_applications() {
     let s = socket();
     // SAFETY: our own fd, freed so the next look finds it.
     unsafe { libc::close(hold) };
+    assert!(app_has_room(s, app), "accept's look: room");
+    assert!(!is_open(last), "accept's look left nothing open");
     assert_eq!(app_slot(s, app, false), Some(last));
     assert!(!cloexec(last), "no FD_CLOEXEC asked for");
     // SAFETY: our own fd.

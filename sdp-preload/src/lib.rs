@@ -790,6 +790,10 @@ unsafe fn accept_common(
         ));
     }
     loop {
+        if !limits::room_for_accept(fd) {
+            set_errno(libc::EMFILE);
+            return -1;
+        }
         // SAFETY: zeroed storage is valid; the kernel fills in at most its size.
         let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;

@@ -157,6 +157,15 @@ pub(crate) fn within_app_limit(fd: c_int, cloexec: bool) -> Option<c_int> {
     }
 }
 
+/// Whether accept on `listener` (a listening socket the shim owns) may take a connection:
+/// where the limit the application set is kept, a number below it must be free, as over TCP,
+/// whose accept fails with EMFILE at the limit and leaves the connection queued (the room
+/// above is the shim's: a select() loop would overflow its fd_set on a number past 1024).
+#[inline]
+pub(crate) fn room_for_accept(listener: c_int) -> bool {
+    app_soft().is_none_or(|app| fd_limit::app_has_room(listener, app))
+}
+
 /// Around an exec or a spawn: the new program gets the application's limit, and the room
 /// comes back when the call returns (an exec that failed, a spawn done).
 pub(crate) struct ExecLimit(bool);

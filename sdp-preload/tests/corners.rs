@@ -187,6 +187,28 @@ fn a_small_fd_limit_holds_as_many_connections_as_over_tcp() {
     assert!(lines.contains("\"transport\":\"tcp\""), "report:\n{lines}");
 }
 
+/// accept at the application's own fd limit fails with EMFILE and leaves the connection
+/// queued, as over TCP; after a close it takes the connection at the number freed, over SDP.
+/// Before: the shim's room above the limit let accept hand out a number past it (past 1024, a
+/// select() loop's fd_set overflows).
+#[test]
+fn accept_at_the_fd_limit_is_emfile_as_over_tcp() {
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("fd_limit_accept"), "fd_limit_accept");
+    assert!(
+        tcp.contains("full (EMFILE), accept EMFILE")
+            && tcp.contains("accept takes the number closed: yes")
+            && tcp.contains("the client reads pong"),
+        "{tcp}"
+    );
+    assert!(
+        lines.lines().any(|l| l.contains("\"role\":\"server\"")
+            && l.contains("\"transport\":\"shm\"")
+            && l.contains("\"bytes_in\":4")),
+        "report:\n{lines}"
+    );
+}
+
 /// A listener shared by fork: each worker that accepts sets its SDP connection up itself (a
 /// request handed over by the listener's process), and the listener's own process still
 /// accepts over SDP after a child that ignored the listener exited. Before shared listeners,

@@ -68,6 +68,7 @@ static const char *en(int e) {
     case EINTR: return "EINTR";
     case ESPIPE: return "ESPIPE";
     case ENOENT: return "ENOENT";
+    case EMFILE: return "EMFILE";
     default: {
         static char b[32];
         snprintf(b, sizeof b, "errno%d", e);
@@ -2037,6 +2038,65 @@ static void case_fd_limit(void) {
     fd_limit_run(40, 128, 1);
 }
 
+/* accept at the application's fd limit: EMFILE, as over TCP, the connection left queued (the
+ * shim's room above the limit must not hand it a number past it: a select() loop's fd_set
+ * ends at 1024); after a close, accept takes it at the number freed, and it carries bytes. A
+ * worker holds the limit; its child, forked before the listener, is the client. */
+static void case_fd_limit_accept(void) {
+    pid_t w = fork();
+    CHECK(w >= 0);
+    if (w == 0) {
+        struct rlimit r;
+        CHECK(getrlimit(RLIMIT_NOFILE, &r) == 0);
+        r.rlim_cur = 64;
+        CHECK(setrlimit(RLIMIT_NOFILE, &r) == 0);
+        int ap[2];
+        CHECK(pipe(ap) == 0);
+        pid_t c = fork();
+        CHECK(c >= 0);
+        if (c == 0) {
+            struct sockaddr_in a;
+            CHECK(read(ap[0], &a, sizeof a) == sizeof a);
+            int s = dial(&a);
+            CHECK(write(s, "ping", 4) == 4);
+            char b[4];
+            out("fd limit accept: the client reads %s",
+                read(s, b, 4) == 4 && memcmp(b, "pong", 4) == 0 ? "pong" : "nothing");
+            _exit(0);
+        }
+        struct sockaddr_in a;
+        int l = listener(&a);
+        CHECK(listen(l, 8) == 0);
+        CHECK(write(ap[1], &a, sizeof a) == sizeof a);
+        static int fill[1024];
+        int n = 0, f;
+        while ((f = socket(AF_INET, SOCK_STREAM, 0)) >= 0)
+            fill[n++] = f;
+        int full = errno;
+        int conn = accept(l, NULL, NULL);
+        if (conn >= 0) {
+            out("fd limit accept: full (%s), accept took a connection", en(full));
+        } else {
+            out("fd limit accept: full (%s), accept %s", en(full), en(errno));
+            int freed = fill[--n];
+            CHECK(close(freed) == 0);
+            conn = accept(l, NULL, NULL);
+            CHECK(conn >= 0);
+            out("fd limit accept: after a close, accept takes the number closed: %s",
+                conn == freed ? "yes" : "no");
+        }
+        char b[4];
+        CHECK(read(conn, b, 4) == 4 && memcmp(b, "ping", 4) == 0);
+        CHECK(write(conn, "pong", 4) == 4);
+        int st;
+        CHECK(waitpid(c, &st, 0) == c);
+        _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 1);
+    }
+    int st;
+    CHECK(waitpid(w, &st, 0) == w);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 /* Accept with a 5 s alarm (no SA_RESTART): a hung accept prints EINTR instead of hanging. */
 static int accept_bounded(int l) {
     struct sigaction sa;
@@ -2154,6 +2214,7 @@ int main(int argc, char **argv) {
     RUN(fd_numbers);
     RUN(many_fds);
     RUN(fd_limit);
+    RUN(fd_limit_accept);
     RUN(epoll_et);
     RUN(oneshot_and_level);
     RUN(level_triggered);

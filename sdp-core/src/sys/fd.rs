@@ -39,16 +39,38 @@ pub(crate) fn made(make: impl FnOnce() -> io::Result<RawFd>) -> io::Result<Owned
 
 /// `fd`, a socket the application just made at or past its own fd limit (`app`), where over
 /// TCP it would have had a lower number if our fds were not there: the number it would have
-/// had, or `None` when the application's numbers are all its own (EMFILE, as over TCP). An
-/// fd of ours at one of them only for a moment ([`LowFds`]) is waited for (a bounded while);
+/// had, or `None` when the application's numbers are all its own (EMFILE, as over TCP).
 /// `cloexec` is the socket's FD_CLOEXEC. `fd` is closed either way.
 pub fn app_slot(fd: RawFd, app: u64, cloexec: bool) -> Option<RawFd> {
+    let slot = dup_below(fd, app, cloexec);
+    // SAFETY: the caller's fd, given to us to close (its duplicate, if any, replaces it).
+    unsafe { libc::close(fd) };
+    slot
+}
+
+/// Whether the application has a free number below its own fd limit `app` (`fd`: any open
+/// fd, duplicated to look): accept's check, which over TCP fails with EMFILE at the limit
+/// before it takes a connection from the queue.
+pub fn app_has_room(fd: RawFd, app: u64) -> bool {
+    match dup_below(fd, app, true) {
+        Some(d) => {
+            // SAFETY: the duplicate just made, nobody else's.
+            unsafe { libc::close(d) };
+            true
+        }
+        None => false,
+    }
+}
+
+/// A duplicate of `fd` at the lowest free number if that is below `app` (close-on-exec if
+/// `cloexec`). An fd of ours at one of those numbers only for a moment ([`LowFds`]) is
+/// waited for (a bounded while).
+fn dup_below(fd: RawFd, app: u64, cloexec: bool) -> Option<RawFd> {
     let cmd = if cloexec {
         libc::F_DUPFD_CLOEXEC
     } else {
         libc::F_DUPFD
     };
-    let mut slot = None;
     let start = std::time::Instant::now();
     for tries in 0u32.. {
         // Read before looking: an fd of ours made after it cannot hold a number that was free
@@ -57,8 +79,7 @@ pub fn app_slot(fd: RawFd, app: u64, cloexec: bool) -> Option<RawFd> {
         // SAFETY: duplicates the caller's fd at the lowest free number; no memory passed.
         let d = unsafe { libc::fcntl(fd, cmd, 0) };
         if d >= 0 && (d as u64) < app {
-            slot = Some(d);
-            break;
+            return Some(d);
         }
         if d >= 0 {
             // SAFETY: the duplicate just made, nobody else's.
@@ -73,12 +94,10 @@ pub fn app_slot(fd: RawFd, app: u64, cloexec: bool) -> Option<RawFd> {
             std::thread::sleep(Duration::from_micros(100));
         }
     }
-    // SAFETY: the caller's fd, given to us to close (its duplicate, if any, replaces it).
-    unsafe { libc::close(fd) };
-    slot
+    None
 }
 
-/// How long [`app_slot`] waits while fds of ours are at the application's numbers: each is
+/// How long [`dup_below`] waits while fds of ours are at the application's numbers: each is
 /// there for a few system calls, or a connection's setup (the shim's stream fd, made before it
 /// takes the application's socket's number).
 const APP_SLOT_WAIT: Duration = Duration::from_millis(200);
