@@ -12,8 +12,9 @@ use std::time::Duration;
 /// ([`app_slot`]).
 static LOW_FDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Held from before a system call makes fds of ours until they are above the application's
-/// numbers ([`owned`]) or closed: counted in [`LOW_FDS`].
+/// Held from before a system call makes fds of SDP's until they are above the application's
+/// numbers or closed: while any is held, [`app_slot`] and [`app_has_room`] wait for a number
+/// below the application's limit that looks taken (it may be one of those fds).
 #[must_use]
 pub struct LowFds(());
 
