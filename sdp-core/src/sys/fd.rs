@@ -567,12 +567,23 @@ pub(crate) fn close_in_fork_child(fd: BorrowedFd<'_>) {
     g.push((fd.as_raw_fd(), id));
 }
 
+/// The next fork's child goes on with this process's connections (they move to it: see
+/// `ShmEndpoint::pause_peer`): it keeps the fds [`close_in_fork_child`] noted. Set just before
+/// that fork by the thread that makes it ([`next_fork_moves`]); the fork handlers clear it.
+static NEXT_FORK_MOVES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The next fork of this thread's is a move: its child keeps our fds (see [`NEXT_FORK_MOVES`]).
+pub(crate) fn next_fork_moves() {
+    NEXT_FORK_MOVES.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Held across fork, so the child's copy of the list is whole.
 pub(super) extern "C" fn fork_closes_prepare() {
     std::mem::forget(FORK_CLOSES.lock());
 }
 
 pub(super) extern "C" fn fork_closes_parent() {
+    NEXT_FORK_MOVES.store(false, std::sync::atomic::Ordering::SeqCst);
     // SAFETY: this thread locked it in `fork_closes_prepare` and forgot the guard.
     unsafe { FORK_CLOSES.force_unlock() };
 }
@@ -580,6 +591,11 @@ pub(super) extern "C" fn fork_closes_parent() {
 pub(super) extern "C" fn fork_closes_child() {
     // SAFETY: as in the parent: the child is the forking thread's copy.
     unsafe { FORK_CLOSES.force_unlock() };
+    if NEXT_FORK_MOVES.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        // The connections go on here: their fds stay, and so does the list (for this
+        // process's own forks).
+        return;
+    }
     let list = std::mem::take(&mut *FORK_CLOSES.lock());
     for (fd, id) in list {
         // SAFETY: only looked at (fstat) first.

@@ -30,7 +30,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -195,6 +195,15 @@ const M_WAKE: u8 = 6;
 /// Listener to connector: the request went, unanswered, to the processes sharing the listener
 /// (after fork); the ACC comes from the one that accepts it (`HANDED_WAIT`).
 const M_HND: u8 = 7;
+/// A connection moving to another process (`ShmEndpoint::pause_peer`): the mover asks its peer
+/// to start no copy into or out of its memory and to take no exit of its process as the end
+/// (`M_SUSP`); the peer answers once none of its copies is under way (`M_SUSP_ACK`); the
+/// process that goes on with the connection, a fork child of the mover, tells the peer its pid
+/// (`M_MOVED`, with its credentials as the kernel gives them), and the peer resumes with it.
+const M_SUSP: u8 = 8;
+const M_SUSP_ACK: u8 = 9;
+const M_MOVED: u8 = 10;
+
 /// How long a connector whose request was handed on waits for a process to accept it before
 /// it gives up as refused (so the application falls back to kernel TCP, where its connect
 /// would have completed at once and waited in the backlog).
@@ -204,7 +213,8 @@ const HANDED_WAIT_MS: u64 = 1000;
 /// 4: the inline ring after the slots (`RING_LEN`). 5: `OFF_DIRECT_DONE`, `M_HND`.
 /// 6: `OFF_DIRECT_BUSY` and `OFF_RING_TAIL` moved off the shared copy's descriptor; copies end
 /// their announcements by their own system call (`OFF_SELF`, `OFF_ZERO`, `OFF_COUNTS`).
-const M_VERSION: u8 = 6;
+/// 7: `M_SUSP`, `M_SUSP_ACK`, `M_MOVED` (a connection moving to another process).
+const M_VERSION: u8 = 7;
 const M_HDR: usize = 40;
 
 /// A busy listener looks for new connections at least this often (epoll's hint brings them at
@@ -224,6 +234,9 @@ pub struct ShmConfig {
     /// A connection's socket is checked for a hang-up at least this often while polled
     /// (besides every wakeup through the notify fd).
     pub liveness_interval: Duration,
+    /// A peer that paused for a move (`M_SUSP`) takes the mover as gone (a reset) when the
+    /// process that goes on has not said where it is (`M_MOVED`) within this.
+    pub move_wait: Duration,
 }
 
 impl Default for ShmConfig {
@@ -231,6 +244,7 @@ impl Default for ShmConfig {
         ShmConfig {
             rnr_timeout: Duration::from_secs(4),
             liveness_interval: Duration::from_millis(100),
+            move_wait: Duration::from_secs(10),
         }
     }
 }
@@ -310,8 +324,19 @@ struct Ctl {
     inbox: Option<Arc<Mapping>>,
     /// Its receive slots (our own count: the peer can write the inbox header).
     nslots: u32,
-    /// The peer process, once known (its death ends waits for its copies).
-    peer: OnceLock<Arc<Proc>>,
+    /// The peer process, once known (its death ends waits for its copies); replaced when
+    /// the connection moves to another process of the peer's (`M_MOVED`).
+    peer: parking_lot::Mutex<Option<Arc<Proc>>>,
+}
+
+impl Ctl {
+    fn peer(&self) -> Option<Arc<Proc>> {
+        self.peer.lock().clone()
+    }
+
+    fn set_peer(&self, p: Arc<Proc>) {
+        *self.peer.lock() = Some(p);
+    }
 }
 
 /// How a wait for a peer's copy in flight ended.
@@ -881,7 +906,7 @@ impl Inner {
                         inbox: ib.clone(),
                         until: Until::Moves(v),
                         key: k,
-                        peer: c.peer.get().cloned(),
+                        peer: c.peer(),
                     });
                 }
             }
@@ -1464,7 +1489,7 @@ fn decode(b: &[u8]) -> Option<Msg<'_>> {
     })
 }
 
-fn send_simple(sock: &OwnedFd, kind: u8, consumer: bool, pd: &[u8]) {
+fn send_simple(sock: &OwnedFd, kind: u8, consumer: bool, pd: &[u8]) -> bool {
     let m = encode(&Msg {
         kind,
         consumer,
@@ -1474,7 +1499,7 @@ fn send_simple(sock: &OwnedFd, kind: u8, consumer: bool, pd: &[u8]) {
         addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
         pd,
     });
-    let _ = sys::send_msg(sock.as_fd(), &m, &[]);
+    sys::send_msg(sock.as_fd(), &m, &[]).is_ok()
 }
 
 /// Smallest plain write staged over shm (`Config::staged_send_min`).
@@ -1978,6 +2003,13 @@ pub struct ShmEndpoint {
     assist_gen: u32,
     /// The first queued send's shared copy, waiting for the peer's chunks.
     copying: Option<Copying>,
+    /// When the peer asked us to pause (`M_SUSP`: it moves to another process; coarse ms, 0:
+    /// it did not). From then on no copy of ours into or out of its memory starts; answered
+    /// (`M_SUSP_ACK`, `paused`) once none is under way; over at its `M_MOVED`.
+    pause_asked_ms: u64,
+    paused: bool,
+    /// We move (`pause_peer`): the peer answered that it paused.
+    peer_paused: bool,
 }
 
 impl std::fmt::Debug for ShmEndpoint {
@@ -2184,11 +2216,8 @@ impl ShmEndpoint {
             hint: AtomicBool::new(false),
             inbox: Some(inbox.clone()),
             nslots,
-            peer: OnceLock::new(),
+            peer: parking_lot::Mutex::new(peer.as_ref().map(|p| p.proc.clone())),
         });
-        if let Some(p) = &peer {
-            let _ = ctl.peer.set(p.proc.clone());
-        }
         let token = inner.add_ctl(&ctl, None)?;
         Ok(ShmEndpoint {
             inner,
@@ -2228,6 +2257,9 @@ impl ShmEndpoint {
             handed_ms: 0,
             assist_gen: 0,
             copying: None,
+            pause_asked_ms: 0,
+            paused: false,
+            peer_paused: false,
         })
     }
 
@@ -2244,6 +2276,100 @@ impl ShmEndpoint {
     /// The peer's process id (0 before the connection is set up).
     pub fn peer_pid(&self) -> i32 {
         self.peer_pid
+    }
+
+    /// This connection is to go on in another process (a fork child of ours, as `daemon()`
+    /// makes): ask the peer to pause its copies into and out of our memory (`M_SUSP`).
+    /// [`ShmEndpoint::peer_paused`] once it answered; then fork, and the process that goes
+    /// on calls [`ShmEndpoint::moved_here`]. `false`: not a connected endpoint.
+    pub fn pause_peer(&mut self) -> bool {
+        if self.state != QpState::Ready || self.await_rtu || self.peer.is_none() {
+            return false;
+        }
+        let Some(s) = self.sock.as_ref() else {
+            return false;
+        };
+        self.peer_paused = false;
+        send_simple(s, M_SUSP, false, &[])
+    }
+
+    /// The peer answered [`ShmEndpoint::pause_peer`]: none of its copies into or out of our
+    /// memory is under way, and none starts until [`ShmEndpoint::moved_here`].
+    pub fn peer_paused(&self) -> bool {
+        self.peer_paused
+    }
+
+    /// In the process that goes on with the connection (a fork child of the one that paused
+    /// the peer): tell the peer (`M_MOVED`; the kernel gives it our pid and uid), which takes
+    /// this process as the connection's from now on and resumes. `false`: the peer was not
+    /// paused or the message could not go (the connection is then the peer's to end).
+    pub fn moved_here(&mut self) -> bool {
+        if !std::mem::take(&mut self.peer_paused) {
+            return false;
+        }
+        let Some(s) = self.sock.as_ref() else {
+            return false;
+        };
+        let m = encode(&Msg {
+            kind: M_MOVED,
+            consumer: false,
+            bell: NO_BELL,
+            nslots: 0,
+            probe: sys::probe_addr(),
+            addr: self.local,
+            pd: &[],
+        });
+        sys::send_msg(s.as_fd(), &m, &[]).is_ok()
+    }
+
+    /// The peer asked us to pause (`M_SUSP`): answer once no copy of ours is under way (a
+    /// shared copy waits for its chunks first); a mover that does not say where it went
+    /// within `ShmConfig::move_wait` is taken as gone.
+    fn pause_step(&mut self) {
+        if self.pause_asked_ms == 0 || self.state != QpState::Ready {
+            return;
+        }
+        if !self.paused && self.copying.is_none() {
+            let Some(s) = self.sock.as_ref() else {
+                return self.fail(None);
+            };
+            // Its M_MOVED must bring the credentials of the process that sends it.
+            if sys::set_passcred(s.as_fd()).is_err() || !send_simple(s, M_SUSP_ACK, false, &[]) {
+                return self.fail(None);
+            }
+            self.paused = true;
+        }
+        let waited = sys::coarse_ms().saturating_sub(self.pause_asked_ms);
+        if waited > self.inner.cfg.move_wait.as_millis() as u64 {
+            // As for a peer that died: a reset.
+            self.pause_asked_ms = 0;
+            self.paused = false;
+            self.fail(None);
+        }
+    }
+
+    /// The mover's `M_MOVED` (`cred`: the sender's pid and uid, as the kernel gave them):
+    /// a process of our user that holds the connection's socket and whose memory we reach at
+    /// the probe address, as at the handshake, becomes the peer; copies resume.
+    fn take_mover(&mut self, cred: Option<(i32, u32)>, probe: u64) -> Result<(), ()> {
+        let (pid, uid) = cred.ok_or(())?;
+        if uid != self.inner.uid || pid <= 0 || !self.paused {
+            return Err(());
+        }
+        let p = Proc::open(pid).map_err(|_| ())?;
+        if !matches!(sys::probe(&p, probe), Ok(true)) {
+            return Err(());
+        }
+        let p = self.inner.shared_proc(p);
+        self.peer_pid = pid;
+        self.peer_proc = Some(p.clone());
+        self.ctl.set_peer(p.clone());
+        if let Some(peer) = self.peer.as_mut() {
+            peer.proc = p;
+        }
+        self.pause_asked_ms = 0;
+        self.paused = false;
+        Ok(())
     }
 
     /// Our inbox was just marked closed (a peer looks at the state after announcing a copy, so
@@ -2560,6 +2686,10 @@ impl ShmEndpoint {
             if self.state != QpState::Ready || self.peer.is_none() {
                 break;
             }
+            if self.pause_asked_ms != 0 && self.copying.is_none() {
+                // The peer moves: nothing new into or out of its memory until it says where.
+                break;
+            }
             let ex = if self.copying.is_some() {
                 match self.finish_copy(&wr) {
                     Some(ex) => ex,
@@ -2820,7 +2950,11 @@ impl ShmEndpoint {
         if !self.pending.is_empty() {
             self.run_sends();
         }
-        self.help_peer();
+        if self.pause_asked_ms != 0 {
+            self.pause_step();
+        } else {
+            self.help_peer();
+        }
     }
 
     /// Take a share of the copy the peer is running against our memory, if any (`assist`).
@@ -2975,6 +3109,23 @@ impl ShmEndpoint {
                             }
                         }
                         (QpState::Ready, M_DISC) => self.peer_closed(),
+                        (QpState::Ready, M_SUSP) if !self.await_rtu => {
+                            self.pause_asked_ms = sys::coarse_ms().max(1);
+                            self.pause_step();
+                        }
+                        (QpState::Ready, M_SUSP_ACK) => self.peer_paused = true,
+                        (QpState::Ready, M_MOVED) if self.pause_asked_ms != 0 => {
+                            if self.take_mover(cred, m.probe).is_err() {
+                                self.fail(None);
+                                return;
+                            }
+                            // What waited for the move: our sends, and the receives we
+                            // posted meanwhile (the mover's SENDs may wait for them).
+                            self.tell_receives();
+                            if !self.pending.is_empty() {
+                                self.run_sends();
+                            }
+                        }
                         (QpState::Ready, M_WAKE) => {
                             if let (Some(p), 1) = (self.peer.as_mut(), fds.len()) {
                                 // Out of the application's range of fd numbers at once, as
@@ -3014,7 +3165,7 @@ impl ShmEndpoint {
             (Some(_), _) => return None,
             (None, p) => p?,
         };
-        let _ = self.ctl.peer.set(proc.clone());
+        self.ctl.set_peer(proc.clone());
         Some(proc)
     }
 
@@ -3217,6 +3368,7 @@ impl Endpoint for ShmEndpoint {
             && self.cm.is_empty()
             && self.pending.is_empty()
             && self.copying.is_none()
+            && (self.pause_asked_ms == 0 || self.paused)
             && self.inner.bells.u32(b).load(Ordering::Relaxed) == 0
             && !self.ctl.hint.load(Ordering::Relaxed)
             && (self.sock.is_none()
@@ -3463,7 +3615,7 @@ impl ShmListener {
             hint: AtomicBool::new(false),
             inbox: None,
             nslots: 0,
-            peer: OnceLock::new(),
+            peer: parking_lot::Mutex::new(None),
         });
         let token = inner.add_ctl(&ctl, sock.as_ref().map(|s| (s.as_raw_fd(), false)))?;
         Ok(ShmListener {
@@ -3682,7 +3834,7 @@ impl ShmListener {
         // Its fds come with the RTU (`check_socket`).
         ep.early = self.sock.is_none();
         ep.peer_pid = h.proc.pid();
-        let _ = ep.ctl.peer.set(h.proc.clone());
+        ep.ctl.set_peer(h.proc.clone());
         ep.peer_proc = Some(h.proc);
         // Re-register the socket under the endpoint's token.
         let sock = h.sock;
@@ -4028,6 +4180,175 @@ mod tests {
             }
             assert!(Instant::now() < end, "no completion for {what}");
             std::thread::yield_now();
+        }
+    }
+
+    /// A connection moves to a fork child of its process, as `daemon()` and `ssh -f` need: the
+    /// mover pauses its peer (`M_SUSP`, answered once the peer's copies stopped), forks, and
+    /// the child says where it went (`M_MOVED`): the SEND the peer held during the pause is
+    /// then copied into the child's memory, and the child's SEND reaches the peer. (Without
+    /// the move the peer's copy went into the parent's memory, where the child never sees it.)
+    #[test]
+    fn a_connection_moves_to_a_fork_child() {
+        let (pa, mut a, pb, mut b) = connected_pair();
+        // Past the inline ring (a `process_vm_writev` into the receiver's memory) and below
+        // the shared copies.
+        const LEN: usize = 24 << 10;
+        let ra = pa.reg_mr(LEN, Access::LOCAL_WRITE).unwrap();
+        let sa = pa.reg_mr(LEN, Access::empty()).unwrap();
+        let rb = pb.reg_mr(LEN, Access::LOCAL_WRITE).unwrap();
+        let sb = pb.reg_mr(LEN, Access::empty()).unwrap();
+        let recv = |mr: &ShmMr| RecvWr {
+            wr_id: 7,
+            sge: Sge {
+                addr: mr.addr(),
+                len: LEN as u32,
+                lkey: mr.lkey(),
+            },
+        };
+        a.post_recv(&recv(&ra)).unwrap();
+        b.post_recv(&recv(&rb)).unwrap();
+        let pattern = |seed: u8| (0..LEN).map(|i| (i as u8) ^ seed).collect::<Vec<u8>>();
+        // SAFETY: our own regions, `LEN` bytes each.
+        unsafe {
+            sys::copy_to_addr(sb.addr(), &pattern(0x5a));
+            sys::copy_to_addr(sa.addr(), &pattern(0xa5));
+        }
+        let end = Instant::now() + Duration::from_secs(10);
+        let turn = |a: &mut ShmEndpoint, b: &mut ShmEndpoint| {
+            assert!(Instant::now() < end, "stuck");
+            pa.arm().unwrap();
+            pb.arm().unwrap();
+            let _ = (a.poll_cm(), b.poll_cm());
+            a.progress();
+            b.progress();
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert!(a.pause_peer());
+        while !a.peer_paused() {
+            turn(&mut a, &mut b);
+        }
+        // Paused: the peer's SEND waits.
+        b.post_send(&send_wr(1, &sb, LEN, true)).unwrap();
+        for _ in 0..20 {
+            turn(&mut a, &mut b);
+        }
+        let mut c = [poll_one_none()];
+        assert_eq!(b.poll_cq(&mut c), 0, "the peer's SEND ran during the pause");
+        // The child keeps the connection's fds (a fork child closes them otherwise).
+        sys::next_fork_moves();
+        // SAFETY: the child only drives its copy of `a` and exits with `_exit`.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0);
+        if child == 0 {
+            let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                assert!(a.moved_here());
+                let c = poll_one(&mut a, "the peer's SEND in the child");
+                let mut got = vec![0u8; LEN];
+                // SAFETY: inside our registered region.
+                unsafe { sys::copy_from_addr(ra.addr(), &mut got) };
+                let arrived = c.status == WcStatus::Success && got == pattern(0x5a);
+                a.post_send(&send_wr(2, &sa, LEN, true)).unwrap();
+                let sent = poll_one(&mut a, "the child's SEND").status == WcStatus::Success;
+                arrived && sent
+            }));
+            // SAFETY: ends the child without running the parent's test harness.
+            unsafe { libc::_exit(if matches!(ok, Ok(true)) { 0 } else { 1 }) };
+        }
+        // The parent goes on as the peer only (its copy of `a` is the child's now).
+        std::mem::forget(a);
+        while b.peer_pid() != child {
+            pb.arm().unwrap();
+            let _ = b.poll_cm();
+            b.progress();
+            assert!(Instant::now() < end, "no M_MOVED");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut st = 0;
+        let c1 = poll_one(&mut b, "one of the SEND and the child's");
+        let c2 = poll_one(&mut b, "the other");
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(child, &mut st, 0) }, child);
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "the child: {st:#x}"
+        );
+        let mut by = [c1, c2];
+        by.sort_by_key(|c| c.wr_id);
+        assert_eq!(
+            by.map(|c| (c.wr_id, c.status, c.opcode)),
+            [
+                (1, WcStatus::Success, WcOpcode::Send),
+                (7, WcStatus::Success, WcOpcode::Recv)
+            ]
+        );
+        let mut got = vec![0u8; LEN];
+        // SAFETY: inside our registered region.
+        unsafe { sys::copy_from_addr(rb.addr(), &mut got) };
+        assert!(got == pattern(0xa5), "the child's SEND arrived changed");
+    }
+
+    /// A mover that paused its peer and never says where it went (it died between its fork
+    /// and its `M_MOVED`, or forked no child that goes on) is taken as gone after
+    /// `ShmConfig::move_wait`: the peer's connection fails, as for a dead peer, and the SEND
+    /// it held fails with it, never left waiting.
+    #[test]
+    fn a_peer_paused_for_a_move_that_never_comes_resets() {
+        let cfg = ShmConfig {
+            move_wait: Duration::from_millis(200),
+            ..ShmConfig::default()
+        };
+        let (a, b) = (
+            ShmProvider::new().unwrap(),
+            ShmProvider::with_config(cfg).unwrap(),
+        );
+        let (_tcp, port) = sys::tcp_reserve("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut l = b.listen(addr, 4, QpCaps::default()).unwrap();
+        let mut ca = a.connect(addr, None, QpCaps::default(), b"x").unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut cb = loop {
+            if let Some((mut ep, _)) = l.poll_request() {
+                ep.accept(b"y").unwrap();
+                break ep;
+            }
+            assert!(Instant::now() < end, "no request");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let (mut ua, mut ub) = (false, false);
+        while !(ua && ub) {
+            ua |= matches!(ca.poll_cm(), Some(CmEvent::Established { .. }));
+            ub |= matches!(cb.poll_cm(), Some(CmEvent::Established { .. }));
+            assert!(Instant::now() < end, "not established");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(ca.pause_peer());
+        while !ca.peer_paused() {
+            a.arm().unwrap();
+            b.arm().unwrap();
+            let _ = (ca.poll_cm(), cb.poll_cm());
+            assert!(Instant::now() < end, "no answer to the pause");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let src = b.reg_mr(64, Access::empty()).unwrap();
+        let paused_at = Instant::now();
+        cb.post_send(&send_wr(1, &src, 64, false)).unwrap();
+        let c = poll_one(&mut cb, "the held SEND");
+        assert_ne!(c.status, WcStatus::Success, "{c:?}");
+        assert!(
+            paused_at.elapsed() >= Duration::from_millis(100),
+            "it failed before the move's wait: {:?}",
+            paused_at.elapsed()
+        );
+        assert!(!cb.is_ready(), "the connection failed");
+    }
+
+    fn poll_one_none() -> Completion {
+        Completion {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
         }
     }
 
