@@ -1225,6 +1225,50 @@ impl<P: Provider> Driver<P> {
         self.provider.release_device();
     }
 
+    /// This process's connections are to go on in a fork child (`daemon()`): ask every
+    /// connection's peer to pause ([`Endpoint::pause_peer`]). Returns how many were asked
+    /// (those that cannot move are reset in the child, [`Driver::moved_here`]).
+    pub fn pause_peers(&mut self) -> usize {
+        let mut n = 0;
+        for id in self.conns.ids() {
+            if let Some(ep) = self.conns.get_mut(id).and_then(|e| e.ep.as_mut()) {
+                n += ep.pause_peer() as usize;
+            }
+        }
+        n
+    }
+
+    /// Every peer asked by [`Driver::pause_peers`] answered (connections whose peer did not
+    /// cannot move).
+    pub fn peers_paused(&self) -> usize {
+        self.conns
+            .ids()
+            .into_iter()
+            .filter_map(|id| self.conns.get(id).and_then(|e| e.ep.as_ref()))
+            .filter(|ep| ep.peer_paused())
+            .count()
+    }
+
+    /// In the process that goes on with the connections after [`Driver::pause_peers`] (the
+    /// fork child, or the mover when its fork failed): tell each paused peer
+    /// ([`Endpoint::moved_here`]); a connection that could not move is reset, as a peer's
+    /// death would reset it. Returns how many were reset.
+    pub fn moved_here(&mut self, now: Instant) -> usize {
+        let mut lost = Vec::new();
+        for id in self.conns.ids() {
+            if let Some(e) = self.conns.get_mut(id) {
+                let moved = e.ep.as_mut().is_some_and(|ep| ep.moved_here());
+                if !moved && e.ep.is_some() && e.conn.state() != State::Closed {
+                    lost.push(id);
+                }
+            }
+        }
+        for &id in &lost {
+            self.abort(now, id);
+        }
+        lost.len()
+    }
+
     /// Ids of the connections in the table (including ones finishing in the background).
     pub fn conn_ids(&self) -> Vec<ConnId> {
         self.conns.ids()

@@ -166,11 +166,24 @@ extern "C" fn at_exit() {
     });
 }
 
+/// A fork that moves this process's SDP streams to the child (`daemon`): the fork handlers
+/// neither expose the streams nor share the listeners (the daemon hook shared them first; the
+/// runtime is locked across this fork), and the child reports the streams as their owner.
+static MOVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 extern "C" fn fork_prepare() {
-    // The child inherits the streams: they keep their speed until a process uses the child's
-    // copy (then the owner shares it on that process's request: its bytes flow through the
-    // kernel file). The runtime's fds the child must not hold it closes at once (sdp-core's
-    // own fork handler).
+    if !MOVING.load(Ordering::SeqCst) {
+        expose_for_fork();
+    }
+    report::lock_for_fork();
+    table::lock_for_fork();
+}
+
+/// Before a fork: the child inherits the streams: they keep their speed until a process uses
+/// the child's copy (then the owner shares it on that process's request: its bytes flow
+/// through the kernel file). The runtime's fds the child must not hold it closes at once
+/// (sdp-core's own fork handler). Listeners become shared.
+fn expose_for_fork() {
     let g = Internal::enter();
     for (fd, s) in table::streams() {
         if let Sock::Stream(st, _) = &*s {
@@ -181,7 +194,14 @@ extern "C" fn fork_prepare() {
             }
         }
     }
-    // Listeners become shared: whichever process accepts an SDP client sets it up itself.
+    drop(g);
+    share_listeners_for_fork();
+}
+
+/// Listeners become shared at a fork: whichever process accepts an SDP client sets it up
+/// itself.
+fn share_listeners_for_fork() {
+    let _g = Internal::enter();
     for (fd, s) in table::listeners() {
         if let Sock::Listener(l) = &*s {
             match l.share() {
@@ -194,9 +214,6 @@ extern "C" fn fork_prepare() {
             }
         }
     }
-    drop(g);
-    report::lock_for_fork();
-    table::lock_for_fork();
 }
 
 extern "C" fn fork_parent() {
@@ -216,7 +233,9 @@ extern "C" fn fork_child() {
     PID.store(std::process::id(), Ordering::Relaxed);
     let gone = table::unlock_after_fork();
     report::unlock_after_fork();
-    report::forget_inherited();
+    if !MOVING.load(Ordering::SeqCst) {
+        report::forget_inherited();
+    }
     let _g = Internal::enter();
     drop(gone);
     close_inherited_rendezvous();
@@ -2278,6 +2297,66 @@ pub unsafe extern "C" fn posix_spawnp(
     // SAFETY: the caller's arguments, the environment with the streams' identity.
     spawn_with_exec_fds(&dups, envp, |envp| unsafe {
         real::posix_spawnp(pid, file, fa, attr, argv, envp)
+    })
+}
+
+/// daemon(3) with SDP streams open (`ssh -f`, a client that daemonizes after it connected):
+/// the streams move to the child that goes on (`app::fork_moving`: the peers paused across
+/// the fork and told the child's pid), where they left with the parent, which exits at once
+/// (the child's bytes went through the parent's pump: gone, its writes got EPIPE). Then what
+/// glibc's daemon does: the parent `_exit(0)`, the child `setsid`, `chdir("/")` unless
+/// `nochdir`, stdin, stdout and stderr onto /dev/null unless `noclose`.
+#[no_mangle]
+pub unsafe extern "C" fn daemon(nochdir: c_int, noclose: c_int) -> c_int {
+    if internal() || !enabled() || !has_own_streams() {
+        // SAFETY: forwards the caller's arguments.
+        return unsafe { real::daemon(nochdir, noclose) };
+    }
+    share_listeners_for_fork();
+    MOVING.store(true, Ordering::SeqCst);
+    let pid = {
+        let _g = Internal::enter();
+        // SAFETY: fork takes no arguments.
+        app::fork_moving(|| unsafe { real::fork() })
+    };
+    MOVING.store(false, Ordering::SeqCst);
+    match pid {
+        -1 => return -1,
+        0 => {}
+        // SAFETY: the parent of daemon(3) ends here, as glibc's does.
+        _ => unsafe { libc::_exit(0) },
+    }
+    log(format_args!(
+        "daemon: the SDP streams went on in this process"
+    ));
+    // SAFETY: plain system calls with no memory passed, or a constant path.
+    unsafe {
+        if libc::setsid() < 0 {
+            return -1;
+        }
+        if nochdir == 0 {
+            let _ = libc::chdir(c"/".as_ptr());
+        }
+        if noclose == 0 {
+            let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            if fd >= 0 {
+                for std in 0..3 {
+                    dup2(fd, std);
+                }
+                if fd > 2 {
+                    close(fd);
+                }
+            }
+        }
+    }
+    0
+}
+
+/// Whether this process holds SDP streams of its own (not copies a fork gave it).
+fn has_own_streams() -> bool {
+    table::streams().into_iter().any(|(_, s)| match &*s {
+        Sock::Stream(st, _) => !st.is_inherited(),
+        _ => false,
     })
 }
 

@@ -49,6 +49,21 @@ pub(crate) fn run_thread_start_hook() {
     }
 }
 
+/// Fork with this process's SDP connections going on in the child, as `daemon()` and
+/// `ssh -f` need (the parent ends at once): `fork` is called with the connections ready to
+/// move (every peer paused, nothing of the runtime running; see `StackOps::fork_moving`), and
+/// in the child they are its own from then on, at full speed. Over shm only: connections over
+/// rdma, whose queue pairs do not survive a fork, stay behind as after any fork. Returns
+/// `fork`'s result; in the parent (> 0) the caller must end the process (`_exit`) without
+/// another SDP call. Listeners are not moved: share them first, as any fork does (the child
+/// takes a listener over once its owner is gone).
+pub fn fork_moving(mut fork: impl FnMut() -> libc::pid_t) -> libc::pid_t {
+    match super::stack::Stack::shm_started() {
+        Some(s) => s.0.fork_moving(&mut fork),
+        None => fork(),
+    }
+}
+
 /// A connection's state and counters (TCP_INFO, FIONREAD, SIOCOUTQ, reports).
 #[derive(Debug, Clone)]
 pub struct AppInfo {
@@ -102,8 +117,6 @@ pub struct AppStream {
     /// The fd's bytes flow through the kernel file (see [`AppStream::share`]); the runtime sets
     /// it too, when another process's request shares the stream (`runtime::share`).
     shared: Arc<Sharing>,
-    /// The process whose runtime holds the connection (a fork child holds a copy).
-    owner: u32,
     /// The destination of a connect, whose end teaches automatic choice (`history`).
     dest: Option<SocketAddr>,
     /// The listener that accepted it, told how it ended ([`Handed`]).
@@ -333,7 +346,6 @@ impl AppStream {
             stack,
             id,
             shared: Arc::default(),
-            owner: crate::sys::getpid(),
             dest: None,
             listener: None,
         }
@@ -397,7 +409,7 @@ impl AppStream {
 
     /// This process got the stream from its parent by fork: the connection is the parent's.
     pub fn is_inherited(&self) -> bool {
-        self.owner != crate::sys::getpid()
+        self.stack.0.owner_pid() != crate::sys::getpid()
     }
 
     /// Whether the fd is shared (its bytes flow through the kernel file).

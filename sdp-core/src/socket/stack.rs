@@ -61,6 +61,12 @@ impl Stack {
     }
 
     /// Which transport this stack's streams use.
+    /// This process's shm stack, if it started one (and it is this process's: not a fork
+    /// child's copy of its parent's).
+    pub(crate) fn shm_started() -> Option<Stack> {
+        SHM.lock().as_ref().filter(|s| s.0.alive()).cloned()
+    }
+
     pub fn transport(&self) -> Transport {
         Transport::from_provider(self.0.name())
     }

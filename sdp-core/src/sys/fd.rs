@@ -568,13 +568,19 @@ pub(crate) fn close_in_fork_child(fd: BorrowedFd<'_>) {
 }
 
 /// The next fork's child goes on with this process's connections (they move to it: see
-/// `ShmEndpoint::pause_peer`): it keeps the fds [`close_in_fork_child`] noted. Set just before
+/// `Endpoint::pause_peer`): it keeps the fds [`close_in_fork_child`] noted. Set just before
 /// that fork by the thread that makes it ([`next_fork_moves`]); the fork handlers clear it.
 static NEXT_FORK_MOVES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The next fork of this thread's is a move: its child keeps our fds (see [`NEXT_FORK_MOVES`]).
 pub(crate) fn next_fork_moves() {
     NEXT_FORK_MOVES.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// After the fork [`next_fork_moves`] was for (the handlers cleared it; also when the fork
+/// failed).
+pub(crate) fn next_fork_moved() {
+    NEXT_FORK_MOVES.store(false, std::sync::atomic::Ordering::SeqCst);
 }
 
 /// Held across fork, so the child's copy of the list is whole.

@@ -375,6 +375,24 @@ pub trait Endpoint: Send {
     fn news_token(&self) -> Option<usize> {
         None
     }
+    /// The connection is to go on in a fork child of this process (`daemon()`): ask the peer
+    /// to pause its copies into and out of our memory until the child says where it is
+    /// ([`Endpoint::moved_here`]). False where the connection cannot move (not connected, or a
+    /// provider whose state does not survive a fork: rdma's queue pairs).
+    fn pause_peer(&mut self) -> bool {
+        false
+    }
+    /// The peer answered [`Endpoint::pause_peer`]: none of its copies is under way and none
+    /// starts until [`Endpoint::moved_here`].
+    fn peer_paused(&self) -> bool {
+        false
+    }
+    /// In the process that goes on with the connection (the fork child, or the mover itself
+    /// when its fork failed): tell the peer, which resumes with this process. False if the
+    /// peer was not paused or could not be told (the connection cannot go on).
+    fn moved_here(&mut self) -> bool {
+        false
+    }
     /// Passive side: accept the connect request with our private data.
     fn accept(&mut self, private_data: &[u8]) -> Result<(), VerbsError>;
     /// Passive side: refuse the connect request.

@@ -6,7 +6,7 @@ use super::*;
 
 impl<P: Provider + 'static> crate::socket::exit::ExitFlush for Shared<P> {
     fn exit_flush(&self, deadline: std::time::Instant, wait: bool) -> bool {
-        if sys::getpid() != self.pid || self.failed() {
+        if sys::getpid() != self.pid() || self.failed() {
             // A forked child: the parent's connections are not ours to close. A failed
             // stack: nothing can be delivered.
             return true;

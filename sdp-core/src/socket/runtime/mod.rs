@@ -48,6 +48,7 @@ use super::errors::{driver_err, io_err, verbs_err, Errno};
 mod app_fd;
 mod exit_flush;
 mod failure;
+mod moving;
 mod ops;
 mod progress;
 mod readiness;
@@ -175,6 +176,17 @@ pub(crate) trait StackOps: Send + Sync {
     fn take_error(&self, id: ConnId) -> io::Result<Option<io::Error>>;
     /// Bytes written and not yet acknowledged by the peer (SIOCOUTQ).
     fn send_queue_len(&self, id: ConnId) -> io::Result<usize>;
+    /// The process whose runtime this is (its creator, or the fork child its connections
+    /// moved to): streams in any other process are inherited copies.
+    fn owner_pid(&self) -> u32;
+    /// Fork with this runtime's connections going on in the child (`daemon()`): every peer
+    /// paused ([`crate::verbs::Endpoint::pause_peer`], answers awaited a bounded while), the
+    /// progress thread stopped, `fork` called with the runtime locked; the child takes the
+    /// runtime over (its pid, a progress thread, each peer told). Returns `fork`'s result: in
+    /// the parent (> 0) the runtime stays locked, and the caller must end the process
+    /// (`_exit`) without touching it again. A connection whose peer did not answer is reset in
+    /// the child. When `fork` fails the connections go on here.
+    fn fork_moving(&self, fork: &mut dyn FnMut() -> libc::pid_t) -> libc::pid_t;
     /// Test hook: make the progress thread panic at its next round.
     fn inject_progress_panic(&self);
     /// Test hook: plain reads that took a peer's SrcAvail by zero copy into the caller's
@@ -357,9 +369,15 @@ struct Shared<P: Provider> {
     callers: std::sync::atomic::AtomicUsize,
     /// When the last caller left `block_on` (ns on the stack's clock).
     last_call: AtomicU64,
-    pid: u32,
+    /// The process whose runtime this is: its creator, or the fork child its connections
+    /// moved to (`StackOps::fork_moving`).
+    pid: std::sync::atomic::AtomicU32,
     tick: Option<Tick>,
     stop: AtomicBool,
+    /// The progress thread is to return (a move: it is started again in the process that goes
+    /// on), and its handle.
+    park: AtomicBool,
+    progress: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Test hook: the progress thread panics at its next round.
     inject_panic: AtomicBool,
     /// A panic broke the stack's progress (its state may be inconsistent), or its device went
@@ -419,7 +437,7 @@ pub(crate) struct Runtime<P: Provider + 'static> {
 
 impl<P: Provider + 'static> Drop for Runtime<P> {
     fn drop(&mut self) {
-        if sys::getpid() != self.sh.pid {
+        if sys::getpid() != self.sh.pid() {
             // A fork child's copy: no progress thread here, and the fd numbers are not ours.
             return;
         }
@@ -465,9 +483,11 @@ impl<P: Provider + 'static> Runtime<P> {
             progress_until: AtomicU64::new(0),
             callers: std::sync::atomic::AtomicUsize::new(0),
             last_call: AtomicU64::new(0),
-            pid: sys::getpid(),
+            pid: std::sync::atomic::AtomicU32::new(sys::getpid()),
             tick,
             stop: AtomicBool::new(false),
+            park: AtomicBool::new(false),
+            progress: parking_lot::Mutex::new(None),
             inject_panic: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             fail_errno: std::sync::atomic::AtomicI32::new(0),
@@ -479,11 +499,7 @@ impl<P: Provider + 'static> Runtime<P> {
             stat: super::stat::StatServer::new(name),
             requests: std::sync::OnceLock::new(),
         });
-        let thread_sh = sh.clone();
-        sys::spawn_without_signals(
-            std::thread::Builder::new().name("sdp-progress".into()),
-            move || progress_thread(thread_sh, notify),
-        )?;
+        Self::spawn_progress(&sh)?;
         let weak: std::sync::Weak<Shared<P>> = Arc::downgrade(&sh);
         super::exit::register(weak);
         Ok(Arc::new(Runtime { sh }))
@@ -493,8 +509,20 @@ impl<P: Provider + 'static> Runtime<P> {
         self.sh.now()
     }
 
+    /// Start the progress thread.
+    fn spawn_progress(sh: &Arc<Shared<P>>) -> io::Result<()> {
+        let thread_sh = sh.clone();
+        let notify = sh.notify;
+        let h = sys::spawn_without_signals(
+            std::thread::Builder::new().name("sdp-progress".into()),
+            move || progress_thread(thread_sh, notify),
+        )?;
+        *sh.progress.lock() = Some(h);
+        Ok(())
+    }
+
     fn lock(&self) -> io::Result<MutexGuard<'_, Inner<P>>> {
-        if sys::getpid() != self.sh.pid {
+        if sys::getpid() != self.sh.pid() {
             return Err(dead());
         }
         if self.sh.failed() {
@@ -705,10 +733,15 @@ impl<P: Provider + 'static> Runtime<P> {
 }
 
 impl<P: Provider + 'static> Shared<P> {
+    /// The process whose runtime this is.
+    pub(super) fn pid(&self) -> u32 {
+        self.pid.load(Ordering::Relaxed)
+    }
+
     /// One line per connection for `sdpstat`.
     fn stat_lines(&self) -> String {
         let g = self.inner.lock();
-        let pid = self.pid.to_string();
+        let pid = self.pid().to_string();
         let mut out = String::new();
         for id in g.driver.conn_ids() {
             let Some(c) = g.driver.view(id) else { continue };

@@ -78,7 +78,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         self.sh.name
     }
     fn alive(&self) -> bool {
-        sys::getpid() == self.sh.pid && !self.sh.failed()
+        sys::getpid() == self.sh.pid() && !self.sh.failed()
     }
 
     fn connect(
@@ -558,6 +558,12 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             let queued = g.driver.tx_queued(id);
             Ok(queued + backlog)
         })
+    }
+    fn owner_pid(&self) -> u32 {
+        self.sh.pid()
+    }
+    fn fork_moving(&self, fork: &mut dyn FnMut() -> libc::pid_t) -> libc::pid_t {
+        self.fork_moving_here(fork)
     }
     fn inject_progress_panic(&self) {
         self.sh.inject_panic.store(true, Ordering::SeqCst);

@@ -34,6 +34,11 @@ pub(super) fn progress_loop<P: Provider + 'static>(sh: &Shared<P>, notify: Optio
                 // A caller's round of progress panicked.
                 return;
             }
+            if sh.park.load(Ordering::SeqCst) {
+                // The connections move to a fork child (`StackOps::fork_moving`), which starts
+                // a progress thread of its own.
+                return;
+            }
             if sh.stop.load(Ordering::SeqCst) {
                 // Every handle is gone; connections closed by the application may still be
                 // sending their last bytes and DisConn. Finish them, then go.

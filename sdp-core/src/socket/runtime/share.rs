@@ -208,7 +208,7 @@ impl<P: Provider + 'static> Runtime<P> {
     /// In another process (a fork child): ask the owner to share the stream (see the module
     /// docs). In the owner: share it.
     pub(super) fn join(&self, id: ConnId, user: RawFd) -> io::Result<()> {
-        if sys::getpid() == self.sh.pid {
+        if sys::getpid() == self.sh.pid() {
             return self.app_share(id, user);
         }
         let gone = || io::Error::from_raw_os_error(libc::EPIPE);

@@ -2278,50 +2278,6 @@ impl ShmEndpoint {
         self.peer_pid
     }
 
-    /// This connection is to go on in another process (a fork child of ours, as `daemon()`
-    /// makes): ask the peer to pause its copies into and out of our memory (`M_SUSP`).
-    /// [`ShmEndpoint::peer_paused`] once it answered; then fork, and the process that goes
-    /// on calls [`ShmEndpoint::moved_here`]. `false`: not a connected endpoint.
-    pub fn pause_peer(&mut self) -> bool {
-        if self.state != QpState::Ready || self.await_rtu || self.peer.is_none() {
-            return false;
-        }
-        let Some(s) = self.sock.as_ref() else {
-            return false;
-        };
-        self.peer_paused = false;
-        send_simple(s, M_SUSP, false, &[])
-    }
-
-    /// The peer answered [`ShmEndpoint::pause_peer`]: none of its copies into or out of our
-    /// memory is under way, and none starts until [`ShmEndpoint::moved_here`].
-    pub fn peer_paused(&self) -> bool {
-        self.peer_paused
-    }
-
-    /// In the process that goes on with the connection (a fork child of the one that paused
-    /// the peer): tell the peer (`M_MOVED`; the kernel gives it our pid and uid), which takes
-    /// this process as the connection's from now on and resumes. `false`: the peer was not
-    /// paused or the message could not go (the connection is then the peer's to end).
-    pub fn moved_here(&mut self) -> bool {
-        if !std::mem::take(&mut self.peer_paused) {
-            return false;
-        }
-        let Some(s) = self.sock.as_ref() else {
-            return false;
-        };
-        let m = encode(&Msg {
-            kind: M_MOVED,
-            consumer: false,
-            bell: NO_BELL,
-            nslots: 0,
-            probe: sys::probe_addr(),
-            addr: self.local,
-            pd: &[],
-        });
-        sys::send_msg(s.as_fd(), &m, &[]).is_ok()
-    }
-
     /// The peer asked us to pause (`M_SUSP`): answer once no copy of ours is under way (a
     /// shared copy waits for its chunks first); a mover that does not say where it went
     /// within `ShmConfig::move_wait` is taken as gone.
@@ -3411,6 +3367,40 @@ impl Endpoint for ShmEndpoint {
             }
         }
         self.cm.pop_front()
+    }
+
+    fn pause_peer(&mut self) -> bool {
+        if self.state != QpState::Ready || self.await_rtu || self.peer.is_none() {
+            return false;
+        }
+        let Some(s) = self.sock.as_ref() else {
+            return false;
+        };
+        self.peer_paused = false;
+        send_simple(s, M_SUSP, false, &[])
+    }
+
+    fn peer_paused(&self) -> bool {
+        self.peer_paused
+    }
+
+    fn moved_here(&mut self) -> bool {
+        if !std::mem::take(&mut self.peer_paused) {
+            return false;
+        }
+        let Some(s) = self.sock.as_ref() else {
+            return false;
+        };
+        let m = encode(&Msg {
+            kind: M_MOVED,
+            consumer: false,
+            bell: NO_BELL,
+            nslots: 0,
+            probe: sys::probe_addr(),
+            addr: self.local,
+            pd: &[],
+        });
+        sys::send_msg(s.as_fd(), &m, &[]).is_ok()
     }
 
     fn accept(&mut self, private_data: &[u8]) -> Result<(), VerbsError> {
