@@ -2323,8 +2323,14 @@ pub unsafe extern "C" fn daemon(nochdir: c_int, noclose: c_int) -> c_int {
     match pid {
         -1 => return -1,
         0 => {}
-        // SAFETY: the parent of daemon(3) ends here, as glibc's does.
-        _ => unsafe { libc::_exit(0) },
+        // The parent of daemon(3) ends here, as glibc's does: its runtime copy is locked and
+        // its connections are the child's, so not through the shim's `_exit` (which flushes
+        // and reports): the system call itself.
+        // SAFETY: ends the process.
+        _ => unsafe {
+            libc::syscall(libc::SYS_exit_group, 0);
+            libc::abort()
+        },
     }
     log(format_args!(
         "daemon: the SDP streams went on in this process"

@@ -434,6 +434,28 @@ fn a_child_whose_parent_exits_is_not_left_waiting() {
     assert!(!sdp.contains("EAGAIN"), "the child waited: {sdp}");
 }
 
+/// daemon(3) after connecting (`ssh -f`): the parent exits at once and the daemon child's
+/// request is answered, as over TCP, over SDP: the connection moved to the child (its report
+/// line, the child's pid, says shm with the request and the answer). Before: the connection
+/// stayed with the parent and went with it; the child's write got EPIPE.
+#[test]
+fn daemon_moves_the_connection_to_the_child() {
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("daemon_moves"), "daemon_moves");
+    assert!(
+        tcp.contains("daemon: the parent exits 0")
+            && tcp.contains("daemon: the child's write ok, read reply:hello"),
+        "{tcp}"
+    );
+    assert!(
+        lines.lines().any(|l| l.contains("\"role\":\"client\"")
+            && l.contains("\"transport\":\"shm\"")
+            && l.contains("\"bytes_in\":11,\"bytes_out\":5")),
+        "report:\n{lines}"
+    );
+    let _ = shm_server_line(&lines);
+}
+
 /// The server's report line of a single-connection case (one server stream over shm).
 fn shm_server_line(lines: &str) -> &str {
     let mut it = lines

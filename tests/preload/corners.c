@@ -1393,6 +1393,47 @@ static void case_owner_exits(void) {
     CHECK(waitpid(srv, &st, 0) == srv);
 }
 
+/* As owner_exits, by daemon(3) (`ssh -f`): the parent exits at once, the daemon child writes
+ * a request and reads the answer (5 s SO_RCVTIMEO), then exits normally. Over TCP it is
+ * answered; under the shim the connection moves to the daemon child and goes on over SDP. */
+static void case_daemon_moves(void) {
+    int rp[2];
+    CHECK(pipe(rp) == 0);
+    struct sockaddr_in a;
+    pid_t srv = fork_server(&a, serve_one_request);
+    pid_t cl = fork();
+    CHECK(cl >= 0);
+    if (cl == 0) {
+        close(rp[0]);
+        int s = dial(&a);
+        if (daemon(1, 1) != 0)
+            _exit(3);
+        struct timeval tv = {5, 0};
+        setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        char line[128], b[64];
+        ssize_t w = send(s, "hello", 5, MSG_NOSIGNAL);
+        int we = errno;
+        ssize_t r = w == 5 ? read(s, b, sizeof b) : -1;
+        int re = errno;
+        int n = snprintf(line, sizeof line, "daemon: the child's write %s, read %s%.*s",
+                         w == 5 ? "ok" : en(we),
+                         r > 0 ? "" : r == 0 ? "EOF" : w == 5 ? en(re) : "-", r > 0 ? (int)r : 0, b);
+        CHECK(write(rp[1], line, n) == n);
+        close(s);
+        exit(0);
+    }
+    close(rp[1]);
+    int st;
+    CHECK(waitpid(cl, &st, 0) == cl);
+    out("daemon: the parent exits %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    char line[128];
+    ssize_t n = read(rp[0], line, sizeof line - 1);
+    line[n > 0 ? n : 0] = 0;
+    out("%s", n > 0 ? line : "daemon: nothing from the child");
+    close(rp[0]);
+    CHECK(waitpid(srv, &st, 0) == srv);
+}
+
 static volatile sig_atomic_t sigurgs;
 static void on_urg(int sig) { (void)sig; sigurgs++; }
 
@@ -2252,6 +2293,7 @@ int main(int argc, char **argv) {
     RUN(popen_serve);
     RUN(short_conns);
     RUN(gone_before_accept);
+    RUN(daemon_moves);
     /* Only by name (the test runs it with a long SDP_SPIN_US). */
     if (only && strcmp(only, "eintr_polling") == 0)
         case_eintr_polling();
