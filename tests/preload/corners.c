@@ -1357,7 +1357,11 @@ static void serve_one_request(int l) {
     close(c);
 }
 
-static void case_owner_exits(void) {
+/* The client process connects; `daemon(3)` (`by_daemon`) or a fork whose parent `_exit`s at
+ * once makes the process that goes on, which writes a request and reads the answer (5 s
+ * SO_RCVTIMEO), then exits normally; its line comes through a pipe. */
+static void parent_goes(int by_daemon) {
+    const char *tag = by_daemon ? "daemon: the child's" : "owner exits: child";
     int rp[2];
     CHECK(pipe(rp) == 0);
     struct sockaddr_in a;
@@ -1367,9 +1371,14 @@ static void case_owner_exits(void) {
     if (cl == 0) {
         close(rp[0]);
         int s = dial(&a);
-        if (fork() != 0)
-            _exit(0); /* the owner goes */
-        usleep(200 * 1000);
+        if (by_daemon) {
+            if (daemon(1, 1) != 0)
+                _exit(3);
+        } else {
+            if (fork() != 0)
+                _exit(0); /* the owner goes */
+            usleep(200 * 1000);
+        }
         struct timeval tv = {5, 0};
         setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
         char line[128], b[64];
@@ -1377,46 +1386,7 @@ static void case_owner_exits(void) {
         int we = errno;
         ssize_t r = w == 5 ? read(s, b, sizeof b) : -1;
         int re = errno;
-        int n = snprintf(line, sizeof line, "owner exits: child write %s, read %s%.*s", w == 5 ? "ok" : en(we),
-                         r > 0 ? "" : r == 0 ? "EOF" : w == 5 ? en(re) : "-", r > 0 ? (int)r : 0, b);
-        CHECK(write(rp[1], line, n) == n);
-        _exit(0);
-    }
-    close(rp[1]);
-    int st;
-    CHECK(waitpid(cl, &st, 0) == cl);
-    char line[128];
-    ssize_t n = read(rp[0], line, sizeof line - 1);
-    line[n > 0 ? n : 0] = 0;
-    out("%s", n > 0 ? line : "owner exits: nothing from the child");
-    close(rp[0]);
-    CHECK(waitpid(srv, &st, 0) == srv);
-}
-
-/* As owner_exits, by daemon(3) (`ssh -f`): the parent exits at once, the daemon child writes
- * a request and reads the answer (5 s SO_RCVTIMEO), then exits normally. Over TCP it is
- * answered; under the shim the connection moves to the daemon child and goes on over SDP. */
-static void case_daemon_moves(void) {
-    int rp[2];
-    CHECK(pipe(rp) == 0);
-    struct sockaddr_in a;
-    pid_t srv = fork_server(&a, serve_one_request);
-    pid_t cl = fork();
-    CHECK(cl >= 0);
-    if (cl == 0) {
-        close(rp[0]);
-        int s = dial(&a);
-        if (daemon(1, 1) != 0)
-            _exit(3);
-        struct timeval tv = {5, 0};
-        setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        char line[128], b[64];
-        ssize_t w = send(s, "hello", 5, MSG_NOSIGNAL);
-        int we = errno;
-        ssize_t r = w == 5 ? read(s, b, sizeof b) : -1;
-        int re = errno;
-        int n = snprintf(line, sizeof line, "daemon: the child's write %s, read %s%.*s",
-                         w == 5 ? "ok" : en(we),
+        int n = snprintf(line, sizeof line, "%s write %s, read %s%.*s", tag, w == 5 ? "ok" : en(we),
                          r > 0 ? "" : r == 0 ? "EOF" : w == 5 ? en(re) : "-", r > 0 ? (int)r : 0, b);
         CHECK(write(rp[1], line, n) == n);
         close(s);
@@ -1425,14 +1395,24 @@ static void case_daemon_moves(void) {
     close(rp[1]);
     int st;
     CHECK(waitpid(cl, &st, 0) == cl);
-    out("daemon: the parent exits %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    if (by_daemon)
+        out("daemon: the parent exits %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     char line[128];
     ssize_t n = read(rp[0], line, sizeof line - 1);
     line[n > 0 ? n : 0] = 0;
-    out("%s", n > 0 ? line : "daemon: nothing from the child");
+    if (n > 0)
+        out("%s", line);
+    else
+        out("%s: nothing from the child", tag);
     close(rp[0]);
     CHECK(waitpid(srv, &st, 0) == srv);
 }
+
+static void case_owner_exits(void) { parent_goes(0); }
+
+/* As owner_exits, by daemon(3) (`ssh -f`): over TCP the request is answered; under the shim
+ * the connection moves to the daemon child and goes on over SDP. */
+static void case_daemon_moves(void) { parent_goes(1); }
 
 static volatile sig_atomic_t sigurgs;
 static void on_urg(int sig) { (void)sig; sigurgs++; }

@@ -2278,6 +2278,19 @@ impl ShmEndpoint {
         self.peer_pid
     }
 
+    /// A message of `kind` after the handshake, with our address and `probe`.
+    fn plain_msg(&self, kind: u8, probe: u64) -> Vec<u8> {
+        encode(&Msg {
+            kind,
+            consumer: false,
+            bell: NO_BELL,
+            nslots: 0,
+            probe,
+            addr: self.local,
+            pd: &[],
+        })
+    }
+
     /// The peer asked us to pause (`M_SUSP`): answer once no copy of ours is under way (a
     /// shared copy waits for its chunks first); a mover that does not say where it went
     /// within `ShmConfig::move_wait` is taken as gone.
@@ -3241,15 +3254,7 @@ impl Endpoint for ShmEndpoint {
         let (QpState::Ready, Some(sock)) = (self.state, self.sock.as_ref()) else {
             return false;
         };
-        let m = encode(&Msg {
-            kind: M_WAKE,
-            consumer: false,
-            bell: NO_BELL,
-            nslots: 0,
-            probe: 0,
-            addr: self.local,
-            pd: &[],
-        });
+        let m = self.plain_msg(M_WAKE, 0);
         sys::send_msg(sock.as_fd(), &m, &[fd]).is_ok()
     }
 
@@ -3391,15 +3396,7 @@ impl Endpoint for ShmEndpoint {
         let Some(s) = self.sock.as_ref() else {
             return false;
         };
-        let m = encode(&Msg {
-            kind: M_MOVED,
-            consumer: false,
-            bell: NO_BELL,
-            nslots: 0,
-            probe: sys::probe_addr(),
-            addr: self.local,
-            pd: &[],
-        });
+        let m = self.plain_msg(M_MOVED, sys::probe_addr());
         sys::send_msg(s.as_fd(), &m, &[]).is_ok()
     }
 
