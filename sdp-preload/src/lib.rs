@@ -195,15 +195,18 @@ fn expose_for_fork() {
         }
     }
     drop(g);
-    share_listeners_for_fork();
+    share_listeners_for_fork(false);
 }
 
 /// Listeners become shared at a fork: whichever process accepts an SDP client sets it up
-/// itself.
-fn share_listeners_for_fork() {
+/// itself. At a move (`moving`), those that can move with the connections stay as they are.
+fn share_listeners_for_fork(moving: bool) {
     let _g = Internal::enter();
     for (fd, s) in table::listeners() {
         if let Sock::Listener(l) = &*s {
+            if moving && l.movable() {
+                continue;
+            }
             match l.share() {
                 Ok(()) => log(format_args!(
                     "fork: listening fd {fd} is shared, the process that accepts sets SDP up"
@@ -217,7 +220,7 @@ fn share_listeners_for_fork() {
 }
 
 extern "C" fn fork_parent() {
-    let gone = table::unlock_after_fork();
+    let gone = table::unlock_after_fork(MOVING.load(Ordering::SeqCst));
     report::unlock_after_fork();
     if !gone.is_empty() {
         log(format_args!(
@@ -231,14 +234,16 @@ extern "C" fn fork_parent() {
 
 extern "C" fn fork_child() {
     PID.store(std::process::id(), Ordering::Relaxed);
-    let gone = table::unlock_after_fork();
+    let gone = table::unlock_after_fork(MOVING.load(Ordering::SeqCst));
     report::unlock_after_fork();
     if !MOVING.load(Ordering::SeqCst) {
         report::forget_inherited();
     }
     let _g = Internal::enter();
     drop(gone);
-    close_inherited_rendezvous();
+    if !MOVING.load(Ordering::SeqCst) {
+        close_inherited_rendezvous();
+    }
 }
 
 /// Close the parent's SDP-over-shm rendezvous sockets (abstract `@sdp-shm/ADDR` listening
@@ -2301,18 +2306,19 @@ pub unsafe extern "C" fn posix_spawnp(
 }
 
 /// daemon(3) with SDP streams open (`ssh -f`, a client that daemonizes after it connected):
-/// the streams move to the child that goes on (`app::fork_moving`: the peers paused across
-/// the fork and told the child's pid), where they left with the parent, which exits at once
+/// the streams, and the listeners over shm not shared yet, move to the child that goes on
+/// (`app::fork_moving`: the peers paused across the fork and told the child's pid), where
+/// they left with the parent, which exits at once
 /// (the child's bytes went through the parent's pump: gone, its writes got EPIPE). Then what
 /// glibc's daemon does: the parent `_exit(0)`, the child `setsid`, `chdir("/")` unless
 /// `nochdir`, stdin, stdout and stderr onto /dev/null unless `noclose`.
 #[no_mangle]
 pub unsafe extern "C" fn daemon(nochdir: c_int, noclose: c_int) -> c_int {
-    if internal() || !enabled() || !has_own_streams() {
+    if internal() || !enabled() || !has_movable() {
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::daemon(nochdir, noclose) };
     }
-    share_listeners_for_fork();
+    share_listeners_for_fork(true);
     MOVING.store(true, Ordering::SeqCst);
     let pid = {
         let _g = Internal::enter();
@@ -2358,10 +2364,15 @@ pub unsafe extern "C" fn daemon(nochdir: c_int, noclose: c_int) -> c_int {
     0
 }
 
-/// Whether this process holds SDP streams of its own (not copies a fork gave it).
-fn has_own_streams() -> bool {
+/// Whether this process holds SDP streams of its own (not copies a fork gave it), or
+/// listeners that can move with them.
+fn has_movable() -> bool {
+    let _g = Internal::enter();
     table::streams().into_iter().any(|(_, s)| match &*s {
         Sock::Stream(st, _) => !st.is_inherited(),
+        _ => false,
+    }) || table::listeners().into_iter().any(|(_, s)| match &*s {
+        Sock::Listener(l) => l.movable(),
         _ => false,
     })
 }

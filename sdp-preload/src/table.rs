@@ -206,10 +206,14 @@ pub(crate) fn listeners() -> Vec<(i32, Arc<Sock>)> {
 
 /// After fork(), in both processes: let the table go again, then take out every listener that
 /// could not be shared (`AppListener::share`; the kernel TCP socket stays, served by kernel
-/// TCP only from now on). Returns them to drop.
-pub(crate) fn unlock_after_fork() -> Vec<Arc<Sock>> {
+/// TCP only from now on). Returns them to drop. After a fork that moved the process's sockets
+/// to the child (`moving`: `daemon`), the listeners not shared moved with them: they stay.
+pub(crate) fn unlock_after_fork(moving: bool) -> Vec<Arc<Sock>> {
     // SAFETY: this thread took the write lock in `lock_for_fork` and forgot the guard.
     unsafe { MAP.force_write_unlock() };
+    if moving {
+        return Vec::new();
+    }
     take_listeners(|_, s| !matches!(s, Sock::Listener(l) if l.is_shared()))
 }
 

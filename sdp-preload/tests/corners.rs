@@ -456,6 +456,27 @@ fn daemon_moves_the_connection_to_the_child() {
     let _ = shm_server_line(&lines);
 }
 
+/// A server that listens and then daemonizes answers its first client over SDP: the listener
+/// moved with the daemon child (the client's report line says shm, no fallback). Before, the
+/// listener was shared at the fork and its owner gone at once: the client fell back to kernel
+/// TCP until the child took the listener over.
+#[test]
+fn daemon_moves_a_listener_with_it() {
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("daemon_listens"), "daemon_listens");
+    assert!(
+        tcp.contains("the client reads reply:hello") && tcp.contains("the daemon served"),
+        "{tcp}"
+    );
+    assert!(
+        lines.lines().any(|l| l.contains("\"role\":\"client\"")
+            && l.contains("\"transport\":\"shm\"")
+            && l.contains("\"bytes_in\":11")),
+        "report:\n{lines}"
+    );
+    let _ = shm_server_line(&lines);
+}
+
 /// The server's report line of a single-connection case (one server stream over shm).
 fn shm_server_line(lines: &str) -> &str {
     let mut it = lines

@@ -1414,6 +1414,53 @@ static void case_owner_exits(void) { parent_goes(0); }
  * the connection moves to the daemon child and goes on over SDP. */
 static void case_daemon_moves(void) { parent_goes(1); }
 
+/* A server that listens, then daemonizes (daemon(3)): the daemon child answers its clients.
+ * Under the shim the listener moves with it: its first client goes over SDP at once (shared
+ * instead, it went by kernel TCP until the child took the listener over). */
+static void case_daemon_listens(void) {
+    int ap[2], rp[2];
+    CHECK(pipe(ap) == 0 && pipe(rp) == 0);
+    pid_t w = fork();
+    CHECK(w >= 0);
+    if (w == 0) {
+        close(ap[0]);
+        close(rp[0]);
+        struct sockaddr_in a;
+        int l = listener(&a);
+        CHECK(listen(l, 4) == 0);
+        if (daemon(1, 1) != 0)
+            _exit(3);
+        CHECK(write(ap[1], &a, sizeof a) == sizeof a);
+        int c = accept(l, NULL, NULL);
+        CHECK(c >= 0);
+        char b[64], reply[80];
+        ssize_t r = read(c, b, sizeof b);
+        int n = snprintf(reply, sizeof reply, "reply:%.*s", (int)(r > 0 ? r : 0), b);
+        CHECK(write(c, reply, n) == n);
+        close(c);
+        close(l);
+        CHECK(write(rp[1], "served", 6) == 6);
+        exit(0);
+    }
+    close(ap[1]);
+    close(rp[1]);
+    int st;
+    CHECK(waitpid(w, &st, 0) == w);
+    out("daemon listens: the parent exits %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    struct sockaddr_in a;
+    CHECK(read(ap[0], &a, sizeof a) == sizeof a);
+    int s = dial(&a);
+    char b[64];
+    CHECK(write(s, "hello", 5) == 5);
+    ssize_t r = read(s, b, sizeof b);
+    out("daemon listens: the client reads %.*s", (int)(r > 0 ? r : 0), b);
+    close(s);
+    ssize_t n = read(rp[0], b, 6);
+    out("daemon listens: the daemon %s", n == 6 ? "served" : "did not serve");
+    close(ap[0]);
+    close(rp[0]);
+}
+
 static volatile sig_atomic_t sigurgs;
 static void on_urg(int sig) { (void)sig; sigurgs++; }
 
@@ -2274,6 +2321,7 @@ int main(int argc, char **argv) {
     RUN(short_conns);
     RUN(gone_before_accept);
     RUN(daemon_moves);
+    RUN(daemon_listens);
     /* Only by name (the test runs it with a long SDP_SPIN_US). */
     if (only && strcmp(only, "eintr_polling") == 0)
         case_eintr_polling();

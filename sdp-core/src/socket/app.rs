@@ -858,7 +858,7 @@ impl Handoff {
         let pid = std::process::id();
         let mut a = self.adopted.lock();
         if let Some((p, s, l)) = a.as_ref() {
-            if *p == pid && s.0.alive() {
+            if crate::sys::is_this_process(*p) && s.0.alive() {
                 return Ok((s.clone(), *l));
             }
         }
@@ -928,12 +928,11 @@ impl Drop for AppListener {
             sub.stack.0.close_listener(sub.id);
         }
         if let Some(h) = self.handoff.get() {
-            let pid = std::process::id();
             for (p, s, l) in [h.adopted.lock().take(), h.taken_over.lock().0.take()]
                 .into_iter()
                 .flatten()
             {
-                if p == pid {
+                if crate::sys::is_this_process(p) {
                     s.0.close_listener(l);
                 }
             }
@@ -996,6 +995,19 @@ impl AppListener {
         })
     }
 
+    /// Whether the listener can move with this process's connections to a fork child
+    /// ([`fork_moving`]) instead of being shared: this process's own, not shared yet, and
+    /// over shm only (a listener over rdma does not survive a fork).
+    pub fn movable(&self) -> bool {
+        crate::sys::is_this_process(self.pid)
+            && self.handoff.get().is_none()
+            && self
+                .sdp
+                .lock()
+                .iter()
+                .all(|s| s.stack.transport() == super::Transport::Shm)
+    }
+
     /// The listener is about to be shared with other processes (fork): from now on every
     /// process holding it may accept SDP clients (see `Handoff`). Only SDP over shm can go
     /// to another process; other transports' listeners close here (their clients fall back
@@ -1004,7 +1016,7 @@ impl AppListener {
         if self.handoff.get().is_some() {
             return Ok(());
         }
-        if self.pid != std::process::id() {
+        if !crate::sys::is_this_process(self.pid) {
             return Err(io::Error::other("not the listener's own process"));
         }
         let mut subs = self.sdp.lock();
@@ -1059,12 +1071,12 @@ impl AppListener {
     /// while it lives) and hands requests to the holders from then on, itself included.
     pub fn maintain(&self) {
         if let Some(h) = self.handoff.get() {
-            if self.pid != std::process::id() {
+            if !crate::sys::is_this_process(self.pid) {
                 self.take_over(h);
             }
             return;
         }
-        if self.pid != std::process::id() {
+        if !crate::sys::is_this_process(self.pid) {
             // Another process's stacks (a forked child's copy).
             return;
         }
@@ -1111,7 +1123,7 @@ impl AppListener {
         let mut t = h.taken_over.lock();
         if t.0
             .as_ref()
-            .is_some_and(|(p, s, _)| *p == pid && s.0.alive())
+            .is_some_and(|(p, s, _)| crate::sys::is_this_process(*p) && s.0.alive())
             || t.1
                 .is_some_and(|at| now < at + std::time::Duration::from_secs(1))
         {
@@ -1146,7 +1158,7 @@ impl AppListener {
                 return Some(BellClaim { shared: None });
             }
         }
-        if self.pid != std::process::id() {
+        if !crate::sys::is_this_process(self.pid) {
             return None;
         }
         let mut b = self.shared.bells.lock();

@@ -570,17 +570,51 @@ pub(crate) fn close_in_fork_child(fd: BorrowedFd<'_>) {
 /// The next fork's child goes on with this process's connections (they move to it: see
 /// `Endpoint::pause_peer`): it keeps the fds [`close_in_fork_child`] noted. Set just before
 /// that fork by the thread that makes it ([`next_fork_moves`]); the fork handlers clear it.
-static NEXT_FORK_MOVES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Holds the mover's pid (0: the next fork is no move), read in the child (its parent may be
+/// gone by then).
+static NEXT_FORK_MOVES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// The next fork of this thread's is a move: its child keeps our fds (see [`NEXT_FORK_MOVES`]).
 pub(crate) fn next_fork_moves() {
-    NEXT_FORK_MOVES.store(true, std::sync::atomic::Ordering::SeqCst);
+    NEXT_FORK_MOVES.store(super::getpid(), std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The processes whose SDP state this one took over by a move ([`next_fork_moves`]): a fork
+/// child that goes on with its parent's connections is that parent for them (objects that
+/// note the process they were made in compare with [`is_this_process`]). Cleared in the child
+/// of any other fork. Atomics, not a lock: a fork child must find them as they were, whatever
+/// another thread of the parent did at the fork; the oldest is forgotten past
+/// `MOVED_FROM_MAX` moves in a row.
+static MOVED_FROM: [std::sync::atomic::AtomicU32; MOVED_FROM_MAX] =
+    [const { std::sync::atomic::AtomicU32::new(0) }; MOVED_FROM_MAX];
+const MOVED_FROM_MAX: usize = 8;
+
+/// Whether `pid` names this process: its own pid, or one whose SDP state it took over by a
+/// move (see [`MOVED_FROM`]).
+pub(crate) fn is_this_process(pid: u32) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    pid == super::getpid() || (pid != 0 && MOVED_FROM.iter().any(|p| p.load(Relaxed) == pid))
+}
+
+/// In a fork child (single-threaded): `parent` is this process from now on (`Some`), or no
+/// other process is (`None`).
+fn note_moved_from(parent: Option<u32>) {
+    use std::sync::atomic::Ordering::Relaxed;
+    match parent {
+        Some(p) => {
+            for i in (1..MOVED_FROM_MAX).rev() {
+                MOVED_FROM[i].store(MOVED_FROM[i - 1].load(Relaxed), Relaxed);
+            }
+            MOVED_FROM[0].store(p, Relaxed);
+        }
+        None => MOVED_FROM.iter().for_each(|p| p.store(0, Relaxed)),
+    }
 }
 
 /// After the fork [`next_fork_moves`] was for (the handlers cleared it; also when the fork
 /// failed).
 pub(crate) fn next_fork_moved() {
-    NEXT_FORK_MOVES.store(false, std::sync::atomic::Ordering::SeqCst);
+    NEXT_FORK_MOVES.store(0, std::sync::atomic::Ordering::SeqCst);
 }
 
 /// Held across fork, so the child's copy of the list is whole.
@@ -589,7 +623,7 @@ pub(super) extern "C" fn fork_closes_prepare() {
 }
 
 pub(super) extern "C" fn fork_closes_parent() {
-    NEXT_FORK_MOVES.store(false, std::sync::atomic::Ordering::SeqCst);
+    NEXT_FORK_MOVES.store(0, std::sync::atomic::Ordering::SeqCst);
     // SAFETY: this thread locked it in `fork_closes_prepare` and forgot the guard.
     unsafe { FORK_CLOSES.force_unlock() };
 }
@@ -597,11 +631,14 @@ pub(super) extern "C" fn fork_closes_parent() {
 pub(super) extern "C" fn fork_closes_child() {
     // SAFETY: as in the parent: the child is the forking thread's copy.
     unsafe { FORK_CLOSES.force_unlock() };
-    if NEXT_FORK_MOVES.swap(false, std::sync::atomic::Ordering::SeqCst) {
+    let mover = NEXT_FORK_MOVES.swap(0, std::sync::atomic::Ordering::SeqCst);
+    if mover != 0 {
         // The connections go on here: their fds stay, and so does the list (for this
-        // process's own forks).
+        // process's own forks). The parent is this process for them from now on.
+        note_moved_from(Some(mover));
         return;
     }
+    note_moved_from(None);
     let list = std::mem::take(&mut *FORK_CLOSES.lock());
     for (fd, id) in list {
         // SAFETY: only looked at (fstat) first.

@@ -1684,6 +1684,11 @@ impl Provider for ShmProvider {
         };
         match sys::peer_cred(sock.as_fd()) {
             Ok((pid, uid)) if uid == self.inner.uid => match Proc::of_peer(sock.as_fd(), pid) {
+                // The listening socket's creator is gone: the listener moved with its
+                // connections to a process that went on (`daemon()`): its ACC's credentials
+                // name the acceptor (`check_socket`), whose memory is probed then.
+                Ok(p) if !p.alive() => {}
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
                 Ok(p) if !sys::may_access(&p) => {
                     // We could not prove we reach its memory after its ACC (Yama's
                     // ptrace_scope, a child connecting to its parent): ask nothing. The
