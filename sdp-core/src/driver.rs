@@ -1238,8 +1238,8 @@ impl<P: Provider> Driver<P> {
         n
     }
 
-    /// Every peer asked by [`Driver::pause_peers`] answered (connections whose peer did not
-    /// cannot move).
+    /// How many of the peers asked by [`Driver::pause_peers`] answered (a connection whose
+    /// peer did not cannot move).
     pub fn peers_paused(&self) -> usize {
         self.conns
             .ids()
