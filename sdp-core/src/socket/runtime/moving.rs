@@ -39,7 +39,10 @@ impl<P: Provider + 'static> Runtime<P> {
         let pid = fork();
         sys::next_fork_moved();
         if pid > 0 {
-            // The mover ends at once; its copy of the runtime stays locked until then.
+            // The mover ends at once. Its copy of the runtime stays locked until then and
+            // names the child as its process: every call here fails as in any process that
+            // is not the runtime's (no flush or report at its exit waits for the lock).
+            self.sh.pid.store(pid as u32, Ordering::SeqCst);
             std::mem::forget(g);
             return pid;
         }
