@@ -2030,27 +2030,55 @@ static void case_many_fds(void) {
  * and getdtablesize say the application's limit and socket() says EMFILE at it, as over TCP;
  * with soft = hard, the connections past the shim's room fall back to kernel TCP. A worker
  * process holds the limit; its child is the client. */
+/* Wait for the child `p`, which must exit 0. */
+static void wait_ok(pid_t p) {
+    int st;
+    CHECK(waitpid(p, &st, 0) == p);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+/* Wait for the child `p`, then end this process with its exit status. */
+static void exit_as(pid_t p) {
+    int st;
+    CHECK(waitpid(p, &st, 0) == p);
+    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 1);
+}
+
+/* Lower this process's soft fd limit to `soft` (the hard one too with `hard_too`). */
+static void set_fd_limit(rlim_t soft, int hard_too) {
+    struct rlimit r;
+    CHECK(getrlimit(RLIMIT_NOFILE, &r) == 0);
+    r.rlim_cur = soft;
+    if (hard_too)
+        r.rlim_max = soft;
+    CHECK(setrlimit(RLIMIT_NOFILE, &r) == 0);
+}
+
+/* Fork a client before its server exists: in the child (0) once the server's address is in
+ * `*a` (the parent writes it into `ap[1]` when it listens); the child's pid in the parent. */
+static pid_t fork_client(int ap[2], struct sockaddr_in *a) {
+    CHECK(pipe(ap) == 0);
+    pid_t c = fork();
+    CHECK(c >= 0);
+    if (c == 0)
+        CHECK(read(ap[0], a, sizeof *a) == sizeof *a);
+    return c;
+}
+
 static void fd_limit_run(int n, rlim_t soft, int hard_too) {
     pid_t w = fork();
     CHECK(w >= 0);
     if (w == 0) {
+        set_fd_limit(soft, hard_too);
         struct rlimit r;
-        CHECK(getrlimit(RLIMIT_NOFILE, &r) == 0);
-        r.rlim_cur = soft;
-        if (hard_too)
-            r.rlim_max = soft;
-        CHECK(setrlimit(RLIMIT_NOFILE, &r) == 0);
         CHECK(getrlimit(RLIMIT_NOFILE, &r) == 0);
         out("fd limit %d%s: getrlimit %llu, sysconf %ld, getdtablesize %d", (int)soft,
             hard_too ? " (hard too)" : "", (unsigned long long)r.rlim_cur, sysconf(_SC_OPEN_MAX),
             getdtablesize());
         int ap[2];
-        CHECK(pipe(ap) == 0);
-        pid_t c = fork();
-        CHECK(c >= 0);
+        struct sockaddr_in a;
+        pid_t c = fork_client(ap, &a);
         if (c == 0) {
-            struct sockaddr_in a;
-            CHECK(read(ap[0], &a, sizeof a) == sizeof a);
             static int fds[1024];
             for (int i = 0; i < n; i++)
                 fds[i] = dial(&a);
@@ -2078,7 +2106,6 @@ static void fd_limit_run(int n, rlim_t soft, int hard_too) {
             }
             _exit(0);
         }
-        struct sockaddr_in a;
         int l = listener(&a);
         CHECK(listen(l, n + 8) == 0);
         CHECK(write(ap[1], &a, sizeof a) == sizeof a);
@@ -2092,13 +2119,9 @@ static void fd_limit_run(int n, rlim_t soft, int hard_too) {
             CHECK(read(s[i], b, 6) == 6);
             CHECK(write(s[i], b, 6) == 6);
         }
-        int st;
-        CHECK(waitpid(c, &st, 0) == c);
-        _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 1);
+        exit_as(c);
     }
-    int st;
-    CHECK(waitpid(w, &st, 0) == w);
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    wait_ok(w);
 }
 
 static void case_fd_limit(void) {
@@ -2114,17 +2137,11 @@ static void case_fd_limit_accept(void) {
     pid_t w = fork();
     CHECK(w >= 0);
     if (w == 0) {
-        struct rlimit r;
-        CHECK(getrlimit(RLIMIT_NOFILE, &r) == 0);
-        r.rlim_cur = 64;
-        CHECK(setrlimit(RLIMIT_NOFILE, &r) == 0);
+        set_fd_limit(64, 0);
         int ap[2];
-        CHECK(pipe(ap) == 0);
-        pid_t c = fork();
-        CHECK(c >= 0);
+        struct sockaddr_in a;
+        pid_t c = fork_client(ap, &a);
         if (c == 0) {
-            struct sockaddr_in a;
-            CHECK(read(ap[0], &a, sizeof a) == sizeof a);
             int s = dial(&a);
             CHECK(write(s, "ping", 4) == 4);
             char b[4];
@@ -2132,7 +2149,6 @@ static void case_fd_limit_accept(void) {
                 read(s, b, 4) == 4 && memcmp(b, "pong", 4) == 0 ? "pong" : "nothing");
             _exit(0);
         }
-        struct sockaddr_in a;
         int l = listener(&a);
         CHECK(listen(l, 8) == 0);
         CHECK(write(ap[1], &a, sizeof a) == sizeof a);
@@ -2156,13 +2172,9 @@ static void case_fd_limit_accept(void) {
         char b[4];
         CHECK(read(conn, b, 4) == 4 && memcmp(b, "ping", 4) == 0);
         CHECK(write(conn, "pong", 4) == 4);
-        int st;
-        CHECK(waitpid(c, &st, 0) == c);
-        _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 1);
+        exit_as(c);
     }
-    int st;
-    CHECK(waitpid(w, &st, 0) == w);
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    wait_ok(w);
 }
 
 /* Accept with a 5 s alarm (no SA_RESTART): a hung accept prints EINTR instead of hanging. */

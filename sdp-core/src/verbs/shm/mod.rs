@@ -4064,7 +4064,17 @@ mod tests {
     /// A connector of one provider and the endpoint that accepted its request on a listener of
     /// another (both of this process), before either looked at the other's answer.
     fn accepted_pair() -> (ShmProvider, ShmEndpoint, ShmProvider, ShmEndpoint) {
-        let (a, b) = (ShmProvider::new().unwrap(), ShmProvider::new().unwrap());
+        accepted_pair_with(ShmConfig::default())
+    }
+
+    /// [`accepted_pair`] with the listening side's provider configured by `cfg_b`.
+    fn accepted_pair_with(
+        cfg_b: ShmConfig,
+    ) -> (ShmProvider, ShmEndpoint, ShmProvider, ShmEndpoint) {
+        let (a, b) = (
+            ShmProvider::new().unwrap(),
+            ShmProvider::with_config(cfg_b).unwrap(),
+        );
         let (_tcp, port) = sys::tcp_reserve("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut l = b.listen(addr, 4, QpCaps::default()).unwrap();
@@ -4083,7 +4093,14 @@ mod tests {
 
     /// Two endpoints of one process connected through a listener of another provider.
     fn connected_pair() -> (ShmProvider, ShmEndpoint, ShmProvider, ShmEndpoint) {
-        let (a, mut ca, b, mut cb) = accepted_pair();
+        connected_pair_with(ShmConfig::default())
+    }
+
+    /// [`connected_pair`] with the listening side's provider configured by `cfg_b`.
+    fn connected_pair_with(
+        cfg_b: ShmConfig,
+    ) -> (ShmProvider, ShmEndpoint, ShmProvider, ShmEndpoint) {
+        let (a, mut ca, b, mut cb) = accepted_pair_with(cfg_b);
         let end = Instant::now() + Duration::from_secs(10);
         let (mut ua, mut ub) = (false, false);
         while !(ua && ub) {
@@ -4290,30 +4307,8 @@ mod tests {
             move_wait: Duration::from_millis(200),
             ..ShmConfig::default()
         };
-        let (a, b) = (
-            ShmProvider::new().unwrap(),
-            ShmProvider::with_config(cfg).unwrap(),
-        );
-        let (_tcp, port) = sys::tcp_reserve("127.0.0.1:0".parse().unwrap()).unwrap();
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut l = b.listen(addr, 4, QpCaps::default()).unwrap();
-        let mut ca = a.connect(addr, None, QpCaps::default(), b"x").unwrap();
+        let (a, mut ca, b, mut cb) = connected_pair_with(cfg);
         let end = Instant::now() + Duration::from_secs(10);
-        let mut cb = loop {
-            if let Some((mut ep, _)) = l.poll_request() {
-                ep.accept(b"y").unwrap();
-                break ep;
-            }
-            assert!(Instant::now() < end, "no request");
-            std::thread::sleep(Duration::from_millis(1));
-        };
-        let (mut ua, mut ub) = (false, false);
-        while !(ua && ub) {
-            ua |= matches!(ca.poll_cm(), Some(CmEvent::Established { .. }));
-            ub |= matches!(cb.poll_cm(), Some(CmEvent::Established { .. }));
-            assert!(Instant::now() < end, "not established");
-            std::thread::sleep(Duration::from_millis(1));
-        }
         assert!(ca.pause_peer());
         while !ca.peer_paused() {
             a.arm().unwrap();
