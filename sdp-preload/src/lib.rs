@@ -166,9 +166,10 @@ extern "C" fn at_exit() {
     });
 }
 
-/// A fork that moves this process's SDP streams to the child (`daemon`): the fork handlers
-/// neither expose the streams nor share the listeners (the daemon hook shared them first; the
-/// runtime is locked across this fork), and the child reports the streams as their owner.
+/// A fork that moves this process's SDP streams and listeners to the child (`daemon`): the
+/// fork handlers neither expose the streams nor share or drop the listeners (the daemon hook
+/// shared those that cannot move; the runtime is locked across this fork), and the child keeps
+/// its rendezvous sockets and reports the streams as their owner.
 static MOVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 extern "C" fn fork_prepare() {

@@ -567,11 +567,11 @@ pub(crate) fn close_in_fork_child(fd: BorrowedFd<'_>) {
     g.push((fd.as_raw_fd(), id));
 }
 
-/// The next fork's child goes on with this process's connections (they move to it: see
-/// `Endpoint::pause_peer`): it keeps the fds [`close_in_fork_child`] noted. Set just before
-/// that fork by the thread that makes it ([`next_fork_moves`]); the fork handlers clear it.
-/// Holds the mover's pid (0: the next fork is no move), read in the child (its parent may be
-/// gone by then).
+/// The mover's pid when the next fork's child goes on with this process's connections (they
+/// move to it: see `Endpoint::pause_peer`), else 0: that child keeps the fds
+/// [`close_in_fork_child`] noted, and reads the pid here (its parent may be gone by then).
+/// Set just before that fork by the thread that makes it ([`next_fork_moves`]); the fork
+/// handlers clear it.
 static NEXT_FORK_MOVES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// The next fork of this thread's is a move: its child keeps our fds (see [`NEXT_FORK_MOVES`]).

@@ -1707,9 +1707,7 @@ impl Provider for ShmProvider {
                     // The listener's process: the acceptor unless it hands the request to
                     // another process sharing the listener (then its ACC says who: `check_socket`).
                     // `ctl.peer` is set when the ACC came.
-                    let p = self.inner.shared_proc(p);
-                    ep.peer_pid = pid;
-                    ep.peer_proc = Some(p);
+                    ep.peer_proc = Some(self.inner.shared_proc(p));
                 }
                 Err(_) => {
                     ep.state = QpState::Error;
@@ -1978,8 +1976,7 @@ pub struct ShmEndpoint {
     caps: QpCaps,
     local: SocketAddr,
     peer_addr: SocketAddr,
-    peer_pid: i32,
-    /// The peer process (pidfd), from the handshake's socket.
+    /// The peer process (pidfd), from the handshake's socket (its pid is `peer_pid`).
     peer_proc: Option<Arc<Proc>>,
     /// Our last `OFF_INFLIGHT` value in the peer's inbox.
     copy_seq: u32,
@@ -2240,7 +2237,6 @@ impl ShmEndpoint {
             caps,
             local,
             peer_addr,
-            peer_pid: peer.as_ref().map_or(0, |p| p.proc.pid()),
             peer_proc: peer.as_ref().map(|p| p.proc.clone()),
             copy_seq: 0,
             inbox,
@@ -2280,7 +2276,7 @@ impl ShmEndpoint {
 
     /// The peer's process id (0 before the connection is set up).
     pub fn peer_pid(&self) -> i32 {
-        self.peer_pid
+        self.peer_proc.as_ref().map_or(0, |p| p.pid())
     }
 
     /// A message of `kind` after the handshake, with our address and `probe`.
@@ -2335,7 +2331,6 @@ impl ShmEndpoint {
             return Err(());
         }
         let p = self.inner.shared_proc(p);
-        self.peer_pid = pid;
         self.peer_proc = Some(p.clone());
         self.ctl.set_peer(p.clone());
         if let Some(peer) = self.peer.as_mut() {
@@ -3132,7 +3127,6 @@ impl ShmEndpoint {
             (Some((pid, uid)), _) if uid == self.inner.uid && pid > 0 => {
                 let p = Proc::open(pid).ok().filter(|p| p.alive())?;
                 let p = self.inner.shared_proc(p);
-                self.peer_pid = pid;
                 self.peer_proc = Some(p.clone());
                 p
             }
@@ -3825,7 +3819,6 @@ impl ShmListener {
         };
         // Its fds come with the RTU (`check_socket`).
         ep.early = self.sock.is_none();
-        ep.peer_pid = h.proc.pid();
         ep.ctl.set_peer(h.proc.clone());
         ep.peer_proc = Some(h.proc);
         // Re-register the socket under the endpoint's token.
