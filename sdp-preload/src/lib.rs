@@ -40,6 +40,7 @@ pub fn json_str(s: &str) -> String {
 }
 
 mod exec;
+mod keeper;
 mod limits;
 mod real;
 mod report;
@@ -73,9 +74,9 @@ fn internal() -> bool {
 }
 
 /// Marks the current thread as the shim's for the guard's life.
-struct Internal(bool);
+pub(crate) struct Internal(bool);
 impl Internal {
-    fn enter() -> Internal {
+    pub(crate) fn enter() -> Internal {
         Internal(INTERNAL.with(|c| c.replace(true)))
     }
 }
@@ -146,6 +147,8 @@ extern "C" fn at_exit() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let _g = Internal::enter();
+        // Streams other processes may hold go on in a keeper (keeper.rs).
+        keeper::start_if_wanted();
         // What was written before exit reaches the peers (the socket layer's own atexit
         // handler does the same; `_exit` skips it).
         sdp_core::socket::flush_at_exit(sdp_core::socket::exit_linger());
@@ -170,7 +173,7 @@ extern "C" fn at_exit() {
 /// fork handlers neither expose the streams nor share or drop the listeners (the daemon hook
 /// shared those that cannot move; the runtime is locked across this fork), and the child keeps
 /// its rendezvous sockets and reports the streams as their owner.
-static MOVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+pub(crate) static MOVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 extern "C" fn fork_prepare() {
     if !MOVING.load(Ordering::SeqCst) {
@@ -384,7 +387,7 @@ fn choose(role: rules::Role, addr: SocketAddr) -> rules::Use {
     over.unwrap_or_else(|| r.choose(role, program(), addr))
 }
 
-fn log(msg: std::fmt::Arguments<'_>) {
+pub(crate) fn log(msg: std::fmt::Arguments<'_>) {
     if LOG.load(Ordering::Relaxed) == 2 {
         eprintln!("sdp-preload[{}]: {msg}", std::process::id());
     }
@@ -1010,20 +1013,25 @@ pub unsafe extern "C" fn accept4(
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if table::owned(fd) && !internal() {
-        let s = table::remove(fd);
-        before_last_close(fd, s.as_ref());
-        // SAFETY: forwards the caller's argument.
-        let r = unsafe { real::close(fd) };
-        // The connection ends when its last fd in this process is gone (the Arc's last clone).
-        let _g = Internal::enter();
-        drop(s);
-        return r;
+        return close_owned(fd);
     }
     if report::tcp_watched(fd) && !internal() {
         report::tcp_closing(fd);
     }
     // SAFETY: forwards the caller's argument.
     unsafe { real::close(fd) }
+}
+
+/// close(2) of an fd the shim owns.
+pub(crate) fn close_owned(fd: c_int) -> c_int {
+    let s = table::remove(fd);
+    before_last_close(fd, s.as_ref());
+    // SAFETY: an fd of the application's, which it closes.
+    let r = unsafe { real::close(fd) };
+    // The connection ends when its last fd in this process is gone (the Arc's last clone).
+    let _g = Internal::enter();
+    drop(s);
+    r
 }
 
 /// `fd` is about to close and `s` (just taken out of the table) was its socket: if that was

@@ -230,6 +230,21 @@ pub(crate) fn forget_inherited() {
     }
 }
 
+/// In the keeper (keeper.rs): what the owner closed before is the owner's to report.
+pub(crate) fn forget_done() {
+    DONE.lock().clear();
+}
+
+/// The program's name (`/proc/self/comm`), read once: the keeper's lines carry its owner's.
+pub(crate) fn program_name() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/comm")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    })
+}
+
 /// Remember a finished socket for the report.
 pub(crate) fn push(r: Record) {
     if wanted() {
@@ -251,9 +266,7 @@ pub(crate) fn write(live: Vec<Record>) {
     let Some(Some(path)) = PATH.get() else {
         return;
     };
-    let program = std::fs::read_to_string("/proc/self/comm")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default();
+    let program = program_name();
     let pid = std::process::id();
     let mut lines = String::new();
     let done = std::mem::take(&mut *DONE.lock());
@@ -265,7 +278,7 @@ pub(crate) fn write(live: Vec<Record>) {
         }
         lines.push_str(&format!(
             "{{\"pid\":{pid},\"program\":{},\"role\":{},\"local\":{},\"peer\":{},\"transport\":{},\"bytes_in\":{},\"bytes_out\":{},\"zcopy_bytes\":{},\"fallback\":{},\"shared\":{}}}\n",
-            json_str(&program),
+            json_str(program),
             json_str(r.role),
             opt_addr(r.local),
             opt_addr(r.peer),

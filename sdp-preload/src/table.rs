@@ -184,6 +184,11 @@ fn pick(pick: impl Fn(&Sock) -> bool) -> Vec<(i32, Arc<Sock>)> {
     })
 }
 
+/// Every fd the shim owns.
+pub(crate) fn fds() -> Vec<i32> {
+    pick(|_| true).into_iter().map(|(fd, _)| fd).collect()
+}
+
 /// Every SDP stream the process holds (for reports and exit).
 pub(crate) fn streams() -> Vec<(i32, Arc<Sock>)> {
     pick(|s| matches!(s, Sock::Stream(..)))

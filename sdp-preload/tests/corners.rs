@@ -417,26 +417,50 @@ fn short_connections_in_a_row_go_by_tcp_for_a_while() {
     );
 }
 
-/// A client that connects, forks and whose parent exits at once (`ssh -f`, `daemon()`): over
-/// TCP the child's request is answered. Under the shim the connection lives in the parent's
-/// runtime and goes with it (an open bug, TODO.md); the child must at least see that at once
-/// (EPIPE, a reset or EOF), not wait: it did wait, for its whole 5 s timeout (EAGAIN), since it
-/// held a copy of the parent runtime's end of its own fd's file, which it never uses (now
-/// closed in the child at fork).
+/// A client that connects, forks and whose parent exits at once (`if (fork()) _exit(0)`,
+/// hand-written daemonizing): over TCP the child's request is answered, and under the shim too,
+/// over SDP: the parent's exit forks a keeper that takes the connection over and pumps it for
+/// the child (its report line: shm, shared, the request and the answer; written when the
+/// keeper ends, after the child closed). Before: the connection went with the parent, and the
+/// child's write got EPIPE (earlier still, its read waited out its 5 s timeout).
 #[test]
-fn a_child_whose_parent_exits_is_not_left_waiting() {
+fn a_child_whose_parent_exits_keeps_the_connection() {
     let _serial = serial();
     let prog = build_c("corners", "owner_exits");
+    let report = std::env::temp_dir().join(format!(
+        "sdp-report-owner-exits-{}.jsonl",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&report);
     let tcp = run(&prog, Some("owner_exits"), false, None, &[]);
     assert!(
         tcp.contains("owner exits: child write ok, read reply:hello"),
         "{tcp}"
     );
-    let sdp = run(&prog, Some("owner_exits"), true, None, &[]);
+    let sdp = run(&prog, Some("owner_exits"), true, Some(&report), &[]);
     let _ = std::fs::remove_file(&prog);
-    assert!(sdp.contains("owner exits: child write"), "{sdp}");
-    // EAGAIN: its read waited out its 5 s timeout.
-    assert!(!sdp.contains("EAGAIN"), "the child waited: {sdp}");
+    assert_eq!(
+        tcp, sdp,
+        "transcripts differ: kernel TCP first, shim second"
+    );
+    let want = [
+        "\"role\":\"client\"",
+        "\"transport\":\"shm\"",
+        "\"bytes_in\":11,\"bytes_out\":5",
+        "\"shared\":true",
+    ];
+    // The keeper writes its line when it ends, just after the child closed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let lines = loop {
+        let lines = std::fs::read_to_string(&report).unwrap_or_default();
+        if has_line(&lines, &want) || std::time::Instant::now() > deadline {
+            break lines;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let _ = std::fs::remove_file(&report);
+    assert!(has_line(&lines, &want), "report:\n{lines}");
+    let _ = shm_server_line(&lines);
 }
 
 /// daemon(3) after connecting (`ssh -f`): the parent exits at once and the daemon child's

@@ -1338,9 +1338,8 @@ static void case_short_conns(void) {
 }
 
 /* A client connects, forks, and the parent exits at once (`ssh -f`, daemon(3)); the child then
- * writes a request and reads the answer (5 s SO_RCVTIMEO). Over TCP it is answered. Under the
- * shim the connection lives in the parent's runtime, which goes with it (TODO.md): the child
- * must at least see that at once (EPIPE, a reset or EOF), not wait. Run by name. */
+ * writes a request and reads the answer (5 s SO_RCVTIMEO). Over TCP it is answered; under the
+ * shim too (the exiting owner's keeper carries the connection on). Run by name. */
 /* Answer one request ("reply:" and what came), waiting for it up to 5 s. */
 static void serve_one_request(int l) {
     int c = accept(l, NULL, NULL);

@@ -64,6 +64,16 @@ pub fn fork_moving(mut fork: impl FnMut() -> libc::pid_t) -> libc::pid_t {
     }
 }
 
+/// In the process this process's connections moved to ([`fork_moving`]), whose application
+/// closed every fd of them: wait until no stream is pumped for other processes any more (each
+/// ended with its last holder's close). The shim's keeper of an exiting owner whose children
+/// hold its streams (`if (fork()) _exit(0)`) waits so, then exits.
+pub fn wait_for_other_holders() {
+    if let Some(s) = super::stack::Stack::shm_started() {
+        s.0.wait_pumps_done();
+    }
+}
+
 /// A connection's state and counters (TCP_INFO, FIONREAD, SIOCOUTQ, reports).
 #[derive(Debug, Clone)]
 pub struct AppInfo {
@@ -206,6 +216,8 @@ impl Handed {
 #[derive(Debug, Default)]
 pub struct Sharing {
     pub(crate) shared: std::sync::atomic::AtomicBool,
+    /// A fork child inherited the stream's fd (see [`AppStream::expose`]).
+    pub(crate) exposed: std::sync::atomic::AtomicBool,
     /// Bytes in and out and by zero copy, when the connection's pump ended.
     pub(crate) last: parking_lot::Mutex<Option<(u64, u64, u64)>>,
 }
@@ -214,6 +226,11 @@ impl Sharing {
     /// The stream's bytes go through its kernel file.
     pub fn is_shared(&self) -> bool {
         self.shared.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A fork child inherited the stream's fd: another process may hold its file.
+    pub fn is_exposed(&self) -> bool {
+        self.exposed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Bytes in, out and by zero copy over the connection's whole life, once the pump of a
@@ -415,6 +432,12 @@ impl AppStream {
     /// Whether the fd is shared (its bytes flow through the kernel file).
     pub fn is_shared(&self) -> bool {
         self.shared.is_shared()
+    }
+
+    /// Whether a fork child inherited the fd since the stream was made (see
+    /// [`AppStream::expose`]): another process may hold its file.
+    pub fn is_exposed(&self) -> bool {
+        self.shared.is_exposed()
     }
 
     /// What carries the stream.

@@ -124,13 +124,14 @@ pub(crate) fn owned(fd: RawFd) -> io::Result<OwnedFd> {
 pub fn high_fd(fd: RawFd) -> io::Result<RawFd> {
     let floor = high_fd_floor();
     if fd < 0 || fd >= floor {
+        note_ours(fd);
         return Ok(fd);
     }
     let moved = dup_at(fd, floor);
     // SAFETY: `fd` is ours: replaced by its duplicate, or given up.
     unsafe { libc::close(fd) };
     match moved {
-        Ok(hi) => Ok(hi.into_raw_fd()),
+        Ok(hi) => Ok(note_ours(hi.into_raw_fd())),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
             // The floor is at or past the hard limit.
             Err(io::Error::from_raw_os_error(libc::EMFILE))
@@ -301,7 +302,25 @@ pub fn fds_to_spare(fd: BorrowedFd<'_>, k: u32) -> bool {
 
 /// A close-on-exec duplicate of `fd`, at a high number ([`high_fd`]).
 pub fn dup_high(fd: RawFd) -> io::Result<OwnedFd> {
-    dup_at(fd, high_fd_floor())
+    dup_at(fd, high_fd_floor()).inspect(|d| {
+        note_ours(d.as_raw_fd());
+    })
+}
+
+/// The lowest number [`high_fd`] ever gave one of our fds (`i32::MAX`: none yet).
+static LOWEST_OURS: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(i32::MAX);
+
+fn note_ours(fd: RawFd) -> RawFd {
+    if fd >= 0 {
+        LOWEST_OURS.fetch_min(fd, std::sync::atomic::Ordering::Relaxed);
+    }
+    fd
+}
+
+/// Every fd below this number is the application's (ours are at or above it, as
+/// [`high_fd`] placed them; the application's own may be above it too).
+pub fn app_fds_end() -> RawFd {
+    high_fd_floor().min(LOWEST_OURS.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 /// A close-on-exec duplicate of `fd` at the lowest free number from `floor` up.

@@ -244,6 +244,9 @@ pub(crate) trait StackOps: Send + Sync {
     /// Make the stream's bytes flow through its file (`user`, an fd of it): in the owning
     /// process at once, in another (a fork child) by asking the owner.
     fn app_join(&self, id: ConnId, user: RawFd) -> io::Result<()>;
+    /// Block until no stream of this runtime is pumped for other processes any more (each
+    /// ended with its last holder's close; the keeper of an exited owner waits so).
+    fn wait_pumps_done(&self);
     /// The application's last fd of an exposed stream in this process is about to close
     /// (`user`): stop the readiness protocol, so the close can tell whether another process
     /// holds the file.

@@ -713,6 +713,10 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         self.join(id, user)
     }
 
+    fn wait_pumps_done(&self) {
+        self.pumps_done();
+    }
+
     fn app_quiesce(&self, id: ConnId, user: RawFd) {
         self.quiesce(id, user)
     }

@@ -201,8 +201,18 @@ impl<P: Provider + 'static> Runtime<P> {
         if s.pump.is_some() {
             shared.shared.store(true, Ordering::SeqCst);
         }
+        shared.exposed.store(true, Ordering::SeqCst);
         s.exposed = Some(Exposed { file, shared });
         Ok(())
+    }
+
+    /// See [`StackOps::wait_pumps_done`]: the progress thread runs the pumps and closes those
+    /// every holder closed.
+    pub(super) fn pumps_done(&self) {
+        let Ok(mut g) = self.lock() else { return };
+        while g.pumps > 0 && !self.sh.failed() {
+            self.sh.cond.wait_for(&mut g, Duration::from_millis(50));
+        }
     }
 
     /// In another process (a fork child): ask the owner to share the stream (see the module
