@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A client connects, forks, and the parent exits at once (daemon(3), `ssh -f`, double-fork
-# daemons); the child then uses the connection. Plain: the child's request is answered.
-# Shim (both ends over shm): the child's bytes never reach the server; the child waits until
-# its timeout (here 10 s, SO_RCVTIMEO) and gets nothing.
+# daemons); the child then uses the connection. Plain: the child's request is answered. Shim
+# (both ends over shm): answered too (daemon: the connection moves to the child; _exit: the
+# parent's exit hands it to a keeper that pumps it for the child). Before 2026-11-27 the child's
+# bytes never reached the server (then: EPIPE at once).
 # Usage: repro-fork-parent-exits.sh [plain|shim] [daemon|_exit]
 SO=$(cd "$(dirname "$0")/../../.." && pwd)/target/release/libsdp_preload.so
 MODE=${1:-shim}; HOW=${2:-daemon}; P=$((29000 + RANDOM % 1000))
