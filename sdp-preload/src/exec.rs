@@ -1,8 +1,9 @@
 //! exec without fork. The SDP connections live in the process image an exec replaces, so before
 //! it the shim does what an exit does (`at_exit`): what was written reaches the peers, then each
-//! connection closes as TCP's would when its last fd goes (the exec closes FD_CLOEXEC sockets;
-//! a stream without FD_CLOEXEC, which TCP would keep open in the new program, ends too: see
-//! TODO.md). Only when the exec can succeed (the file is there and executable), so a program
+//! connection closes as TCP's would when its last fd goes (the exec closes FD_CLOEXEC sockets).
+//! A stream over shm without FD_CLOEXEC, which TCP keeps open in the new program, is shared
+//! first and goes on in a keeper the exit work forks (keeper.rs), which pumps it for the new
+//! program (over rdma it ends). Only when the exec can succeed (the file is there and executable), so a program
 //! that tries paths in turn keeps its connections through the failures. Without this, bytes
 //! still queued were lost and a peer could copy into the new image's memory until it noticed.
 
@@ -205,9 +206,22 @@ fn before_exec(can: impl FnOnce() -> bool) -> ExecLimit {
         && PID.load(Ordering::Relaxed) == std::process::id()
         && can()
     {
+        share_own_for_exec();
         crate::at_exit();
     }
     ExecLimit::enter()
+}
+
+/// Before an exec without a fork: this process's own streams over shm that the new program
+/// keeps (no FD_CLOEXEC) become shared, so their bytes go through the kernel file; the exit
+/// work that follows then sees them held by another process and hands them to a keeper, which
+/// pumps them for the new program (keeper.rs), where the exec ended them. Over rdma they end
+/// as before (a queue pair cannot move).
+fn share_own_for_exec() {
+    let _g = crate::Internal::enter();
+    crate::share_streams("exec", |fd, st| {
+        !st.is_inherited() && st.transport() == sdp_core::Transport::Shm && crate::kept_by_exec(fd)
+    });
 }
 
 /// In a fork child about to exec: the streams it inherited and the new program keeps (no

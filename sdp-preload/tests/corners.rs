@@ -450,14 +450,58 @@ fn a_child_whose_parent_exits_keeps_the_connection() {
         "\"shared\":true",
     ];
     // The keeper writes its line when it ends, just after the child closed.
+    let lines = await_line(&report, &want);
+    let _ = std::fs::remove_file(&report);
+    assert!(has_line(&lines, &want), "report:\n{lines}");
+    let _ = shm_server_line(&lines);
+}
+
+/// The report `path` once it has a line with all of `parts` (a keeper's, written when it
+/// ends, which may be after the program did), or as it is after 20 s.
+fn await_line(path: &Path, parts: &[&str]) -> String {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let lines = loop {
-        let lines = std::fs::read_to_string(&report).unwrap_or_default();
-        if has_line(&lines, &want) || std::time::Instant::now() > deadline {
-            break lines;
+    loop {
+        let lines = std::fs::read_to_string(path).unwrap_or_default();
+        if has_line(&lines, parts) || std::time::Instant::now() > deadline {
+            return lines;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    }
+}
+
+/// A process that made a connection execs a new program without a fork, the socket kept open
+/// (no FD_CLOEXEC): the new program serves it as over TCP (TCP's transcript, the server's
+/// replies, its EOF), the stream going on over SDP in the exec's keeper (its line: shm,
+/// shared, the whole connection's counts). Before: the exec ended the connection (the server's
+/// read got EOF after its first request).
+#[test]
+fn an_exec_keeps_the_stream_for_the_new_program() {
+    let _serial = serial();
+    let prog = build_c("corners", "exec_keeps");
+    let report = std::env::temp_dir().join(format!(
+        "sdp-report-exec-keeps-{}.jsonl",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&report);
+    let tcp = run(&prog, Some("exec_keeps"), false, None, &[]);
+    assert!(
+        tcp.contains("peer got spawned reply to request 1 inet 127.0.0.1/127.0.0.1 ok")
+            && tcp.contains("exec-keeps program exit 0 server exit 0"),
+        "{tcp}"
+    );
+    let sdp = run(&prog, Some("exec_keeps"), true, Some(&report), &[]);
+    let _ = std::fs::remove_file(&prog);
+    assert_eq!(
+        tcp, sdp,
+        "transcripts differ: kernel TCP first, shim second"
+    );
+    let want = [
+        "\"role\":\"client\"",
+        "\"transport\":\"shm\"",
+        "\"bytes_in\":18,\"bytes_out\":108",
+        "\"shared\":true",
+    ];
+    let lines = await_line(&report, &want);
     let _ = std::fs::remove_file(&report);
     assert!(has_line(&lines, &want), "report:\n{lines}");
     let _ = shm_server_line(&lines);

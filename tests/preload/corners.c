@@ -1407,6 +1407,38 @@ static void parent_goes(int by_daemon) {
     CHECK(waitpid(srv, &st, 0) == srv);
 }
 
+/* Accept one connection and talk over it as peer_talk does (requests, replies, EOF). */
+static void serve_talk(int l) {
+    int c = accept(l, NULL, NULL);
+    CHECK(c >= 0);
+    peer_talk(c);
+    close(c);
+}
+
+/* A process that made a connection execs a new program without a fork, the socket kept open
+ * (no close-on-exec: a program that re-executes itself, a wrapper that execs its handler): the
+ * new program serves it, as over TCP. Under the shim the connection lived in the image the
+ * exec replaced and ended with it (what was written delivered, then EOF); now its keeper
+ * carries it on. Run by name. */
+static void case_exec_keeps(void) {
+    struct sockaddr_in a;
+    pid_t srv = fork_server(&a, serve_talk);
+    pid_t child = fork();
+    CHECK(child >= 0);
+    if (child == 0) {
+        int s = dial(&a);
+        char fdn[16];
+        snprintf(fdn, sizeof fdn, "%d", s);
+        execl("/proc/self/exe", "corners", "serve-fd", fdn, (char *)NULL);
+        _exit(127);
+    }
+    int st, sst;
+    CHECK(waitpid(child, &st, 0) == child);
+    CHECK(waitpid(srv, &sst, 0) == srv);
+    out("exec-keeps program exit %d server exit %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+        WIFEXITED(sst) ? WEXITSTATUS(sst) : -1);
+}
+
 static void case_owner_exits(void) { parent_goes(0); }
 
 /* As owner_exits, by daemon(3) (`ssh -f`): over TCP the request is answered; under the shim
@@ -2340,6 +2372,8 @@ int main(int argc, char **argv) {
         case_eintr_masked();
     if (only && strcmp(only, "owner_exits") == 0)
         case_owner_exits();
+    if (only && strcmp(only, "exec_keeps") == 0)
+        case_exec_keeps();
     if (only && strcmp(only, "other_user") == 0)
         case_other_user();
     out("done");

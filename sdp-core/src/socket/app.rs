@@ -394,6 +394,16 @@ impl AppStream {
         if self.is_inherited() {
             return self.stack.0.app_join(self.id, fd);
         }
+        // Other processes hold the file from now on: the runtime keeps what the connection
+        // carried in all for this process's report when the pump ends, as for a stream a fork
+        // exposed.
+        // SAFETY: `fd` is the caller's open fd of this stream, for the call.
+        let file = crate::sys::file_identity(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) });
+        if let Ok(file) = file {
+            self.stack
+                .0
+                .app_expose(self.id, file, self.shared.clone())?;
+        }
         self.stack.0.app_share(self.id, fd)
     }
 
