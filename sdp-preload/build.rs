@@ -1,9 +1,12 @@
 // execl, execlp and execle are C-variadic, which stable Rust cannot define: their bodies are a
-// few lines of C (src/execl.c); src/exec.rs exports the symbols as jumps to them.
+// few lines of C (src/execl.c); src/exec.rs exports the symbols as jumps to them. dprintf and
+// its kin (src/stdio.c) are C for the same reason.
 fn main() {
     println!("cargo:rerun-if-changed=src/execl.c");
+    println!("cargo:rerun-if-changed=src/stdio.c");
     cc::Build::new()
         .file("src/execl.c")
+        .file("src/stdio.c")
         .warnings_into_errors(true)
         .compile("sdp_execl");
 }

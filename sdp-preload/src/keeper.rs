@@ -33,11 +33,14 @@ use crate::{close_owned, log, real, report, Internal, MOVING};
 /// Whether this process holds a stream of its own over shm that another process may hold too
 /// (a fork since it was made, or shared already).
 fn wanted() -> bool {
-    table::streams().into_iter().any(|(_, s)| match &*s {
+    table::streams().into_iter().any(|(fd, s)| match &*s {
         Sock::Stream(st, _) => {
             !st.is_inherited()
                 && st.transport() == Transport::Shm
                 && (st.is_exposed() || st.is_shared())
+                // Still open: an fd closed behind the shim's back (`fclose` of an `fdopen`ed
+                // stream) is dropped here, and its pump already closed the connection.
+                && table::get(fd).is_some()
         }
         _ => false,
     })

@@ -39,6 +39,7 @@ pub fn json_str(s: &str) -> String {
     o
 }
 
+#[macro_use]
 mod exec;
 mod keeper;
 mod limits;
@@ -875,6 +876,7 @@ unsafe fn accept_common(
                         continue;
                     }
                     log(format_args!("accept fd {fd}: {peer} over sdp as fd {nfd}"));
+                    share_for_stdio(nfd, "accept");
                     // SAFETY: the caller's buffers.
                     unsafe { put_sockaddr(peer, addr, len) };
                     return nfd;
@@ -1059,9 +1061,75 @@ fn dup_entry(old: c_int, new: c_int) {
     let prev = table::remove(new);
     if let Some(s) = table::get(old) {
         table::insert(new, s);
+        share_for_stdio(new, "dup onto a standard stream's fd");
     }
     let _g = Internal::enter();
     drop(prev);
+}
+
+// ---------------------------------------------------------------------------------------------
+// stdio
+
+/// A stream that stdio may read or write (a `FILE` on its fd: `fdopen`, or the fds of stdin,
+/// stdout and stderr, 0 to 2): glibc's stdio calls read, write and close inside libc, where no
+/// hook sees them, so the stream's bytes must flow through the kernel file (shared: pumped by
+/// the runtime, as for a fork child's use). Before, `fprintf` on an `fdopen`ed SDP socket wrote
+/// into the readiness pair and its `fclose` left the connection open: the peer got nothing,
+/// then no EOF. Nothing for fds above 2 unless `always`, and for fds that are not streams.
+fn share_for_stdio_if(fd: c_int, what: &str, always: bool) {
+    if !(always || (0..=2).contains(&fd)) || internal() {
+        return;
+    }
+    let Some(s) = table::get(fd) else { return };
+    if let Sock::Stream(st, _) = &*s {
+        if !st.is_shared() {
+            let _g = Internal::enter();
+            match st.share(fd) {
+                Ok(()) => log(format_args!(
+                    "{what}: fd {fd} is shared for stdio, its bytes go through the kernel file"
+                )),
+                Err(e) => log(format_args!("{what}: fd {fd} cannot be shared: {e}")),
+            }
+        }
+    }
+}
+
+/// [`share_for_stdio_if`] for fds 0 to 2.
+fn share_for_stdio(fd: c_int, what: &str) {
+    share_for_stdio_if(fd, what, false);
+}
+
+/// fdopen(3): a `FILE` on a stream (see [`share_for_stdio_if`]).
+///
+/// # Safety
+/// As `fdopen(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
+    if table::owned(fd) {
+        share_for_stdio_if(fd, "fdopen", true);
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::fdopen(fd, mode) }
+}
+
+// dprintf and its kin: C-variadic (or taking a va_list), so C (src/stdio.c); the symbols are
+// jumps to it, as for execl (exec.rs).
+extern "C" {
+    fn sdp_dprintf();
+    fn sdp_dprintf_chk();
+    fn sdp_vdprintf();
+    fn sdp_vdprintf_chk();
+}
+variadic_jump!(dprintf, sdp_dprintf);
+variadic_jump!(__dprintf_chk, sdp_dprintf_chk);
+variadic_jump!(vdprintf, sdp_vdprintf);
+variadic_jump!(__vdprintf_chk, sdp_vdprintf_chk);
+
+/// For src/stdio.c (`dprintf` and its kin): whether the shim owns `fd`, so that the formatted
+/// bytes go through the shim's `write` rather than libc's internal one.
+#[no_mangle]
+pub extern "C" fn sdp_preload_owns(fd: c_int) -> c_int {
+    (table::owned(fd) && !internal()) as c_int
 }
 
 #[no_mangle]

@@ -157,6 +157,7 @@ real_fns! {
     fn dup2(old: c_int, new: c_int) -> c_int;
     fn fork() -> libc::pid_t;
     fn daemon(nochdir: c_int, noclose: c_int) -> c_int;
+    fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE;
     fn splice(fd_in: c_int, off_in: *mut libc::loff_t, fd_out: c_int, off_out: *mut libc::loff_t, len: size_t, flags: libc::c_uint) -> ssize_t;
     fn posix_spawn(pid: *mut libc::pid_t, path: *const libc::c_char, fa: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut libc::c_char, envp: *const *mut libc::c_char) -> c_int;
     fn posix_spawnp(pid: *mut libc::pid_t, file: *const libc::c_char, fa: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut libc::c_char, envp: *const *mut libc::c_char) -> c_int;

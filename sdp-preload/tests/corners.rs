@@ -38,8 +38,10 @@ fn build_c(name: &str, tag: &str) -> PathBuf {
         .join("../tests/preload")
         .join(format!("{name}.c"));
     let out = std::env::temp_dir().join(format!("sdp-preload-{name}-{tag}-{}", std::process::id()));
+    // Hardened as Debian builds its packages: libc's _FORTIFY_SOURCE variants (__read_chk,
+    // __dprintf_chk...) are what the shim meets in real programs.
     let st = Command::new("cc")
-        .args(["-O2", "-Wall", "-Werror", "-o"])
+        .args(["-O2", "-D_FORTIFY_SOURCE=2", "-Wall", "-Werror", "-o"])
         .arg(&out)
         .arg(&src)
         .status()
@@ -467,6 +469,35 @@ fn await_line(path: &Path, parts: &[&str]) -> String {
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+/// stdio on SDP streams: a server answers by `dprintf` and then through a `FILE` (`fdopen`,
+/// `fprintf`, `fclose`: libc's internal writes and close, which no hook sees) and stays up; the
+/// client reads lines with `fgets`. TCP's transcript (every line, then EOF from the fclose
+/// alone), both ends over shm. Before: the client got nothing and waited out its timeout (the
+/// bytes went into the readiness pair), and the fclose left the connection open.
+#[test]
+fn stdio_on_a_stream_works_as_over_tcp() {
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("stdio"), "stdio");
+    assert!(
+        tcp.contains("stdio: first \"hello by dprintf 42\", 2001 lines, 46910 bytes, then EOF")
+            && tcp.contains("stdio: server exit 0"),
+        "{tcp}"
+    );
+    let server = shm_server_line(&lines);
+    assert!(server.contains("\"bytes_out\":46910"), "{lines}");
+    assert!(
+        has_line(
+            &lines,
+            &[
+                "\"role\":\"client\"",
+                "\"transport\":\"shm\"",
+                "\"bytes_in\":46910"
+            ]
+        ),
+        "report:\n{lines}"
+    );
 }
 
 /// A process that made a connection execs a new program without a fork, the socket kept open

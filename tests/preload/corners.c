@@ -1439,6 +1439,54 @@ static void case_exec_keeps(void) {
         WIFEXITED(sst) ? WEXITSTATUS(sst) : -1);
 }
 
+/* stdio on sockets. The server answers through dprintf and then a FILE (fdopen, fprintf,
+ * fclose: glibc writes and closes inside libc, where no hook sees it) and stays up until the
+ * client is done, so only the fclose can end the client's read; the client reads lines with
+ * fgets on a FILE of its own (5 s SO_RCVTIMEO). Under the shim, before: the client got nothing
+ * (the bytes went into the readiness pair), then its timeout. Run by name. */
+static int stdio_hold[2];
+static void serve_stdio(int l) {
+    int c = accept(l, NULL, NULL);
+    CHECK(c >= 0);
+    CHECK(dprintf(c, "hello by dprintf %d\n", 42) == 20);
+    FILE *f = fdopen(c, "w");
+    CHECK(f != NULL);
+    for (int i = 0; i < 2000; i++)
+        CHECK(fprintf(f, "line %d of the answer\n", i) > 0);
+    CHECK(fclose(f) == 0);
+    await(stdio_hold[0]);
+}
+
+static void case_stdio(void) {
+    CHECK(pipe(stdio_hold) == 0);
+    struct sockaddr_in a;
+    pid_t srv = fork_server(&a, serve_stdio);
+    close(stdio_hold[0]);
+    int s = dial(&a);
+    struct timeval tv = {5, 0};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    FILE *r = fdopen(s, "r");
+    CHECK(r != NULL);
+    char line[128], first[128] = "";
+    int lines = 0;
+    size_t bytes = 0;
+    while (fgets(line, sizeof line, r) != NULL) {
+        if (lines++ == 0)
+            snprintf(first, sizeof first, "%s", line);
+        bytes += strlen(line);
+    }
+    int e = errno;
+    first[strcspn(first, "\n")] = 0;
+    out("stdio: first \"%s\", %d lines, %zu bytes, then %s", first, lines, bytes,
+        feof(r) ? "EOF" : en(e));
+    fclose(r);
+    tell(stdio_hold[1]);
+    close(stdio_hold[1]);
+    int st;
+    CHECK(waitpid(srv, &st, 0) == srv);
+    out("stdio: server exit %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
 static void case_owner_exits(void) { parent_goes(0); }
 
 /* As owner_exits, by daemon(3) (`ssh -f`): over TCP the request is answered; under the shim
@@ -2374,6 +2422,8 @@ int main(int argc, char **argv) {
         case_owner_exits();
     if (only && strcmp(only, "exec_keeps") == 0)
         case_exec_keeps();
+    if (only && strcmp(only, "stdio") == 0)
+        case_stdio();
     if (only && strcmp(only, "other_user") == 0)
         case_other_user();
     out("done");

@@ -160,6 +160,14 @@ impl Pump {
         act
     }
 
+    /// The connection is closed (every holder closed the file): our end goes too. Polled, a
+    /// file every holder closed says POLLHUP at once, every time: while the owner still holds
+    /// the stream (its fd closed behind the shim's back: `fclose` of an `fdopen`ed socket), the
+    /// progress thread would spin on it.
+    pub(crate) fn finish(&mut self) {
+        self.ours = None;
+    }
+
     /// POLLOUT when received bytes wait for room in the file.
     pub(crate) fn wants_out(&self) -> i16 {
         if self.out_off < self.out.len() {

@@ -806,6 +806,9 @@ impl<P: Provider + 'static> Shared<P> {
             if close {
                 note_last_counts(driver, id, s);
                 driver.close(now, id);
+                if let Some(p) = s.pump.as_mut() {
+                    p.finish();
+                }
             }
         }
         for id in done {
