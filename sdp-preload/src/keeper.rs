@@ -21,14 +21,12 @@
 //! report lines of the streams it carried, and exits. A process that forked no child while it
 //! held streams pays nothing.
 
-use std::sync::atomic::Ordering;
-
 use sdp_core::socket::app;
 use sdp_core::socket::fd_limit;
 use sdp_core::Transport;
 
 use crate::table::{self, Sock};
-use crate::{close_owned, log, real, report, Internal, MOVING};
+use crate::{close_owned, log, real, report};
 
 /// Whether this process holds a stream of its own over shm that another process may hold too
 /// (a fork since it was made, or shared already).
@@ -55,20 +53,13 @@ pub(crate) fn start_if_wanted() {
     }
     // The program's name for the keeper's report lines, before it renames itself.
     report::program_name();
-    MOVING.store(true, Ordering::SeqCst);
-    let pid = {
-        let _g = Internal::enter();
-        // SAFETY: fork takes no arguments.
-        app::fork_moving(|| unsafe { real::fork() })
-    };
-    MOVING.store(false, Ordering::SeqCst);
-    match pid {
+    match crate::fork_moving() {
         0 => keep(),
         -1 => log(format_args!(
             "exit: no keeper for the streams other processes hold ({}): they end here",
             std::io::Error::last_os_error()
         )),
-        _ => log(format_args!(
+        pid => log(format_args!(
             "exit: the SDP streams other processes may hold go on in keeper {pid}"
         )),
     }

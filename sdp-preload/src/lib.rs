@@ -2396,14 +2396,7 @@ pub unsafe extern "C" fn daemon(nochdir: c_int, noclose: c_int) -> c_int {
         return unsafe { real::daemon(nochdir, noclose) };
     }
     share_listeners_for_fork(true);
-    MOVING.store(true, Ordering::SeqCst);
-    let pid = {
-        let _g = Internal::enter();
-        // SAFETY: fork takes no arguments.
-        app::fork_moving(|| unsafe { real::fork() })
-    };
-    MOVING.store(false, Ordering::SeqCst);
-    match pid {
+    match fork_moving() {
         -1 => return -1,
         0 => {}
         // The parent of daemon(3) ends here, as glibc's does: its runtime copy is locked and
@@ -2439,6 +2432,19 @@ pub unsafe extern "C" fn daemon(nochdir: c_int, noclose: c_int) -> c_int {
         }
     }
     0
+}
+
+/// A fork with this process's SDP connections (and the listeners the fork handlers leave
+/// alone, `MOVING`) going on in the child (`app::fork_moving`): `daemon` and the keeper.
+pub(crate) fn fork_moving() -> libc::pid_t {
+    MOVING.store(true, Ordering::SeqCst);
+    let pid = {
+        let _g = Internal::enter();
+        // SAFETY: fork takes no arguments.
+        app::fork_moving(|| unsafe { real::fork() })
+    };
+    MOVING.store(false, Ordering::SeqCst);
+    pid
 }
 
 /// Whether this process holds SDP streams of its own (not copies a fork gave it), or

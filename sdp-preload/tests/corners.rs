@@ -428,34 +428,41 @@ fn short_connections_in_a_row_go_by_tcp_for_a_while() {
 #[test]
 fn a_child_whose_parent_exits_keeps_the_connection() {
     let _serial = serial();
-    let prog = build_c("corners", "owner_exits");
-    let report = std::env::temp_dir().join(format!(
-        "sdp-report-owner-exits-{}.jsonl",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&report);
-    let tcp = run(&prog, Some("owner_exits"), false, None, &[]);
+    let (tcp, lines) = differential_awaiting(
+        "owner_exits",
+        &[
+            "\"role\":\"client\"",
+            "\"transport\":\"shm\"",
+            "\"bytes_in\":11,\"bytes_out\":5",
+            "\"shared\":true",
+        ],
+    );
     assert!(
         tcp.contains("owner exits: child write ok, read reply:hello"),
         "{tcp}"
     );
-    let sdp = run(&prog, Some("owner_exits"), true, Some(&report), &[]);
+    let _ = shm_server_line(&lines);
+}
+
+/// [`differential`] for a case whose report line `want` (all of these parts) comes from a
+/// keeper, written when it ends, which may be after the program did: the report once it has
+/// that line (asserted), or after 20 s.
+fn differential_awaiting(case: &str, want: &[&str]) -> (String, String) {
+    let prog = build_c("corners", case);
+    let report =
+        std::env::temp_dir().join(format!("sdp-report-{case}-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&report);
+    let tcp = run(&prog, Some(case), false, None, &[]);
+    let sdp = run(&prog, Some(case), true, Some(&report), &[]);
     let _ = std::fs::remove_file(&prog);
     assert_eq!(
         tcp, sdp,
         "transcripts differ: kernel TCP first, shim second"
     );
-    let want = [
-        "\"role\":\"client\"",
-        "\"transport\":\"shm\"",
-        "\"bytes_in\":11,\"bytes_out\":5",
-        "\"shared\":true",
-    ];
-    // The keeper writes its line when it ends, just after the child closed.
-    let lines = await_line(&report, &want);
+    let lines = await_line(&report, want);
     let _ = std::fs::remove_file(&report);
-    assert!(has_line(&lines, &want), "report:\n{lines}");
-    let _ = shm_server_line(&lines);
+    assert!(has_line(&lines, want), "report:\n{lines}");
+    (tcp, lines)
 }
 
 /// The report `path` once it has a line with all of `parts` (a keeper's, written when it
@@ -508,33 +515,20 @@ fn stdio_on_a_stream_works_as_over_tcp() {
 #[test]
 fn an_exec_keeps_the_stream_for_the_new_program() {
     let _serial = serial();
-    let prog = build_c("corners", "exec_keeps");
-    let report = std::env::temp_dir().join(format!(
-        "sdp-report-exec-keeps-{}.jsonl",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&report);
-    let tcp = run(&prog, Some("exec_keeps"), false, None, &[]);
+    let (tcp, lines) = differential_awaiting(
+        "exec_keeps",
+        &[
+            "\"role\":\"client\"",
+            "\"transport\":\"shm\"",
+            "\"bytes_in\":18,\"bytes_out\":108",
+            "\"shared\":true",
+        ],
+    );
     assert!(
         tcp.contains("peer got spawned reply to request 1 inet 127.0.0.1/127.0.0.1 ok")
             && tcp.contains("exec-keeps program exit 0 server exit 0"),
         "{tcp}"
     );
-    let sdp = run(&prog, Some("exec_keeps"), true, Some(&report), &[]);
-    let _ = std::fs::remove_file(&prog);
-    assert_eq!(
-        tcp, sdp,
-        "transcripts differ: kernel TCP first, shim second"
-    );
-    let want = [
-        "\"role\":\"client\"",
-        "\"transport\":\"shm\"",
-        "\"bytes_in\":18,\"bytes_out\":108",
-        "\"shared\":true",
-    ];
-    let lines = await_line(&report, &want);
-    let _ = std::fs::remove_file(&report);
-    assert!(has_line(&lines, &want), "report:\n{lines}");
     let _ = shm_server_line(&lines);
 }
 
