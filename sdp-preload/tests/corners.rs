@@ -507,6 +507,31 @@ fn stdio_on_a_stream_works_as_over_tcp() {
     );
 }
 
+/// A connection's only fd closed by a raw `close` system call (libuv closes so; no hook sees
+/// it), the process staying up: the peer reads the bytes, then EOF (with SO_LINGER {1, 0}:
+/// ECONNRESET), as over TCP, over shm; the closing side's line still counts what it sent.
+/// Before: the connection stayed open and the peer waited out its 5 s timeout.
+#[test]
+fn a_raw_close_ends_the_connection_as_over_tcp() {
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("raw_close_ends"), "raw_close_ends");
+    assert!(
+        tcp.contains("peer: EOF after 7000\n") && tcp.contains("peer: ECONNRESET after 0\n"),
+        "{tcp}"
+    );
+    assert!(
+        has_line(
+            &lines,
+            &[
+                "\"role\":\"server\"",
+                "\"transport\":\"shm\"",
+                "\"bytes_in\":0,\"bytes_out\":7000"
+            ]
+        ),
+        "report:\n{lines}"
+    );
+}
+
 /// A process that made a connection execs a new program without a fork, the socket kept open
 /// (no FD_CLOEXEC): the new program serves it as over TCP (TCP's transcript, the server's
 /// replies, its EOF), the stream going on over SDP in the exec's keeper (its line: shm,

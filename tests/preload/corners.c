@@ -1604,6 +1604,54 @@ static void case_raw_close(void) {
     finish(pid, keep);
 }
 
+/* The peer reads to the end (or gives up after 5 s) and says what ended it. */
+static void peer_read_to_end(int s) {
+    char b[4096];
+    size_t got = 0;
+    for (;;) {
+        struct pollfd p = {.fd = s, .events = POLLIN};
+        if (poll(&p, 1, 5000) == 0) {
+            printf("peer: timeout after %zu\n", got);
+            break;
+        }
+        ssize_t r = read(s, b, sizeof b);
+        if (r > 0) {
+            got += r;
+            continue;
+        }
+        printf("peer: %s after %zu\n", r == 0 ? "EOF" : en(errno), got);
+        break;
+    }
+    fflush(stdout);
+    tell(c2p[1]);
+    await(p2c[0]);
+}
+
+/* A connection's only fd closed by a raw system call (libuv closes so), the process staying
+ * up: the peer reads the bytes, then EOF; with SO_LINGER {1, 0}, ECONNRESET. */
+static void raw_close_ends(int abort) {
+    int s;
+    pid_t pid = start(peer_read_to_end, &s);
+    size_t n = abort ? 0 : 7000;
+    if (abort) {
+        struct linger l = {1, 0};
+        CHECK(setsockopt(s, SOL_SOCKET, SO_LINGER, &l, sizeof l) == 0);
+    }
+    char b[7000];
+    memset(b, 'r', sizeof b);
+    CHECK(write(s, b, n) == (ssize_t)n);
+    CHECK(syscall(SYS_close, s) == 0);
+    await(c2p[0]);
+    out("raw close (%s): the peer is done", abort ? "linger 0" : "plain");
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
+static void case_raw_close_ends(void) {
+    raw_close_ends(0);
+    raw_close_ends(1);
+}
+
 static void peer_linger_abort(int s) {
     char b[8];
     CHECK(read(s, b, 1) == 1);
@@ -2391,6 +2439,7 @@ int main(int argc, char **argv) {
     RUN(no_room_back);
     RUN(buffers);
     RUN(raw_close);
+    RUN(raw_close_ends);
     RUN(linger_abort);
     RUN(linger_wait);
     RUN(linger_exit);

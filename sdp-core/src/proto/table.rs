@@ -20,6 +20,10 @@ impl ConnId {
     pub fn as_u64(self) -> u64 {
         self.0
     }
+    /// The id whose [`ConnId::as_u64`] is `raw` (an epoll token).
+    pub fn from_u64(raw: u64) -> ConnId {
+        ConnId(raw)
+    }
 }
 
 struct Slot<T> {

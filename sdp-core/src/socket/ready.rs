@@ -194,6 +194,12 @@ impl AppReady {
         )
     }
 
+    /// Both halves of our end were shut (the connection's end shown as POLLHUP): our end
+    /// hangs up by itself from then on.
+    pub(crate) fn shown_hangup(&self) -> bool {
+        self.hup
+    }
+
     /// Our end, to give the peer for direct wakeups.
     pub(crate) fn ours_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;

@@ -437,6 +437,17 @@ pub fn epoll_add(ep: BorrowedFd<'_>, fd: RawFd, token: u64, edge: bool) -> io::R
     Ok(())
 }
 
+/// Watch `fd` in the set for a hang-up or an error only (reported once: EPOLLONESHOT).
+pub fn epoll_add_hangup(ep: BorrowedFd<'_>, fd: RawFd, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLONESHOT as u32,
+        u64: token,
+    };
+    // SAFETY: `ev` is a live epoll_event.
+    syscall!(epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev))?;
+    Ok(())
+}
+
 /// Remove `fd` from the set.
 pub fn epoll_del(ep: BorrowedFd<'_>, fd: RawFd) {
     let mut ev = libc::epoll_event { events: 0, u64: 0 };

@@ -2,6 +2,8 @@
 //! attempt, a round of progress and one more if it would block, then the application's fd
 //! brought up to date under the lock (direct wakeup tokens taken back after a read).
 
+use std::os::fd::AsFd;
+
 use super::*;
 
 impl<P: Provider + 'static> Runtime<P> {
@@ -180,5 +182,80 @@ impl<P: Provider + 'static> Runtime<P> {
             None
         })
         .is_some()
+    }
+}
+
+/// Application fds closed behind the shim's back. The shim sees `close`, `close_range`, the
+/// dup family and exec; not a raw `close` system call (libuv closes so), nor libc's own closes
+/// (`fclose`). Then the connection stayed open until the number was reused: the peer never
+/// saw the end (a client reading to EOF waited out its timeout). Our end of the readiness
+/// pair hangs up once every holder of the application's file closed it: the progress thread
+/// watches for that (one epoll set, each end reported once) and closes the connection as the
+/// application's `close` would have.
+impl<P: Provider + 'static> Shared<P> {
+    /// Watch `app`'s end of the pair for the hang-up (see above).
+    pub(super) fn watch_app_hangup(&self, app: &AppReady, id: ConnId) {
+        let Some(ours) = app.ours_fd() else { return };
+        let ep = match self.app_hangups.get() {
+            Some(ep) => ep,
+            None => {
+                let Ok(ep) = sys::epoll_create() else { return };
+                sys::close_in_fork_child(ep.as_fd());
+                self.app_hangups.get_or_init(|| ep)
+            }
+        };
+        let _ = sys::epoll_add_hangup(ep.as_fd(), ours.as_raw_fd(), id.as_u64());
+    }
+
+    /// The progress thread, when a watched end reported: each connection whose application
+    /// file every holder closed (our end hung up while we did not shut it) is closed as the
+    /// application's `close` would (with SO_LINGER {1, 0}: a reset; otherwise in the
+    /// background). Its `AppStream` lives on in the shim's table until the fd's number names
+    /// another file; its own close then finds nothing to do.
+    pub(super) fn serve_app_hangups(&self) {
+        let Some(ep) = self.app_hangups.get() else {
+            return;
+        };
+        let mut ids = Vec::new();
+        sys::epoll_drain(ep.as_fd(), |t| ids.push(ConnId::from_u64(t)));
+        if ids.is_empty() {
+            return;
+        }
+        let mut g = self.inner.lock();
+        let now = self.now();
+        let mut closed = false;
+        for id in ids {
+            let gone = g.socks.get(&id).is_some_and(|s| {
+                s.app.as_ref().is_some_and(|a| {
+                    !a.shown_hangup() && a.ours_fd().is_some_and(|o| sys::hung_up(o.as_raw_fd()))
+                })
+            });
+            if !gone {
+                continue;
+            }
+            closed = true;
+            if let Some(c) = g.driver.view(id) {
+                let info = super::ops::info_of(&c);
+                g.ended_behind.insert(id, info);
+            }
+            Runtime::<P>::close_exposed(&mut g, now, id);
+            match g
+                .socks
+                .get(&id)
+                .filter(|s| s.pump.is_none())
+                .and_then(|s| s.linger)
+            {
+                Some(l) if l.is_zero() => {
+                    g.socks.remove(&id);
+                    g.driver.abort(now, id);
+                    g.driver.release(now, id);
+                }
+                _ => Runtime::<P>::close_locked(&mut g, now, id),
+            }
+        }
+        drop(g);
+        if closed {
+            self.wake_waiters();
+        }
     }
 }

@@ -345,6 +345,10 @@ struct Inner<P: Provider> {
     in_app_call: Option<ConnId>,
     /// Sockets with a pump (shared application fds), so rounds without any skip the walk.
     pumps: usize,
+    /// Connections closed because every holder closed the application's file behind the
+    /// shim's back (`Shared::serve_app_hangups`): what they said last, for the stream's
+    /// report until its `AppStream` closes.
+    ended_behind: HashMap<ConnId, super::app::AppInfo>,
 }
 
 /// Called before each round of progress with the current time (the simulator advances its
@@ -403,6 +407,11 @@ struct Shared<P: Provider> {
     /// Requests of other processes to share a stream (`runtime::share`): receiving and
     /// sending ends, made at the first fork that exposes one.
     requests: std::sync::OnceLock<(OwnedFd, OwnedFd)>,
+    /// Our ends of the application fds' readiness pairs, watched for the hang-up that says
+    /// every holder closed the application's file behind the shim's back (a raw `close`
+    /// system call, as libuv makes; `fclose`): see `Runtime::serve_app_hangups`. Made at the
+    /// first application fd.
+    app_hangups: std::sync::OnceLock<OwnedFd>,
 }
 
 /// A caller inside `Runtime::block_on`: counted while there, its leaving time kept (the
@@ -472,6 +481,7 @@ impl<P: Provider + 'static> Runtime<P> {
                 touched: Vec::new(),
                 in_app_call: None,
                 pumps: 0,
+                ended_behind: HashMap::new(),
             }),
             cond: Condvar::new(),
             origin: std::time::Instant::now(),
@@ -501,6 +511,7 @@ impl<P: Provider + 'static> Runtime<P> {
             spin: AdaptiveSpin::new(),
             stat: super::stat::StatServer::new(name),
             requests: std::sync::OnceLock::new(),
+            app_hangups: std::sync::OnceLock::new(),
         });
         Self::spawn_progress(&sh)?;
         let weak: std::sync::Weak<Shared<P>> = Arc::downgrade(&sh);

@@ -30,7 +30,7 @@ impl<P: Provider + 'static> Runtime<P> {
     }
 
     /// `close(2)` without a linger, under the lock.
-    fn close_locked(g: &mut Inner<P>, now: Instant, id: ConnId) {
+    pub(super) fn close_locked(g: &mut Inner<P>, now: Instant, id: ConnId) {
         if let Some(p) = g.socks.get_mut(&id).and_then(|s| s.pump.as_mut()) {
             // Other processes may still hold the file: the pump closes when they all did.
             p.released = true;
@@ -448,6 +448,9 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         let linger = {
             let Ok(mut g) = self.lock() else { return };
             let now = self.now();
+            if g.ended_behind.remove(&id).is_some() {
+                return;
+            }
             Self::close_exposed(&mut g, now, id);
             // A stream shared with other processes (pumped) ends with its last holder's close,
             // as a TCP file does: no linger.
@@ -597,6 +600,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
                 app.direct = driver.give_direct_wake(id, fd);
             }
         }
+        self.sh.watch_app_hangup(&app, id);
         s.app = Some(app);
         refresh_app(driver, id, s, Some(user.as_raw_fd()));
         Ok(user)
@@ -649,27 +653,14 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         if Self::direct_pending(&g, id) && self.sh.step(&mut g) > 0 {
             self.sh.wake_waiters();
         }
-        let c = g
-            .driver
-            .view(id)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
-        let s = c.stats();
-        Ok(crate::socket::app::AppInfo {
-            state: c.state(),
-            rx_queued: c.rx_queued(),
-            tx_queued: c.tx_queued(),
-            bytes_in: s.data_bytes_rcvd,
-            bytes_out: s.data_bytes_sent,
-            msgs_in: s.msgs_rcvd,
-            msgs_out: s.msgs_sent,
-            zcopy_bytes: s.zcopy_read_bytes + s.zcopy_write_bytes + s.zcopy_send_bytes,
-            credits: c.tx_credits(),
-            send_size: c.send_size(),
-            read_closed: c.read_closed(),
-            write_closed: c.write_closed(),
-            error: c.error().map(|e| e.errno()),
-            urgent: c.urgent_pending(),
-        })
+        match g.driver.view(id) {
+            Some(c) => Ok(info_of(&c)),
+            None => g
+                .ended_behind
+                .get(&id)
+                .cloned()
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF)),
+        }
     }
 
     fn app_send_urgent(&self, id: ConnId, user: RawFd, byte: u8) -> io::Result<()> {
@@ -750,4 +741,27 @@ fn check_range(mr: &DynMr, off: usize, len: usize) -> io::Result<()> {
         ));
     }
     Ok(())
+}
+
+/// A connection's state and counters as the application asks for them.
+pub(super) fn info_of<P: Provider>(
+    c: &crate::driver::ConnView<'_, P>,
+) -> crate::socket::app::AppInfo {
+    let s = c.stats();
+    crate::socket::app::AppInfo {
+        state: c.state(),
+        rx_queued: c.rx_queued(),
+        tx_queued: c.tx_queued(),
+        bytes_in: s.data_bytes_rcvd,
+        bytes_out: s.data_bytes_sent,
+        msgs_in: s.msgs_rcvd,
+        msgs_out: s.msgs_sent,
+        zcopy_bytes: s.zcopy_read_bytes + s.zcopy_write_bytes + s.zcopy_send_bytes,
+        credits: c.tx_credits(),
+        send_size: c.send_size(),
+        read_closed: c.read_closed(),
+        write_closed: c.write_closed(),
+        error: c.error().map(|e| e.errno()),
+        urgent: c.urgent_pending(),
+    }
 }

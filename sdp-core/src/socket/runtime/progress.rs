@@ -103,6 +103,9 @@ pub(super) fn progress_loop<P: Provider + 'static>(sh: &Shared<P>, notify: Optio
         if let Some((rx, _)) = sh.requests.get() {
             fds.push((rx.as_raw_fd(), libc::POLLIN));
         }
+        if let Some(ep) = sh.app_hangups.get() {
+            fds.push((ep.as_raw_fd(), libc::POLLIN));
+        }
         // Shared application fds: wake when an application writes or room comes back.
         {
             let g = sh.inner.lock();
@@ -135,6 +138,9 @@ pub(super) fn progress_loop<P: Provider + 'static>(sh: &Shared<P>, notify: Optio
         }
         if sh.requests.get().is_some_and(|(rx, _)| has(rx.as_raw_fd())) {
             sh.serve_requests();
+        }
+        if sh.app_hangups.get().is_some_and(|ep| has(ep.as_raw_fd())) {
+            sh.serve_app_hangups();
         }
     }
 }
