@@ -1311,6 +1311,11 @@ impl<P: Provider> Driver<P> {
 pub struct ConnView<'a, P: Provider>(&'a Conn<MrStore<P>>);
 
 impl<P: Provider> ConnView<'_, P> {
+    /// Whether the connection was established at some point (a connect that saw its peer's
+    /// answer succeeded, whatever came after it).
+    pub fn was_established(&self) -> bool {
+        self.0.was_established()
+    }
     pub fn state(&self) -> State {
         self.0.state()
     }

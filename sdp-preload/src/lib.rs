@@ -801,8 +801,8 @@ unsafe fn accept_common(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
-    let l = match table::get(fd) {
-        Some(s) if !internal() && matches!(*s, Sock::Listener(_)) => s,
+    let l = match (!internal()).then(|| table::get(fd)).flatten() {
+        Some(s) if matches!(*s, Sock::Listener(_)) => s,
         _ => {
             // SAFETY: forwards the caller's arguments.
             return unsafe { real::accept4(fd, addr, len, flags) };
@@ -1054,8 +1054,10 @@ fn last_close(fd: c_int, s: &Sock) {
 }
 
 /// After a dup of `old` to `new` succeeded: `new` refers to what `old` does.
+/// Nothing for the shim's own dups (its threads may hold the runtime's lock, which dropping
+/// a stale entry's socket takes; a stale number is found by its file anyway).
 fn dup_entry(old: c_int, new: c_int) {
-    if new < 0 || new == old {
+    if new < 0 || new == old || internal() {
         return;
     }
     let prev = table::remove(new);
@@ -1192,8 +1194,9 @@ unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: usize, f64: bool) -> c_int {
             real::fcntl(fd, cmd, arg)
         }
     };
-    if !table::owned(fd) {
-        // Not ours: straight to libc (a tail call, no frame of our own).
+    if !table::owned(fd) || internal() {
+        // Not ours (or the shim's own call): straight to libc (a tail call, no frame of our
+        // own).
         return real();
     }
     let r = real();

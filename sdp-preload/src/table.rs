@@ -148,7 +148,8 @@ pub(crate) fn get(fd: i32) -> Option<Arc<Sock>> {
             _ => None,
         }
     };
-    crate::drop_internal(stale);
+    // Both handles dropped as the shim's own work (the socket's last one ends its stream).
+    crate::drop_internal((s, stale));
     None
 }
 

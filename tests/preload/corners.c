@@ -1647,9 +1647,87 @@ static void raw_close_ends(int abort) {
     finish(pid, s);
 }
 
+/* The peer (the connecting side) reads after the server's abort. */
+static void peer_read_after_abort(int s) {
+    char b[8];
+    await(p2c[0]);
+    ssize_t r = read(s, b, sizeof b);
+    printf("peer: connected, read %zd %s\n", r, r < 0 ? en(errno) : "0");
+    fflush(stdout);
+}
+
+/* A server that accepts and resets at once (SO_LINGER {1, 0}), 30 times: each client's
+ * connect succeeded (TCP's handshake was done before the accept) and its read gets
+ * ECONNRESET. Before, a client that saw the reset before it looked at its connect (about
+ * half the time) got ECONNRESET from connect, fell back to kernel TCP and was refused. */
+static void case_accept_abort(void) {
+    int resets = 0;
+    for (int i = 0; i < 30; i++) {
+        int s;
+        pid_t pid = start(peer_read_after_abort, &s);
+        struct linger l = {1, 0};
+        CHECK(setsockopt(s, SOL_SOCKET, SO_LINGER, &l, sizeof l) == 0);
+        CHECK(close(s) == 0);
+        tell(p2c[1]);
+        close(p2c[1]);
+        close(c2p[0]);
+        int st;
+        CHECK(waitpid(pid, &st, 0) == pid);
+        resets += status(st) == 0;
+    }
+    out("accept then abort: %d clients ended well", resets);
+}
+
 static void case_raw_close_ends(void) {
     raw_close_ends(0);
     raw_close_ends(1);
+    /* A client connects, writes, closes its only fd by a raw system call, its number the
+     * lowest free one; only then is it accepted (the acceptor's first message, which carries
+     * an fd, lands on that number), and it exits a little later. We read the bytes, then EOF.
+     * Before, the client's exit hung for 20 s (its progress thread dropped the stale socket
+     * under its own lock), then the connection was reset. */
+    struct sockaddr_in a;
+    int go[2], ap[2];
+    CHECK(pipe(go) == 0 && pipe(ap) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        close(go[0]);
+        close(ap[1]);
+        CHECK(read(ap[0], &a, sizeof a) == sizeof a);
+        int c = dial(&a);
+        CHECK(write(c, "hi", 2) == 2);
+        int k;
+        while ((k = open("/dev/null", O_RDONLY)) >= 0 && k < c)
+            ;
+        CHECK(syscall(SYS_close, c) == 0);
+        tell(go[1]);
+        sleep_ms(300);
+        exit(0);
+    }
+    close(go[1]);
+    close(ap[0]);
+    /* Listening after the fork: the listener stays ours alone. */
+    int l = listener(&a);
+    CHECK(write(ap[1], &a, sizeof a) == sizeof a);
+    close(ap[1]);
+    await(go[0]);
+    close(go[0]);
+    int s = accept(l, NULL, NULL);
+    CHECK(s >= 0);
+    char b[8];
+    size_t got = 0;
+    ssize_t r = 1;
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    while (poll(&p, 1, 5000) == 1 && (r = read(s, b + got, sizeof b - got)) > 0)
+        got += r;
+    int e = errno;
+    out("raw close and exit: read %.*s then %s", (int)got, b, r == 0 ? "EOF" : r < 0 ? en(e) : "timeout");
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    out("raw close and exit: client exit %d", status(st));
+    close(s);
+    close(l);
 }
 
 static void peer_linger_abort(int s) {
@@ -2440,6 +2518,7 @@ int main(int argc, char **argv) {
     RUN(buffers);
     RUN(raw_close);
     RUN(raw_close_ends);
+    RUN(accept_abort);
     RUN(linger_abort);
     RUN(linger_wait);
     RUN(linger_exit);

@@ -567,25 +567,7 @@ impl<P: Provider + 'static> Runtime<P> {
                 timeout,
                 ..Wait::default()
             },
-            |g, _| {
-                let c = g.driver.view(id)?;
-                match c.state() {
-                    State::Connecting => None,
-                    State::Established => Some(Ok(())),
-                    _ => Some(Err(c.error().map_or(
-                        io::Error::from_raw_os_error(libc::ECONNRESET),
-                        |e| match e {
-                            // ECONNREFUSED with the listener's reason, for the fallback's
-                            // log and report (a forking server's is told apart:
-                            // `app::turned_away`).
-                            ConnError::Rejected(why) => {
-                                io::Error::new(io::ErrorKind::ConnectionRefused, why.clone())
-                            }
-                            e => io::Error::from_raw_os_error(e.errno()),
-                        },
-                    ))),
-                }
-            },
+            |g, _| connect_outcome(&g.driver.view(id)?),
         );
         match r {
             Ok(()) => Ok(id),
@@ -963,5 +945,68 @@ impl<P: Provider> Shared<P> {
         for &fd in self.sleepers.lock().iter() {
             sys::eventfd_signal_raw(fd);
         }
+    }
+}
+
+/// What a connect waiting on `c` returns now: `None` while it is under way.
+fn connect_outcome<P: Provider>(c: &crate::driver::ConnView<'_, P>) -> Option<io::Result<()>> {
+    match c.state() {
+        State::Connecting => None,
+        State::Established => Some(Ok(())),
+        // Established, then reset or closed before the connect looked (a server that
+        // accepted and aborted at once): the connect succeeded, as TCP's did at the
+        // handshake; the reset shows on the next call.
+        _ if c.was_established() => Some(Ok(())),
+        _ => Some(Err(c.error().map_or(
+            io::Error::from_raw_os_error(libc::ECONNRESET),
+            |e| match e {
+                // ECONNREFUSED with the listener's reason, for the fallback's log and
+                // report (a forking server's is told apart: `app::turned_away`).
+                ConnError::Rejected(why) => {
+                    io::Error::new(io::ErrorKind::ConnectionRefused, why.clone())
+                }
+                e => io::Error::from_raw_os_error(e.errno()),
+            },
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod connect_tests {
+    use super::connect_outcome;
+    use crate::harness::pair::Pair;
+    use crate::proto::{Config, State};
+
+    /// A server that accepts and aborts at once, both seen by the client in one round: its
+    /// connect succeeded (TCP's did at the handshake), the reset comes after. Before, the
+    /// connect itself failed with ECONNRESET and the shim fell back to kernel TCP.
+    #[test]
+    fn a_connect_accepted_then_reset_succeeded() {
+        let mut p = Pair::new(7, Config::default());
+        let (a, b) = p.connect();
+        let now = p.now();
+        p.b.abort(now, b);
+        assert!(p.run_until(1_000_000_000, |p| p
+            .a
+            .view(a)
+            .is_some_and(|c| c.state() == State::Closed)));
+        let v = p.a.view(a).expect("the client's connection");
+        assert!(matches!(connect_outcome(&v), Some(Ok(()))));
+    }
+
+    /// A connect the listener turned away is ECONNREFUSED.
+    #[test]
+    fn a_refused_connect_fails() {
+        let mut p = Pair::new(8, Config::default());
+        let now = p.now();
+        let wrong = std::net::SocketAddr::new(crate::harness::pair::B_IP, 1);
+        let a = p.a.connect(now, wrong, None).expect("connect");
+        assert!(p.run_until(1_000_000_000, |p| p
+            .a
+            .view(a)
+            .is_some_and(|c| c.state() == State::Closed)));
+        let v = p.a.view(a).expect("the client's connection");
+        let e = connect_outcome(&v).expect("an answer").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
     }
 }
