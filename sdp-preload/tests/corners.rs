@@ -556,6 +556,33 @@ fn a_connect_the_server_accepted_and_reset_succeeds() {
     );
 }
 
+/// A socket whose peer is gone shows what TCP's shows: poll and epoll after a reset give IN
+/// OUT ERR HUP RDHUP; after the peer's close the first write goes and the next fail with EPIPE
+/// (a forked child that inherited the socket is killed by SIGPIPE); a blocked writer whose
+/// reader closed with data unread gets ECONNRESET. Over shm. Before: no ERR HUP; ECONNRESET
+/// then EPIPE; the forked child's writes all "succeeded" (lost); the blocked writer got EPIPE.
+#[test]
+fn a_gone_peer_shows_as_over_tcp() {
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("peer_gone"), "peer_gone");
+    for want in [
+        "after a reset: poll IN OUT ERR HUP RDHUP\n",
+        "writes after the peer's close: ok EPIPE EPIPE\n",
+        "a forked child's writes after the peer's close: killed by signal 13\n",
+        "a blocked writer whose reader closed with data unread: ECONNRESET\n",
+    ] {
+        assert!(tcp.contains(want), "{want}: {tcp}");
+    }
+    assert!(
+        lines
+            .lines()
+            .filter(|l| l.contains("\"role\":\"client\"") && l.contains("\"transport\":\"shm\""))
+            .count()
+            >= 4,
+        "report:\n{lines}"
+    );
+}
+
 /// A process that made a connection execs a new program without a fork, the socket kept open
 /// (no FD_CLOEXEC): the new program serves it as over TCP (TCP's transcript, the server's
 /// replies, its EOF), the stream going on over SDP in the exec's keeper (its line: shm,

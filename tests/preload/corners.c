@@ -1678,6 +1678,109 @@ static void case_accept_abort(void) {
     out("accept then abort: %d clients ended well", resets);
 }
 
+/* The peer resets (SO_LINGER {1, 0} and close), or closes, when told. */
+static void peer_reset_when_told(int s) {
+    await(p2c[0]);
+    struct linger l = {1, 0};
+    CHECK(setsockopt(s, SOL_SOCKET, SO_LINGER, &l, sizeof l) == 0);
+    CHECK(close(s) == 0);
+    tell(c2p[1]);
+    await(p2c[0]);
+}
+static void peer_close_when_told(int s) {
+    await(p2c[0]);
+    CHECK(close(s) == 0);
+    tell(c2p[1]);
+    await(p2c[0]);
+}
+/* The peer reads nothing and closes after 300 ms (a reset: its data was unread). */
+static void peer_close_unread_later(int s) {
+    sleep_ms(300);
+    CHECK(close(s) == 0);
+    await(p2c[0]);
+}
+
+static const char *revents(int ev) {
+    static char b[64];
+    snprintf(b, sizeof b, "%s%s%s%s%s", ev & POLLIN ? " IN" : "", ev & POLLOUT ? " OUT" : "",
+             ev & POLLERR ? " ERR" : "", ev & POLLHUP ? " HUP" : "", ev & POLLRDHUP ? " RDHUP" : "");
+    return b;
+}
+
+/* Three writes 50 ms apart; what each gave. */
+static void three_writes(int s, char *res, size_t n) {
+    res[0] = 0;
+    for (int i = 0; i < 3; i++) {
+        ssize_t r = write(s, "0123456789", 10);
+        snprintf(res + strlen(res), n - strlen(res), " %s", r == 10 ? "ok" : en(errno));
+        sleep_ms(50);
+    }
+}
+
+/* What a socket shows when its peer is gone, as TCP: poll and epoll after a reset (IN OUT
+ * ERR HUP RDHUP at once); writes after the peer's close (the first goes, its answer is a
+ * reset, the next fail with EPIPE, and SIGPIPE kills a forked child that inherited the
+ * socket); a blocked writer whose reader closes with data unread gets ECONNRESET. Before:
+ * no ERR HUP after a reset; ECONNRESET then EPIPE, and no SIGPIPE for the second write; the
+ * forked child's writes all succeeded (lost); the blocked writer got EPIPE. */
+static void case_peer_gone(void) {
+    signal(SIGPIPE, SIG_IGN);
+    int s;
+    pid_t pid = start(peer_reset_when_told, &s);
+    tell(p2c[1]);
+    await(c2p[0]);
+    sleep_ms(100);
+    struct pollfd p = {.fd = s, .events = POLLIN | POLLOUT | POLLRDHUP};
+    CHECK(poll(&p, 1, 1000) == 1);
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP, .data.fd = s}, got;
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) == 0);
+    CHECK(epoll_wait(ep, &got, 1, 1000) == 1);
+    out("after a reset: poll%s", revents(p.revents));
+    out("after a reset: epoll%s", revents(got.events));
+    close(ep);
+    tell(p2c[1]);
+    finish(pid, s);
+
+    char res[64];
+    pid = start(peer_close_when_told, &s);
+    tell(p2c[1]);
+    await(c2p[0]);
+    sleep_ms(50);
+    three_writes(s, res, sizeof res);
+    out("writes after the peer's close:%s", res);
+    tell(p2c[1]);
+    finish(pid, s);
+
+    pid = start(peer_close_when_told, &s);
+    tell(p2c[1]);
+    await(c2p[0]);
+    sleep_ms(50);
+    pid_t w = fork();
+    CHECK(w >= 0);
+    if (w == 0) {
+        signal(SIGPIPE, SIG_DFL);
+        three_writes(s, res, sizeof res);
+        _exit(0);
+    }
+    int st;
+    CHECK(waitpid(w, &st, 0) == w);
+    out("a forked child's writes after the peer's close: %s %d",
+        WIFSIGNALED(st) ? "killed by signal" : "exit", WIFSIGNALED(st) ? WTERMSIG(st) : status(st));
+    tell(p2c[1]);
+    finish(pid, s);
+
+    pid = start(peer_close_unread_later, &s);
+    static char big[65536];
+    ssize_t r;
+    while ((r = write(s, big, sizeof big)) > 0)
+        ;
+    out("a blocked writer whose reader closed with data unread: %s", en(errno));
+    tell(p2c[1]);
+    finish(pid, s);
+    signal(SIGPIPE, SIG_DFL);
+}
+
 static void case_raw_close_ends(void) {
     raw_close_ends(0);
     raw_close_ends(1);
@@ -2519,6 +2622,7 @@ int main(int argc, char **argv) {
     RUN(raw_close);
     RUN(raw_close_ends);
     RUN(accept_abort);
+    RUN(peer_gone);
     RUN(linger_abort);
     RUN(linger_wait);
     RUN(linger_exit);

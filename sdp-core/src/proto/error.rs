@@ -40,6 +40,10 @@ pub enum ConnError {
     Rejected(String),
     #[error("connection reset by peer")]
     Reset,
+    /// Reset after the peer's orderly close had come (TCP's RST in CLOSE_WAIT): reads see
+    /// what came, then EOF; writes EPIPE.
+    #[error("connection reset by peer after its close")]
+    ResetAfterClose,
     #[error("connection timed out")]
     TimedOut,
     #[error("no route to host")]

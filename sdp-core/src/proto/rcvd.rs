@@ -127,7 +127,13 @@ impl<S: BufStore> Conn<S> {
                     Ok(())
                 }
                 Mid::AbortConn => {
-                    self.fail(now, super::ConnError::Reset, true);
+                    // After the peer's DisConn, as TCP's RST in CLOSE_WAIT.
+                    let e = if self.disconn_rcvd {
+                        super::ConnError::ResetAfterClose
+                    } else {
+                        super::ConnError::Reset
+                    };
+                    self.fail(now, e, true);
                     Ok(())
                 }
                 Mid::SendSm => self.on_send_sm(now),

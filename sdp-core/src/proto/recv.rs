@@ -8,12 +8,20 @@ use crate::proto::Instant;
 use crate::verbs::{RecvWr, WorkRequest};
 
 impl<S: BufStore> Conn<S> {
+    /// The error a read reports: none after the peer's orderly close (a reset then, as TCP's
+    /// in CLOSE_WAIT, leaves reads at EOF).
+    fn read_error(&self) -> Option<&ConnError> {
+        self.error
+            .as_ref()
+            .filter(|e| !matches!(e, ConnError::ResetAfterClose))
+    }
+
     /// Body of [`Conn::read`].
     pub(super) fn read_copy(&mut self, now: Instant, dst: &mut [u8]) -> Result<usize, CallError> {
         if matches!(self.state, State::Connecting | State::Accepting) {
             return Err(CallError::WouldBlock);
         }
-        if let Some(e) = &self.error {
+        if let Some(e) = self.read_error() {
             if !matches!(self.rx.front(), Some(RxItem::Data { .. })) {
                 return Err(CallError::Conn(e.clone()));
             }
@@ -97,7 +105,7 @@ impl<S: BufStore> Conn<S> {
         if copied > 0 || dst.is_empty() {
             return Ok(copied);
         }
-        if let Some(e) = &self.error {
+        if let Some(e) = self.read_error() {
             return Err(CallError::Conn(e.clone()));
         }
         if self.read_closed() {

@@ -19,6 +19,8 @@ impl Errno for ConnError {
         match self {
             ConnError::Refused | ConnError::Rejected(_) => libc::ECONNREFUSED,
             ConnError::Reset => libc::ECONNRESET,
+            // Linux: a reset in CLOSE_WAIT sets EPIPE.
+            ConnError::ResetAfterClose => libc::EPIPE,
             ConnError::TimedOut | ConnError::Transport(_) => libc::ETIMEDOUT,
             ConnError::Unreachable => libc::EHOSTUNREACH,
             ConnError::Aborted => libc::ECONNABORTED,
@@ -111,6 +113,7 @@ mod tests {
         assert_eq!(ConnError::Refused.errno(), libc::ECONNREFUSED);
         assert_eq!(ConnError::DeviceRemoved.errno(), libc::ENETDOWN);
         assert_eq!(CallError::Conn(ConnError::Reset).errno(), libc::ECONNRESET);
+        assert_eq!(ConnError::ResetAfterClose.errno(), libc::EPIPE);
         assert_eq!(DriverError::BadId.errno(), libc::EBADF);
         assert_eq!(
             io_err(CallError::WouldBlock).kind(),

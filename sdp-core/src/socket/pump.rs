@@ -75,6 +75,12 @@ impl Pump {
             return 0;
         };
         let mut act = 0;
+        if self.eof_out && !self.eof_in && driver.view(id).is_some_and(|c| c.error().is_some()) {
+            // Reset after SDP's end of stream was passed on (TCP's RST in CLOSE_WAIT, the
+            // peer's answer to bytes after its close): the holders' writes fail from now on
+            // (EPIPE, SIGPIPE), as TCP's; their reads stay at EOF.
+            let _ = sys::shutdown(ours, libc::SHUT_RD);
+        }
         // SDP -> file.
         loop {
             if self.out_off == self.out.len() {
@@ -145,7 +151,10 @@ impl Pump {
                 }
                 Err(CallError::WouldBlock) => break,
                 Err(_) => {
+                    // The connection takes nothing more: neither does the file (the holders'
+                    // writes fail, as TCP's after a reset).
                     self.in_off = self.inb.len();
+                    let _ = sys::shutdown(ours, libc::SHUT_RD);
                     break;
                 }
             }

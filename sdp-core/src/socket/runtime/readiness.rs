@@ -38,7 +38,9 @@ fn app_state<P: Provider>(driver: &Driver<P>, id: ConnId) -> AppState {
             rdhup: c.read_closed() || c.state() == State::Closed,
             hup: c.state() == State::Closed && c.error().is_none()
                 || (c.read_closed() && c.write_closed()),
-            err: c.error().is_some() && c.read_closed(),
+            // A failure shows at once, as TCP's POLLERR | POLLHUP at a reset, data still
+            // unread or not (reads return that first).
+            err: c.error().is_some(),
             urgent: c.urgent_pending(),
         },
         None => AppState {
