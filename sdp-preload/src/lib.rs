@@ -597,6 +597,23 @@ fn connect_tcp(
     unsafe { real::connect(fd, addr, len) }
 }
 
+/// The kernel socket `fd`'s address family (SO_DOMAIN).
+fn kernel_domain(fd: c_int) -> Option<c_int> {
+    let mut v: c_int = 0;
+    let mut l = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: our own int and its size.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_DOMAIN,
+            (&mut v as *mut c_int).cast(),
+            &mut l,
+        )
+    };
+    (r == 0).then_some(v)
+}
+
 /// The kernel socket `fd`'s own address (libc's getsockname), if it is an inet one.
 pub(crate) fn kernel_sockname(fd: c_int) -> Option<SocketAddr> {
     // SAFETY: zeroed storage is valid; the kernel fills in at most its size.
@@ -634,10 +651,12 @@ fn replace_fd(user: OwnedFd, fd: c_int, cloexec: bool) -> io::Result<()> {
 /// and its fd.
 fn carry_options(tcp: c_int, s: &AppStream, user: &OwnedFd) -> Opts {
     use std::os::fd::AsRawFd;
+    let v6 = kernel_domain(tcp) == Some(libc::AF_INET6);
     let mut o = Opts {
         role: "client",
-        local: s.local_addr().ok(),
-        peer: s.peer_addr().ok(),
+        local: Opts::shown(v6, s.local_addr().ok()),
+        peer: Opts::shown(v6, s.peer_addr().ok()),
+        v6,
         ..Opts::default()
     };
     for name in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
@@ -861,10 +880,14 @@ unsafe fn accept_common(
                 Some(Ok((s, user, peer))) => {
                     let nfd = onto_doorbell(user, c, flags & libc::SOCK_CLOEXEC != 0);
                     drop(low);
+                    // An AF_INET6 listener's IPv4 clients show v4-mapped, as the kernel's.
+                    let v6 = kernel_domain(fd) == Some(libc::AF_INET6);
+                    let peer = Opts::shown(v6, Some(peer)).unwrap_or(peer);
                     let mut opts = Opts {
                         role: "server",
-                        local: s.local_addr().ok(),
+                        local: Opts::shown(v6, s.local_addr().ok()),
                         peer: Some(peer),
+                        v6,
                         ..Opts::default()
                     };
                     carry_linger(fd, &s, &mut opts);

@@ -124,11 +124,9 @@ pub(crate) unsafe fn get(
             return unsafe { real::getsockopt(fd, level, name, val, len) };
         }
         (libc::SOL_SOCKET, libc::SO_DOMAIN) => {
-            let local = match st {
-                Some(st) => st.local_addr().ok(),
-                None => opts.lock().local,
-            };
-            int(match local {
+            let o = opts.lock();
+            int(match o.local {
+                _ if o.v6 => libc::AF_INET6,
                 Some(a) if a.is_ipv6() => libc::AF_INET6,
                 _ => libc::AF_INET,
             })

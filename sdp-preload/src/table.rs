@@ -83,6 +83,21 @@ pub(crate) struct Opts {
     /// getsockname / getpeername (kept: a forked child's runtime cannot answer).
     pub(crate) local: Option<std::net::SocketAddr>,
     pub(crate) peer: Option<std::net::SocketAddr>,
+    /// The application's socket is AF_INET6: `local` and `peer` are IPv6 (an IPv4 peer of a
+    /// dual-stack socket v4-mapped, as the kernel shows it), SO_DOMAIN says so.
+    pub(crate) v6: bool,
+}
+
+impl Opts {
+    /// `a` as a socket of this family shows it (see [`Opts::v6`]).
+    pub(crate) fn shown(v6: bool, a: Option<std::net::SocketAddr>) -> Option<std::net::SocketAddr> {
+        match a {
+            Some(std::net::SocketAddr::V4(a4)) if v6 => Some(std::net::SocketAddr::V6(
+                std::net::SocketAddrV6::new(a4.ip().to_ipv6_mapped(), a4.port(), 0, 0),
+            )),
+            a => a,
+        }
+    }
 }
 
 /// What an fd the shim owns is.

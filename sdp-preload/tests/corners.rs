@@ -583,6 +583,28 @@ fn a_gone_peer_shows_as_over_tcp() {
     );
 }
 
+/// A dual-stack AF_INET6 listener's IPv4 client and an AF_INET6 client of a v4-mapped
+/// address: accept, getpeername, getsockname and SO_DOMAIN give IPv6 (`::ffff:127.0.0.1`, 28
+/// bytes), as the kernel's, over shm. Before, AF_INET addresses (16 bytes) on AF_INET6 sockets.
+#[test]
+fn an_ipv6_socket_shows_ipv4_peers_v4_mapped() {
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("v4_mapped"), "v4_mapped");
+    assert!(
+        tcp.contains("inet client: accept gave inet6 len 28\n")
+            && tcp.contains("  accepted's peer: inet6 ::ffff:127.0.0.1 len 28, SO_DOMAIN inet6\n"),
+        "{tcp}"
+    );
+    assert_eq!(
+        lines
+            .lines()
+            .filter(|l| l.contains("\"transport\":\"shm\""))
+            .count(),
+        4,
+        "report:\n{lines}"
+    );
+}
+
 /// A process that made a connection execs a new program without a fork, the socket kept open
 /// (no FD_CLOEXEC): the new program serves it as over TCP (TCP's transcript, the server's
 /// replies, its EOF), the stream going on over SDP in the exec's keeper (its line: shm,

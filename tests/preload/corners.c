@@ -1781,6 +1781,60 @@ static void case_peer_gone(void) {
     signal(SIGPIPE, SIG_DFL);
 }
 
+static void show_name(const char *what, int fd, int peer) {
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    socklen_t len = sizeof ss;
+    CHECK((peer ? getpeername(fd, (struct sockaddr *)&ss, &len) : getsockname(fd, (struct sockaddr *)&ss, &len)) == 0);
+    char b[64];
+    const void *a = ss.ss_family == AF_INET6 ? (void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                                             : (void *)&((struct sockaddr_in *)&ss)->sin_addr;
+    inet_ntop(ss.ss_family, a, b, sizeof b);
+    int dom = -1;
+    socklen_t dl = sizeof dom;
+    CHECK(getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &dl) == 0);
+    out("%s: %s %s len %u, SO_DOMAIN %s", what, ss.ss_family == AF_INET6 ? "inet6" : "inet", b,
+        (unsigned)len, dom == AF_INET6 ? "inet6" : "inet");
+}
+
+/* A dual-stack AF_INET6 listener and its IPv4 client; an AF_INET6 client of a v4-mapped
+ * address: their addresses are IPv6, the IPv4 ones v4-mapped (::ffff:127.0.0.1), as the
+ * kernel shows them. Before, the shim gave AF_INET addresses (16 bytes) on AF_INET6 sockets. */
+static void case_v4_mapped(void) {
+    int l = socket(AF_INET6, SOCK_STREAM, 0), off = 0;
+    CHECK(l >= 0 && setsockopt(l, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) == 0);
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_addr = in6addr_any};
+    socklen_t len = sizeof a6;
+    CHECK(bind(l, (struct sockaddr *)&a6, sizeof a6) == 0 && listen(l, 4) == 0);
+    CHECK(getsockname(l, (struct sockaddr *)&a6, &len) == 0);
+    for (int v6client = 0; v6client < 2; v6client++) {
+        int c;
+        if (v6client) {
+            struct sockaddr_in6 m = {.sin6_family = AF_INET6, .sin6_port = a6.sin6_port};
+            CHECK(inet_pton(AF_INET6, "::ffff:127.0.0.1", &m.sin6_addr) == 1);
+            c = socket(AF_INET6, SOCK_STREAM, 0);
+            CHECK(c >= 0 && connect(c, (struct sockaddr *)&m, sizeof m) == 0);
+        } else {
+            struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = a6.sin6_port};
+            a4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            c = dial(&a4);
+        }
+        struct sockaddr_storage ss;
+        len = sizeof ss;
+        int s = accept(l, (struct sockaddr *)&ss, &len);
+        CHECK(s >= 0);
+        out("%s client: accept gave %s len %u", v6client ? "inet6" : "inet",
+            ss.ss_family == AF_INET6 ? "inet6" : "inet", (unsigned)len);
+        show_name("  accepted's peer", s, 1);
+        show_name("  accepted's own", s, 0);
+        show_name("  client's own", c, 0);
+        show_name("  client's peer", c, 1);
+        close(c);
+        close(s);
+    }
+    close(l);
+}
+
 static void case_raw_close_ends(void) {
     raw_close_ends(0);
     raw_close_ends(1);
@@ -2623,6 +2677,7 @@ int main(int argc, char **argv) {
     RUN(raw_close_ends);
     RUN(accept_abort);
     RUN(peer_gone);
+    RUN(v4_mapped);
     RUN(linger_abort);
     RUN(linger_wait);
     RUN(linger_exit);
