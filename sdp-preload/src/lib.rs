@@ -2161,9 +2161,40 @@ pub unsafe extern "C" fn close_range(
             }
         }
     }
-    // SAFETY: forwards the caller's arguments.
-    let r = unsafe { real::close_range(first, last, flags) };
+    let r = if valid {
+        close_range_keeping(first, last, flags)
+    } else {
+        // SAFETY: forwards the caller's arguments.
+        unsafe { real::close_range(first, last, flags) }
+    };
     drop_internal(gone);
+    r
+}
+
+/// close_range, leaving the fds of ours a fork child needs until it execs
+/// (`fd_limit::kept_fds`: Python's `subprocess` closes every fd from 8 up before its exec,
+/// whose hook then shares the streams the new program keeps through one of them).
+fn close_range_keeping(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
+    let mut from = first;
+    let mut r = 0;
+    for k in fd_limit::kept_fds() {
+        let k = k as libc::c_uint;
+        if k < from || k > last {
+            continue;
+        }
+        if k > from {
+            // SAFETY: plain fd calls on the caller's range.
+            r = r.min(unsafe { real::close_range(from, k - 1, flags) });
+        }
+        if k == libc::c_uint::MAX {
+            return r;
+        }
+        from = k + 1;
+    }
+    if from <= last {
+        // SAFETY: as above.
+        r = r.min(unsafe { real::close_range(from, last, flags) });
+    }
     r
 }
 

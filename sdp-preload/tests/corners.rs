@@ -605,6 +605,21 @@ fn an_ipv6_socket_shows_ipv4_peers_v4_mapped() {
     );
 }
 
+/// A fork child that closes every fd above the socket (`close_range`, as Python's
+/// `subprocess` with `pass_fds`) and execs a shell that writes to it: the peer gets the bytes,
+/// then EOF, as over TCP, over shm (the shim's close_range leaves the fd the exec needs to
+/// share the stream). Before, the bytes were lost and the peer read EOF at once.
+#[test]
+fn close_range_before_exec_keeps_the_stream() {
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("close_range_exec"), "close_range_exec");
+    assert!(
+        tcp.contains("peer: EOF after 9\n") && tcp.contains("the shell exit 0"),
+        "{tcp}"
+    );
+    let _ = shm_server_line(&lines);
+}
+
 /// A process that made a connection execs a new program without a fork, the socket kept open
 /// (no FD_CLOEXEC): the new program serves it as over TCP (TCP's transcript, the server's
 /// replies, its EOF), the stream going on over SDP in the exec's keeper (its line: shm,

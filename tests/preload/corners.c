@@ -1835,6 +1835,31 @@ static void case_v4_mapped(void) {
     close(l);
 }
 
+/* A child that closes every fd above the socket (close_range, as Python's subprocess does
+ * between its fork and exec) and execs a shell writing to the socket: the peer gets the bytes,
+ * then EOF. Before, the close_range closed the shim's own fds too and the exec could not share
+ * the stream: the peer got EOF at once (the bytes were lost). */
+static void case_close_range_exec(void) {
+    int s;
+    pid_t pid = start(peer_read_to_end, &s);
+    pid_t c = fork();
+    CHECK(c >= 0);
+    if (c == 0) {
+        CHECK(close_range(s + 1, ~0U, 0) == 0);
+        char cmd[64];
+        snprintf(cmd, sizeof cmd, "printf via-child >&%d", s);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    CHECK(waitpid(c, &st, 0) == c);
+    close(s);
+    await(c2p[0]);
+    out("close_range then exec: the shell exit %d", status(st));
+    tell(p2c[1]);
+    finish(pid, -1);
+}
+
 static void case_raw_close_ends(void) {
     raw_close_ends(0);
     raw_close_ends(1);
@@ -2678,6 +2703,7 @@ int main(int argc, char **argv) {
     RUN(accept_abort);
     RUN(peer_gone);
     RUN(v4_mapped);
+    RUN(close_range_exec);
     RUN(linger_abort);
     RUN(linger_wait);
     RUN(linger_exit);

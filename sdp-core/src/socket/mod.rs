@@ -77,7 +77,7 @@ pub use errors::{errno_of, Errno};
 pub mod fd_limit {
     pub use crate::sys::fd::{
         app_fd_limit, app_fds_end, app_has_room, app_slot, fd_limit_for_exec, fd_room_after_exec,
-        make_fd_room, nofile_limit, set_app_fd_limit, LowFds,
+        kept_fds, make_fd_room, nofile_limit, set_app_fd_limit, LowFds,
     };
 }
 

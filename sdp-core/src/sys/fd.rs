@@ -317,6 +317,38 @@ fn note_ours(fd: RawFd) -> RawFd {
     fd
 }
 
+/// Fds of ours a fork child needs until it execs (the request channel's sending end, through
+/// which its exec shares the streams the new program keeps: `runtime::share`). A child that
+/// closes every fd from some number up before it execs (Python's `subprocess`:
+/// `close_range(8, ~0)`) must leave these: the shim's `close_range` skips them ([`kept_fds`]).
+/// Atomics only: read in fork children, whatever another thread of the parent held.
+static KEPT: [std::sync::atomic::AtomicI32; 4] =
+    [const { std::sync::atomic::AtomicI32::new(-1) }; 4];
+
+/// Keep `fd` from a fork child's `close_range` (see [`KEPT`]); false if there is no room.
+pub(crate) fn keep_for_children(fd: RawFd) -> bool {
+    KEPT.iter().any(|k| {
+        k.compare_exchange(
+            -1,
+            fd,
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+        )
+        .is_ok()
+    })
+}
+
+/// The fds [`keep_for_children`] kept, ascending.
+pub fn kept_fds() -> Vec<RawFd> {
+    let mut v: Vec<RawFd> = KEPT
+        .iter()
+        .map(|k| k.load(std::sync::atomic::Ordering::SeqCst))
+        .filter(|&fd| fd >= 0)
+        .collect();
+    v.sort_unstable();
+    v
+}
+
 /// Every fd below this number is the application's (ours are at or above it, as
 /// [`high_fd`] placed them; the application's own may be above it too).
 pub fn app_fds_end() -> RawFd {

@@ -80,7 +80,9 @@ impl<P: Provider + 'static> Shared<P> {
         // Children keep the sending end; held there, the receiving end would leave a child's
         // request waiting after we are gone instead of failing.
         sys::close_in_fork_child(pair.0.as_fd());
-        Ok(self.requests.get_or_init(|| pair))
+        let r = self.requests.get_or_init(|| pair);
+        sys::keep_for_children(r.1.as_raw_fd());
+        Ok(r)
     }
 
     /// Answer every waiting request (the progress thread, when the channel is readable).
