@@ -1124,7 +1124,7 @@ fn share_for_stdio(fd: c_int, what: &str) {
     share_for_stdio_if(fd, what, false);
 }
 
-/// fdopen(3): a `FILE` on a stream (see [`share_for_stdio_if`]).
+/// fdopen(3): a `FILE` on a stream (see `share_for_stdio_if`).
 ///
 /// # Safety
 /// As `fdopen(3)`.
