@@ -338,7 +338,7 @@ pub(crate) fn keep_for_children(fd: RawFd) -> bool {
     })
 }
 
-/// The fds [`keep_for_children`] kept, ascending.
+/// The fds `keep_for_children` kept, ascending.
 pub fn kept_fds() -> Vec<RawFd> {
     let mut v: Vec<RawFd> = KEPT
         .iter()
@@ -350,7 +350,7 @@ pub fn kept_fds() -> Vec<RawFd> {
 }
 
 /// Every fd below this number is the application's (ours are at or above it, as
-/// [`high_fd`] placed them; the application's own may be above it too).
+/// `high_fd` placed them; the application's own may be above it too).
 pub fn app_fds_end() -> RawFd {
     high_fd_floor().min(LOWEST_OURS.load(std::sync::atomic::Ordering::Relaxed))
 }
