@@ -514,24 +514,20 @@ fn stdio_on_a_stream_works_as_over_tcp() {
 #[test]
 fn a_raw_close_ends_the_connection_as_over_tcp() {
     let _serial = serial();
-    let (tcp, lines) = differential(Some("raw_close_ends"), "raw_close_ends");
-    assert!(
-        tcp.contains("peer: EOF after 7000\n")
-            && tcp.contains("peer: ECONNRESET after 0\n")
-            && tcp.contains("raw close and exit: read hi then EOF\n"),
-        "{tcp}"
+    let (_, lines) = differential_wanting(
+        "raw_close_ends",
+        &[
+            "peer: EOF after 7000\n",
+            "peer: ECONNRESET after 0\n",
+            "raw close and exit: read hi then EOF\n",
+        ],
     );
-    assert!(
-        has_line(
-            &lines,
-            &[
-                "\"role\":\"server\"",
-                "\"transport\":\"shm\"",
-                "\"bytes_in\":0,\"bytes_out\":7000"
-            ]
-        ),
-        "report:\n{lines}"
-    );
+    let parts = [
+        "\"role\":\"server\"",
+        "\"transport\":\"shm\"",
+        "\"bytes_in\":0,\"bytes_out\":7000",
+    ];
+    assert!(has_line(&lines, &parts), "report:\n{lines}");
 }
 
 /// A server that accepts and resets at once (SO_LINGER {1, 0}), 30 times: each client's
@@ -541,19 +537,11 @@ fn a_raw_close_ends_the_connection_as_over_tcp() {
 #[test]
 fn a_connect_the_server_accepted_and_reset_succeeds() {
     let _serial = serial();
-    let (tcp, lines) = differential(Some("accept_abort"), "accept_abort");
-    assert!(
-        tcp.contains("accept then abort: 30 clients ended well"),
-        "{tcp}"
+    let (_, lines) = differential_wanting(
+        "accept_abort",
+        &["accept then abort: 30 clients ended well"],
     );
-    assert_eq!(
-        lines
-            .lines()
-            .filter(|l| l.contains("\"role\":\"client\"") && l.contains("\"transport\":\"shm\""))
-            .count(),
-        30,
-        "report:\n{lines}"
-    );
+    assert_eq!(shm_lines(&lines, Some("client")), 30, "report:\n{lines}");
 }
 
 /// A socket whose peer is gone shows what TCP's shows: poll and epoll after a reset give IN
@@ -564,23 +552,16 @@ fn a_connect_the_server_accepted_and_reset_succeeds() {
 #[test]
 fn a_gone_peer_shows_as_over_tcp() {
     let _serial = serial();
-    let (tcp, lines) = differential(Some("peer_gone"), "peer_gone");
-    for want in [
-        "after a reset: poll IN OUT ERR HUP RDHUP\n",
-        "writes after the peer's close: ok EPIPE EPIPE\n",
-        "a forked child's writes after the peer's close: killed by signal 13\n",
-        "a blocked writer whose reader closed with data unread: ECONNRESET\n",
-    ] {
-        assert!(tcp.contains(want), "{want}: {tcp}");
-    }
-    assert!(
-        lines
-            .lines()
-            .filter(|l| l.contains("\"role\":\"client\"") && l.contains("\"transport\":\"shm\""))
-            .count()
-            >= 4,
-        "report:\n{lines}"
+    let (_, lines) = differential_wanting(
+        "peer_gone",
+        &[
+            "after a reset: poll IN OUT ERR HUP RDHUP\n",
+            "writes after the peer's close: ok EPIPE EPIPE\n",
+            "a forked child's writes after the peer's close: killed by signal 13\n",
+            "a blocked writer whose reader closed with data unread: ECONNRESET\n",
+        ],
     );
+    assert!(shm_lines(&lines, Some("client")) >= 4, "report:\n{lines}");
 }
 
 /// A dual-stack AF_INET6 listener's IPv4 client and an AF_INET6 client of a v4-mapped
@@ -589,20 +570,14 @@ fn a_gone_peer_shows_as_over_tcp() {
 #[test]
 fn an_ipv6_socket_shows_ipv4_peers_v4_mapped() {
     let _serial = serial();
-    let (tcp, lines) = differential(Some("v4_mapped"), "v4_mapped");
-    assert!(
-        tcp.contains("inet client: accept gave inet6 len 28\n")
-            && tcp.contains("  accepted's peer: inet6 ::ffff:127.0.0.1 len 28, SO_DOMAIN inet6\n"),
-        "{tcp}"
+    let (_, lines) = differential_wanting(
+        "v4_mapped",
+        &[
+            "inet client: accept gave inet6 len 28\n",
+            "  accepted's peer: inet6 ::ffff:127.0.0.1 len 28, SO_DOMAIN inet6\n",
+        ],
     );
-    assert_eq!(
-        lines
-            .lines()
-            .filter(|l| l.contains("\"transport\":\"shm\""))
-            .count(),
-        4,
-        "report:\n{lines}"
-    );
+    assert_eq!(shm_lines(&lines, None), 4, "report:\n{lines}");
 }
 
 /// A fork child that closes every fd above the socket (`close_range`, as Python's
@@ -612,10 +587,9 @@ fn an_ipv6_socket_shows_ipv4_peers_v4_mapped() {
 #[test]
 fn close_range_before_exec_keeps_the_stream() {
     let _serial = serial();
-    let (tcp, lines) = differential(Some("close_range_exec"), "close_range_exec");
-    assert!(
-        tcp.contains("peer: EOF after 9\n") && tcp.contains("the shell exit 0"),
-        "{tcp}"
+    let (_, lines) = differential_wanting(
+        "close_range_exec",
+        &["peer: EOF after 9\n", "the shell exit 0"],
     );
     let _ = shm_server_line(&lines);
 }
@@ -699,6 +673,24 @@ fn daemon_moves_a_listener_with_it() {
 }
 
 /// Whether a report line holds every one of `parts` (JSON fragments).
+/// [`differential`] for `case`, asserting TCP's transcript has each of `want`.
+fn differential_wanting(case: &str, want: &[&str]) -> (String, String) {
+    let (tcp, lines) = differential(Some(case), case);
+    for w in want {
+        assert!(tcp.contains(w), "{w}: {tcp}");
+    }
+    (tcp, lines)
+}
+
+/// How many report lines say shm (of `role`'s sockets, if given).
+fn shm_lines(lines: &str, role: Option<&str>) -> usize {
+    lines
+        .lines()
+        .filter(|l| l.contains("\"transport\":\"shm\""))
+        .filter(|l| role.is_none_or(|r| l.contains(&format!("\"role\":\"{r}\""))))
+        .count()
+}
+
 fn has_line(lines: &str, parts: &[&str]) -> bool {
     lines.lines().any(|l| parts.iter().all(|p| l.contains(p)))
 }
