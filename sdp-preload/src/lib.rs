@@ -779,8 +779,14 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     if r != 0 || !table::owned(fd) || internal() {
         return r;
     }
-    if !table::get(fd).is_some_and(|s| matches!(*s, Sock::Fresh)) {
-        return r;
+    match table::get(fd).as_deref() {
+        Some(Sock::Fresh) => {}
+        Some(Sock::Listener(_)) => {
+            // listen again (a new backlog): keep the doorbells' room.
+            doorbell_room(fd, backlog);
+            return r;
+        }
+        _ => return r,
     }
     if let Some(local) = kernel_sockname(fd) {
         if choose(rules::Role::Server, local) == rules::Use::Tcp {
@@ -805,6 +811,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
                 l.transports()
             ));
             table::insert(fd, Arc::new(Sock::Listener(l)));
+            doorbell_room(fd, backlog);
         }
         Err(e) => {
             log(format_args!("listen fd {fd}: kernel TCP only ({e})"));
@@ -812,6 +819,23 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         }
     }
     r
+}
+
+/// An SDP client is announced by a doorbell, a loopback TCP connection to the listener's own
+/// port, which takes a place in the kernel's accept queue. With only the application's backlog
+/// there, a burst of clients filled it and a doorbell's SYN was dropped: its client waited for
+/// the kernel's 1 s retransmission, then gave up on SDP (Python's `ForkingTCPServer`, backlog 5,
+/// 16 clients at once: 3-9 of 48 stalled 1-2 s; kernel TCP alone stalls in 1 run of 5). The
+/// kernel queue gets room for as many doorbells as the SDP queue holds (the backlog) beside the
+/// application's own.
+fn doorbell_room(fd: c_int, backlog: c_int) {
+    if backlog < 0 {
+        // The most the kernel allows already.
+        return;
+    }
+    let room = backlog.saturating_mul(2).saturating_add(1);
+    // SAFETY: plain fd call on the application's listening socket.
+    unsafe { real::listen(fd, room) };
 }
 
 unsafe fn accept_common(
