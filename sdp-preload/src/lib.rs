@@ -529,6 +529,11 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             Some(ip) => Options::default().with_source_ip(ip),
             None => Options::default(),
         };
+        // A port it bound is the connection's own, as TCP's.
+        let opts = match kernel_sockname(fd).map(|a| a.port()) {
+            Some(p) if p != 0 => opts.with_source_port(p),
+            _ => opts,
+        };
         AppStream::connect(dst, &opts, nonblocking, cloexec)
     };
     match r {

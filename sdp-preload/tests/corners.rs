@@ -609,6 +609,18 @@ fn a_burst_of_clients_is_not_held_by_the_backlog() {
     assert!(shm_lines(&lines, Some("client")) >= 8, "report:\n{lines}");
 }
 
+/// A client that binds a local port before it connects keeps it (its getsockname, the
+/// server's accept and getpeername), as over TCP, over shm. Before, the SDP connection's own.
+#[test]
+fn a_bound_source_port_is_the_connections() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "bind_connect",
+        &["bound port kept: client's getsockname yes, server's accept yes, getpeername yes\n"],
+    );
+    assert_eq!(shm_lines(&lines, None), 2, "report:\n{lines}");
+}
+
 /// A process that made a connection execs a new program without a fork, the socket kept open
 /// (no FD_CLOEXEC): the new program serves it as over TCP (TCP's transcript, the server's
 /// replies, its EOF), the stream going on over SDP in the exec's keeper (its line: shm,

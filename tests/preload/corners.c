@@ -1914,6 +1914,36 @@ static void case_burst(void) {
     close(l);
 }
 
+/* A client that binds a local port before it connects keeps it: its getsockname and the
+ * server's accept and getpeername show it, as TCP's. Before, the SDP connection's own port. */
+static void case_bind_connect(void) {
+    struct sockaddr_in a = {.sin_family = AF_INET}, me = {.sin_family = AF_INET}, got;
+    a.sin_addr.s_addr = me.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(l >= 0 && bind(l, (struct sockaddr *)&a, sizeof a) == 0 && listen(l, 4) == 0);
+    CHECK(getsockname(l, (struct sockaddr *)&a, &len) == 0);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(c >= 0 && bind(c, (struct sockaddr *)&me, sizeof me) == 0);
+    len = sizeof me;
+    CHECK(getsockname(c, (struct sockaddr *)&me, &len) == 0);
+    CHECK(connect(c, (struct sockaddr *)&a, sizeof a) == 0);
+    len = sizeof got;
+    int s = accept(l, (struct sockaddr *)&got, &len);
+    CHECK(s >= 0);
+    int at_accept = got.sin_port == me.sin_port;
+    len = sizeof got;
+    CHECK(getsockname(c, (struct sockaddr *)&got, &len) == 0);
+    int own = got.sin_port == me.sin_port;
+    len = sizeof got;
+    CHECK(getpeername(s, (struct sockaddr *)&got, &len) == 0);
+    out("bound port kept: client's getsockname %s, server's accept %s, getpeername %s",
+        own ? "yes" : "no", at_accept ? "yes" : "no", got.sin_port == me.sin_port ? "yes" : "no");
+    close(c);
+    close(s);
+    close(l);
+}
+
 static void case_raw_close_ends(void) {
     raw_close_ends(0);
     raw_close_ends(1);
@@ -2759,6 +2789,7 @@ int main(int argc, char **argv) {
     RUN(v4_mapped);
     RUN(close_range_exec);
     RUN(burst);
+    RUN(bind_connect);
     RUN(linger_abort);
     RUN(linger_wait);
     RUN(linger_exit);

@@ -339,7 +339,12 @@ impl AppStream {
         };
         // A nonblocking connect cannot wait for room in a full listen queue: it fails
         // (ECONNREFUSED), so the shim's caller goes to kernel TCP, whose SYN waits there.
-        let id = stack.0.connect(addr, opts.connect_timeout, !nonblocking)?;
+        let id = stack.0.connect(
+            addr,
+            opts.source_for(addr),
+            opts.connect_timeout,
+            !nonblocking,
+        )?;
         let mut s = AppStream::new(stack, id);
         s.dest = Some(addr);
         let fd = s.stack.0.app_attach(id, nonblocking, cloexec)?;

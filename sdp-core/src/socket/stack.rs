@@ -146,6 +146,9 @@ pub struct Options {
     /// Source address of an SDP connection over RDMA (its device carries the connection);
     /// `None`: the one the route to the peer picks.
     pub source_ip: Option<IpAddr>,
+    /// Source port (as `bind(2)` before `connect(2)` gives a TCP socket); `None`: one the
+    /// provider picks.
+    pub source_port: Option<u16>,
     /// A listener's backlog, as `listen(2)`'s (`None`: 128, as `std::net::TcpListener`). At
     /// most backlog + 1 connections wait to be accepted, over SDP as over kernel TCP
     /// (docs/providers.md, "Listen backlog").
@@ -175,6 +178,20 @@ impl Options {
     pub fn with_source_ip(mut self, ip: IpAddr) -> Options {
         self.source_ip = Some(ip);
         self
+    }
+    pub fn with_source_port(mut self, port: u16) -> Options {
+        self.source_port = Some(port);
+        self
+    }
+    /// The source address a connect to `dst` asks for: a port the caller chose (with its
+    /// source IP, else unspecified: the provider's own address), or none.
+    pub(crate) fn source_for(&self, dst: SocketAddr) -> Option<SocketAddr> {
+        let port = self.source_port.filter(|&p| p != 0)?;
+        let unspecified = match dst {
+            SocketAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            SocketAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        };
+        Some(SocketAddr::new(self.source_ip.unwrap_or(unspecified), port))
     }
     pub fn with_backlog(mut self, backlog: u32) -> Options {
         self.backlog = Some(backlog);

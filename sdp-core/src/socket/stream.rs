@@ -142,7 +142,7 @@ impl SdpStream {
             let sdp = match opts.stack_for(a.ip()) {
                 Ok(Some(stack)) => stack
                     .0
-                    .connect(a, opts.connect_timeout, true)
+                    .connect(a, opts.source_for(a), opts.connect_timeout, true)
                     .map(|id| SdpStream::from_core(Core::new(stack, id))),
                 Ok(None) => Err(io::Error::from_raw_os_error(libc::ENETUNREACH)),
                 Err(e) => Err(e),

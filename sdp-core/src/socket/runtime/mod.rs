@@ -99,9 +99,11 @@ pub(crate) trait StackOps: Send + Sync {
     /// queue is full turns the request away; with `wait_room` the connector tries again until
     /// there is room or the time is up (ETIMEDOUT), as a TCP client whose SYN was dropped
     /// does; without it the connect fails at once with ECONNREFUSED.
+    /// `src`: the source address asked for (a port the application bound), if any.
     fn connect(
         &self,
         dst: SocketAddr,
+        src: Option<SocketAddr>,
         timeout: Option<Duration>,
         wait_room: bool,
     ) -> io::Result<ConnId>;
@@ -550,6 +552,7 @@ impl<P: Provider + 'static> Runtime<P> {
     fn connect_once(
         &self,
         dst: SocketAddr,
+        src: Option<SocketAddr>,
         timeout: Option<Duration>,
     ) -> Result<ConnId, Option<io::Error>> {
         let id = {
@@ -557,7 +560,7 @@ impl<P: Provider + 'static> Runtime<P> {
             let now = self.now();
             let id = g
                 .driver
-                .connect(now, dst, None)
+                .connect(now, dst, src)
                 .map_err(|e| Some(driver_err(e)))?;
             g.socks.insert(id, Sock::default());
             id

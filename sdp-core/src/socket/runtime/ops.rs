@@ -84,6 +84,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
     fn connect(
         &self,
         dst: SocketAddr,
+        src: Option<SocketAddr>,
         timeout: Option<Duration>,
         wait_room: bool,
     ) -> io::Result<ConnId> {
@@ -96,7 +97,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         let mut pause = QUEUE_FULL_RETRY_FIRST;
         loop {
             let left = limit.saturating_sub(start.elapsed());
-            match self.connect_once(dst, Some(left)) {
+            match self.connect_once(dst, src, Some(left)) {
                 Err(None) if wait_room => {
                     let left = limit.saturating_sub(start.elapsed());
                     if left.is_zero() {

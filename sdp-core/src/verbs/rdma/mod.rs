@@ -746,7 +746,12 @@ impl Provider for RdmaProvider {
         let mut st = sh.st.lock();
         drop(sh.parts()?);
         let id = sh.channel.create_id()?;
-        let bind = src.unwrap_or(SocketAddr::new(sh.local_ip, 0));
+        let bind = match src {
+            // A port the application bound without an address: the device's address.
+            Some(s) if s.ip().is_unspecified() => SocketAddr::new(sh.local_ip, s.port()),
+            Some(s) => s,
+            None => SocketAddr::new(sh.local_ip, 0),
+        };
         bind_addr(&id, bind)?;
         if !sh.is_ctx(id.verbs()) {
             return Err(VerbsError::NoDevice(format!(

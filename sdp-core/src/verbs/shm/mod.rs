@@ -1658,7 +1658,12 @@ impl Provider for ShmProvider {
             // this on every connect).
             Err(_) => return Err(VerbsError::Refused),
         };
-        let local = src.filter(|s| s.port() != 0).unwrap_or_else(|| {
+        let local = match src.filter(|s| s.port() != 0) {
+            // A port the application bound (its IP, or ours where it bound none).
+            Some(s) if s.ip().is_unspecified() => Some(SocketAddr::new(ip, s.port())),
+            s => s,
+        };
+        let local = local.unwrap_or_else(|| {
             let p = self.inner.next_port.fetch_add(1, Ordering::Relaxed);
             SocketAddr::new(ip, 32768 + (p % 28232) as u16)
         });
