@@ -1912,10 +1912,23 @@ unsafe fn stream_name(
     len: *mut socklen_t,
 ) -> Option<c_int> {
     let s = table::owned(fd).then(|| stream(fd)).flatten()?;
-    let Some((_, o)) = s.stream_parts() else {
+    let Some((st, o)) = s.stream_parts() else {
         unreachable!()
     };
-    let a = if peer { o.lock().peer } else { o.lock().local };
+    // A connection that failed has no peer (ENOTCONN, as TCP's after a reset), which only
+    // the runtime of the process that owns it knows.
+    let failed = || {
+        st.filter(|st| !st.is_inherited()).is_some_and(|st| {
+            let _g = Internal::enter();
+            st.peer_addr()
+                .is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN))
+        })
+    };
+    let a = if peer {
+        o.lock().peer.filter(|_| !failed())
+    } else {
+        o.lock().local
+    };
     Some(match a {
         Some(a) => {
             // SAFETY: the caller's buffers.

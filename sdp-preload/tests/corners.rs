@@ -545,7 +545,7 @@ fn a_connect_the_server_accepted_and_reset_succeeds() {
 }
 
 /// A socket whose peer is gone shows what TCP's shows: poll and epoll after a reset give IN
-/// OUT ERR HUP RDHUP; after the peer's close the first write goes and the next fail with EPIPE
+/// OUT ERR HUP RDHUP, getpeername ENOTCONN; after the peer's close the first write goes and the next fail with EPIPE
 /// (a forked child that inherited the socket is killed by SIGPIPE); a blocked writer whose
 /// reader closed with data unread gets ECONNRESET. Over shm. Before: no ERR HUP; ECONNRESET
 /// then EPIPE; the forked child's writes all "succeeded" (lost); the blocked writer got EPIPE.
@@ -556,6 +556,7 @@ fn a_gone_peer_shows_as_over_tcp() {
         "peer_gone",
         &[
             "after a reset: poll IN OUT ERR HUP RDHUP\n",
+            "after a reset: getpeername -1 ENOTCONN\n",
             "writes after the peer's close: ok EPIPE EPIPE\n",
             "a forked child's writes after the peer's close: killed by signal 13\n",
             "a blocked writer whose reader closed with data unread: ECONNRESET\n",

@@ -1738,6 +1738,10 @@ static void case_peer_gone(void) {
     CHECK(epoll_wait(ep, &got, 1, 1000) == 1);
     out("after a reset: poll%s", revents(p.revents));
     out("after a reset: epoll%s", revents(got.events));
+    struct sockaddr_in pa;
+    socklen_t pl = sizeof pa;
+    int pr = getpeername(s, (struct sockaddr *)&pa, &pl);
+    out("after a reset: getpeername %d %s", pr, pr < 0 ? en(errno) : "0");
     close(ep);
     tell(p2c[1]);
     finish(pid, s);
