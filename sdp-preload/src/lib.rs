@@ -1848,8 +1848,79 @@ unsafe fn writev_owned(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     unsafe { real::writev(fd, iov, cnt) }
 }
 
-owned_or_libc! {
-    fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t => sendmsg_owned
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { sendmsg_owned(fd, msg, flags) };
+    }
+    if app::event_waits_poll() && !internal() {
+        share_passed(msg);
+    }
+    // SAFETY: forwards the caller's arguments.
+    unsafe { real::sendmsg(fd, msg, flags) }
+}
+
+/// SDP streams passed to another process (SCM_RIGHTS in `msg`) are shared first: the receiver
+/// reads and writes the kernel file, which the owner then pumps (node's cluster module hands
+/// each accepted connection to a worker so, then closes its copy). The message is read from
+/// our own memory by system call, so a bad pointer gets the kernel's EFAULT from sendmsg, not
+/// a crash here; only in a process with SDP streams.
+#[inline(never)]
+fn share_passed(msg: *const msghdr) {
+    // SAFETY: all-zero is a valid msghdr to overwrite.
+    let mut m: msghdr = unsafe { std::mem::zeroed() };
+    if !read_own(msg as usize, &mut m) || m.msg_control.is_null() || m.msg_controllen == 0 {
+        return;
+    }
+    let mut ctl = vec![0u8; (m.msg_controllen as usize).min(64 * 1024)];
+    if !read_own(m.msg_control as usize, &mut ctl[..]) {
+        return;
+    }
+    let hdr = std::mem::size_of::<libc::cmsghdr>();
+    let mut off = 0;
+    while off + hdr <= ctl.len() {
+        // SAFETY: `hdr` bytes at `off` are in `ctl`; read unaligned.
+        let c: libc::cmsghdr = unsafe { std::ptr::read_unaligned(ctl[off..].as_ptr().cast()) };
+        let len = c.cmsg_len as usize;
+        if len < hdr || off + len > ctl.len() {
+            return;
+        }
+        if c.cmsg_level == libc::SOL_SOCKET && c.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: CMSG_LEN(0) is arithmetic.
+            let data = off + unsafe { libc::CMSG_LEN(0) } as usize;
+            for f in ctl[data.min(off + len)..off + len].chunks_exact(4) {
+                let fd = c_int::from_ne_bytes([f[0], f[1], f[2], f[3]]);
+                if table::owned(fd) {
+                    let _g = Internal::enter();
+                    share_streams("SCM_RIGHTS", |sfd, _| sfd == fd);
+                }
+            }
+        }
+        // Each header padded to the word size.
+        let step = (len + std::mem::size_of::<usize>() - 1) & !(std::mem::size_of::<usize>() - 1);
+        off += step.max(hdr);
+    }
+}
+
+/// Copy `out.len()` bytes of our own memory at `addr` into `out` by system call (a bad address
+/// is an error, not a fault).
+fn read_own<T: ?Sized>(addr: usize, out: &mut T) -> bool {
+    let n = std::mem::size_of_val(out);
+    if addr == 0 || n == 0 {
+        return false;
+    }
+    let local = libc::iovec {
+        iov_base: (out as *mut T).cast(),
+        iov_len: n,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: n,
+    };
+    // SAFETY: our own buffer of `n` bytes; the kernel checks the other side.
+    let r = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    r == n as isize
 }
 
 /// [`sendmsg`] on an fd the shim owns (out of line: see [`data`]).

@@ -622,6 +622,24 @@ fn a_bound_source_port_is_the_connections() {
     assert_eq!(shm_lines(&lines, None), 2, "report:\n{lines}");
 }
 
+/// A server hands an accepted connection to a worker over a unix socket (SCM_RIGHTS) and
+/// closes its copy by a raw system call (node's cluster module): the worker serves it, as over
+/// TCP, over shm (the stream is shared before it is sent; the server pumps it). Before, the
+/// worker's bytes went into the readiness pair and the client was reset (node: 8 of 20
+/// requests ECONNRESET).
+#[test]
+fn a_connection_passed_by_scm_rights_is_served() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "scm_rights",
+        &[
+            "scm_rights: the client got HELLO then EOF\n",
+            "scm_rights: client exit 0, worker exit 0\n",
+        ],
+    );
+    let _ = shm_server_line(&lines);
+}
+
 /// A process that made a connection execs a new program without a fork, the socket kept open
 /// (no FD_CLOEXEC): the new program serves it as over TCP (TCP's transcript, the server's
 /// replies, its EOF), the stream going on over SDP in the exec's keeper (its line: shm,

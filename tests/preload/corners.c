@@ -1948,6 +1948,73 @@ static void case_bind_connect(void) {
     close(l);
 }
 
+/* A server that hands each accepted connection to a worker over a unix socket (SCM_RIGHTS)
+ * and closes its copy by a raw system call, as node's cluster module does: the worker (forked
+ * before the connection existed) serves it. Before, the worker read and wrote the readiness
+ * pair's bytes and the client was reset. */
+static void case_scm_rights(void) {
+    int sp[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sp) == 0);
+    pid_t worker = fork();
+    CHECK(worker >= 0);
+    if (worker == 0) {
+        close(sp[0]);
+        char b[8], ctl[CMSG_SPACE(sizeof(int))];
+        struct iovec io = {.iov_base = b, .iov_len = 1};
+        struct msghdr m = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+        CHECK(recvmsg(sp[1], &m, 0) == 1);
+        int c;
+        memcpy(&c, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof c);
+        size_t got = 0;
+        ssize_t r;
+        while (got < 5 && (r = read(c, b + got, 5 - got)) > 0)
+            got += r;
+        for (size_t i = 0; i < got; i++)
+            b[i] -= 32;
+        CHECK(write(c, b, got) == (ssize_t)got);
+        close(c);
+        _exit(got != 5);
+    }
+    close(sp[1]);
+    struct sockaddr_in a;
+    int l = listener(&a);
+    pid_t client = fork();
+    CHECK(client >= 0);
+    if (client == 0) {
+        close(sp[0]);
+        int c = dial(&a);
+        CHECK(write(c, "hello", 5) == 5);
+        char b[16];
+        size_t got = 0;
+        ssize_t r;
+        while (got < sizeof b && (r = read(c, b + got, sizeof b - got)) > 0)
+            got += r;
+        printf("scm_rights: the client got %.*s then %s\n", (int)got, b, r == 0 ? "EOF" : en(errno));
+        fflush(stdout);
+        _exit(0);
+    }
+    int s = accept(l, NULL, NULL);
+    CHECK(s >= 0);
+    char one = 1, ctl[CMSG_SPACE(sizeof(int))];
+    memset(ctl, 0, sizeof ctl);
+    struct iovec io = {.iov_base = &one, .iov_len = 1};
+    struct msghdr m = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+    h->cmsg_level = SOL_SOCKET;
+    h->cmsg_type = SCM_RIGHTS;
+    h->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(h), &s, sizeof s);
+    CHECK(sendmsg(sp[0], &m, 0) == 1);
+    CHECK(syscall(SYS_close, s) == 0);
+    int st;
+    CHECK(waitpid(client, &st, 0) == client);
+    int cst = status(st);
+    CHECK(waitpid(worker, &st, 0) == worker);
+    out("scm_rights: client exit %d, worker exit %d", cst, status(st));
+    close(sp[0]);
+    close(l);
+}
+
 static void case_raw_close_ends(void) {
     raw_close_ends(0);
     raw_close_ends(1);
@@ -2794,6 +2861,7 @@ int main(int argc, char **argv) {
     RUN(close_range_exec);
     RUN(burst);
     RUN(bind_connect);
+    RUN(scm_rights);
     RUN(linger_abort);
     RUN(linger_wait);
     RUN(linger_exit);
