@@ -602,23 +602,6 @@ fn connect_tcp(
     unsafe { real::connect(fd, addr, len) }
 }
 
-/// The kernel socket `fd`'s address family (SO_DOMAIN).
-fn kernel_domain(fd: c_int) -> Option<c_int> {
-    let mut v: c_int = 0;
-    let mut l = std::mem::size_of::<c_int>() as socklen_t;
-    // SAFETY: our own int and its size.
-    let r = unsafe {
-        real::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_DOMAIN,
-            (&mut v as *mut c_int).cast(),
-            &mut l,
-        )
-    };
-    (r == 0).then_some(v)
-}
-
 /// The kernel socket `fd`'s own address (libc's getsockname), if it is an inet one.
 pub(crate) fn kernel_sockname(fd: c_int) -> Option<SocketAddr> {
     // SAFETY: zeroed storage is valid; the kernel fills in at most its size.
@@ -656,7 +639,7 @@ fn replace_fd(user: OwnedFd, fd: c_int, cloexec: bool) -> io::Result<()> {
 /// and its fd.
 fn carry_options(tcp: c_int, s: &AppStream, user: &OwnedFd) -> Opts {
     use std::os::fd::AsRawFd;
-    let v6 = kernel_domain(tcp) == Some(libc::AF_INET6);
+    let v6 = kernel_int(tcp, libc::SOL_SOCKET, libc::SO_DOMAIN) == Some(libc::AF_INET6);
     let mut o = Opts {
         role: "client",
         local: Opts::shown(v6, s.local_addr().ok()),
@@ -910,7 +893,8 @@ unsafe fn accept_common(
                     let nfd = onto_doorbell(user, c, flags & libc::SOCK_CLOEXEC != 0);
                     drop(low);
                     // An AF_INET6 listener's IPv4 clients show v4-mapped, as the kernel's.
-                    let v6 = kernel_domain(fd) == Some(libc::AF_INET6);
+                    let v6 =
+                        kernel_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN) == Some(libc::AF_INET6);
                     let peer = Opts::shown(v6, Some(peer)).unwrap_or(peer);
                     let mut opts = Opts {
                         role: "server",
@@ -1877,29 +1861,35 @@ fn share_passed(msg: *const msghdr) {
     if !read_own(m.msg_control as usize, &mut ctl[..]) {
         return;
     }
+    // Walked with checked indexing rather than CMSG_NXTHDR: the lengths are the
+    // application's, and libc's macro adds a huge one without a check.
     let hdr = std::mem::size_of::<libc::cmsghdr>();
     let mut off = 0;
+    let mut passed = Vec::new();
     while off + hdr <= ctl.len() {
         // SAFETY: `hdr` bytes at `off` are in `ctl`; read unaligned.
         let c: libc::cmsghdr = unsafe { std::ptr::read_unaligned(ctl[off..].as_ptr().cast()) };
         let len = c.cmsg_len as usize;
-        if len < hdr || off + len > ctl.len() {
-            return;
+        if len < hdr || len > ctl.len() - off {
+            break;
         }
         if c.cmsg_level == libc::SOL_SOCKET && c.cmsg_type == libc::SCM_RIGHTS {
             // SAFETY: CMSG_LEN(0) is arithmetic.
             let data = off + unsafe { libc::CMSG_LEN(0) } as usize;
             for f in ctl[data.min(off + len)..off + len].chunks_exact(4) {
-                let fd = c_int::from_ne_bytes([f[0], f[1], f[2], f[3]]);
-                if table::owned(fd) {
-                    let _g = Internal::enter();
-                    share_streams("SCM_RIGHTS", |sfd, _| sfd == fd);
-                }
+                passed.push(c_int::from_ne_bytes([f[0], f[1], f[2], f[3]]));
             }
         }
         // Each header padded to the word size.
-        let step = (len + std::mem::size_of::<usize>() - 1) & !(std::mem::size_of::<usize>() - 1);
-        off += step.max(hdr);
+        off += (len + std::mem::size_of::<usize>() - 1) & !(std::mem::size_of::<usize>() - 1);
+    }
+    for fd in passed {
+        if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
+            if let Sock::Stream(st, _) = &*s {
+                let _g = Internal::enter();
+                share_stream("SCM_RIGHTS", fd, st);
+            }
+        }
     }
 }
 
@@ -2413,15 +2403,23 @@ pub(crate) fn kept_by_exec(fd: c_int) -> bool {
 pub(crate) fn share_streams(what: &str, pick: impl Fn(c_int, &AppStream) -> bool) {
     for (fd, s) in table::streams() {
         if let Sock::Stream(st, _) = &*s {
-            if !st.is_shared() && pick(fd, st) {
-                match st.share(fd) {
-                    Ok(()) => log(format_args!(
-                        "{what}: fd {fd} is shared, its bytes go through the kernel file"
-                    )),
-                    Err(e) => log(format_args!("{what}: fd {fd} cannot be shared: {e}")),
-                }
+            if pick(fd, st) {
+                share_stream(what, fd, st);
             }
         }
+    }
+}
+
+/// Share the stream `st` at `fd` (its bytes through the kernel file from now on), for `what`.
+fn share_stream(what: &str, fd: c_int, st: &AppStream) {
+    if st.is_shared() {
+        return;
+    }
+    match st.share(fd) {
+        Ok(()) => log(format_args!(
+            "{what}: fd {fd} is shared, its bytes go through the kernel file"
+        )),
+        Err(e) => log(format_args!("{what}: fd {fd} cannot be shared: {e}")),
     }
 }
 

@@ -125,10 +125,10 @@ pub(crate) unsafe fn get(
         }
         (libc::SOL_SOCKET, libc::SO_DOMAIN) => {
             let o = opts.lock();
-            int(match o.local {
-                _ if o.v6 => libc::AF_INET6,
-                Some(a) if a.is_ipv6() => libc::AF_INET6,
-                _ => libc::AF_INET,
+            int(if o.v6 || o.local.is_some_and(|a| a.is_ipv6()) {
+                libc::AF_INET6
+            } else {
+                libc::AF_INET
             })
         }
         // A stream got through exec: its errors show on the kernel file (a reset), as its

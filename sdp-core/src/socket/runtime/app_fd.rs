@@ -209,8 +209,8 @@ impl<P: Provider + 'static> Shared<P> {
 
     /// The progress thread, when a watched end reported: each connection whose application
     /// file every holder closed (our end hung up while we did not shut it) is closed as the
-    /// application's `close` would (with SO_LINGER {1, 0}: a reset; otherwise in the
-    /// background). Its `AppStream` lives on in the shim's table until the fd's number names
+    /// application's `close` would (`Runtime::close_begin`: with SO_LINGER {1, 0} a reset;
+    /// otherwise in the background). Its `AppStream` lives on in the shim's table until the fd's number names
     /// another file; its own close then finds nothing to do.
     pub(super) fn serve_app_hangups(&self) {
         let Some(ep) = self.app_hangups.get() else {
@@ -238,19 +238,10 @@ impl<P: Provider + 'static> Shared<P> {
                 let info = super::ops::info_of(&c);
                 g.ended_behind.insert(id, info);
             }
-            Runtime::<P>::close_exposed(&mut g, now, id);
-            match g
-                .socks
-                .get(&id)
-                .filter(|s| s.pump.is_none())
-                .and_then(|s| s.linger)
-            {
-                Some(l) if l.is_zero() => {
-                    g.socks.remove(&id);
-                    g.driver.abort(now, id);
-                    g.driver.release(now, id);
-                }
-                _ => Runtime::<P>::close_locked(&mut g, now, id),
+            // No application thread to wait a linger out in: the close goes on in the
+            // background, as TCP's for an orphaned socket.
+            if Runtime::<P>::close_begin(&mut g, now, id).is_some() {
+                Runtime::<P>::close_locked(&mut g, now, id);
             }
         }
         drop(g);

@@ -29,6 +29,33 @@ impl<P: Provider + 'static> Runtime<P> {
         Ok(ls.ready.fd())
     }
 
+    /// The start of `close(2)` under the lock: a stream another process holds is handed to
+    /// its pump, and the connection closes at once (reset with SO_LINGER {1, 0}); with a
+    /// linger time the time is returned, to wait before [`Runtime::close_locked`]. A stream
+    /// shared with other processes (pumped) ends with its last holder's close, as a TCP file
+    /// does: no linger.
+    pub(super) fn close_begin(g: &mut Inner<P>, now: Instant, id: ConnId) -> Option<Duration> {
+        Self::close_exposed(g, now, id);
+        match g
+            .socks
+            .get(&id)
+            .filter(|s| s.pump.is_none())
+            .and_then(|s| s.linger)
+        {
+            None => {
+                Self::close_locked(g, now, id);
+                None
+            }
+            Some(l) if l.is_zero() => {
+                g.socks.remove(&id);
+                g.driver.abort(now, id);
+                g.driver.release(now, id);
+                None
+            }
+            Some(l) => Some(l),
+        }
+    }
+
     /// `close(2)` without a linger, under the lock.
     pub(super) fn close_locked(g: &mut Inner<P>, now: Instant, id: ConnId) {
         if let Some(p) = g.socks.get_mut(&id).and_then(|s| s.pump.as_mut()) {
@@ -452,23 +479,9 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             if g.ended_behind.remove(&id).is_some() {
                 return;
             }
-            Self::close_exposed(&mut g, now, id);
-            // A stream shared with other processes (pumped) ends with its last holder's close,
-            // as a TCP file does: no linger.
-            match g
-                .socks
-                .get(&id)
-                .filter(|s| s.pump.is_none())
-                .and_then(|s| s.linger)
-            {
-                None => return Self::close_locked(&mut g, now, id),
-                Some(l) if l.is_zero() => {
-                    g.socks.remove(&id);
-                    g.driver.abort(now, id);
-                    g.driver.release(now, id);
-                    return;
-                }
+            match Self::close_begin(&mut g, now, id) {
                 Some(l) => l,
+                None => return,
             }
         };
         let w = Wait {

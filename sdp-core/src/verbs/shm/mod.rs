@@ -1660,13 +1660,13 @@ impl Provider for ShmProvider {
         };
         let local = match src.filter(|s| s.port() != 0) {
             // A port the application bound (its IP, or ours where it bound none).
-            Some(s) if s.ip().is_unspecified() => Some(SocketAddr::new(ip, s.port())),
-            s => s,
+            Some(s) if s.ip().is_unspecified() => SocketAddr::new(ip, s.port()),
+            Some(s) => s,
+            None => {
+                let p = self.inner.next_port.fetch_add(1, Ordering::Relaxed);
+                SocketAddr::new(ip, 32768 + (p % 28232) as u16)
+            }
         };
-        let local = local.unwrap_or_else(|| {
-            let p = self.inner.next_port.fetch_add(1, Ordering::Relaxed);
-            SocketAddr::new(ip, 32768 + (p % 28232) as u16)
-        });
         let (inbox_fd, inbox, nslots) = new_inbox(caps.max_recv_wr)?;
         let mut ep = ShmEndpoint::new(
             self.inner.clone(),
