@@ -46,6 +46,7 @@ mod limits;
 mod real;
 mod report;
 mod rules;
+mod signals;
 mod table;
 mod wait;
 
@@ -144,7 +145,7 @@ extern "C" fn at_load() {
 static AT_LOAD: extern "C" fn() = at_load;
 
 /// Exit-time work, once: flush the connections, then the report of every socket handled.
-extern "C" fn at_exit() {
+pub(crate) extern "C" fn at_exit() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let _g = Internal::enter();
@@ -323,6 +324,49 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
     // SAFETY: as `_exit`.
     unsafe { _exit(status) }
+}
+
+// Signals whose default action ends the process: in a process with SDP streams the shim
+// stands in for SIG_DFL, so that such a death delivers what was written (signals.rs).
+
+#[no_mangle]
+pub unsafe extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    // SAFETY: the caller's arguments.
+    unsafe { signals::sigaction(sig, act, old) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: the caller's arguments.
+    unsafe { signals::signal(sig, handler, false) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn bsd_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: the caller's arguments.
+    unsafe { signals::signal(sig, handler, false) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sysv_signal(
+    sig: c_int,
+    handler: libc::sighandler_t,
+) -> libc::sighandler_t {
+    // SAFETY: the caller's arguments.
+    unsafe { signals::signal(sig, handler, true) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __sysv_signal(
+    sig: c_int,
+    handler: libc::sighandler_t,
+) -> libc::sighandler_t {
+    // SAFETY: the caller's arguments.
+    unsafe { signals::signal(sig, handler, true) }
 }
 
 /// The program's name for the rules (argv[0]'s base name).
@@ -2355,6 +2399,14 @@ pub unsafe extern "C" fn sendmmsg(
             sent += 1;
         }
         return sent;
+    }
+    if app::event_waits_poll() && !internal() {
+        // Each message's SCM_RIGHTS, as sendmsg's (the kernel looks at no more than
+        // UIO_MAXIOV of them). `msg_hdr` is an mmsghdr's first field; the headers are read
+        // by system call, so a bad `v` is the kernel's EFAULT below.
+        for i in 0..(n as usize).min(1024) {
+            share_passed(v.wrapping_add(i).cast::<msghdr>());
+        }
     }
     // SAFETY: forwards the caller's arguments.
     unsafe { real::sendmmsg(fd, v, n, flags) }

@@ -178,4 +178,7 @@ real_fns! {
     fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t;
     fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t;
     fn __recvfrom_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
+    fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int;
+    fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
+    fn sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
 }

@@ -172,6 +172,10 @@ pub(crate) fn insert(fd: i32, s: Arc<Sock>) -> bool {
     if fd < 0 || fd as usize >= MAX_FD {
         return false;
     }
+    if matches!(&*s, Sock::Stream(st, _) if !st.is_inherited()) {
+        // A signal that ends the process delivers what was written from now on.
+        crate::signals::install();
+    }
     let Some(id) = file_id(fd) else {
         return false;
     };
@@ -179,6 +183,20 @@ pub(crate) fn insert(fd: i32, s: Arc<Sock>) -> bool {
     m.get_or_insert_with(Map::default).insert(fd, (s, id));
     OWNED[fd as usize].store(true, Ordering::Relaxed);
     true
+}
+
+/// Whether the table's lock can be had within `within` (see `signals`).
+pub(crate) fn free_within(within: std::time::Duration) -> bool {
+    let end = std::time::Instant::now() + within;
+    loop {
+        if MAP.try_write().is_some() {
+            return true;
+        }
+        if std::time::Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 pub(crate) fn remove(fd: i32) -> Option<Arc<Sock>> {

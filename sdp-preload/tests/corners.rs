@@ -640,6 +640,74 @@ fn a_connection_passed_by_scm_rights_is_served() {
     let _ = shm_server_line(&lines);
 }
 
+/// As [`a_connection_passed_by_scm_rights_is_served`], the connection sent by `sendmmsg`.
+/// Before: the worker's bytes went into the readiness pair and the client waited for ever.
+#[test]
+fn a_connection_passed_by_sendmmsg_is_served() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "scm_rights_mmsg",
+        &[
+            "scm_rights: the client got HELLO then EOF\n",
+            "scm_rights: client exit 0, worker exit 0\n",
+        ],
+    );
+    let _ = shm_server_line(&lines);
+}
+
+/// A process killed by SIGTERM (left at its default action) after writing 4 MiB: the reader
+/// gets every byte and then EOF, and the writer's status says SIGTERM, as over TCP; the
+/// program sees SIG_DFL in `sigaction` and `signal` throughout; the writer's report line (its
+/// exit work ran) says shm and counts the 4 MiB. Before: 32 KiB arrived, then ECONNRESET.
+#[test]
+fn a_process_killed_by_a_signal_delivers_what_it_wrote() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "killed",
+        &[
+            "peer SIGTERM is SIG_DFL: 1\n",
+            "peer signal(SIGINT, SIG_DFL) gave SIG_DFL: 1\n",
+            "peer SIGTERM still SIG_DFL: 1\n",
+            "killed: got 4194304 sum 534773760 end EOF; peer killed by SIGTERM\n",
+        ],
+    );
+    let _ = shm_server_line(&lines);
+    assert!(
+        has_line(
+            &lines,
+            &[
+                "\"role\":\"client\"",
+                "\"transport\":\"shm\"",
+                "\"bytes_out\":4194304"
+            ]
+        ),
+        "report:\n{lines}"
+    );
+}
+
+/// As [`a_child_whose_parent_exits_keeps_the_connection`], the owner killed by SIGTERM
+/// instead: the child's connection goes on (in the owner's keeper). Before: the child's write
+/// got EPIPE.
+#[test]
+fn a_child_whose_parent_is_killed_keeps_the_connection() {
+    let _serial = serial();
+    let (tcp, lines) = differential_awaiting(
+        "owner_killed",
+        &[
+            "\"role\":\"client\"",
+            "\"transport\":\"shm\"",
+            "\"bytes_in\":11,\"bytes_out\":5",
+            "\"shared\":true",
+        ],
+    );
+    assert!(
+        tcp.contains("owner killed: by SIGTERM\n")
+            && tcp.contains("owner killed: child write ok, read reply:hello"),
+        "{tcp}"
+    );
+    let _ = shm_server_line(&lines);
+}
+
 /// A process that made a connection execs a new program without a fork, the socket kept open
 /// (no FD_CLOEXEC): the new program serves it as over TCP (TCP's transcript, the server's
 /// replies, its EOF), the stream going on over SDP in the exec's keeper (its line: shm,

@@ -1360,7 +1360,9 @@ static void serve_one_request(int l) {
  * once makes the process that goes on, which writes a request and reads the answer (5 s
  * SO_RCVTIMEO), then exits normally; its line comes through a pipe. */
 static void parent_goes(int by_daemon) {
-    const char *tag = by_daemon ? "daemon: the child's" : "owner exits: child";
+    const char *tag = by_daemon == 1 ? "daemon: the child's"
+                      : by_daemon == 2 ? "owner killed: child"
+                                       : "owner exits: child";
     int rp[2];
     CHECK(pipe(rp) == 0);
     struct sockaddr_in a;
@@ -1370,9 +1372,16 @@ static void parent_goes(int by_daemon) {
     if (cl == 0) {
         close(rp[0]);
         int s = dial(&a);
-        if (by_daemon) {
+        if (by_daemon == 1) {
             if (daemon(1, 1) != 0)
                 _exit(3);
+        } else if (by_daemon == 2) {
+            if (fork() != 0) {
+                kill(getpid(), SIGTERM); /* the owner is killed (default action) */
+                for (;;)
+                    pause();
+            }
+            usleep(200 * 1000);
         } else {
             if (fork() != 0)
                 _exit(0); /* the owner goes */
@@ -1394,8 +1403,10 @@ static void parent_goes(int by_daemon) {
     close(rp[1]);
     int st;
     CHECK(waitpid(cl, &st, 0) == cl);
-    if (by_daemon)
+    if (by_daemon == 1)
         out("daemon: the parent exits %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    if (by_daemon == 2)
+        out("owner killed: %s", WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM ? "by SIGTERM" : "not killed");
     char line[128];
     ssize_t n = read(rp[0], line, sizeof line - 1);
     line[n > 0 ? n : 0] = 0;
@@ -1492,6 +1503,10 @@ static void case_owner_exits(void) { parent_goes(0); }
 /* As owner_exits, by daemon(3) (`ssh -f`): over TCP the request is answered; under the shim
  * the connection moves to the daemon child and goes on over SDP. */
 static void case_daemon_moves(void) { parent_goes(1); }
+
+/* As owner_exits, the owner killed by SIGTERM (default action) instead of exiting: over TCP
+ * the child's connection lives on. Run by name. */
+static void case_owner_killed(void) { parent_goes(2); }
 
 /* A server that listens, then daemonizes (daemon(3)): the daemon child answers its clients.
  * Under the shim the listener moves with it: its first client goes over SDP at once (shared
@@ -1952,7 +1967,7 @@ static void case_bind_connect(void) {
  * and closes its copy by a raw system call, as node's cluster module does: the worker (forked
  * before the connection existed) serves it. Before, the worker read and wrote the readiness
  * pair's bytes and the client was reset. */
-static void case_scm_rights(void) {
+static void scm_rights_by(int mmsg) {
     int sp[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sp) == 0);
     pid_t worker = fork();
@@ -2004,7 +2019,13 @@ static void case_scm_rights(void) {
     h->cmsg_type = SCM_RIGHTS;
     h->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(h), &s, sizeof s);
-    CHECK(sendmsg(sp[0], &m, 0) == 1);
+    if (mmsg) {
+        /* sendmmsg, as a program that batches its messages would. */
+        struct mmsghdr mm = {.msg_hdr = m};
+        CHECK(sendmmsg(sp[0], &mm, 1, 0) == 1 && mm.msg_len == 1);
+    } else {
+        CHECK(sendmsg(sp[0], &m, 0) == 1);
+    }
     CHECK(syscall(SYS_close, s) == 0);
     int st;
     CHECK(waitpid(client, &st, 0) == client);
@@ -2013,6 +2034,44 @@ static void case_scm_rights(void) {
     out("scm_rights: client exit %d, worker exit %d", cst, status(st));
     close(sp[0]);
     close(l);
+}
+
+static void case_scm_rights(void) { scm_rights_by(0); }
+static void case_scm_rights_mmsg(void) { scm_rights_by(1); }
+
+/* A process killed by a signal whose default action ends it (SIGTERM: `kill`, `timeout`,
+ * systemd; SIGINT: Ctrl-C) after writing 4 MiB: over TCP the kernel delivers every byte it
+ * holds and then the FIN, so the reader gets all 4 MiB, then EOF; the writer's status says
+ * SIGTERM. Its disposition, as the program sees it, is SIG_DFL throughout. */
+static void peer_big_then_killed(int s) {
+    struct sigaction old;
+    CHECK(sigaction(SIGTERM, NULL, &old) == 0);
+    printf("peer SIGTERM is SIG_DFL: %d\n", old.sa_handler == SIG_DFL && !(old.sa_flags & SA_SIGINFO));
+    /* Set to default explicitly, as some programs do: still the default action. */
+    printf("peer signal(SIGINT, SIG_DFL) gave SIG_DFL: %d\n", signal(SIGINT, SIG_DFL) == SIG_DFL);
+    peer_big(s);
+    CHECK(sigaction(SIGTERM, NULL, &old) == 0);
+    printf("peer SIGTERM still SIG_DFL: %d\n", old.sa_handler == SIG_DFL);
+    fflush(stdout);
+    kill(getpid(), SIGTERM);
+    for (;;)
+        pause();
+}
+
+static void case_killed(void) {
+    int s;
+    pid_t pid = start(peer_big_then_killed, &s);
+    sleep_ms(100);
+    unsigned sum;
+    size_t total;
+    ssize_t r = read_all_sum(s, &total, &sum);
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    out("killed: got %zu sum %u end %s; peer %s", total, sum, r == 0 ? "EOF" : en(errno),
+        WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM ? "killed by SIGTERM" : "not killed");
+    close(s);
+    close(p2c[1]);
+    close(c2p[0]);
 }
 
 static void case_raw_close_ends(void) {
@@ -2862,6 +2921,8 @@ int main(int argc, char **argv) {
     RUN(burst);
     RUN(bind_connect);
     RUN(scm_rights);
+    RUN(scm_rights_mmsg);
+    RUN(killed);
     RUN(linger_abort);
     RUN(linger_wait);
     RUN(linger_exit);
@@ -2891,6 +2952,8 @@ int main(int argc, char **argv) {
         case_eintr_masked();
     if (only && strcmp(only, "owner_exits") == 0)
         case_owner_exits();
+    if (only && strcmp(only, "owner_killed") == 0)
+        case_owner_killed();
     if (only && strcmp(only, "exec_keeps") == 0)
         case_exec_keeps();
     if (only && strcmp(only, "stdio") == 0)

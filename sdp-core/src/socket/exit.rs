@@ -28,6 +28,11 @@ pub(crate) trait ExitFlush: Send + Sync {
     /// delivered everything. With `wait`, keep at it until then or until `deadline`. Does
     /// nothing (true) in a process other than the stack's own, e.g. a forked child.
     fn exit_flush(&self, deadline: Instant, wait: bool) -> bool;
+
+    /// Whether the stack's lock can be had within `within` (true in a process other than the
+    /// stack's own): a thread stopped while it holds it (in a signal handler that never
+    /// returns) would keep [`flush_at_exit`] waiting for its whole linger.
+    fn lock_free_within(&self, within: Duration) -> bool;
 }
 
 /// Every stack this process started (dead ones are pruned as new ones come).
@@ -54,6 +59,20 @@ pub fn exit_linger() -> Duration {
 }
 
 pub use super::tunables::DEFAULT_EXIT_LINGER;
+
+/// Whether [`flush_at_exit`] can run now: no lock it needs stays held for `within` (each
+/// stack's is tried in turn). The LD_PRELOAD shim asks before it does a program's exit work
+/// for a signal that ends it: the thread the signal stopped may hold one, and never let go.
+pub fn exit_can_run(within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    let stacks: Vec<_> = match STACKS.try_lock_for(within) {
+        Some(g) => g.iter().filter_map(Weak::upgrade).collect(),
+        None => return false,
+    };
+    stacks
+        .iter()
+        .all(|s| s.lock_free_within(deadline.saturating_duration_since(Instant::now())))
+}
 
 /// Finish this process's SDP connections as the kernel finishes a process's TCP sockets when
 /// it exits: every connection the application still holds is closed (its queued data is sent,

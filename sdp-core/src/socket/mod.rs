@@ -77,11 +77,11 @@ pub use errors::{errno_of, Errno};
 pub mod fd_limit {
     pub use crate::sys::fd::{
         app_fd_limit, app_fds_end, app_has_room, app_slot, fd_limit_for_exec, fd_room_after_exec,
-        kept_fds, make_fd_room, nofile_limit, set_app_fd_limit, LowFds,
+        high_fd, kept_fds, make_fd_room, nofile_limit, set_app_fd_limit, LowFds,
     };
 }
 
-pub use exit::{exit_linger, flush_at_exit, DEFAULT_EXIT_LINGER};
+pub use exit::{exit_can_run, exit_linger, flush_at_exit, DEFAULT_EXIT_LINGER};
 pub use listener::{Incoming, SdpListener};
 pub use stack::{Choice, Options, Stack};
 pub use stream::{PendingSend, RegisteredBuf, SdpStream};

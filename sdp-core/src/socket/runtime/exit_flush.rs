@@ -31,6 +31,10 @@ impl<P: Provider + 'static> crate::socket::exit::ExitFlush for Shared<P> {
                 .wait_for(&mut g, left.min(Duration::from_millis(20)));
         }
     }
+
+    fn lock_free_within(&self, within: Duration) -> bool {
+        sys::getpid() != self.pid() || self.failed() || self.inner.try_lock_for(within).is_some()
+    }
 }
 
 impl<P: Provider + 'static> Shared<P> {
