@@ -1336,6 +1336,10 @@ impl<P: Provider> ConnView<'_, P> {
     pub fn read_ready(&self) -> bool {
         self.0.read_ready()
     }
+    /// Fewer than `lowat` bytes to read and more may come ([`Conn::rx_below`]).
+    pub fn rx_below(&self, lowat: usize) -> bool {
+        self.0.rx_below(lowat)
+    }
     /// A write would not block ([`Conn::is_writable`]).
     pub fn is_writable(&self) -> bool {
         self.0.is_writable()

@@ -740,7 +740,21 @@ fn carry_options(tcp: c_int, s: &AppStream, user: &OwnedFd) -> Opts {
     }
     carry_linger(tcp, s, &mut o);
     carry_buffers(tcp, s, &mut o);
+    carry_rcvlowat(tcp, s, user.as_raw_fd(), &mut o);
     o
+}
+
+/// SO_RCVLOWAT of the kernel socket `from` (as Linux capped it; inherited from a listener
+/// as on Linux) onto the SDP stream whose application fd is `user`.
+fn carry_rcvlowat(from: c_int, s: &AppStream, user: c_int, o: &mut Opts) {
+    if let Some(v) = kernel_int(from, libc::SOL_SOCKET, libc::SO_RCVLOWAT).filter(|&v| v > 1) {
+        let _g = Internal::enter();
+        let _ = s.set_rcvlowat(user, v as usize);
+        o.stored.insert(
+            (libc::SOL_SOCKET, libc::SO_RCVLOWAT),
+            v.to_ne_bytes().to_vec(),
+        );
+    }
 }
 
 /// SO_SNDBUF and SO_RCVBUF the application set on the kernel socket `from` (the socket
@@ -949,6 +963,8 @@ unsafe fn accept_common(
                     };
                     carry_linger(fd, &s, &mut opts);
                     carry_buffers(fd, &s, &mut opts);
+                    table::inherit_buffers(fd, nfd);
+                    carry_rcvlowat(fd, &s, nfd, &mut opts);
                     if !table::insert(nfd, Arc::new(Sock::Stream(s, Mutex::new(opts)))) {
                         // An fd number the table cannot hold: the stream cannot be served.
                         // SAFETY: our own fd.

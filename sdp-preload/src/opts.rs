@@ -266,6 +266,7 @@ pub(crate) unsafe fn set(
         // Linux doubles a buffer size (from its minimum) and reports the doubled size; the
         // stream's buffers follow the doubled size (the receive side within the stack's bounds).
         (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
+            crate::table::note_buffer_set(fd, name);
             let b = doubled(v, 2304);
             if let Some(st) = st {
                 let _ = st.set_send_buffer_size(b as usize);
@@ -273,9 +274,17 @@ pub(crate) unsafe fn set(
             Some(b)
         }
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
+            crate::table::note_buffer_set(fd, name);
             let b = doubled(v, 1152);
             if let Some(st) = st {
                 let _ = st.set_recv_buffer_size(b as usize);
+            }
+            Some(b)
+        }
+        (libc::SOL_SOCKET, libc::SO_RCVLOWAT) => {
+            let b = rcvlowat_as_linux(fd, &opts.lock(), v);
+            if let Some(st) = st {
+                let _ = st.set_rcvlowat(fd, b as usize);
             }
             Some(b)
         }
@@ -289,6 +298,25 @@ pub(crate) unsafe fn set(
     };
     opts.lock().stored.insert((level, name), val);
     0
+}
+
+/// SO_RCVLOWAT as Linux keeps it (`tcp_set_rcvlowat`): a negative value is `INT_MAX`, 0 is
+/// 1, and at most half the receive buffer (SO_RCVBUF where the application set it, else the
+/// largest `net.ipv4.tcp_rmem`).
+fn rcvlowat_as_linux(fd: c_int, o: &crate::Opts, v: c_int) -> c_int {
+    let v = if v < 0 { c_int::MAX } else { v };
+    let rcvbuf = crate::table::buffer_set(fd, libc::SO_RCVBUF)
+        .then(|| o.stored.get(&(libc::SOL_SOCKET, libc::SO_RCVBUF)))
+        .flatten()
+        .filter(|b| b.len() >= 4)
+        .map(|b| c_int::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        .unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/net/ipv4/tcp_rmem")
+                .ok()
+                .and_then(|t| t.split_whitespace().nth(2)?.parse().ok())
+                .unwrap_or(6 << 20)
+        });
+    v.min(rcvbuf >> 1).max(1)
 }
 
 /// A buffer size as Linux keeps it: at least `min`, doubled, at most `c_int::MAX`.

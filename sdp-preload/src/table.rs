@@ -40,6 +40,15 @@ pub(crate) fn forget_buffers(fd: i32) {
     }
 }
 
+/// An accepted socket at `to` has what the application set on its listener `from`, as
+/// Linux's inherits the listener's locked buffer sizes.
+pub(crate) fn inherit_buffers(from: i32, to: i32) {
+    if (from as u32 as usize) < MAX_FD && (to as u32 as usize) < MAX_FD {
+        let v = BUFS_SET[from as usize].load(Ordering::Relaxed);
+        BUFS_SET[to as usize].store(v, Ordering::Relaxed);
+    }
+}
+
 /// Whether the application set SO_SNDBUF or SO_RCVBUF (`name`) on `fd`.
 pub(crate) fn buffer_set(fd: i32, name: i32) -> bool {
     (fd as u32 as usize) < MAX_FD

@@ -685,6 +685,28 @@ fn a_process_killed_by_a_signal_delivers_what_it_wrote() {
     );
 }
 
+/// SO_RCVLOWAT as TCP's: poll, select and epoll show a stream readable only once that many
+/// bytes wait (or at EOF), a blocking read waits for them, nonblocking reads take what there
+/// is, the value reads back capped as Linux keeps it, and a listener's accepted sockets and a
+/// socket set before connect keep theirs; over shm at both ends. Before: readable at the first
+/// byte (poll/select/epoll 111 with 40 of 100 waiting) and the blocking read returned 40.
+#[test]
+fn so_rcvlowat_holds_readiness_and_reads_as_over_tcp() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "rcvlowat",
+        &[
+            "rcvlowat: 40 waiting (FIONREAD 40): poll/select/epoll 000\n",
+            "rcvlowat: a blocking read while 150 more come: 190\n",
+            "rcvlowat: 150 waiting: 111\n",
+            "rcvlowat: 5 waiting then EOF: 111\n",
+            "rcvlowat: accepted 50, connected 60; 30 of 50 waiting: 000\n",
+            "rcvlowat: 60 of 50 waiting: 111\n",
+        ],
+    );
+    assert!(shm_lines(&lines, Some("server")) >= 2, "report:\n{lines}");
+}
+
 /// As [`a_child_whose_parent_exits_keeps_the_connection`], the owner killed by SIGTERM
 /// instead: the child's connection goes on (in the owner's keeper). Before: the child's write
 /// got EPIPE.

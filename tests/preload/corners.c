@@ -2074,6 +2074,110 @@ static void case_killed(void) {
     close(c2p[0]);
 }
 
+/* SO_RCVLOWAT, as TCP's: poll, select and epoll show the socket readable only once that many
+ * bytes wait (or at EOF); a blocking read waits for them (or for its own length, if
+ * shorter); a nonblocking one returns what there is; the value reads back as Linux keeps it. */
+static void peer_lowat(int s) {
+    char b[256];
+    memset(b, 'w', sizeof b);
+    CHECK(write(s, b, 40) == 40);
+    tell(c2p[1]);
+    await(p2c[0]);
+    sleep_ms(100);
+    CHECK(write(s, b, 150) == 150);
+    await(p2c[0]);
+    CHECK(write(s, b, 150) == 150);
+    await(p2c[0]);
+    CHECK(write(s, b, 5) == 5);
+}
+
+static int readable_now(int s) {
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    int pr = poll(&p, 1, 0);
+    fd_set r;
+    FD_ZERO(&r);
+    FD_SET(s, &r);
+    struct timeval tv = {0, 0};
+    int sr = select(s + 1, &r, NULL, NULL, &tv);
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s};
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) == 0);
+    int er = epoll_wait(ep, &ev, 1, 0);
+    close(ep);
+    return (pr == 1 && (p.revents & POLLIN)) * 100 + (sr == 1) * 10 + (er == 1);
+}
+
+static void case_rcvlowat(void) {
+    int s;
+    char b[512];
+    pid_t pid = start(peer_lowat, &s);
+    int v = 100, got;
+    socklen_t l = sizeof got;
+    CHECK(setsockopt(s, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0);
+    CHECK(getsockopt(s, SOL_SOCKET, SO_RCVLOWAT, &got, &l) == 0);
+    out("rcvlowat: set 100, reads %d", got);
+    await(c2p[0]);
+    sleep_ms(100);
+    int n = -1;
+    CHECK(ioctl(s, FIONREAD, &n) == 0);
+    out("rcvlowat: 40 waiting (FIONREAD %d): poll/select/epoll %03d", n, readable_now(s));
+    tell(p2c[1]);
+    ssize_t r = read(s, b, sizeof b);
+    /* (A blocking read that finds 40 and waits: Linux copies those at once and counts only
+     * new bytes against the mark, so 70 more, making 110, never wake it; 150 more do.) */
+    out("rcvlowat: a blocking read while 150 more come: %zd", r);
+    out("rcvlowat: nothing waiting: %03d", readable_now(s));
+    tell(p2c[1]);
+    sleep_ms(100);
+    out("rcvlowat: 150 waiting: %03d", readable_now(s));
+    r = read(s, b, 10);
+    out("rcvlowat: a 10-byte read: %zd", r);
+    r = recv(s, b, 100, MSG_DONTWAIT);
+    out("rcvlowat: a nonblocking read of 100: %zd", r);
+    out("rcvlowat: 40 waiting again: %03d", readable_now(s));
+    r = recv(s, b, 100, MSG_DONTWAIT);
+    out("rcvlowat: a nonblocking read of the rest: %zd", r);
+    tell(p2c[1]);
+    sleep_ms(100);
+    out("rcvlowat: 5 waiting then EOF: %03d", readable_now(s));
+    r = read(s, b, sizeof b);
+    ssize_t r2 = read(s, b, sizeof b);
+    out("rcvlowat: reads %zd then %zd", r, r2);
+    v = 0;
+    CHECK(setsockopt(s, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0);
+    CHECK(getsockopt(s, SOL_SOCKET, SO_RCVLOWAT, &got, &l) == 0);
+    out("rcvlowat: set 0, reads %d", got);
+    v = -1;
+    CHECK(setsockopt(s, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0);
+    CHECK(getsockopt(s, SOL_SOCKET, SO_RCVLOWAT, &got, &l) == 0);
+    out("rcvlowat: set -1, reads at least 64 KiB and below INT_MAX: %d", got >= 65536 && got < 0x7fffffff);
+    finish(pid, s);
+    /* Set before connect, and on a listener (its accepted sockets inherit it). */
+    struct sockaddr_in a;
+    int ls = listener(&a);
+    v = 50;
+    CHECK(setsockopt(ls, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    v = 60;
+    CHECK(setsockopt(c, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0);
+    CHECK(connect(c, (struct sockaddr *)&a, sizeof a) == 0);
+    int acc = accept(ls, NULL, NULL);
+    CHECK(acc >= 0);
+    int ga = 0, gc = 0;
+    l = sizeof ga;
+    CHECK(getsockopt(acc, SOL_SOCKET, SO_RCVLOWAT, &ga, &l) == 0);
+    CHECK(getsockopt(c, SOL_SOCKET, SO_RCVLOWAT, &gc, &l) == 0);
+    CHECK(write(c, b, 30) == 30);
+    sleep_ms(100);
+    out("rcvlowat: accepted %d, connected %d; 30 of 50 waiting: %03d", ga, gc, readable_now(acc));
+    CHECK(write(c, b, 30) == 30);
+    sleep_ms(100);
+    out("rcvlowat: 60 of 50 waiting: %03d", readable_now(acc));
+    close(acc);
+    close(c);
+    close(ls);
+}
+
 static void case_raw_close_ends(void) {
     raw_close_ends(0);
     raw_close_ends(1);
@@ -2923,6 +3027,7 @@ int main(int argc, char **argv) {
     RUN(scm_rights);
     RUN(scm_rights_mmsg);
     RUN(killed);
+    RUN(rcvlowat);
     RUN(linger_abort);
     RUN(linger_wait);
     RUN(linger_exit);

@@ -773,6 +773,13 @@ impl<S: BufStore> Conn<S> {
     pub fn read_ready(&self) -> bool {
         self.stream_ready()
     }
+    /// SO_RCVLOWAT: fewer than `lowat` bytes wait and more can come, so a reader that wants
+    /// `lowat` waits (TCP's readiness and blocking reads with a low-water mark); never for a
+    /// `lowat` of 0 or 1, at end of stream, after an error, or when the receive buffers are
+    /// full (the peer could send no more).
+    pub fn rx_below(&self, lowat: usize) -> bool {
+        self.stream_below(lowat)
+    }
     /// Whether an urgent byte (MSG_OOB) arrived and was not read yet.
     pub fn urgent_pending(&self) -> bool {
         self.urgent.is_some()

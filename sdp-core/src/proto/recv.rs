@@ -137,6 +137,20 @@ impl<S: BufStore> Conn<S> {
         self.disconn_rcvd || self.shut_rd
     }
 
+    /// SO_RCVLOWAT: fewer than `lowat` bytes wait to be read and more can come (the
+    /// connection is up, the peer has not closed, nothing but data is queued, and receive
+    /// buffers are left for the peer to fill); a `lowat` of 0 or 1 never holds a reader back.
+    pub(super) fn stream_below(&self, lowat: usize) -> bool {
+        lowat > 1
+            && self.state == State::Established
+            && self.error.is_none()
+            && !self.disconn_rcvd
+            && !self.shut_rd
+            && self.rx.bytes() < lowat
+            && self.rx.items().all(|i| matches!(i, RxItem::Data { .. }))
+            && (self.rx.held() as u32) < self.rx_cap()
+    }
+
     /// A consumed receive or bounce buffer goes back to its pool; `fill_rx` reposts.
     pub(super) fn give_back_rx(&mut self, buf: Buf, bounce: bool) {
         if self.state == State::Closed {

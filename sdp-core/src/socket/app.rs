@@ -131,6 +131,8 @@ pub struct AppStream {
     dest: Option<SocketAddr>,
     /// The listener that accepted it, told how it ended ([`Handed`]).
     listener: Option<Arc<Handed>>,
+    /// SO_RCVLOWAT ([`AppStream::set_rcvlowat`]; 0 until set).
+    lowat: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for AppStream {
@@ -370,7 +372,18 @@ impl AppStream {
             shared: Arc::default(),
             dest: None,
             listener: None,
+            lowat: Default::default(),
         }
+    }
+
+    /// SO_RCVLOWAT, as TCP's: the application fd `fd` polls readable once `lowat` bytes wait
+    /// (or at end of stream, after an error, or when the receive buffers are full), and a
+    /// blocking read waits for `lowat` bytes (at most its length; what came by then when
+    /// SO_RCVTIMEO runs out). Nonblocking reads return what there is.
+    pub fn set_rcvlowat(&self, fd: RawFd, lowat: usize) -> io::Result<()> {
+        self.lowat
+            .store(lowat, std::sync::atomic::Ordering::Relaxed);
+        self.stack.0.app_set_rcvlowat(self.id, fd, lowat)
     }
 
     /// SO_LINGER for the close that ends the stream (its last fd): `Some(ZERO)` resets the
@@ -468,11 +481,23 @@ impl AppStream {
         }
         let mut got = 0;
         let mut reset_seen = false;
+        // SO_RCVLOWAT: a blocking read waits for that many bytes (at most its length).
+        let lowat = self.lowat.load(std::sync::atomic::Ordering::Relaxed);
+        let min = if lowat > 1
+            && !flags.peek
+            && !flags.waitall
+            && !flags.dontwait
+            && sys::is_blocking(fd)
+        {
+            lowat.min(buf.len())
+        } else {
+            1
+        };
         loop {
             match self
                 .stack
                 .0
-                .app_read(self.id, fd, &mut buf[got..], flags.peek)
+                .app_read(self.id, fd, &mut buf[got..], flags.peek, min)
             {
                 Ok(0) => return Ok(got),
                 Ok(n) => {
@@ -493,6 +518,13 @@ impl AppStream {
                     if let Err(e) = waited {
                         if got > 0 {
                             return Ok(got);
+                        }
+                        if min > 1 && e.kind() == io::ErrorKind::WouldBlock {
+                            // SO_RCVTIMEO ran out below the mark: what came, as TCP's.
+                            return match self.stack.0.app_read(self.id, fd, buf, false, 1) {
+                                Ok(n) => Ok(n),
+                                Err(_) => Err(e),
+                            };
                         }
                         match e.raw_os_error() {
                             // The runtime closed its end: the connection failed; its own

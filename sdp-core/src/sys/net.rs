@@ -279,6 +279,11 @@ pub(crate) fn wait_readable(fd: RawFd, extra: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether `fd`'s file is in blocking mode (O_NONBLOCK off; `false` if it cannot be told).
+pub(crate) fn is_blocking(fd: RawFd) -> bool {
+    syscall!(fcntl(fd, libc::F_GETFL)).is_ok_and(|fl| fl & libc::O_NONBLOCK == 0)
+}
+
 /// Whether a read on `fd` (a socket) may sleep: O_NONBLOCK off and no SO_RCVTIMEO (a poll
 /// before such a read could not keep the timeout exact).
 pub(crate) fn read_may_sleep_untimed(fd: RawFd) -> bool {

@@ -158,7 +158,10 @@ impl<P: Provider + 'static> Runtime<P> {
         let _caller = Caller::enter(&self.sh);
         // Shared meanwhile (another process's request): the read goes to the kernel file.
         let ready = |g: &Inner<P>| {
-            g.driver.view(id).is_none_or(|c| c.read_ready())
+            let lowat = g.socks.get(&id).map_or(0, |s| s.lowat);
+            g.driver
+                .view(id)
+                .is_none_or(|c| c.read_ready() && !c.rx_below(lowat))
                 || g.socks.get(&id).is_none_or(|s| s.app.is_none())
         };
         let min_lost = SpinGuard::min_lost(self.sh.name == "rdma");

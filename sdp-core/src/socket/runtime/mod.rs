@@ -202,7 +202,20 @@ pub(crate) trait StackOps: Send + Sync {
     /// Make the connection's readiness pair with the user end as the application's fd.
     fn app_attach(&self, id: ConnId, nonblocking: bool, cloexec: bool) -> io::Result<OwnedFd>;
     /// Read (or peek) without blocking; on WouldBlock the user fd is left unreadable.
-    fn app_read(&self, id: ConnId, user: RawFd, buf: &mut [u8], peek: bool) -> io::Result<usize>;
+    /// `min` above 1: fewer bytes waiting (SO_RCVLOWAT, [`app_set_rcvlowat`]) is a WouldBlock.
+    ///
+    /// [`app_set_rcvlowat`]: StackOps::app_set_rcvlowat
+    fn app_read(
+        &self,
+        id: ConnId,
+        user: RawFd,
+        buf: &mut [u8],
+        peek: bool,
+        min: usize,
+    ) -> io::Result<usize>;
+    /// SO_RCVLOWAT: the user fd reads as readable once `lowat` bytes wait (or the stream
+    /// ended, failed, or its receive buffers are full); direct wakeups stay off above 1.
+    fn app_set_rcvlowat(&self, id: ConnId, user: RawFd, lowat: usize) -> io::Result<()>;
     /// Write without blocking (partial writes allowed); on WouldBlock the user fd is left
     /// unwritable.
     fn app_write(&self, id: ConnId, user: RawFd, buf: &[u8]) -> io::Result<usize>;
@@ -307,6 +320,8 @@ struct Sock {
     /// SO_LINGER: `Some(ZERO)` resets at close (and at exit), `Some(d)` makes close wait up
     /// to `d` for the peer to hold what was written.
     linger: Option<Duration>,
+    /// SO_RCVLOWAT (0 and 1: any byte makes the application fd readable).
+    lowat: usize,
 }
 
 /// Per-listener state of the runtime (its queue of connections is the driver's).

@@ -620,9 +620,19 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         Ok(user)
     }
 
-    fn app_read(&self, id: ConnId, user: RawFd, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+    fn app_read(
+        &self,
+        id: ConnId,
+        user: RawFd,
+        buf: &mut [u8],
+        peek: bool,
+        min: usize,
+    ) -> io::Result<usize> {
         // As TCP's: a connection's error is reported once; reads after it see EOF.
         self.app_call_once(id, user, true, Ok(0), |g, now| {
+            if min > 1 && g.driver.view(id).is_some_and(|c| c.rx_below(min)) {
+                return Err(CallError::WouldBlock);
+            }
             if peek {
                 g.driver
                     .peek(id, buf)
@@ -631,6 +641,18 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
                 g.driver.read(now, id, buf)
             }
         })
+    }
+
+    fn app_set_rcvlowat(&self, id: ConnId, user: RawFd, lowat: usize) -> io::Result<()> {
+        let mut g = self.lock()?;
+        let Inner { driver, socks, .. } = &mut *g;
+        let Some(s) = socks.get_mut(&id) else {
+            return Err(io::Error::from_raw_os_error(libc::EBADF));
+        };
+        s.lowat = lowat;
+        // Readable now or not, as TCP looks again when the mark is set.
+        refresh_app(driver, id, s, Some(user));
+        Ok(())
     }
 
     fn app_write(&self, id: ConnId, user: RawFd, buf: &[u8]) -> io::Result<usize> {

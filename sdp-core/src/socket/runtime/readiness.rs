@@ -29,10 +29,10 @@ pub(super) fn refresh_sock<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut 
 }
 
 /// What an application fd of the connection should report.
-fn app_state<P: Provider>(driver: &Driver<P>, id: ConnId) -> AppState {
+fn app_state<P: Provider>(driver: &Driver<P>, id: ConnId, lowat: usize) -> AppState {
     match driver.view(id) {
         Some(c) => AppState {
-            readable: c.read_ready(),
+            readable: c.read_ready() && !c.rx_below(lowat),
             rx_total: c.stats().data_bytes_rcvd,
             writable: c.is_writable(),
             rdhup: c.read_closed() || c.state() == State::Closed,
@@ -64,10 +64,12 @@ pub(super) fn refresh_app<P: Provider>(
     user: Option<RawFd>,
 ) {
     if let Some(a) = s.app.as_mut() {
-        let st = app_state(driver, id);
+        let st = app_state(driver, id, s.lowat);
         a.update(st, user);
         if a.direct {
+            // A direct wakeup makes the fd readable at any byte: not under SO_RCVLOWAT.
             let want = st.writable
+                && s.lowat <= 1
                 && !st.rdhup
                 && !st.hup
                 && !st.err
