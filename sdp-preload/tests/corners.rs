@@ -665,6 +665,7 @@ fn a_process_killed_by_a_signal_delivers_what_it_wrote() {
     let (_, lines) = differential_wanting(
         "killed",
         &[
+            "peer SIGUSR1 handler ran: 1, reads back: 1; SIGHUP ignored\n",
             "peer SIGTERM is SIG_DFL: 1\n",
             "peer signal(SIGINT, SIG_DFL) gave SIG_DFL: 1\n",
             "peer SIGTERM still SIG_DFL: 1\n",

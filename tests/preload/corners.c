@@ -2043,7 +2043,20 @@ static void case_scm_rights_mmsg(void) { scm_rights_by(1); }
  * systemd; SIGINT: Ctrl-C) after writing 4 MiB: over TCP the kernel delivers every byte it
  * holds and then the FIN, so the reader gets all 4 MiB, then EOF; the writer's status says
  * SIGTERM. Its disposition, as the program sees it, is SIG_DFL throughout. */
+static volatile sig_atomic_t usr1_ran;
+static void on_usr1(int sig) { usr1_ran = sig; }
+
 static void peer_big_then_killed(int s) {
+    /* The program's own handler (set once the connection exists) runs; SIG_IGN ignores. */
+    struct sigaction h = {.sa_handler = on_usr1};
+    CHECK(sigaction(SIGUSR1, &h, NULL) == 0);
+    raise(SIGUSR1);
+    CHECK(signal(SIGHUP, SIG_IGN) == SIG_DFL);
+    raise(SIGHUP);
+    struct sigaction q;
+    CHECK(sigaction(SIGUSR1, NULL, &q) == 0);
+    printf("peer SIGUSR1 handler ran: %d, reads back: %d; SIGHUP ignored\n", usr1_ran == SIGUSR1,
+           q.sa_handler == on_usr1);
     struct sigaction old;
     CHECK(sigaction(SIGTERM, NULL, &old) == 0);
     printf("peer SIGTERM is SIG_DFL: %d\n", old.sa_handler == SIG_DFL && !(old.sa_flags & SA_SIGINFO));
