@@ -115,7 +115,7 @@ pub(crate) fn owned(fd: RawFd) -> io::Result<OwnedFd> {
 /// get (wrk, select's FD_SETSIZE, redis' event loop of `maxclients` + 128) or expect the
 /// lowest free one. The floor is the application's own limit where the shim made room above it
 /// ([`set_app_fd_limit`]), else half the soft RLIMIT_NOFILE as it is now (a program may raise
-/// it after its first socket); at most [`HIGH_FD_MAX_FLOOR`].
+/// it after its first socket); at most `HIGH_FD_MAX_FLOOR`.
 ///
 /// Nothing free from the floor up: `fd` is closed and the error is EMFILE. Our fds never take
 /// the application's numbers: what needed the fd fails instead (an SDP connection that cannot
