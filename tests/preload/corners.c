@@ -521,19 +521,29 @@ static ssize_t read_all_sum(int s, size_t *total, unsigned *sum) {
     return r;
 }
 
-static void case_bulk_then_exit(void) {
+/* Start `peer`, read everything it sends (after 100 ms) and wait for it: its wait status; the
+ * bytes, their sum, and the last read's result and errno. */
+static int bulk_from(void (*peer)(int), size_t *total, unsigned *sum, ssize_t *r, int *e) {
     int s;
-    pid_t pid = start(peer_big, &s);
+    pid_t pid = start(peer, &s);
     sleep_ms(100);
-    unsigned sum;
-    size_t total;
-    ssize_t r = read_all_sum(s, &total, &sum);
+    *r = read_all_sum(s, total, sum);
+    *e = errno;
     int st;
     CHECK(waitpid(pid, &st, 0) == pid);
-    out("bulk got %zu sum %u end %zd", total, sum, r);
     close(s);
     close(p2c[1]);
     close(c2p[0]);
+    return st;
+}
+
+static void case_bulk_then_exit(void) {
+    unsigned sum;
+    size_t total;
+    ssize_t r;
+    int e;
+    bulk_from(peer_big, &total, &sum, &r, &e);
+    out("bulk got %zu sum %u end %zd", total, sum, r);
 }
 
 static void peer_big_then_exec(int s) {
@@ -2072,19 +2082,13 @@ static void peer_big_then_killed(int s) {
 }
 
 static void case_killed(void) {
-    int s;
-    pid_t pid = start(peer_big_then_killed, &s);
-    sleep_ms(100);
     unsigned sum;
     size_t total;
-    ssize_t r = read_all_sum(s, &total, &sum);
-    int st;
-    CHECK(waitpid(pid, &st, 0) == pid);
-    out("killed: got %zu sum %u end %s; peer %s", total, sum, r == 0 ? "EOF" : en(errno),
+    ssize_t r;
+    int e;
+    int st = bulk_from(peer_big_then_killed, &total, &sum, &r, &e);
+    out("killed: got %zu sum %u end %s; peer %s", total, sum, r == 0 ? "EOF" : en(e),
         WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM ? "killed by SIGTERM" : "not killed");
-    close(s);
-    close(p2c[1]);
-    close(c2p[0]);
 }
 
 /* SO_RCVLOWAT, as TCP's: poll, select and epoll show the socket readable only once that many
