@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 
 PKGS=(netcat-openbsd socat iperf3 iperf curl python3 redis-server redis-tools memcached
-      libmemcached-tools nginx-light wrk sockperf qperf)
+      libmemcached-tools nginx-light wrk sockperf qperf nodejs)
 ensure_packages() {
     local installed missing=() p
     installed=$(dpkg-query -W -f='${Package} ${db:Status-Status}\n' "${PKGS[@]}" 2>/dev/null |
@@ -232,7 +232,18 @@ prog_qperf() {
     stop "$s"
 }
 
-ALL=(nc socat iperf3 iperf2 curl redis memcached nginx sockperf qperf)
+prog_node() {
+    # node's cluster module (the primary hands each connection to a worker in SCM_RIGHTS and
+    # closes its copy by a raw system call) and a `net` echo server with a half-close.
+    local p e; p=$(next_port); e=$(next_port)
+    bg "$1" node "$ROOT/tests/preload/node/server.js" "$p"; local s=$BG
+    bg "$1" node "$ROOT/tests/preload/node/echo.js" "$e"; local t=$BG
+    { wait_port "$p" && wait_port "$e"; } || { echo "no listener"; stop "$s" "$t"; return; }
+    run "$1" node "$ROOT/tests/preload/node/client.js" "$p" "$e"; echo "client exit $?"
+    stop "$s" "$t"
+}
+
+ALL=(nc socat iperf3 iperf2 curl redis memcached nginx sockperf qperf node)
 [ $# -gt 0 ] && ALL=("$@")
 FAILS=0
 FLAKY=()
