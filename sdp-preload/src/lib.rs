@@ -562,6 +562,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         }
     }
     let (nonblocking, cloexec) = fd_flags(fd);
+    let bound_port = kernel_sockname(fd).map(|a| a.port()).filter(|&p| p != 0);
     // The stream's fd for the application is made at the lowest free number until it takes
     // `fd`'s: an application thread at its fd limit waits for it (limits::within_app_limit).
     let low = fd_limit::LowFds::hold();
@@ -574,8 +575,8 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             None => Options::default(),
         };
         // A port it bound is the connection's own, as TCP's.
-        let opts = match kernel_sockname(fd).map(|a| a.port()) {
-            Some(p) if p != 0 => opts.with_source_port(p),
+        let opts = match bound_port {
+            Some(p) => opts.with_source_port(p),
             _ => opts,
         };
         AppStream::connect(dst, &opts, nonblocking, cloexec)
@@ -586,7 +587,10 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
                 "connect fd {fd} to {dst}: {} (sdp)",
                 s.transport()
             ));
-            let opts = carry_options(fd, &s, &user);
+            let mut opts = carry_options(fd, &s, &user);
+            if s.local_addr().is_ok_and(|a| Some(a.port()) == bound_port) {
+                opts.port_hold = hold_port(fd);
+            }
             let replaced = replace_fd(user, fd, cloexec);
             drop(low);
             if let Err(e) = replaced {
@@ -644,6 +648,20 @@ fn connect_tcp(
     table::remove(fd);
     // SAFETY: forwards the caller's arguments (the connect hook's own).
     unsafe { real::connect(fd, addr, len) }
+}
+
+/// A close-on-exec duplicate of the kernel socket `fd`, above the application's numbers, to
+/// keep the port it is bound to taken (`Opts::port_hold`).
+fn hold_port(fd: c_int) -> Option<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: duplicates an fd of ours; the duplicate is owned below.
+    let d = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if d < 0 {
+        return None;
+    }
+    let hi = fd_limit::high_fd(d).ok()?;
+    // SAFETY: `hi` was just made (or moved) for us alone.
+    Some(unsafe { OwnedFd::from_raw_fd(hi) })
 }
 
 /// The kernel socket `fd`'s own address (libc's getsockname), if it is an inet one.

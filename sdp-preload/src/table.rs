@@ -95,6 +95,9 @@ pub(crate) struct Opts {
     /// The application's socket is AF_INET6: `local` and `peer` are IPv6 (an IPv4 peer of a
     /// dual-stack socket v4-mapped, as the kernel shows it), SO_DOMAIN says so.
     pub(crate) v6: bool,
+    /// The kernel socket the application bound to a port before connecting over SDP, held (at
+    /// a high number) while the stream lives: the port stays taken, as a TCP connection's.
+    pub(crate) port_hold: Option<std::os::fd::OwnedFd>,
 }
 
 impl Opts {

@@ -611,13 +611,19 @@ fn a_burst_of_clients_is_not_held_by_the_backlog() {
 }
 
 /// A client that binds a local port before it connects keeps it (its getsockname, the
-/// server's accept and getpeername), as over TCP, over shm. Before, the SDP connection's own.
+/// server's accept and getpeername) and keeps it taken while connected (another bind gets
+/// EADDRINUSE), as over TCP, over shm. Before, the SDP connection's own port; until
+/// 2026-11-28 (a later session) another socket could bind the port meanwhile.
 #[test]
 fn a_bound_source_port_is_the_connections() {
     let _serial = serial();
     let (_, lines) = differential_wanting(
         "bind_connect",
-        &["bound port kept: client's getsockname yes, server's accept yes, getpeername yes\n"],
+        &[
+            "bound port kept: client's getsockname yes, server's accept yes, getpeername yes\n",
+            // The port stays taken (before: another socket could bind it meanwhile).
+            "bound port kept: another bind to it: EADDRINUSE\n",
+        ],
     );
     assert_eq!(shm_lines(&lines, None), 2, "report:\n{lines}");
 }

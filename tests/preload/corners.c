@@ -1968,6 +1968,12 @@ static void case_bind_connect(void) {
     CHECK(getpeername(s, (struct sockaddr *)&got, &len) == 0);
     out("bound port kept: client's getsockname %s, server's accept %s, getpeername %s",
         own ? "yes" : "no", at_accept ? "yes" : "no", got.sin_port == me.sin_port ? "yes" : "no");
+    /* The port stays taken while the connection lives. */
+    int x = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(x >= 0);
+    int br = bind(x, (struct sockaddr *)&me, sizeof me);
+    out("bound port kept: another bind to it: %s", br == 0 ? "0" : en(errno));
+    close(x);
     close(c);
     close(s);
     close(l);
