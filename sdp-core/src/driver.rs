@@ -37,7 +37,7 @@
 //! the socket layer reads it from the [`ConnView`] of each connection a round or a call
 //! touched ([`Driver::take_touched`]).
 
-use rustc_hash::FxHashMap as HashMap;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
@@ -69,7 +69,7 @@ impl<P: Provider> MrStore<P> {
         MrStore {
             provider,
             mrs: slab::Slab::new(),
-            grants: HashMap::default(),
+            grants: HashMap::new(),
             bytes: 0,
         }
     }

@@ -32,7 +32,7 @@
 //! `spin` how a blocking call polls before it sleeps; `progress` the progress thread. Errors
 //! become errno in `socket::errors`, the environment knobs are `socket::tunables`.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -40,8 +40,6 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-
-use rustc_hash::FxHashMap as HashMap;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
@@ -494,13 +492,13 @@ impl<P: Provider + 'static> Runtime<P> {
                     d.set_trace(super::tunables::tunables().trace);
                     d
                 },
-                socks: HashMap::default(),
-                lsocks: HashMap::default(),
+                socks: HashMap::new(),
+                lsocks: HashMap::new(),
                 next_token: 1,
                 touched: Vec::new(),
                 in_app_call: None,
                 pumps: 0,
-                ended_behind: HashMap::default(),
+                ended_behind: HashMap::new(),
             }),
             cond: Condvar::new(),
             origin: std::time::Instant::now(),
