@@ -144,10 +144,16 @@ extern "C" fn at_load() {
 #[link_section = ".init_array"]
 static AT_LOAD: extern "C" fn() = at_load;
 
+/// The exit work has begun (in some thread): a signal that ends the process then ends it at
+/// once (`signals`), rather than wait for work that thread may never finish.
+pub(crate) static EXITING: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Exit-time work, once: flush the connections, then the report of every socket handled.
 pub(crate) extern "C" fn at_exit() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        EXITING.store(true, Ordering::SeqCst);
         let _g = Internal::enter();
         // Streams other processes may hold go on in a keeper (keeper.rs).
         keeper::start_if_wanted();

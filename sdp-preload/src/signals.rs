@@ -262,7 +262,14 @@ fn serve(rx: c_int) {
     let sig = c_int::from_ne_bytes(b);
     // The thread the signal stopped may hold a lock the exit work takes, and never let go.
     let free = Duration::from_millis(200);
-    if crate::table::free_within(free) && sdp_core::socket::exit_can_run(free) {
+    if crate::EXITING.load(Ordering::SeqCst) || sdp_core::socket::exit_under_way() {
+        // An exit's work is under way (perhaps in the thread the signal stopped): the signal
+        // ends the process now, as it would a TCP program's exit.
+        DONE.store(true, Ordering::SeqCst);
+        crate::log(format_args!(
+            "signal {sig} ends the process during its exit work: its SDP connections end with it"
+        ));
+    } else if crate::table::free_within(free) && sdp_core::socket::exit_can_run(free) {
         crate::log(format_args!(
             "signal {sig} ends the process: its SDP streams are finished first, as the kernel finishes TCP's"
         ));

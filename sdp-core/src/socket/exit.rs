@@ -48,8 +48,18 @@ pub(crate) fn register(stack: Weak<dyn ExitFlush>) {
 }
 
 extern "C" fn at_exit() {
+    EXITING.store(true, std::sync::atomic::Ordering::SeqCst);
     // Never unwind into libc.
     let _ = std::panic::catch_unwind(|| flush_at_exit(exit_linger()));
+}
+
+/// The process's exit (its `atexit` handlers) has begun.
+static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the process's exit has begun: the flush this module registered with `atexit` runs
+/// (or ran). A signal that ends the process meanwhile need not wait for that flush again.
+pub fn exit_under_way() -> bool {
+    EXITING.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 /// How long an exiting process waits for its SDP connections to deliver what was written:
