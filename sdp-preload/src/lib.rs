@@ -189,6 +189,7 @@ extern "C" fn fork_prepare() {
     }
     report::lock_for_fork();
     table::lock_for_fork();
+    signals::lock_for_fork();
 }
 
 /// Before a fork: the child inherits the streams: they keep their speed until a process uses
@@ -232,6 +233,7 @@ fn share_listeners_for_fork(moving: bool) {
 }
 
 extern "C" fn fork_parent() {
+    signals::unlock_after_fork();
     let gone = table::unlock_after_fork(MOVING.load(Ordering::SeqCst));
     report::unlock_after_fork();
     if !gone.is_empty() {
@@ -245,6 +247,7 @@ extern "C" fn fork_parent() {
 }
 
 extern "C" fn fork_child() {
+    signals::unlock_after_fork();
     PID.store(std::process::id(), Ordering::Relaxed);
     let gone = table::unlock_after_fork(MOVING.load(Ordering::SeqCst));
     report::unlock_after_fork();

@@ -65,6 +65,25 @@ struct Saved([libc::sigaction; NSIG]);
 unsafe impl Send for Saved {}
 static SAVED: spin::Mutex<Option<Box<Saved>>> = spin::Mutex::new(None);
 
+/// One `install` at a time.
+static ONE: spin::Mutex<()> = spin::Mutex::new(());
+
+/// Before a fork: no thread is inside `install` or the `sigaction` hook while it happens (a
+/// spin lock a fork child inherited held would never be let go there).
+pub(crate) fn lock_for_fork() {
+    std::mem::forget(ONE.lock());
+    std::mem::forget(SAVED.lock());
+}
+
+/// After a fork, in the parent and in the child: the locks [`lock_for_fork`] took.
+pub(crate) fn unlock_after_fork() {
+    // SAFETY: this thread took both in `lock_for_fork`, and holds them no more.
+    unsafe {
+        SAVED.force_unlock();
+        ONE.force_unlock();
+    }
+}
+
 fn ending(sig: c_int) -> bool {
     ENDING.contains(&sig)
 }
@@ -104,7 +123,6 @@ pub(crate) fn install() {
     if SERVED.load(Ordering::Acquire) == me {
         return;
     }
-    static ONE: spin::Mutex<()> = spin::Mutex::new(());
     let _g = ONE.lock();
     if SERVED.load(Ordering::Acquire) == me || !wanted() {
         return;
