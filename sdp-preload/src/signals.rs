@@ -291,6 +291,9 @@ fn serve(rx: c_int) {
         crate::log(format_args!(
             "signal {sig} ends the process: its SDP streams are finished first, as the kernel finishes TCP's"
         ));
+        // Over TCP the process is gone now: its threads do not see what the flush does to
+        // their sockets.
+        sdp_core::socket::freeze_app_calls();
         crate::at_exit();
     } else {
         crate::log(format_args!(

@@ -714,6 +714,24 @@ fn so_rcvlowat_holds_readiness_and_reads_as_over_tcp() {
     assert!(shm_lines(&lines, Some("server")) >= 2, "report:\n{lines}");
 }
 
+/// A process killed by SIGTERM with two connections: one with 8 bytes it never read (a thread
+/// waits in `poll` for urgent data on it), one with 4 MiB its peer reads slowly. As over TCP:
+/// the first is reset (ECONNRESET at the peer), the second delivers all 4 MiB and then EOF,
+/// and the waiting thread never returns (no line from it).
+#[test]
+fn a_killed_process_resets_unread_connections_and_delivers_the_rest() {
+    let _serial = serial();
+    let (tcp, lines) = differential_wanting(
+        "killed_reader",
+        &[
+            "killed reader: got 12, then ECONNRESET; the second connection 4194304 sum 534773760 \
+           then EOF; peer killed by SIGTERM\n",
+        ],
+    );
+    assert!(!tcp.contains("peer thread"), "{tcp}");
+    assert!(shm_lines(&lines, Some("server")) >= 2, "report:\n{lines}");
+}
+
 /// As [`a_child_whose_parent_exits_keeps_the_connection`], the owner killed by SIGTERM
 /// instead: the child's connection goes on (in the owner's keeper). Before: the child's write
 /// got EPIPE.

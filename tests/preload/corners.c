@@ -10,6 +10,7 @@
 #include <net/if.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -2087,6 +2088,70 @@ static void peer_big_then_killed(int s) {
         pause();
 }
 
+/* A thread of the killed process waits in poll on the connection (for urgent data only), and
+ * 8 bytes came that nobody read: over TCP the process is gone at the signal (the unread bytes
+ * make its close a reset) and the thread never returns from its poll. Under the shim the flush
+ * at death resets the connection too, which must not let the thread go on (its poll sees the
+ * reset). */
+static void *killed_reader(void *arg) {
+    struct pollfd p = {.fd = *(int *)arg, .events = POLLPRI};
+    int n = poll(&p, 1, -1);
+    printf("peer thread: poll returned %d\n", n);
+    fflush(stdout);
+    return NULL;
+}
+
+static void peer_killed_with_reader(int s) {
+    static int fd;
+    fd = s;
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, killed_reader, &fd) == 0);
+    CHECK(write(s, "twelve bytes", 12) == 12);
+    /* A second connection, to a listener of this process's: 4 MiB the parent reads slowly,
+     * so the flush at death lasts a while after the first connection's reset. */
+    struct sockaddr_in a;
+    int l = listener(&a);
+    CHECK(write(c2p[1], &a, sizeof a) == sizeof a);
+    int c = accept(l, NULL, NULL);
+    CHECK(c >= 0);
+    close(l);
+    await(p2c[0]); /* the parent wrote its 8 bytes */
+    sleep_ms(100);
+    peer_big(c);
+    kill(getpid(), SIGTERM);
+    for (;;)
+        pause();
+}
+
+static void case_killed_reader(void) {
+    int s;
+    pid_t pid = start(peer_killed_with_reader, &s);
+    char b[64];
+    size_t got = 0;
+    ssize_t r;
+    while (got < 12 && (r = read(s, b + got, sizeof b - got)) > 0)
+        got += r;
+    struct sockaddr_in a;
+    CHECK(read(c2p[0], &a, sizeof a) == sizeof a);
+    int c = dial(&a);
+    CHECK(write(s, "8 bytes.", 8) == 8);
+    tell(p2c[1]);
+    sleep_ms(300);
+    unsigned sum;
+    size_t total;
+    ssize_t rc = read_all_sum(c, &total, &sum);
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    r = read(s, b, sizeof b);
+    out("killed reader: got %zu, then %s; the second connection %zu sum %u then %s; peer %s", got,
+        r == 0 ? "EOF" : r < 0 ? en(errno) : "data", total, sum, rc == 0 ? "EOF" : en(errno),
+        WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM ? "killed by SIGTERM" : "not killed");
+    close(c);
+    close(s);
+    close(p2c[1]);
+    close(c2p[0]);
+}
+
 static void case_killed(void) {
     unsigned sum;
     size_t total;
@@ -3050,6 +3115,7 @@ int main(int argc, char **argv) {
     RUN(scm_rights);
     RUN(scm_rights_mmsg);
     RUN(killed);
+    RUN(killed_reader);
     RUN(rcvlowat);
     RUN(linger_abort);
     RUN(linger_wait);

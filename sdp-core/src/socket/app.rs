@@ -270,7 +270,9 @@ pub fn event_waits_poll() -> bool {
 /// set): while the process has SDP streams it polls before it sleeps, as their blocking reads
 /// do (see the runtime's `poll_events`). Returns what the C function returns.
 pub fn poll_events(timeout_ms: i32, wait: impl FnMut(i32) -> i32) -> i32 {
-    super::runtime::poll_events(timeout_ms, wait)
+    let n = super::runtime::poll_events(timeout_ms, wait);
+    super::exit::park_if_frozen();
+    n
 }
 
 /// [`poll_events`] for calls with finer timeouts (`select`, `ppoll`): `timeout` `None` waits
@@ -279,7 +281,9 @@ pub fn poll_events_for(
     timeout: Option<std::time::Duration>,
     wait: impl FnMut(Option<std::time::Duration>) -> i32,
 ) -> i32 {
-    super::runtime::poll_events_for(timeout, wait)
+    let n = super::runtime::poll_events_for(timeout, wait);
+    super::exit::park_if_frozen();
+    n
 }
 
 /// A millisecond timeout of `epoll_wait` or `poll` (negative: none) as a length, for
@@ -305,7 +309,9 @@ pub fn poll_events_masked(
     poll: impl FnMut() -> i32,
     wait: impl FnOnce(Option<std::time::Duration>) -> i32,
 ) -> i32 {
-    super::runtime::poll_events_masked(timeout, mask, poll, wait)
+    let n = super::runtime::poll_events_masked(timeout, mask, poll, wait);
+    super::exit::park_if_frozen();
+    n
 }
 
 /// Errors after which a connector should use kernel TCP: the peer or the path does not do SDP
@@ -476,6 +482,12 @@ impl AppStream {
     /// Read into `buf` as `recv(2)` on a TCP socket would; `fd` is the stream's application
     /// fd (any dup of it), on which a blocking call waits.
     pub fn read(&self, fd: RawFd, buf: &mut [u8], flags: ReadFlags) -> io::Result<usize> {
+        let r = self.read_now(fd, buf, flags);
+        super::exit::park_if_frozen();
+        r
+    }
+
+    fn read_now(&self, fd: RawFd, buf: &mut [u8], flags: ReadFlags) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
@@ -583,6 +595,12 @@ impl AppStream {
     /// Write `buf` as `send(2)` on a TCP socket would: a blocking call returns once every byte
     /// is queued (or a signal or SO_SNDTIMEO cut it short after some went).
     pub fn write(&self, fd: RawFd, buf: &[u8], dontwait_flag: bool) -> io::Result<usize> {
+        let r = self.write_now(fd, buf, dontwait_flag);
+        super::exit::park_if_frozen();
+        r
+    }
+
+    fn write_now(&self, fd: RawFd, buf: &[u8], dontwait_flag: bool) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }

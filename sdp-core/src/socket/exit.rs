@@ -56,6 +56,31 @@ extern "C" fn at_exit() {
 /// The process's exit (its `atexit` handlers) has begun.
 static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// The process (by pid) whose application calls park for good ([`freeze_app_calls`]).
+static FROZEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A signal is ending this process (the LD_PRELOAD shim, before its exit work for a signal
+/// left at SIG_DFL): from now on an application thread that a call of the socket layer would
+/// hand back to the application (a read, a write, an event wait of the shim's) parks there
+/// instead until the process ends. Over TCP the process would be gone already: its threads
+/// must not go on with what the flush does to their sockets (a poll woken by the reset of a
+/// connection with unread bytes, a server's thread logging the client's departure). Only in
+/// this process (a fork child, a keeper, goes on).
+pub fn freeze_app_calls() {
+    FROZEN.store(std::process::id(), std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Park the calling thread for good if [`freeze_app_calls`] was called in this process.
+#[inline]
+pub(crate) fn park_if_frozen() {
+    let f = FROZEN.load(std::sync::atomic::Ordering::Relaxed);
+    if f != 0 && f == std::process::id() {
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+}
+
 /// Whether the process's exit has begun: the flush this module registered with `atexit` runs
 /// (or ran). A signal that ends the process meanwhile need not wait for that flush again.
 pub fn exit_under_way() -> bool {

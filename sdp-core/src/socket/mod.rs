@@ -81,7 +81,9 @@ pub mod fd_limit {
     };
 }
 
-pub use exit::{exit_can_run, exit_linger, exit_under_way, flush_at_exit, DEFAULT_EXIT_LINGER};
+pub use exit::{
+    exit_can_run, exit_linger, exit_under_way, flush_at_exit, freeze_app_calls, DEFAULT_EXIT_LINGER,
+};
 pub use listener::{Incoming, SdpListener};
 pub use stack::{Choice, Options, Stack};
 pub use stream::{PendingSend, RegisteredBuf, SdpStream};
