@@ -187,8 +187,10 @@ extern "C" fn fork_prepare() {
     if !MOVING.load(Ordering::SeqCst) {
         expose_for_fork();
     }
-    report::lock_for_fork();
+    // The table (and every socket's options) before the report: a socket's drop holds its
+    // options while it takes the report's lock.
     table::lock_for_fork();
+    report::lock_for_fork();
     signals::lock_for_fork();
 }
 
@@ -248,6 +250,7 @@ extern "C" fn fork_parent() {
 
 extern "C" fn fork_child() {
     signals::unlock_after_fork();
+    table::forget_readers_in_child();
     PID.store(std::process::id(), Ordering::Relaxed);
     let gone = table::unlock_after_fork(MOVING.load(Ordering::SeqCst));
     report::unlock_after_fork();

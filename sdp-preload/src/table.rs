@@ -247,8 +247,75 @@ pub(crate) fn identities() -> Vec<(i32, Arc<Sock>)> {
 
 /// Before fork(): hold the table so the child gets it in a consistent state.
 pub(crate) fn lock_for_fork() {
-    std::mem::forget(MAP.write());
+    // Every socket's options too: a fork child of a threaded process would wait for ever on
+    // one another thread held at the fork (a getsockname in a loop: 22 of 200 children hung).
+    // Taken with the table held, each by a try, all let go again whenever one is busy (its
+    // holder may be waiting for the table), so this never waits holding one.
+    for round in 0.. {
+        let g = MAP.write();
+        let opts: Vec<&Mutex<Opts>> = g
+            .as_ref()
+            .map(|m| {
+                m.values()
+                    .filter_map(|(s, _)| s.stream_parts().map(|p| p.1))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut taken = 0;
+        for o in &opts {
+            // A holder lets go within moments (it cannot take another socket's options
+            // meanwhile: a new call waits for the table); one that waits for the table while
+            // it holds them does not, so after a while the table is let go and taken again.
+            let until = std::time::Instant::now() + std::time::Duration::from_micros(200);
+            let got = loop {
+                if let Some(guard) = o.try_lock() {
+                    break Some(guard);
+                }
+                if std::time::Instant::now() > until {
+                    break None;
+                }
+                std::hint::spin_loop();
+            };
+            match got {
+                Some(guard) => {
+                    std::mem::forget(guard);
+                    taken += 1;
+                }
+                None => break,
+            }
+        }
+        if taken == opts.len() || round == 1_000 {
+            // (After 1 000 rounds, a thread that never lets go: the fork goes on with the
+            // options taken so far, as before.)
+            // SAFETY (for `unlock_after_fork`): the options taken are the first `taken` of
+            // this order, remembered until the table is let go.
+            FORK_OPTS_TAKEN.store(taken, Ordering::SeqCst);
+            std::mem::forget(g);
+            return;
+        }
+        for o in &opts[..taken] {
+            // SAFETY: taken just above by this thread, its guard forgotten.
+            unsafe { o.force_unlock() };
+        }
+        drop(g);
+        std::thread::yield_now();
+    }
 }
+
+/// In a fork child, before [`unlock_after_fork`]: readers of the table that were only trying
+/// (another thread of the parent's, which counted itself in while the table was held for the
+/// fork, and would have counted itself out) do not exist here: their counts go, or the table
+/// stayed taken for good (a child calling getsockname while another thread of its parent did
+/// in a loop: 22 of 200 hung in `take_listeners`).
+pub(crate) fn forget_readers_in_child() {
+    while MAP.reader_count() > 0 {
+        // SAFETY: a fork child has one thread, and it holds no read guard of the table.
+        unsafe { MAP.force_read_decrement() };
+    }
+}
+
+/// How many sockets' options [`lock_for_fork`] took, in the table's order.
+static FORK_OPTS_TAKEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Every listener the process holds (to share them before fork).
 pub(crate) fn listeners() -> Vec<(i32, Arc<Sock>)> {
@@ -260,6 +327,21 @@ pub(crate) fn listeners() -> Vec<(i32, Arc<Sock>)> {
 /// TCP only from now on). Returns them to drop. After a fork that moved the process's sockets
 /// to the child (`moving`: `daemon`), the listeners not shared moved with them: they stay.
 pub(crate) fn unlock_after_fork(moving: bool) -> Vec<Arc<Sock>> {
+    // The options `lock_for_fork` took: the table is still held, so its order is the same.
+    // SAFETY: the table's write lock is this thread's (taken in `lock_for_fork`, guard
+    // forgotten): nobody changes the map while it is read here.
+    if let Some(m) = unsafe { &*MAP.as_mut_ptr() } {
+        let taken = FORK_OPTS_TAKEN.swap(0, Ordering::SeqCst);
+        for o in m
+            .values()
+            .filter_map(|(s, _)| s.stream_parts().map(|p| p.1))
+            .take(taken)
+        {
+            // SAFETY: taken by this thread in `lock_for_fork` (in a fork child: the copy of
+            // that thread), its guard forgotten.
+            unsafe { o.force_unlock() };
+        }
+    }
     // SAFETY: this thread took the write lock in `lock_for_fork` and forgot the guard.
     unsafe { MAP.force_write_unlock() };
     if moving {

@@ -61,6 +61,8 @@ impl<P: Provider + 'static> Shared<P> {
                 continue;
             }
             s.exit_closed = true;
+            // What arrived and no round took yet counts as unread (see `close_begin`).
+            driver.poll_one(now, id);
             if s.linger == Some(Duration::ZERO) {
                 // As TCP's exit with SO_LINGER {1, 0}: a reset, nothing more delivered.
                 driver.abort(now, id);

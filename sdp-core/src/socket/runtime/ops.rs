@@ -35,6 +35,10 @@ impl<P: Provider + 'static> Runtime<P> {
     /// shared with other processes (pumped) ends with its last holder's close, as a TCP file
     /// does: no linger.
     pub(super) fn close_begin(g: &mut Inner<P>, now: Instant, id: ConnId) -> Option<Duration> {
+        // What the peer sent and no round took yet (a direct wakeup's SEND waits in the
+        // endpoint for the reader's round) is data that arrived: unread, it makes the close a
+        // reset, as TCP's.
+        g.driver.poll_one(now, id);
         Self::close_exposed(g, now, id);
         match g
             .socks
