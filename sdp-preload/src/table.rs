@@ -286,11 +286,11 @@ pub(crate) fn lock_for_fork() {
         }
         if taken == opts.len() || round == 1_000 {
             // (After 1 000 rounds, a thread that never lets go: the fork goes on with the
-            // options taken so far, as before.)
-            // SAFETY (for `unlock_after_fork`): the options taken are the first `taken` of
-            // this order, remembered until the table is let go.
+            // options taken so far, as before.) The options taken are the first `taken` of
+            // this order, which `unlock_after_fork` finds again through the same guard.
             FORK_OPTS_TAKEN.store(taken, Ordering::SeqCst);
-            std::mem::forget(g);
+            drop(opts);
+            FORK_HELD.with(|h| *h.borrow_mut() = Some(g));
             return;
         }
         for o in &opts[..taken] {
@@ -314,6 +314,13 @@ pub(crate) fn forget_readers_in_child() {
     }
 }
 
+thread_local! {
+    /// The table's write guard across a fork, in the thread that forks (a fork child's one
+    /// thread is its copy): let go by dropping it, as any guard.
+    static FORK_HELD: std::cell::RefCell<Option<spin::rwlock::RwLockWriteGuard<'static, Option<Map>, spin::relax::Yield>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// How many sockets' options [`lock_for_fork`] took, in the table's order.
 static FORK_OPTS_TAKEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -328,9 +335,8 @@ pub(crate) fn listeners() -> Vec<(i32, Arc<Sock>)> {
 /// to the child (`moving`: `daemon`), the listeners not shared moved with them: they stay.
 pub(crate) fn unlock_after_fork(moving: bool) -> Vec<Arc<Sock>> {
     // The options `lock_for_fork` took: the table is still held, so its order is the same.
-    // SAFETY: the table's write lock is this thread's (taken in `lock_for_fork`, guard
-    // forgotten): nobody changes the map while it is read here.
-    if let Some(m) = unsafe { &*MAP.as_mut_ptr() } {
+    let g = FORK_HELD.with(|h| h.borrow_mut().take());
+    if let Some(m) = g.as_ref().and_then(|g| g.as_ref()) {
         let taken = FORK_OPTS_TAKEN.swap(0, Ordering::SeqCst);
         for o in m
             .values()
@@ -342,8 +348,7 @@ pub(crate) fn unlock_after_fork(moving: bool) -> Vec<Arc<Sock>> {
             unsafe { o.force_unlock() };
         }
     }
-    // SAFETY: this thread took the write lock in `lock_for_fork` and forgot the guard.
-    unsafe { MAP.force_write_unlock() };
+    drop(g);
     if moving {
         return Vec::new();
     }
