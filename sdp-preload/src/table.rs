@@ -308,7 +308,12 @@ pub(crate) fn lock_for_fork() {
 /// stayed taken for good (a child calling getsockname while another thread of its parent did
 /// in a loop: 22 of 200 hung in `take_listeners`).
 pub(crate) fn forget_readers_in_child() {
-    while MAP.reader_count() > 0 {
+    // (At most one per thread of the parent; nobody takes the table upgradeable, which
+    // `reader_count` would count too.)
+    for _ in 0..4096 {
+        if MAP.reader_count() == 0 {
+            break;
+        }
         // SAFETY: a fork child has one thread, and it holds no read guard of the table.
         unsafe { MAP.force_read_decrement() };
     }
