@@ -537,7 +537,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
         && enabled()
     {
         table::forget_buffers(fd);
-        table::insert(fd, Arc::new(Sock::Fresh));
+        table::insert(fd, Arc::new(Sock::Fresh(Mutex::new(Opts::default()))));
     }
     fd
 }
@@ -554,10 +554,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         set_errno(libc::EISCONN);
         return -1;
     }
-    let fresh = entry.is_some_and(|s| matches!(*s, Sock::Fresh));
+    let watches = match entry.as_deref() {
+        Some(Sock::Fresh(o)) => Some(std::mem::take(&mut o.lock().epoll)),
+        _ => None,
+    };
     // SAFETY: the caller's address of `len` bytes.
     let dst = unsafe { sockaddr_in(addr, len) };
-    let (Some(dst), true) = (dst, fresh) else {
+    let (Some(dst), Some(watches)) = (dst, watches) else {
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::connect(fd, addr, len) };
     };
@@ -603,7 +606,11 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             if s.local_addr().is_ok_and(|a| Some(a.port()) == bound_port) {
                 opts.port_hold = hold_port(fd);
             }
+            // The application's epoll registrations of the socket go to the file now under
+            // its number (the stream's; the socket's again if that failed).
+            let watching = epoll_unwatch(fd, watches);
             let replaced = replace_fd(user, fd, cloexec);
+            epoll_rewatch(fd, &watching);
             drop(low);
             if let Err(e) = replaced {
                 log(format_args!(
@@ -691,6 +698,37 @@ pub(crate) fn kernel_sockname(fd: c_int) -> Option<SocketAddr> {
 fn bound_ip(fd: c_int) -> Option<std::net::IpAddr> {
     let a = kernel_sockname(fd)?;
     (!a.ip().is_unspecified()).then_some(a.ip())
+}
+
+/// Take `fd`'s registrations in the application's epoll sets off its file (a kernel socket that
+/// stays open for `Opts::port_hold` would go on reporting there); those that were there.
+fn epoll_unwatch(fd: c_int, watches: Vec<table::EpollWatch>) -> Vec<table::EpollWatch> {
+    watches
+        .into_iter()
+        .filter(|w| {
+            // SAFETY: EPOLL_CTL_DEL reads no event.
+            w.fd == fd
+                && unsafe { real::epoll_ctl(w.epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) }
+                    == 0
+        })
+        .collect()
+}
+
+/// Register the file now under `fd` as the application had registered the one before.
+fn epoll_rewatch(fd: c_int, watches: &[table::EpollWatch]) {
+    for w in watches {
+        let mut ev = libc::epoll_event {
+            events: w.events,
+            u64: w.data,
+        };
+        // SAFETY: a live event for the kernel to read.
+        if unsafe { real::epoll_ctl(w.epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+            log(format_args!(
+                "connect fd {fd}: its {w:?} could not be made again: {}",
+                io::Error::last_os_error()
+            ));
+        }
+    }
 }
 
 /// Put `user` under the number `fd` (replacing the TCP socket there), then close `user`'s own
@@ -856,7 +894,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         return r;
     }
     match table::get(fd).as_deref() {
-        Some(Sock::Fresh) => {}
+        Some(Sock::Fresh(_)) => {}
         Some(Sock::Listener(_)) => {
             // listen again (a new backlog): keep the doorbells' room.
             doorbell_room(fd, backlog);
@@ -1590,6 +1628,39 @@ unsafe fn read_owned(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
 
 // Event waits: the kernel answers them on the real fds; while the process has SDP streams they
 // poll before they sleep (`app::poll_events`). Not for the shim's own threads and calls.
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
+    // SAFETY: forwards the caller's arguments.
+    let r = unsafe { real::epoll_ctl(epfd, op, fd, ev) };
+    if r == 0 && table::owned(fd) && !internal() {
+        // SAFETY: the kernel just read the caller's event (EPOLL_CTL_DEL may pass none).
+        let e = (op != libc::EPOLL_CTL_DEL && !ev.is_null()).then(|| unsafe { *ev });
+        note_epoll(epfd, op, fd, e);
+    }
+    r
+}
+
+/// A fresh socket's epoll registration made, changed or taken away (see `Opts::epoll`).
+fn note_epoll(epfd: c_int, op: c_int, fd: c_int, ev: Option<libc::epoll_event>) {
+    let Some(s) = table::get(fd) else { return };
+    let Sock::Fresh(o) = &*s else { return };
+    let mut o = o.lock();
+    o.epoll.retain(|w| !(w.epfd == epfd && w.fd == fd));
+    if let (Some(e), true) = (ev, op != libc::EPOLL_CTL_DEL) {
+        o.epoll.push(table::EpollWatch {
+            epfd,
+            fd,
+            events: e.events,
+            data: e.u64,
+        });
+    }
+}
 
 #[no_mangle]
 pub unsafe extern "C" fn epoll_wait(

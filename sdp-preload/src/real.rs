@@ -91,6 +91,7 @@ pub(crate) unsafe fn epoll_pwait2(
 }
 
 real_fns! {
+    fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int;
     fn epoll_wait(epfd: c_int, ev: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int;
     fn epoll_pwait(
         epfd: c_int,

@@ -98,6 +98,28 @@ pub(crate) struct Opts {
     /// The kernel socket the application bound to a port before connecting over SDP, held (at
     /// a high number) while the stream lives: the port stays taken, as a TCP connection's.
     pub(crate) port_hold: Option<std::os::fd::OwnedFd>,
+    /// A fresh socket's epoll registrations (`epoll_ctl` on it before `connect`), made again on
+    /// the stream's file when `connect` puts that file under the socket's number.
+    pub(crate) epoll: Vec<EpollWatch>,
+}
+
+/// One epoll registration of a fresh socket: the epoll set, the socket's number, its events.
+#[derive(Clone, Copy)]
+pub(crate) struct EpollWatch {
+    pub(crate) epfd: i32,
+    pub(crate) fd: i32,
+    pub(crate) events: u32,
+    pub(crate) data: u64,
+}
+
+impl std::fmt::Debug for EpollWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "epoll {} fd {} events {:#x}",
+            self.epfd, self.fd, self.events
+        )
+    }
 }
 
 impl Opts {
@@ -114,8 +136,9 @@ impl Opts {
 
 /// What an fd the shim owns is.
 pub(crate) enum Sock {
-    /// A kernel TCP socket not yet connected or listening: SDP may take it over.
-    Fresh,
+    /// A kernel TCP socket not yet connected or listening: SDP may take it over. Its options
+    /// hold only its epoll registrations (`Opts::epoll`).
+    Fresh(Mutex<Opts>),
     /// A kernel TCP listening socket with SDP listeners on the same address.
     Listener(AppListener),
     /// An SDP stream whose fd is its readiness pair's user end.
@@ -134,6 +157,14 @@ impl Sock {
             Sock::Stream(st, o) => Some((Some(st), o)),
             Sock::Exec(o) => Some((None, o)),
             _ => None,
+        }
+    }
+
+    /// The socket's options, whatever it is (a listener has none).
+    pub(crate) fn opts(&self) -> Option<&Mutex<Opts>> {
+        match self {
+            Sock::Fresh(o) | Sock::Stream(_, o) | Sock::Exec(o) => Some(o),
+            Sock::Listener(_) => None,
         }
     }
 }
@@ -255,11 +286,7 @@ pub(crate) fn lock_for_fork() {
         let g = MAP.write();
         let opts: Vec<&Mutex<Opts>> = g
             .as_ref()
-            .map(|m| {
-                m.values()
-                    .filter_map(|(s, _)| s.stream_parts().map(|p| p.1))
-                    .collect()
-            })
+            .map(|m| m.values().filter_map(|(s, _)| s.opts()).collect())
             .unwrap_or_default();
         let mut taken = 0;
         for o in &opts {

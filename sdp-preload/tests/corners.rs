@@ -661,6 +661,26 @@ fn a_connection_passed_by_sendmmsg_is_served() {
     let _ = shm_server_line(&lines);
 }
 
+/// A socket put in epoll sets before its nonblocking connect (nginx's upstreams) is reported
+/// there as over TCP: connected (OUT) once in the edge-triggered set, data (IN) in the set it
+/// was changed in, nothing from the set it left; bound first, so the kernel socket stays open
+/// under the shim. Before: the edge set never saw the data, both sets saw the old socket's HUP.
+#[test]
+fn epoll_registrations_made_before_connect_hold() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "epoll_before_connect",
+        &[
+            "edge set, connected: n=1 7:OUT\n",
+            "changed set (IN only), nothing to read: n=0\n",
+            "set it left: n=0\n",
+            "edge set, data: n=1 7:INOUT\n",
+            "changed set, data: n=1 9:IN\n",
+        ],
+    );
+    assert!(shm_lines(&lines, Some("client")) >= 1, "report:\n{lines}");
+}
+
 /// A process killed by SIGTERM (left at its default action) after writing 4 MiB: the reader
 /// gets every byte and then EOF, and the writer's status says SIGTERM, as over TCP; the
 /// program sees SIG_DFL in `sigaction` and `signal` throughout; the writer's report line (its

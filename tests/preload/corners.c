@@ -1240,6 +1240,84 @@ static pid_t fork_server(struct sockaddr_in *a, void (*serve)(int l)) {
     return srv;
 }
 
+/* The server of `epoll_before_connect`: says "hi" once told, then reads to EOF. */
+static void serve_hi_when_told(int l) {
+    int c = accept(l, NULL, NULL);
+    CHECK(c >= 0);
+    await(p2c[0]);
+    CHECK(write(c, "hi", 2) == 2);
+    char b[8];
+    while (read(c, b, sizeof b) > 0) {
+    }
+    close(c);
+}
+
+/* What one epoll set reports within `ms`: "n=N [data:events...]" (events IN/OUT/HUP/RDHUP). */
+static void epoll_view(int ep, int ms, char *v, size_t cap) {
+    struct epoll_event got[4];
+    int n = epoll_wait(ep, got, 4, ms);
+    int k = snprintf(v, cap, "n=%d", n);
+    for (int i = 0; i < n && k < (int)cap; i++)
+        k += snprintf(v + k, cap - k, " %llu:%s%s%s%s", (unsigned long long)got[i].data.u64,
+                      got[i].events & EPOLLIN ? "IN" : "", got[i].events & EPOLLOUT ? "OUT" : "",
+                      got[i].events & EPOLLHUP ? "HUP" : "", got[i].events & EPOLLRDHUP ? "RDHUP" : "");
+}
+
+/* A socket in epoll sets before its nonblocking connect (nginx's upstreams: socket, FIONBIO,
+ * epoll_ctl ADD, connect): each set reports it as registered, with its own data and events,
+ * once, and a set it was taken from (or changed in) before the connect says so. Bound to a
+ * port first, so the kernel socket stays open under the shim (the port is held). */
+static void case_epoll_before_connect(void) {
+    CHECK(pipe(p2c) == 0);
+    struct sockaddr_in a;
+    pid_t srv = fork_server(&a, serve_hi_when_told);
+    int c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_in b = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    CHECK(bind(c, (struct sockaddr *)&b, sizeof b) == 0);
+    int et = epoll_create1(EPOLL_CLOEXEC), lt = epoll_create1(EPOLL_CLOEXEC),
+        gone = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.u64 = 7};
+    CHECK(epoll_ctl(et, EPOLL_CTL_ADD, c, &ev) == 0);
+    ev = (struct epoll_event){.events = EPOLLOUT, .data.u64 = 8};
+    CHECK(epoll_ctl(lt, EPOLL_CTL_ADD, c, &ev) == 0);
+    ev = (struct epoll_event){.events = EPOLLIN, .data.u64 = 9};
+    CHECK(epoll_ctl(lt, EPOLL_CTL_MOD, c, &ev) == 0);
+    ev = (struct epoll_event){.events = EPOLLIN | EPOLLOUT, .data.u64 = 10};
+    CHECK(epoll_ctl(gone, EPOLL_CTL_ADD, c, &ev) == 0);
+    CHECK(epoll_ctl(gone, EPOLL_CTL_DEL, c, NULL) == 0);
+    int r = connect(c, (struct sockaddr *)&a, sizeof a);
+    out("epoll before connect: %d %s", r, en(r < 0 ? errno : 0));
+    char v[128];
+    epoll_view(et, 5000, v, sizeof v);
+    out("epoll before connect: edge set, connected: %s", v);
+    epoll_view(et, 100, v, sizeof v);
+    out("epoll before connect: edge set, nothing new: %s", v);
+    epoll_view(lt, 100, v, sizeof v);
+    out("epoll before connect: changed set (IN only), nothing to read: %s", v);
+    epoll_view(gone, 100, v, sizeof v);
+    out("epoll before connect: set it left: %s", v);
+    tell(p2c[1]);
+    epoll_view(et, 5000, v, sizeof v);
+    out("epoll before connect: edge set, data: %s", v);
+    epoll_view(lt, 5000, v, sizeof v);
+    out("epoll before connect: changed set, data: %s", v);
+    char buf[8];
+    ssize_t n = read(c, buf, sizeof buf);
+    out("epoll before connect: read %zd %.*s", n, (int)(n > 0 ? n : 0), buf);
+    ev = (struct epoll_event){.events = EPOLLIN, .data.u64 = 11};
+    r = epoll_ctl(gone, EPOLL_CTL_ADD, c, &ev);
+    out("epoll before connect: added again after: %d", r);
+    close(c);
+    close(et);
+    close(lt);
+    close(gone);
+    close(p2c[0]);
+    close(p2c[1]);
+    int st;
+    CHECK(waitpid(srv, &st, 0) == srv);
+    out("epoll before connect: server exit %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
 enum { FORKED_CONNS = 8 };
 
 /* A server that forks a child for each connection it accepts and closes its own copy at once
@@ -3156,6 +3234,7 @@ int main(int argc, char **argv) {
     RUN(waitall);
     RUN(errors);
     RUN(nonblocking_connect);
+    RUN(epoll_before_connect);
     RUN(dup);
     RUN(sigio_and_timeout);
     RUN(bulk_then_exit);
