@@ -2217,6 +2217,12 @@ pub unsafe extern "C" fn setsockopt(
     {
         table::note_buffer_set(fd, name);
     }
+    if r == 0 && table::owned(fd) && level == libc::IPPROTO_TCP && name == libc::TCP_DEFER_ACCEPT {
+        if let Some(Sock::Listener(l)) = table::get(fd).as_deref() {
+            // SAFETY: the kernel just read an int there.
+            l.set_defer_accept(unsafe { *val.cast::<c_int>() } > 0);
+        }
+    }
     r
 }
 

@@ -681,6 +681,22 @@ fn epoll_registrations_made_before_connect_hold() {
     assert!(shm_lines(&lines, Some("client")) >= 1, "report:\n{lines}");
 }
 
+/// A listener with TCP_DEFER_ACCEPT (apache's), set before or after listen, accepts a client
+/// that connected and wrote, over SDP as over TCP. Before: poll 0, accept EAGAIN (the doorbell
+/// carried no data, so the kernel never queued it).
+#[test]
+fn a_defer_accept_listener_accepts_sdp_clients() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "defer_accept",
+        &[
+            "defer accept (set before listen): poll 1, accept ok, read 1 x\n",
+            "defer accept (set after listen): poll 1, accept ok, read 1 x\n",
+        ],
+    );
+    assert!(shm_lines(&lines, Some("server")) >= 2, "report:\n{lines}");
+}
+
 /// A process killed by SIGTERM (left at its default action) after writing 4 MiB: the reader
 /// gets every byte and then EOF, and the writer's status says SIGTERM, as over TCP; the
 /// program sees SIG_DFL in `sigaction` and `signal` throughout; the writer's report line (its

@@ -2058,6 +2058,40 @@ static void case_bind_connect(void) {
     close(l);
 }
 
+/* A listener with TCP_DEFER_ACCEPT (apache's AcceptFilter), set before and after listen: a
+ * client that connects and writes is accepted with its byte. Before, under the shim the SDP
+ * client's announcement carried no data, so the kernel never queued it: poll said 0. */
+static void case_defer_accept(void) {
+    for (int after = 0; after < 2; after++) {
+        struct sockaddr_in a = {.sin_family = AF_INET};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof a;
+        int l = socket(AF_INET, SOCK_STREAM, 0), five = 5;
+        CHECK(l >= 0 && bind(l, (struct sockaddr *)&a, sizeof a) == 0);
+        if (!after)
+            CHECK(setsockopt(l, IPPROTO_TCP, TCP_DEFER_ACCEPT, &five, sizeof five) == 0);
+        CHECK(listen(l, 4) == 0);
+        if (after)
+            CHECK(setsockopt(l, IPPROTO_TCP, TCP_DEFER_ACCEPT, &five, sizeof five) == 0);
+        CHECK(getsockname(l, (struct sockaddr *)&a, &len) == 0);
+        int c = socket(AF_INET, SOCK_STREAM, 0);
+        CHECK(c >= 0 && connect(c, (struct sockaddr *)&a, sizeof a) == 0);
+        CHECK(write(c, "x", 1) == 1);
+        struct pollfd p = {.fd = l, .events = POLLIN};
+        int n = poll(&p, 1, 5000);
+        CHECK(fcntl(l, F_SETFL, O_NONBLOCK) == 0);
+        int s = accept(l, NULL, NULL);
+        char b[4];
+        ssize_t r = s >= 0 ? read(s, b, sizeof b) : -1;
+        out("defer accept (set %s listen): poll %d, accept %s, read %zd %.*s",
+            after ? "after" : "before", n, s >= 0 ? "ok" : en(errno), r, (int)(r > 0 ? r : 0), b);
+        if (s >= 0)
+            close(s);
+        close(c);
+        close(l);
+    }
+}
+
 /* A server that hands each accepted connection to a worker over a unix socket (SCM_RIGHTS)
  * and closes its copy by a raw system call, as node's cluster module does: the worker (forked
  * before the connection existed) serves it. Before, the worker read and wrote the readiness
@@ -3252,6 +3286,7 @@ int main(int argc, char **argv) {
     RUN(close_range_exec);
     RUN(burst);
     RUN(bind_connect);
+    RUN(defer_accept);
     RUN(scm_rights);
     RUN(scm_rights_mmsg);
     RUN(killed);

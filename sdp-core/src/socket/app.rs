@@ -726,6 +726,10 @@ struct Bells {
 struct BellShared {
     target: SocketAddr,
     bells: Mutex<Bells>,
+    /// The application's listening socket has TCP_DEFER_ACCEPT: the kernel queues a connection
+    /// for its accept only once data came, so a doorbell carries a byte (never read: a claimed
+    /// doorbell is closed by reset).
+    knock: std::sync::atomic::AtomicBool,
 }
 
 impl BellShared {
@@ -736,14 +740,18 @@ impl BellShared {
             b.ready.resize(i + 1, 0);
         }
         b.ready[i] = ready;
-        Self::top_up(&mut b, self.target);
+        Self::top_up(&mut b, self.target, self.knocks());
+    }
+
+    fn knocks(&self) -> bool {
+        self.knock.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Ring until every ready connection has a doorbell.
-    fn top_up(b: &mut Bells, target: SocketAddr) {
+    fn top_up(b: &mut Bells, target: SocketAddr, knock: bool) {
         let want: usize = b.ready.iter().sum();
         while b.rung.len() + b.in_hand < want {
-            match ring(target) {
+            match ring(target, knock) {
                 Ok((local, fd)) => {
                     b.rung.insert(local, fd);
                 }
@@ -765,7 +773,7 @@ impl Drop for BellClaim {
         let Some(shared) = &self.shared else { return };
         let mut b = shared.bells.lock();
         b.in_hand = b.in_hand.saturating_sub(1);
-        BellShared::top_up(&mut b, shared.target);
+        BellShared::top_up(&mut b, shared.target, shared.knocks());
     }
 }
 
@@ -808,13 +816,18 @@ struct Handoff {
     /// The owner's doorbells for handed requests, with their slot and its value, until the
     /// slot no longer holds it (the taker claimed it): then our end closes.
     rung: Mutex<Vec<(usize, u32, OwnedFd)>>,
-    target: SocketAddr,
+    /// The owner's listener's doorbell state (its address, whether doorbells knock).
+    bells: Arc<BellShared>,
     local: SocketAddr,
     backlog: u32,
 }
 
 impl Handoff {
-    fn new(target: SocketAddr, local: SocketAddr, backlog: u32) -> io::Result<(Handoff, OwnedFd)> {
+    fn new(
+        bells: Arc<BellShared>,
+        local: SocketAddr,
+        backlog: u32,
+    ) -> io::Result<(Handoff, OwnedFd)> {
         let mem = sys::memfd_sized("sdp-doorbells", HANDOFF_SLOTS * 4)?;
         let table = sys::Mapping::map(std::os::fd::AsFd::as_fd(&mem), HANDOFF_SLOTS * 4, true)?;
         let (tx, rx) = sys::seqpacket_pair()?;
@@ -826,7 +839,7 @@ impl Handoff {
                 taken_over: Mutex::new((None, None)),
                 adopted: Mutex::new(None),
                 rung: Mutex::new(Vec::new()),
-                target,
+                bells,
                 local,
                 backlog,
             },
@@ -852,7 +865,7 @@ impl Handoff {
         let mut rung = self.rung.lock();
         rung.retain(|(i, v, _)| self.slot(*i).load(Relaxed) == *v);
         for _ in 0..n {
-            let Ok(fd) = sys::tcp_socket_bound(SocketAddr::new(self.target.ip(), 0)) else {
+            let Ok(fd) = sys::tcp_socket_bound(SocketAddr::new(self.bells.target.ip(), 0)) else {
                 return;
             };
             let _ = sys::set_linger_zero(fd.as_raw_fd());
@@ -867,7 +880,10 @@ impl Handoff {
                 return;
             };
             self.slot(0).fetch_add(1, AcqRel);
-            if sys::connect_nb(fd.as_raw_fd(), self.target).is_err() {
+            if sys::connect_nb(fd.as_raw_fd(), self.bells.target)
+                .and_then(|()| knock(fd.as_raw_fd(), self.bells.knocks()))
+                .is_err()
+            {
                 if self.slot(i).compare_exchange(v, 0, AcqRel, Relaxed).is_ok() {
                     self.slot(0).fetch_sub(1, AcqRel);
                 }
@@ -881,7 +897,7 @@ impl Handoff {
     /// claimed (cleared from the table: claimed once, by one process).
     fn claim(&self, peer: SocketAddr) -> bool {
         use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
-        if peer.ip() != self.target.ip() || self.slot(0).load(Acquire) == 0 {
+        if peer.ip() != self.bells.target.ip() || self.slot(0).load(Acquire) == 0 {
             return false;
         }
         let v = BELL_LIVE | peer.port() as u32;
@@ -957,8 +973,18 @@ impl Handoff {
     }
 }
 
+/// A doorbell `fd` just connecting carries a byte if it must (see `BellShared::knock`).
+fn knock(fd: RawFd, must: bool) -> io::Result<()> {
+    if !must {
+        return Ok(());
+    }
+    // A loopback connect completes within the connect call as a rule: the wait is for a
+    // connect that raced a busy softirq.
+    sys::send_byte_when_connected(fd, std::time::Duration::from_millis(50))
+}
+
 /// A nonblocking loopback connect to `target` from a bound local address.
-fn ring(target: SocketAddr) -> io::Result<(SocketAddr, OwnedFd)> {
+fn ring(target: SocketAddr, knock_too: bool) -> io::Result<(SocketAddr, OwnedFd)> {
     let src = SocketAddr::new(target.ip(), 0);
     let fd = sys::tcp_socket_bound(src)?;
     // Closed by reset, never left in TIME_WAIT, and a doorbell nobody takes resets the
@@ -966,6 +992,7 @@ fn ring(target: SocketAddr) -> io::Result<(SocketAddr, OwnedFd)> {
     sys::set_linger_zero(fd.as_raw_fd())?;
     let local = sys::local_addr_of(fd.as_raw_fd())?;
     sys::connect_nb(fd.as_raw_fd(), target)?;
+    knock(fd.as_raw_fd(), knock_too)?;
     Ok((local, fd))
 }
 
@@ -1046,6 +1073,10 @@ impl AppListener {
         let shared = Arc::new(BellShared {
             target,
             bells: Mutex::new(Bells::default()),
+            knock: (sys::getsockopt_int(tcp_fd, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT)
+                .unwrap_or(0)
+                > 0)
+            .into(),
         });
         let mut sdp = Vec::new();
         let mut errs = Vec::new();
@@ -1083,6 +1114,15 @@ impl AppListener {
         })
     }
 
+    /// The application's listening socket got TCP_DEFER_ACCEPT set (`on`) or cleared: the
+    /// doorbells that announce SDP clients carry a byte from now on, or the kernel would not
+    /// queue them for its accept (the value at [`AppListener::new`] is read from the socket).
+    pub fn set_defer_accept(&self, on: bool) {
+        self.shared
+            .knock
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Whether the listener can move with this process's connections to a fork child
     /// ([`fork_moving`]) instead of being shared: this process's own, not shared yet, and
     /// over shm only (a listener over rdma does not survive a fork).
@@ -1114,7 +1154,7 @@ impl AppListener {
         else {
             return Err(io::Error::other("no SDP listener that can be shared"));
         };
-        let (h, tx) = Handoff::new(self.shared.target, self.local, self.backlog)?;
+        let (h, tx) = Handoff::new(self.shared.clone(), self.local, self.backlog)?;
         let h = Arc::new(h);
         let ringer = h.clone();
         let sub = &subs[i];

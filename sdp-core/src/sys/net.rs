@@ -360,6 +360,37 @@ pub(crate) fn tcp_socket_bound(src: std::net::SocketAddr) -> io::Result<OwnedFd>
     Ok(fd)
 }
 
+/// Send one byte on a connecting TCP socket `fd` once its connect completes, waiting at most
+/// `within` for that.
+pub(crate) fn send_byte_when_connected(fd: RawFd, within: Duration) -> io::Result<()> {
+    let until = std::time::Instant::now() + within;
+    loop {
+        // SAFETY: one byte from a live buffer.
+        match syscall!(send(
+            fd,
+            [0u8].as_ptr().cast(),
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL
+        )) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+            Err(e) => return Err(e),
+        }
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: one live pollfd.
+        syscall!(poll(&mut p, 1, ms))?;
+    }
+}
+
 /// Start a nonblocking connect (EINPROGRESS counts as started).
 pub(crate) fn connect_nb(fd: RawFd, dst: std::net::SocketAddr) -> io::Result<()> {
     let (da, dlen) = sockaddr_of(dst);
