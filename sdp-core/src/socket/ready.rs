@@ -147,6 +147,9 @@ pub(crate) struct AppReady {
     hup: bool,
     /// An out-of-band byte waits in the user end (POLLPRI).
     oob: bool,
+    /// An out-of-band byte was ever sent into the user end: its mark may still split the
+    /// tokens (a receive stops at it), so taking them back reads until EAGAIN.
+    had_oob: bool,
 }
 
 impl AppReady {
@@ -171,6 +174,7 @@ impl AppReady {
                 rdhup: false,
                 hup: false,
                 oob: false,
+                had_oob: false,
             },
             user,
         ))
@@ -207,13 +211,13 @@ impl AppReady {
     }
 
     /// A read found nothing: take back every token in the user end, the peer's direct ones
-    /// included (`tokens` does not count those). The caller then looks at the connection once
+    /// included (`tokens` does not count those) and ours. The caller then looks at the connection once
     /// more and brings the fd up to date.
     pub(crate) fn take_direct_tokens(&mut self, user: RawFd) {
-        if !self.direct || self.ours.is_none() || self.rdhup || self.hup {
+        if !(self.direct || self.tokens) || self.ours.is_none() || self.rdhup || self.hup {
             return;
         }
-        take_tokens(user);
+        take_tokens(user, self.had_oob);
         self.tokens = false;
     }
 
@@ -235,6 +239,12 @@ impl AppReady {
     /// holds it (needed to take tokens back and to fill the send buffer); the progress thread
     /// passes `None` and only makes the fd *more* ready.
     pub(crate) fn update(&mut self, st: AppState, user: Option<RawFd>) {
+        self.update_taking(st, user, true)
+    }
+
+    /// [`AppReady::update`]; `take` false leaves the tokens for the caller, who takes them all
+    /// right after ([`AppReady::take_direct_tokens`]): one receive instead of two.
+    pub(crate) fn update_taking(&mut self, st: AppState, user: Option<RawFd>, take: bool) {
         let Some(ours) = self.ours.as_ref().map(|o| o.as_raw_fd()) else {
             return;
         };
@@ -264,6 +274,7 @@ impl AppReady {
             // POLLPRI, and SIGURG for an F_SETOWN owner, as TCP's urgent data gives.
             let _ = sys::send_oob(ours);
             self.oob = true;
+            self.had_oob = true;
         } else if !st.urgent && self.oob {
             if let Some(u) = user {
                 let _ = sys::recv_oob(u);
@@ -276,9 +287,9 @@ impl AppReady {
             }
             self.tokens = true;
             self.rx_seen = st.rx_total;
-        } else if self.tokens {
+        } else if self.tokens && take {
             if let Some(u) = user {
-                take_tokens(u);
+                take_tokens(u, self.had_oob);
                 self.tokens = false;
             }
         }
@@ -300,10 +311,17 @@ impl AppReady {
 }
 
 /// Read the tokens queued in the user end `fd`. A short read emptied the queue: no second
-/// call to see EAGAIN (a token that comes after is for data the caller looks for next).
-fn take_tokens(fd: RawFd) {
+/// call to see EAGAIN (a token that comes after is for data the caller looks for next),
+/// unless an out-of-band mark may have cut it short (`marks`).
+fn take_tokens(fd: RawFd, marks: bool) {
     let mut b = [0u8; 256];
-    while sys::recv_nb(fd, &mut b).unwrap_or(0) == b.len() {}
+    loop {
+        match sys::recv_nb(fd, &mut b).unwrap_or(0) {
+            0 => return,
+            n if n < b.len() && !marks => return,
+            _ => {}
+        }
+    }
 }
 
 /// Read everything queued on `fd` but its first byte (the primer).

@@ -100,13 +100,15 @@ impl<P: Provider + 'static> Runtime<P> {
             let Some(s) = socks.get_mut(&id) else {
                 return r;
             };
-            refresh_app(driver, id, s, Some(user));
             // A read that leaves nothing to read (it took everything, or found nothing) takes
             // the peer's tokens back: left there, the fd would poll readable for nothing.
-            if !reading || driver.view(id).is_some_and(|c| c.read_ready()) {
+            let drained = reading && !driver.view(id).is_some_and(|c| c.read_ready());
+            let direct = s.app.as_ref().is_some_and(|a| a.direct);
+            // (The take-back below takes ours too.)
+            refresh_app_taking(driver, id, s, Some(user), !(drained && direct));
+            if !drained {
                 return r;
             }
-            let direct = s.app.as_ref().is_some_and(|a| a.direct);
             let s = match direct.then(|| driver.direct_settler(id)).flatten() {
                 None => s,
                 Some(wait) => {

@@ -63,9 +63,21 @@ pub(super) fn refresh_app<P: Provider>(
     s: &mut Sock,
     user: Option<RawFd>,
 ) {
+    refresh_app_taking(driver, id, s, user, true)
+}
+
+/// [`refresh_app`]; `take` false when the caller takes the tokens back itself right after
+/// (`AppReady::update_taking`).
+pub(super) fn refresh_app_taking<P: Provider>(
+    driver: &Driver<P>,
+    id: ConnId,
+    s: &mut Sock,
+    user: Option<RawFd>,
+    take: bool,
+) {
     if let Some(a) = s.app.as_mut() {
         let st = app_state(driver, id, s.lowat);
-        a.update(st, user);
+        a.update_taking(st, user, take);
         if a.direct {
             // A direct wakeup makes the fd readable at any byte: not under SO_RCVLOWAT.
             let want = st.writable

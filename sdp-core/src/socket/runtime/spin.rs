@@ -451,11 +451,17 @@ pub(crate) fn ms_of_timeout(t: Option<Duration>) -> i32 {
     }
 }
 
+/// Whether an event wait with `timeout` may poll at all: it waits, and the process has SDP
+/// streams.
+fn may_poll(timeout: Option<Duration>) -> bool {
+    use std::sync::atomic::Ordering;
+    timeout != Some(Duration::ZERO) && APP_STREAMS.load(Ordering::Relaxed) != 0
+}
+
 /// How long an event wait with `timeout` polls before it waits (`None`: not at all: the
 /// process has no SDP streams, the call does not wait, or the back-off rules say no).
 fn event_poll_time(timeout: Option<Duration>) -> Option<Duration> {
-    use std::sync::atomic::Ordering;
-    if timeout == Some(Duration::ZERO) || APP_STREAMS.load(Ordering::Relaxed) == 0 {
+    if !may_poll(timeout) {
         return None;
     }
     let spin = poll_time(event_spin(), || {
@@ -494,6 +500,14 @@ pub(crate) fn poll_events_for(
     timeout: Option<Duration>,
     mut wait: impl FnMut(Option<Duration>) -> i32,
 ) -> i32 {
+    if may_poll(timeout) {
+        // Events there already: one try answers, as the real call would, before any cost of
+        // polling (the signals held, the thread's and the CPU's figures read).
+        let n = wait(Some(Duration::ZERO));
+        if n != 0 {
+            return n;
+        }
+    }
     let Some(spin) = event_poll_time(timeout) else {
         return wait(timeout);
     };
@@ -535,9 +549,16 @@ pub(crate) fn poll_events_for(
 pub(crate) fn poll_events_masked(
     timeout: Option<Duration>,
     mask: &libc::sigset_t,
-    poll: impl FnMut() -> i32,
+    mut poll: impl FnMut() -> i32,
     wait: impl FnOnce(Option<Duration>) -> i32,
 ) -> i32 {
+    if may_poll(timeout) {
+        // As in `poll_events_for`: the try uses the call's mask, as the real call would.
+        let n = poll();
+        if n != 0 {
+            return n;
+        }
+    }
     let Some(spin) = event_poll_time(timeout) else {
         return wait(timeout);
     };
