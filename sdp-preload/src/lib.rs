@@ -902,6 +902,17 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         }
         _ => return r,
     }
+    if kernel_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT).is_some_and(|v| v != 0) {
+        // The kernel spreads connections over every socket of the port's group (other
+        // processes' too): the doorbell that announces an SDP client could land in another
+        // socket's queue, whose owner takes it for a TCP client, and the client would wait
+        // for ever. Such listeners serve kernel TCP only; SDP clients fall back to it.
+        log(format_args!(
+            "listen fd {fd}: kernel TCP only (SO_REUSEPORT: the kernel spreads connections over the group)"
+        ));
+        table::remove(fd);
+        return r;
+    }
     if let Some(local) = kernel_sockname(fd) {
         if choose(rules::Role::Server, local) == rules::Use::Tcp {
             log(format_args!(

@@ -697,6 +697,18 @@ fn a_defer_accept_listener_accepts_sdp_clients() {
     assert!(shm_lines(&lines, Some("server")) >= 2, "report:\n{lines}");
 }
 
+/// Two listeners of one port in an SO_REUSEPORT group: every client is served, by both, as
+/// over TCP (under the shim by kernel TCP: an SDP client's announcement could land in the
+/// other listener's queue). Before: the shim hung (a client waited for ever).
+#[test]
+fn reuseport_listeners_serve_every_client() {
+    let _serial = serial();
+    differential_wanting(
+        "reuseport",
+        &["reuseport: 24 of 24 clients echoed, both listeners served: yes\n"],
+    );
+}
+
 /// A process killed by SIGTERM (left at its default action) after writing 4 MiB: the reader
 /// gets every byte and then EOF, and the writer's status says SIGTERM, as over TCP; the
 /// program sees SIG_DFL in `sigaction` and `signal` throughout; the writer's report line (its

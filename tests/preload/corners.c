@@ -4,6 +4,7 @@
  * connects to a fresh listener; pipes order the two sides where the case needs it. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -2058,6 +2059,67 @@ static void case_bind_connect(void) {
     close(l);
 }
 
+/* Two listeners of one port joined by SO_REUSEPORT (one per worker thread, as envoy's; or
+ * per process): the kernel spreads the clients over them; each client's echo comes back.
+ * Before, under the shim the first listener took SDP clients and announced them by a loopback
+ * connection the kernel could put in the second one's queue: that client waited for ever. */
+static void case_reuseport(void) {
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int l[2], one = 1;
+    for (int i = 0; i < 2; i++) {
+        l[i] = socket(AF_INET, SOCK_STREAM, 0);
+        CHECK(l[i] >= 0 && setsockopt(l[i], SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) == 0);
+        CHECK(bind(l[i], (struct sockaddr *)&a, sizeof a) == 0 && listen(l[i], 16) == 0);
+        socklen_t len = sizeof a;
+        CHECK(getsockname(l[i], (struct sockaddr *)&a, &len) == 0);
+    }
+    enum { CLIENTS = 24 };
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        int ok = 0;
+        for (int i = 0; i < CLIENTS; i++) {
+            int c = socket(AF_INET, SOCK_STREAM, 0);
+            struct timeval tv = {.tv_sec = 3};
+            CHECK(setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+            CHECK(connect(c, (struct sockaddr *)&a, sizeof a) == 0);
+            char b[4];
+            ok += write(c, "hey", 3) == 3 && read(c, b, sizeof b) == 3 && memcmp(b, "HEY", 3) == 0;
+            close(c);
+        }
+        _exit(ok);
+    }
+    int served = 0, both = 0, per[2] = {0, 0};
+    while (served < CLIENTS) {
+        struct pollfd p[2] = {{.fd = l[0], .events = POLLIN}, {.fd = l[1], .events = POLLIN}};
+        if (poll(p, 2, 5000) <= 0)
+            break;
+        for (int i = 0; i < 2; i++) {
+            if (!(p[i].revents & POLLIN))
+                continue;
+            int c = accept(l[i], NULL, NULL);
+            CHECK(c >= 0);
+            char b[4];
+            ssize_t r = read(c, b, 3);
+            if (r == 3) {
+                b[0] = toupper(b[0]), b[1] = toupper(b[1]), b[2] = toupper(b[2]);
+                CHECK(write(c, b, 3) == 3);
+            }
+            close(c);
+            served++;
+            per[i]++;
+        }
+    }
+    both = per[0] > 0 && per[1] > 0;
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    out("reuseport: %d of %d clients echoed, both listeners served: %s", status(st), CLIENTS,
+        both ? "yes" : "no");
+    close(l[0]);
+    close(l[1]);
+}
+
 /* A listener with TCP_DEFER_ACCEPT (apache's AcceptFilter), set before and after listen: a
  * client that connects and writes is accepted with its byte. Before, under the shim the SDP
  * client's announcement carried no data, so the kernel never queued it: poll said 0. */
@@ -3287,6 +3349,7 @@ int main(int argc, char **argv) {
     RUN(burst);
     RUN(bind_connect);
     RUN(defer_accept);
+    RUN(reuseport);
     RUN(scm_rights);
     RUN(scm_rights_mmsg);
     RUN(killed);
