@@ -13,7 +13,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use libc::{c_char, c_int};
-use parking_lot::Mutex;
 
 use crate::limits::ExecLimit;
 use crate::table::{self, Opts, Sock};
@@ -150,7 +149,7 @@ pub(crate) fn adopt_inherited() {
             peer: peer.parse().ok(),
             ..Opts::default()
         };
-        if table::insert(fd, Arc::new(Sock::Exec(Mutex::new(o)))) {
+        if table::insert(fd, Arc::new(Sock::Exec(table::OptsLock::new(o)))) {
             crate::log(format_args!(
                 "exec: fd {fd} is an SDP stream ({local} to {peer}), its bytes go through the kernel file"
             ));

@@ -58,7 +58,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
-use parking_lot::Mutex;
 use sdp_core::socket::app::{self, AppListener, AppStream, ReadFlags};
 use sdp_core::socket::Options;
 use sdp_core::socket::{fd_limit, history};
@@ -537,7 +536,10 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
         && enabled()
     {
         table::forget_buffers(fd);
-        table::insert(fd, Arc::new(Sock::Fresh(Mutex::new(Opts::default()))));
+        table::insert(
+            fd,
+            Arc::new(Sock::Fresh(table::OptsLock::new(Opts::default()))),
+        );
     }
     fd
 }
@@ -620,7 +622,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
                 // SAFETY: forwards the caller's arguments.
                 return unsafe { real::connect(fd, addr, len) };
             }
-            table::insert(fd, Arc::new(Sock::Stream(s, Mutex::new(opts))));
+            table::insert(fd, Arc::new(Sock::Stream(s, table::OptsLock::new(opts))));
             if nonblocking {
                 // As a nonblocking TCP connect: in progress, then writable with SO_ERROR 0.
                 set_errno(libc::EINPROGRESS);
@@ -1044,7 +1046,7 @@ unsafe fn accept_common(
                     carry_buffers(fd, &s, &mut opts);
                     table::inherit_buffers(fd, nfd);
                     carry_rcvlowat(fd, &s, nfd, &mut opts);
-                    if !table::insert(nfd, Arc::new(Sock::Stream(s, Mutex::new(opts)))) {
+                    if !table::insert(nfd, Arc::new(Sock::Stream(s, table::OptsLock::new(opts)))) {
                         // An fd number the table cannot hold: the stream cannot be served.
                         // SAFETY: our own fd.
                         unsafe { real::close(nfd) };

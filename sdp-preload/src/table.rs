@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use sdp_core::socket::app::{AppListener, AppStream};
 
 /// fds at or above this are never taken over (they stay kernel TCP).
@@ -134,25 +133,32 @@ impl Opts {
     }
 }
 
+/// A socket's options' lock: a spin lock, as every lock a fork crosses (the fork handlers hold
+/// them all, see `lock_for_fork`): a parking_lot lock another thread was parked on at the fork
+/// could hand itself, when the child lets it go, to that thread, which the child lacks (a fork
+/// child of a thread calling getsockname in a loop hung in its own getsockname, 1 in ~10 000
+/// forks on a loaded host).
+pub(crate) type OptsLock = spin::mutex::SpinMutex<Opts, spin::relax::Yield>;
+
 /// What an fd the shim owns is.
 pub(crate) enum Sock {
     /// A kernel TCP socket not yet connected or listening: SDP may take it over. Its options
     /// hold only its epoll registrations (`Opts::epoll`).
-    Fresh(Mutex<Opts>),
+    Fresh(OptsLock),
     /// A kernel TCP listening socket with SDP listeners on the same address.
     Listener(AppListener),
     /// An SDP stream whose fd is its readiness pair's user end.
-    Stream(AppStream, Mutex<Opts>),
+    Stream(AppStream, OptsLock),
     /// An SDP stream this program got through exec (the program before it held the fd): its
     /// bytes flow through the kernel file, which the process owning the connection pumps;
     /// the shim answers its identity (addresses, options) as TCP would (`exec.rs`).
-    Exec(Mutex<Opts>),
+    Exec(OptsLock),
 }
 
 impl Sock {
     /// A stream's engine stream (none for one got through exec) and options; `None` for a
     /// socket that is no stream.
-    pub(crate) fn stream_parts(&self) -> Option<(Option<&AppStream>, &Mutex<Opts>)> {
+    pub(crate) fn stream_parts(&self) -> Option<(Option<&AppStream>, &OptsLock)> {
         match self {
             Sock::Stream(st, o) => Some((Some(st), o)),
             Sock::Exec(o) => Some((None, o)),
@@ -161,7 +167,7 @@ impl Sock {
     }
 
     /// The socket's options, whatever it is (a listener has none).
-    pub(crate) fn opts(&self) -> Option<&Mutex<Opts>> {
+    pub(crate) fn opts(&self) -> Option<&OptsLock> {
         match self {
             Sock::Fresh(o) | Sock::Stream(_, o) | Sock::Exec(o) => Some(o),
             Sock::Listener(_) => None,
@@ -284,7 +290,7 @@ pub(crate) fn lock_for_fork() {
     // holder may be waiting for the table), so this never waits holding one.
     for round in 0.. {
         let g = MAP.write();
-        let opts: Vec<&Mutex<Opts>> = g
+        let opts: Vec<&OptsLock> = g
             .as_ref()
             .map(|m| m.values().filter_map(|(s, _)| s.opts()).collect())
             .unwrap_or_default();

@@ -179,7 +179,9 @@ prog_memcached() {
 }
 
 prog_nginx() {
-    local p; p=$(next_port)
+    # Also a reverse proxy in front of the server (its upstream sockets are put in epoll before
+    # their nonblocking connect), with upstream keepalive.
+    local p q; p=$(next_port); q=$(next_port)
     mkdir -p "$WORK/www" "$WORK/ng"
     cp "$WORK/blob" "$WORK/www/blob"
     head -c 1024 /dev/urandom >"$WORK/www/1k"
@@ -202,13 +204,20 @@ http {
   uwsgi_temp_path $WORK/ng/uwsgi;
   scgi_temp_path $WORK/ng/scgi;
   server { listen 127.0.0.1:$p; root $WORK/www; }
+  upstream back { server 127.0.0.1:$p; keepalive 4; }
+  server { listen 127.0.0.1:$q; location / { proxy_pass http://back; proxy_http_version 1.1;
+    proxy_set_header Connection ""; } }
 }
 EOF
     bg "$1" nginx -c "$WORK/ng/nginx.conf"; local s=$BG
     wait_port "$p" || { echo "no listener"; return; }
+    wait_port "$q" || { echo "no proxy listener"; return; }
     run "$1" curl -s http://127.0.0.1:"$p"/blob | sha256sum | cut -d' ' -f1
     run "$1" wrk -t1 -c4 -d1 http://127.0.0.1:"$p"/1k >"$WORK/wrk.txt" 2>&1
     echo "wrk exit $? errors $(grep -c 'Socket errors' "$WORK/wrk.txt")"
+    echo "proxied: $(run "$1" curl -s -m 10 http://127.0.0.1:"$q"/blob | sha256sum | cut -d' ' -f1)"
+    run "$1" wrk -t1 -c4 -d1 --timeout 5s http://127.0.0.1:"$q"/1k >"$WORK/wrk2.txt" 2>&1
+    echo "proxied wrk exit $? errors $(grep -c 'Socket errors' "$WORK/wrk2.txt") requests $(awk '/requests in/ { print ($1 > 100) ? "many" : "few" }' "$WORK/wrk2.txt")"
     stop "$s"
 }
 
