@@ -905,15 +905,28 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         _ => return r,
     }
     if kernel_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT).is_some_and(|v| v != 0) {
-        // The kernel spreads connections over every socket of the port's group (other
-        // processes' too): the doorbell that announces an SDP client could land in another
-        // socket's queue, whose owner takes it for a TCP client, and the client would wait
-        // for ever. Such listeners serve kernel TCP only; SDP clients fall back to it.
-        log(format_args!(
-            "listen fd {fd}: kernel TCP only (SO_REUSEPORT: the kernel spreads connections over the group)"
-        ));
-        table::remove(fd);
-        return r;
+        // The kernel spreads connections over every socket of the port's group: the doorbell
+        // that announces an SDP client lands in any of them. A socket of this process's that
+        // joins a group with an SDP listener of its own process shares that listener (its
+        // accept claims the group's doorbells); one that joins any other group serves kernel
+        // TCP only (its owner would take another's doorbell for a TCP client, whose SDP client
+        // would wait for ever). A group's only socket (nc.openbsd sets SO_REUSEPORT on its
+        // listener) is any listener.
+        if let Some((other, l)) = reuseport_sibling(fd) {
+            log(format_args!(
+                "listen fd {fd}: shares fd {other}'s SDP listener (SO_REUSEPORT group)"
+            ));
+            table::insert(fd, l);
+            doorbell_room(fd, backlog);
+            return r;
+        }
+        if others_listen_on_port(fd) {
+            log(format_args!(
+                "listen fd {fd}: kernel TCP only (SO_REUSEPORT group with another process's socket)"
+            ));
+            table::remove(fd);
+            return r;
+        }
     }
     if let Some(local) = kernel_sockname(fd) {
         if choose(rules::Role::Server, local) == rules::Use::Tcp {
@@ -946,6 +959,44 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         }
     }
     r
+}
+
+/// A listener of this process on `fd`'s address with SO_REUSEPORT (the group `fd` joins), and
+/// its table entry.
+fn reuseport_sibling(fd: c_int) -> Option<(c_int, Arc<Sock>)> {
+    let me = kernel_sockname(fd)?;
+    table::listeners().into_iter().find(|&(other, _)| {
+        other != fd
+            && kernel_sockname(other) == Some(me)
+            && kernel_int(other, libc::SOL_SOCKET, libc::SO_REUSEPORT).is_some_and(|v| v != 0)
+    })
+}
+
+/// Whether a listening TCP socket other than `fd` has `fd`'s port (any address: a wildcard and
+/// a specific one may take the same connections), as the kernel's tables say.
+fn others_listen_on_port(fd: c_int) -> bool {
+    let (Some(port), Some((_, ino))) = (kernel_sockname(fd).map(|a| a.port()), table::file_id(fd))
+    else {
+        return true;
+    };
+    let _g = Internal::enter();
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f)
+            .map(|t| listeners_on_port(&t, port).any(|i| i != ino))
+            // Unknown: as if another were there.
+            .unwrap_or(*f == "/proc/net/tcp")
+    })
+}
+
+/// The inodes of the listening sockets on `port` in a `/proc/net/tcp` table.
+fn listeners_on_port(table: &str, port: u16) -> impl Iterator<Item = u64> + '_ {
+    table.lines().skip(1).filter_map(move |l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let p = f.get(1)?.rsplit(':').next()?;
+        (u16::from_str_radix(p, 16).ok()? == port && *f.get(3)? == "0A")
+            .then(|| f.get(9)?.parse().ok())
+            .flatten()
+    })
 }
 
 /// An SDP client is announced by a doorbell, a loopback TCP connection to the listener's own
@@ -2985,5 +3036,26 @@ pub unsafe extern "C" fn splice(
             splice_to_stream(&s, fd_in, fd_out, len, nb)
         }
         _ => fail(libc::EINVAL),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn listening_sockets_of_a_port_from_proc_net_tcp() {
+        let t = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1DCC 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1111 1 0000000000000000 100 0 0 10 0
+   1: 00000000:1DCC 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2222 1 0000000000000000 100 0 0 10 0
+   2: 0100007F:1DCC 0100007F:A000 01 00000000:00000000 00:00000000 00000000     0        0 3333 1 0000000000000000 20 4 30 10 -1
+   3: 0100007F:1DCD 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4444 1 0000000000000000 100 0 0 10 0
+";
+        // Port 0x1DCC = 7628: the two listening ones, not the connection, not port 7629's.
+        let got: Vec<u64> = super::listeners_on_port(t, 7628).collect();
+        assert_eq!(got, vec![1111, 2222]);
+        assert_eq!(
+            super::listeners_on_port(t, 7629).collect::<Vec<_>>(),
+            vec![4444]
+        );
+        assert_eq!(super::listeners_on_port(t, 1).count(), 0);
     }
 }

@@ -697,16 +697,18 @@ fn a_defer_accept_listener_accepts_sdp_clients() {
     assert!(shm_lines(&lines, Some("server")) >= 2, "report:\n{lines}");
 }
 
-/// Two listeners of one port in an SO_REUSEPORT group: every client is served, by both, as
-/// over TCP (under the shim by kernel TCP: an SDP client's announcement could land in the
-/// other listener's queue). Before: the shim hung (a client waited for ever).
+/// Two listeners of one port in an SO_REUSEPORT group of one process: every client is served,
+/// by both, as over TCP; under the shim over SDP (the second shares the first's SDP listener,
+/// so whichever socket the kernel puts an announcement in takes it). Before: a client whose
+/// announcement landed in the other socket waited for ever.
 #[test]
 fn reuseport_listeners_serve_every_client() {
     let _serial = serial();
-    differential_wanting(
+    let (_, lines) = differential_wanting(
         "reuseport",
         &["reuseport: 24 of 24 clients echoed, both listeners served: yes\n"],
     );
+    assert!(shm_lines(&lines, Some("server")) >= 2, "report:\n{lines}");
 }
 
 /// A process killed by SIGTERM (left at its default action) after writing 4 MiB: the reader

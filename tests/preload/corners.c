@@ -2059,10 +2059,11 @@ static void case_bind_connect(void) {
     close(l);
 }
 
-/* Two listeners of one port joined by SO_REUSEPORT (one per worker thread, as envoy's; or
- * per process): the kernel spreads the clients over them; each client's echo comes back.
- * Before, under the shim the first listener took SDP clients and announced them by a loopback
- * connection the kernel could put in the second one's queue: that client waited for ever. */
+/* Two listeners of one port joined by SO_REUSEPORT in one process (one per worker thread, as
+ * envoy's; nginx's `reuseport` before its workers fork): the kernel spreads the clients over
+ * them; each client's echo comes back. Before, under the shim the first listener took SDP
+ * clients and announced them by a loopback connection the kernel could put in the second
+ * one's queue: that client waited for ever. */
 static void case_reuseport(void) {
     struct sockaddr_in a = {.sin_family = AF_INET};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
