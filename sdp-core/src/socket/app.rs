@@ -788,8 +788,11 @@ const BELL_LIVE: u32 = 1 << 16;
 /// How long a process that took a handed-off request waits for the connector's part of the
 /// setup (a local round trip; a connector that died meanwhile is never handed out).
 const ADOPT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-/// How often that wait looks whether the setup is still under way.
-const ADOPT_SLICE: std::time::Duration = std::time::Duration::from_millis(20);
+/// How often that wait looks whether the setup is still under way: a setup this process
+/// refused (a connector of another user) ends it without a wakeup, so every accept of such a
+/// connector's doorbell waited one slice (20 ms: apache's www-data workers with root's clients,
+/// 144 requests/s against TCP's 16 000).
+const ADOPT_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// A listener shared by processes (after fork: a prefork server's workers, nginx's): any of
 /// them may accept, so none can set SDP connections up before its `accept` (the memory and
