@@ -999,6 +999,15 @@ impl<P: Provider> Driver<P> {
         self.conns.get(id).and_then(|e| e.conn.error())
     }
 
+    /// A connect under way whose listener handed it on to the processes sharing it
+    /// ([`Endpoint::handed_on`]).
+    pub fn handed_on(&self, id: ConnId) -> bool {
+        self.conns
+            .get(id)
+            .and_then(|e| e.ep.as_ref())
+            .is_some_and(|ep| ep.handed_on())
+    }
+
     /// Whether the next stream bytes are a peer's zero-copy source that
     /// [`Driver::read_zcopy`] may take ([`Conn::next_is_zcopy`]).
     pub fn next_is_zcopy(&self, id: ConnId) -> Result<bool, DriverError> {

@@ -681,6 +681,24 @@ fn epoll_registrations_made_before_connect_hold() {
     assert!(shm_lines(&lines, Some("client")) >= 1, "report:\n{lines}");
 }
 
+/// Nonblocking connects to a listener shared by fork (nginx's workers; nginx proxying to itself)
+/// return at once as over TCP: with a worker waiting in accept they are served over SDP (the
+/// worker's first, blocking, client set its stack up); with nobody but the connecting process to
+/// accept, the connection waits for its accept. Before: each such connect blocked 1 s.
+#[test]
+fn a_nonblocking_connect_to_a_shared_listener_does_not_block() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "nb_connect_shared",
+        &[
+            "blocking client: reply XYZ\n",
+            "a worker accepts: connect returned at once: yes, SO_ERROR 0, reply ABC\n",
+            "nobody else accepts: connect returned at once: yes, SO_ERROR 0, reply ABC\n",
+        ],
+    );
+    assert!(shm_lines(&lines, Some("client")) >= 3, "report:\n{lines}");
+}
+
 /// A listener with TCP_DEFER_ACCEPT (apache's), set before or after listen, accepts a client
 /// that connected and wrote, over SDP as over TCP. Before: poll 0, accept EAGAIN (the doorbell
 /// carried no data, so the kernel never queued it).
@@ -898,7 +916,6 @@ fn daemon_moves_a_listener_with_it() {
     let _ = shm_server_line(&lines);
 }
 
-/// Whether a report line holds every one of `parts` (JSON fragments).
 /// [`differential`] for `case`, asserting TCP's transcript has each of `want`.
 fn differential_wanting(case: &str, want: &[&str]) -> (String, String) {
     let (tcp, lines) = differential(Some(case), case);
@@ -917,6 +934,7 @@ fn shm_lines(lines: &str, role: Option<&str>) -> usize {
         .count()
 }
 
+/// Whether a report line holds every one of `parts` (JSON fragments).
 fn has_line(lines: &str, parts: &[&str]) -> bool {
     lines.lines().any(|l| parts.iter().all(|p| l.contains(p)))
 }

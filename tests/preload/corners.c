@@ -764,6 +764,94 @@ static void prefork_client(const struct sockaddr_in *a, int seed) {
     close(s);
 }
 
+/* A nonblocking connect to a listener shared by fork, then poll for the connection, a request
+ * and its reply; whether the connect call itself returned at once (within 300 ms: TCP's returns
+ * in microseconds, its connection waiting in the backlog). */
+static int nb_shared_client(const struct sockaddr_in *a, int l, int accept_here, const char *what) {
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    CHECK(s >= 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = connect(s, (const struct sockaddr *)a, sizeof *a);
+    int e = rc < 0 ? errno : 0;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    CHECK(rc == 0 || e == EINPROGRESS);
+    if (accept_here) {
+        int c = accept(l, NULL, NULL);
+        CHECK(c >= 0);
+        struct pollfd p = {.fd = s, .events = POLLOUT};
+        CHECK(poll(&p, 1, 5000) == 1);
+        CHECK(write(s, "abc", 3) == 3);
+        char b[4];
+        CHECK(read(c, b, 3) == 3);
+        for (int i = 0; i < 3; i++)
+            b[i] = toupper(b[i]);
+        CHECK(write(c, b, 3) == 3);
+        close(c);
+    } else {
+        struct pollfd p = {.fd = s, .events = POLLOUT};
+        CHECK(poll(&p, 1, 5000) == 1);
+        CHECK(write(s, "abc", 3) == 3);
+    }
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    CHECK(poll(&p, 1, 5000) == 1);
+    char b[4];
+    ssize_t r = read(s, b, 3);
+    int err = 0;
+    socklen_t el = sizeof err;
+    CHECK(getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &el) == 0);
+    out("%s: connect returned at once: %s, SO_ERROR %s, reply %.*s", what, ms < 300 ? "yes" : "no",
+        en(err), (int)(r > 0 ? r : 0), b);
+    close(s);
+    return ms < 300;
+}
+
+/* A worker that accepts and upper-cases one 3-byte request per client, `n` clients. */
+static void nb_shared_worker(int l, int n) {
+    for (int i = 0; i < n; i++) {
+        int c = accept(l, NULL, NULL);
+        CHECK(c >= 0);
+        char b[4];
+        CHECK(read(c, b, 3) == 3);
+        for (int k = 0; k < 3; k++)
+            b[k] = toupper(b[k]);
+        CHECK(write(c, b, 3) == 3);
+        close(c);
+    }
+}
+
+/* Nonblocking connects to a listener shared by fork (nginx's workers; nginx proxying to a
+ * server block of its own): with a worker waiting in accept the client is served (over SDP
+ * under the shim); with no process but the connecting one to accept, the connect returns at
+ * once and the connection waits until that process accepts it, as TCP's. Before, under the
+ * shim, such a connect blocked its thread 1 s (then went by kernel TCP); now it waits for an
+ * accept at most 50 ms. */
+static void case_nb_connect_shared(void) {
+    struct sockaddr_in a;
+    int l = listener(&a);
+    pid_t w = fork();
+    CHECK(w >= 0);
+    if (w == 0) {
+        nb_shared_worker(l, 3);
+        _exit(0);
+    }
+    /* A blocking client first: the worker's first accept over SDP sets its stack up. */
+    int s = dial(&a);
+    char b[4];
+    CHECK(write(s, "xyz", 3) == 3 && read(s, b, 3) == 3);
+    out("blocking client: reply %.3s", b);
+    close(s);
+    for (int i = 0; i < 2; i++)
+        nb_shared_client(&a, l, 0, "a worker accepts");
+    int st;
+    CHECK(waitpid(w, &st, 0) == w);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    for (int i = 0; i < 3; i++)
+        nb_shared_client(&a, l, 1, "nobody else accepts");
+    close(l);
+}
+
 /* A listener shared by fork (nginx, prefork servers): two workers each accept one client, then
  * the listener's own process accepts one after a child that ignored it exited (redis BGSAVE). */
 static void case_prefork(void) {
@@ -3366,6 +3454,7 @@ int main(int argc, char **argv) {
     RUN(fork_late_use);
     RUN(fork_per_conn);
     RUN(prefork);
+    RUN(nb_connect_shared);
     RUN(shared_late_accept);
     RUN(shared_stopped_client);
     RUN(orphan_listener);

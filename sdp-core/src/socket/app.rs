@@ -243,12 +243,17 @@ impl Sharing {
 }
 
 /// Whether a connect's error says the listener turned SDP away on purpose (a forking
-/// server's: [`Handed`]), rather than that nothing listens there over SDP: worth remembering
+/// server's: [`Handed`]) or a nonblocking connect found the processes sharing it slow to
+/// accept, rather than that nothing listens there over SDP: worth remembering
 /// for a while (`history::record_refused`), since asking cost a round trip to that process.
 pub fn turned_away(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::ConnectionRefused
         && e.raw_os_error().is_none()
-        && e.to_string() == crate::verbs::REJECT_SDP_OFF
+        && [
+            crate::verbs::REJECT_SDP_OFF,
+            crate::verbs::REJECT_SHARED_SLOW,
+        ]
+        .contains(&e.to_string().as_str())
 }
 
 /// Whether an [`AppStream`] call's error says the stream became shared during the call

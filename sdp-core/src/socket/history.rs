@@ -49,7 +49,8 @@ impl std::fmt::Display for ShortLived {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.refused {
             return f.write_str(
-                "SDP turned away by this address lately (the server takes it by kernel TCP)",
+                "SDP turned away by this address lately (the server takes it by kernel TCP, \
+                 or its processes were slow to accept)",
             );
         }
         write!(

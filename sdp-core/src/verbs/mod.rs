@@ -33,6 +33,11 @@ pub const REJECT_QUEUE_FULL: &str = "SDP: listen queue full";
 /// (the LD_PRELOAD shim's listener whose accepted connections all went to forked children):
 /// the connector falls back to TCP, as on any refusal.
 pub const REJECT_SDP_OFF: &str = "SDP: the server takes this address by kernel TCP";
+/// A nonblocking connect's own reason to give up: the listener is shared by processes (after
+/// fork) and none accepted within the short wait such a connect allows (the socket layer's,
+/// not a listener's answer).
+pub const REJECT_SHARED_SLOW: &str =
+    "SDP: the listener is shared and no process accepted at once (nonblocking connect)";
 
 bitflags::bitflags! {
     /// Access rights of a memory region, as in `ibv_access_flags`. A region grants the least each
@@ -332,6 +337,12 @@ pub trait Endpoint: Send {
     fn poll_cq(&mut self, out: &mut [Completion]) -> usize;
     /// The next CM event on this endpoint, if any.
     fn poll_cm(&mut self) -> Option<CmEvent>;
+    /// Connector: the listener handed the request on, unanswered, to the processes that share
+    /// it (shm, after a fork): the connect completes when one of them accepts, however long
+    /// that takes (up to the provider's own bound).
+    fn handed_on(&self) -> bool {
+        false
+    }
     /// Direct wakeups (a provider whose peer runs on this host: shm). Give the peer `fd`, a
     /// socket; while direct wakeups are on ([`Endpoint::set_direct_wake`]) the peer writes one
     /// byte into it for each solicited SEND it delivers here instead of making our notify fd

@@ -75,7 +75,9 @@ use crate::proto::read::ZRecv;
 use crate::proto::table::ConnId;
 use crate::proto::{Config, ConnError, Event, Instant, Shutdown, State};
 use crate::sys;
-use crate::verbs::{Access, Grant, MemoryRegion, Provider, VerbsError, REJECT_QUEUE_FULL};
+use crate::verbs::{
+    Access, Grant, MemoryRegion, Provider, VerbsError, REJECT_QUEUE_FULL, REJECT_SHARED_SLOW,
+};
 
 /// How a call waits.
 #[derive(Debug, Clone, Copy, Default)]
@@ -563,12 +565,14 @@ impl<P: Provider + 'static> Runtime<P> {
     }
 
     /// One connect attempt (see [`StackOps::connect`]): `Err(None)` when the listener's queue
-    /// was full.
+    /// was full. With `patience`, a connect the listener handed on to the processes sharing it
+    /// gives up (ECONNREFUSED, [`REJECT_SHARED_SLOW`]) when none accepted it that long.
     fn connect_once(
         &self,
         dst: SocketAddr,
         src: Option<SocketAddr>,
         timeout: Option<Duration>,
+        patience: Option<Duration>,
     ) -> Result<ConnId, Option<io::Error>> {
         let id = {
             let mut g = self.lock().map_err(Some)?;
@@ -580,13 +584,16 @@ impl<P: Provider + 'static> Runtime<P> {
             g.socks.insert(id, Sock::default());
             id
         };
-        let r: io::Result<()> = self.block_on(
-            Wait {
-                timeout,
-                ..Wait::default()
-            },
-            |g, _| connect_outcome(&g.driver.view(id)?),
-        );
+        let r: io::Result<()> = match patience {
+            None => self.block_on(
+                Wait {
+                    timeout,
+                    ..Wait::default()
+                },
+                |g, _| connect_outcome(&g.driver.view(id)?),
+            ),
+            Some(p) => self.connect_patient(id, timeout, p),
+        };
         match r {
             Ok(()) => Ok(id),
             Err(e) => {
@@ -600,6 +607,42 @@ impl<P: Provider + 'static> Runtime<P> {
                     Err(Some(io::Error::from_raw_os_error(libc::ETIMEDOUT)))
                 } else {
                     Err(Some(e))
+                }
+            }
+        }
+    }
+
+    /// [`Runtime::connect_once`]'s wait with `patience`: in slices, looking between them
+    /// whether the request was handed on and since when.
+    fn connect_patient(
+        &self,
+        id: ConnId,
+        timeout: Option<Duration>,
+        patience: Duration,
+    ) -> io::Result<()> {
+        let start = std::time::Instant::now();
+        let slice = (patience / 2).max(Duration::from_millis(1));
+        let mut handed: Option<std::time::Instant> = None;
+        loop {
+            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let w = Wait {
+                timeout: Some(left.map_or(slice, |l| l.min(slice))),
+                ..Wait::default()
+            };
+            match self.block_on(w, |g, _| connect_outcome(&g.driver.view(id)?)) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return r,
+            }
+            if self.lock()?.driver.handed_on(id) {
+                let since = *handed.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= patience {
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionRefused,
+                        REJECT_SHARED_SLOW,
+                    ));
                 }
             }
         }

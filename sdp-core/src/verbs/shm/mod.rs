@@ -3378,6 +3378,10 @@ impl Endpoint for ShmEndpoint {
         self.cm.pop_front()
     }
 
+    fn handed_on(&self) -> bool {
+        self.state == QpState::Connecting && self.handed_ms != 0
+    }
+
     fn pause_peer(&mut self) -> bool {
         if self.state != QpState::Ready || self.await_rtu || self.peer.is_none() {
             return false;
