@@ -729,6 +729,21 @@ fn reuseport_listeners_serve_every_client() {
     assert!(shm_lines(&lines, Some("server")) >= 2, "report:\n{lines}");
 }
 
+/// Two processes in one SO_REUSEPORT group, the second joining later, and a third process's
+/// clients: every client is served as over TCP; under the shim the first serves SDP (the
+/// kernel steers its announcements to its socket by a BPF program on the group), the second
+/// kernel TCP. Before: announcements landing in the second's socket left their clients
+/// waiting (16 of 24 served).
+#[test]
+fn reuseport_groups_across_processes_serve_every_client() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "reuseport_processes",
+        &["reuseport across processes: 24 of 24 clients echoed\n"],
+    );
+    assert!(shm_lines(&lines, Some("server")) >= 2, "report:\n{lines}");
+}
+
 /// A process killed by SIGTERM (left at its default action) after writing 4 MiB: the reader
 /// gets every byte and then EOF, and the writer's status says SIGTERM, as over TCP; the
 /// program sees SIG_DFL in `sigaction` and `signal` throughout; the writer's report line (its

@@ -2209,6 +2209,93 @@ static void case_reuseport(void) {
     close(l[1]);
 }
 
+/* Accept on `l` and upper-case a 3-byte request per client (3 s to read it) until `stop` is
+ * readable; how many were served. */
+static int echo_until(int l, int stop) {
+    int served = 0;
+    for (;;) {
+        struct pollfd p[2] = {{.fd = l, .events = POLLIN}, {.fd = stop, .events = POLLIN}};
+        CHECK(poll(p, 2, 20000) > 0);
+        if (p[0].revents & POLLIN) {
+            int c = accept(l, NULL, NULL);
+            CHECK(c >= 0);
+            struct timeval tv = {.tv_sec = 3};
+            CHECK(setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+            char b[4];
+            if (read(c, b, 3) == 3) {
+                b[0] = toupper(b[0]), b[1] = toupper(b[1]), b[2] = toupper(b[2]);
+                served += write(c, b, 3) == 3;
+            }
+            close(c);
+        } else if (p[1].revents) {
+            return served;
+        }
+    }
+}
+
+/* Two processes in one SO_REUSEPORT group (the second joins later, as a restarted server's new
+ * copy does), a third process's clients: every client is served, as over TCP. Before, under the
+ * shim, the first process's announcements of SDP clients (loopback connections) landed in the
+ * second's socket too, which took them for TCP clients: those clients waited for ever. No
+ * process forks while a listener exists (a fork would share it instead). */
+static void case_reuseport_processes(void) {
+    int to_m[2], from_m[2], to_c[2], from_c[2];
+    CHECK(pipe(to_m) == 0 && pipe(from_m) == 0 && pipe(to_c) == 0 && pipe(from_c) == 0);
+    enum { CLIENTS = 24 };
+    pid_t m = fork();
+    CHECK(m >= 0);
+    if (m == 0) {
+        struct sockaddr_in a;
+        CHECK(read(to_m[0], &a, sizeof a) == sizeof a);
+        int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+        CHECK(l >= 0 && setsockopt(l, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) == 0);
+        CHECK(bind(l, (struct sockaddr *)&a, sizeof a) == 0 && listen(l, 16) == 0);
+        tell(from_m[1]);
+        int n = echo_until(l, to_m[0]);
+        CHECK(write(from_m[1], &n, sizeof n) == sizeof n);
+        _exit(0);
+    }
+    pid_t c = fork();
+    CHECK(c >= 0);
+    if (c == 0) {
+        struct sockaddr_in a;
+        CHECK(read(to_c[0], &a, sizeof a) == sizeof a);
+        int ok = 0;
+        for (int i = 0; i < CLIENTS; i++) {
+            int s = socket(AF_INET, SOCK_STREAM, 0);
+            struct timeval tv = {.tv_sec = 3};
+            CHECK(setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+            CHECK(connect(s, (struct sockaddr *)&a, sizeof a) == 0);
+            char b[4];
+            ok += write(s, "hey", 3) == 3 && read(s, b, sizeof b) == 3 && memcmp(b, "HEY", 3) == 0;
+            close(s);
+        }
+        CHECK(write(from_c[1], &ok, sizeof ok) == sizeof ok);
+        _exit(0);
+    }
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    CHECK(l >= 0 && setsockopt(l, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) == 0);
+    CHECK(bind(l, (struct sockaddr *)&a, sizeof a) == 0 && listen(l, 16) == 0);
+    socklen_t len = sizeof a;
+    CHECK(getsockname(l, (struct sockaddr *)&a, &len) == 0);
+    CHECK(write(to_m[1], &a, sizeof a) == sizeof a);
+    await(from_m[0]);
+    CHECK(write(to_c[1], &a, sizeof a) == sizeof a);
+    echo_until(l, from_c[0]);
+    int ok = -1, n = -1;
+    CHECK(read(from_c[0], &ok, sizeof ok) == sizeof ok);
+    tell(to_m[1]);
+    CHECK(read(from_m[0], &n, sizeof n) == sizeof n);
+    CHECK(waitpid(m, NULL, 0) == m && waitpid(c, NULL, 0) == c);
+    out("reuseport across processes: %d of %d clients echoed", ok, CLIENTS);
+    close(l);
+    int fds[] = {to_m[0], to_m[1], from_m[0], from_m[1], to_c[0], to_c[1], from_c[0], from_c[1]};
+    for (int i = 0; i < 8; i++)
+        close(fds[i]);
+}
+
 /* A listener with TCP_DEFER_ACCEPT (apache's AcceptFilter), set before and after listen: a
  * client that connects and writes is accepted with its byte. Before, under the shim the SDP
  * client's announcement carried no data, so the kernel never queued it: poll said 0. */
@@ -3439,6 +3526,7 @@ int main(int argc, char **argv) {
     RUN(bind_connect);
     RUN(defer_accept);
     RUN(reuseport);
+    RUN(reuseport_processes);
     RUN(scm_rights);
     RUN(scm_rights_mmsg);
     RUN(killed);

@@ -873,11 +873,8 @@ impl Handoff {
         let mut rung = self.rung.lock();
         rung.retain(|(i, v, _)| self.slot(*i).load(Relaxed) == *v);
         for _ in 0..n {
-            let Ok(fd) = sys::tcp_socket_bound(SocketAddr::new(self.bells.target.ip(), 0)) else {
-                return;
-            };
-            let _ = sys::set_linger_zero(fd.as_raw_fd());
-            let Ok(local) = sys::local_addr_of(fd.as_raw_fd()) else {
+            let Ok((fd, local)) = sys::doorbell_socket(SocketAddr::new(self.bells.target.ip(), 0))
+            else {
                 return;
             };
             let v = BELL_LIVE | local.port() as u32;
@@ -993,12 +990,7 @@ fn knock(fd: RawFd, must: bool) -> io::Result<()> {
 
 /// A nonblocking loopback connect to `target` from a bound local address.
 fn ring(target: SocketAddr, knock_too: bool) -> io::Result<(SocketAddr, OwnedFd)> {
-    let src = SocketAddr::new(target.ip(), 0);
-    let fd = sys::tcp_socket_bound(src)?;
-    // Closed by reset, never left in TIME_WAIT, and a doorbell nobody takes resets the
-    // connection it queued.
-    sys::set_linger_zero(fd.as_raw_fd())?;
-    let local = sys::local_addr_of(fd.as_raw_fd())?;
+    let (fd, local) = sys::doorbell_socket(SocketAddr::new(target.ip(), 0))?;
     sys::connect_nb(fd.as_raw_fd(), target)?;
     knock(fd.as_raw_fd(), knock_too)?;
     Ok((local, fd))
@@ -1086,6 +1078,15 @@ impl AppListener {
                 > 0)
             .into(),
         });
+        if sys::getsockopt_int(tcp_fd, libc::SOL_SOCKET, libc::SO_REUSEPORT).unwrap_or(0) != 0 {
+            // An SO_REUSEPORT group's socket: the kernel spreads connections over the group,
+            // and a doorbell in another process's socket would be taken for a TCP client (its
+            // SDP client would wait for ever). The listener is the group's first socket (the
+            // shim makes one an SDP listener only while no other socket listens on the port),
+            // number 0, and later ones of other processes serve kernel TCP only: doorbells go
+            // to it, clients by the kernel's hash.
+            sys::steer_doorbells(tcp_fd, 0)?;
+        }
         let mut sdp = Vec::new();
         let mut errs = Vec::new();
         let (stacks, missing) = opts.listen_stacks(local)?;

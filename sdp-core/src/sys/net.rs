@@ -360,6 +360,82 @@ pub(crate) fn tcp_socket_bound(src: std::net::SocketAddr) -> io::Result<OwnedFd>
     Ok(fd)
 }
 
+/// The MSS a doorbell (a loopback connection announcing an SDP client to a listener: the socket
+/// layer's `AppListener`) asks for in its SYN: how the kernel's SO_REUSEPORT steering tells
+/// doorbells from clients ([`steer_doorbells`]). No program asks for this value of its own
+/// accord (loopback's is 65483).
+pub(crate) const DOORBELL_MSS: u16 = 0x5344;
+
+/// A doorbell's socket: nonblocking, close-on-exec, bound to `src` (port chosen by the kernel),
+/// closed by reset (never left in TIME_WAIT; a doorbell nobody takes resets the connection it
+/// queued), its SYN marked by [`DOORBELL_MSS`]; with its local address.
+pub(crate) fn doorbell_socket(
+    src: std::net::SocketAddr,
+) -> io::Result<(OwnedFd, std::net::SocketAddr)> {
+    let fd = tcp_socket_bound(src)?;
+    set_linger_zero(fd.as_raw_fd())?;
+    setsockopt_int(
+        fd.as_raw_fd(),
+        libc::IPPROTO_TCP,
+        libc::TCP_MAXSEG,
+        DOORBELL_MSS as i32,
+    )?;
+    let local = local_addr_of(fd.as_raw_fd())?;
+    Ok((fd, local))
+}
+
+/// SO_ATTACH_REUSEPORT_CBPF (not in the libc crate for glibc targets).
+const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
+
+/// Make the kernel put every doorbell (a SYN whose first option is an MSS of [`DOORBELL_MSS`])
+/// for the SO_REUSEPORT group of listening socket `fd` in the group's socket number `index`,
+/// and spread other connections by its usual hash: a classic BPF program on the group (the
+/// kernel runs it with the packet's data past the TCP header, so it reads the headers from the
+/// network header; an index out of range means "by hash").
+pub(crate) fn steer_doorbells(fd: RawFd, index: u32) -> io::Result<()> {
+    const LDB: u16 = (libc::BPF_LD | libc::BPF_B | libc::BPF_ABS) as u16;
+    const LDH: u16 = (libc::BPF_LD | libc::BPF_H | libc::BPF_ABS) as u16;
+    const JEQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const AND: u16 = (libc::BPF_ALU | libc::BPF_AND | libc::BPF_K) as u16;
+    const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    const MSS_OPT: u32 = 0x0204; // kind 2, length 4
+    let net = |off: i32| (libc::SKF_NET_OFF + off) as u32;
+    let op = |code: u16, k: u32, jt: u8, jf: u8| libc::sock_filter { code, jt, jf, k };
+    let mss = DOORBELL_MSS as u32;
+    // Jumps are relative to the next instruction: to 14 (`index`) or 15 (by hash).
+    let prog = [
+        /* 0 */ op(LDB, net(0), 0, 0), // IPv4 without options: 0x45
+        /* 1 */ op(JEQ, 0x45, 0, 4),
+        /* 2 */ op(LDH, net(20 + 20), 0, 0), // the first TCP option
+        /* 3 */ op(JEQ, MSS_OPT, 0, 11),
+        /* 4 */ op(LDH, net(20 + 22), 0, 0),
+        /* 5 */ op(JEQ, mss, 8, 9),
+        /* 6 */ op(AND, 0xf0, 0, 0), // IPv6, next header TCP
+        /* 7 */ op(JEQ, 0x60, 0, 7),
+        /* 8 */ op(LDB, net(6), 0, 0),
+        /* 9 */ op(JEQ, libc::IPPROTO_TCP as u32, 0, 5),
+        /* 10 */ op(LDH, net(40 + 20), 0, 0),
+        /* 11 */ op(JEQ, MSS_OPT, 0, 3),
+        /* 12 */ op(LDH, net(40 + 22), 0, 0),
+        /* 13 */ op(JEQ, mss, 0, 1),
+        /* 14 */ op(RET, index, 0, 0),
+        /* 15 */ op(RET, u32::MAX, 0, 0),
+    ];
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: the program and its descriptor live across the call, which copies them.
+    syscall!(setsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        SO_ATTACH_REUSEPORT_CBPF,
+        &fprog as *const libc::sock_fprog as *const libc::c_void,
+        std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t
+    ))?;
+    Ok(())
+}
+
 /// Send one byte on a connecting TCP socket `fd` once its connect completes, waiting at most
 /// `within` for that.
 pub(crate) fn send_byte_when_connected(fd: RawFd, within: Duration) -> io::Result<()> {
