@@ -118,11 +118,10 @@ fn enabled() -> bool {
             report::init();
             rules();
             program();
-            // SAFETY: registers plain functions to run at exit and around fork().
-            unsafe {
-                libc::atexit(at_exit);
-                libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
-            }
+            // SAFETY: registers a plain function to run at exit.
+            unsafe { libc::atexit(at_exit) };
+            // Around fork(), and a raw clone's (`sdp_raw_fork`).
+            sdp_core::socket::fork::atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
             if on {
                 // Room for our fds above the application's fd limit (limits.rs).
                 let _ = sdp_core::socket::fd_limit::make_fd_room();
@@ -1354,6 +1353,12 @@ variadic_jump!(dprintf, sdp_dprintf);
 variadic_jump!(__dprintf_chk, sdp_dprintf_chk);
 variadic_jump!(vdprintf, sdp_vdprintf);
 variadic_jump!(__vdprintf_chk, sdp_vdprintf_chk);
+
+// syscall: C-variadic too (src/syscall.c): a raw clone or fork runs the fork handlers.
+extern "C" {
+    fn sdp_syscall();
+}
+variadic_jump!(syscall, sdp_syscall);
 
 /// For src/stdio.c (`dprintf` and its kin): whether the shim owns `fd`, so that the formatted
 /// bytes go through the shim's `write` rather than libc's internal one.
@@ -2865,6 +2870,24 @@ fn has_movable() -> bool {
         Sock::Listener(l) => l.movable(),
         _ => false,
     })
+}
+
+/// The fork handlers (sdp-core's and ours) around a process made by a raw `clone` or `fork`
+/// system call (`syscall()`, hooked in src/syscall.c: vsftpd makes its per-connection children
+/// so), which glibc's run none for: `stage` 0 before it, 1 in the parent after it, 2 in the
+/// child. Without them the parent's close of a connection the child serves ended it.
+#[no_mangle]
+pub extern "C" fn sdp_raw_fork(stage: c_int) {
+    use sdp_core::socket::fork::{run_fork_handlers, ForkStage};
+    if stage == 0 {
+        // The shim's handlers are registered at its first use: make sure they are.
+        enabled();
+    }
+    run_fork_handlers(match stage {
+        0 => ForkStage::Prepare,
+        1 => ForkStage::Parent,
+        _ => ForkStage::Child,
+    });
 }
 
 /// vfork is fork here: a vfork child borrows the parent's memory and stack until it execs,

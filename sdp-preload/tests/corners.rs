@@ -1002,6 +1002,20 @@ fn a_fork_child_shares_a_stream_only_once_it_uses_it() {
     );
 }
 
+/// A server whose per-connection children come from a raw clone system call (vsftpd's) and
+/// that closes its copy at once: each child greets its client and answers, as over TCP; under
+/// the shim over SDP (the fork handlers run around the raw call: `syscall()` is hooked).
+/// Before: the parent's close ended the connection (the client read a reset, 0 of 3).
+#[test]
+fn a_raw_clone_child_serves_its_connection() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "raw_clone_per_conn",
+        &["raw clone server: 3 of 3 answered, server exit 0\n"],
+    );
+    assert!(shm_lines(&lines, Some("client")) >= 3, "report:\n{lines}");
+}
+
 /// A server that forks a child for each connection and closes its own copy (inetd, sshd,
 /// PostgreSQL): each such connection is pumped through the kernel by the server for its whole
 /// life, slower than kernel TCP, so after 4 in a row (`app::FORK_HANDED`) its listener turns

@@ -1457,6 +1457,67 @@ static void case_fork_per_conn(void) {
         WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 }
 
+enum { CLONED_CONNS = 3 };
+
+/* A server that starts each connection's child by a raw clone system call (vsftpd:
+ * syscall(__NR_clone, CLONE_NEWIPC|SIGCHLD); glibc runs no fork handlers then) and closes its
+ * own copy at once; the child speaks first, then answers one request. */
+static void serve_raw_clone(int l) {
+    for (int i = 0; i < CLONED_CONNS; i++) {
+        int c = accept(l, NULL, NULL);
+        CHECK(c >= 0);
+        long k = syscall(SYS_clone, (long)SIGCHLD, 0L, 0L, 0L, 0L);
+        CHECK(k >= 0);
+        if (k == 0) {
+            close(l);
+            usleep(20000);
+            char b[64], reply[96];
+            int n = snprintf(reply, sizeof reply, "220 child %d\r\n", i);
+            CHECK(write(c, reply, n) == n);
+            ssize_t r = read(c, b, sizeof b);
+            CHECK(r > 0);
+            n = snprintf(reply, sizeof reply, "221 %.*s", (int)r, b);
+            CHECK(write(c, reply, n) == n);
+            close(c);
+            _exit(0);
+        }
+        close(c);
+        CHECK(waitpid((pid_t)k, NULL, 0) == (pid_t)k);
+    }
+}
+
+/* Connections in turn to a server whose per-connection children come from a raw clone system
+ * call. Before, under the shim the parent's close ended the connection its child served (the
+ * fork handlers that share it had not run): the client read EOF. */
+static void case_raw_clone_per_conn(void) {
+    struct sockaddr_in a;
+    pid_t srv = fork_server(&a, serve_raw_clone);
+    int ok = 0;
+    for (int i = 0; i < CLONED_CONNS; i++) {
+        int s = dial(&a);
+        struct timeval tv = {.tv_sec = 5};
+        CHECK(setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+        char b[128], want[128];
+        size_t got = 0;
+        ssize_t k = 0;
+        while (got < sizeof b && (got == 0 || b[got - 1] != '\n') &&
+               (k = read(s, b + got, sizeof b - got)) > 0)
+            got += k;
+        char msg[32];
+        int n = snprintf(msg, sizeof msg, "QUIT %d", i);
+        if (got > 0 && write(s, msg, n) == n)
+            while (got < sizeof b && (k = read(s, b + got, sizeof b - got)) > 0)
+                got += k;
+        int wn = snprintf(want, sizeof want, "220 child %d\r\n221 QUIT %d", i, i);
+        ok += got == (size_t)wn && memcmp(b, want, wn) == 0;
+        close(s);
+    }
+    int st;
+    CHECK(waitpid(srv, &st, 0) == srv);
+    out("raw clone server: %d of %d answered, server exit %d", ok, CLONED_CONNS,
+        WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
 /* Short connections in a row to one server (sdp-core socket/history.rs): each client connection
  * is echoed; a short one writes 100 bytes and reads them back, a long one makes 40 round trips.
  * The transcript is TCP's; the shim's report tells which went by SDP. */
@@ -3541,6 +3602,7 @@ int main(int argc, char **argv) {
     RUN(fork_ignore);
     RUN(fork_late_use);
     RUN(fork_per_conn);
+    RUN(raw_clone_per_conn);
     RUN(prefork);
     RUN(nb_connect_shared);
     RUN(shared_late_accept);

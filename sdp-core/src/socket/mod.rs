@@ -81,6 +81,12 @@ pub mod fd_limit {
     };
 }
 
+/// Fork handlers (for the shim): registered through here, they also run around a process made
+/// by a raw `clone` or `fork` system call, which glibc's handlers miss.
+pub mod fork {
+    pub use crate::sys::process::{atfork, run_fork_handlers, ForkStage};
+}
+
 pub use exit::{
     exit_can_run, exit_linger, exit_under_way, flush_at_exit, freeze_app_calls, DEFAULT_EXIT_LINGER,
 };

@@ -59,13 +59,58 @@ pub fn getuid() -> u32 {
     unsafe { libc::getuid() }
 }
 
+type ForkHandler = Option<extern "C" fn()>;
+
+/// Every set of fork handlers registered by [`atfork`], in order, for forks made without
+/// glibc's `fork` ([`run_fork_handlers`]).
+static FORK_HANDLERS: [std::sync::OnceLock<[ForkHandler; 3]>; 16] =
+    [const { std::sync::OnceLock::new() }; 16];
+static FORK_HANDLER_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Which of a fork's handlers to run ([`run_fork_handlers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForkStage {
+    Prepare,
+    Parent,
+    Child,
+}
+
+/// Run the fork handlers registered by this library ([`atfork`]) for a process made by a raw
+/// `clone` or `fork` system call, which runs none (vsftpd starts its per-connection children
+/// so): `Prepare` before it, in reverse order of registration, `Parent` or `Child` after it, in
+/// order, as glibc's `fork` runs them. Allocates nothing and takes no lock.
+pub fn run_fork_handlers(stage: ForkStage) {
+    use std::sync::atomic::Ordering::Acquire;
+    let n = FORK_HANDLER_COUNT.load(Acquire).min(FORK_HANDLERS.len());
+    let at = |i: usize| {
+        let h = FORK_HANDLERS[i].get().copied().unwrap_or([None; 3]);
+        let f = match stage {
+            ForkStage::Prepare => h[0],
+            ForkStage::Parent => h[1],
+            ForkStage::Child => h[2],
+        };
+        if let Some(f) = f {
+            f();
+        }
+    };
+    match stage {
+        ForkStage::Prepare => (0..n).rev().for_each(at),
+        _ => (0..n).for_each(at),
+    }
+}
+
 /// Register fork handlers (`pthread_atfork(3)`): `prepare` runs in the forking thread before
-/// the fork, `parent` and `child` after it in each process.
-pub(crate) fn atfork(
+/// the fork, `parent` and `child` after it in each process. Also kept for
+/// [`run_fork_handlers`] (the first 16 sets).
+pub fn atfork(
     prepare: Option<extern "C" fn()>,
     parent: Option<extern "C" fn()>,
     child: Option<extern "C" fn()>,
 ) {
+    let i = FORK_HANDLER_COUNT.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    if let Some(slot) = FORK_HANDLERS.get(i) {
+        let _ = slot.set([prepare, parent, child]);
+    }
     // SAFETY: the handlers are safe functions that live as long as the program; being
     // `extern "C"`, one that panics aborts instead of unwinding into libc.
     unsafe {

@@ -1,0 +1,64 @@
+/* syscall() is C-variadic, which stable Rust cannot define. A program that makes a process by a
+ * raw clone or fork system call through it (vsftpd: syscall(__NR_clone, CLONE_NEWIPC|SIGCHLD))
+ * runs no fork handlers: the shim's are run around such a call (sdp_raw_fork, src/lib.rs), as
+ * glibc's fork runs them. Every other call goes straight to libc's syscall(). The exported
+ * symbol is a jump to sdp_syscall (src/lib.rs). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <linux/sched.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+
+void sdp_raw_fork(int stage);
+
+typedef long (*syscall_fn)(long, ...);
+static syscall_fn real_syscall;
+
+/* Resolved at load, so a call never runs the dynamic loader (a futex wait, made through
+ * syscall() by Rust's standard library, may come at any moment). */
+__attribute__((constructor)) static void sdp_syscall_init(void) {
+    real_syscall = (syscall_fn)dlsym(RTLD_NEXT, "syscall");
+}
+
+/* Whether the call makes a process that copies ours (no shared memory) and goes on where the
+ * call returns: what fork() makes. */
+static int makes_fork_child(long nr, const long *a) {
+#ifdef SYS_fork
+    if (nr == SYS_fork)
+        return 1;
+#endif
+    if (nr == SYS_clone)
+        return !(a[0] & (CLONE_VM | CLONE_THREAD)) && a[1] == 0;
+#ifdef SYS_clone3
+    if (nr == SYS_clone3) {
+        const struct clone_args *ca = (const struct clone_args *)a[0];
+        return ca != NULL && (size_t)a[1] >= offsetof(struct clone_args, stack_size) + 8 &&
+               !(ca->flags & (CLONE_VM | CLONE_THREAD)) && ca->stack == 0;
+    }
+#endif
+    return 0;
+}
+
+long sdp_syscall(long nr, ...) {
+    long a[6];
+    va_list ap;
+    va_start(ap, nr);
+    for (int i = 0; i < 6; i++)
+        a[i] = va_arg(ap, long);
+    va_end(ap);
+    syscall_fn real = real_syscall;
+    if (real == NULL)
+        real = real_syscall = (syscall_fn)dlsym(RTLD_NEXT, "syscall");
+    if (!makes_fork_child(nr, a))
+        return real(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+    sdp_raw_fork(0);
+    long r = real(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+    int e = errno;
+    sdp_raw_fork(r == 0 ? 2 : 1);
+    errno = e;
+    return r;
+}
