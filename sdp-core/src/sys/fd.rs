@@ -560,8 +560,9 @@ pub(crate) fn poll(fds: &[(RawFd, i16)], timeout: Option<Duration>) -> io::Resul
     Ok(pfds.iter().map(|p| p.revents).collect())
 }
 
-/// Wait until `a` or `b` is readable or `timeout` passes (no allocation: a hot path).
-pub(crate) fn poll_two(a: RawFd, b: RawFd, timeout: Duration) -> io::Result<()> {
+/// Wait until `a` or `b` is readable or `timeout` passes (no allocation: a hot path); whether
+/// each polled (both false when a signal cut the wait short).
+pub(crate) fn poll_two(a: RawFd, b: RawFd, timeout: Duration) -> io::Result<(bool, bool)> {
     let mut pfds = [
         libc::pollfd {
             fd: a,
@@ -577,8 +578,8 @@ pub(crate) fn poll_two(a: RawFd, b: RawFd, timeout: Duration) -> io::Result<()> 
     let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
     // SAFETY: `pfds` is a live array of two pollfd structs.
     match syscall!(poll(pfds.as_mut_ptr(), 2, ms)) {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+        Ok(_) => Ok((pfds[0].revents != 0, pfds[1].revents != 0)),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok((false, false)),
         Err(e) => Err(e),
     }
 }

@@ -734,11 +734,15 @@ impl<P: Provider + 'static> Runtime<P> {
                     // Registered before the lock goes: whoever makes progress after that
                     // (the progress thread, another caller) signals `me`.
                     self.sh.sleepers.lock().push(me);
-                    MutexGuard::unlocked(&mut g, || {
-                        let _ = sys::poll_two(notify, me, left);
+                    let signalled = MutexGuard::unlocked(&mut g, || {
+                        sys::poll_two(notify, me, left).map_or(true, |(_, mine)| mine)
                     });
                     self.sh.sleepers.lock().retain(|&f| f != me);
-                    sys::eventfd_drain(&fd);
+                    // A signal after the poll is taken at the next sleep's poll (it returns
+                    // at once; the drain then).
+                    if signalled {
+                        sys::eventfd_drain(&fd);
+                    }
                     self.sh.sleep_fds.lock().push(fd);
                 }
                 None => {

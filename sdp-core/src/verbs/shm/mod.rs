@@ -1032,7 +1032,9 @@ impl ShmProvider {
         let epoll = sys::epoll_create().map_err(os)?;
         let evfd = sys::eventfd().map_err(os)?;
         let timer = sys::timerfd().map_err(os)?;
-        sys::epoll_add(epoll.as_fd(), evfd.as_raw_fd(), TOKEN_EVFD, false).map_err(os)?;
+        // Edge-triggered: each write (a peer's or ours, `signal_if_armed`) reports once and
+        // nobody reads the count back (a read per wakeup saved; 2^64 writes to fill it).
+        sys::epoll_add(epoll.as_fd(), evfd.as_raw_fd(), TOKEN_EVFD, true).map_err(os)?;
         sys::epoll_add(epoll.as_fd(), timer.as_raw_fd(), TOKEN_TIMER, false).map_err(os)?;
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -1775,11 +1777,11 @@ impl Provider for ShmProvider {
         // memory parked behind them, are let go; so are peer providers kept past their time.)
         inner.reap();
         inner.expire_providers();
-        sys::eventfd_drain(inner.evfd.as_fd());
         let ctls = inner.ctls.lock();
         let mut hinted = inner.hinted.lock();
         sys::epoll_drain(inner.epoll.as_fd(), |tok| match tok {
-            TOKEN_EVFD => sys::eventfd_drain(inner.evfd.as_fd()),
+            // Edge-triggered: taking the event is enough.
+            TOKEN_EVFD => {}
             TOKEN_TIMER => sys::eventfd_drain(inner.timer.as_fd()),
             t => {
                 let token = (t - TOKEN_BASE) as usize;
