@@ -653,7 +653,11 @@ fn worker_main(argv: &[String]) -> ! {
     }
 
     let pid = std::process::id();
+    // Each connection's number, in its hello: a handshake that fails names it to the parent
+    // (`H attempt=N` on stdout), whose side may have sent the session's header already.
+    let mut attempt: u32 = 0;
     'sessions: while !stop.load(Relaxed) {
+        attempt += 1;
         let mut tries = 0;
         let s = loop {
             match SdpStream::connect_with(addr.as_str(), &opts) {
@@ -674,6 +678,7 @@ fn worker_main(argv: &[String]) -> ! {
         hello[0..4].copy_from_slice(&HELLO_MAGIC.to_be_bytes());
         hello[4..8].copy_from_slice(&slot.to_be_bytes());
         hello[8..12].copy_from_slice(&pid.to_be_bytes());
+        hello[12..16].copy_from_slice(&attempt.to_be_bytes());
         let mut h = [0u8; HEADER_LEN];
         let got = (&s).write_all(&hello).and_then(|()| {
             s.set_read_timeout(Some(Duration::from_secs(30)))?;
@@ -682,6 +687,7 @@ fn worker_main(argv: &[String]) -> ! {
         });
         if let Err(e) = got {
             eprintln!("sdp-soak worker {slot}: handshake: {e}");
+            println!("H attempt={attempt}");
             continue;
         }
         let (session, spec) = Plan::worker_side(&h).unwrap_or_else(|e| die(e));
@@ -820,6 +826,11 @@ struct Soak {
     killed: Mutex<HashSet<u32>>,
     last_kill: AtomicU64,
     reports: Mutex<HashMap<u64, Report>>,
+    /// Workers' handshakes that failed (`H` lines): (pid, attempt). Their sessions' headers may
+    /// have left our side, so those sessions wait for no report.
+    failed_handshakes: Mutex<HashSet<(u32, u32)>>,
+    /// When the last `--fault-cmd` ended (0: none yet, or one running: `cmd_running`).
+    last_cmd: AtomicU64,
     reports_cv: Condvar,
     stats: Mutex<Stats>,
     /// A `--fault-cmd` is running (from the marking of the sessions under way to its end):
@@ -828,6 +839,14 @@ struct Soak {
 }
 
 impl Soak {
+    /// A worker was killed or a `--fault-cmd` ran in the last 15 s (or runs now).
+    fn fault_around(&self) -> bool {
+        let recent = |t: u64| t != 0 && now_ms().saturating_sub(t) <= 15_000;
+        recent(self.last_kill.load(Relaxed))
+            || recent(self.last_cmd.load(Relaxed))
+            || self.cmd_running.load(Relaxed)
+    }
+
     fn killed(&self, pid: u32) -> bool {
         self.killed.lock().unwrap().contains(&pid)
     }
@@ -927,9 +946,9 @@ fn serve(soak: Arc<Soak>, s: SdpStream) {
     let lost = |why: String| {
         let mut st = soak.stats.lock().unwrap();
         st.handshakes_lost += 1;
-        // A worker killed around then explains it.
-        if now_ms().saturating_sub(soak.last_kill.load(Relaxed)) > 15_000 {
-            st.fail(format!("handshake with no kill around: {why}"));
+        // A worker killed, or a `--fault-cmd` (a device deleted), around then explains it.
+        if !soak.fault_around() {
+            st.fail(format!("handshake with no kill or command around: {why}"));
         }
     };
     if let Err(e) = got {
@@ -943,7 +962,7 @@ fn serve(soak: Arc<Soak>, s: SdpStream) {
             .unwrap()
             .fail("bad hello magic".to_string());
     }
-    let (slot, pid) = (u32at(4) as usize, u32at(8));
+    let (slot, pid, attempt) = (u32at(4) as usize, u32at(8), u32at(12));
     if soak.args.transport == "shm" && s.transport() != Transport::Shm {
         soak.stats
             .lock()
@@ -983,11 +1002,23 @@ fn serve(soak: Arc<Soak>, s: SdpStream) {
         Some((Fault::PClose | Fault::PReset, _)) => soak.args.fault_bound * 1000,
         _ => 30_000,
     };
+    let mut handshake_failed = false;
     let report = {
         let mut g = soak.reports.lock().unwrap();
         loop {
             if let Some(r) = g.remove(&plan.session) {
                 break Some(r);
+            }
+            // The worker's side of this connection failed before it read our header (a reset
+            // then): the session never ran there.
+            if soak
+                .failed_handshakes
+                .lock()
+                .unwrap()
+                .remove(&(pid, attempt))
+            {
+                handshake_failed = true;
+                break None;
             }
             if soak.killed(pid) || now_ms() > ended + limit {
                 break None;
@@ -999,6 +1030,14 @@ fn serve(soak: Arc<Soak>, s: SdpStream) {
                 .0;
         }
     };
+    if handshake_failed {
+        lost(format!(
+            "the worker's handshake failed after our header of session {} went",
+            plan.session
+        ));
+        soak.sessions.lock().unwrap().remove(&plan.session);
+        return;
+    }
     if report.is_none() && !soak.killed(pid) {
         soak.hang(
             &sess,
@@ -1230,6 +1269,20 @@ fn run_slot(soak: Arc<Soak>, slot: usize) {
                         .unwrap()
                         .fail(format!("worker {slot}: bad report {line:?}")),
                 }
+            } else if let Some(a) = line.strip_prefix("H attempt=") {
+                match a.trim().parse::<u32>() {
+                    Ok(a) => {
+                        // Under the reports' lock: a session's wait looks at both.
+                        let _g = soak.reports.lock().unwrap();
+                        soak.failed_handshakes.lock().unwrap().insert((pid, a));
+                        soak.reports_cv.notify_all();
+                    }
+                    Err(_) => soak
+                        .stats
+                        .lock()
+                        .unwrap()
+                        .fail(format!("worker {slot}: bad line {line:?}")),
+                }
             } else if line.starts_with("W ") {
                 if line.contains("leak=1") {
                     let mut st = soak.stats.lock().unwrap();
@@ -1333,6 +1386,7 @@ fn scheduler(soak: Arc<Soak>) {
                 }
                 let cmd = soak.args.fault_cmd.as_deref().unwrap_or("true");
                 let st = Command::new("sh").args(["-c", cmd]).status();
+                soak.last_cmd.store(now_ms(), Relaxed);
                 soak.cmd_running.store(false, Relaxed);
                 if !matches!(&st, Ok(s) if s.success()) {
                     soak.stats
@@ -1418,6 +1472,8 @@ fn main() {
         killed: Mutex::new(HashSet::new()),
         last_kill: AtomicU64::new(0),
         reports: Mutex::new(HashMap::new()),
+        failed_handshakes: Mutex::new(HashSet::new()),
+        last_cmd: AtomicU64::new(0),
         reports_cv: Condvar::new(),
         stats: Mutex::new(Stats::default()),
         cmd_running: AtomicBool::new(false),
@@ -1618,7 +1674,7 @@ fn main() {
         st.missed.iter().sum::<u64>()
     );
     println!(
-        "  hangs {}, worker crashes {}, handshakes lost to kills {}, reports lost {}",
+        "  hangs {}, worker crashes {}, handshakes lost to faults {}, reports lost {}",
         st.hangs, st.worker_crashes, st.handshakes_lost, st.reports_lost
     );
     println!(
