@@ -1354,11 +1354,14 @@ variadic_jump!(__dprintf_chk, sdp_dprintf_chk);
 variadic_jump!(vdprintf, sdp_vdprintf);
 variadic_jump!(__vdprintf_chk, sdp_vdprintf_chk);
 
-// syscall: C-variadic too (src/syscall.c): a raw clone or fork runs the fork handlers.
+// syscall and clone: C-variadic too (src/syscall.c): a process they make that copies ours runs
+// the fork handlers.
 extern "C" {
     fn sdp_syscall();
+    fn sdp_clone();
 }
 variadic_jump!(syscall, sdp_syscall);
+variadic_jump!(clone, sdp_clone);
 
 /// For src/stdio.c (`dprintf` and its kin): whether the shim owns `fd`, so that the formatted
 /// bytes go through the shim's `write` rather than libc's internal one.
@@ -2874,7 +2877,7 @@ fn has_movable() -> bool {
 
 /// The fork handlers (sdp-core's and ours) around a process made by a raw `clone` or `fork`
 /// system call (`syscall()`, hooked in src/syscall.c: vsftpd makes its per-connection children
-/// so), which glibc's run none for: `stage` 0 before it, 1 in the parent after it, 2 in the
+/// so) or by glibc's `clone()` without CLONE_VM, which glibc runs none for: `stage` 0 before it, 1 in the parent after it, 2 in the
 /// child. Without them the parent's close of a connection the child serves ended it.
 #[no_mangle]
 pub extern "C" fn sdp_raw_fork(stage: c_int) {

@@ -1002,10 +1002,11 @@ fn a_fork_child_shares_a_stream_only_once_it_uses_it() {
     );
 }
 
-/// A server whose per-connection children come from a raw clone system call (vsftpd's) and
-/// that closes its copy at once: each child greets its client and answers, as over TCP; under
-/// the shim over SDP (the fork handlers run around the raw call: `syscall()` is hooked).
-/// Before: the parent's close ended the connection (the client read a reset, 0 of 3).
+/// A server whose per-connection children come from a raw clone system call (vsftpd's; the last
+/// from glibc's `clone()`) and that closes its copy at once: each child greets its client and answers, as over TCP; under
+/// the shim over SDP (the fork handlers run around the raw call: `syscall()` and `clone()` are
+/// hooked). Before: the parent's close ended the connection (the client read a reset, 0 of 3;
+/// 2 of 3 before `clone()` was).
 #[test]
 fn a_raw_clone_child_serves_its_connection() {
     let _serial = serial();

@@ -12,6 +12,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -1460,26 +1461,41 @@ static void case_fork_per_conn(void) {
 enum { CLONED_CONNS = 3 };
 
 /* A server that starts each connection's child by a raw clone system call (vsftpd:
- * syscall(__NR_clone, CLONE_NEWIPC|SIGCHLD); glibc runs no fork handlers then) and closes its
- * own copy at once; the child speaks first, then answers one request. */
+ * syscall(__NR_clone, CLONE_NEWIPC|SIGCHLD); glibc runs no fork handlers then), the last by
+ * glibc's clone() wrapper, and closes its own copy at once; the child speaks first, then answers
+ * one request. */
+struct cloned {
+    int c, i;
+};
+
+/* A cloned child's work: greet, answer one request. */
+static int serve_cloned(void *p) {
+    struct cloned *w = p;
+    usleep(20000);
+    char b[64], reply[96];
+    int n = snprintf(reply, sizeof reply, "220 child %d\r\n", w->i);
+    CHECK(write(w->c, reply, n) == n);
+    ssize_t r = read(w->c, b, sizeof b);
+    CHECK(r > 0);
+    n = snprintf(reply, sizeof reply, "221 %.*s", (int)r, b);
+    CHECK(write(w->c, reply, n) == n);
+    close(w->c);
+    _exit(0);
+}
+
 static void serve_raw_clone(int l) {
+    static char stack[256 * 1024] __attribute__((aligned(16)));
     for (int i = 0; i < CLONED_CONNS; i++) {
         int c = accept(l, NULL, NULL);
         CHECK(c >= 0);
-        long k = syscall(SYS_clone, (long)SIGCHLD, 0L, 0L, 0L, 0L);
+        struct cloned w = {c, i};
+        /* The last by glibc's clone() wrapper, on a stack of its own. */
+        long k = i < CLONED_CONNS - 1 ? syscall(SYS_clone, (long)SIGCHLD, 0L, 0L, 0L, 0L)
+                                      : clone(serve_cloned, stack + sizeof stack, SIGCHLD, &w);
         CHECK(k >= 0);
         if (k == 0) {
             close(l);
-            usleep(20000);
-            char b[64], reply[96];
-            int n = snprintf(reply, sizeof reply, "220 child %d\r\n", i);
-            CHECK(write(c, reply, n) == n);
-            ssize_t r = read(c, b, sizeof b);
-            CHECK(r > 0);
-            n = snprintf(reply, sizeof reply, "221 %.*s", (int)r, b);
-            CHECK(write(c, reply, n) == n);
-            close(c);
-            _exit(0);
+            serve_cloned(&w);
         }
         close(c);
         CHECK(waitpid((pid_t)k, NULL, 0) == (pid_t)k);
