@@ -1038,6 +1038,11 @@ unsafe fn accept_common(
             app::FORK_HANDED
         ));
     }
+    {
+        // An accept of a shared listener waits for its clients ready to answer them.
+        let _g = Internal::enter();
+        l.prepare_accept();
+    }
     loop {
         if !limits::room_for_accept(fd) {
             set_errno(libc::EMFILE);
@@ -1718,9 +1723,17 @@ pub unsafe extern "C" fn epoll_ctl(
     r
 }
 
-/// A fresh socket's epoll registration made, changed or taken away (see `Opts::epoll`).
+/// A fresh socket's epoll registration made, changed or taken away (see `Opts::epoll`); a
+/// shared listener registered gets this process ready to answer its clients.
 fn note_epoll(epfd: c_int, op: c_int, fd: c_int, ev: Option<libc::epoll_event>) {
     let Some(s) = table::get(fd) else { return };
+    if let Sock::Listener(l) = &*s {
+        if op == libc::EPOLL_CTL_ADD {
+            let _g = Internal::enter();
+            l.prepare_accept();
+        }
+        return;
+    }
     let Sock::Fresh(o) = &*s else { return };
     let mut o = o.lock();
     o.epoll.retain(|w| !(w.epfd == epfd && w.fd == fd));

@@ -1145,6 +1145,17 @@ impl AppListener {
                 .all(|s| s.stack.transport() == super::Transport::Shm)
     }
 
+    /// A process holding this shared listener is about to wait for connections on it (an
+    /// `accept`, an epoll registration): the stack and listener it answers handed-off SDP
+    /// requests on are made now, not at its first client, whose connect would wait for them
+    /// (a worker's first adoption cost that client 10-20 ms; a nonblocking connect waits only
+    /// `HANDED_PATIENCE` for an accept). Nothing for a listener not shared.
+    pub fn prepare_accept(&self) {
+        if let Some(h) = self.handoff.get() {
+            let _ = h.adopting();
+        }
+    }
+
     /// The listener is about to be shared with other processes (fork): from now on every
     /// process holding it may accept SDP clients (see `Handoff`). Only SDP over shm can go
     /// to another process; other transports' listeners close here (their clients fall back

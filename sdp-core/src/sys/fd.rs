@@ -287,10 +287,24 @@ pub fn fd_room_after_exec() {
 /// all free: a duplicate asked for at 2`k` below the limit lands less than `k` above that
 /// while the line is lower (the slack is for other threads looking at the same time). `fd` is
 /// any fd of ours (duplicated once to look, and closed again).
+///
+/// Far from the limit (the lowest free number from the floor up more than [`SPARE_NEAR`] below
+/// it) that is all: a duplicate near the limit grows the process's fd table to the limit (the
+/// kernel sizes it by the highest fd), which in a process with threads waits for an RCU grace
+/// period (4-5 ms here: a prefork worker's first SDP client waited that long) and at a limit of
+/// a million takes 8 MiB of kernel memory.
 pub fn fds_to_spare(fd: BorrowedFd<'_>, k: u32) -> bool {
     let Ok((soft, _)) = nofile_limit() else {
         return true;
     };
+    let floor = high_fd_floor();
+    match dup_at(fd.as_raw_fd(), floor) {
+        Ok(d) if (d.as_raw_fd() as u64).saturating_add(SPARE_NEAR + 2 * k as u64) < soft => {
+            return true
+        }
+        Ok(_) => {}
+        Err(_) => return false,
+    }
     let Some(at) = soft
         .checked_sub(2 * k as u64)
         .filter(|&at| at >= high_fd_floor() as u64 && at <= i32::MAX as u64)
@@ -299,6 +313,9 @@ pub fn fds_to_spare(fd: BorrowedFd<'_>, k: u32) -> bool {
     };
     dup_at(fd.as_raw_fd(), at as RawFd).is_ok_and(|d| (d.as_raw_fd() as u64) < at + k as u64)
 }
+
+/// How far below the fd limit [`fds_to_spare`] looks at the limit itself.
+const SPARE_NEAR: u64 = 256;
 
 /// A close-on-exec duplicate of `fd`, at a high number ([`high_fd`]).
 pub fn dup_high(fd: RawFd) -> io::Result<OwnedFd> {
