@@ -745,18 +745,18 @@ impl BellShared {
             b.ready.resize(i + 1, 0);
         }
         b.ready[i] = ready;
-        Self::top_up(&mut b, self.target, self.knocks());
+        self.top_up(&mut b);
     }
 
     fn knocks(&self) -> bool {
         self.knock.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Ring until every ready connection has a doorbell.
-    fn top_up(b: &mut Bells, target: SocketAddr, knock: bool) {
+    /// Ring until every ready connection has a doorbell (`b`: our bells, locked).
+    fn top_up(&self, b: &mut Bells) {
         let want: usize = b.ready.iter().sum();
         while b.rung.len() + b.in_hand < want {
-            match ring(target, knock) {
+            match ring(self.target, self.knocks()) {
                 Ok((local, fd)) => {
                     b.rung.insert(local, fd);
                 }
@@ -778,7 +778,7 @@ impl Drop for BellClaim {
         let Some(shared) = &self.shared else { return };
         let mut b = shared.bells.lock();
         b.in_hand = b.in_hand.saturating_sub(1);
-        BellShared::top_up(&mut b, shared.target, shared.knocks());
+        shared.top_up(&mut b);
     }
 }
 
