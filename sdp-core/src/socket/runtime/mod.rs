@@ -33,6 +33,8 @@
 //! become errno in `socket::errors`, the environment knobs are `socket::tunables`.
 
 use std::collections::{HashMap, VecDeque};
+
+use rustc_hash::FxHashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -355,8 +357,9 @@ pub(crate) type Bell = Arc<dyn Fn(usize) + Send + Sync>;
 
 struct Inner<P: Provider> {
     driver: Driver<P>,
-    socks: HashMap<ConnId, Sock>,
-    lsocks: HashMap<ListenerId, LSock>,
+    /// (Keyed by our own ids, looked up on every call: FxHash, not SipHash.)
+    socks: FxHashMap<ConnId, Sock>,
+    lsocks: FxHashMap<ListenerId, LSock>,
     next_token: u64,
     /// Scratch for the connections a round of progress looks at ([`Driver::take_touched`]).
     touched: Vec<ConnId>,
@@ -494,8 +497,8 @@ impl<P: Provider + 'static> Runtime<P> {
                     d.set_trace(super::tunables::tunables().trace);
                     d
                 },
-                socks: HashMap::new(),
-                lsocks: HashMap::new(),
+                socks: FxHashMap::default(),
+                lsocks: FxHashMap::default(),
                 next_token: 1,
                 touched: Vec::new(),
                 in_app_call: None,
