@@ -999,13 +999,13 @@ impl<P: Provider> Driver<P> {
         self.conns.get(id).and_then(|e| e.conn.error())
     }
 
-    /// A connect under way whose listener handed it on to the processes sharing it
-    /// ([`Endpoint::handed_on`]).
-    pub fn handed_on(&self, id: ConnId) -> bool {
+    /// What a connect under way waits on, when that is a process of this host
+    /// ([`Endpoint::local_wait`]).
+    pub fn local_wait(&self, id: ConnId) -> Option<crate::verbs::LocalWait> {
         self.conns
             .get(id)
             .and_then(|e| e.ep.as_ref())
-            .is_some_and(|ep| ep.handed_on())
+            .and_then(|ep| ep.local_wait())
     }
 
     /// Whether the next stream bytes are a peer's zero-copy source that

@@ -714,6 +714,28 @@ fn a_nonblocking_connect_to_a_shared_listener_does_not_block() {
     assert!(shm_lines(&lines, Some("client")) >= 3, "report:\n{lines}");
 }
 
+/// Connects to a stopped server (SIGSTOP) complete as over TCP, whose kernel answers for the
+/// process: a nonblocking one at once, a blocking one within a bound, and the server answers
+/// once continued, with no other connection waiting. Under the shim each gives up on SDP when
+/// the server's process does not answer (100 ms nonblocking, 1 s blocking) and goes by kernel
+/// TCP. Before: each waited 10 s (the connect timeout).
+#[test]
+fn a_connect_to_a_stopped_server_completes() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "stopped_server",
+        &[
+            "stopped server, nonblocking connect: returned within 500 ms: yes, reply ABC\n",
+            "stopped server, blocking connect: returned within 3000 ms: yes, reply ABC\n",
+            "stopped server: no connection more\n",
+        ],
+    );
+    assert!(
+        lines.matches("did not answer in time").count() >= 2,
+        "report:\n{lines}"
+    );
+}
+
 /// A listener with TCP_DEFER_ACCEPT (apache's), set before or after listen, accepts a client
 /// that connected and wrote, over SDP as over TCP. Before: poll 0, accept EAGAIN (the doorbell
 /// carried no data, so the kernel never queued it).

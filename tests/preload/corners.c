@@ -853,6 +853,79 @@ static void case_nb_connect_shared(void) {
     close(l);
 }
 
+/* A server that listens, stops itself (SIGSTOP), and once continued accepts `n` clients and
+ * echoes each one's 3 bytes upper-cased, then checks that no other connection waits. */
+static void serve_after_stop(int l, int n) {
+    raise(SIGSTOP);
+    for (int i = 0; i < n; i++) {
+        int c = accept(l, NULL, NULL);
+        CHECK(c >= 0);
+        char b[4];
+        CHECK(read(c, b, 3) == 3);
+        for (int k = 0; k < 3; k++)
+            b[k] = toupper(b[k]);
+        CHECK(write(c, b, 3) == 3);
+        close(c);
+    }
+    CHECK(fcntl(l, F_SETFL, O_NONBLOCK) == 0);
+    usleep(200000);
+    int extra = accept(l, NULL, NULL);
+    printf("stopped server: %s connection more\n", extra >= 0 ? "a" : "no");
+    fflush(stdout);
+    _exit(0);
+}
+
+/* Connects to a stopped server (SIGSTOP: a debugger, a job stopped by ^Z, a frozen container)
+ * complete as over TCP, whose kernel answers for the process: a nonblocking one returns at once,
+ * a blocking one within a bound; the requests are answered once the server continues. Before,
+ * under the shim each connect waited for the server's process 10 s (the connect timeout), then
+ * went by kernel TCP. */
+static void case_stopped_server(void) {
+    for (int blocking = 0; blocking < 2; blocking++) {
+        /* The server makes its listener itself (one shared by fork would be another case). */
+        int ap[2];
+        CHECK(pipe(ap) == 0);
+        pid_t srv = fork();
+        CHECK(srv >= 0);
+        if (srv == 0) {
+            struct sockaddr_in a;
+            int l = listener(&a);
+            CHECK(write(ap[1], &a, sizeof a) == sizeof a);
+            serve_after_stop(l, 1);
+        }
+        struct sockaddr_in a;
+        CHECK(read(ap[0], &a, sizeof a) == sizeof a);
+        close(ap[0]);
+        close(ap[1]);
+        int st;
+        CHECK(waitpid(srv, &st, WUNTRACED) == srv && WIFSTOPPED(st));
+        int s = socket(AF_INET, SOCK_STREAM | (blocking ? 0 : SOCK_NONBLOCK), 0);
+        CHECK(s >= 0);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int rc = connect(s, (struct sockaddr *)&a, sizeof a);
+        int e = rc < 0 ? errno : 0;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+        /* TCP: microseconds; the bound is well under the 10 s it was. */
+        double bound = blocking ? 3000 : 500;
+        CHECK(rc == 0 || (!blocking && e == EINPROGRESS));
+        struct pollfd p = {.fd = s, .events = POLLOUT};
+        CHECK(poll(&p, 1, 5000) == 1);
+        CHECK(write(s, "abc", 3) == 3);
+        CHECK(kill(srv, SIGCONT) == 0);
+        p.events = POLLIN;
+        CHECK(poll(&p, 1, 5000) == 1);
+        char b[4];
+        ssize_t r = read(s, b, 3);
+        out("stopped server, %s connect: returned within %.0f ms: %s, reply %.*s",
+            blocking ? "blocking" : "nonblocking", bound, ms < bound ? "yes" : "no",
+            (int)(r > 0 ? r : 0), b);
+        close(s);
+        CHECK(waitpid(srv, &st, 0) == srv && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+}
+
 /* A listener shared by fork (nginx, prefork servers): two workers each accept one client, then
  * the listener's own process accepts one after a child that ignored it exited (redis BGSAVE). */
 static void case_prefork(void) {
@@ -3679,6 +3752,7 @@ int main(int argc, char **argv) {
     RUN(raw_clone_per_conn);
     RUN(prefork);
     RUN(nb_connect_shared);
+    RUN(stopped_server);
     RUN(shared_late_accept);
     RUN(shared_stopped_client);
     RUN(orphan_listener);

@@ -252,6 +252,7 @@ pub fn turned_away(e: &io::Error) -> bool {
         && [
             crate::verbs::REJECT_SDP_OFF,
             crate::verbs::REJECT_SHARED_SLOW,
+            crate::verbs::REJECT_LOCAL_SILENT,
         ]
         .contains(&e.to_string().as_str())
 }
@@ -351,12 +352,19 @@ impl AppStream {
             None => return Err(io::Error::from_raw_os_error(libc::ENETUNREACH)),
         };
         // A nonblocking connect cannot wait for room in a full listen queue: it fails
-        // (ECONNREFUSED), so the shim's caller goes to kernel TCP, whose SYN waits there.
+        // (ECONNREFUSED), so the shim's caller goes to kernel TCP, whose SYN waits there; nor
+        // long for a process of this host to answer (a stopped server: TCP's completes).
+        let patience = if nonblocking {
+            super::runtime::Patience::NONBLOCKING
+        } else {
+            super::runtime::Patience::BLOCKING
+        };
         let id = stack.0.connect(
             addr,
             opts.source_for(addr),
             opts.connect_timeout,
             !nonblocking,
+            Some(patience),
         )?;
         let mut s = AppStream::new(stack, id);
         s.dest = Some(addr);

@@ -142,7 +142,15 @@ impl SdpStream {
             let sdp = match opts.stack_for(a.ip()) {
                 Ok(Some(stack)) => stack
                     .0
-                    .connect(a, opts.source_for(a), opts.connect_timeout, true)
+                    .connect(
+                        a,
+                        opts.source_for(a),
+                        opts.connect_timeout,
+                        true,
+                        // Automatic: kernel TCP if a process of this host does not answer.
+                        matches!(opts.choice, Choice::Auto)
+                            .then_some(super::runtime::Patience::BLOCKING),
+                    )
                     .map(|id| SdpStream::from_core(Core::new(stack, id))),
                 Ok(None) => Err(io::Error::from_raw_os_error(libc::ENETUNREACH)),
                 Err(e) => Err(e),

@@ -36,8 +36,20 @@ pub const REJECT_SDP_OFF: &str = "SDP: the server takes this address by kernel T
 /// A nonblocking connect's own reason to give up: the listener is shared by processes (after
 /// fork) and none accepted within the short wait such a connect allows (the socket layer's,
 /// not a listener's answer).
-pub const REJECT_SHARED_SLOW: &str =
-    "SDP: the listener is shared and no process accepted at once (nonblocking connect)";
+pub const REJECT_SHARED_SLOW: &str = "SDP: the listener is shared and no process accepted in time";
+/// A connect's own reason to give up: the listener's process (on this host) did not answer in
+/// time: stopped, or too busy (the socket layer's, not a listener's answer).
+pub const REJECT_LOCAL_SILENT: &str =
+    "SDP: the listener's process did not answer in time (stopped or busy)";
+
+/// What a connect to a peer on this host waits for ([`Endpoint::local_wait`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalWait {
+    /// The listener's process has not answered the request.
+    Unanswered,
+    /// The request went to the processes sharing the listener; none accepted it yet.
+    Handed,
+}
 
 bitflags::bitflags! {
     /// Access rights of a memory region, as in `ibv_access_flags`. A region grants the least each
@@ -337,11 +349,12 @@ pub trait Endpoint: Send {
     fn poll_cq(&mut self, out: &mut [Completion]) -> usize;
     /// The next CM event on this endpoint, if any.
     fn poll_cm(&mut self) -> Option<CmEvent>;
-    /// Connector: the listener handed the request on, unanswered, to the processes that share
-    /// it (shm, after a fork): the connect completes when one of them accepts, however long
-    /// that takes (up to the provider's own bound).
-    fn handed_on(&self) -> bool {
-        false
+    /// Connector: whether the connect waits on a process of this host (shm), and on what: its
+    /// request not answered yet by the listener's process, or handed on, unanswered, to the
+    /// processes that share the listener (after a fork; the connect completes when one of them
+    /// accepts). `None`: not connecting, or a peer elsewhere (its fabric's time).
+    fn local_wait(&self) -> Option<LocalWait> {
+        None
     }
     /// Direct wakeups (a provider whose peer runs on this host: shm). Give the peer `fd`, a
     /// socket; while direct wakeups are on ([`Endpoint::set_direct_wake`]) the peer writes one

@@ -78,8 +78,38 @@ use crate::proto::table::ConnId;
 use crate::proto::{Config, ConnError, Event, Instant, Shutdown, State};
 use crate::sys;
 use crate::verbs::{
-    Access, Grant, MemoryRegion, Provider, VerbsError, REJECT_QUEUE_FULL, REJECT_SHARED_SLOW,
+    Access, Grant, MemoryRegion, Provider, VerbsError, REJECT_LOCAL_SILENT, REJECT_QUEUE_FULL,
+    REJECT_SHARED_SLOW,
 };
+
+/// How long a connect that can fall back to kernel TCP waits on a process of this host before
+/// it gives up on SDP ([`crate::verbs::Endpoint::local_wait`]): TCP's connect completes in the
+/// kernel whether the server's process runs or not (a stopped server, one slow to accept), so
+/// a connect waiting for that process must not hold its caller much longer than a local round
+/// trip. Past it the connect goes by kernel TCP, and connects there do for a while
+/// (`history`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Patience {
+    /// For the listener's process to answer the request.
+    pub(crate) unanswered: Duration,
+    /// For one of the processes sharing the listener to accept a request handed to them.
+    pub(crate) handed: Duration,
+}
+
+impl Patience {
+    /// A nonblocking connect: TCP's returns at once. An idle process answers within a
+    /// millisecond, a busy one's progress thread within a few; an idle worker of a shared
+    /// listener accepts within a few.
+    pub(crate) const NONBLOCKING: Patience = Patience {
+        unanswered: Duration::from_millis(100),
+        handed: Duration::from_millis(50),
+    };
+    /// A blocking connect (TCP's completes at once too, and the caller waits for it).
+    pub(crate) const BLOCKING: Patience = Patience {
+        unanswered: Duration::from_secs(1),
+        handed: Duration::from_secs(1),
+    };
+}
 
 /// How a call waits.
 #[derive(Debug, Clone, Copy, Default)]
@@ -103,13 +133,17 @@ pub(crate) trait StackOps: Send + Sync {
     /// queue is full turns the request away; with `wait_room` the connector tries again until
     /// there is room or the time is up (ETIMEDOUT), as a TCP client whose SYN was dropped
     /// does; without it the connect fails at once with ECONNREFUSED.
-    /// `src`: the source address asked for (a port the application bound), if any.
+    /// `src`: the source address asked for (a port the application bound), if any. With
+    /// `patience` (a caller that falls back to kernel TCP) a connect waiting on a process of
+    /// this host gives up past it ([`Patience`]; ECONNREFUSED with [`REJECT_LOCAL_SILENT`] or
+    /// [`REJECT_SHARED_SLOW`]).
     fn connect(
         &self,
         dst: SocketAddr,
         src: Option<SocketAddr>,
         timeout: Option<Duration>,
         wait_room: bool,
+        patience: Option<Patience>,
     ) -> io::Result<ConnId>;
     fn listen(&self, addr: SocketAddr, backlog: u32) -> io::Result<ListenerId>;
     /// A listener that answers only requests other processes hand it ([`StackOps::adopt`]).
@@ -568,14 +602,13 @@ impl<P: Provider + 'static> Runtime<P> {
     }
 
     /// One connect attempt (see [`StackOps::connect`]): `Err(None)` when the listener's queue
-    /// was full. With `patience`, a connect the listener handed on to the processes sharing it
-    /// gives up (ECONNREFUSED, [`REJECT_SHARED_SLOW`]) when none accepted it that long.
+    /// was full.
     fn connect_once(
         &self,
         dst: SocketAddr,
         src: Option<SocketAddr>,
         timeout: Option<Duration>,
-        patience: Option<Duration>,
+        patience: Option<Patience>,
     ) -> Result<ConnId, Option<io::Error>> {
         let id = {
             let mut g = self.lock().map_err(Some)?;
@@ -616,15 +649,16 @@ impl<P: Provider + 'static> Runtime<P> {
     }
 
     /// [`Runtime::connect_once`]'s wait with `patience`: in slices, looking between them
-    /// whether the request was handed on and since when.
+    /// what the connect waits on and since when.
     fn connect_patient(
         &self,
         id: ConnId,
         timeout: Option<Duration>,
-        patience: Duration,
+        patience: Patience,
     ) -> io::Result<()> {
+        use crate::verbs::LocalWait;
         let start = std::time::Instant::now();
-        let slice = (patience / 2).max(Duration::from_millis(1));
+        let slice = (patience.unanswered.min(patience.handed) / 2).max(Duration::from_millis(1));
         let mut handed: Option<std::time::Instant> = None;
         loop {
             let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
@@ -639,15 +673,20 @@ impl<P: Provider + 'static> Runtime<P> {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 r => return r,
             }
-            if self.lock()?.driver.handed_on(id) {
-                let since = *handed.get_or_insert_with(std::time::Instant::now);
-                if since.elapsed() >= patience {
-                    return Err(io::Error::new(
-                        io::ErrorKind::ConnectionRefused,
-                        REJECT_SHARED_SLOW,
-                    ));
+            let wait = self.lock()?.driver.local_wait(id);
+            let why = match wait {
+                Some(LocalWait::Unanswered) if start.elapsed() >= patience.unanswered => {
+                    REJECT_LOCAL_SILENT
                 }
-            }
+                Some(LocalWait::Handed)
+                    if handed.get_or_insert_with(std::time::Instant::now).elapsed()
+                        >= patience.handed =>
+                {
+                    REJECT_SHARED_SLOW
+                }
+                _ => continue,
+            };
+            return Err(io::Error::new(io::ErrorKind::ConnectionRefused, why));
         }
     }
 

@@ -11,13 +11,6 @@ const QUEUE_FULL_RETRY_FIRST: Duration = Duration::from_millis(25);
 /// answers a new try cheaply, so a waiting connector gets in sooner after an accept).
 const QUEUE_FULL_RETRY_MAX: Duration = Duration::from_secs(1);
 
-/// How long a nonblocking connect waits for one of the processes sharing a listener to accept
-/// it ([`crate::verbs::Endpoint::handed_on`]) before it gives up on SDP
-/// ([`REJECT_SHARED_SLOW`]): idle workers (nginx's, a prefork server's) accept within a
-/// millisecond; a process that connects to a listener only it serves would wait the
-/// provider's whole bound (1 s) otherwise.
-const HANDED_PATIENCE: Duration = Duration::from_millis(50);
-
 /// Reads at least this big may take a peer's zero-copy source straight into the caller's
 /// buffer.
 const ZREAD_MIN: usize = 16 * 1024;
@@ -125,6 +118,7 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         src: Option<SocketAddr>,
         timeout: Option<Duration>,
         wait_room: bool,
+        patience: Option<Patience>,
     ) -> io::Result<ConnId> {
         // The whole connect, tries again included, within the timeout.
         let start = std::time::Instant::now();
@@ -135,10 +129,6 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         let mut pause = QUEUE_FULL_RETRY_FIRST;
         loop {
             let left = limit.saturating_sub(start.elapsed());
-            // A nonblocking connect must not hold its thread while the processes sharing a
-            // listener are slow to accept (TCP's returns at once, its connection waiting in
-            // the backlog): past a short wait it goes by kernel TCP.
-            let patience = (!wait_room).then_some(HANDED_PATIENCE);
             match self.connect_once(dst, src, Some(left), patience) {
                 Err(None) if wait_room => {
                     let left = limit.saturating_sub(start.elapsed());

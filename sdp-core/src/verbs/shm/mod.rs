@@ -3380,8 +3380,13 @@ impl Endpoint for ShmEndpoint {
         self.cm.pop_front()
     }
 
-    fn handed_on(&self) -> bool {
-        self.state == QpState::Connecting && self.handed_ms != 0
+    fn local_wait(&self) -> Option<crate::verbs::LocalWait> {
+        use crate::verbs::LocalWait;
+        (self.state == QpState::Connecting).then_some(if self.handed_ms != 0 {
+            LocalWait::Handed
+        } else {
+            LocalWait::Unanswered
+        })
     }
 
     fn pause_peer(&mut self) -> bool {
