@@ -1559,6 +1559,39 @@ fn do_read(s: &Sock, fd: c_int, buf: &mut [u8], flags: c_int) -> ssize_t {
     }
 }
 
+/// Whether a receive's flags ask TCP's MSG_TRUNC: the bytes are taken (with MSG_PEEK, looked
+/// at) but not copied, and their count returned; the buffer is not touched (it may be NULL).
+fn wants_trunc(flags: c_int) -> bool {
+    flags & (libc::MSG_TRUNC | libc::MSG_OOB) == libc::MSG_TRUNC
+}
+
+/// Largest piece a MSG_TRUNC receive takes at a time (through the staging buffer).
+const TRUNC_CHUNK: usize = 64 * 1024;
+
+/// A receive of up to `n` bytes with MSG_TRUNC on the stream `s` ([`wants_trunc`]): what a
+/// read would take, taken into the thread's staging buffer and dropped. One read, as TCP's
+/// (a short count), except with MSG_WAITALL, which takes `n` unless the stream ends or fails.
+fn do_read_trunc(s: &Sock, fd: c_int, n: usize, flags: c_int) -> ssize_t {
+    let flags = flags & !libc::MSG_TRUNC;
+    if n == 0 {
+        return 0;
+    }
+    with_stage(n.min(TRUNC_CHUNK), |buf| {
+        let mut done = 0usize;
+        loop {
+            let want = (n - done).min(buf.len());
+            let r = do_read(s, fd, &mut buf[..want], flags);
+            if r <= 0 {
+                return if done > 0 { done as ssize_t } else { r };
+            }
+            done += r as usize;
+            if flags & libc::MSG_WAITALL == 0 || flags & libc::MSG_PEEK != 0 || done >= n {
+                return done as ssize_t;
+            }
+        }
+    })
+}
+
 fn do_write(s: &Sock, fd: c_int, buf: &[u8], flags: c_int) -> ssize_t {
     let Sock::Stream(st, _) = s else {
         unreachable!()
@@ -1890,6 +1923,9 @@ owned_or_libc! {
 #[inline(never)]
 unsafe fn recv_owned(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     if let Some(s) = data_owned(fd) {
+        if wants_trunc(flags) {
+            return do_read_trunc(&s, fd, n, flags);
+        }
         // SAFETY: the caller's buffer.
         return match unsafe { buf_mut(buf, n) } {
             Some(b) => do_read(&s, fd, b, flags),
@@ -1932,10 +1968,14 @@ unsafe fn recvfrom_owned(
     len: *mut socklen_t,
 ) -> ssize_t {
     if let Some(s) = data_owned(fd) {
-        // SAFETY: the caller's buffer.
-        let r = match unsafe { buf_mut(buf, n) } {
-            Some(b) => do_read(&s, fd, b, flags),
-            None => -1,
+        let r = if wants_trunc(flags) {
+            do_read_trunc(&s, fd, n, flags)
+        } else {
+            // SAFETY: the caller's buffer.
+            match unsafe { buf_mut(buf, n) } {
+                Some(b) => do_read(&s, fd, b, flags),
+                None => -1,
+            }
         };
         if r >= 0 && !addr.is_null() && !len.is_null() {
             // A connected stream socket reports no source address.
@@ -1991,8 +2031,16 @@ unsafe fn recvmsg_owned(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
         }
         // SAFETY: the caller's msghdr.
         let m = unsafe { &mut *msg };
-        // SAFETY: the caller's iovecs.
-        let r = unsafe { read_iov(&s, fd, m.msg_iov, m.msg_iovlen as c_int, flags) };
+        let r = if wants_trunc(flags) {
+            // SAFETY: the caller's iovecs (their lengths only).
+            match unsafe { iov_slice(m.msg_iov, m.msg_iovlen as c_int) } {
+                Some(v) => do_read_trunc(&s, fd, v.iter().map(|v| v.iov_len).sum(), flags),
+                None => -1,
+            }
+        } else {
+            // SAFETY: the caller's iovecs.
+            unsafe { read_iov(&s, fd, m.msg_iov, m.msg_iovlen as c_int, flags) }
+        };
         if r >= 0 {
             m.msg_namelen = 0;
             m.msg_controllen = 0;

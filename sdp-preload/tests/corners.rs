@@ -736,6 +736,25 @@ fn a_connect_to_a_stopped_server_completes() {
     );
 }
 
+/// MSG_TRUNC on a stream (Linux's TCP): recv and recvmsg take (or peek at) the bytes without
+/// copying them and return their count; the buffer is untouched and may be NULL. Under the shim
+/// over SDP. Before: recv(NULL, 5, MSG_TRUNC) failed with EFAULT, and buffers got the bytes.
+#[test]
+fn msg_trunc_discards_as_over_tcp() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "msg_trunc",
+        &[
+            "trunc: recv(NULL, 5, MSG_TRUNC) 5\n",
+            "trunc: peek 3 3, buffer untouched: yes\n",
+            "trunc: then read 6  world\n",
+            "trunc: recvmsg 4 4, buffer untouched: yes\n",
+            "trunc: then read 2 ef\n",
+        ],
+    );
+    assert!(shm_lines(&lines, Some("server")) >= 1, "report:\n{lines}");
+}
+
 /// A listener with TCP_DEFER_ACCEPT (apache's), set before or after listen, accepts a client
 /// that connected and wrote, over SDP as over TCP. Before: poll 0, accept EAGAIN (the doorbell
 /// carried no data, so the kernel never queued it).

@@ -336,6 +336,44 @@ static void case_waitall(void) {
     finish(pid, s);
 }
 
+static void peer_hello_world(int s) {
+    CHECK(write(s, "hello world", 11) == 11);
+    await(p2c[0]);
+    CHECK(write(s, "abcdef", 6) == 6);
+    await(p2c[0]);
+}
+
+/* MSG_TRUNC on a stream socket (Linux's TCP): the bytes are taken (with MSG_PEEK, looked at)
+ * and their count returned, the buffer untouched (it may be NULL); recvmsg too. Before, under
+ * the shim, recv(NULL, n, MSG_TRUNC) failed with EFAULT and a buffer got the bytes. */
+static void case_msg_trunc(void) {
+    int s;
+    pid_t pid = start(peer_hello_world, &s);
+    char b[32];
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    CHECK(poll(&p, 1, 5000) == 1);
+    usleep(20000);
+    ssize_t r = recv(s, NULL, 5, MSG_TRUNC);
+    out("trunc: recv(NULL, 5, MSG_TRUNC) %zd", r);
+    memset(b, '.', sizeof b);
+    r = recv(s, b, 3, MSG_TRUNC | MSG_PEEK);
+    out("trunc: peek 3 %zd, buffer untouched: %s", r, b[0] == '.' ? "yes" : "no");
+    r = recv(s, b, sizeof b, 0);
+    out("trunc: then read %zd %.*s", r, (int)(r > 0 ? r : 0), b);
+    tell(p2c[1]);
+    CHECK(poll(&p, 1, 5000) == 1);
+    usleep(20000);
+    struct iovec io = {.iov_base = b, .iov_len = 4};
+    struct msghdr m = {.msg_iov = &io, .msg_iovlen = 1};
+    memset(b, '.', sizeof b);
+    r = recvmsg(s, &m, MSG_TRUNC);
+    out("trunc: recvmsg 4 %zd, buffer untouched: %s", r, b[0] == '.' ? "yes" : "no");
+    r = recv(s, b, sizeof b, 0);
+    out("trunc: then read %zd %.*s", r, (int)(r > 0 ? r : 0), b);
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
 static volatile sig_atomic_t sigpipes, sigios;
 static void on_pipe(int sig) { (void)sig; sigpipes++; }
 static void on_io(int sig) { (void)sig; sigios++; }
@@ -3711,6 +3749,7 @@ int main(int argc, char **argv) {
     RUN(level_triggered);
     RUN(exact_reads);
     RUN(waitall);
+    RUN(msg_trunc);
     RUN(errors);
     RUN(nonblocking_connect);
     RUN(epoll_before_connect);
