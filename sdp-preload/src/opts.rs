@@ -77,10 +77,12 @@ fn tcp_info(st: &sdp_core::socket::app::AppStream) -> Vec<u8> {
     let Ok(i) = st.info() else {
         return b;
     };
-    // Linux TCP states: 1 ESTABLISHED, 4 FIN_WAIT1, 7 CLOSE, 8 CLOSE_WAIT.
+    // Linux TCP states: 1 ESTABLISHED, 4 FIN_WAIT1, 5 FIN_WAIT2, 7 CLOSE, 8 CLOSE_WAIT. Our
+    // end sent (FIN_WAIT2 once nothing of ours is left to deliver: the peer has it).
     b[0] = match (i.state, i.read_closed, i.write_closed) {
         (State::Established, false, false) => 1,
         (State::Established, true, false) => 8,
+        (State::Established, false, true) if i.tx_queued == 0 => 5,
         (State::Established, _, true) => 4,
         (State::Closed, ..) => 7,
         _ => 1,
@@ -154,6 +156,25 @@ pub(crate) unsafe fn get(
             .get(&(level, name))
             .cloned()
             .unwrap_or_else(|| vec![0u8; std::mem::size_of::<libc::linger>()]),
+        // The algorithm's name in a TCP_CA_NAME_MAX (16) field: the one set, else the
+        // system's default (what a new TCP socket gets).
+        (libc::IPPROTO_TCP, libc::TCP_CONGESTION) => {
+            let mut name = opts
+                .lock()
+                .stored
+                .get(&(level, name))
+                .cloned()
+                .unwrap_or_else(|| {
+                    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+                        .map(|s| s.trim().as_bytes().to_vec())
+                        .unwrap_or_else(|_| b"cubic".to_vec())
+                });
+            if let Some(nul) = name.iter().position(|&c| c == 0) {
+                name.truncate(nul);
+            }
+            name.resize(16, 0);
+            name
+        }
         _ => match opts.lock().stored.get(&(level, name)) {
             Some(v) => v.clone(),
             None => match default_int(level, name) {
@@ -290,6 +311,16 @@ pub(crate) unsafe fn set(
         }
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE | libc::SO_REUSEADDR | libc::SO_REUSEPORT)
         | (libc::IPPROTO_TCP, libc::TCP_CORK | libc::TCP_QUICKACK) => Some((v != 0) as c_int),
+        // A stream socket's IP_TOS sets its priority too (Linux's `rt_tos2priority`).
+        (libc::IPPROTO_IP, libc::IP_TOS) => {
+            const TOS2PRIO: [c_int; 8] = [0, 0, 2, 2, 6, 6, 4, 4];
+            let prio = TOS2PRIO[((v & 0x1e) >> 2) as usize];
+            opts.lock().stored.insert(
+                (libc::SOL_SOCKET, libc::SO_PRIORITY),
+                prio.to_ne_bytes().to_vec(),
+            );
+            None
+        }
         _ => None,
     };
     let val = match stored {

@@ -755,6 +755,23 @@ fn msg_trunc_discards_as_over_tcp() {
     assert!(shm_lines(&lines, Some("server")) >= 1, "report:\n{lines}");
 }
 
+/// Options answered as Linux's TCP: TCP_CONGESTION (the system's default algorithm, a 16-byte
+/// field), SO_PRIORITY following IP_TOS, TCP_INFO's FIN_WAIT2 after our shutdown once the peer
+/// answered. Before, under the shim: ENOPROTOOPT, 0 and FIN_WAIT1.
+#[test]
+fn options_answer_as_linux_tcp() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "options_linux",
+        &[
+            "options: TCP_CONGESTION 0 ",
+            "options: SO_PRIORITY after IP_TOS 0x10: 6\n",
+            "options: tcpi_state after our shutdown and the peer's answer: 5\n",
+        ],
+    );
+    assert!(shm_lines(&lines, Some("server")) >= 1, "report:\n{lines}");
+}
+
 /// A listener with TCP_DEFER_ACCEPT (apache's), set before or after listen, accepts a client
 /// that connected and wrote, over SDP as over TCP. Before: poll 0, accept EAGAIN (the doorbell
 /// carried no data, so the kernel never queued it).

@@ -374,6 +374,43 @@ static void case_msg_trunc(void) {
     finish(pid, s);
 }
 
+static void peer_reads_to_eof(int s) {
+    char b[16];
+    while (read(s, b, sizeof b) > 0) {
+    }
+    /* A byte back: its segment acknowledges our end (TCP's FIN) for sure. */
+    CHECK(write(s, "z", 1) == 1);
+    await(p2c[0]);
+}
+
+/* Options a stream answers as Linux's TCP: TCP_CONGESTION (the system's default algorithm's
+ * name in a 16-byte field), SO_PRIORITY after IP_TOS (a stream's TOS sets its priority), and
+ * TCP_INFO's state once our end is shut and the peer answered after it (FIN_WAIT2). Before, under the shim
+ * TCP_CONGESTION failed with ENOPROTOOPT, SO_PRIORITY stayed 0 and the state said FIN_WAIT1. */
+static void case_options_linux(void) {
+    int s;
+    pid_t pid = start(peer_reads_to_eof, &s);
+    char cc[32];
+    memset(cc, 'x', sizeof cc);
+    socklen_t n = sizeof cc;
+    int r = getsockopt(s, IPPROTO_TCP, TCP_CONGESTION, cc, &n);
+    out("options: TCP_CONGESTION %d %s len %d", r, r == 0 ? cc : en(errno), (int)n);
+    int tos = 0x10, prio = -1;
+    CHECK(setsockopt(s, IPPROTO_IP, IP_TOS, &tos, sizeof tos) == 0);
+    n = sizeof prio;
+    CHECK(getsockopt(s, SOL_SOCKET, SO_PRIORITY, &prio, &n) == 0);
+    out("options: SO_PRIORITY after IP_TOS 0x10: %d", prio);
+    CHECK(shutdown(s, SHUT_WR) == 0);
+    char z;
+    CHECK(read(s, &z, 1) == 1);
+    struct tcp_info ti;
+    n = sizeof ti;
+    CHECK(getsockopt(s, IPPROTO_TCP, TCP_INFO, &ti, &n) == 0);
+    out("options: tcpi_state after our shutdown and the peer's answer: %d", ti.tcpi_state);
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
 static volatile sig_atomic_t sigpipes, sigios;
 static void on_pipe(int sig) { (void)sig; sigpipes++; }
 static void on_io(int sig) { (void)sig; sigios++; }
@@ -3750,6 +3787,7 @@ int main(int argc, char **argv) {
     RUN(exact_reads);
     RUN(waitall);
     RUN(msg_trunc);
+    RUN(options_linux);
     RUN(errors);
     RUN(nonblocking_connect);
     RUN(epoll_before_connect);
