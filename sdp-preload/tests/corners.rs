@@ -772,6 +772,23 @@ fn options_answer_as_linux_tcp() {
     assert!(shm_lines(&lines, Some("server")) >= 1, "report:\n{lines}");
 }
 
+/// shutdown(SHUT_RD) as Linux's TCP: the bytes queued are still read, reads return 0 while
+/// nothing is queued, and bytes the peer sends later are read too; under the shim over SDP.
+/// Before: the shutdown discarded what was queued and all that came after (reads said 0).
+#[test]
+fn a_shut_read_half_reads_as_linux_tcp() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "shut_rd",
+        &[
+            "shut_rd: queued before: 3 abc\n",
+            "shut_rd: nothing queued: 0\n",
+            "shut_rd: sent after: FIONREAD 2, read 2 de\n",
+        ],
+    );
+    assert!(shm_lines(&lines, Some("server")) >= 1, "report:\n{lines}");
+}
+
 /// A listener with TCP_DEFER_ACCEPT (apache's), set before or after listen, accepts a client
 /// that connected and wrote, over SDP as over TCP. Before: poll 0, accept EAGAIN (the doorbell
 /// carried no data, so the kernel never queued it).

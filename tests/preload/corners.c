@@ -411,6 +411,45 @@ static void case_options_linux(void) {
     finish(pid, s);
 }
 
+static void peer_abc_then_de(int s) {
+    CHECK(write(s, "abc", 3) == 3);
+    await(p2c[0]);
+    CHECK(write(s, "de", 2) == 2);
+    await(p2c[0]);
+}
+
+/* Bytes waiting in FIONREAD within 2 s (polls say readable once the read half is shut). */
+static int wait_bytes(int s) {
+    int n = 0;
+    for (int i = 0; i < 200 && n == 0; i++) {
+        CHECK(ioctl(s, FIONREAD, &n) == 0);
+        if (n == 0)
+            usleep(10000);
+    }
+    return n;
+}
+
+/* shutdown(SHUT_RD) on Linux's TCP: what was queued is still read, reads return 0 whenever
+ * nothing is queued, and bytes the peer sends later are read too. Before, under the shim the
+ * shutdown discarded what was queued and everything after it (reads said 0). */
+static void case_shut_rd(void) {
+    int s;
+    pid_t pid = start(peer_abc_then_de, &s);
+    CHECK(wait_bytes(s) == 3);
+    CHECK(shutdown(s, SHUT_RD) == 0);
+    char b[16];
+    ssize_t r = read(s, b, sizeof b);
+    out("shut_rd: queued before: %zd %.*s", r, (int)(r > 0 ? r : 0), b);
+    r = read(s, b, sizeof b);
+    out("shut_rd: nothing queued: %zd", r);
+    tell(p2c[1]);
+    int n = wait_bytes(s);
+    r = read(s, b, sizeof b);
+    out("shut_rd: sent after: FIONREAD %d, read %zd %.*s", n, r, (int)(r > 0 ? r : 0), b);
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
 static volatile sig_atomic_t sigpipes, sigios;
 static void on_pipe(int sig) { (void)sig; sigpipes++; }
 static void on_io(int sig) { (void)sig; sigios++; }
@@ -3788,6 +3827,7 @@ int main(int argc, char **argv) {
     RUN(waitall);
     RUN(msg_trunc);
     RUN(options_linux);
+    RUN(shut_rd);
     RUN(errors);
     RUN(nonblocking_connect);
     RUN(epoll_before_connect);

@@ -315,10 +315,12 @@ fn application_cancel_covers_every_outstanding_source() {
     assert!(got == all);
 }
 
-/// B refuses zero copy (shuts its read half) with three advertisements queued: one SendSm
-/// ends all of them; SrcAvails A sends before it sees the SendSm are void on both sides.
+/// B shuts its read half with advertisements queued: as Linux's TCP, it still reads every
+/// byte (its reads end, 0, only while nothing is queued) and A's sources complete in full.
+/// Before, the shutdown discarded what was queued and refused the sources (one SendSm ended
+/// them all: A's sources completed with 0 bytes).
 #[test]
-fn refusal_with_several_advertisements_ends_all_of_them() {
+fn a_read_half_shut_still_reads_queued_sources() {
     const N: usize = 100_000;
     let mut p = Pair::new(94, Config::default());
     let (a, b) = p.connect();
@@ -334,16 +336,21 @@ fn refusal_with_several_advertisements_ends_all_of_them() {
     let now = p.now();
     p.b.shutdown(now, b, sdp_core::proto::Shutdown::Read)
         .unwrap();
-    let mut sent = Vec::new();
-    assert!(p.run_until(5 * SEC, |p| {
+    let (mut got, mut sent) = (Vec::new(), Vec::new());
+    assert!(p.run_until(10 * SEC, |p| {
+        drain(p, b, &mut got);
         sent.extend(zcopy_sent(&p.a.take_events(a)));
-        sent.len() == 6
+        got.len() == 6 * N && sent.len() == 6
     }));
-    assert_eq!(sent, (1..=6).map(|t| (t, 0)).collect::<Vec<_>>());
+    assert!(got.iter().all(|&x| x == 0x44));
+    assert_eq!(sent, (1..=6).map(|t| (t, N)).collect::<Vec<_>>());
     p.run_for(SEC / 10);
     assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
     assert_eq!(p.b.conn(b).unwrap().state(), State::Established);
     assert_eq!(p.a.conn(a).unwrap().srcavail_inflight(), 0);
+    // Nothing queued: the shut read half reads 0.
+    let now = p.now();
+    assert_eq!(p.b.read(now, b, &mut [0u8; 16]), Ok(0));
 }
 
 /// A peer that accepts one advertisement at a time (max_adverts 1 in its Hello): we never have

@@ -1057,9 +1057,10 @@ impl<S: BufStore> Conn<S> {
             }
             _ => return Err(CallError::NotConnected),
         }
+        // As Linux's TCP: a read half shut ends reads (0) whenever nothing is queued; what is
+        // queued, and what comes later, is still received and read.
         if matches!(how, Shutdown::Read | Shutdown::Both) && !self.shut_rd {
             self.shut_rd = true;
-            self.discard_rx();
         }
         if matches!(how, Shutdown::Write | Shutdown::Both) && !self.shut_wr {
             self.shut_wr = true;

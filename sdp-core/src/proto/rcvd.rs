@@ -107,7 +107,7 @@ impl<S: BufStore> Conn<S> {
             self.abort_with(now, super::ConnError::Aborted);
             return Ok(());
         }
-        if len == 0 || self.shut_rd {
+        if len == 0 {
             self.rx.put_buf(&mut self.store, buf);
             return Ok(());
         }

@@ -223,7 +223,7 @@ impl<S: BufStore> Conn<S> {
     /// application, or in flight): past that the advertisements wait for the application,
     /// as plain ones do.
     pub(super) fn start_eager_reads(&mut self) {
-        if self.shut_rd || self.app_closed || self.queued {
+        if self.app_closed || self.queued {
             return;
         }
         if self.read_ahead {
@@ -314,10 +314,6 @@ impl<S: BufStore> Conn<S> {
         if self.app_closed {
             self.refuse_src(id);
             self.abort_with(now, super::ConnError::Aborted);
-            return Ok(());
-        }
-        if self.shut_rd {
-            self.refuse_src(id);
             return Ok(());
         }
         self.rx.push_src(id);

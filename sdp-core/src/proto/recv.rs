@@ -204,19 +204,6 @@ impl<S: BufStore> Conn<S> {
         Ok(())
     }
 
-    /// Drop everything received and not read (read half shut).
-    pub(super) fn discard_rx(&mut self) {
-        while let Some(item) = self.rx.pop_front() {
-            match item {
-                RxItem::Data { buf, bounce, .. } => self.give_back_rx(buf, bounce),
-                RxItem::Src { advt } => self.advts.refuse_src(advt),
-            }
-        }
-        self.rx.bytes_cleared();
-        // One SendSm for every advertisement refused (it ends all of them on the peer's side).
-        self.maybe_send_sm();
-    }
-
     /// Tell the peer we will not read (the rest of) its SrcAvail (SendSm, once reads in flight
     /// finish): it sends the rest by copy.
     pub(super) fn refuse_src(&mut self, advt: usize) {

@@ -295,11 +295,6 @@ impl RxHalf {
     pub(crate) fn bytes_out(&mut self, n: usize) {
         self.bytes -= n;
     }
-    /// The queue was emptied: no unread bytes.
-    #[inline]
-    pub(crate) fn bytes_cleared(&mut self) {
-        self.bytes = 0;
-    }
     /// Receives posted, as a BSDH's `bufs` announces them.
     #[inline]
     pub(crate) fn posted_count(&self) -> u16 {
