@@ -120,6 +120,8 @@ fn enabled() -> bool {
             program();
             // SAFETY: registers a plain function to run at exit.
             unsafe { libc::atexit(at_exit) };
+            // And first in sdp-core's exit work, which runs before ours (registered later).
+            sdp_core::socket::set_exit_hook(at_exit_hook);
             // Around fork(), and a raw clone's (`sdp_raw_fork`).
             sdp_core::socket::fork::atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
             if on {
@@ -146,6 +148,11 @@ static AT_LOAD: extern "C" fn() = at_load;
 /// once (`signals`), rather than wait for work that thread may never finish.
 pub(crate) static EXITING: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
+
+/// [`at_exit`] as sdp-core's exit hook.
+fn at_exit_hook() {
+    at_exit();
+}
 
 /// Exit-time work, once: flush the connections, then the report of every socket handled.
 pub(crate) extern "C" fn at_exit() {
@@ -2422,15 +2429,21 @@ thread_local! {
 /// `f` with `len` bytes of the thread's staging buffer ([`STAGE`]; a buffer of its own for a
 /// signal handler's call in the middle of another).
 fn with_stage<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    STAGE.with(|cell| match cell.try_borrow_mut() {
+    // (After the thread's thread locals were destroyed, at exit: a buffer of its own too.)
+    let mut f = Some(f);
+    let r = STAGE.try_with(|cell| match cell.try_borrow_mut() {
         Ok(mut kept) => {
             if kept.len() < len {
                 kept.resize(len, 0);
             }
-            f(&mut kept[..len])
+            (f.take().expect("once"))(&mut kept[..len])
         }
-        Err(_) => f(&mut vec![0u8; len]),
-    })
+        Err(_) => (f.take().expect("once"))(&mut vec![0u8; len]),
+    });
+    match r {
+        Ok(r) => r,
+        Err(_) => (f.take().expect("once"))(&mut vec![0u8; len]),
+    }
 }
 
 /// Largest piece sendfile reads from the file at a time.

@@ -323,7 +323,7 @@ pub(crate) fn lock_for_fork() {
             // this order, which `unlock_after_fork` finds again through the same guard.
             FORK_OPTS_TAKEN.store(taken, Ordering::SeqCst);
             drop(opts);
-            FORK_HELD.with(|h| *h.borrow_mut() = Some(g));
+            *FORK_HELD.lock() = Some(HeldForFork(g));
             return;
         }
         for o in &opts[..taken] {
@@ -352,12 +352,24 @@ pub(crate) fn forget_readers_in_child() {
     }
 }
 
-thread_local! {
-    /// The table's write guard across a fork, in the thread that forks (a fork child's one
-    /// thread is its copy): let go by dropping it, as any guard.
-    static FORK_HELD: std::cell::RefCell<Option<spin::rwlock::RwLockWriteGuard<'static, Option<Map>, spin::relax::Yield>>> =
-        const { std::cell::RefCell::new(None) };
-}
+/// The table's write guard across a fork (one fork at a time: the guard itself serializes
+/// them), let go by dropping it, as any guard; a fork child's copy is its own. A static, not a
+/// thread local: a fork from the exit work (the keeper's) comes after the exiting thread's
+/// thread locals were destroyed, and touching one then panicked (rsync's client aborted at
+/// exit, SIGABRT, and a fork child's last bytes were lost).
+static FORK_HELD: spin::mutex::SpinMutex<Option<HeldForFork>, spin::relax::Yield> =
+    spin::mutex::SpinMutex::new(None);
+
+/// [`FORK_HELD`]'s guard.
+struct HeldForFork(
+    #[allow(dead_code)] spin::rwlock::RwLockWriteGuard<'static, Option<Map>, spin::relax::Yield>,
+);
+
+// SAFETY: the guard is taken and let go around one fork, by the forking thread (or in the
+// child, by the copy of that thread); the static only carries it between the fork handlers,
+// which run in that thread. Dropping it from another thread would only release a lock nobody
+// else holds.
+unsafe impl Send for HeldForFork {}
 
 /// How many sockets' options [`lock_for_fork`] took, in the table's order.
 static FORK_OPTS_TAKEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -373,7 +385,7 @@ pub(crate) fn listeners() -> Vec<(i32, Arc<Sock>)> {
 /// to the child (`moving`: `daemon`), the listeners not shared moved with them: they stay.
 pub(crate) fn unlock_after_fork(moving: bool) -> Vec<Arc<Sock>> {
     // The options `lock_for_fork` took: the table is still held, so its order is the same.
-    let g = FORK_HELD.with(|h| h.borrow_mut().take());
+    let g = FORK_HELD.lock().take().map(|h| h.0);
     if let Some(m) = g.as_ref().and_then(|g| g.as_ref()) {
         let taken = FORK_OPTS_TAKEN.swap(0, Ordering::SeqCst);
         for o in m

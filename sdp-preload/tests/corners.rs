@@ -459,6 +459,29 @@ fn a_child_whose_parent_exits_keeps_the_connection() {
     let _ = shm_server_line(&lines);
 }
 
+/// As [`a_child_whose_parent_exits_keeps_the_connection`], the owner calling `exit()` (atexit
+/// handlers: rsync's client): the keeper carries the stream for the child. Before: the exit
+/// work aborted (SIGABRT, a thread local used after destruction), then, fixed, the child's
+/// request was lost (sdp-core's exit flush had ended the stream before the keeper came).
+#[test]
+fn a_child_whose_parent_calls_exit_keeps_the_connection() {
+    let _serial = serial();
+    let (tcp, lines) = differential_awaiting(
+        "owner_exit_call",
+        &[
+            "\"role\":\"client\"",
+            "\"transport\":\"shm\"",
+            "\"bytes_in\":11,\"bytes_out\":5",
+            "\"shared\":true",
+        ],
+    );
+    assert!(
+        tcp.contains("owner calls exit: child write ok, read reply:hello"),
+        "{tcp}"
+    );
+    let _ = shm_server_line(&lines);
+}
+
 /// [`differential`] for a case whose report line `want` (all of these parts) comes from a
 /// keeper, written when it ends, which may be after the program did: the report once it has
 /// that line (asserted), or after 20 s.

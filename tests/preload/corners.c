@@ -1804,6 +1804,7 @@ static void serve_one_request(int l) {
 static void parent_goes(int by_daemon) {
     const char *tag = by_daemon == 1 ? "daemon: the child's"
                       : by_daemon == 2 ? "owner killed: child"
+                      : by_daemon == 3 ? "owner calls exit: child"
                                        : "owner exits: child";
     int rp[2];
     CHECK(pipe(rp) == 0);
@@ -1825,8 +1826,11 @@ static void parent_goes(int by_daemon) {
             }
             usleep(200 * 1000);
         } else {
-            if (fork() != 0)
-                _exit(0); /* the owner goes */
+            if (fork() != 0) {
+                if (by_daemon == 3)
+                    exit(0); /* the owner goes, its atexit work run */
+                _exit(0);    /* the owner goes */
+            }
             usleep(200 * 1000);
         }
         struct timeval tv = {5, 0};
@@ -1941,6 +1945,12 @@ static void case_stdio(void) {
 }
 
 static void case_owner_exits(void) { parent_goes(0); }
+
+/* As owner_exits, the owner calling exit() (its atexit handlers run: rsync's client). Before,
+ * under the shim the exit work aborted the process (SIGABRT: a thread local touched after the
+ * thread's were destroyed), and once that was fixed sdp-core's exit flush ended the stream
+ * before the shim's keeper could take it: the child's request never went. */
+static void case_owner_exit_call(void) { parent_goes(3); }
 
 /* As owner_exits, by daemon(3) (`ssh -f`): over TCP the request is answered; under the shim
  * the connection moves to the daemon child and goes on over SDP. */
@@ -3892,6 +3902,8 @@ int main(int argc, char **argv) {
         case_owner_exits();
     if (only && strcmp(only, "owner_killed") == 0)
         case_owner_killed();
+    if (only && strcmp(only, "owner_exit_call") == 0)
+        case_owner_exit_call();
     if (only && strcmp(only, "exec_keeps") == 0)
         case_exec_keeps();
     if (only && strcmp(only, "stdio") == 0)

@@ -47,7 +47,24 @@ pub(crate) fn register(stack: Weak<dyn ExitFlush>) {
     g.push(stack);
 }
 
+/// Run first by this module's exit handler ([`set_exit_hook`]).
+static EXIT_HOOK: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// `f` runs at the start of the exit work this module registers with `atexit`, before any
+/// stream is flushed: the shim's own exit work (its keeper takes the streams other processes
+/// hold), registered earlier and so run after this module's (`atexit` handlers run last
+/// registered first), which had flushed and ended those streams by then (a fork child's bytes
+/// written after its parent's `exit()` were lost). `f` must be idempotent: it may also run from
+/// its own `atexit` registration.
+pub fn set_exit_hook(f: fn()) {
+    let _ = EXIT_HOOK.set(f);
+}
+
 extern "C" fn at_exit() {
+    if let Some(f) = EXIT_HOOK.get() {
+        // Never unwind into libc.
+        let _ = std::panic::catch_unwind(f);
+    }
     EXITING.store(true, std::sync::atomic::Ordering::SeqCst);
     // Never unwind into libc.
     let _ = std::panic::catch_unwind(|| flush_at_exit(exit_linger()));
