@@ -556,6 +556,26 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // SAFETY: forwards the caller's arguments.
         return unsafe { real::connect(fd, addr, len) };
     }
+    // SAFETY: forwards the caller's arguments.
+    keeping_errno(|| unsafe { connect_owned(fd, addr, len) })
+}
+
+/// `f`'s result, errno as it was before when `f` succeeded (a result of 0 or more): the
+/// shim's own calls on the way (an SDP attempt that fell back, a look that found nothing) must
+/// not show, as a successful system call leaves errno alone (`nc -z -v` printed "open :
+/// Resource temporarily unavailable").
+fn keeping_errno(f: impl FnOnce() -> c_int) -> c_int {
+    // SAFETY: errno is thread-local and always valid to read.
+    let saved = unsafe { *libc::__errno_location() };
+    let r = f();
+    if r >= 0 {
+        set_errno(saved);
+    }
+    r
+}
+
+/// [`connect`] on a socket the shim owns.
+unsafe fn connect_owned(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     let entry = table::get(fd);
     if entry.as_ref().is_some_and(|s| s.stream_parts().is_some()) {
         // Already connected, as a TCP socket would say.
@@ -1091,6 +1111,9 @@ unsafe fn accept_common(
             };
             match taken {
                 Some(Ok((s, user, peer))) => {
+                    // The doorbell's own address is the connection's (a connection reset
+                    // before this accept has none any more; TCP's getsockname still answers).
+                    let bell_local = kernel_sockname(c);
                     let nfd = onto_doorbell(user, c, flags & libc::SOCK_CLOEXEC != 0);
                     drop(low);
                     // An AF_INET6 listener's IPv4 clients show v4-mapped, as the kernel's.
@@ -1099,7 +1122,7 @@ unsafe fn accept_common(
                     let peer = Opts::shown(v6, Some(peer)).unwrap_or(peer);
                     let mut opts = Opts {
                         role: "server",
-                        local: Opts::shown(v6, s.local_addr().ok()),
+                        local: Opts::shown(v6, s.local_addr().ok().or(bell_local)),
                         peer: Some(peer),
                         v6,
                         ..Opts::default()
@@ -1230,7 +1253,7 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
         return unsafe { real::accept(fd, addr, len) };
     }
     // SAFETY: forwards the caller's arguments.
-    unsafe { accept_common(fd, addr, len, 0) }
+    keeping_errno(|| unsafe { accept_common(fd, addr, len, 0) })
 }
 
 #[no_mangle]
@@ -1245,7 +1268,7 @@ pub unsafe extern "C" fn accept4(
         return unsafe { real::accept4(fd, addr, len, flags) };
     }
     // SAFETY: forwards the caller's arguments.
-    unsafe { accept_common(fd, addr, len, flags) }
+    keeping_errno(|| unsafe { accept_common(fd, addr, len, flags) })
 }
 
 // ---------------------------------------------------------------------------------------------

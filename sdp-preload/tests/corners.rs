@@ -812,6 +812,19 @@ fn a_shut_read_half_reads_as_linux_tcp() {
     assert!(shm_lines(&lines, Some("server")) >= 1, "report:\n{lines}");
 }
 
+/// Successful connect and accept leave errno alone, as the kernel's do, over SDP too. Before:
+/// the shim's own calls on the way left ECONNRESET or EAGAIN (`nc -z -v` printed "open :
+/// Resource temporarily unavailable").
+#[test]
+fn successful_calls_leave_errno_alone() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "errno_kept",
+        &["errno kept: connect 0 errno 0, accept ok errno 0\n"],
+    );
+    assert!(shm_lines(&lines, Some("server")) >= 1, "report:\n{lines}");
+}
+
 /// A listener with TCP_DEFER_ACCEPT (apache's), set before or after listen, accepts a client
 /// that connected and wrote, over SDP as over TCP. Before: poll 0, accept EAGAIN (the doorbell
 /// carried no data, so the kernel never queued it).
