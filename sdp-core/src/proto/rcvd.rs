@@ -4,7 +4,7 @@
 //! connection with AbortConn and a [`ProtocolError`] saying what was wrong; it never panics and
 //! never touches other connections.
 
-use super::{Conn, Count, Event, ProtocolError, MAX_HDR};
+use super::{Conn, Count, Event, ProtocolError, State, MAX_HDR};
 use crate::proto::buff::BufStore;
 use crate::proto::msgs::{BsdhFlags, Ext, Header, Mid, BSDH_LEN, MIN_RCV_SIZE};
 use crate::proto::Instant;
@@ -19,6 +19,14 @@ impl<S: BufStore> Conn<S> {
             self.rx.put_buf(&mut self.store, buf);
             self.on_wc_error(now, wc.status);
             return;
+        }
+        if self.state == State::Accepting {
+            // A message of the peer's before the CM said established (an RC QP's first receive
+            // is its COMM_EST; over shm the connector's data, even its abort, may be taken in
+            // the round that also reports its RTU): the peer is connected, so are we. Taken as
+            // an abort first, the connection was never established and was dropped from the
+            // accept queue: TCP's accept returns it, with its bytes and then the reset.
+            self.established(now);
         }
         // The peer has sent: whatever we held for it may go (`Config::initiator_sends_first`).
         self.hold_sends = false;
