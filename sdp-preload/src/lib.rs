@@ -2452,21 +2452,19 @@ thread_local! {
 /// `f` with `len` bytes of the thread's staging buffer ([`STAGE`]; a buffer of its own for a
 /// signal handler's call in the middle of another).
 fn with_stage<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    // (After the thread's thread locals were destroyed, at exit: a buffer of its own too.)
-    let mut f = Some(f);
-    let r = STAGE.try_with(|cell| match cell.try_borrow_mut() {
+    if STAGE.try_with(|_| ()).is_err() {
+        // The thread's thread locals are destroyed already (at exit).
+        return f(&mut vec![0u8; len]);
+    }
+    STAGE.with(|cell| match cell.try_borrow_mut() {
         Ok(mut kept) => {
             if kept.len() < len {
                 kept.resize(len, 0);
             }
-            (f.take().expect("once"))(&mut kept[..len])
+            f(&mut kept[..len])
         }
-        Err(_) => (f.take().expect("once"))(&mut vec![0u8; len]),
-    });
-    match r {
-        Ok(r) => r,
-        Err(_) => (f.take().expect("once"))(&mut vec![0u8; len]),
-    }
+        Err(_) => f(&mut vec![0u8; len]),
+    })
 }
 
 /// Largest piece sendfile reads from the file at a time.
@@ -2974,8 +2972,9 @@ fn has_movable() -> bool {
 
 /// The fork handlers (sdp-core's and ours) around a process made by a raw `clone` or `fork`
 /// system call (`syscall()`, hooked in src/syscall.c: vsftpd makes its per-connection children
-/// so) or by glibc's `clone()` without CLONE_VM, which glibc runs none for: `stage` 0 before it, 1 in the parent after it, 2 in the
-/// child. Without them the parent's close of a connection the child serves ended it.
+/// so) or by glibc's `clone()` without CLONE_VM, which glibc runs none for: `stage` 0 before
+/// it, 1 in the parent after it, 2 in the child. Without them the parent's close of a
+/// connection the child serves ended it.
 #[no_mangle]
 pub extern "C" fn sdp_raw_fork(stage: c_int) {
     use sdp_core::socket::fork::{run_fork_handlers, ForkStage};

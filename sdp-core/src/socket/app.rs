@@ -243,8 +243,9 @@ impl Sharing {
 }
 
 /// Whether a connect's error says the listener turned SDP away on purpose (a forking
-/// server's: [`Handed`]) or a nonblocking connect found the processes sharing it slow to
-/// accept, rather than that nothing listens there over SDP: worth remembering
+/// server's: [`Handed`]), or the connect gave up on a process of this host that did not answer
+/// or accept in time (`runtime::Patience`), rather than that nothing listens there over SDP:
+/// worth remembering
 /// for a while (`history::record_refused`), since asking cost a round trip to that process.
 pub fn turned_away(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::ConnectionRefused
@@ -1157,7 +1158,7 @@ impl AppListener {
     /// `accept`, an epoll registration): the stack and listener it answers handed-off SDP
     /// requests on are made now, not at its first client, whose connect would wait for them
     /// (a worker's first adoption cost that client 10-20 ms; a nonblocking connect waits only
-    /// `HANDED_PATIENCE` for an accept). Nothing for a listener not shared.
+    /// `runtime::Patience::NONBLOCKING` for an accept). Nothing for a listener not shared.
     pub fn prepare_accept(&self) {
         if let Some(h) = self.handoff.get() {
             let _ = h.adopting();

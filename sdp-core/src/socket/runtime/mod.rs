@@ -33,8 +33,6 @@
 //! become errno in `socket::errors`, the environment knobs are `socket::tunables`.
 
 use std::collections::{HashMap, VecDeque};
-
-use rustc_hash::FxHashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -44,6 +42,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
+use rustc_hash::FxHashMap;
 
 use super::errors::{driver_err, io_err, verbs_err, Errno};
 
