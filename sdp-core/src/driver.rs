@@ -52,7 +52,7 @@ use crate::proto::table::{ConnId, Table};
 use crate::proto::{Config, Conn, ConnError, Event, Instant, Shutdown, State};
 use crate::verbs::{
     Access, Completion, Endpoint, Grant, Listener, MemoryRegion, Provider, QpCaps, SendWr,
-    VerbsError, WorkRequest, REJECT_QUEUE_FULL, REJECT_SDP_OFF,
+    VerbsError, WorkRequest, INLINE_LKEY, REJECT_QUEUE_FULL, REJECT_SDP_OFF,
 };
 
 /// A [`BufStore`] of memory regions registered on a provider, one region per buffer.
@@ -614,7 +614,7 @@ impl<P: Provider> Driver<P> {
                         // message always finds one.
                         let mut entry = Entry::new(conn, None);
                         entry.deadline = entry.conn.poll_timeout();
-                        let posted = post_all(&mut entry.conn, &mut ep, &mut self.sends);
+                        let posted = post_all(&mut entry.conn, &mut ep, &mut self.sends, None);
                         if posted.is_err() || ep.accept(&ack).is_err() {
                             note_refused(&mut le.refused, ConnError::NoMemory);
                             let _ = ep.reject(b"SDP: out of resources");
@@ -788,6 +788,12 @@ impl<P: Provider> Driver<P> {
 
     /// Post the engine's work requests, perform its CM actions, collect its events.
     fn pump(&mut self, now: Instant, id: ConnId) {
+        self.pump_with(now, id, None)
+    }
+
+    /// [`Driver::pump`] after a write that may have queued inline payloads
+    /// ([`Conn::write_inline`]): `data` is that write's bytes, which they are taken from.
+    fn pump_with(&mut self, now: Instant, id: ConnId, data: Option<&[u8]>) {
         let Some(e) = self.conns.get_mut(id) else {
             return;
         };
@@ -796,7 +802,7 @@ impl<P: Provider> Driver<P> {
             self.touched.push(id);
         }
         if let Some(ep) = e.ep.as_mut() {
-            post_or_abort(&mut e.conn, ep, &mut self.sends, now);
+            post_or_abort(&mut e.conn, ep, &mut self.sends, now, data);
             // A provider that runs work requests in the caller (shm) completed them already:
             // hand the completions to the engine now (freed buffers let queued data go), so
             // nobody has to be woken for them (`Endpoint::post_send`). They count as activity
@@ -809,7 +815,7 @@ impl<P: Provider> Driver<P> {
                 }
                 self.inline_done += n;
                 rounds += 1;
-                post_or_abort(&mut e.conn, ep, &mut self.sends, now);
+                post_or_abort(&mut e.conn, ep, &mut self.sends, now, None);
                 if rounds == MAX_POST_ROUNDS {
                     ep.notify_pending();
                     break;
@@ -1128,8 +1134,17 @@ impl<P: Provider> Driver<P> {
         CallerMemory(self.provider.clone())
     }
 
+    /// `write(2)`. Where the endpoint takes inline payloads ([`Endpoint::inline_max`]), bytes
+    /// that can go at once go as SENDs whose payload the provider copies from `data` while
+    /// this call posts them ([`Conn::write_inline`]), without a copy into a send buffer first.
     pub fn write(&mut self, now: Instant, id: ConnId, data: &[u8]) -> Result<usize, CallError> {
-        self.call(now, id, |c| c.write(now, data))
+        let Ok(e) = self.entry(id) else {
+            return Err(CallError::NotConnected);
+        };
+        let inline_max = e.ep.as_ref().map_or(0, |ep| ep.inline_max());
+        let r = e.conn.write_inline(now, data, inline_max);
+        self.pump_with(now, id, Some(data));
+        r
     }
     pub fn read(&mut self, now: Instant, id: ConnId, buf: &mut [u8]) -> Result<usize, CallError> {
         self.call(now, id, |c| c.read(now, buf))
@@ -1487,25 +1502,41 @@ fn post_or_abort<S: BufStore, E: Endpoint>(
     ep: &mut E,
     sends: &mut Vec<SendWr>,
     now: Instant,
+    data: Option<&[u8]>,
 ) {
-    if post_all(conn, ep, sends).is_err() {
+    if post_all(conn, ep, sends, data).is_err() {
         conn.abort(now);
-        let _ = post_all(conn, ep, sends);
+        let _ = post_all(conn, ep, sends, data);
     }
 }
 
 /// Post what the engine queued. Receives go at once; sends are gathered in `sends` and posted
 /// in order with one `post_sends` per batch. A send that tells the peer about receives comes
 /// after them in the engine's order, and gathering only delays sends, so it still follows them.
+/// A SEND with an inline payload goes on its own, after those gathered before it, with its
+/// bytes from `data` (the write that queued it; see [`Conn::write_inline`]).
 fn post_all<S: BufStore, E: Endpoint>(
     conn: &mut Conn<S>,
     ep: &mut E,
     sends: &mut Vec<SendWr>,
+    data: Option<&[u8]>,
 ) -> Result<(), VerbsError> {
     sends.clear();
     while let Some(wr) = conn.poll_wr() {
         match wr {
             WorkRequest::Recv(r) => ep.post_recv(&r)?,
+            WorkRequest::Send(s) if s.payload.is_some_and(|p| p.lkey == INLINE_LKEY) => {
+                if !sends.is_empty() {
+                    ep.post_sends(sends)?;
+                    sends.clear();
+                }
+                let p = s.payload.expect("matched above");
+                let bytes = usize::try_from(p.addr)
+                    .ok()
+                    .and_then(|off| data?.get(off..off.checked_add(p.len as usize)?))
+                    .ok_or(VerbsError::Invalid("an inline payload outside its write"))?;
+                ep.post_send_inline(&s, bytes)?;
+            }
             WorkRequest::Send(s) => {
                 sends.push(s);
                 if sends.len() == POST_BATCH {

@@ -1765,3 +1765,86 @@ fn a_deregistration_looks_only_at_the_inboxes_that_can_matter() {
         "inboxes looked at for an unused region"
     );
 }
+
+/// Inline payloads (`post_send_inline`, verbs' IBV_SEND_INLINE): the caller's bytes, not
+/// registered, gathered after a registered header into one message. The provider is done with
+/// them when the post returns: bytes overwritten right after arrive as they were at the post,
+/// whether the SEND went at once (slot, ring or cross-process copy) or had to wait for a
+/// receive (then it went from the provider's own copy). A payload that does not match its
+/// request is refused.
+#[test]
+fn inline_payloads_are_taken_at_the_post() {
+    let a = prov();
+    let b = prov();
+    let (mut x, mut y) = pair(&a, &b);
+    assert!(x.inline_max() >= 1 << 20);
+    let mut hdr = a.reg_mr(16, Access::empty()).unwrap();
+    hdr.write(0, b"header-16-bytes!");
+    let inline_wr = |id: u64, n: usize| SendWr {
+        payload: Some(Sge {
+            addr: 0,
+            len: n as u32,
+            lkey: INLINE_LKEY,
+        }),
+        ..send_wr(id, SendOp::Send, Some(hdr.sge(0, 16)))
+    };
+    let pattern = |n: usize, seed: u8| -> Vec<u8> {
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+            .collect()
+    };
+    // In the slot, in the ring, by cross-process copy; then three more with no receive posted.
+    let sizes = [100usize, 8000, 200_000, 100, 8000, 200_000];
+    let mut rbufs = Vec::new();
+    for i in 0..3 {
+        let mr = b.reg_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
+        y.post_recv(&RecvWr {
+            wr_id: 100 + i,
+            sge: mr.sge(0, 1 << 20),
+        })
+        .unwrap();
+        rbufs.push(mr);
+    }
+    let mut sent = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let mut bytes = pattern(n, i as u8);
+        x.post_send_inline(&inline_wr(i as u64, n), &bytes).unwrap();
+        sent.push(bytes.clone());
+        // The caller's buffer is its own again at once.
+        bytes.fill(0xee);
+    }
+    // The first three completed in the post; the rest wait for receives.
+    let sc = poll_n(&mut x, 3, T);
+    assert_eq!(sc.len(), 3, "{sc:?}");
+    assert!(poll_n(&mut x, 1, Duration::from_millis(50)).is_empty());
+    for i in 3..6 {
+        let mr = b.reg_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
+        y.post_recv(&RecvWr {
+            wr_id: 100 + i,
+            sge: mr.sge(0, 1 << 20),
+        })
+        .unwrap();
+        rbufs.push(mr);
+    }
+    let sc2 = poll_n(&mut x, 3, T);
+    for (i, c) in sc.iter().chain(&sc2).enumerate() {
+        assert_eq!(
+            (c.wr_id, c.status, c.byte_len),
+            (i as u64, WcStatus::Success, 16 + sizes[i] as u32)
+        );
+    }
+    let rc = poll_n(&mut y, 6, T);
+    assert_eq!(rc.len(), 6);
+    for (i, c) in rc.iter().enumerate() {
+        assert_eq!((c.wr_id, c.status), (100 + i as u64, WcStatus::Success));
+        let mut got = vec![0u8; 16 + sizes[i]];
+        rbufs[i].read(0, &mut got);
+        assert_eq!(&got[..16], b"header-16-bytes!");
+        assert!(got[16..] == sent[i][..], "payload {i} differs");
+    }
+    // Refused: a length that does not match, a registered payload.
+    let bytes = pattern(10, 0);
+    assert!(x.post_send_inline(&inline_wr(9, 11), &bytes).is_err());
+    let plain = send_wr(9, SendOp::Send, Some(hdr.sge(0, 16)));
+    assert!(x.post_send_inline(&plain, &bytes).is_err());
+}

@@ -111,6 +111,9 @@ pub struct ConnStats {
     /// Plain writes staged (`Config::staged_send_min`): copied into a buffer of ours the
     /// peer reads.
     pub staged_sends: u64,
+    /// Data bytes sent as inline payloads, taken by the provider from the writer's memory
+    /// ([`Conn::write_inline`]).
+    pub inline_send_bytes: u64,
     /// Zero-copy sources that timed out (`srcavail_timeout`, or a plain write's stall bound:
     /// the peer was not taking them).
     pub zcopy_stalls: u64,
@@ -138,6 +141,7 @@ enum Count {
     SrcAvailSent,
     SrcAvailCancelled(u64),
     StagedSends,
+    InlineSendBytes(u64),
     ZcopyStall,
     SinkAvailSent,
     SinkAvailCancelled,
@@ -162,6 +166,7 @@ impl ConnStats {
             Count::SrcAvailSent => self.srcavail_sent += 1,
             Count::SrcAvailCancelled(n) => self.srcavail_cancelled += n,
             Count::StagedSends => self.staged_sends += 1,
+            Count::InlineSendBytes(n) => self.inline_send_bytes += n,
             Count::ZcopyStall => self.zcopy_stalls += 1,
             Count::SinkAvailSent => self.sinkavail_sent += 1,
             Count::SinkAvailCancelled => self.sinkavail_cancelled += 1,
@@ -675,7 +680,22 @@ impl<S: BufStore> Conn<S> {
     /// Copy application bytes into the send queue. Returns how many were taken (fewer than
     /// offered when the send buffer fills up).
     pub fn write(&mut self, now: Instant, data: &[u8]) -> Result<usize, CallError> {
-        self.queue_bytes(now, data)
+        self.queue_bytes(now, data, 0)
+    }
+    /// [`Conn::write`] for a caller whose provider takes inline payloads of up to
+    /// `inline_max` bytes ([`crate::verbs::Endpoint::post_send_inline`]): while nothing is
+    /// queued ahead and credits allow, the bytes go as Data messages whose payload the provider
+    /// copies straight from `data` (no copy into a send buffer). Their work requests carry
+    /// the payload as an [`crate::verbs::INLINE_LKEY`] element whose `addr` is its offset in
+    /// `data`: the caller must post every work request queued before `data` goes, handing
+    /// each such payload's bytes over (the driver's `write` does).
+    pub fn write_inline(
+        &mut self,
+        now: Instant,
+        data: &[u8],
+        inline_max: usize,
+    ) -> Result<usize, CallError> {
+        self.queue_bytes(now, data, inline_max)
     }
     /// Queue a zero-copy send of registered memory (`src` must grant remote read until
     /// [`Event::ZcopySent`] for `token`). Small sources are refused with `Invalid`: copy them.

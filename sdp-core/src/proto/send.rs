@@ -7,7 +7,7 @@ use crate::proto::iocb::{SrcState, ZSrc};
 use crate::proto::msgs::{BsdhFlags, Ext, Mid, BSDH_LEN};
 use crate::proto::tx::{Inflight, TxItem};
 use crate::proto::Instant;
-use crate::verbs::{SendOp, SendWr, WorkRequest};
+use crate::verbs::{SendOp, SendWr, Sge, WorkRequest, INLINE_LKEY};
 
 /// Split zero copy cuts no piece smaller than this: below it a source goes whole (its
 /// SrcAvail and RdmaRdCompl would cost more than the read saves the sender).
@@ -15,7 +15,12 @@ const MIN_SPLIT_PIECE: u32 = 32 * 1024;
 
 impl<S: BufStore> Conn<S> {
     /// Body of [`Conn::write`].
-    pub(super) fn queue_bytes(&mut self, now: Instant, data: &[u8]) -> Result<usize, CallError> {
+    pub(super) fn queue_bytes(
+        &mut self,
+        now: Instant,
+        data: &[u8],
+        inline_max: usize,
+    ) -> Result<usize, CallError> {
         self.check_writable()?;
         if data.is_empty() {
             return Ok(0);
@@ -33,7 +38,7 @@ impl<S: BufStore> Conn<S> {
         if let Some(n) = self.stage(now, &data[..want]) {
             return Ok(n);
         }
-        let mut taken = 0;
+        let mut taken = self.send_inline(&data[..want], inline_max);
         let cap = self.send_size - BSDH_LEN as u32;
         while taken < want {
             // Append to the tail buffer if it has room and carries no urgent byte.
@@ -72,6 +77,65 @@ impl<S: BufStore> Conn<S> {
         self.maybe_grow_send_size();
         self.flush(now);
         Ok(taken)
+    }
+
+    /// Send the head of a write as Data messages whose payload the provider takes from the
+    /// writer's memory as the caller posts them (`Conn::write_inline`): the bytes are not
+    /// copied into a send buffer first. Only while they would go at once anyway: established,
+    /// nothing queued or advertised ahead of them, no sink of the peer's to fill, a credit per
+    /// message, and (unless `nodelay`) no partial message while a data send is outstanding
+    /// (those coalesce in a send buffer, as `push_queue` holds them). Returns the bytes sent;
+    /// the rest of the write queues by copy.
+    fn send_inline(&mut self, data: &[u8], inline_max: usize) -> usize {
+        if inline_max == 0
+            || self.state != State::Established
+            || self.hold_sends
+            || self.tx.has_queued()
+            || self.iocbs.src_advertised()
+            || self.advts.sink_usable()
+        {
+            return 0;
+        }
+        let full = (self.send_size as usize).saturating_sub(BSDH_LEN);
+        let cap = full.min(inline_max);
+        let mut off = 0;
+        while off < data.len() {
+            let n = cap.min(data.len() - off);
+            if !self.cfg.nodelay && n < full && self.tx.data_outstanding() > 0 {
+                break;
+            }
+            if !self.credits.can_send_data() {
+                break;
+            }
+            let Some(hdr) = self.tx.ctrl_buf(&mut self.store) else {
+                break;
+            };
+            let h = self.next_header(Mid::Data, Ext::None, BsdhFlags::empty(), n);
+            let mut bytes = [0u8; BSDH_LEN];
+            h.emit(&mut bytes).expect("BSDH fits");
+            self.store.write(&hdr, 0, &bytes);
+            self.advts.note_data_sent(h.bsdh.mseq);
+            self.tx.data_posted();
+            let key = self.tx.post(Inflight::Inline { hdr, len: n as u32 });
+            self.wrs.push_back(WorkRequest::Send(SendWr {
+                wr_id: wrid::SEND | key as u64,
+                op: SendOp::Send,
+                sge: Some(hdr.sge(BSDH_LEN as u32)),
+                payload: Some(Sge {
+                    addr: off as u64,
+                    len: n as u32,
+                    lkey: INLINE_LKEY,
+                }),
+                signaled: true,
+                solicited: true,
+                wake_engine: self.spent_data_credits(),
+            }));
+            off += n;
+        }
+        if off > 0 {
+            self.count(Count::InlineSendBytes(off as u64));
+        }
+        off
     }
 
     /// A staged send (BZCopy, `Config::staged_send_min`): copy `data` (what the send buffer

@@ -34,6 +34,12 @@ impl<S: BufStore> Conn<S> {
                 self.src_written(now, key, len, wc.status == WcStatus::Success);
                 true
             }
+            Inflight::Inline { hdr, len } => {
+                self.tx.put_ctrl_buf(&mut self.store, hdr);
+                self.tx.data_completed();
+                self.tx.bytes_out(len as usize);
+                true
+            }
             Inflight::SendSrc { hdr, key, len } => {
                 self.tx.put_ctrl_buf(&mut self.store, hdr);
                 self.tx.data_completed();

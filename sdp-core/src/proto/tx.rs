@@ -55,6 +55,9 @@ pub(crate) enum Inflight {
     /// A Data message: header from a control buffer, `len` payload bytes gathered from a
     /// zero-copy source.
     SendSrc { hdr: Buf, key: u64, len: u32 },
+    /// A Data message: header from a control buffer, `len` payload bytes the provider took
+    /// from the writer's memory as it was posted (`Conn::write_inline`).
+    Inline { hdr: Buf, len: u32 },
     /// RDMA Read of a peer's source: into a bounce buffer, or into the application's sink.
     Read(ReadReq),
     /// Zero-byte RDMA Write keepalive probe.
@@ -67,7 +70,8 @@ impl Inflight {
         match self {
             Inflight::Msg { buf, .. }
             | Inflight::WriteData { buf, .. }
-            | Inflight::SendSrc { hdr: buf, .. } => store.free(buf),
+            | Inflight::SendSrc { hdr: buf, .. }
+            | Inflight::Inline { hdr: buf, .. } => store.free(buf),
             Inflight::Read(r) => {
                 if let Some(b) = r.bounce {
                     store.free(b);
@@ -125,6 +129,7 @@ impl TxHalf {
                 Inflight::WriteData { data, .. } => format!("write({data} B)"),
                 Inflight::WriteSrc { key, len } => format!("writesrc({key}, {len} B)"),
                 Inflight::SendSrc { key, len, .. } => format!("sendsrc({key}, {len} B)"),
+                Inflight::Inline { len, .. } => format!("inline({len} B)"),
                 Inflight::Read(r) => format!("read(advt {}, {} B)", r.advt, r.len),
                 Inflight::Keepalive => "keepalive".into(),
             })

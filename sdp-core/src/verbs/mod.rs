@@ -109,6 +109,12 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+/// The local key of a SEND's payload that is not registered memory but the bytes the caller of
+/// [`Endpoint::post_send_inline`] hands over with the work request (verbs' `IBV_SEND_INLINE`):
+/// the provider takes them during that call. In the work request the engine queues, the
+/// payload's `addr` is the bytes' offset in the data of the write that made it.
+pub const INLINE_LKEY: u32 = u32::MAX;
+
 /// The far side of an RDMA Read or Write: an address and remote key the peer advertised.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RemoteBuf {
@@ -339,6 +345,20 @@ pub trait Endpoint: Send {
     /// make the notify fd readable (the driver takes them right after it posts,
     /// [`Endpoint::poll_inline`]; [`Endpoint::notify_pending`] when it leaves some behind).
     fn post_send(&mut self, wr: &SendWr) -> Result<(), VerbsError>;
+    /// The largest payload [`Endpoint::post_send_inline`] takes (0: none, the default).
+    fn inline_max(&self) -> usize {
+        0
+    }
+    /// Post a SEND whose payload (`wr.payload`, local key [`INLINE_LKEY`]) is `payload`, the
+    /// caller's bytes, which need not be registered: the provider is done with them when this
+    /// returns (it copied them into the peer's receive buffer or kept a copy of its own), so
+    /// the caller may reuse them at once, as a send buffer after its completion. Only where
+    /// [`Endpoint::inline_max`] is not 0, for up to that many bytes.
+    fn post_send_inline(&mut self, _wr: &SendWr, _payload: &[u8]) -> Result<(), VerbsError> {
+        Err(VerbsError::Invalid(
+            "this provider takes no inline payloads",
+        ))
+    }
     /// Post several send-queue work requests in order. A provider whose doorbell costs a
     /// system call (Soft-RoCE) rings it once for the whole list. On error, the requests
     /// before the failing one may have been posted.

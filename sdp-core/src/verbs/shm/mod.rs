@@ -37,7 +37,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::{
     check_grant, Access, CmEvent, Completion, Endpoint, Grant, Listener, MemoryRegion, Provider,
-    QpCaps, RecvWr, RemoteBuf, SendOp, SendWr, Sge, VerbsError, WcOpcode, WcStatus,
+    QpCaps, RecvWr, RemoteBuf, SendOp, SendWr, Sge, VerbsError, WcOpcode, WcStatus, INLINE_LKEY,
 };
 use crate::sys::{self, Mapping, Proc, RawBuf, Recv};
 
@@ -161,6 +161,9 @@ const RING_LEN: usize = 64 << 10;
 /// kernel TCP's 16-18, and streams of 16 KiB from 3.1-3.3 to 3.9-4.6 GB/s. A ring's pages
 /// are only touched by connections that send such messages.)
 pub const RING_MSG_MAX: usize = 17 << 10;
+/// Largest inline payload a SEND takes ([`Endpoint::post_send_inline`]): larger than any
+/// receive buffer SDP posts.
+const INLINE_SEND_MAX: usize = 4 << 20;
 /// Ring space is taken in units of this (a cache line).
 const RING_ALIGN: usize = 64;
 const MAX_SLOTS: u32 = 1 << 14;
@@ -2000,6 +2003,11 @@ pub struct ShmEndpoint {
     /// Bytes of our inline ring we took back from the peer's SENDs (`OFF_RING_TAIL`).
     ring_tail: u32,
     pending: VecDeque<SendWr>,
+    /// During `post_send_inline`: the caller's payload (address, length), valid for that call.
+    inline_now: Option<(u64, u32)>,
+    /// Inline payloads of SENDs that could not go during their post (queued behind others,
+    /// or no receive posted): our copies, by work request id, until the SEND leaves `pending`.
+    inline_kept: Vec<(u64, Box<[u8]>)>,
     rnr_since: Option<Instant>,
     rnr_counted: bool,
     cq: VecDeque<Completion>,
@@ -2257,6 +2265,8 @@ impl ShmEndpoint {
             ring_head: 0,
             ring_tail: 0,
             pending: VecDeque::new(),
+            inline_now: None,
+            inline_kept: Vec::new(),
             rnr_since: None,
             rnr_counted: false,
             cq: VecDeque::new(),
@@ -2405,12 +2415,25 @@ impl ShmEndpoint {
             // A gathered payload is for SENDs only, after a first SGE.
             return Exec::Fail(wc(wr, WcStatus::LocalProtection));
         }
+        // An inline payload (`post_send_inline`): the caller's bytes during its call, or our
+        // copy of them.
+        let inline_ok = wr.op == SendOp::Send
+            && wr.payload.is_some_and(|p| {
+                p.lkey == INLINE_LKEY
+                    && (self.inline_now == Some((p.addr, p.len))
+                        || self.inline_kept.iter().any(|(id, b)| {
+                            *id == wr.wr_id
+                                && b.as_ptr() as u64 == p.addr
+                                && b.len() == p.len as usize
+                        }))
+            });
         let regs = self.inner.regs.read();
         let local_ok = |need: Access| {
-            [wr.sge, wr.payload]
-                .iter()
-                .flatten()
-                .all(|s| s.len == 0 || regs.check(s, need))
+            wr.sge.iter().all(|s| s.len == 0 || regs.check(s, need))
+                && wr
+                    .payload
+                    .iter()
+                    .all(|s| s.len == 0 || inline_ok || regs.check(s, need))
         };
         let done = |byte_len: u32| succeeded(wr, byte_len);
         match wr.op {
@@ -2444,7 +2467,9 @@ impl ShmEndpoint {
                     (ST_LEN_ERR, Err(WcStatus::Other(WC_REM_INV_REQ_ERR)))
                 } else if len as usize <= INLINE_MAX {
                     // SAFETY: the local ranges lie inside live registrations (checked above
-                    // under the read lock we still hold; deregistration takes the write lock).
+                    // under the read lock we still hold; deregistration takes the write lock),
+                    // or are an inline payload: the caller's bytes during `post_send_inline`,
+                    // or our copy of them (`inline_ok`).
                     unsafe { gather_into(ib, base + S_INLINE, wr) };
                     (ST_INLINE, Ok(()))
                 } else if let Some((off, used)) = ring_alloc(peer, &mut self.ring_head, len) {
@@ -2464,7 +2489,8 @@ impl ShmEndpoint {
                     let still_ok =
                         || !peer.closed() && ib.u32(base + S_BAD).load(Ordering::Relaxed) == 0;
                     let end = peer.end_write();
-                    // SAFETY: the local ranges are inside live registrations (read lock held).
+                    // SAFETY: the local ranges are inside live registrations (read lock held)
+                    // or an inline payload (as for the inline copy above).
                     let r = unsafe {
                         if !still_ok() {
                             Err(std::io::Error::from_raw_os_error(libc::EACCES))
@@ -2712,6 +2738,7 @@ impl ShmEndpoint {
                 }
             }
         }
+        self.forget_kept();
         // (Sends that wait for the RTU need no retry timer: the RTU is news on our socket.)
         let waiting =
             !self.pending.is_empty() && self.state == QpState::Ready && self.peer.is_some();
@@ -2722,6 +2749,15 @@ impl ShmEndpoint {
             } else {
                 self.inner.rnr_waiting.fetch_sub(1, Ordering::Relaxed);
             }
+        }
+    }
+
+    /// Let go of our copies of inline payloads whose SENDs left `pending`.
+    fn forget_kept(&mut self) {
+        if !self.inline_kept.is_empty() {
+            let p = &self.pending;
+            self.inline_kept
+                .retain(|(id, _)| p.iter().any(|w| w.wr_id == *id));
         }
     }
 
@@ -2841,6 +2877,7 @@ impl ShmEndpoint {
             self.cq.push_back(wc(&wr, WcStatus::Flushed));
         }
         self.pending.extend(keep);
+        self.forget_kept();
         for wr in std::mem::take(&mut self.recvs) {
             self.cq.push_back(Completion {
                 wr_id: wr.wr_id,
@@ -3238,6 +3275,39 @@ impl Endpoint for ShmEndpoint {
             self.self_notify();
         }
         Ok(())
+    }
+
+    fn inline_max(&self) -> usize {
+        // Whatever the peer's receive buffer holds: the copy goes straight from the caller's
+        // bytes into it (by the inline ring or `process_vm_writev`).
+        INLINE_SEND_MAX
+    }
+
+    fn post_send_inline(&mut self, wr: &SendWr, payload: &[u8]) -> Result<(), VerbsError> {
+        let Some(p) = wr.payload.filter(|p| {
+            p.lkey == INLINE_LKEY
+                && p.len as usize == payload.len()
+                && payload.len() <= INLINE_SEND_MAX
+        }) else {
+            return Err(VerbsError::Invalid(
+                "an inline payload that does not match its request",
+            ));
+        };
+        let at = |addr: u64| SendWr {
+            payload: Some(Sge { addr, ..p }),
+            ..*wr
+        };
+        let w = at(payload.as_ptr() as u64);
+        self.inline_now = Some((w.payload.expect("set").addr, p.len));
+        let r = self.post_send(&w);
+        self.inline_now = None;
+        if let Some(q) = self.pending.iter_mut().find(|q| q.wr_id == w.wr_id) {
+            // Not gone yet: it goes from our copy of the bytes.
+            let kept: Box<[u8]> = payload.into();
+            *q = at(kept.as_ptr() as u64);
+            self.inline_kept.push((w.wr_id, kept));
+        }
+        r
     }
 
     fn poll_inline(&mut self, out: &mut [Completion]) -> usize {

@@ -187,6 +187,10 @@ pub struct SimConfig {
     pub max_registered_bytes_per_host: u64,
     /// Largest `max_send_wr` / `max_recv_wr` an endpoint may ask for.
     pub max_qp_wr: u32,
+    /// Largest inline payload a SEND takes ([`Endpoint::post_send_inline`]; an HCA's
+    /// `max_inline_data`); 0: none. The default takes any receive buffer's worth, so the
+    /// engine's inline path runs in every simulated test.
+    pub max_inline: usize,
 }
 
 impl Default for SimConfig {
@@ -204,6 +208,7 @@ impl Default for SimConfig {
             max_qps_per_host: 65_536,
             max_registered_bytes_per_host: 4 << 30,
             max_qp_wr: 16_384,
+            max_inline: 1 << 20,
         }
     }
 }
@@ -768,6 +773,12 @@ impl Endpoint for SimEndpoint {
     }
     fn post_send(&mut self, wr: &SendWr) -> Result<(), VerbsError> {
         self.world.lock().post_send(self.id, wr)
+    }
+    fn inline_max(&self) -> usize {
+        self.world.lock().cfg.max_inline
+    }
+    fn post_send_inline(&mut self, wr: &SendWr, payload: &[u8]) -> Result<(), VerbsError> {
+        self.world.lock().post_send_inline(self.id, wr, payload)
     }
     fn poll_cq(&mut self, out: &mut [Completion]) -> usize {
         self.world.lock().poll_cq(self.id, out)

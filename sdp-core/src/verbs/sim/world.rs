@@ -15,7 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use super::{SimConfig, SimQpState, SimStats, TraceEvent, TraceKind};
 use crate::verbs::{
     Access, CmEvent, Completion, QpCaps, RecvWr, RemoteBuf, SendOp, SendWr, Sge, VerbsError,
-    WcOpcode, WcStatus,
+    WcOpcode, WcStatus, INLINE_LKEY,
 };
 
 pub(crate) type Id = u64;
@@ -93,6 +93,8 @@ struct Window {
 struct SqEntry {
     seq: u64,
     wr: SendWr,
+    /// An inline payload's bytes, copied at the post (`Endpoint::post_send_inline`).
+    inline: Option<Vec<u8>>,
     /// The completion once the WR is done (acknowledged / read data placed); it is reported when
     /// every earlier WR is done too.
     done: Option<Completion>,
@@ -1273,6 +1275,36 @@ impl World {
     }
 
     pub fn post_send(&mut self, id: Id, wr: &SendWr) -> Result<(), VerbsError> {
+        self.post_send_with(id, wr, None)
+    }
+
+    /// A SEND whose payload is `payload`, copied now as an HCA copies inline data into the
+    /// work request ([`crate::verbs::Endpoint::post_send_inline`]).
+    pub fn post_send_inline(
+        &mut self,
+        id: Id,
+        wr: &SendWr,
+        payload: &[u8],
+    ) -> Result<(), VerbsError> {
+        let fits = wr.op == SendOp::Send
+            && payload.len() <= self.cfg.max_inline
+            && wr
+                .payload
+                .is_some_and(|p| p.lkey == INLINE_LKEY && p.len as usize == payload.len());
+        if !fits {
+            return Err(VerbsError::Invalid(
+                "an inline payload that does not match its request",
+            ));
+        }
+        self.post_send_with(id, wr, Some(payload.to_vec()))
+    }
+
+    fn post_send_with(
+        &mut self,
+        id: Id,
+        wr: &SendWr,
+        inline: Option<Vec<u8>>,
+    ) -> Result<(), VerbsError> {
         let now = self.now;
         let len = u64::from(wr_len(wr));
         let ser = if matches!(wr.op, SendOp::Read(_)) {
@@ -1305,6 +1337,7 @@ impl World {
                 q.sq.push_back(SqEntry {
                     seq,
                     wr: *wr,
+                    inline,
                     done: None,
                 });
                 self.schedule(start, Ev::Exec { qp: id, seq });
@@ -1360,6 +1393,7 @@ impl World {
             return;
         };
         let wr = q.sq[i].wr;
+        let inline = q.sq[i].inline.clone();
         let len = wr_len(&wr);
         // Local checks and data sampling.
         let need = match wr.op {
@@ -1372,8 +1406,15 @@ impl World {
             self.qp_error(id, Some((seq, WcStatus::LocalProtection)), true);
             return;
         }
-        for sge in [wr.sge, wr.payload].into_iter().flatten() {
+        for (i, sge) in [wr.sge, wr.payload].into_iter().enumerate() {
+            let Some(sge) = sge else {
+                continue;
+            };
             if sge.len == 0 {
+                continue;
+            }
+            if let (1, Some(bytes)) = (i, inline.as_ref()) {
+                data.extend_from_slice(bytes);
                 continue;
             }
             match self.resolve_local(host, &sge, need) {
