@@ -1050,6 +1050,15 @@ impl<P: Provider> Driver<P> {
     pub fn set_nodelay(&mut self, now: Instant, id: ConnId, on: bool) -> Result<(), DriverError> {
         self.apply(now, id, |c| c.set_nodelay(on))
     }
+    /// SO_OOBINLINE ([`Conn::set_oob_inline`]).
+    pub fn set_oob_inline(
+        &mut self,
+        now: Instant,
+        id: ConnId,
+        on: bool,
+    ) -> Result<(), DriverError> {
+        self.apply(now, id, |c| c.set_oob_inline(on))
+    }
     /// SO_SNDBUF in force; `None` for an unknown id.
     pub fn sndbuf(&self, id: ConnId) -> Option<usize> {
         self.conns.get(id).map(|e| e.conn.config().sndbuf)
@@ -1383,6 +1392,10 @@ impl<P: Provider> ConnView<'_, P> {
     /// An urgent byte (MSG_OOB) arrived and was not read yet.
     pub fn urgent_pending(&self) -> bool {
         self.0.urgent_pending()
+    }
+    /// SIOCATMARK ([`Conn::at_mark`]).
+    pub fn at_mark(&self) -> bool {
+        self.0.at_mark()
     }
     /// Bytes received and not yet read.
     pub fn rx_queued(&self) -> usize {

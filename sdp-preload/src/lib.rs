@@ -822,17 +822,20 @@ fn carry_options(tcp: c_int, s: &AppStream, user: &OwnedFd) -> Opts {
         (libc::SOL_SOCKET, libc::SO_RCVBUF),
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
         (libc::SOL_SOCKET, libc::SO_REUSEADDR),
+        (libc::SOL_SOCKET, libc::SO_OOBINLINE),
     ] {
         if let Some(v) = kernel_int(tcp, level, name) {
             o.stored.insert((level, name), v.to_ne_bytes().to_vec());
         }
     }
-    if o.stored
-        .get(&(libc::IPPROTO_TCP, libc::TCP_NODELAY))
-        .is_some_and(|v| v != &[0; 4])
-    {
+    let on = |o: &Opts, level, name| o.stored.get(&(level, name)).is_some_and(|v| v != &[0; 4]);
+    if on(&o, libc::IPPROTO_TCP, libc::TCP_NODELAY) {
         let _g = Internal::enter();
         let _ = s.set_nodelay(true);
+    }
+    if on(&o, libc::SOL_SOCKET, libc::SO_OOBINLINE) {
+        let _g = Internal::enter();
+        let _ = s.set_oob_inline(true);
     }
     carry_linger(tcp, s, &mut o);
     carry_buffers(tcp, s, &mut o);
@@ -2408,9 +2411,8 @@ unsafe fn ioctl_owned(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {
                 st.info().map(|i| i.tx_queued)
             }
             SIOCATMARK => {
-                // At the mark: the urgent byte came and no stream data is left before it.
                 let _g = Internal::enter();
-                st.info().map(|i| (i.urgent && i.rx_queued == 0) as usize)
+                st.info().map(|i| i.at_mark as usize)
             }
             // FIONBIO, FIOASYNC and the rest act on the kernel file natively.
             // SAFETY: forwards the caller's arguments.

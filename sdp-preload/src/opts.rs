@@ -284,6 +284,12 @@ pub(crate) unsafe fn set(
             }
             int().map(|v| (v != 0) as c_int)
         }
+        (libc::SOL_SOCKET, libc::SO_OOBINLINE) => {
+            if let Some(st) = st {
+                let _ = st.set_oob_inline(v != 0);
+            }
+            int().map(|v| (v != 0) as c_int)
+        }
         // Linux doubles a buffer size (from its minimum) and reports the doubled size; the
         // stream's buffers follow the doubled size (the receive side within the stack's bounds).
         (libc::SOL_SOCKET, libc::SO_SNDBUF) => {

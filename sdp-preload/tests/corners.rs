@@ -795,6 +795,35 @@ fn options_answer_as_linux_tcp() {
     assert!(shm_lines(&lines, Some("server")) >= 1, "report:\n{lines}");
 }
 
+/// The urgent mark as Linux's TCP keeps it: a read stops at the mark, SIOCATMARK says when the
+/// next byte is the one after the urgent byte, a read from the mark goes past it; with
+/// SO_OOBINLINE the byte stays in the stream (MSG_OOB is EINVAL) and POLLPRI shows until it is
+/// read. Before, under the shim: the first read ran through the mark ("abcdef"), and with
+/// SO_OOBINLINE the urgent byte was taken out of the stream.
+#[test]
+fn the_urgent_mark_and_oob_inline_as_linux_tcp() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "urgent_mark",
+        &[
+            "mark: first read 3 abc, atmark 1\n",
+            "mark: urgent 1 X, atmark 1\n",
+            "mark: read from the mark 3 def, atmark 0\n",
+        ],
+    );
+    assert!(shm_lines(&lines, Some("server")) >= 1, "report:\n{lines}");
+    let (_, lines) = differential_wanting(
+        "urgent_inline",
+        &[
+            "inline: first read 3 abc, atmark 1\n",
+            "inline: MSG_OOB -1 EINVAL\n",
+            "inline: read from the mark 4 Xdef, atmark 0\n",
+            "inline: poll after n=0 pri=0\n",
+        ],
+    );
+    assert!(shm_lines(&lines, Some("server")) >= 1, "report:\n{lines}");
+}
+
 /// shutdown(SHUT_RD) as Linux's TCP: the bytes queued are still read, reads return 0 while
 /// nothing is queued, and bytes the peer sends later are read too; under the shim over SDP.
 /// Before: the shutdown discarded what was queued and all that came after (reads said 0).

@@ -2118,6 +2118,77 @@ static void case_urgent(void) {
     finish(pid, s);
 }
 
+static int at_mark(int s) {
+    int m = -1;
+    CHECK(ioctl(s, SIOCATMARK, &m) == 0);
+    return m;
+}
+
+/* The peer writes abc, the urgent byte X, then def, once told to. */
+static void peer_urgent_mark(int s) {
+    await(p2c[0]);
+    CHECK(write(s, "abc", 3) == 3);
+    sleep_ms(20);
+    CHECK(send(s, "X", 1, MSG_OOB) == 1);
+    sleep_ms(20);
+    CHECK(write(s, "def", 3) == 3);
+    tell(c2p[1]);
+    await(p2c[0]);
+}
+
+/* The urgent mark as Linux's TCP keeps it: a read stops at the mark, SIOCATMARK says when the
+ * next byte read is the one after the urgent byte, and a read from the mark goes past it. */
+static void case_urgent_mark(void) {
+    int s;
+    pid_t pid = start(peer_urgent_mark, &s);
+    tell(p2c[1]);
+    await(c2p[0]);
+    sleep_ms(50);
+    char b[64];
+    out("mark: before reading: atmark %d", at_mark(s));
+    ssize_t r = read(s, b, sizeof b);
+    out("mark: first read %zd %.*s, atmark %d", r, (int)(r > 0 ? r : 0), b, at_mark(s));
+    r = recv(s, b, sizeof b, MSG_PEEK);
+    out("mark: peek at the mark %zd %.*s, atmark %d", r, (int)(r > 0 ? r : 0), b, at_mark(s));
+    r = recv(s, b, 1, MSG_OOB);
+    out("mark: urgent %zd %c, atmark %d", r, r == 1 ? b[0] : '-', at_mark(s));
+    r = read(s, b, sizeof b);
+    out("mark: read from the mark %zd %.*s, atmark %d", r, (int)(r > 0 ? r : 0), b, at_mark(s));
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
+/* SO_OOBINLINE: the urgent byte stays in the stream (MSG_OOB is EINVAL), the mark still stops a
+ * read before it, and POLLPRI shows it until it is read. */
+static void case_urgent_inline(void) {
+    int s;
+    pid_t pid = start(peer_urgent_mark, &s);
+    int on = 1;
+    CHECK(setsockopt(s, SOL_SOCKET, SO_OOBINLINE, &on, sizeof on) == 0);
+    socklen_t l = sizeof on;
+    on = 0;
+    CHECK(getsockopt(s, SOL_SOCKET, SO_OOBINLINE, &on, &l) == 0);
+    out("inline: SO_OOBINLINE %d", on);
+    tell(p2c[1]);
+    await(c2p[0]);
+    sleep_ms(50);
+    char b[64];
+    struct pollfd pfd = {.fd = s, .events = POLLIN | POLLPRI};
+    int n = poll(&pfd, 1, 0);
+    out("inline: poll n=%d pri=%d, atmark %d", n, !!(pfd.revents & POLLPRI), at_mark(s));
+    ssize_t r = read(s, b, sizeof b);
+    out("inline: first read %zd %.*s, atmark %d", r, (int)(r > 0 ? r : 0), b, at_mark(s));
+    r = recv(s, b, 1, MSG_OOB | MSG_DONTWAIT);
+    out("inline: MSG_OOB %zd %s", r, r < 0 ? en(errno) : "-");
+    r = read(s, b, sizeof b);
+    out("inline: read from the mark %zd %.*s, atmark %d", r, (int)(r > 0 ? r : 0), b, at_mark(s));
+    pfd.revents = 0;
+    n = poll(&pfd, 1, 0);
+    out("inline: poll after n=%d pri=%d", n, !!(pfd.revents & POLLPRI));
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
 /* A socket closed behind the libc's back (a raw system call, as some runtimes do) and its
  * number reused by a pipe: calls on the number act on the pipe. */
 static void case_raw_close(void) {
@@ -3918,6 +3989,8 @@ int main(int argc, char **argv) {
     RUN(bulk_then_exit);
     RUN(bulk_then_exec);
     RUN(urgent);
+    RUN(urgent_mark);
+    RUN(urgent_inline);
     RUN(eintr);
     RUN(sndtimeo);
     RUN(no_room_back);

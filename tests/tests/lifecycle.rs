@@ -389,6 +389,42 @@ fn urgent_byte_travels_apart_from_the_stream() {
     assert_eq!(got, b"beforeafter");
 }
 
+/// The urgent mark as TCP keeps it: a read stops at it, `at_mark` holds from there until a
+/// read goes past it, and that read ends the urgent byte not read by then. With SO_OOBINLINE
+/// the byte stays in the stream, right at the mark, and is pending until read.
+#[test]
+fn urgent_mark_stops_a_read_and_oob_inline_keeps_the_byte() {
+    for inline in [false, true] {
+        let mut p = Pair::new(23, Config::default());
+        let (a, b) = p.connect();
+        let now = p.now();
+        p.b.set_oob_inline(now, b, inline).unwrap();
+        p.a.write(now, a, b"abc").unwrap();
+        p.a.with_conn(now, a, |c| c.send_urgent(now, b'X'))
+            .unwrap()
+            .unwrap();
+        p.a.write(now, a, b"def").unwrap();
+        p.run_for(SEC / 10);
+        let now = p.now();
+        let mark = |p: &Pair| p.b.view(b).unwrap().at_mark();
+        let urgent = |p: &Pair| p.b.view(b).unwrap().urgent_pending();
+        assert!(!mark(&p) && urgent(&p), "inline {inline}");
+        let mut buf = [0u8; 64];
+        assert_eq!(p.b.read(now, b, &mut buf), Ok(3));
+        assert_eq!(&buf[..3], b"abc");
+        assert!(
+            mark(&p),
+            "inline {inline}: at the mark after the bytes before it"
+        );
+        let rest: &[u8] = if inline { b"Xdef" } else { b"def" };
+        assert_eq!(p.b.read(now, b, &mut buf), Ok(rest.len()));
+        assert_eq!(&buf[..rest.len()], rest);
+        assert!(!mark(&p) && !urgent(&p), "inline {inline}: past the mark");
+        // Not read apart before the read went past it: gone, as TCP's.
+        assert_eq!(p.b.with_conn(now, b, |c| c.read_urgent()).unwrap(), None);
+    }
+}
+
 #[test]
 fn writes_before_established_would_block_and_reads_too() {
     let mut p = Pair::new(22, Config::default());

@@ -240,6 +240,12 @@ pub struct Conn<S: BufStore> {
     rx: RxHalf,
     /// An urgent byte (MSG_OOB) not read yet.
     urgent: Option<u8>,
+    /// The urgent mark, as the stream bytes left to read before it (TCP's urgent pointer): a
+    /// read stops there, and at 0 the next byte read is the one after the urgent byte
+    /// (SIOCATMARK). A read from the mark goes past it and ends it.
+    urg_mark: Option<u64>,
+    /// SO_OOBINLINE: the urgent byte stays in the stream, at the mark.
+    oob_inline: bool,
 
     // Zero copy (advt.rs, iocb.rs, read.rs, write.rs).
     advts: Advts,
@@ -293,6 +299,8 @@ impl<S: BufStore> Conn<S> {
             tx: TxHalf::new(rcv, MAX_HDR as u32),
             rx: RxHalf::new(rcv, cfg.initial_rx_bufs),
             urgent: None,
+            urg_mark: None,
+            oob_inline: false,
             advts: Advts::default(),
             iocbs: Iocbs::default(),
             staging: Staging::default(),
@@ -631,6 +639,16 @@ impl<S: BufStore> Conn<S> {
             _ => None,
         }
     }
+    /// SO_OOBINLINE: urgent bytes that arrive from now on stay in the stream (at the mark),
+    /// instead of waiting apart for a `MSG_OOB` read.
+    pub fn set_oob_inline(&mut self, on: bool) {
+        self.oob_inline = on;
+    }
+    /// SIOCATMARK: an urgent byte came and the next byte read is the one after it (with
+    /// SO_OOBINLINE: the urgent byte itself).
+    pub fn at_mark(&self) -> bool {
+        self.urg_mark == Some(0)
+    }
     /// TCP_NODELAY: send small writes at once instead of coalescing them.
     pub fn set_nodelay(&mut self, on: bool) {
         self.cfg.nodelay = on;
@@ -800,9 +818,10 @@ impl<S: BufStore> Conn<S> {
     pub fn rx_below(&self, lowat: usize) -> bool {
         self.stream_below(lowat)
     }
-    /// Whether an urgent byte (MSG_OOB) arrived and was not read yet.
+    /// Whether an urgent byte (MSG_OOB) arrived and was not read yet (with SO_OOBINLINE: the
+    /// stream was not read past it yet).
     pub fn urgent_pending(&self) -> bool {
-        self.urgent.is_some()
+        self.urgent.is_some() || (self.oob_inline && self.urg_mark.is_some())
     }
     /// Take the urgent byte (MSG_OOB), if one arrived and was not read yet.
     pub fn read_urgent(&mut self) -> Option<u8> {

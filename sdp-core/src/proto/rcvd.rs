@@ -101,11 +101,15 @@ impl<S: BufStore> Conn<S> {
             // The peer sent data past our SinkAvail (it had not seen it).
             self.sink_overtaken(now, !flags.is_empty());
         }
-        if flags.contains(BsdhFlags::OOB_PRES) {
-            let mut b = [0u8; 1];
-            self.store.read(&buf, BSDH_LEN as u32 + len - 1, &mut b);
-            len -= 1;
-            self.urgent = Some(b[0]);
+        if flags.contains(BsdhFlags::OOB_PRES) && len > 0 {
+            // The urgent byte is the message's last: the mark is after the bytes before it.
+            self.urg_mark = Some(self.rx.bytes() as u64 + u64::from(len - 1));
+            if !self.oob_inline {
+                let mut b = [0u8; 1];
+                self.store.read(&buf, BSDH_LEN as u32 + len - 1, &mut b);
+                len -= 1;
+                self.urgent = Some(b[0]);
+            }
             self.emit(Event::Urgent);
         }
         if len > 0 && self.app_closed {

@@ -29,6 +29,9 @@ impl<S: BufStore> Conn<S> {
         if dst.is_empty() {
             return Ok(0);
         }
+        // A read stops at the urgent mark, as TCP's (one from the mark goes past it).
+        let lim = self.to_mark(dst.len());
+        let dst = &mut dst[..lim];
         let mut copied = 0;
         while copied < dst.len() {
             let Some(item) = self.rx.front_mut() else {
@@ -68,6 +71,7 @@ impl<S: BufStore> Conn<S> {
             }
         }
         if copied > 0 {
+            self.past_bytes(copied);
             self.touch(now);
             self.flush(now);
             return Ok(copied);
@@ -79,11 +83,34 @@ impl<S: BufStore> Conn<S> {
         Err(CallError::WouldBlock)
     }
 
+    /// How much of a read of `len` bytes may be taken: up to the urgent mark, if one is ahead.
+    fn to_mark(&self, len: usize) -> usize {
+        match self.urg_mark {
+            Some(m) if m > 0 => usize::try_from(m).map_or(len, |m| m.min(len)),
+            _ => len,
+        }
+    }
+
+    /// `n` stream bytes were read: the urgent mark comes nearer, or is passed (a read from
+    /// the mark), which ends it and the urgent byte not read by then (as TCP's).
+    fn past_bytes(&mut self, n: usize) {
+        match self.urg_mark {
+            Some(0) => {
+                self.urg_mark = None;
+                self.urgent = None;
+            }
+            Some(m) => self.urg_mark = Some(m.saturating_sub(n as u64)),
+            None => {}
+        }
+    }
+
     /// Body of [`Conn::peek`].
     pub(super) fn peek_copy(&self, dst: &mut [u8]) -> Result<usize, CallError> {
         if matches!(self.state, State::Connecting | State::Accepting) {
             return Err(CallError::WouldBlock);
         }
+        let lim = self.to_mark(dst.len());
+        let dst = &mut dst[..lim];
         let mut copied = 0;
         for item in self.rx.items() {
             if copied == dst.len() {

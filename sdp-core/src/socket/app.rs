@@ -99,6 +99,8 @@ pub struct AppInfo {
     pub error: Option<i32>,
     /// An urgent byte waits.
     pub urgent: bool,
+    /// SIOCATMARK: the next byte read is the one after the urgent byte.
+    pub at_mark: bool,
 }
 
 /// Flags of a read: `MSG_PEEK`, `MSG_WAITALL`, `MSG_DONTWAIT`.
@@ -701,6 +703,10 @@ impl AppStream {
     }
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
         self.stack.0.set_nodelay(self.id, on)
+    }
+    /// SO_OOBINLINE: urgent bytes that arrive from now on stay in the stream, at the mark.
+    pub fn set_oob_inline(&self, on: bool) -> io::Result<()> {
+        self.stack.0.set_oob_inline(self.id, on)
     }
     pub fn set_send_buffer_size(&self, bytes: usize) -> io::Result<()> {
         self.stack.0.set_sndbuf(self.id, bytes.max(1))

@@ -207,6 +207,8 @@ pub(crate) trait StackOps: Send + Sync {
     fn ready_fd(&self, id: ConnId) -> io::Result<RawFd>;
     fn addrs(&self, id: ConnId) -> io::Result<(SocketAddr, SocketAddr)>;
     fn set_nodelay(&self, id: ConnId, on: bool) -> io::Result<()>;
+    /// SO_OOBINLINE: urgent bytes stay in the stream.
+    fn set_oob_inline(&self, id: ConnId, on: bool) -> io::Result<()>;
     fn nodelay(&self, id: ConnId) -> io::Result<bool>;
     fn set_sndbuf(&self, id: ConnId, bytes: usize) -> io::Result<()>;
     fn sndbuf(&self, id: ConnId) -> io::Result<usize>;

@@ -541,6 +541,11 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             g.driver.set_nodelay(now, id, on).map_err(driver_err)
         })
     }
+    fn set_oob_inline(&self, id: ConnId, on: bool) -> io::Result<()> {
+        self.with_sock(id, |g, now| {
+            g.driver.set_oob_inline(now, id, on).map_err(driver_err)
+        })
+    }
     fn nodelay(&self, id: ConnId) -> io::Result<bool> {
         self.option(id, |d| d.nodelay(id))
     }
@@ -804,5 +809,6 @@ pub(super) fn info_of<P: Provider>(
         write_closed: c.write_closed(),
         error: c.error().map(|e| e.errno()),
         urgent: c.urgent_pending(),
+        at_mark: c.at_mark(),
     }
 }
