@@ -796,7 +796,8 @@ fn options_answer_as_linux_tcp() {
 }
 
 /// The urgent mark as Linux's TCP keeps it: a read stops at the mark, SIOCATMARK says when the
-/// next byte is the one after the urgent byte, a read from the mark goes past it; with
+/// next byte is the one after the urgent byte (MSG_WAITALL returns there too), a read from the
+/// mark goes past it; with
 /// SO_OOBINLINE the byte stays in the stream (MSG_OOB is EINVAL) and POLLPRI shows until it is
 /// read. Before, under the shim: the first read ran through the mark ("abcdef"), and with
 /// SO_OOBINLINE the urgent byte was taken out of the stream.
@@ -806,7 +807,8 @@ fn the_urgent_mark_and_oob_inline_as_linux_tcp() {
     let (_, lines) = differential_wanting(
         "urgent_mark",
         &[
-            "mark: first read 3 abc, atmark 1\n",
+            "mark: two bytes 2 ab, atmark 0\n",
+            "mark: first read 1 c, atmark 1\n",
             "mark: urgent 1 X, atmark 1\n",
             "mark: read from the mark 3 def, atmark 0\n",
         ],

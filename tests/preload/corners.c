@@ -2146,7 +2146,9 @@ static void case_urgent_mark(void) {
     sleep_ms(50);
     char b[64];
     out("mark: before reading: atmark %d", at_mark(s));
-    ssize_t r = read(s, b, sizeof b);
+    ssize_t r = recv(s, b, 2, 0);
+    out("mark: two bytes %zd %.*s, atmark %d", r, (int)(r > 0 ? r : 0), b, at_mark(s));
+    r = recv(s, b, sizeof b, MSG_WAITALL);
     out("mark: first read %zd %.*s, atmark %d", r, (int)(r > 0 ? r : 0), b, at_mark(s));
     r = recv(s, b, sizeof b, MSG_PEEK);
     out("mark: peek at the mark %zd %.*s, atmark %d", r, (int)(r > 0 ? r : 0), b, at_mark(s));

@@ -533,6 +533,10 @@ impl AppStream {
                     if !flags.waitall || flags.peek || got == buf.len() {
                         return Ok(got);
                     }
+                    // MSG_WAITALL returns at the urgent mark, as TCP's.
+                    if self.stack.0.app_info(self.id).is_ok_and(|i| i.at_mark) {
+                        return Ok(got);
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let waited = match self.poll_then_wait(fd, flags.dontwait) {
