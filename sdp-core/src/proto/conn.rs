@@ -700,8 +700,8 @@ impl<S: BufStore> Conn<S> {
     pub fn write(&mut self, now: Instant, data: &[u8]) -> Result<usize, CallError> {
         self.queue_bytes(now, data, 0)
     }
-    /// [`Conn::write`] for a caller whose provider takes inline payloads of up to
-    /// `inline_max` bytes ([`crate::verbs::Endpoint::post_send_inline`]): while nothing is
+    /// [`Conn::write`] for a caller whose provider takes inline SENDs of up to `inline_max`
+    /// bytes (header and payload) ([`crate::verbs::Endpoint::post_send_inline`]): while nothing is
     /// queued ahead and credits allow, the bytes go as Data messages whose payload the provider
     /// copies straight from `data` (no copy into a send buffer). Their work requests carry
     /// the payload as an [`crate::verbs::INLINE_LKEY`] element whose `addr` is its offset in

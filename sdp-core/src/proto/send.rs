@@ -97,7 +97,10 @@ impl<S: BufStore> Conn<S> {
             return 0;
         }
         let full = (self.send_size as usize).saturating_sub(BSDH_LEN);
-        let cap = full.min(inline_max);
+        let cap = full.min(inline_max.saturating_sub(BSDH_LEN));
+        if cap == 0 {
+            return 0;
+        }
         let mut off = 0;
         while off < data.len() {
             let n = cap.min(data.len() - off);

@@ -276,6 +276,7 @@ pub enum VerbsError {
 pub struct QpCaps {
     pub max_send_wr: u32,
     pub max_recv_wr: u32,
+    /// Inline data asked for (a provider may give less: [`Endpoint::inline_max`]).
     pub max_inline: u32,
 }
 
@@ -345,7 +346,8 @@ pub trait Endpoint: Send {
     /// make the notify fd readable (the driver takes them right after it posts,
     /// [`Endpoint::poll_inline`]; [`Endpoint::notify_pending`] when it leaves some behind).
     fn post_send(&mut self, wr: &SendWr) -> Result<(), VerbsError>;
-    /// The largest payload [`Endpoint::post_send_inline`] takes (0: none, the default).
+    /// The largest SEND [`Endpoint::post_send_inline`] takes, its first element and inline
+    /// payload together (an HCA's `max_inline_data`; 0: none, the default).
     fn inline_max(&self) -> usize {
         0
     }
@@ -353,7 +355,7 @@ pub trait Endpoint: Send {
     /// caller's bytes, which need not be registered: the provider is done with them when this
     /// returns (it copied them into the peer's receive buffer or kept a copy of its own), so
     /// the caller may reuse them at once, as a send buffer after its completion. Only where
-    /// [`Endpoint::inline_max`] is not 0, for up to that many bytes.
+    /// [`Endpoint::inline_max`] is not 0, for up to that many bytes in all.
     fn post_send_inline(&mut self, _wr: &SendWr, _payload: &[u8]) -> Result<(), VerbsError> {
         Err(VerbsError::Invalid(
             "this provider takes no inline payloads",

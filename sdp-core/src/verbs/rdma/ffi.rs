@@ -286,7 +286,9 @@ impl CmId {
         rc_errno(unsafe { rs::rdma_create_qp(self.raw(), pd.ptr.as_ptr(), &mut attr) })?;
         // SAFETY: rdma_create_qp succeeded, so the id holds its QP.
         let qp = NonNull::new(unsafe { (*self.raw()).qp }).ok_or(libc::EINVAL)?;
-        Ok(self.qp.get_or_init(|| Qp(qp)))
+        // (The provider wrote back what it gave, at least what was asked.)
+        let max_inline = attr.cap.max_inline_data;
+        Ok(self.qp.get_or_init(|| Qp(qp, max_inline)))
     }
 
     /// The QP, once [`CmId::create_qp`] made it.
@@ -360,7 +362,7 @@ impl Drop for CmId {
 }
 
 /// A QP, owned by the [`CmId`] it was made on.
-pub(super) struct Qp(NonNull<rs::ibv_qp>);
+pub(super) struct Qp(NonNull<rs::ibv_qp>, u32);
 
 // SAFETY: libibverbs' post calls lock the QP; it may be used from any thread.
 unsafe impl Send for Qp {}
@@ -385,6 +387,43 @@ impl Qp {
         // SAFETY: the QP is live; rwr and sge are valid for the call (the provider copies
         // them).
         let rc = unsafe { rs::ibv_post_recv(self.0.as_ptr(), &mut rwr, &mut bad) };
+        if rc != 0 {
+            return Err(rc);
+        }
+        Ok(())
+    }
+
+    /// The largest inline SEND (`IBV_SEND_INLINE`, all its elements together) the QP takes.
+    pub fn max_inline(&self) -> u32 {
+        self.1
+    }
+
+    /// Post one SEND whose payload is `payload`, copied by the provider during the call
+    /// (`IBV_SEND_INLINE`); the caller checked it fits [`Qp::max_inline`].
+    pub fn post_send_inline(&self, wr: &SendWr, payload: &[u8]) -> Result<(), i32> {
+        let zero = rs::ibv_sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        };
+        let mut sges = [zero; 2];
+        // SAFETY: ibv_send_wr is plain old data; zero is a valid value for every field.
+        let mut swr: rs::ibv_send_wr = unsafe { std::mem::zeroed() };
+        fill_send_wr(&mut swr, &mut sges, wr);
+        if swr.num_sge != 2 {
+            return Err(libc::EINVAL);
+        }
+        sges[1] = rs::ibv_sge {
+            addr: payload.as_ptr() as u64,
+            length: payload.len() as u32,
+            lkey: 0,
+        };
+        swr.sg_list = sges.as_mut_ptr();
+        swr.send_flags |= rs::ibv_send_flags::IBV_SEND_INLINE.0;
+        let mut bad = ptr::null_mut();
+        // SAFETY: the QP is live; swr and its sg_list (`sges`, pointing at the caller's live
+        // bytes) are valid for the call, during which the provider copies the inline data.
+        let rc = unsafe { rs::ibv_post_send(self.0.as_ptr(), &mut swr, &mut bad) };
         if rc != 0 {
             return Err(rc);
         }

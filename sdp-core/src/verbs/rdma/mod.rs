@@ -95,6 +95,8 @@ const RDMA_MAX_INIT_DEPTH: u8 = 0xff;
 /// Private data of a reject for a request on another device than the provider's.
 pub const WRONG_DEVICE_REJECT: &[u8] = b"SDP: wrong RDMA device";
 const PAGE: usize = 4096;
+/// Inline data a QP is asked for when the driver's request is refused (rsockets' default).
+const INLINE_FALLBACK: u32 = 64;
 
 /// An `io::Error` of the host's system calls as its errno.
 fn os_errno(e: std::io::Error) -> i32 {
@@ -487,16 +489,28 @@ impl Shared {
     }
 
     fn create_qp_on<'a>(&self, id: &'a CmId, cq: &Cq, caps: QpCaps) -> Result<&'a Qp, VerbsError> {
-        let cap = rs::ibv_qp_cap {
+        let cap = |max_inline_data| rs::ibv_qp_cap {
             max_send_wr: caps.max_send_wr.clamp(1, self.max_qp_wr),
             max_recv_wr: caps.max_recv_wr.clamp(1, self.max_qp_wr),
             max_send_sge: if self.gather { 2 } else { 1 },
             max_recv_sge: 1,
-            max_inline_data: caps.max_inline,
+            max_inline_data,
         };
-        // The id is bound to the provider's device (checked by the callers), the PD its.
-        id.create_qp(&self.parts()?.pd, cq, cap)
-            .map_err(|e| map::errno_error(e, "rdma_create_qp"))
+        let pd = &self.parts()?.pd;
+        // The inline data asked for, then less: devices take different amounts (siw 80
+        // bytes, rxe 400), and say only by refusing. Without gathering, none is used.
+        let mut r = Err(libc::EINVAL);
+        for want in [caps.max_inline, INLINE_FALLBACK, 0] {
+            if want > caps.max_inline || (want > 0 && !self.gather) {
+                continue;
+            }
+            // The id is bound to the provider's device (checked by the callers), the PD its.
+            r = id.create_qp(pd, cq, cap(want));
+            if r.is_ok() {
+                break;
+            }
+        }
+        r.map_err(|e| map::errno_error(e, "rdma_create_qp"))
     }
 
     fn conn_param(&self, accept: bool) -> ConnParam {
@@ -1064,6 +1078,35 @@ impl Endpoint for RdmaEndpoint {
 
     fn post_send(&mut self, wr: &SendWr) -> Result<(), VerbsError> {
         self.post_sends(std::slice::from_ref(wr))
+    }
+
+    fn inline_max(&self) -> usize {
+        // Once the QP exists (an endpoint before its QP queues its posts: none inline).
+        if !self.has_qp || !self.sh.gather {
+            return 0;
+        }
+        self.qp().max_inline() as usize
+    }
+
+    fn post_send_inline(&mut self, wr: &SendWr, payload: &[u8]) -> Result<(), VerbsError> {
+        if !self.qp_or_queue(None)? {
+            return Err(VerbsError::NotConnected);
+        }
+        let total = wr.sge.map_or(0, |s| s.len as usize) + payload.len();
+        let fits = wr.op == crate::verbs::SendOp::Send
+            && self.sh.gather
+            && total <= self.qp().max_inline() as usize
+            && wr.payload.is_some_and(|p| {
+                p.lkey == crate::verbs::INLINE_LKEY && p.len as usize == payload.len()
+            });
+        if !fits {
+            return Err(VerbsError::Invalid(
+                "an inline payload that does not match its request",
+            ));
+        }
+        self.qp()
+            .post_send_inline(wr, payload)
+            .map_err(|rc| map::errno_error(rc, "send queue"))
     }
 
     fn post_sends(&mut self, wrs: &[SendWr]) -> Result<(), VerbsError> {

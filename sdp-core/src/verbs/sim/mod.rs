@@ -131,7 +131,7 @@
 //!
 //! What is not modeled: packets, MTU segmentation and PSNs (a message is one unit);
 //! congestion between QPs (each QP direction has its own full bandwidth); `max_rd_atomic`
-//! limits on outstanding RDMA Reads; inline data (`max_inline` is ignored); CQ overflow; atomics,
+//! limits on outstanding RDMA Reads; CQ overflow; atomics,
 //! immediate data, memory windows, SRQs; fences (WRs start in order, which is at least as
 //! strict); the RDMA Read race where the responder's memory changes while the response is
 //! streamed (data is sampled at one instant); retransmission after a transient loss (a lost

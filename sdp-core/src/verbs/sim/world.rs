@@ -1287,7 +1287,7 @@ impl World {
         payload: &[u8],
     ) -> Result<(), VerbsError> {
         let fits = wr.op == SendOp::Send
-            && payload.len() <= self.cfg.max_inline
+            && wr.sge.map_or(0, |s| s.len as usize) + payload.len() <= self.cfg.max_inline
             && wr
                 .payload
                 .is_some_and(|p| p.lkey == INLINE_LKEY && p.len as usize == payload.len());
