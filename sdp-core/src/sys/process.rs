@@ -344,6 +344,71 @@ impl Proc {
         unsafe { self.copy_in_batch(true, local, remote, len, end) }.map(drop)
     }
 
+    /// [`Proc::write`] of two local ranges, one after the other, into one remote range (a
+    /// header and a payload): one system call where two would do.
+    ///
+    /// # Safety
+    /// As [`vm_copy`] for a write, for both ranges.
+    pub unsafe fn write_two(
+        &self,
+        first: (u64, usize),
+        second: (u64, usize),
+        remote: u64,
+        end: Option<CopyEnd>,
+    ) -> io::Result<()> {
+        self.check()?;
+        let vec = |a: u64, n: usize| libc::iovec {
+            iov_base: a as usize as *mut libc::c_void,
+            iov_len: n,
+        };
+        let total = first.1 + second.1;
+        let l = [
+            vec(first.0, first.1),
+            vec(second.0, second.1),
+            vec(end.map_or(0, |e| e.local), 4),
+        ];
+        let r = [vec(remote, total), vec(end.map_or(0, |e| e.remote), 4)];
+        let (lc, rc) = if end.is_some() { (3, 2) } else { (2, 1) };
+        // SAFETY: the kernel reads our ranges, valid per the caller's contract; a bad remote
+        // range is an error (EFAULT), not undefined behaviour here.
+        let n = syscall!(process_vm_writev(
+            self.pid,
+            l.as_ptr(),
+            lc,
+            r.as_ptr(),
+            rc,
+            0
+        ))? as usize;
+        if n >= total {
+            return Ok(());
+        }
+        // Short (the remote range crossed an unmapped page, or a signal): the rest piece by
+        // piece, as `write` copies.
+        // SAFETY: the caller's contract, for what is left of each range.
+        unsafe {
+            if n < first.1 {
+                vm_copy(
+                    true,
+                    self.pid,
+                    first.0 + n as u64,
+                    remote + n as u64,
+                    first.1 - n,
+                    None,
+                )?;
+            }
+            let done2 = n.saturating_sub(first.1);
+            vm_copy(
+                true,
+                self.pid,
+                second.0 + done2 as u64,
+                remote + (first.1 + done2) as u64,
+                second.1 - done2,
+                end,
+            )
+            .map(drop)
+        }
+    }
+
     /// Copy `len` bytes from the process at `remote` to our `local` address; `ESRCH` if it has
     /// exited (checked as for [`Proc::write`]).
     ///

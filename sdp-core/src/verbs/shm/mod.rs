@@ -2495,17 +2495,13 @@ impl ShmEndpoint {
                         if !still_ok() {
                             Err(std::io::Error::from_raw_os_error(libc::EACCES))
                         } else if let Some(p) = wr.payload {
-                            // Gathered: header, then payload right after it (plain copies).
-                            peer.proc
-                                .write(s.addr, raddr, s.len as usize, None)
-                                .and_then(|()| {
-                                    peer.proc.write(
-                                        p.addr,
-                                        raddr + u64::from(s.len),
-                                        p.len as usize,
-                                        end,
-                                    )
-                                })
+                            // Gathered: header, then payload right after it, in one copy.
+                            peer.proc.write_two(
+                                (s.addr, s.len as usize),
+                                (p.addr, p.len as usize),
+                                raddr,
+                                end,
+                            )
                         } else if len as usize >= assist::ASSIST_MIN_SEND {
                             // Asks the peer's help (`start_shared` rings its bell): its next round
                             // looks at this connection.
