@@ -1149,10 +1149,14 @@ impl<P: Provider> Driver<P> {
     /// that can go at once go as SENDs whose payload the provider copies from `data` while
     /// this call posts them ([`Conn::write_inline`]), without a copy into a send buffer first.
     pub fn write(&mut self, now: Instant, id: ConnId, data: &[u8]) -> Result<usize, CallError> {
+        let inline_on = self.cfg.inline_sends;
         let Ok(e) = self.entry(id) else {
             return Err(CallError::NotConnected);
         };
-        let inline_max = e.ep.as_ref().map_or(0, |ep| ep.inline_max());
+        let inline_max = match e.ep.as_ref() {
+            Some(ep) if inline_on => ep.inline_max(),
+            _ => 0,
+        };
         let r = e.conn.write_inline(now, data, inline_max);
         self.pump_with(now, id, Some(data));
         r

@@ -62,6 +62,10 @@ pub struct Config {
     pub zcopy_split_sends: u8,
     /// Disable coalescing of small writes while a send is outstanding (TCP_NODELAY).
     pub nodelay: bool,
+    /// Writes that go at once go as inline SENDs where the provider takes them
+    /// (`Conn::write_inline`; the driver asks the endpoint); off: every write is copied into
+    /// a send buffer first.
+    pub inline_sends: bool,
     /// Peer advertisements (SrcAvail/SinkAvail) we accept outstanding at once.
     pub max_adverts: u8,
     /// Our SrcAvails outstanding at once (pipelined zero copy): the data source advertises the
@@ -133,6 +137,7 @@ impl Default for Config {
             zcopy_split_reads: 3,
             zcopy_split_sends: 2,
             nodelay: false,
+            inline_sends: true,
             max_adverts: 8,
             max_srcavail_inflight: 4,
             keepalive_idle: None,

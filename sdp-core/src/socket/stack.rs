@@ -353,7 +353,13 @@ fn providers() -> Vec<Prov> {
 fn shm_stack() -> io::Result<Stack> {
     let p = crate::verbs::shm::ShmProvider::new()
         .map_err(|e| io::Error::other(format!("shm provider: {e}")))?;
-    Stack::with_provider(p, Config::default())
+    Stack::with_provider(
+        p,
+        Config {
+            inline_sends: super::tunables::tunables().inline_sends,
+            ..Config::default()
+        },
+    )
 }
 
 /// The process's RDMA stacks, one per (device, local address), made afresh after fork().
@@ -410,6 +416,7 @@ fn rdma_stack(peer: Option<IpAddr>, local: Option<IpAddr>, iwarp: bool) -> io::R
     let cfg = Config {
         send_stall_timeout: Some(RDMA_SEND_STALL),
         zcopy_split: super::tunables::tunables().zcopy_split,
+        inline_sends: super::tunables::tunables().inline_sends,
         ..Config::default()
     };
     let s = Stack::with_provider(p, cfg)?;

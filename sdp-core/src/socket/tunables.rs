@@ -14,6 +14,7 @@
 //! | `SDP_TRACE` | [`Tunables::trace`] | off (`1` turns it on) |
 //! | `SDP_ZCOPY_SPLIT` | [`Tunables::zcopy_split`] | the provider's choice (`0` off, `1` on) |
 //! | `SDP_SHORT_CONNS` | [`Tunables::short_conns`] | 8 (`0` off) |
+//! | `SDP_INLINE` | [`Tunables::inline_sends`] | on (`0` turns it off) |
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -51,6 +52,9 @@ pub(crate) struct Tunables {
     /// `SDP_SHORT_CONNS`: short connections in a row to one destination after which an
     /// automatic connect goes there by kernel TCP for a while (`0`: never; `socket::history`).
     pub short_conns: u32,
+    /// `SDP_INLINE`: writes that go at once go as inline SENDs (`Config::inline_sends`; `0`
+    /// turns it off).
+    pub inline_sends: bool,
 }
 
 /// Short connections in a row that hold a destination on kernel TCP without `SDP_SHORT_CONNS`.
@@ -80,6 +84,7 @@ impl Tunables {
             },
             short_conns: num("SDP_SHORT_CONNS")
                 .map_or(DEFAULT_SHORT_CONNS, |n| n.min(u32::MAX.into()) as u32),
+            inline_sends: get("SDP_INLINE").is_none_or(|v| v.trim() != "0"),
         }
     }
 }
@@ -123,6 +128,7 @@ mod tests {
         assert!(!t.trace);
         assert_eq!(t.zcopy_split, None);
         assert_eq!(t.short_conns, DEFAULT_SHORT_CONNS);
+        assert!(t.inline_sends);
     }
 
     #[test]
@@ -137,6 +143,7 @@ mod tests {
             ("SDP_TRACE", "1"),
             ("SDP_ZCOPY_SPLIT", "0"),
             ("SDP_SHORT_CONNS", "0"),
+            ("SDP_INLINE", "0"),
         ]);
         assert_eq!(t.providers, "rdma");
         assert_eq!(t.spin, Some(Duration::ZERO));
@@ -147,6 +154,7 @@ mod tests {
         assert!(t.trace);
         assert_eq!(t.zcopy_split, Some(false));
         assert_eq!(t.short_conns, 0);
+        assert!(!t.inline_sends);
         let bad = with(&[
             ("SDP_SPIN_US", "fast"),
             ("SDP_ZCOPY_MIN", "2g"),

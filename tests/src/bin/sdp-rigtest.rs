@@ -1190,6 +1190,7 @@ fn bench_cfg(_size: u64) -> Config {
             Ok("1") => Some(true),
             _ => None,
         },
+        inline_sends: std::env::var("SDP_INLINE").map_or(true, |v| v.trim() != "0"),
         ..d
     }
 }
