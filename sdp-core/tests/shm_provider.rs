@@ -1796,15 +1796,18 @@ fn inline_payloads_are_taken_at_the_post() {
     // In the slot, in the ring, by cross-process copy; then three more with no receive posted.
     let sizes = [100usize, 8000, 200_000, 100, 8000, 200_000];
     let mut rbufs = Vec::new();
-    for i in 0..3 {
-        let mr = b.reg_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
-        y.post_recv(&RecvWr {
-            wr_id: 100 + i,
-            sge: mr.sge(0, 1 << 20),
-        })
-        .unwrap();
-        rbufs.push(mr);
-    }
+    let mut post_recvs = |y: &mut ShmEndpoint, ids: std::ops::Range<u64>| {
+        for i in ids {
+            let mr = b.reg_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
+            y.post_recv(&RecvWr {
+                wr_id: 100 + i,
+                sge: mr.sge(0, 1 << 20),
+            })
+            .unwrap();
+            rbufs.push(mr);
+        }
+    };
+    post_recvs(&mut y, 0..3);
     let mut sent = Vec::new();
     for (i, &n) in sizes.iter().enumerate() {
         let mut bytes = pattern(n, i as u8);
@@ -1817,15 +1820,7 @@ fn inline_payloads_are_taken_at_the_post() {
     let sc = poll_n(&mut x, 3, T);
     assert_eq!(sc.len(), 3, "{sc:?}");
     assert!(poll_n(&mut x, 1, Duration::from_millis(50)).is_empty());
-    for i in 3..6 {
-        let mr = b.reg_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
-        y.post_recv(&RecvWr {
-            wr_id: 100 + i,
-            sge: mr.sge(0, 1 << 20),
-        })
-        .unwrap();
-        rbufs.push(mr);
-    }
+    post_recvs(&mut y, 3..6);
     let sc2 = poll_n(&mut x, 3, T);
     for (i, c) in sc.iter().chain(&sc2).enumerate() {
         assert_eq!(

@@ -9,31 +9,10 @@ use sdp_core::proto::conn::CallError;
 use sdp_core::proto::table::ConnId;
 use sdp_core::proto::Config;
 use sdp_core::verbs::sim::SimConfig;
-use sdp_tests::pair::Pair;
-
-const SEC: u64 = 1_000_000_000;
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
-        .collect()
-}
+use sdp_tests::pair::{pattern, Pair};
 
 fn read_all(p: &mut Pair, b: ConnId, want: usize) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    p.run_until(10 * SEC, |p| {
-        let now = p.now();
-        loop {
-            match p.b.read(now, b, &mut buf) {
-                Ok(0) => return true,
-                Ok(n) => out.extend_from_slice(&buf[..n]),
-                Err(CallError::WouldBlock) => return out.len() >= want,
-                Err(e) => panic!("read: {e:?}"),
-            }
-        }
-    });
-    out
+    p.read_b(b, want)
 }
 
 /// Writes of every size class, each buffer overwritten right after its write returned: the
@@ -107,4 +86,32 @@ fn an_idle_small_write_goes_inline() {
     assert_eq!(p.a.write(now, a, &data), Ok(300));
     assert_eq!(p.a.conn(a).unwrap().stats().inline_send_bytes, 300);
     assert_eq!(read_all(&mut p, b, 300), data);
+}
+
+/// A provider whose inline messages are smaller than the peer's buffers (an HCA's
+/// max_inline_data): a write that does not fit one goes by copy in messages of the peer's size,
+/// not cut into inline pieces (over Soft-RoCE, 4 KiB ping-pong went from ~0.45 ms to ~3.3 ms
+/// when a 128-byte limit cut each write into 112-byte messages); one that fits goes inline.
+#[test]
+fn a_small_inline_limit_does_not_cut_writes() {
+    let sim = SimConfig {
+        max_inline: 256,
+        ..SimConfig::default()
+    };
+    let mut p = Pair::with(5, sim, Config::default(), Config::default());
+    let (a, b) = p.connect();
+    let big = pattern(4096, 3);
+    let now = p.now();
+    let sent_before = p.a.conn(a).unwrap().stats().msgs_sent;
+    assert_eq!(p.a.write(now, a, &big), Ok(4096));
+    p.run_for(1_000_000);
+    let s = p.a.conn(a).unwrap().stats().clone();
+    assert_eq!(s.inline_send_bytes, 0, "{s:?}");
+    assert!(s.msgs_sent - sent_before <= 2, "{s:?}");
+    assert_eq!(read_all(&mut p, b, 4096), big);
+    let small = pattern(200, 4);
+    let now = p.now();
+    assert_eq!(p.a.write(now, a, &small), Ok(200));
+    assert_eq!(p.a.conn(a).unwrap().stats().inline_send_bytes, 200);
+    assert_eq!(read_all(&mut p, b, 200), small);
 }

@@ -10,7 +10,7 @@
 use sdp_core::proto::conn::CallError;
 use sdp_core::proto::table::ConnId;
 use sdp_core::proto::{Config, Event, State};
-use sdp_tests::pair::Pair;
+use sdp_tests::pair::{pattern, Pair};
 
 const SEC: u64 = 1_000_000_000;
 const BIG: usize = 300 * 1024;
@@ -22,28 +22,8 @@ fn staged_cfg() -> Config {
     }
 }
 
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
-/// Read what B has (by copy, in 64 KiB pieces) until `want` bytes or nothing more comes.
 fn read_some(p: &mut Pair, b: ConnId, want: usize) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    p.run_until(10 * SEC, |p| {
-        let now = p.now();
-        loop {
-            match p.b.read(now, b, &mut buf) {
-                Ok(0) => return true,
-                Ok(n) => out.extend_from_slice(&buf[..n]),
-                Err(CallError::WouldBlock) => return out.len() >= want,
-                Err(e) => panic!("read: {e:?}"),
-            }
-        }
-    });
-    out
+    p.read_b(b, want)
 }
 
 #[test]

@@ -125,6 +125,25 @@ impl Pair {
         self.run_until(ns, |_| false);
     }
 
+    /// Read what B's `b` has (by copy, in 64 KiB pieces) until `want` bytes came or nothing
+    /// more comes (EOF, or 10 s of virtual time).
+    pub fn read_b(&mut self, b: ConnId, want: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        self.run_until(10_000_000_000, |p| {
+            let now = p.now();
+            loop {
+                match p.b.read(now, b, &mut buf) {
+                    Ok(0) => return true,
+                    Ok(n) => out.extend_from_slice(&buf[..n]),
+                    Err(crate::proto::conn::CallError::WouldBlock) => return out.len() >= want,
+                    Err(e) => panic!("read: {e:?}"),
+                }
+            }
+        });
+        out
+    }
+
     /// Connect A to B and wait until both sides are established: (A's id, B's id).
     pub fn connect(&mut self) -> (ConnId, ConnId) {
         let now = self.now();
@@ -149,6 +168,13 @@ impl Pair {
         assert!(ok, "connection not established");
         (a, b.unwrap())
     }
+}
+
+/// `n` bytes of a pattern that differs with `seed` (test data whose order shows).
+pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 /// Whether an event list holds `Closed`, and with what.

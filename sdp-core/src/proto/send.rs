@@ -84,8 +84,9 @@ impl<S: BufStore> Conn<S> {
     /// copied into a send buffer first. Only while they would go at once anyway: established,
     /// nothing queued or advertised ahead of them, no sink of the peer's to fill, a credit per
     /// message, and (unless `nodelay`) no partial message while a data send is outstanding
-    /// (those coalesce in a send buffer, as `push_queue` holds them). Returns the bytes sent;
-    /// the rest of the write queues by copy.
+    /// (those coalesce in a send buffer, as `push_queue` holds them). Where the provider's
+    /// inline limit is below the peer's receive size, only a rest that fits one message goes
+    /// inline. Returns the bytes sent; the rest of the write queues by copy.
     fn send_inline(&mut self, data: &[u8], inline_max: usize) -> usize {
         if inline_max == 0
             || self.state != State::Established
@@ -104,6 +105,12 @@ impl<S: BufStore> Conn<S> {
         let mut off = 0;
         while off < data.len() {
             let n = cap.min(data.len() - off);
+            if n < data.len() - off && cap < full {
+                // The provider's inline messages are smaller than the peer's buffers (an
+                // HCA's max_inline_data): a write is not cut into them; what does not fit one
+                // goes by copy, in messages of the peer's size.
+                break;
+            }
             if !self.cfg.nodelay && n < full && self.tx.data_outstanding() > 0 {
                 break;
             }
