@@ -1190,7 +1190,7 @@ fn bench_cfg(_size: u64) -> Config {
             Ok("1") => Some(true),
             _ => None,
         },
-        inline_sends: std::env::var("SDP_INLINE").map_or(true, |v| v.trim() != "0"),
+        inline_sends: inline_sends(),
         ..d
     }
 }
@@ -1462,8 +1462,14 @@ fn pp_cfg() -> Config {
     bench_pin();
     Config {
         nodelay: true,
+        inline_sends: inline_sends(),
         ..Config::default()
     }
+}
+
+/// `SDP_INLINE=0` turns inline sends off (A/B rows: the rig's `--sdp-variant`).
+fn inline_sends() -> bool {
+    std::env::var("SDP_INLINE").map_or(true, |v| v.trim() != "0")
 }
 
 /// One ping-pong exchange over BCopy, as one round of the application: first write what is
