@@ -730,9 +730,18 @@ fn bound_ip(fd: c_int) -> Option<std::net::IpAddr> {
 
 /// Take `fd`'s registrations in the application's epoll sets off its file (a kernel socket that
 /// stays open for `Opts::port_hold` would go on reporting there); those that were there.
+/// An EPOLLONESHOT registration already spent (it reported an event, the fresh socket's
+/// hang-up, and was not armed again by EPOLL_CTL_MOD) is made again spent: the kernel shows
+/// the registration's events as only its flags then (`/proc/self/fdinfo` of the epoll set).
 fn epoll_unwatch(fd: c_int, watches: Vec<table::EpollWatch>) -> Vec<table::EpollWatch> {
     watches
         .into_iter()
+        .map(|mut w| {
+            if w.events & libc::EPOLLONESHOT as u32 != 0 && epoll_spent(w.epfd, fd) {
+                w.events &= EPOLL_FLAGS;
+            }
+            w
+        })
         .filter(|w| {
             // SAFETY: EPOLL_CTL_DEL reads no event.
             w.fd == fd
@@ -740,6 +749,28 @@ fn epoll_unwatch(fd: c_int, watches: Vec<table::EpollWatch>) -> Vec<table::Epoll
                     == 0
         })
         .collect()
+}
+
+/// The flags of an epoll registration (the rest are the events it reports).
+const EPOLL_FLAGS: u32 =
+    (libc::EPOLLONESHOT | libc::EPOLLET | libc::EPOLLWAKEUP | libc::EPOLLEXCLUSIVE) as u32;
+
+/// Whether `fd`'s registration in the epoll set `epfd` is a spent EPOLLONESHOT one: its line in
+/// the set's fdinfo (`tfd: FD events: HEX data: ...`) shows no event left.
+fn epoll_spent(epfd: c_int, fd: c_int) -> bool {
+    let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{epfd}")) else {
+        return false;
+    };
+    info.lines().any(|l| {
+        let mut it = l.split_whitespace();
+        it.next() == Some("tfd:")
+            && it.next().and_then(|v| v.parse::<c_int>().ok()) == Some(fd)
+            && it.next() == Some("events:")
+            && it
+                .next()
+                .and_then(|v| u32::from_str_radix(v, 16).ok())
+                .is_some_and(|e| e & !EPOLL_FLAGS == 0)
+    })
 }
 
 /// Register the file now under `fd` as the application had registered the one before.

@@ -719,6 +719,24 @@ fn epoll_registrations_made_before_connect_hold() {
     assert!(shm_lines(&lines, Some("client")) >= 1, "report:\n{lines}");
 }
 
+/// An EPOLLONESHOT registration made before connect and spent on the fresh socket's hang-up
+/// stays spent across the connect until EPOLL_CTL_MOD arms it, as over TCP; one never spent
+/// reports. Before, under the shim: the connect armed it again (a second event, a second worker
+/// thread on the socket in a one-shot design).
+#[test]
+fn a_spent_oneshot_registration_stays_spent_across_connect() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "oneshot_before_connect",
+        &[
+            "oneshot before connect: spent, data came: n=0\n",
+            "oneshot before connect: armed again: n=1 3:IN\n",
+            "oneshot before connect: the set never waited on: n=1 2:IN\n",
+        ],
+    );
+    assert!(shm_lines(&lines, Some("client")) >= 1, "report:\n{lines}");
+}
+
 /// Nonblocking connects to a listener shared by fork (nginx's workers; nginx proxying to itself)
 /// return at once as over TCP: with a worker waiting in accept they are served over SDP (the
 /// worker's first, blocking, client set its stack up); with nobody but the connecting process to

@@ -1666,6 +1666,48 @@ static void case_epoll_before_connect(void) {
     out("epoll before connect: server exit %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 }
 
+/* A socket registered with EPOLLONESHOT before its connect, the registration spent on the
+ * fresh socket's hang-up: it stays disarmed across the connect until EPOLL_CTL_MOD arms it
+ * again, as over TCP (one worker thread per event stays true). */
+static void case_oneshot_before_connect(void) {
+    CHECK(pipe(p2c) == 0);
+    struct sockaddr_in a;
+    pid_t srv = fork_server(&a, serve_hi_when_told);
+    int c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    int ep = epoll_create1(EPOLL_CLOEXEC), armed = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.u64 = 1};
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev) == 0);
+    ev = (struct epoll_event){.events = EPOLLIN | EPOLLONESHOT, .data.u64 = 2};
+    CHECK(epoll_ctl(armed, EPOLL_CTL_ADD, c, &ev) == 0);
+    char v[128];
+    epoll_view(ep, 100, v, sizeof v);
+    out("oneshot before connect: fresh socket: %s", v);
+    int r = connect(c, (struct sockaddr *)&a, sizeof a);
+    out("oneshot before connect: connect %d %s", r, en(r < 0 ? errno : 0));
+    struct pollfd pfd = {.fd = c, .events = POLLOUT};
+    CHECK(poll(&pfd, 1, 5000) == 1);
+    tell(p2c[1]);
+    sleep_ms(100);
+    epoll_view(ep, 100, v, sizeof v);
+    out("oneshot before connect: spent, data came: %s", v);
+    ev = (struct epoll_event){.events = EPOLLIN | EPOLLONESHOT, .data.u64 = 3};
+    CHECK(epoll_ctl(ep, EPOLL_CTL_MOD, c, &ev) == 0);
+    epoll_view(ep, 5000, v, sizeof v);
+    out("oneshot before connect: armed again: %s", v);
+    epoll_view(ep, 100, v, sizeof v);
+    out("oneshot before connect: spent again: %s", v);
+    epoll_view(armed, 5000, v, sizeof v);
+    out("oneshot before connect: the set never waited on: %s", v);
+    close(c);
+    close(ep);
+    close(armed);
+    close(p2c[0]);
+    close(p2c[1]);
+    int st;
+    CHECK(waitpid(srv, &st, 0) == srv);
+    out("oneshot before connect: server exit %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
 enum { FORKED_CONNS = 8 };
 
 /* A server that forks a child for each connection it accepts and closes its own copy at once
@@ -3986,6 +4028,7 @@ int main(int argc, char **argv) {
     RUN(errors);
     RUN(nonblocking_connect);
     RUN(epoll_before_connect);
+    RUN(oneshot_before_connect);
     RUN(dup);
     RUN(sigio_and_timeout);
     RUN(bulk_then_exit);
