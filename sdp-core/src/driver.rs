@@ -42,6 +42,7 @@ use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::proto::buff::{Buf, BufStore};
 use crate::proto::conn::CallError;
@@ -201,6 +202,21 @@ struct ListenEntry<P: Provider> {
     handed_seen: u64,
     /// New requests are turned away ([`Driver::set_refusing`]); those queued stay.
     refusing: bool,
+    /// TCP_DEFER_ACCEPT ([`Driver::set_defer_accept`]): an established connection is handed
+    /// out once it has something to read, or once it waited this long.
+    defer: Option<Duration>,
+    /// When the queue was last tended (a deferred connection whose wait ended since is news).
+    tended: Instant,
+}
+
+impl<P: Provider> ListenEntry<P> {
+    /// Whether the queued connection `c`, there since `since`, is handed out at `now`.
+    fn deliverable(&self, c: &Conn<MrStore<P>>, since: Instant, now: Instant) -> bool {
+        c.was_established()
+            && self
+                .defer
+                .is_none_or(|d| now >= since + d || c.is_readable())
+    }
 }
 
 /// Requests refused for another reason than a full queue, kept for [`Driver::refused`].
@@ -433,6 +449,8 @@ impl<P: Provider> Driver<P> {
             stats: ListenStats::default(),
             handed_seen: 0,
             refusing: false,
+            defer: None,
+            tended: self.now,
         }))
     }
 
@@ -472,6 +490,22 @@ impl<P: Provider> Driver<P> {
         }
     }
 
+    /// TCP_DEFER_ACCEPT of `secs` seconds (0: off): an established connection waits in the
+    /// queue, not handed out nor counted ready, until it has data to read (or EOF, or an error)
+    /// or has waited as long as Linux defers (the SYN-ACK retransmissions that cover `secs`:
+    /// 1, 3, 7, 15, 31 s).
+    pub fn set_defer_accept(&mut self, l: ListenerId, secs: u32) {
+        if let Some(e) = self.listeners.get_mut(l.0) {
+            e.defer = (secs > 0).then(|| {
+                let mut wait = 1u64;
+                while wait < u64::from(secs) && wait < 31 {
+                    wait = wait * 2 + 1;
+                }
+                Duration::from_secs(wait)
+            });
+        }
+    }
+
     pub fn listener_addr(&self, l: ListenerId) -> Option<SocketAddr> {
         self.listeners.get(l.0).map(|e| e.listener.local_addr())
     }
@@ -501,10 +535,10 @@ impl<P: Provider> Driver<P> {
         let ready = e
             .queue
             .iter()
-            .filter(|(id, _)| {
+            .filter(|&&(id, since)| {
                 self.conns
-                    .get(*id)
-                    .is_some_and(|c| c.conn.was_established())
+                    .get(id)
+                    .is_some_and(|c| e.deliverable(&c.conn, since, self.now))
             })
             .count();
         Some(ListenStats {
@@ -520,27 +554,39 @@ impl<P: Provider> Driver<P> {
     /// still being set up (not one whose setup failed). From now on it grows its buffers as
     /// any connection. The socket layer uses [`Driver::accept_established`].
     pub fn accept(&mut self, l: ListenerId) -> Option<ConnId> {
-        self.take_queued(l, |c| c.was_established() || c.state() == State::Accepting)
+        self.take_queued(l, |c, _| {
+            c.was_established() || c.state() == State::Accepting
+        })
     }
 
     /// Take the first established connection of the listener's queue, in arrival order, as
     /// TCP's `accept` does (one reset or closed by its peer since is handed over too; one
     /// still being set up waits, one whose setup failed never comes).
+    /// With TCP_DEFER_ACCEPT ([`Driver::set_defer_accept`]) only one with something to read
+    /// or that waited the deferral out.
     pub fn accept_established(&mut self, l: ListenerId) -> Option<ConnId> {
-        self.take_queued(l, |c| c.was_established())
+        let now = self.now;
+        let e = self.listeners.get(l.0)?;
+        if e.defer.is_none() {
+            return self.take_queued(l, |c, _| c.was_established());
+        }
+        let defer = e.defer;
+        self.take_queued(l, |c, since| {
+            c.was_established() && defer.is_none_or(|d| now >= since + d || c.is_readable())
+        })
     }
 
     fn take_queued(
         &mut self,
         l: ListenerId,
-        pick: impl Fn(&Conn<MrStore<P>>) -> bool,
+        pick: impl Fn(&Conn<MrStore<P>>, Instant) -> bool,
     ) -> Option<ConnId> {
         let conns = &self.conns;
         let e = self.listeners.get_mut(l.0)?;
         let i = e
             .queue
             .iter()
-            .position(|(id, _)| conns.get(*id).is_some_and(|c| pick(&c.conn)))?;
+            .position(|&(id, since)| conns.get(id).is_some_and(|c| pick(&c.conn, since)))?;
         let (id, _) = e.queue.remove(i)?;
         let now = self.now;
         let _ = self.apply(now, id, |c| c.set_accepted(now));
@@ -548,13 +594,22 @@ impl<P: Provider> Driver<P> {
     }
 
     /// Drop the queue's connections whose setup failed; abort those waiting longer than
-    /// `unaccepted_timeout`. Returns how many were aborted.
+    /// `unaccepted_timeout`. Returns how many were aborted, and how many deferred connections
+    /// became ready to hand out by waiting the deferral out (news for the listener's readiness).
     fn tend_queue(&mut self, now: Instant, lid: ConnId) -> usize {
         let timeout = self.cfg.unaccepted_timeout;
         let conns = &self.conns;
         let Some(e) = self.listeners.get_mut(lid) else {
             return 0;
         };
+        let waited_out = e.defer.map_or(0, |d| {
+            let since_tended = e.tended;
+            e.queue
+                .iter()
+                .filter(|&&(_, since)| since + d > since_tended && since + d <= now)
+                .count()
+        });
+        e.tended = now;
         let mut gone = Vec::new();
         let mut expired = Vec::new();
         e.queue.retain(|&(id, since)| {
@@ -578,7 +633,7 @@ impl<P: Provider> Driver<P> {
         for id in gone.into_iter().chain(expired.iter().copied()) {
             self.release(now, id);
         }
-        expired.len()
+        expired.len() + waited_out
     }
 
     /// One round of progress on every listener and connection. Returns how many inputs
@@ -898,9 +953,17 @@ impl<P: Provider> Driver<P> {
     pub fn next_deadline(&self) -> Option<Instant> {
         let mut best = self.timers;
         for lid in self.listeners.ids() {
+            let Some(e) = self.listeners.get(lid) else {
+                continue;
+            };
             // The queue is in arrival order: its first connection times out first.
-            if let Some(&(_, since)) = self.listeners.get(lid).and_then(|e| e.queue.front()) {
+            if let Some(&(_, since)) = e.queue.front() {
                 best = earliest(best, Some(since + self.cfg.unaccepted_timeout));
+            }
+            // The first deferred connection whose deferral is still to end.
+            if let Some(d) = e.defer {
+                let next = e.queue.iter().map(|&(_, s)| s + d).find(|&t| t > e.tended);
+                best = earliest(best, next);
             }
         }
         best

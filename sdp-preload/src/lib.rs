@@ -2417,7 +2417,7 @@ pub unsafe extern "C" fn setsockopt(
     if r == 0 && table::owned(fd) && level == libc::IPPROTO_TCP && name == libc::TCP_DEFER_ACCEPT {
         if let Some(Sock::Listener(l)) = table::get(fd).as_deref() {
             // SAFETY: the kernel just read an int there.
-            l.set_defer_accept(unsafe { *val.cast::<c_int>() } > 0);
+            l.set_defer_accept(unsafe { *val.cast::<c_int>() }.max(0) as u32);
         }
     }
     r

@@ -905,6 +905,24 @@ fn a_defer_accept_listener_accepts_sdp_clients() {
     assert!(shm_lines(&lines, Some("server")) >= 2, "report:\n{lines}");
 }
 
+/// TCP_DEFER_ACCEPT announces a client at its first data, as the kernel does for TCP: an SDP
+/// client that connected and sent nothing yet is not announced (poll 0), then is with its byte;
+/// one that never writes is announced once the deferral (1 s) is out. Before, under the shim:
+/// announced at its connect (poll 1 at once; a server blocked in its first read instead).
+#[test]
+fn a_defer_accept_listener_announces_sdp_clients_at_their_data() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "defer_accept_wait",
+        &[
+            "defer wait: before data: poll 0\n",
+            "defer wait: data: poll 1, read 1 y\n",
+            "defer wait: no data: poll 1 after the deferral yes, read -1 EAGAIN\n",
+        ],
+    );
+    assert!(shm_lines(&lines, Some("server")) >= 2, "report:\n{lines}");
+}
+
 /// Two listeners of one port in an SO_REUSEPORT group of one process: every client is served,
 /// by both, as over TCP; under the shim over SDP (the second shares the first's SDP listener,
 /// so whichever socket the kernel puts an announcement in takes it). Before: a client whose

@@ -2847,6 +2847,51 @@ static void case_defer_accept(void) {
     }
 }
 
+/* TCP_DEFER_ACCEPT of 1 s: a client that connects and sends nothing yet is not announced
+ * (poll on the listener says 0) until its data comes, then accepted with it; one that never
+ * writes is announced once the deferral is out (about 1 s) and reads nothing. Before, under the
+ * shim an SDP client was announced at its connect. */
+static void case_defer_accept_wait(void) {
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    CHECK(l >= 0 && bind(l, (struct sockaddr *)&a, sizeof a) == 0);
+    CHECK(setsockopt(l, IPPROTO_TCP, TCP_DEFER_ACCEPT, &one, sizeof one) == 0);
+    CHECK(listen(l, 4) == 0);
+    CHECK(getsockname(l, (struct sockaddr *)&a, &len) == 0);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(c >= 0 && connect(c, (struct sockaddr *)&a, sizeof a) == 0);
+    struct pollfd p = {.fd = l, .events = POLLIN};
+    int n = poll(&p, 1, 300);
+    out("defer wait: before data: poll %d", n);
+    CHECK(write(c, "y", 1) == 1);
+    n = poll(&p, 1, 2000);
+    int s = accept(l, NULL, NULL);
+    char b[4];
+    ssize_t r = s >= 0 ? read(s, b, sizeof b) : -1;
+    out("defer wait: data: poll %d, read %zd %.*s", n, r, (int)(r > 0 ? r : 0), b);
+    if (s >= 0)
+        close(s);
+    int c2 = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(c2 >= 0 && connect(c2, (struct sockaddr *)&a, sizeof a) == 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    n = poll(&p, 1, 5000);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    s = accept(l, NULL, NULL);
+    CHECK(s < 0 || fcntl(s, F_SETFL, O_NONBLOCK) == 0);
+    r = s >= 0 ? read(s, b, sizeof b) : -1;
+    out("defer wait: no data: poll %d after the deferral %s, read %zd %s", n,
+        secs > 0.8 && secs < 3 ? "yes" : "no", r, r < 0 ? en(errno) : "-");
+    if (s >= 0)
+        close(s);
+    close(c);
+    close(c2);
+    close(l);
+}
+
 /* A server that hands each accepted connection to a worker over a unix socket (SCM_RIGHTS)
  * and closes its copy by a raw system call, as node's cluster module does: the worker (forked
  * before the connection existed) serves it. Before, the worker read and wrote the readiness
@@ -4049,6 +4094,7 @@ int main(int argc, char **argv) {
     RUN(burst);
     RUN(bind_connect);
     RUN(defer_accept);
+    RUN(defer_accept_wait);
     RUN(reuseport);
     RUN(reuseport_processes);
     RUN(fd_table);

@@ -425,6 +425,65 @@ fn urgent_mark_stops_a_read_and_oob_inline_keeps_the_byte() {
     }
 }
 
+/// TCP_DEFER_ACCEPT (`Driver::set_defer_accept`): an established connection is neither
+/// counted ready nor handed out until it has data, or until it waited as long as Linux defers
+/// (1 s for a value of 1); a listener without it hands out at once.
+#[test]
+fn a_deferring_listener_hands_out_connections_at_their_data_or_after_the_wait() {
+    let mut p = Pair::new(24, Config::default());
+    let l = p.listener;
+    p.b.set_defer_accept(l, 1);
+    let now = p.now();
+    let a = p.a.connect(now, SocketAddr::new(B_IP, PORT), None).unwrap();
+    let up = p.run_until(SEC / 10, |p| {
+        p.a.conn(a).is_some_and(|c| c.state() == State::Established)
+            && p.b.listen_stats(l).unwrap().queued == 1
+    });
+    assert!(up);
+    // (Virtual time jumps to the next deadline, the deferral's end among them: look at once.)
+    let ready = |p: &Pair| p.b.listen_stats(l).unwrap().ready;
+    assert_eq!(ready(&p), 0, "established, nothing sent: deferred");
+    assert_eq!(p.b.accept_established(l), None);
+    let now = p.now();
+    p.a.write(now, a, b"hello").unwrap();
+    assert!(p.run_until(SEC / 10, |p| ready(p) == 1), "its data came");
+    let b = p.b.accept_established(l).expect("handed out with its data");
+    let mut buf = [0u8; 8];
+    let now = p.now();
+    assert_eq!(p.b.read(now, b, &mut buf), Ok(5));
+    // One that never writes: handed out once the deferral is out, not before.
+    let now = p.now();
+    let a2 = p.a.connect(now, SocketAddr::new(B_IP, PORT), None).unwrap();
+    let up = p.run_until(SEC / 10, |p| {
+        p.a.conn(a2)
+            .is_some_and(|c| c.state() == State::Established)
+            && p.b.listen_stats(l).unwrap().queued == 1
+    });
+    assert!(up);
+    let queued_at = p.now();
+    assert_eq!(ready(&p), 0);
+    assert!(
+        p.run_until(2 * SEC, |p| ready(p) == 1),
+        "the deferral is out"
+    );
+    let waited = p.now().saturating_since(queued_at);
+    assert!(
+        waited >= Duration::from_millis(990) && waited < Duration::from_millis(1100),
+        "{waited:?}"
+    );
+    assert!(p.b.accept_established(l).is_some());
+    // Off again: at once.
+    p.b.set_defer_accept(l, 0);
+    let now = p.now();
+    let a3 = p.a.connect(now, SocketAddr::new(B_IP, PORT), None).unwrap();
+    let handed = p.run_until(SEC, |p| {
+        p.a.conn(a3)
+            .is_some_and(|c| c.state() == State::Established)
+            && p.b.listen_stats(l).unwrap().ready == 1
+    });
+    assert!(handed);
+}
+
 #[test]
 fn writes_before_established_would_block_and_reads_too() {
     let mut p = Pair::new(22, Config::default());

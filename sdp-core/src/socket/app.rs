@@ -750,10 +750,11 @@ struct Bells {
 struct BellShared {
     target: SocketAddr,
     bells: Mutex<Bells>,
-    /// The application's listening socket has TCP_DEFER_ACCEPT: the kernel queues a connection
-    /// for its accept only once data came, so a doorbell carries a byte (never read: a claimed
-    /// doorbell is closed by reset).
-    knock: std::sync::atomic::AtomicBool,
+    /// The application's listening socket's TCP_DEFER_ACCEPT (seconds; 0: none): the kernel
+    /// queues a connection for its accept only once data came, so a doorbell carries a byte
+    /// (never read: a claimed doorbell is closed by reset); and the SDP listeners hand out a
+    /// connection only once it has data, or waited as long ([`crate::driver::Driver::set_defer_accept`]).
+    defer_secs: std::sync::atomic::AtomicU32,
 }
 
 impl BellShared {
@@ -768,7 +769,11 @@ impl BellShared {
     }
 
     fn knocks(&self) -> bool {
-        self.knock.load(std::sync::atomic::Ordering::Relaxed)
+        self.defer() > 0
+    }
+
+    fn defer(&self) -> u32 {
+        self.defer_secs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Ring until every ready connection has a doorbell (`b`: our bells, locked).
@@ -992,6 +997,7 @@ impl Handoff {
         }
         let s = Stack::shm()?;
         let l = s.0.listen_adopted(self.local, self.backlog)?;
+        s.0.set_listener_defer(l, self.bells.defer());
         *a = Some((pid, s.clone(), l));
         Ok((s, l))
     }
@@ -1092,10 +1098,10 @@ impl AppListener {
         let shared = Arc::new(BellShared {
             target,
             bells: Mutex::new(Bells::default()),
-            knock: (sys::getsockopt_int(tcp_fd, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT)
+            defer_secs: (sys::getsockopt_int(tcp_fd, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT)
                 .unwrap_or(0)
-                > 0)
-            .into(),
+                .max(0) as u32)
+                .into(),
         });
         if sys::getsockopt_int(tcp_fd, libc::SOL_SOCKET, libc::SO_REUSEPORT).unwrap_or(0) != 0 {
             // An SO_REUSEPORT group's socket: the kernel spreads connections over the group,
@@ -1116,6 +1122,7 @@ impl AppListener {
                     let sh = shared.clone();
                     let i = sdp.len();
                     s.0.set_listener_bell(l, Arc::new(move |n| sh.set_ready(i, n)))?;
+                    s.0.set_listener_defer(l, shared.defer());
                     sdp.push(AppSub {
                         stack: s,
                         id: l,
@@ -1142,13 +1149,23 @@ impl AppListener {
         })
     }
 
-    /// The application's listening socket got TCP_DEFER_ACCEPT set (`on`) or cleared: the
-    /// doorbells that announce SDP clients carry a byte from now on, or the kernel would not
-    /// queue them for its accept (the value at [`AppListener::new`] is read from the socket).
-    pub fn set_defer_accept(&self, on: bool) {
+    /// The application's listening socket got TCP_DEFER_ACCEPT set to `secs` (0: cleared):
+    /// the doorbells that announce SDP clients carry a byte from now on, or the kernel would
+    /// not queue them for its accept, and SDP clients are announced once they sent data (or
+    /// waited the deferral out), as the kernel does for TCP's (the value at
+    /// [`AppListener::new`] is read from the socket).
+    pub fn set_defer_accept(&self, secs: u32) {
         self.shared
-            .knock
-            .store(on, std::sync::atomic::Ordering::Relaxed);
+            .defer_secs
+            .store(secs, std::sync::atomic::Ordering::Relaxed);
+        for s in self.sdp.lock().iter() {
+            s.stack.0.set_listener_defer(s.id, secs);
+        }
+        if let Some(h) = self.handoff.get() {
+            if let Some((_, s, l)) = h.adopted.lock().as_ref() {
+                s.0.set_listener_defer(*l, secs);
+            }
+        }
     }
 
     /// Whether the listener can move with this process's connections to a fork child
@@ -1302,6 +1319,7 @@ impl AppListener {
         let Ok(l) = stack.0.listen(self.local, self.backlog) else {
             return;
         };
+        stack.0.set_listener_defer(l, h.bells.defer());
         let ringer = h.clone();
         let handed = sys::dup_high(h.tx.as_raw_fd()).and_then(|tx| {
             stack

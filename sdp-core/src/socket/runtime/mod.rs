@@ -279,6 +279,8 @@ pub(crate) trait StackOps: Send + Sync {
     /// Turn new connect requests to `l` away (connectors fall back to kernel TCP); those
     /// queued stay.
     fn set_listener_refusing(&self, l: ListenerId, on: bool);
+    /// TCP_DEFER_ACCEPT of `secs` seconds (0: off) on `l` ([`Driver::set_defer_accept`]).
+    fn set_listener_defer(&self, l: ListenerId, secs: u32);
     /// Send one urgent byte (MSG_OOB) after what was written.
     fn app_send_urgent(&self, id: ConnId, user: RawFd, byte: u8) -> io::Result<()>;
     /// Take (or with `peek` look at) the urgent byte; `None` if there is none.

@@ -764,6 +764,16 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         }
     }
 
+    fn set_listener_defer(&self, l: ListenerId, secs: u32) {
+        if let Ok(mut g) = self.lock() {
+            let Inner { driver, lsocks, .. } = &mut *g;
+            driver.set_defer_accept(l, secs);
+            if let Some(ls) = lsocks.get_mut(&l) {
+                ls.set_ready(driver.listen_stats(l).map_or(0, |s| s.ready));
+            }
+        }
+    }
+
     fn set_listener_bell(&self, l: ListenerId, bell: Bell) -> io::Result<()> {
         let mut g = self.lock()?;
         let ls = g
