@@ -623,17 +623,7 @@ impl<P: Provider + 'static> Runtime<P> {
             g.socks.insert(id, Sock::default());
             id
         };
-        let r: io::Result<()> = match patience {
-            None => self.block_on(
-                Wait {
-                    timeout,
-                    ..Wait::default()
-                },
-                |g, _| connect_outcome(&g.driver.view(id)?),
-            ),
-            Some(p) => self.connect_patient(id, timeout, p),
-        };
-        match r {
+        match self.connect_wait(id, timeout, patience) {
             Ok(()) => Ok(id),
             Err(e) => {
                 let full = self.lock().is_ok_and(|g| {
@@ -651,17 +641,18 @@ impl<P: Provider + 'static> Runtime<P> {
         }
     }
 
-    /// [`Runtime::connect_once`]'s wait with `patience`: in slices, looking between them
-    /// what the connect waits on and since when.
-    fn connect_patient(
+    /// [`Runtime::connect_once`]'s wait: with `patience` in slices, looking between them what
+    /// the connect waits on and since when; without, the whole `timeout` at once.
+    fn connect_wait(
         &self,
         id: ConnId,
         timeout: Option<Duration>,
-        patience: Patience,
+        patience: Option<Patience>,
     ) -> io::Result<()> {
         use crate::verbs::LocalWait;
         let start = std::time::Instant::now();
-        let slice = (patience.unanswered.min(patience.handed) / 2).max(Duration::from_millis(1));
+        let slice =
+            patience.map(|p| (p.unanswered.min(p.handed) / 2).max(Duration::from_millis(1)));
         let mut handed: Option<std::time::Instant> = None;
         loop {
             let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
@@ -669,10 +660,17 @@ impl<P: Provider + 'static> Runtime<P> {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             let w = Wait {
-                timeout: Some(left.map_or(slice, |l| l.min(slice))),
+                timeout: match (left, slice) {
+                    (Some(l), Some(s)) => Some(l.min(s)),
+                    (l, s) => l.or(s),
+                },
                 ..Wait::default()
             };
-            match self.block_on(w, |g, _| connect_outcome(&g.driver.view(id)?)) {
+            let r = self.block_on(w, |g, _| connect_outcome(&g.driver.view(id)?));
+            let Some(patience) = patience else {
+                return r;
+            };
+            match r {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 r => return r,
             }
