@@ -818,6 +818,15 @@ fn carry_options(tcp: c_int, s: &AppStream, user: &OwnedFd) -> Opts {
         v6,
         ..Opts::default()
     };
+    carry_from(tcp, s, user.as_raw_fd(), &mut o);
+    o
+}
+
+/// The options of the kernel socket `tcp` (the application's, before its connect; or the
+/// listener, whose options an accepted socket inherits on Linux) onto the SDP stream `s`, its
+/// fd `user` and its stored options: timeouts, TCP_NODELAY, buffers, SO_KEEPALIVE,
+/// SO_REUSEADDR, SO_OOBINLINE, SO_LINGER, SO_RCVLOWAT.
+fn carry_from(tcp: c_int, s: &AppStream, user: c_int, o: &mut Opts) {
     for name in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
         let mut tv = libc::timeval {
             tv_sec: 0,
@@ -838,7 +847,7 @@ fn carry_options(tcp: c_int, s: &AppStream, user: &OwnedFd) -> Opts {
             // SAFETY: as above.
             unsafe {
                 real::setsockopt(
-                    user.as_raw_fd(),
+                    user,
                     libc::SOL_SOCKET,
                     name,
                     (&tv as *const libc::timeval).cast(),
@@ -860,18 +869,17 @@ fn carry_options(tcp: c_int, s: &AppStream, user: &OwnedFd) -> Opts {
         }
     }
     let on = |o: &Opts, level, name| o.stored.get(&(level, name)).is_some_and(|v| v != &[0; 4]);
-    if on(&o, libc::IPPROTO_TCP, libc::TCP_NODELAY) {
+    if on(o, libc::IPPROTO_TCP, libc::TCP_NODELAY) {
         let _g = Internal::enter();
         let _ = s.set_nodelay(true);
     }
-    if on(&o, libc::SOL_SOCKET, libc::SO_OOBINLINE) {
+    if on(o, libc::SOL_SOCKET, libc::SO_OOBINLINE) {
         let _g = Internal::enter();
         let _ = s.set_oob_inline(true);
     }
-    carry_linger(tcp, s, &mut o);
-    carry_buffers(tcp, s, &mut o);
-    carry_rcvlowat(tcp, s, user.as_raw_fd(), &mut o);
-    o
+    carry_linger(tcp, s, o);
+    carry_buffers(tcp, s, o);
+    carry_rcvlowat(tcp, s, user, o);
 }
 
 /// SO_RCVLOWAT of the kernel socket `from` (as Linux capped it; inherited from a listener
@@ -1161,10 +1169,9 @@ unsafe fn accept_common(
                         v6,
                         ..Opts::default()
                     };
-                    carry_linger(fd, &s, &mut opts);
-                    carry_buffers(fd, &s, &mut opts);
+                    // What an accepted socket inherits from its listener on Linux.
+                    carry_from(fd, &s, nfd, &mut opts);
                     table::inherit_buffers(fd, nfd);
-                    carry_rcvlowat(fd, &s, nfd, &mut opts);
                     if !table::insert(nfd, Arc::new(Sock::Stream(s, table::OptsLock::new(opts)))) {
                         // An fd number the table cannot hold: the stream cannot be served.
                         // SAFETY: our own fd.

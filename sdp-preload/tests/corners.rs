@@ -923,6 +923,22 @@ fn a_defer_accept_listener_announces_sdp_clients_at_their_data() {
     assert!(shm_lines(&lines, Some("server")) >= 2, "report:\n{lines}");
 }
 
+/// An accepted SDP connection inherits its listener's options as Linux's accepted sockets do:
+/// TCP_NODELAY, SO_OOBINLINE, SO_KEEPALIVE, and SO_RCVTIMEO (a blocking read times out with
+/// EAGAIN). Before, under the shim it took none: getsockopt said 0, and the read blocked for ever.
+#[test]
+fn an_accepted_connection_inherits_its_listeners_options() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "accept_inherits",
+        &[
+            "accept inherits: nodelay 1, oobinline 1, keepalive 1\n",
+            "accept inherits: read -1 EAGAIN, timed out yes\n",
+        ],
+    );
+    assert!(shm_lines(&lines, Some("server")) >= 1, "report:\n{lines}");
+}
+
 /// Two listeners of one port in an SO_REUSEPORT group of one process: every client is served,
 /// by both, as over TCP; under the shim over SDP (the second shares the first's SDP listener,
 /// so whichever socket the kernel puts an announcement in takes it). Before: a client whose

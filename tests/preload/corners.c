@@ -2892,6 +2892,46 @@ static void case_defer_accept_wait(void) {
     close(l);
 }
 
+/* An accepted socket inherits its listener's options, as on Linux: TCP_NODELAY, SO_OOBINLINE,
+ * SO_KEEPALIVE and SO_RCVTIMEO (a blocking read times out). Before, under the shim an SDP
+ * connection took none of them (its read blocked for ever, Nagle held its small writes). */
+static void case_accept_inherits(void) {
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
+    CHECK(l >= 0 && bind(l, (struct sockaddr *)&a, sizeof a) == 0);
+    CHECK(setsockopt(l, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0);
+    CHECK(setsockopt(l, SOL_SOCKET, SO_OOBINLINE, &one, sizeof one) == 0);
+    CHECK(setsockopt(l, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) == 0);
+    CHECK(setsockopt(l, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+    CHECK(listen(l, 4) == 0);
+    CHECK(getsockname(l, (struct sockaddr *)&a, &len) == 0);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(c >= 0 && connect(c, (struct sockaddr *)&a, sizeof a) == 0);
+    int s = accept(l, NULL, NULL);
+    CHECK(s >= 0);
+    int v[3] = {-1, -1, -1};
+    socklen_t vl = sizeof v[0];
+    CHECK(getsockopt(s, IPPROTO_TCP, TCP_NODELAY, &v[0], &vl) == 0);
+    CHECK(getsockopt(s, SOL_SOCKET, SO_OOBINLINE, &v[1], &vl) == 0);
+    CHECK(getsockopt(s, SOL_SOCKET, SO_KEEPALIVE, &v[2], &vl) == 0);
+    out("accept inherits: nodelay %d, oobinline %d, keepalive %d", !!v[0], !!v[1], !!v[2]);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    char b[4];
+    ssize_t r = read(s, b, sizeof b);
+    int e = errno;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    out("accept inherits: read %zd %s, timed out %s", r, r < 0 ? en(e) : "-",
+        secs > 0.15 && secs < 2 ? "yes" : "no");
+    close(s);
+    close(c);
+    close(l);
+}
+
 /* A server that hands each accepted connection to a worker over a unix socket (SCM_RIGHTS)
  * and closes its copy by a raw system call, as node's cluster module does: the worker (forked
  * before the connection existed) serves it. Before, the worker read and wrote the readiness
@@ -4095,6 +4135,7 @@ int main(int argc, char **argv) {
     RUN(bind_connect);
     RUN(defer_accept);
     RUN(defer_accept_wait);
+    RUN(accept_inherits);
     RUN(reuseport);
     RUN(reuseport_processes);
     RUN(fd_table);
