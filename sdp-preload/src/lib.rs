@@ -824,8 +824,9 @@ fn carry_options(tcp: c_int, s: &AppStream, user: &OwnedFd) -> Opts {
 
 /// The options of the kernel socket `tcp` (the application's, before its connect; or the
 /// listener, whose options an accepted socket inherits on Linux) onto the SDP stream `s`, its
-/// fd `user` and its stored options: timeouts, TCP_NODELAY, buffers, SO_KEEPALIVE,
-/// SO_REUSEADDR, SO_OOBINLINE, SO_LINGER, SO_RCVLOWAT.
+/// fd `user` and its stored options: timeouts, TCP_NODELAY, buffers, SO_KEEPALIVE and its
+/// TCP_KEEP* times, TCP_USER_TIMEOUT, IP_TOS, SO_REUSEADDR, SO_OOBINLINE, SO_LINGER,
+/// SO_RCVLOWAT.
 fn carry_from(tcp: c_int, s: &AppStream, user: c_int, o: &mut Opts) {
     for name in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
         let mut tv = libc::timeval {
@@ -863,6 +864,11 @@ fn carry_from(tcp: c_int, s: &AppStream, user: c_int, o: &mut Opts) {
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
         (libc::SOL_SOCKET, libc::SO_REUSEADDR),
         (libc::SOL_SOCKET, libc::SO_OOBINLINE),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
+        (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT),
+        (libc::IPPROTO_IP, libc::IP_TOS),
     ] {
         if let Some(v) = kernel_int(tcp, level, name) {
             o.stored.insert((level, name), v.to_ne_bytes().to_vec());

@@ -924,8 +924,8 @@ fn a_defer_accept_listener_announces_sdp_clients_at_their_data() {
 }
 
 /// An accepted SDP connection inherits its listener's options as Linux's accepted sockets do:
-/// TCP_NODELAY, SO_OOBINLINE, SO_KEEPALIVE, and SO_RCVTIMEO (a blocking read times out with
-/// EAGAIN). Before, under the shim it took none: getsockopt said 0, and the read blocked for ever.
+/// TCP_NODELAY, SO_OOBINLINE, SO_KEEPALIVE, TCP_KEEPIDLE, IP_TOS, and SO_RCVTIMEO (a blocking
+/// read times out with EAGAIN). Before, under the shim it took none: getsockopt said 0, and the read blocked for ever.
 #[test]
 fn an_accepted_connection_inherits_its_listeners_options() {
     let _serial = serial();
@@ -933,6 +933,7 @@ fn an_accepted_connection_inherits_its_listeners_options() {
         "accept_inherits",
         &[
             "accept inherits: nodelay 1, oobinline 1, keepalive 1\n",
+            "accept inherits: keepidle 77, tos 0x10\n",
             "accept inherits: read -1 EAGAIN, timed out yes\n",
         ],
     );

@@ -2906,6 +2906,9 @@ static void case_accept_inherits(void) {
     CHECK(setsockopt(l, SOL_SOCKET, SO_OOBINLINE, &one, sizeof one) == 0);
     CHECK(setsockopt(l, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) == 0);
     CHECK(setsockopt(l, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+    int idle = 77, tos = 0x10;
+    CHECK(setsockopt(l, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) == 0);
+    CHECK(setsockopt(l, IPPROTO_IP, IP_TOS, &tos, sizeof tos) == 0);
     CHECK(listen(l, 4) == 0);
     CHECK(getsockname(l, (struct sockaddr *)&a, &len) == 0);
     int c = socket(AF_INET, SOCK_STREAM, 0);
@@ -2918,6 +2921,9 @@ static void case_accept_inherits(void) {
     CHECK(getsockopt(s, SOL_SOCKET, SO_OOBINLINE, &v[1], &vl) == 0);
     CHECK(getsockopt(s, SOL_SOCKET, SO_KEEPALIVE, &v[2], &vl) == 0);
     out("accept inherits: nodelay %d, oobinline %d, keepalive %d", !!v[0], !!v[1], !!v[2]);
+    CHECK(getsockopt(s, IPPROTO_TCP, TCP_KEEPIDLE, &v[0], &vl) == 0);
+    CHECK(getsockopt(s, IPPROTO_IP, IP_TOS, &v[1], &vl) == 0);
+    out("accept inherits: keepidle %d, tos 0x%x", v[0], v[1]);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     char b[4];
