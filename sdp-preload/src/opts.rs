@@ -35,7 +35,7 @@ fn default_int(level: c_int, name: c_int) -> Option<c_int> {
         (libc::IPPROTO_TCP, libc::TCP_QUICKACK) => 1,
         (libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT) => 0,
         (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) => 0,
-        (libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT) => -1,
+        (libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT) => 0,
         (libc::IPPROTO_IP, libc::IP_TOS) => 0,
         (libc::IPPROTO_IP, libc::IP_TTL) => 64,
         (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => 0,

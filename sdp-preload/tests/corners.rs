@@ -797,8 +797,9 @@ fn msg_trunc_discards_as_over_tcp() {
 }
 
 /// Options answered as Linux's TCP: TCP_CONGESTION (the system's default algorithm, a 16-byte
-/// field), SO_PRIORITY following IP_TOS, TCP_INFO's FIN_WAIT2 after our shutdown once the peer
-/// answered. Before, under the shim: ENOPROTOOPT, 0 and FIN_WAIT1.
+/// field), SO_PRIORITY following IP_TOS, TCP_NOTSENT_LOWAT 0 while unset, TCP_INFO's FIN_WAIT2
+/// after our shutdown once the peer answered. Before, under the shim: ENOPROTOOPT, 0, -1 and
+/// FIN_WAIT1.
 #[test]
 fn options_answer_as_linux_tcp() {
     let _serial = serial();
@@ -807,6 +808,7 @@ fn options_answer_as_linux_tcp() {
         &[
             "options: TCP_CONGESTION 0 ",
             "options: SO_PRIORITY after IP_TOS 0x10: 6\n",
+            "options: TCP_NOTSENT_LOWAT unset: 0\n",
             "options: tcpi_state after our shutdown and the peer's answer: 5\n",
         ],
     );

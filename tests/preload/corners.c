@@ -400,6 +400,10 @@ static void case_options_linux(void) {
     n = sizeof prio;
     CHECK(getsockopt(s, SOL_SOCKET, SO_PRIORITY, &prio, &n) == 0);
     out("options: SO_PRIORITY after IP_TOS 0x10: %d", prio);
+    int lowat = -2;
+    n = sizeof lowat;
+    CHECK(getsockopt(s, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, &n) == 0);
+    out("options: TCP_NOTSENT_LOWAT unset: %d", lowat);
     CHECK(shutdown(s, SHUT_WR) == 0);
     char z;
     CHECK(read(s, &z, 1) == 1);
