@@ -1470,6 +1470,10 @@ impl<P: Provider> ConnView<'_, P> {
     pub fn rx_queued(&self) -> usize {
         self.0.rx_queued_bytes()
     }
+    /// FIONREAD as Linux answers it ([`Conn::inq_bytes`]).
+    pub fn inq(&self) -> usize {
+        self.0.inq_bytes()
+    }
     /// Bytes written and not yet acknowledged by the peer.
     pub fn tx_queued(&self) -> usize {
         self.0.tx_queued_bytes()

@@ -829,6 +829,7 @@ fn the_urgent_mark_and_oob_inline_as_linux_tcp() {
         &[
             "mark: two bytes 2 ab, atmark 0\n",
             "mark: first read 1 c, atmark 1\n",
+            "mark: FIONREAD at the mark 0\n",
             "mark: urgent 1 X, atmark 1\n",
             "mark: read from the mark 3 def, atmark 0\n",
         ],

@@ -2191,11 +2191,15 @@ static void case_urgent_mark(void) {
     await(c2p[0]);
     sleep_ms(50);
     char b[64];
-    out("mark: before reading: atmark %d", at_mark(s));
+    int inq = -1;
+    CHECK(ioctl(s, FIONREAD, &inq) == 0);
+    out("mark: before reading: atmark %d, FIONREAD %d", at_mark(s), inq);
     ssize_t r = recv(s, b, 2, 0);
     out("mark: two bytes %zd %.*s, atmark %d", r, (int)(r > 0 ? r : 0), b, at_mark(s));
     r = recv(s, b, sizeof b, MSG_WAITALL);
     out("mark: first read %zd %.*s, atmark %d", r, (int)(r > 0 ? r : 0), b, at_mark(s));
+    CHECK(ioctl(s, FIONREAD, &inq) == 0);
+    out("mark: FIONREAD at the mark %d", inq);
     r = recv(s, b, sizeof b, MSG_PEEK);
     out("mark: peek at the mark %zd %.*s, atmark %d", r, (int)(r > 0 ? r : 0), b, at_mark(s));
     r = recv(s, b, 1, MSG_OOB);

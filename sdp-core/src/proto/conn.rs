@@ -615,6 +615,15 @@ impl<S: BufStore> Conn<S> {
     pub fn rx_queued_bytes(&self) -> usize {
         self.rx.bytes()
     }
+    /// FIONREAD (SIOCINQ) as Linux answers it: the bytes received and not read, but while an
+    /// urgent mark is ahead or here (without SO_OOBINLINE) only those before it (0 at the mark).
+    pub fn inq_bytes(&self) -> usize {
+        let all = self.rx.bytes();
+        match self.urg_mark {
+            Some(m) if !self.oob_inline => usize::try_from(m).map_or(all, |m| m.min(all)),
+            _ => all,
+        }
+    }
     /// The peer sent DisConn and every byte before it has been read (reads return 0).
     pub fn read_closed(&self) -> bool {
         (self.disconn_rcvd || self.shut_rd) && self.rx.queue_empty()

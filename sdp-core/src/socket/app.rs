@@ -78,7 +78,7 @@ pub fn wait_for_other_holders() {
 #[derive(Debug, Clone)]
 pub struct AppInfo {
     pub state: State,
-    /// Bytes received and not read yet (FIONREAD).
+    /// Bytes received and not read yet, as FIONREAD counts them (up to an urgent mark ahead).
     pub rx_queued: usize,
     /// Bytes written and not acknowledged yet (SIOCOUTQ).
     pub tx_queued: usize,

@@ -806,7 +806,7 @@ pub(super) fn info_of<P: Provider>(
     let s = c.stats();
     crate::socket::app::AppInfo {
         state: c.state(),
-        rx_queued: c.rx_queued(),
+        rx_queued: c.inq(),
         tx_queued: c.tx_queued(),
         bytes_in: s.data_bytes_rcvd,
         bytes_out: s.data_bytes_sent,
