@@ -835,6 +835,16 @@ fn the_urgent_mark_and_oob_inline_as_linux_tcp() {
         ],
     );
     assert!(shm_lines(&lines, Some("server")) >= 1, "report:\n{lines}");
+    // A second urgent byte before the reader reached the first mark: the first is stream
+    // data again, as Linux reads it (before, under the shim: X lost, "abcdef").
+    let (_, lines) = differential_wanting(
+        "urgent_twice",
+        &[
+            "urgent twice: read 7 abcXdef, atmark 1\n",
+            "urgent twice: urgent 1 Y\n",
+        ],
+    );
+    assert!(shm_lines(&lines, Some("server")) >= 1, "report:\n{lines}");
     let (_, lines) = differential_wanting(
         "urgent_inline",
         &[

@@ -2210,6 +2210,37 @@ static void case_urgent_mark(void) {
     finish(pid, s);
 }
 
+/* The peer writes abc, urgent X, def, urgent Y, gh, once told to. */
+static void peer_urgent_twice(int s) {
+    await(p2c[0]);
+    const char *parts[] = {"abc", "X", "def", "Y", "gh"};
+    for (int i = 0; i < 5; i++) {
+        CHECK(send(s, parts[i], strlen(parts[i]), i % 2 ? MSG_OOB : 0) == (ssize_t)strlen(parts[i]));
+        sleep_ms(20);
+    }
+    tell(c2p[1]);
+    await(p2c[0]);
+}
+
+/* A second urgent byte before the reader reached the first mark: the first is stream data
+ * again (Linux reads abcXdef, then Y apart, then gh). Before, under the shim X was lost. */
+static void case_urgent_twice(void) {
+    int s;
+    pid_t pid = start(peer_urgent_twice, &s);
+    tell(p2c[1]);
+    await(c2p[0]);
+    sleep_ms(50);
+    char b[64];
+    ssize_t r = read(s, b, sizeof b);
+    out("urgent twice: read %zd %.*s, atmark %d", r, (int)(r > 0 ? r : 0), b, at_mark(s));
+    r = recv(s, b, 1, MSG_OOB);
+    out("urgent twice: urgent %zd %c", r, r == 1 ? b[0] : '-');
+    r = read(s, b, sizeof b);
+    out("urgent twice: read %zd %.*s", r, (int)(r > 0 ? r : 0), b);
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
 /* SO_OOBINLINE: the urgent byte stays in the stream (MSG_OOB is EINVAL), the mark still stops a
  * read before it, and POLLPRI shows it until it is read. */
 static void case_urgent_inline(void) {
@@ -4135,6 +4166,7 @@ int main(int argc, char **argv) {
     RUN(urgent);
     RUN(urgent_mark);
     RUN(urgent_inline);
+    RUN(urgent_twice);
     RUN(eintr);
     RUN(sndtimeo);
     RUN(no_room_back);

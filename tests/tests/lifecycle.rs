@@ -425,6 +425,37 @@ fn urgent_mark_stops_a_read_and_oob_inline_keeps_the_byte() {
     }
 }
 
+/// A second urgent byte before the reader reached the first mark moves the mark on, and the
+/// first urgent byte is stream data again, as Linux's TCP reads it (abc X def Y gh: `abcXdef`,
+/// then Y apart, then `gh`); before, X was lost. (This engine sends an urgent byte alone in its
+/// message: X goes back in a buffer of its own.)
+#[test]
+fn a_second_urgent_byte_puts_the_first_back_in_the_stream() {
+    let mut p = Pair::new(25, Config::default());
+    let (a, b) = p.connect();
+    let now = p.now();
+    p.a.write(now, a, b"abc").unwrap();
+    p.a.with_conn(now, a, |c| c.send_urgent(now, b'X'))
+        .unwrap()
+        .unwrap();
+    p.a.write(now, a, b"def").unwrap();
+    p.a.with_conn(now, a, |c| c.send_urgent(now, b'Y'))
+        .unwrap()
+        .unwrap();
+    p.a.write(now, a, b"gh").unwrap();
+    p.run_for(SEC / 10);
+    let now = p.now();
+    let mut buf = [0u8; 64];
+    let n = p.b.read(now, b, &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"abcXdef");
+    assert_eq!(
+        p.b.with_conn(now, b, |c| c.read_urgent()).unwrap(),
+        Some(b'Y')
+    );
+    let n = p.b.read(now, b, &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"gh");
+}
+
 /// TCP_DEFER_ACCEPT (`Driver::set_defer_accept`): an established connection is neither
 /// counted ready nor handed out until it has data, or until it waited as long as Linux defers
 /// (1 s for a value of 1); a listener without it hands out at once.

@@ -246,6 +246,9 @@ pub struct Conn<S: BufStore> {
     urg_mark: Option<u64>,
     /// SO_OOBINLINE: the urgent byte stays in the stream, at the mark.
     oob_inline: bool,
+    /// The urgent byte at the mark (taken out of the stream), read apart or not: a later urgent
+    /// byte before the reader reached this mark puts it back in the stream, as Linux's TCP.
+    urg_byte: Option<u8>,
 
     // Zero copy (advt.rs, iocb.rs, read.rs, write.rs).
     advts: Advts,
@@ -301,6 +304,7 @@ impl<S: BufStore> Conn<S> {
             urgent: None,
             urg_mark: None,
             oob_inline: false,
+            urg_byte: None,
             advts: Advts::default(),
             iocbs: Iocbs::default(),
             staging: Staging::default(),

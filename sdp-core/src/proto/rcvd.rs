@@ -102,6 +102,17 @@ impl<S: BufStore> Conn<S> {
             self.sink_overtaken(now, !flags.is_empty());
         }
         if flags.contains(BsdhFlags::OOB_PRES) && len > 0 {
+            if let (Some(m), Some(prev), false) = (self.urg_mark, self.urg_byte, self.oob_inline) {
+                if m > 0 {
+                    // A mark ahead of the reader moves on: the urgent byte there is stream data
+                    // again (Linux's TCP reads it in line).
+                    let spare = self.advts.bounce_buf(&mut self.store);
+                    let at = usize::try_from(m).unwrap_or(usize::MAX);
+                    if let Some(b) = self.rx.put_back(at, prev, &mut self.store, spare) {
+                        self.advts.put_bounce(&mut self.store, b);
+                    }
+                }
+            }
             // The urgent byte is the message's last: the mark is after the bytes before it.
             self.urg_mark = Some(self.rx.bytes() as u64 + u64::from(len - 1));
             if !self.oob_inline {
@@ -109,6 +120,7 @@ impl<S: BufStore> Conn<S> {
                 self.store.read(&buf, BSDH_LEN as u32 + len - 1, &mut b);
                 len -= 1;
                 self.urgent = Some(b[0]);
+                self.urg_byte = Some(b[0]);
             }
             self.emit(Event::Urgent);
         }

@@ -98,6 +98,7 @@ impl<S: BufStore> Conn<S> {
             Some(0) => {
                 self.urg_mark = None;
                 self.urgent = None;
+                self.urg_byte = None;
             }
             Some(m) => self.urg_mark = Some(m.saturating_sub(n as u64)),
             None => {}

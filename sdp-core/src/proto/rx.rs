@@ -189,6 +189,63 @@ impl RxHalf {
             bounce: false,
         });
     }
+    /// Put `byte` back into the stream after its first `at` unread bytes (an urgent byte that
+    /// is stream data again): the item that ends there grows by it when its buffer still holds
+    /// it right after (the message it came in), else `spare` (a bounce buffer, given back as
+    /// one) takes it. Returns `spare` if it was not used (nor the byte put back: `at` not at
+    /// the end of an item, or no spare).
+    pub(crate) fn put_back(
+        &mut self,
+        at: usize,
+        byte: u8,
+        store: &mut impl BufStore,
+        spare: Option<Buf>,
+    ) -> Option<Buf> {
+        let mut sum = 0usize;
+        let mut idx = self.queue.len();
+        for (i, item) in self.queue.iter_mut().enumerate() {
+            if sum == at {
+                idx = i;
+                break;
+            }
+            let RxItem::Data { buf, off, len, .. } = item else {
+                return spare;
+            };
+            sum += *len as usize;
+            if sum > at {
+                return spare;
+            }
+            if sum == at {
+                let mut b = [0u8; 1];
+                if *off + *len < buf.size {
+                    store.read(buf, *off + *len, &mut b);
+                    if b[0] == byte {
+                        *len += 1;
+                        self.bytes += 1;
+                        return spare;
+                    }
+                }
+                idx = i + 1;
+                break;
+            }
+        }
+        if sum != at {
+            return spare;
+        }
+        let buf = spare?;
+        store.write(&buf, 0, &[byte]);
+        self.queue.insert(
+            idx,
+            RxItem::Data {
+                buf,
+                off: 0,
+                len: 1,
+                bounce: true,
+            },
+        );
+        self.bytes += 1;
+        None
+    }
     /// A peer's SrcAvail joins the end of the stream.
     #[inline]
     pub(crate) fn push_src(&mut self, advt: usize) {
