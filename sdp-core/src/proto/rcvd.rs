@@ -10,6 +10,10 @@ use crate::proto::msgs::{BsdhFlags, Ext, Header, Mid, BSDH_LEN, MIN_RCV_SIZE};
 use crate::proto::Instant;
 use crate::verbs::{Completion, WcStatus};
 
+/// Bounce buffers taken at most when an urgent byte goes back in the stream in a buffer of its
+/// own (`RxHalf::put_back`).
+const MAX_PUT_BACK_BOUNCES: usize = 16;
+
 impl<S: BufStore> Conn<S> {
     pub(super) fn on_recv_completion(&mut self, now: Instant, idx: usize, wc: &Completion) {
         let Some(buf) = self.rx.complete(idx) else {
@@ -106,7 +110,12 @@ impl<S: BufStore> Conn<S> {
                 if m > 0 {
                     // A mark ahead of the reader moves on: the urgent byte there is stream data
                     // again (Linux's TCP reads it in line).
-                    let spare = self.advts.bounce_buf(&mut self.store);
+                    // (A bounce buffer only while few are taken: a peer sending urgent bytes
+                    // one after another to a reader that reads nothing must not pin memory
+                    // beyond its credits; past that the byte goes, as before.)
+                    let spare = (self.advts.bounce_in_use() < MAX_PUT_BACK_BOUNCES)
+                        .then(|| self.advts.bounce_buf(&mut self.store))
+                        .flatten();
                     let at = usize::try_from(m).unwrap_or(usize::MAX);
                     if let Some(b) = self.rx.put_back(at, prev, &mut self.store, spare) {
                         self.advts.put_bounce(&mut self.store, b);
