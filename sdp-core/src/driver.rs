@@ -209,14 +209,15 @@ struct ListenEntry<P: Provider> {
     tended: Instant,
 }
 
-impl<P: Provider> ListenEntry<P> {
-    /// Whether the queued connection `c`, there since `since`, is handed out at `now`.
-    fn deliverable(&self, c: &Conn<MrStore<P>>, since: Instant, now: Instant) -> bool {
-        c.was_established()
-            && self
-                .defer
-                .is_none_or(|d| now >= since + d || c.is_readable())
-    }
+/// Whether the queued connection `c`, there since `since`, is handed out at `now` by a listener
+/// that defers by `defer` (TCP_DEFER_ACCEPT, [`Driver::set_defer_accept`]).
+fn deliverable<S: BufStore>(
+    defer: Option<Duration>,
+    c: &Conn<S>,
+    since: Instant,
+    now: Instant,
+) -> bool {
+    c.was_established() && defer.is_none_or(|d| now >= since + d || c.is_readable())
 }
 
 /// Requests refused for another reason than a full queue, kept for [`Driver::refused`].
@@ -538,7 +539,7 @@ impl<P: Provider> Driver<P> {
             .filter(|&&(id, since)| {
                 self.conns
                     .get(id)
-                    .is_some_and(|c| e.deliverable(&c.conn, since, self.now))
+                    .is_some_and(|c| deliverable(e.defer, &c.conn, since, self.now))
             })
             .count();
         Some(ListenStats {
@@ -565,15 +566,8 @@ impl<P: Provider> Driver<P> {
     /// With TCP_DEFER_ACCEPT ([`Driver::set_defer_accept`]) only one with something to read
     /// or that waited the deferral out.
     pub fn accept_established(&mut self, l: ListenerId) -> Option<ConnId> {
-        let now = self.now;
-        let e = self.listeners.get(l.0)?;
-        if e.defer.is_none() {
-            return self.take_queued(l, |c, _| c.was_established());
-        }
-        let defer = e.defer;
-        self.take_queued(l, |c, since| {
-            c.was_established() && defer.is_none_or(|d| now >= since + d || c.is_readable())
-        })
+        let (now, defer) = (self.now, self.listeners.get(l.0)?.defer);
+        self.take_queued(l, |c, since| deliverable(defer, c, since, now))
     }
 
     fn take_queued(

@@ -357,10 +357,6 @@ impl Proc {
         end: Option<CopyEnd>,
     ) -> io::Result<()> {
         self.check()?;
-        let vec = |a: u64, n: usize| libc::iovec {
-            iov_base: a as usize as *mut libc::c_void,
-            iov_len: n,
-        };
         let total = first.1 + second.1;
         let l = [
             vec(first.0, first.1),
@@ -427,6 +423,14 @@ impl Proc {
     }
 }
 
+/// An iovec of `n` bytes at address `a` (ours or the other process's).
+fn vec(a: u64, n: usize) -> libc::iovec {
+    libc::iovec {
+        iov_base: a as usize as *mut libc::c_void,
+        iov_len: n,
+    }
+}
+
 /// Four bytes a copy's own system call moves after the data, in the same direction: from our
 /// `local` to the process's `remote` for a write, from its `remote` to our `local` for a read.
 /// A word that says "this copy is over" (the end of an announcement, a count of chunks done)
@@ -461,10 +465,6 @@ unsafe fn vm_copy(
     }
     let mut done = 0usize;
     loop {
-        let vec = |a: u64, n: usize| libc::iovec {
-            iov_base: a as usize as *mut libc::c_void,
-            iov_len: n,
-        };
         let l = [
             vec(local + done as u64, len - done),
             vec(end.map_or(0, |e| e.local), 4),

@@ -115,6 +115,23 @@ pub struct Sge {
 /// payload's `addr` is the bytes' offset in the data of the write that made it.
 pub const INLINE_LKEY: u32 = u32::MAX;
 
+/// The payload element of `wr` if `payload` is the inline payload it carries ([`INLINE_LKEY`],
+/// `payload`'s length, a SEND) and the SEND takes at most `max` bytes in all; the error every
+/// provider's [`Endpoint::post_send_inline`] gives otherwise.
+pub(crate) fn inline_payload(wr: &SendWr, payload: &[u8], max: usize) -> Result<Sge, VerbsError> {
+    let total = wr.sge.map_or(0, |s| s.len as usize) + payload.len();
+    wr.payload
+        .filter(|p| {
+            wr.op == SendOp::Send
+                && p.lkey == INLINE_LKEY
+                && p.len as usize == payload.len()
+                && total <= max
+        })
+        .ok_or(VerbsError::Invalid(
+            "an inline payload that does not match its request",
+        ))
+}
+
 /// The far side of an RDMA Read or Write: an address and remote key the peer advertised.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RemoteBuf {

@@ -1092,18 +1092,7 @@ impl Endpoint for RdmaEndpoint {
         if !self.qp_or_queue(None)? {
             return Err(VerbsError::NotConnected);
         }
-        let total = wr.sge.map_or(0, |s| s.len as usize) + payload.len();
-        let fits = wr.op == crate::verbs::SendOp::Send
-            && self.sh.gather
-            && total <= self.qp().max_inline() as usize
-            && wr.payload.is_some_and(|p| {
-                p.lkey == crate::verbs::INLINE_LKEY && p.len as usize == payload.len()
-            });
-        if !fits {
-            return Err(VerbsError::Invalid(
-                "an inline payload that does not match its request",
-            ));
-        }
+        crate::verbs::inline_payload(wr, payload, self.inline_max())?;
         self.qp()
             .post_send_inline(wr, payload)
             .map_err(|rc| map::errno_error(rc, "send queue"))

@@ -3280,15 +3280,7 @@ impl Endpoint for ShmEndpoint {
     }
 
     fn post_send_inline(&mut self, wr: &SendWr, payload: &[u8]) -> Result<(), VerbsError> {
-        let Some(p) = wr.payload.filter(|p| {
-            p.lkey == INLINE_LKEY
-                && p.len as usize == payload.len()
-                && payload.len() <= INLINE_SEND_MAX
-        }) else {
-            return Err(VerbsError::Invalid(
-                "an inline payload that does not match its request",
-            ));
-        };
+        let p = super::inline_payload(wr, payload, INLINE_SEND_MAX)?;
         let at = |addr: u64| SendWr {
             payload: Some(Sge { addr, ..p }),
             ..*wr

@@ -15,7 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use super::{SimConfig, SimQpState, SimStats, TraceEvent, TraceKind};
 use crate::verbs::{
     Access, CmEvent, Completion, QpCaps, RecvWr, RemoteBuf, SendOp, SendWr, Sge, VerbsError,
-    WcOpcode, WcStatus, INLINE_LKEY,
+    WcOpcode, WcStatus,
 };
 
 pub(crate) type Id = u64;
@@ -1286,16 +1286,7 @@ impl World {
         wr: &SendWr,
         payload: &[u8],
     ) -> Result<(), VerbsError> {
-        let fits = wr.op == SendOp::Send
-            && wr.sge.map_or(0, |s| s.len as usize) + payload.len() <= self.cfg.max_inline
-            && wr
-                .payload
-                .is_some_and(|p| p.lkey == INLINE_LKEY && p.len as usize == payload.len());
-        if !fits {
-            return Err(VerbsError::Invalid(
-                "an inline payload that does not match its request",
-            ));
-        }
+        crate::verbs::inline_payload(wr, payload, self.cfg.max_inline)?;
         self.post_send_with(id, wr, Some(payload.to_vec()))
     }
 
