@@ -1162,8 +1162,14 @@ impl AppListener {
             s.stack.0.set_listener_defer(s.id, secs);
         }
         if let Some(h) = self.handoff.get() {
-            if let Some((_, s, l)) = h.adopted.lock().as_ref() {
-                s.0.set_listener_defer(*l, secs);
+            // This process's listeners of a shared one: the one it adopts handed requests on,
+            // and its own if it took the listener over (not a parent's, copied by a fork).
+            let adopted = h.adopted.lock().clone();
+            let taken = h.taken_over.lock().0.clone();
+            for (p, s, l) in adopted.into_iter().chain(taken) {
+                if crate::sys::is_this_process(p) {
+                    s.0.set_listener_defer(l, secs);
+                }
             }
         }
     }
