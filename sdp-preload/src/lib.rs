@@ -112,6 +112,9 @@ fn enabled() -> bool {
         _ => {
             let on = std::env::var("SDP_PRELOAD").map_or(true, |v| v != "0");
             let log = std::env::var("SDP_LOG").is_ok_and(|v| !v.is_empty() && v != "0");
+            if std::env::var("SDP_FD_CHECK").is_ok_and(|v| !v.is_empty() && v != "0") {
+                table::check_identities();
+            }
             LOG.store(log as u8 + 1, Ordering::Relaxed);
             app::set_thread_start_hook(mark_thread_internal);
             PID.store(std::process::id(), Ordering::Relaxed);
@@ -1417,6 +1420,9 @@ fn share_for_stdio(fd: c_int, what: &str) {
 #[no_mangle]
 pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
     if table::owned(fd) {
+        // glibc's fclose, freopen and fcloseall close the fd inside libc, where no hook sees
+        // it: from now on calls check that their number still names the socket's file.
+        table::check_identities();
         share_for_stdio_if(fd, "fdopen", true);
     }
     // SAFETY: forwards the caller's arguments.
@@ -1825,7 +1831,10 @@ pub unsafe extern "C" fn epoll_ctl(
 ) -> c_int {
     // SAFETY: forwards the caller's arguments.
     let r = unsafe { real::epoll_ctl(epfd, op, fd, ev) };
-    if r == 0 && table::owned(fd) && !internal() {
+    // Only fresh sockets' and listeners' registrations need anything (a stream's need no
+    // look: an event loop that changes them per request, as redis-benchmark's five times,
+    // paid a table look each).
+    if r == 0 && table::owned_other(fd) && !internal() {
         // SAFETY: the kernel just read the caller's event (EPOLL_CTL_DEL may pass none).
         let e = (op != libc::EPOLL_CTL_DEL && !ev.is_null()).then(|| unsafe { *ev });
         note_epoll(epfd, op, fd, e);
@@ -2652,6 +2661,55 @@ pub unsafe extern "C" fn close_range(
     };
     drop_internal(gone);
     r
+}
+
+/// closefrom(3): glibc's makes the close_range system call itself, where the hook above does
+/// not see it (the shim's table kept the closed sockets, whose numbers then named other files).
+///
+/// # Safety
+/// As `closefrom(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(low: c_int) {
+    // SAFETY: the hook above, on every fd from `low` up.
+    if unsafe { close_range(low.max(0) as libc::c_uint, libc::c_uint::MAX, 0) } == 0 {
+        return;
+    }
+    // (No close_range in the kernel: libc's way, the shim's entries already taken out.)
+    // SAFETY: forwards the caller's argument.
+    unsafe { real::closefrom(low) }
+}
+
+/// For src/syscall.c: a close, dup or close_range made by `syscall()` goes through the hook
+/// of the same name (libuv closes so, some runtimes too), so the shim sees every close a
+/// program makes through libc. The caller picks the calls (`nr`) on fds the shim owns.
+///
+/// # Safety
+/// As the system call `nr`.
+#[no_mangle]
+pub unsafe extern "C" fn sdp_fd_syscall(
+    nr: libc::c_long,
+    a0: libc::c_long,
+    a1: libc::c_long,
+    a2: libc::c_long,
+) -> libc::c_long {
+    // SAFETY: the hooks, with the caller's arguments.
+    let r = unsafe {
+        match nr {
+            libc::SYS_close => close(a0 as c_int),
+            libc::SYS_dup => dup(a0 as c_int),
+            #[cfg(target_arch = "x86_64")]
+            libc::SYS_dup2 => dup2(a0 as c_int, a1 as c_int),
+            libc::SYS_dup3 => dup3(a0 as c_int, a1 as c_int, a2 as c_int),
+            libc::SYS_close_range => {
+                close_range(a0 as libc::c_uint, a1 as libc::c_uint, a2 as c_int)
+            }
+            _ => {
+                set_errno(libc::ENOSYS);
+                -1
+            }
+        }
+    };
+    r as libc::c_long
 }
 
 /// close_range, leaving the fds of ours a fork child needs until it execs

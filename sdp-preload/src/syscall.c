@@ -15,6 +15,27 @@
 #include <sys/syscall.h>
 
 void sdp_raw_fork(int stage);
+int sdp_preload_owns(int fd);
+long sdp_fd_syscall(long nr, long a0, long a1, long a2);
+
+/* Whether the call closes or dups an fd the shim owns (or is a close_range, which may): it goes
+ * through the shim's hook of the same name (sdp_fd_syscall, src/lib.rs). */
+static int closes_or_dups_owned(long nr, const long *a) {
+    switch (nr) {
+    case SYS_close:
+    case SYS_dup:
+        return sdp_preload_owns((int)a[0]);
+#ifdef SYS_dup2
+    case SYS_dup2:
+#endif
+    case SYS_dup3:
+        return sdp_preload_owns((int)a[0]) || sdp_preload_owns((int)a[1]);
+    case SYS_close_range:
+        return 1;
+    default:
+        return 0;
+    }
+}
 
 typedef long (*syscall_fn)(long, ...);
 static syscall_fn real_syscall;
@@ -57,6 +78,8 @@ long sdp_syscall(long nr, ...) {
     syscall_fn real = real_syscall;
     if (real == NULL)
         real = real_syscall = (syscall_fn)dlsym(RTLD_NEXT, "syscall");
+    if (closes_or_dups_owned(nr, a))
+        return sdp_fd_syscall(nr, a[0], a[1], a[2]);
     if (!makes_fork_child(nr, a))
         return real(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
     sdp_raw_fork(0);

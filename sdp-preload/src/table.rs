@@ -10,7 +10,32 @@ use sdp_core::socket::app::{AppListener, AppStream};
 /// fds at or above this are never taken over (they stay kernel TCP).
 pub(crate) const MAX_FD: usize = 1 << 16;
 
-static OWNED: [AtomicBool; MAX_FD] = [const { AtomicBool::new(false) }; MAX_FD];
+/// What the shim owns at each fd: [`NOT_OWNED`], [`STREAM`] (an SDP stream, or one got
+/// through exec) or [`OTHER`] (a fresh socket, a listener).
+static OWNED: [AtomicU8; MAX_FD] = [const { AtomicU8::new(NOT_OWNED) }; MAX_FD];
+const NOT_OWNED: u8 = 0;
+const STREAM: u8 = 1;
+const OTHER: u8 = 2;
+
+/// Calls on owned fds check that the number still names the file it had (`get`): off until
+/// something may close an owned fd where no hook sees it. Every close the program makes
+/// through libc's close, close_range, closefrom, dup2, dup3 and `syscall()` goes through the
+/// shim's hooks, which take the entry out first; what remains is stdio (glibc's `fclose`,
+/// `freopen` and `fcloseall` close inside libc): a `FILE` on an owned fd (`fdopen`, or a
+/// socket at fds 0 to 2) turns the checks on for the process's life, as does
+/// `SDP_FD_CHECK=1` (a program that closes by inline system calls). The check is an `fstat`
+/// per call: it was two of the five system calls of a redis-server request.
+static CHECK: AtomicBool = AtomicBool::new(false);
+
+/// Turn on the identity checks of [`CHECK`] (for good).
+pub(crate) fn check_identities() {
+    CHECK.store(true, Ordering::Relaxed);
+}
+
+/// Whether calls on owned fds check the file's identity ([`CHECK`]).
+pub(crate) fn checking_identities() -> bool {
+    CHECK.load(Ordering::Relaxed)
+}
 /// SO_SNDBUF (bit 0) and SO_RCVBUF (bit 1) the application set on a socket the shim owns
 /// before it became an SDP stream (a fresh socket, a listener), by fd number: carried to the
 /// stream (a connected one, or one accepted from the listener), as Linux keeps a buffer size
@@ -190,7 +215,22 @@ impl Drop for Sock {
 /// Whether the shim owns `fd` (fast path for everything else).
 #[inline]
 pub(crate) fn owned(fd: i32) -> bool {
-    (fd as u32 as usize) < MAX_FD && OWNED[fd as usize].load(Ordering::Relaxed)
+    kind(fd) != NOT_OWNED
+}
+
+#[inline]
+fn kind(fd: i32) -> u8 {
+    if (fd as u32 as usize) < MAX_FD {
+        OWNED[fd as usize].load(Ordering::Relaxed)
+    } else {
+        NOT_OWNED
+    }
+}
+
+/// Whether the shim owns `fd` as a fresh socket or a listener (not a stream): one load.
+#[inline]
+pub(crate) fn owned_other(fd: i32) -> bool {
+    kind(fd) == OTHER
 }
 
 pub(crate) fn get(fd: i32) -> Option<Arc<Sock>> {
@@ -198,7 +238,7 @@ pub(crate) fn get(fd: i32) -> Option<Arc<Sock>> {
         return None;
     }
     let (s, id) = MAP.read().as_ref()?.get(&fd).cloned()?;
-    if file_id(fd) == Some(id) {
+    if !checking_identities() || file_id(fd) == Some(id) {
         return Some(s);
     }
     // The number now names another file (or none): the socket was closed behind our back.
@@ -206,7 +246,7 @@ pub(crate) fn get(fd: i32) -> Option<Arc<Sock>> {
         let mut m = MAP.write();
         match m.as_mut().and_then(|m| m.get(&fd)) {
             Some((_, cur)) if *cur == id => {
-                OWNED[fd as usize].store(false, Ordering::Relaxed);
+                OWNED[fd as usize].store(NOT_OWNED, Ordering::Relaxed);
                 m.as_mut().and_then(|m| m.remove(&fd))
             }
             _ => None,
@@ -228,9 +268,18 @@ pub(crate) fn insert(fd: i32, s: Arc<Sock>) -> bool {
     let Some(id) = file_id(fd) else {
         return false;
     };
+    if fd <= 2 {
+        // stdio's fds: glibc may close or replace this one inside libc (`freopen`, `fclose`).
+        check_identities();
+    }
+    let k = if s.stream_parts().is_some() {
+        STREAM
+    } else {
+        OTHER
+    };
     let mut m = MAP.write();
     m.get_or_insert_with(Map::default).insert(fd, (s, id));
-    OWNED[fd as usize].store(true, Ordering::Relaxed);
+    OWNED[fd as usize].store(k, Ordering::Relaxed);
     true
 }
 
@@ -253,7 +302,7 @@ pub(crate) fn remove(fd: i32) -> Option<Arc<Sock>> {
         return None;
     }
     let mut m = MAP.write();
-    OWNED[fd as usize].store(false, Ordering::Relaxed);
+    OWNED[fd as usize].store(NOT_OWNED, Ordering::Relaxed);
     m.as_mut()?.remove(&fd).map(|(s, _)| s)
 }
 
@@ -419,7 +468,7 @@ pub(crate) fn take_listeners(pick: impl Fn(i32, &Sock) -> bool) -> Vec<Arc<Sock>
         .collect();
     let mut out = Vec::new();
     for fd in fds {
-        OWNED[fd as usize].store(false, Ordering::Relaxed);
+        OWNED[fd as usize].store(NOT_OWNED, Ordering::Relaxed);
         out.extend(map.remove(&fd).map(|(s, _)| s));
     }
     out

@@ -568,6 +568,23 @@ fn a_raw_close_ends_the_connection_as_over_tcp() {
     assert!(has_line(&lines, &parts), "report:\n{lines}");
 }
 
+/// A socket closed where the shim has no hook of that name (glibc's `fclose` of an
+/// `fdopen`ed socket closes inside libc; its `closefrom` makes the close_range system call
+/// itself) and its number reused by a pipe: calls on the number act on the pipe, as over TCP,
+/// the connection over shm. The shim no longer checks each call's file (an `fstat` per call);
+/// before its `closefrom` hook the read got the socket's bytes, and before an `fdopen` turned
+/// the checks on getpeername answered for the closed socket.
+#[test]
+fn a_socket_closed_inside_libc_leaves_its_number_to_the_next_file() {
+    let _serial = serial();
+    for how in ["fclose", "closefrom"] {
+        let read = format!("{how}: read 4 pipe\n");
+        let name = format!("{how}: getpeername -1 ENOTSOCK\n");
+        let (_, lines) = differential_wanting(&format!("{how}_reuse"), &[&read, &name]);
+        assert_eq!(shm_lines(&lines, Some("server")), 1, "report:\n{lines}");
+    }
+}
+
 /// A server that accepts and resets at once (SO_LINGER {1, 0}), 30 times: each client's
 /// connect succeeds and its read gets ECONNRESET, as over TCP, over shm. Before, a client
 /// whose runtime saw the reset before its connect looked (about one in ten) got ECONNRESET
