@@ -1041,6 +1041,25 @@ impl<P: Provider> Driver<P> {
         }
     }
 
+    /// Whether the connection's reader needs a direct wakeup per SEND
+    /// ([`Endpoint::set_direct_level`]).
+    pub fn set_direct_level(&self, id: ConnId, level: bool) {
+        if let Some(ep) = self.conns.get(id).and_then(|e| e.ep.as_ref()) {
+            ep.set_direct_level(level);
+        }
+    }
+
+    /// [`Endpoint::direct_unread_clear`] of the connection.
+    pub fn direct_unread_clear(
+        &self,
+        id: ConnId,
+    ) -> Option<std::sync::Arc<dyn Fn() + Send + Sync>> {
+        self.conns
+            .get(id)
+            .and_then(|e| e.ep.as_ref())
+            .and_then(|ep| ep.direct_unread_clear())
+    }
+
     /// A wait for the connection's peer's direct wakeups of the SENDs taken so far
     /// ([`Endpoint::direct_settler`]), to run without the caller's locks.
     pub fn direct_settler(&self, id: ConnId) -> Option<Box<dyn FnOnce() + Send>> {

@@ -991,94 +991,174 @@ fn posted_receives_wake_the_peer_only_when_its_sends_wait() {
 /// asks for the owner's engine too: `SendWr::wake_engine`, which wakes both); unsolicited
 /// SENDs, and every SEND once they are off, wake the notify fd; turning them off after a SEND
 /// that went by the byte only makes the notify fd readable, so nothing is lost.
+/// Two connected endpoints, `y` with 8 receives posted and direct wakeups on into `user`'s
+/// socket pair (its other end given to `x`'s provider, which has taken it).
+struct Direct {
+    a: ShmProvider,
+    b: ShmProvider,
+    x: ShmEndpoint,
+    y: ShmEndpoint,
+    s: sdp_core::verbs::shm::ShmMr,
+    user: std::os::unix::net::UnixStream,
+    _r: sdp_core::verbs::shm::ShmMr,
+    _ours: std::os::unix::net::UnixStream,
+}
+
+impl Direct {
+    fn new() -> Direct {
+        use std::os::fd::AsFd;
+        let a = prov();
+        let b = prov();
+        let (mut x, mut y) = pair(&a, &b);
+        let r = b.reg_mr(64 * 8, Access::LOCAL_WRITE).unwrap();
+        let s = a.reg_mr(64, Access::empty()).unwrap();
+        for i in 0..8 {
+            y.post_recv(&RecvWr {
+                wr_id: i,
+                sge: r.sge(64 * i as usize, 64),
+            })
+            .unwrap();
+        }
+        let (user, ours) = std::os::unix::net::UnixStream::pair().unwrap();
+        user.set_nonblocking(true).unwrap();
+        assert!(y.give_direct_wake(ours.as_fd()));
+        y.set_direct_wake(true, false);
+        // x's provider takes the socket from the rendezvous socket when it looks there.
+        let until = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < until {
+            a.arm().unwrap();
+            while x.poll_cm().is_some() {}
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Direct {
+            a,
+            b,
+            x,
+            y,
+            s,
+            user,
+            _r: r,
+            _ours: ours,
+        }
+    }
+
+    /// A solicited SEND of `x`'s 64 bytes.
+    fn solicited(&self, wr_id: u64) -> SendWr {
+        SendWr {
+            solicited: true,
+            wake_engine: false,
+            ..send_wr(wr_id, SendOp::Send, Some(self.s.sge(0, 64)))
+        }
+    }
+
+    /// The bytes waiting in the user end, taken.
+    fn bytes(&mut self) -> usize {
+        use std::io::Read;
+        let mut b = [0u8; 16];
+        self.user.read(&mut b).unwrap_or(0)
+    }
+}
+
 #[test]
 fn direct_wakeups_go_to_the_given_socket_while_on() {
-    use std::io::Read;
-    use std::os::fd::AsFd;
-    let a = prov();
-    let b = prov();
-    let (mut x, mut y) = pair(&a, &b);
-    let fd = b.notify_fd().expect("fd");
-    let r = b.reg_mr(64 * 8, Access::LOCAL_WRITE).unwrap();
-    let s = a.reg_mr(64, Access::empty()).unwrap();
-    for i in 0..8 {
-        y.post_recv(&RecvWr {
-            wr_id: i,
-            sge: r.sge(64 * i as usize, 64),
-        })
-        .unwrap();
-    }
-    let (mut user, ours) = std::os::unix::net::UnixStream::pair().unwrap();
-    user.set_nonblocking(true).unwrap();
-    let bytes = |user: &mut std::os::unix::net::UnixStream| {
-        let mut b = [0u8; 16];
-        user.read(&mut b).unwrap_or(0)
-    };
-    assert!(y.give_direct_wake(ours.as_fd()));
-    y.set_direct_wake(true, false);
-    // x's provider takes the socket from the rendezvous socket when it looks there.
-    let until = Instant::now() + Duration::from_millis(300);
-    while Instant::now() < until {
-        a.arm().unwrap();
-        while x.poll_cm().is_some() {}
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let solicited = |wr_id| SendWr {
-        solicited: true,
-        wake_engine: false,
-        ..send_wr(wr_id, SendOp::Send, Some(s.sge(0, 64)))
-    };
+    let mut d = Direct::new();
+    let fd = d.b.notify_fd().expect("fd");
 
     // On: a solicited SEND goes by the byte only.
-    b.arm().unwrap();
-    let direct = a.direct_wakeups_sent();
-    x.post_send(&solicited(0)).unwrap();
-    assert_eq!(a.direct_wakeups_sent(), direct + 1);
-    assert_eq!(bytes(&mut user), 1, "no byte in the given socket");
+    d.b.arm().unwrap();
+    let direct = d.a.direct_wakeups_sent();
+    d.x.post_send(&d.solicited(0)).unwrap();
+    assert_eq!(d.a.direct_wakeups_sent(), direct + 1);
+    assert_eq!(d.bytes(), 1, "no byte in the given socket");
     assert!(!readable(fd, 20), "the notify fd woke for a direct SEND");
-    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 0);
+    assert_eq!(poll_n(&mut d.y, 1, T)[0].wr_id, 0);
 
     // On, a solicited SEND that asks for the engine too (it takes the owner's last credits):
     // the byte for the reader, and the notify fd for the engine.
-    b.arm().unwrap();
-    let direct = a.direct_wakeups_sent();
-    x.post_send(&SendWr {
+    d.b.arm().unwrap();
+    let direct = d.a.direct_wakeups_sent();
+    d.x.post_send(&SendWr {
         wake_engine: true,
-        ..solicited(1)
+        ..d.solicited(1)
     })
     .unwrap();
-    assert_eq!(a.direct_wakeups_sent(), direct + 1);
-    assert_eq!(bytes(&mut user), 1, "no byte in the given socket");
+    assert_eq!(d.a.direct_wakeups_sent(), direct + 1);
+    assert_eq!(d.bytes(), 1, "no byte in the given socket");
     assert!(readable(fd, 2000), "the engine was not woken");
-    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 1);
+    assert_eq!(poll_n(&mut d.y, 1, T)[0].wr_id, 1);
 
     // An unsolicited SEND (credits, acknowledgements) wakes the notify fd.
-    b.arm().unwrap();
-    x.post_send(&send_wr(2, SendOp::Send, Some(s.sge(0, 64))))
+    d.b.arm().unwrap();
+    d.x.post_send(&send_wr(2, SendOp::Send, Some(d.s.sge(0, 64))))
         .unwrap();
     assert!(readable(fd, 2000), "no wakeup for an unsolicited SEND");
-    assert_eq!(bytes(&mut user), 0);
-    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 2);
+    assert_eq!(d.bytes(), 0);
+    assert_eq!(poll_n(&mut d.y, 1, T)[0].wr_id, 2);
 
     // On, a SEND by the byte only, then off: the notify fd knows of it.
-    b.arm().unwrap();
-    x.post_send(&solicited(3)).unwrap();
-    assert_eq!(bytes(&mut user), 1);
+    d.b.arm().unwrap();
+    d.x.post_send(&d.solicited(3)).unwrap();
+    assert_eq!(d.bytes(), 1);
     assert!(!readable(fd, 0));
-    y.set_direct_wake(false, true);
+    d.y.set_direct_wake(false, true);
     assert!(
         readable(fd, 0),
         "a SEND announced by the byte only was lost"
     );
-    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 3);
+    assert_eq!(poll_n(&mut d.y, 1, T)[0].wr_id, 3);
 
     // Off: solicited SENDs wake the notify fd, no byte.
-    b.arm().unwrap();
-    x.post_send(&solicited(4)).unwrap();
+    d.b.arm().unwrap();
+    d.x.post_send(&d.solicited(4)).unwrap();
     assert!(readable(fd, 2000));
-    assert_eq!(bytes(&mut user), 0);
-    assert_eq!(poll_n(&mut y, 1, T)[0].wr_id, 4);
-    assert_eq!(poll_n(&mut x, 5, T).len(), 5);
+    assert_eq!(d.bytes(), 0);
+    assert_eq!(poll_n(&mut d.y, 1, T)[0].wr_id, 4);
+    assert_eq!(poll_n(&mut d.x, 5, T).len(), 5);
+}
+
+/// A reader that needs no edge per arrival (`Endpoint::set_direct_level`) gets one direct
+/// byte while one is unread: the SENDs after it go by the bell only (no byte, no notify fd);
+/// once the reader says it took the byte (`direct_unread_clear`) the next SEND writes one
+/// again. With a byte per SEND asked again (an edge-triggered reader), every SEND writes one.
+#[test]
+fn a_level_reader_gets_one_direct_byte_while_one_is_unread() {
+    let mut d = Direct::new();
+    let fd = d.b.notify_fd().expect("fd");
+    d.y.set_direct_level(true);
+    let clear = d.y.direct_unread_clear().expect("shm has direct wakeups");
+    d.b.arm().unwrap();
+    let sent = d.a.direct_wakeups_sent();
+    for i in 0..3 {
+        d.x.post_send(&d.solicited(i)).unwrap();
+    }
+    assert_eq!(
+        d.a.direct_wakeups_sent(),
+        sent + 1,
+        "one byte for three SENDs"
+    );
+    assert!(
+        !readable(fd, 20),
+        "the notify fd woke for a SEND a byte announced"
+    );
+    assert_eq!(poll_n(&mut d.y, 3, T).len(), 3);
+    assert_eq!(d.bytes(), 1);
+
+    // The reader took its byte: the next SEND writes one.
+    clear();
+    d.x.post_send(&d.solicited(3)).unwrap();
+    d.x.post_send(&d.solicited(4)).unwrap();
+    assert_eq!(d.a.direct_wakeups_sent(), sent + 2);
+    assert_eq!(d.bytes(), 1);
+    assert_eq!(poll_n(&mut d.y, 2, T).len(), 2);
+
+    // A byte per SEND again.
+    d.y.set_direct_level(false);
+    d.x.post_send(&d.solicited(5)).unwrap();
+    d.x.post_send(&d.solicited(6)).unwrap();
+    assert_eq!(d.a.direct_wakeups_sent(), sent + 4);
+    assert_eq!(d.bytes(), 2);
+    assert_eq!(poll_n(&mut d.y, 2, T).len(), 2);
+    assert_eq!(poll_n(&mut d.x, 7, T).len(), 7);
 }
 
 #[test]

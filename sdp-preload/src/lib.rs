@@ -642,6 +642,12 @@ unsafe fn connect_owned(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_i
             let watching = epoll_unwatch(fd, watches);
             let replaced = replace_fd(user, fd, cloexec);
             epoll_rewatch(fd, &watching);
+            if watching
+                .iter()
+                .any(|w| w.events & libc::EPOLLET as u32 != 0)
+            {
+                s.want_edges();
+            }
             drop(low);
             if let Err(e) = replaced {
                 log(format_args!(
@@ -1527,6 +1533,10 @@ unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: usize, f64: bool) -> c_int {
     if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
         dup_entry(fd, r);
     }
+    if r >= 0 && cmd == libc::F_SETFL && arg & libc::O_ASYNC as usize != 0 {
+        // SIGIO per arrival, as TCP's.
+        want_edges(fd);
+    }
     r
 }
 
@@ -1831,6 +1841,12 @@ pub unsafe extern "C" fn epoll_ctl(
 ) -> c_int {
     // SAFETY: forwards the caller's arguments.
     let r = unsafe { real::epoll_ctl(epfd, op, fd, ev) };
+    if r == 0 && op != libc::EPOLL_CTL_DEL && !ev.is_null() {
+        // SAFETY: the kernel just read the caller's event.
+        if unsafe { (*ev).events } & libc::EPOLLET as u32 != 0 && !internal() {
+            edge_watch(fd);
+        }
+    }
     // Only fresh sockets' and listeners' registrations need anything (a stream's need no
     // look: an event loop that changes them per request, as redis-benchmark's five times,
     // paid a table look each).
@@ -1840,6 +1856,45 @@ pub unsafe extern "C" fn epoll_ctl(
         note_epoll(epfd, op, fd, e);
     }
     r
+}
+
+/// `fd` was registered edge-triggered in an epoll set: a stream's fd must see an edge per
+/// arrival (`AppStream::want_edges`); an epoll set's (nested sets: the outer one's edges come
+/// from the inner one's wakeups), every stream's, from now on.
+fn edge_watch(fd: c_int) {
+    if table::owned(fd) {
+        want_edges(fd);
+    } else if table::is_epoll(fd) {
+        table::want_all_edges();
+    }
+}
+
+/// The stream at `fd`, if any, must show an edge per arrival (`AppStream::want_edges`).
+fn want_edges(fd: c_int) {
+    if let Some(s) = table::get(fd) {
+        if let Sock::Stream(st, _) = &*s {
+            let _g = Internal::enter();
+            st.want_edges();
+        }
+    }
+}
+
+/// epoll_create(2): its fd noted as an epoll set's (see [`edge_watch`]).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
+    // SAFETY: forwards the caller's argument.
+    let fd = unsafe { real::epoll_create(size) };
+    table::note_epoll_fd(fd);
+    fd
+}
+
+/// epoll_create1(2): as [`epoll_create`].
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
+    // SAFETY: forwards the caller's argument.
+    let fd = unsafe { real::epoll_create1(flags) };
+    table::note_epoll_fd(fd);
+    fd
 }
 
 /// A fresh socket's epoll registration made, changed or taken away (see `Opts::epoll`); a
@@ -2467,7 +2522,20 @@ unsafe fn ioctl_owned(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {
                 let _g = Internal::enter();
                 st.info().map(|i| i.at_mark as usize)
             }
-            // FIONBIO, FIOASYNC and the rest act on the kernel file natively.
+            libc::FIOASYNC => {
+                // SAFETY: forwards the caller's arguments.
+                let r = unsafe { real::ioctl(fd, req, arg) };
+                // SAFETY: FIOASYNC takes a pointer to an int, which the kernel just read.
+                if r == 0
+                    && !(arg as *const c_int).is_null()
+                    && unsafe { *(arg as *const c_int) } != 0
+                {
+                    let _g = Internal::enter();
+                    st.want_edges();
+                }
+                return r;
+            }
+            // FIONBIO and the rest act on the kernel file natively.
             // SAFETY: forwards the caller's arguments.
             _ => return unsafe { real::ioctl(fd, req, arg) },
         };

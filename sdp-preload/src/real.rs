@@ -149,6 +149,8 @@ real_fns! {
     fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int;
     fn dup(fd: c_int) -> c_int;
     fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int;
+    fn epoll_create(size: c_int) -> c_int;
+    fn epoll_create1(flags: c_int) -> c_int;
     fn closefrom(low: c_int) -> ();
     fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int, t: *mut libc::timespec) -> c_int;
     fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int) -> c_int;

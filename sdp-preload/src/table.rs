@@ -27,6 +27,37 @@ const OTHER: u8 = 2;
 /// per call: it was two of the five system calls of a redis-server request.
 static CHECK: AtomicBool = AtomicBool::new(false);
 
+/// The fds epoll_create made (by number: a stale one only makes [`want_all_edges`] come
+/// sooner, which costs speed, never an edge).
+static EPOLL_FDS: [AtomicBool; MAX_FD] = [const { AtomicBool::new(false) }; MAX_FD];
+
+/// Every stream shows an edge per arrival (an epoll set was registered edge-triggered in
+/// another): set for good.
+static ALL_EDGES: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn note_epoll_fd(fd: i32) {
+    if (0..MAX_FD as i32).contains(&fd) {
+        EPOLL_FDS[fd as usize].store(true, Ordering::Relaxed);
+    }
+}
+
+pub(crate) fn is_epoll(fd: i32) -> bool {
+    (0..MAX_FD as i32).contains(&fd) && EPOLL_FDS[fd as usize].load(Ordering::Relaxed)
+}
+
+/// From now on every stream, the process's and those to come, wants an edge per arrival.
+pub(crate) fn want_all_edges() {
+    if ALL_EDGES.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    for (_, s) in streams() {
+        if let Sock::Stream(st, _) = &*s {
+            let _g = crate::Internal::enter();
+            st.want_edges();
+        }
+    }
+}
+
 /// Turn on the identity checks of [`CHECK`] (for good).
 pub(crate) fn check_identities() {
     CHECK.store(true, Ordering::Relaxed);
@@ -278,8 +309,15 @@ pub(crate) fn insert(fd: i32, s: Arc<Sock>) -> bool {
         OTHER
     };
     let mut m = MAP.write();
-    m.get_or_insert_with(Map::default).insert(fd, (s, id));
+    m.get_or_insert_with(Map::default)
+        .insert(fd, (s.clone(), id));
     OWNED[fd as usize].store(k, Ordering::Relaxed);
+    drop(m);
+    // (After the entry: `want_all_edges` sets the flag, then walks the table.)
+    if let (true, Sock::Stream(st, _)) = (ALL_EDGES.load(Ordering::SeqCst), &*s) {
+        let _g = crate::Internal::enter();
+        st.want_edges();
+    }
     true
 }
 

@@ -585,6 +585,30 @@ fn a_socket_closed_inside_libc_leaves_its_number_to_the_next_file() {
     }
 }
 
+/// Three arrivals none of which is read before the last: each is an edge, as over TCP, for
+/// the stream's own edge-triggered epoll registration, for an epoll set registered
+/// edge-triggered in another (the inner one level-triggered) and for O_ASYNC (a SIGIO each),
+/// over shm. A stream nobody watches for edges gets one wakeup byte while one is unread (the
+/// writer makes no system call for the others): each of these turns a byte per arrival on,
+/// and each case fails when its hook does not (the second or third arrival unsignalled).
+#[test]
+fn every_arrival_is_an_edge_for_those_who_watch_edges() {
+    let _serial = serial();
+    for (case, how) in [
+        ("et_arrivals", "epoll ET"),
+        ("nested_et_arrivals", "nested epoll"),
+        ("async_arrivals", "O_ASYNC"),
+    ] {
+        let want: Vec<String> = (1..=3)
+            .map(|i| format!("{how}: arrival {i} (none read) signalled 1\n"))
+            .chain([format!("{how}: read 3 abc\n")])
+            .collect();
+        let want: Vec<&str> = want.iter().map(String::as_str).collect();
+        let (_, lines) = differential_wanting(case, &want);
+        assert_eq!(shm_lines(&lines, Some("server")), 1, "report:\n{lines}");
+    }
+}
+
 /// A server that accepts and resets at once (SO_LINGER {1, 0}), 30 times: each client's
 /// connect succeeds and its read gets ECONNRESET, as over TCP, over shm. Before, a client
 /// whose runtime saw the reset before its connect looked (about one in ten) got ECONNRESET

@@ -611,6 +611,70 @@ static void peer_write_later(int s) {
     await(p2c[0]);
 }
 
+/* The peer writes a byte each time it is told, three times. */
+static void peer_three_arrivals_told(int s) {
+    for (int i = 0; i < 3; i++) {
+        await(p2c[0]);
+        CHECK(write(s, "abc" + i, 1) == 1);
+    }
+    await(p2c[0]);
+}
+
+/* Three arrivals, none read before the last, watched by O_ASYNC (`nested` 0: a SIGIO
+ * each), by an epoll set registered edge-triggered in another, the inner one level-triggered
+ * (1: an edge of the outer set each), or by the socket's own edge-triggered registration (2),
+ * as over TCP. */
+static void arrival_edges(int nested) {
+    int s;
+    pid_t pid = start(peer_three_arrivals_told, &s);
+    const char *how = nested == 2 ? "epoll ET" : nested ? "nested epoll" : "O_ASYNC";
+    int inner = epoll_create1(EPOLL_CLOEXEC), outer = epoll_create1(EPOLL_CLOEXEC);
+    sigios = 0;
+    if (nested == 2) {
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.fd = s};
+        CHECK(epoll_ctl(outer, EPOLL_CTL_ADD, s, &ev) == 0);
+    } else if (nested) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.fd = s};
+        CHECK(epoll_ctl(inner, EPOLL_CTL_ADD, s, &ev) == 0);
+        ev = (struct epoll_event){.events = EPOLLIN | EPOLLET, .data.fd = inner};
+        CHECK(epoll_ctl(outer, EPOLL_CTL_ADD, inner, &ev) == 0);
+    } else {
+        signal(SIGIO, on_io);
+        CHECK(fcntl(s, F_SETOWN, getpid()) == 0);
+        CHECK(fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_ASYNC) == 0);
+    }
+    for (int i = 1; i <= 3; i++) {
+        int before = sigios;
+        tell(p2c[1]);
+        int n = 0;
+        if (nested) {
+            struct epoll_event got;
+            n = epoll_wait(outer, &got, 1, 3000);
+        } else {
+            for (int w = 0; w < 3000 && sigios == before; w++)
+                sleep_ms(1);
+            n = sigios > before;
+            sleep_ms(20); /* (a second signal for one arrival is not counted as the next's) */
+        }
+        out("%s: arrival %d (none read) signalled %d", how, i, n);
+    }
+    char b[8];
+    sleep_ms(20);
+    ssize_t r = read(s, b, sizeof b);
+    out("%s: read %zd %.*s", how, r, (int)(r > 0 ? r : 0), b);
+    signal(SIGIO, SIG_IGN);
+    close(outer);
+    close(inner);
+    tell(p2c[1]);
+    finish(pid, s);
+}
+
+static void case_async_arrivals(void) { arrival_edges(0); }
+
+static void case_nested_et_arrivals(void) { arrival_edges(1); }
+
+static void case_et_arrivals(void) { arrival_edges(2); }
+
 static void case_sigio_and_timeout(void) {
     int s;
     pid_t pid = start(peer_write_later, &s);
@@ -4220,6 +4284,9 @@ int main(int argc, char **argv) {
     RUN(raw_close);
     RUN(raw_close_ends);
     RUN(fclose_reuse);
+    RUN(async_arrivals);
+    RUN(nested_et_arrivals);
+    RUN(et_arrivals);
     RUN(accept_abort);
     RUN(peer_gone);
     RUN(v4_mapped);

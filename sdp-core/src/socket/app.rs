@@ -135,6 +135,8 @@ pub struct AppStream {
     listener: Option<Arc<Handed>>,
     /// SO_RCVLOWAT ([`AppStream::set_rcvlowat`]; 0 until set).
     lowat: std::sync::atomic::AtomicUsize,
+    /// [`AppStream::want_edges`] was called.
+    edges: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for AppStream {
@@ -395,6 +397,7 @@ impl AppStream {
             dest: None,
             listener: None,
             lowat: Default::default(),
+            edges: Default::default(),
         }
     }
 
@@ -406,6 +409,23 @@ impl AppStream {
         self.lowat
             .store(lowat, std::sync::atomic::Ordering::Relaxed);
         self.stack.0.app_set_rcvlowat(self.id, fd, lowat)
+    }
+
+    /// The application's fd is watched for edges (an edge-triggered epoll registration, or
+    /// O_ASYNC): every arrival of data must make a new edge (and SIGIO), as over TCP, so every
+    /// message brings a token. Until then one token while any is unread keeps the fd
+    /// readable for the level-triggered waits, the writer making no system call for the
+    /// others (nginx's header and body, a stream's messages while the reader reads big
+    /// chunks). For the stream's life; nothing for a stream whose bytes go through the kernel
+    /// file (real bytes make their edges).
+    pub fn want_edges(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.edges.load(Relaxed) || self.edges.swap(true, Relaxed) {
+            return;
+        }
+        if !self.is_inherited() {
+            self.stack.0.app_want_edges(self.id);
+        }
     }
 
     /// SO_LINGER for the close that ends the stream (its last fd): `Some(ZERO)` resets the

@@ -150,6 +150,23 @@ pub(crate) struct AppReady {
     /// An out-of-band byte was ever sent into the user end: its mark may still split the
     /// tokens (a receive stops at it), so taking them back reads until EAGAIN.
     had_oob: bool,
+    /// The application's fd must see an edge per arrival (an edge-triggered epoll set or
+    /// O_ASYNC watches it): a token per arrival, ours and the peer's. Otherwise one token
+    /// while any is unread wakes every reader there is (poll, select, level-triggered epoll,
+    /// a blocking read) and costs the writer no system call per message.
+    pub(crate) edges: bool,
+    /// Tells the peer's provider that its direct tokens were taken
+    /// (`Endpoint::direct_unread_clear`): called before every receive of tokens.
+    pub(crate) unread_clear: Option<UnreadClear>,
+}
+
+/// [`AppReady::unread_clear`]'s call.
+pub(crate) struct UnreadClear(pub(crate) std::sync::Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for UnreadClear {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UnreadClear")
+    }
 }
 
 impl AppReady {
@@ -167,6 +184,8 @@ impl AppReady {
             AppReady {
                 ours: Some(ours),
                 tokens: false,
+                edges: false,
+                unread_clear: None,
                 direct: false,
                 direct_on: false,
                 rx_seen: 0,
@@ -217,7 +236,7 @@ impl AppReady {
         if !(self.direct || self.tokens) || self.ours.is_none() || self.rdhup || self.hup {
             return;
         }
-        take_tokens(user, self.had_oob);
+        self.take_tokens(user);
         self.tokens = false;
     }
 
@@ -282,14 +301,14 @@ impl AppReady {
             }
         }
         if st.readable {
-            if !self.rdhup && (!self.tokens || st.rx_total != self.rx_seen) {
+            if !self.rdhup && (!self.tokens || (self.edges && st.rx_total != self.rx_seen)) {
                 let _ = sys::send_nb(ours, &[1]);
             }
             self.tokens = true;
             self.rx_seen = st.rx_total;
         } else if self.tokens && take {
             if let Some(u) = user {
-                take_tokens(u, self.had_oob);
+                self.take_tokens(u);
                 self.tokens = false;
             }
         }
@@ -307,6 +326,16 @@ impl AppReady {
                 self.writable = false;
             }
         }
+    }
+}
+
+impl AppReady {
+    /// Take every token out of the user end `user` (see [`AppReady::unread_clear`]).
+    fn take_tokens(&self, user: RawFd) {
+        if let Some(clear) = &self.unread_clear {
+            (clear.0)();
+        }
+        take_tokens(user, self.had_oob);
     }
 }
 

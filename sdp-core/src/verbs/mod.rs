@@ -407,6 +407,19 @@ pub trait Endpoint: Send {
     /// went by a direct wakeup only has been made known to it; with `settle`, also returns
     /// only once no byte of the peer's can arrive in the socket any more.
     fn set_direct_wake(&self, _on: bool, _settle: bool) {}
+    /// Whether the reader behind the socket given by [`Endpoint::give_direct_wake`] needs a
+    /// byte per SEND (`level` false: an edge-triggered epoll set or O_ASYNC watches its fd,
+    /// which must see an edge per arrival) or only one while any is unread (`level`: poll,
+    /// select, level-triggered epoll and blocking reads see the same fd readable). Off (a byte
+    /// per SEND) until set.
+    fn set_direct_level(&self, _level: bool) {}
+    /// With [`Endpoint::set_direct_level`] on, the peer writes no byte while one of its bytes
+    /// is unread: this says none is any more. The reader calls it (with no lock: it is a store
+    /// to shared memory) before every receive that takes bytes out of the socket, then looks
+    /// for SENDs announced meanwhile; `None` where the provider has no direct wakeups.
+    fn direct_unread_clear(&self) -> Option<std::sync::Arc<dyn Fn() + Send + Sync>> {
+        None
+    }
     /// A wait, to run without any lock, that ends once every direct wakeup byte of the SENDs
     /// taken so far is in the socket (or a short bound passed); `None` if there is nothing to
     /// wait for. A reader that took every SEND and then takes the bytes back leaves none behind

@@ -68,7 +68,7 @@ pub(crate) use self::spin::{
     ms_of_timeout, poll_events, poll_events_for, poll_events_masked, timeout_of_ms, APP_STREAMS,
 };
 use self::zcopy::*;
-use super::ready::{AppReady, AppState, ReadyFd};
+use super::ready::{AppReady, AppState, ReadyFd, UnreadClear};
 use crate::driver::{Driver, ListenerId};
 use crate::proto::conn::CallError;
 use crate::proto::iocb::{ZSink, ZSrc};
@@ -255,6 +255,8 @@ pub(crate) trait StackOps: Send + Sync {
     /// SO_RCVLOWAT: the user fd reads as readable once `lowat` bytes wait (or the stream
     /// ended, failed, or its receive buffers are full); direct wakeups stay off above 1.
     fn app_set_rcvlowat(&self, id: ConnId, user: RawFd, lowat: usize) -> io::Result<()>;
+    /// The user fd is watched for edges: a token per arrival (see `AppStream::want_edges`).
+    fn app_want_edges(&self, id: ConnId);
     /// Write without blocking (partial writes allowed); on WouldBlock the user fd is left
     /// unwritable.
     fn app_write(&self, id: ConnId, user: RawFd, buf: &[u8]) -> io::Result<usize>;

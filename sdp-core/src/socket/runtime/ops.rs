@@ -623,6 +623,12 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             if let Some(fd) = app.ours_fd() {
                 app.direct = driver.give_direct_wake(id, fd);
             }
+            if app.direct {
+                // One token at a time until the application's fd is watched for edges
+                // (`StackOps::app_want_edges`).
+                app.unread_clear = driver.direct_unread_clear(id).map(UnreadClear);
+                driver.set_direct_level(id, app.unread_clear.is_some());
+            }
         }
         self.sh.watch_app_hangup(&app, id);
         s.app = Some(app);
@@ -663,6 +669,17 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         // Readable now or not, as TCP looks again when the mark is set.
         refresh_app(driver, id, s, Some(user));
         Ok(())
+    }
+
+    fn app_want_edges(&self, id: ConnId) {
+        let Ok(mut g) = self.lock() else { return };
+        let Inner { driver, socks, .. } = &mut *g;
+        if let Some(a) = socks.get_mut(&id).and_then(|s| s.app.as_mut()) {
+            a.edges = true;
+            if a.direct {
+                driver.set_direct_level(id, false);
+            }
+        }
     }
 
     fn app_write(&self, id: ConnId, user: RawFd, buf: &[u8]) -> io::Result<usize> {

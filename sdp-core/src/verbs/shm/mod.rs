@@ -82,6 +82,13 @@ const OFF_INFLIGHT_KEY: usize = 324;
 const OFF_RNR: usize = 384;
 /// Direct wakeups (`Endpoint::give_direct_wake`): the owner's switch, 1 on (owner writes).
 const OFF_DIRECT: usize = 448;
+/// A direct wakeup byte of the peer's may be unread (the peer sets it when it writes one while
+/// `OFF_DIRECT_LEVEL` is on; the owner clears it before it takes bytes out of the socket,
+/// `Endpoint::direct_unread_clear`). On the switch's line: the peer reads all three at once.
+const OFF_DIRECT_UNREAD: usize = 452;
+/// The owner's reader needs no byte per SEND, only one while any is unread (owner writes:
+/// `Endpoint::set_direct_level`): level-triggered readers, which a byte already there wakes.
+const OFF_DIRECT_LEVEL: usize = 456;
 /// Direct wakeups under way: the peer raises it before it looks at `OFF_DIRECT` and lowers it
 /// once its byte is written, so an owner turning them off can wait until no byte can come.
 const OFF_DIRECT_BUSY: usize = 704;
@@ -1399,19 +1406,33 @@ impl Peer {
         // The raise is a full barrier: the bell above is visible before we read the switch,
         // so an owner that turns it off and then looks at its bell sees this SEND.
         busy.fetch_add(1, Ordering::SeqCst);
+        let mut wrote = false;
         let sent = self.inbox.u32(OFF_DIRECT).load(Ordering::SeqCst) != 0
-            && match sys::send_nb(fd.as_raw_fd(), &[1]) {
-                Ok(_) => true,
-                // Bytes wait in the socket already: the reader will look.
-                Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
-            };
+            && (self.byte_unread()
+                || match sys::send_nb(fd.as_raw_fd(), &[1]) {
+                    Ok(_) => {
+                        wrote = true;
+                        true
+                    }
+                    // Bytes wait in the socket already: the reader will look.
+                    Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+                });
         busy.fetch_sub(1, Ordering::SeqCst);
-        if sent {
+        if wrote {
             self.direct_wakeups.fetch_add(1, Ordering::Relaxed);
         }
         if !sent || engine_too {
             self.signal();
         }
+    }
+
+    /// A reader that needs no byte per SEND (`OFF_DIRECT_LEVEL`) has one of ours unread: the
+    /// SEND just published needs none (the reader's take-back clears the word first, then looks
+    /// for SENDs: the publication came before this look, the SeqCst swap orders the two).
+    /// Otherwise the word is set for the byte about to be written.
+    fn byte_unread(&self) -> bool {
+        self.inbox.u32(OFF_DIRECT_LEVEL).load(Ordering::Relaxed) != 0
+            && self.inbox.u32(OFF_DIRECT_UNREAD).swap(1, Ordering::SeqCst) != 0
     }
 
     /// Ring the bell, then write the peer's eventfd if it asked to be woken.
@@ -3340,6 +3361,19 @@ impl Endpoint for ShmEndpoint {
         }))
     }
 
+    fn set_direct_level(&self, level: bool) {
+        self.inbox
+            .u32(OFF_DIRECT_LEVEL)
+            .store(level as u32, Ordering::SeqCst);
+    }
+
+    fn direct_unread_clear(&self) -> Option<Arc<dyn Fn() + Send + Sync>> {
+        let inbox = self.inbox.clone();
+        Some(Arc::new(move || {
+            inbox.u32(OFF_DIRECT_UNREAD).store(0, Ordering::SeqCst)
+        }))
+    }
+
     fn set_direct_wake(&self, on: bool, settle: bool) {
         let sw = self.inbox.u32(OFF_DIRECT);
         if on {
@@ -4578,6 +4612,8 @@ mod tests {
             ("inflight key", OFF_INFLIGHT_KEY, 4),
             ("rnr", OFF_RNR, 4),
             ("direct", OFF_DIRECT, 4),
+            ("direct unread", OFF_DIRECT_UNREAD, 4),
+            ("direct level", OFF_DIRECT_LEVEL, 4),
             ("direct busy", OFF_DIRECT_BUSY, 4),
             ("direct done", OFF_DIRECT_DONE, 4),
             ("ring tail", OFF_RING_TAIL, 4),
