@@ -1332,6 +1332,7 @@ pub unsafe extern "C" fn accept4(
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    fd_limit::closing(fd);
     if table::owned(fd) && !internal() {
         return close_owned(fd);
     }
@@ -2780,13 +2781,23 @@ pub unsafe extern "C" fn sdp_fd_syscall(
     r as libc::c_long
 }
 
-/// close_range, leaving the fds of ours a fork child needs until it execs
+/// close_range, leaving the fds of ours: the runtime's (`fd_limit::ours_in`: a daemon's
+/// `closefrom(3)` closed its listeners' SDP rendezvous, and later clients came by kernel TCP;
+/// corners `closefrom_keeps_sdp`), and those a fork child needs until it execs
 /// (`fd_limit::kept_fds`: Python's `subprocess` closes every fd from 8 up before its exec,
 /// whose hook then shares the streams the new program keeps through one of them).
 fn close_range_keeping(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
     let mut from = first;
     let mut r = 0;
-    for k in fd_limit::kept_fds() {
+    let hi = last.min(c_int::MAX as libc::c_uint) as c_int;
+    let mut keep = fd_limit::kept_fds();
+    keep.extend(fd_limit::ours_in(
+        first.min(c_int::MAX as libc::c_uint) as c_int,
+        hi,
+    ));
+    keep.sort_unstable();
+    keep.dedup();
+    for k in keep {
         let k = k as libc::c_uint;
         if k < from || k > last {
             continue;

@@ -609,6 +609,22 @@ fn every_arrival_is_an_edge_for_those_who_watch_edges() {
     }
 }
 
+/// A process that calls `closefrom` above its live connection (a daemon's `closefrom(3)`
+/// once set up) keeps serving over SDP: the connection goes on and a later one to the same
+/// listener is over shm too (both lines of each). Before, the close took the shim's own fds
+/// above the application's numbers, among them the listener's SDP rendezvous: the later
+/// client came by kernel TCP.
+#[test]
+fn closefrom_leaves_the_shims_own_fds() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "closefrom_keeps_sdp",
+        &["closefrom keeps: second connection read 3, first again 3\n"],
+    );
+    assert_eq!(shm_lines(&lines, Some("server")), 2, "report:\n{lines}");
+    assert_eq!(shm_lines(&lines, Some("client")), 2, "report:\n{lines}");
+}
+
 /// A server that accepts and resets at once (SO_LINGER {1, 0}), 30 times: each client's
 /// connect succeeds and its read gets ECONNRESET, as over TCP, over shm. Before, a client
 /// whose runtime saw the reset before its connect looked (about one in ten) got ECONNRESET

@@ -2403,6 +2403,35 @@ static void closed_inside_libc(int by_fclose) {
 
 static void case_fclose_reuse(void) { closed_inside_libc(1); }
 
+/* closefrom above a live connection (a daemon's closefrom(3) once set up): the connection
+ * goes on, and a later connection to the same listener too (under the shim: over SDP, the
+ * shim's own fds above the application's numbers being left alone). */
+static void case_closefrom_keeps_sdp(void) {
+    struct sockaddr_in a;
+    int l = listener(&a);
+    int c1 = dial(&a);
+    int s1 = accept(l, NULL, NULL);
+    CHECK(s1 >= 0);
+    char b[8];
+    CHECK(write(c1, "one", 3) == 3);
+    CHECK(read(s1, b, sizeof b) == 3);
+    int top = c1 > s1 ? c1 : s1;
+    closefrom(top + 1);
+    int c2 = dial(&a);
+    int s2 = accept(l, NULL, NULL);
+    CHECK(s2 >= 0);
+    CHECK(write(c2, "two", 3) == 3);
+    ssize_t r2 = read(s2, b, sizeof b);
+    CHECK(write(c1, "one", 3) == 3);
+    ssize_t r1 = read(s1, b, sizeof b);
+    out("closefrom keeps: second connection read %zd, first again %zd", r2, r1);
+    close(c2);
+    close(s2);
+    close(c1);
+    close(s1);
+    close(l);
+}
+
 /* By name only: closefrom also closes the shim's own fds above the socket's (TODO.md). */
 static void case_closefrom_reuse(void) { closed_inside_libc(0); }
 
@@ -4348,6 +4377,8 @@ int main(int argc, char **argv) {
         case_stdio();
     if (only && strcmp(only, "closefrom_reuse") == 0)
         case_closefrom_reuse();
+    if (only && strcmp(only, "closefrom_keeps_sdp") == 0)
+        case_closefrom_keeps_sdp();
     if (only && strcmp(only, "other_user") == 0)
         case_other_user();
     out("done");

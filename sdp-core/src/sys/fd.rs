@@ -328,10 +328,47 @@ pub fn dup_high(fd: RawFd) -> io::Result<OwnedFd> {
 static LOWEST_OURS: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(i32::MAX);
 
 fn note_ours(fd: RawFd) -> RawFd {
+    use std::sync::atomic::Ordering::Relaxed;
     if fd >= 0 {
-        LOWEST_OURS.fetch_min(fd, std::sync::atomic::Ordering::Relaxed);
+        LOWEST_OURS.fetch_min(fd, Relaxed);
+        if (fd as usize) < OURS_MAX {
+            OURS[fd as usize].store(true, Relaxed);
+            HIGHEST_OURS.fetch_max(fd, Relaxed);
+        }
     }
     fd
+}
+
+/// The fds [`high_fd`] placed, by number (below `OURS_MAX`), until they close (the LD_PRELOAD
+/// shim's `close` tells: [`closing`]): a `close_range` or `closefrom` of the application's
+/// over its whole range (a daemon's `closefrom(3)`) leaves them ([`ours_in`]), where it closed
+/// the runtime's own fds (a listener's SDP rendezvous among them: later clients came by
+/// kernel TCP).
+const OURS_MAX: usize = 1 << 16;
+static OURS: [std::sync::atomic::AtomicBool; OURS_MAX] =
+    [const { std::sync::atomic::AtomicBool::new(false) }; OURS_MAX];
+/// The highest number [`note_ours`] ever noted (-1: none).
+static HIGHEST_OURS: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// `fd` is being closed (the shim's `close` hook, for every fd: one load unless it is ours).
+#[inline]
+pub fn closing(fd: RawFd) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if (fd as u32 as usize) < OURS_MAX && OURS[fd as usize].load(Relaxed) {
+        OURS[fd as usize].store(false, Relaxed);
+    }
+}
+
+/// Our fds (see [`OURS`]) from `first` to `last`, ascending.
+pub fn ours_in(first: RawFd, last: RawFd) -> Vec<RawFd> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let from = first
+        .max(LOWEST_OURS.load(Relaxed).min(OURS_MAX as RawFd))
+        .max(0);
+    let to = last.min(HIGHEST_OURS.load(Relaxed));
+    (from..=to)
+        .filter(|&fd| OURS[fd as usize].load(Relaxed))
+        .collect()
 }
 
 /// Fds of ours a fork child needs until it execs (the request channel's sending end, through
