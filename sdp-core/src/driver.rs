@@ -1353,6 +1353,16 @@ impl<P: Provider> Driver<P> {
         n
     }
 
+    /// Whether some connection's peer process is stopped ([`Endpoint::peer_stopped`]): a
+    /// move would wait for its answer in vain and reset the connection.
+    pub fn any_peer_stopped(&self) -> bool {
+        self.conns
+            .ids()
+            .into_iter()
+            .filter_map(|id| self.conns.get(id).and_then(|e| e.ep.as_ref()))
+            .any(|ep| ep.peer_stopped())
+    }
+
     /// How many of the peers asked by [`Driver::pause_peers`] answered (a connection whose
     /// peer did not cannot move).
     pub fn peers_paused(&self) -> usize {

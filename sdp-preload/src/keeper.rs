@@ -65,6 +65,33 @@ pub(crate) fn start_if_wanted() {
     }
 }
 
+/// How long an exit waits for its peers to hold what was written before what is left goes on
+/// in a keeper ([`hand_over_undelivered`]): a reading peer takes megabytes in that time.
+const EXIT_GRACE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// At the process's exit, after [`start_if_wanted`]: what the peers do not hold yet of what
+/// was written (a peer that reads slowly, or not yet) goes on in a keeper, and the process
+/// exits at once, as over TCP, whose kernel finishes an exiting process's connections. Before,
+/// the exit waited for the peers to take it, up to `SDP_EXIT_LINGER_MS`, then reset what was
+/// left. Over shm (connections over rdma cannot move: then the exit waits as before); nothing
+/// when everything was delivered within a short grace. Returns in this process.
+pub(crate) fn hand_over_undelivered() {
+    if !sdp_core::socket::exit_flush_moves(EXIT_GRACE) {
+        return;
+    }
+    report::program_name();
+    match crate::fork_moving() {
+        0 => keep(),
+        -1 => log(format_args!(
+            "exit: no keeper for what the peers do not hold yet ({}): the exit waits for them",
+            std::io::Error::last_os_error()
+        )),
+        pid => log(format_args!(
+            "exit: what the peers do not hold yet goes on in keeper {pid}"
+        )),
+    }
+}
+
 /// The keeper's life (see the module docs).
 fn keep() -> ! {
     become_own_process();

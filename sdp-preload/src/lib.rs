@@ -163,8 +163,10 @@ pub(crate) extern "C" fn at_exit() {
     ONCE.call_once(|| {
         EXITING.store(true, Ordering::SeqCst);
         let _g = Internal::enter();
-        // Streams other processes may hold go on in a keeper (keeper.rs).
+        // Streams other processes may hold go on in a keeper (keeper.rs), and so does what the
+        // peers do not hold yet: the process exits at once, as over TCP.
         keeper::start_if_wanted();
+        keeper::hand_over_undelivered();
         // What was written before exit reaches the peers (the socket layer's own atexit
         // handler does the same; `_exit` skips it).
         sdp_core::socket::flush_at_exit(sdp_core::socket::exit_linger());

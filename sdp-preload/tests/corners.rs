@@ -625,6 +625,30 @@ fn closefrom_leaves_the_shims_own_fds() {
     assert_eq!(shm_lines(&lines, Some("client")), 2, "report:\n{lines}");
 }
 
+/// A writer that exits with 3 MiB its reader has not read (the reader, with a small receive
+/// buffer, waits for the writer's exit first, then reads slowly) exits at once, and every byte
+/// arrives, then EOF, as over TCP: what the reader's side does not hold yet goes on in a
+/// keeper, whose report line (shm, the 3 MiB out) comes when it is done. Before: the exit
+/// waited for the reader up to `SDP_EXIT_LINGER_MS` (the reader, waiting for the exit, never
+/// read meanwhile), then reset the rest (the reader got ECONNRESET short of 3 MiB).
+#[test]
+fn an_exit_with_unread_bytes_does_not_wait_for_the_reader() {
+    let _serial = serial();
+    let (tcp, _) = differential_awaiting(
+        "exit_unread",
+        &[
+            "\"role\":\"client\"",
+            "\"transport\":\"shm\"",
+            "\"bytes_out\":3145728",
+        ],
+    );
+    assert!(
+        tcp.contains("exit unread: the writer exited within 5 s, before any read: 1\n")
+            && tcp.contains("exit unread: read 3145728 sum 401080320 end 0\n"),
+        "{tcp}"
+    );
+}
+
 /// A server that accepts and resets at once (SO_LINGER {1, 0}), 30 times: each client's
 /// connect succeeds and its read gets ECONNRESET, as over TCP, over shm. Before, a client
 /// whose runtime saw the reset before its connect looked (about one in ten) got ECONNRESET

@@ -752,6 +752,73 @@ static void case_bulk_then_exit(void) {
     out("bulk got %zu sum %u end %zd", total, sum, r);
 }
 
+static void peer_3mib_then_exit(int s) {
+    /* 3 MiB in three writes (its sum printed), then exit with the socket open, nothing of it
+     * read yet: less than TCP's buffers take; writes that large go by zero copy under the
+     * shim, which the reader has to fetch. */
+    static char buf[1 << 20];
+    unsigned sum = 0;
+    for (int i = 0; i < 3; i++) {
+        for (size_t j = 0; j < sizeof buf; j++) buf[j] = (char)(i * 5 + j * 11);
+        for (size_t j = 0; j < sizeof buf; j++) sum += (unsigned char)buf[j];
+        for (size_t off = 0; off < sizeof buf;) {
+            ssize_t w = write(s, buf + off, sizeof buf - off);
+            CHECK(w > 0);
+            off += w;
+        }
+    }
+    printf("peer wrote 3 MiB sum %u\n", sum);
+    fflush(stdout);
+    exit(0);
+}
+
+/* A writer exits with what it wrote unread by its peer (which reads only once the writer is
+ * gone, and slowly): its exit does not wait for the reader (over TCP the kernel finishes the
+ * connection), and everything arrives, then EOF. Under the shim the exit used to wait up to
+ * SDP_EXIT_LINGER_MS and then reset what was left (the reader got ECONNRESET short of 3 MiB). */
+static void case_exit_unread(void) {
+    /* The listener before the fork (the writer's connect then waits for the accept). */
+    struct sockaddr_in a;
+    int l = listener(&a);
+    /* A small receive buffer (the accepted socket's): the reader holds little. */
+    int rcv = 65536;
+    CHECK(setsockopt(l, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv) == 0);
+    CHECK(pipe(p2c) == 0 && pipe(c2p) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        close(l);
+        peer_3mib_then_exit(dial(&a));
+    }
+    int s = accept(l, NULL, NULL);
+    CHECK(s >= 0);
+    close(l);
+    int st = 0, gone = 0;
+    for (int i = 0; i < 5000 && !gone; i++) {
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        CHECK(w >= 0);
+        gone = w == pid;
+        if (!gone)
+            sleep_ms(1);
+    }
+    out("exit unread: the writer exited within 5 s, before any read: %d", gone);
+    static char b[65536];
+    size_t total = 0;
+    unsigned sum = 0;
+    ssize_t r;
+    while ((r = read(s, b, sizeof b)) > 0) {
+        for (ssize_t i = 0; i < r; i++) sum += (unsigned char)b[i];
+        total += r;
+        sleep_ms(1);
+    }
+    out("exit unread: read %zu sum %u end %zd", total, sum, r);
+    if (!gone)
+        CHECK(waitpid(pid, &st, 0) == pid);
+    close(s);
+    close(p2c[1]);
+    close(c2p[0]);
+}
+
 static void peer_big_then_exec(int s) {
     /* 4 MiB (as peer_big), then an exec of a new program with no fork: the socket has
      * FD_CLOEXEC, so the exec closes it, and everything written before arrives, then EOF. A
@@ -4301,6 +4368,7 @@ int main(int argc, char **argv) {
     RUN(dup);
     RUN(sigio_and_timeout);
     RUN(bulk_then_exit);
+    RUN(exit_unread);
     RUN(bulk_then_exec);
     RUN(urgent);
     RUN(urgent_mark);

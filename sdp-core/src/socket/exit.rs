@@ -33,6 +33,9 @@ pub(crate) trait ExitFlush: Send + Sync {
     /// stack's own): a thread stopped while it holds it (in a signal handler that never
     /// returns) would keep [`flush_at_exit`] waiting for its whole linger.
     fn lock_free_within(&self, within: Duration) -> bool;
+    /// Whether the stack's connections can move to a fork child now (`app::fork_moving`: shm,
+    /// every peer able to answer).
+    fn movable(&self) -> bool;
 }
 
 /// Every stack this process started (dead ones are pruned as new ones come).
@@ -124,6 +127,27 @@ pub fn exit_can_run(within: Duration) -> bool {
     stacks
         .iter()
         .all(|s| s.lock_free_within(deadline.saturating_duration_since(Instant::now())))
+}
+
+/// The first part of an exit that need not wait for its peers (the LD_PRELOAD shim's): what
+/// [`flush_at_exit`] does, for at most `grace`; then true when something is left to deliver
+/// and all of it is on stacks whose connections can move to a fork child (shm), which carries
+/// them on while this process exits at once, as a process exits over TCP and its kernel
+/// finishes the connections (`app::fork_moving`; the shim's keeper). False when everything
+/// was delivered, or what is left cannot move (the caller then waits as
+/// [`flush_at_exit`] does).
+pub fn exit_flush_moves(grace: Duration) -> bool {
+    if flush_at_exit(grace) {
+        return false;
+    }
+    let stacks: Vec<_> = match STACKS.try_lock_for(grace) {
+        Some(g) => g.iter().filter_map(Weak::upgrade).collect(),
+        None => return false,
+    };
+    let now = Instant::now();
+    stacks
+        .iter()
+        .all(|s| s.movable() || s.exit_flush(now, false))
 }
 
 /// Finish this process's SDP connections as the kernel finishes a process's TCP sockets when

@@ -282,6 +282,18 @@ impl Proc {
         !matches!(syscall!(poll(&mut p, 1, 0)), Ok(n) if n > 0)
     }
 
+    /// Whether the process is stopped (SIGSTOP, a tracer: `T` or `t` in `/proc/PID/stat`):
+    /// its threads answer nothing until it is continued.
+    pub fn stopped(&self) -> bool {
+        let Ok(st) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
+            return false;
+        };
+        // The state follows the command's name, which ends at the last ')'.
+        st.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|c| c == 'T' || c == 't')
+    }
+
     /// Wait up to `limit` for the process to exit; whether it did.
     pub fn exits_within(&self, limit: std::time::Duration) -> bool {
         let mut p = libc::pollfd {
@@ -707,6 +719,32 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(!may_access(&p));
+    }
+
+    /// A stopped process reads as stopped, a continued one not.
+    #[test]
+    fn a_stopped_process_is_seen_stopped() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let p = Proc::open(child.id() as i32).unwrap();
+        let wait_for = |want: bool| {
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while p.stopped() != want && std::time::Instant::now() < end {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            p.stopped() == want
+        };
+        assert!(wait_for(false), "a sleeping process seen stopped");
+        // SAFETY: signals our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+        assert!(wait_for(true), "a stopped process not seen stopped");
+        // SAFETY: as above.
+        unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+        assert!(wait_for(false), "a continued process seen stopped");
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     /// A copy's end word is written by the same system call, after the data, and the caller

@@ -463,6 +463,11 @@ pub trait Endpoint: Send {
     fn peer_paused(&self) -> bool {
         false
     }
+    /// The peer's process is stopped (SIGSTOP, a tracer): it would answer no
+    /// [`Endpoint::pause_peer`] until continued. False where the provider cannot tell.
+    fn peer_stopped(&self) -> bool {
+        false
+    }
     /// In the process that goes on with the connection (the fork child, or the mover itself
     /// when its fork failed): tell the peer, which resumes with this process. False if the
     /// peer was not paused or could not be told (the connection cannot go on).

@@ -35,6 +35,17 @@ impl<P: Provider + 'static> crate::socket::exit::ExitFlush for Shared<P> {
     fn lock_free_within(&self, within: Duration) -> bool {
         sys::getpid() != self.pid() || self.failed() || self.inner.try_lock_for(within).is_some()
     }
+
+    fn movable(&self) -> bool {
+        // (`app::fork_moving` moves the shm stack; queue pairs do not survive a fork.) A
+        // stopped peer would not answer the move's pause, and its connection would be reset:
+        // then the exit waits for the peers, which deliver once it is continued.
+        self.name == "shm"
+            && self
+                .inner
+                .try_lock_for(Duration::from_millis(100))
+                .is_some_and(|g| !g.driver.any_peer_stopped())
+    }
 }
 
 impl<P: Provider + 'static> Shared<P> {

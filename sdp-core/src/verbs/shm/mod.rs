@@ -3361,6 +3361,10 @@ impl Endpoint for ShmEndpoint {
         }))
     }
 
+    fn peer_stopped(&self) -> bool {
+        self.peer_proc.as_ref().is_some_and(|p| p.stopped())
+    }
+
     fn set_direct_level(&self, level: bool) {
         self.inbox
             .u32(OFF_DIRECT_LEVEL)
