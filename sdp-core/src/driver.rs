@@ -1356,22 +1356,21 @@ impl<P: Provider> Driver<P> {
     /// Whether some connection's peer process is stopped ([`Endpoint::peer_stopped`]): a
     /// move would wait for its answer in vain and reset the connection.
     pub fn any_peer_stopped(&self) -> bool {
+        self.endpoints().any(|ep| ep.peer_stopped())
+    }
+
+    /// Every connection's endpoint (those finishing in the background included).
+    fn endpoints(&self) -> impl Iterator<Item = &P::Endpoint> + '_ {
         self.conns
             .ids()
             .into_iter()
             .filter_map(|id| self.conns.get(id).and_then(|e| e.ep.as_ref()))
-            .any(|ep| ep.peer_stopped())
     }
 
     /// How many of the peers asked by [`Driver::pause_peers`] answered (a connection whose
     /// peer did not cannot move).
     pub fn peers_paused(&self) -> usize {
-        self.conns
-            .ids()
-            .into_iter()
-            .filter_map(|id| self.conns.get(id).and_then(|e| e.ep.as_ref()))
-            .filter(|ep| ep.peer_paused())
-            .count()
+        self.endpoints().filter(|ep| ep.peer_paused()).count()
     }
 
     /// In the process that goes on with the connections after [`Driver::pause_peers`] (the

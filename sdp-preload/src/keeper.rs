@@ -51,17 +51,21 @@ pub(crate) fn start_if_wanted() {
     if !wanted() {
         return;
     }
+    fork_keeper("the SDP streams other processes may hold", "they end here");
+}
+
+/// Fork the keeper, which takes the process's connections (`what`, for the log) and never
+/// returns; in this process, log where they went, or (`failed`) what became of them.
+fn fork_keeper(what: &str, failed: &str) {
     // The program's name for the keeper's report lines, before it renames itself.
     report::program_name();
     match crate::fork_moving() {
         0 => keep(),
         -1 => log(format_args!(
-            "exit: no keeper for the streams other processes hold ({}): they end here",
+            "exit: no keeper for {what} ({}): {failed}",
             std::io::Error::last_os_error()
         )),
-        pid => log(format_args!(
-            "exit: the SDP streams other processes may hold go on in keeper {pid}"
-        )),
+        pid => log(format_args!("exit: {what} go on in keeper {pid}")),
     }
 }
 
@@ -79,17 +83,10 @@ pub(crate) fn hand_over_undelivered() {
     if !sdp_core::socket::exit_flush_moves(EXIT_GRACE) {
         return;
     }
-    report::program_name();
-    match crate::fork_moving() {
-        0 => keep(),
-        -1 => log(format_args!(
-            "exit: no keeper for what the peers do not hold yet ({}): the exit waits for them",
-            std::io::Error::last_os_error()
-        )),
-        pid => log(format_args!(
-            "exit: what the peers do not hold yet goes on in keeper {pid}"
-        )),
-    }
+    fork_keeper(
+        "the bytes the peers do not hold yet",
+        "the exit waits for them",
+    );
 }
 
 /// The keeper's life (see the module docs).

@@ -1882,7 +1882,7 @@ fn want_edges(fd: c_int) {
     }
 }
 
-/// epoll_create(2): its fd noted as an epoll set's (see [`edge_watch`]).
+/// epoll_create(2): its fd noted as an epoll set's (see `edge_watch`).
 #[no_mangle]
 pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
     // SAFETY: forwards the caller's argument.

@@ -359,7 +359,7 @@ pub fn closing(fd: RawFd) {
     }
 }
 
-/// Our fds (see [`OURS`]) from `first` to `last`, ascending.
+/// Our fds (those `high_fd` placed, still open) from `first` to `last`, ascending.
 pub fn ours_in(first: RawFd, last: RawFd) -> Vec<RawFd> {
     use std::sync::atomic::Ordering::Relaxed;
     let from = first
