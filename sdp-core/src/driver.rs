@@ -1034,9 +1034,14 @@ impl<P: Provider> Driver<P> {
             .is_some_and(|ep| ep.give_direct_wake(fd))
     }
 
+    /// The connection's endpoint, if it has one.
+    fn endpoint(&self, id: ConnId) -> Option<&P::Endpoint> {
+        self.conns.get(id).and_then(|e| e.ep.as_ref())
+    }
+
     /// Turn the connection's direct wakeups on or off ([`Endpoint::set_direct_wake`]).
     pub fn set_direct_wake(&self, id: ConnId, on: bool, settle: bool) {
-        if let Some(ep) = self.conns.get(id).and_then(|e| e.ep.as_ref()) {
+        if let Some(ep) = self.endpoint(id) {
             ep.set_direct_wake(on, settle);
         }
     }
@@ -1044,7 +1049,7 @@ impl<P: Provider> Driver<P> {
     /// Whether the connection's reader needs a direct wakeup per SEND
     /// ([`Endpoint::set_direct_level`]).
     pub fn set_direct_level(&self, id: ConnId, level: bool) {
-        if let Some(ep) = self.conns.get(id).and_then(|e| e.ep.as_ref()) {
+        if let Some(ep) = self.endpoint(id) {
             ep.set_direct_level(level);
         }
     }
@@ -1054,28 +1059,19 @@ impl<P: Provider> Driver<P> {
         &self,
         id: ConnId,
     ) -> Option<std::sync::Arc<dyn Fn() + Send + Sync>> {
-        self.conns
-            .get(id)
-            .and_then(|e| e.ep.as_ref())
-            .and_then(|ep| ep.direct_unread_clear())
+        self.endpoint(id).and_then(|ep| ep.direct_unread_clear())
     }
 
     /// A wait for the connection's peer's direct wakeups of the SENDs taken so far
     /// ([`Endpoint::direct_settler`]), to run without the caller's locks.
     pub fn direct_settler(&self, id: ConnId) -> Option<Box<dyn FnOnce() + Send>> {
-        self.conns
-            .get(id)
-            .and_then(|e| e.ep.as_ref())
-            .and_then(|ep| ep.direct_settler())
+        self.endpoint(id).and_then(|ep| ep.direct_settler())
     }
 
     /// Whether the connection's endpoint has nothing new ([`Endpoint::quiet`]); false for an
     /// unknown id.
     pub fn endpoint_quiet(&self, id: ConnId) -> bool {
-        self.conns
-            .get(id)
-            .and_then(|e| e.ep.as_ref())
-            .is_some_and(|ep| ep.quiet())
+        self.endpoint(id).is_some_and(|ep| ep.quiet())
     }
 
     /// The connection's error, if it failed; `None` also for an unknown id.
@@ -1086,10 +1082,7 @@ impl<P: Provider> Driver<P> {
     /// What a connect under way waits on, when that is a process of this host
     /// ([`Endpoint::local_wait`]).
     pub fn local_wait(&self, id: ConnId) -> Option<crate::verbs::LocalWait> {
-        self.conns
-            .get(id)
-            .and_then(|e| e.ep.as_ref())
-            .and_then(|ep| ep.local_wait())
+        self.endpoint(id).and_then(|ep| ep.local_wait())
     }
 
     /// Whether the next stream bytes are a peer's zero-copy source that
@@ -1364,7 +1357,7 @@ impl<P: Provider> Driver<P> {
         self.conns
             .ids()
             .into_iter()
-            .filter_map(|id| self.conns.get(id).and_then(|e| e.ep.as_ref()))
+            .filter_map(|id| self.endpoint(id))
     }
 
     /// How many of the peers asked by [`Driver::pause_peers`] answered (a connection whose

@@ -1875,10 +1875,7 @@ fn edge_watch(fd: c_int) {
 /// The stream at `fd`, if any, must show an edge per arrival (`AppStream::want_edges`).
 fn want_edges(fd: c_int) {
     if let Some(s) = table::get(fd) {
-        if let Sock::Stream(st, _) = &*s {
-            let _g = Internal::enter();
-            st.want_edges();
-        }
+        s.want_edges();
     }
 }
 

@@ -51,10 +51,7 @@ pub(crate) fn want_all_edges() {
         return;
     }
     for (_, s) in streams() {
-        if let Sock::Stream(st, _) = &*s {
-            let _g = crate::Internal::enter();
-            st.want_edges();
-        }
+        s.want_edges();
     }
 }
 
@@ -222,6 +219,15 @@ impl Sock {
         }
     }
 
+    /// A stream's fd must show an edge per arrival (`AppStream::want_edges`); nothing for
+    /// other sockets.
+    pub(crate) fn want_edges(&self) {
+        if let Sock::Stream(st, _) = self {
+            let _g = crate::Internal::enter();
+            st.want_edges();
+        }
+    }
+
     /// The socket's options, whatever it is (a listener has none).
     pub(crate) fn opts(&self) -> Option<&OptsLock> {
         match self {
@@ -314,9 +320,8 @@ pub(crate) fn insert(fd: i32, s: Arc<Sock>) -> bool {
     OWNED[fd as usize].store(k, Ordering::Relaxed);
     drop(m);
     // (After the entry: `want_all_edges` sets the flag, then walks the table.)
-    if let (true, Sock::Stream(st, _)) = (ALL_EDGES.load(Ordering::SeqCst), &*s) {
-        let _g = crate::Internal::enter();
-        st.want_edges();
+    if ALL_EDGES.load(Ordering::SeqCst) {
+        s.want_edges();
     }
     true
 }

@@ -254,6 +254,14 @@ impl AppReady {
         Some((ours, self.rdhup))
     }
 
+    /// Take every token out of the user end `user` (see [`AppReady::unread_clear`]).
+    fn take_tokens(&self, user: RawFd) {
+        if let Some(clear) = &self.unread_clear {
+            (clear.0)();
+        }
+        take_tokens(user, self.had_oob);
+    }
+
     /// Bring the user end to `st`. `user` is the application's fd when an application call
     /// holds it (needed to take tokens back and to fill the send buffer); the progress thread
     /// passes `None` and only makes the fd *more* ready.
@@ -326,16 +334,6 @@ impl AppReady {
                 self.writable = false;
             }
         }
-    }
-}
-
-impl AppReady {
-    /// Take every token out of the user end `user` (see [`AppReady::unread_clear`]).
-    fn take_tokens(&self, user: RawFd) {
-        if let Some(clear) = &self.unread_clear {
-            (clear.0)();
-        }
-        take_tokens(user, self.had_oob);
     }
 }
 
