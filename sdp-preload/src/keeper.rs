@@ -115,7 +115,8 @@ fn keep() -> ! {
         }
     }
     app::wait_for_other_holders();
-    sdp_core::socket::flush_at_exit(sdp_core::socket::exit_linger());
+    // As the kernel's orphaned TCP connections: on while the peers take what is left.
+    sdp_core::socket::flush_while_progress(sdp_core::socket::exit_linger());
     report::write(Vec::new());
     // SAFETY: ends the process (no atexit handler of the application's may run here).
     unsafe { libc::syscall(libc::SYS_exit_group, 0 as libc::c_long) };

@@ -486,12 +486,17 @@ fn a_child_whose_parent_calls_exit_keeps_the_connection() {
 /// keeper, written when it ends, which may be after the program did: the report once it has
 /// that line (asserted), or after 20 s.
 fn differential_awaiting(case: &str, want: &[&str]) -> (String, String) {
+    differential_awaiting_env(case, want, &[])
+}
+
+/// [`differential_awaiting`] with `env` added to both runs' environments.
+fn differential_awaiting_env(case: &str, want: &[&str], env: &[(&str, &str)]) -> (String, String) {
     let prog = build_c("corners", case);
     let report =
         std::env::temp_dir().join(format!("sdp-report-{case}-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&report);
-    let tcp = run(&prog, Some(case), false, None, &[]);
-    let sdp = run(&prog, Some(case), true, Some(&report), &[]);
+    let tcp = run(&prog, Some(case), false, None, env);
+    let sdp = run(&prog, Some(case), true, Some(&report), env);
     let _ = std::fs::remove_file(&prog);
     assert_eq!(
         tcp, sdp,
@@ -645,6 +650,28 @@ fn an_exit_with_unread_bytes_does_not_wait_for_the_reader() {
     assert!(
         tcp.contains("exit unread: the writer exited within 5 s, before any read: 1\n")
             && tcp.contains("exit unread: read 3145728 sum 401080320 end 0\n"),
+        "{tcp}"
+    );
+}
+
+/// An exiting writer whose reader takes longer than the exit linger (1 s here) to read what is
+/// left: everything arrives, then EOF, as over TCP (an orphaned connection goes on while its
+/// peer reads), and the keeper's report line says shm with the 3 MiB. Before, the keeper gave
+/// up after the linger and reset the rest (the reader got 0.85 of 3 MiB, then ECONNRESET).
+#[test]
+fn an_exit_delivers_to_a_reader_slower_than_the_linger() {
+    let _serial = serial();
+    let (tcp, _) = differential_awaiting_env(
+        "exit_slow_reader",
+        &[
+            "\"role\":\"client\"",
+            "\"transport\":\"shm\"",
+            "\"bytes_out\":3145728",
+        ],
+        &[("SDP_EXIT_LINGER_MS", "1000")],
+    );
+    assert!(
+        tcp.contains("exit slow reader: read 3145728 sum 401080320 end 0\n"),
         "{tcp}"
     );
 }

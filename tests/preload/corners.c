@@ -776,7 +776,16 @@ static void peer_3mib_then_exit(int s) {
  * gone, and slowly): its exit does not wait for the reader (over TCP the kernel finishes the
  * connection), and everything arrives, then EOF. Under the shim the exit used to wait up to
  * SDP_EXIT_LINGER_MS and then reset what was left (the reader got ECONNRESET short of 3 MiB). */
-static void case_exit_unread(void) {
+static void exit_reader(const char *what, size_t chunk, int pause_ms);
+static void case_exit_unread(void) { exit_reader("exit unread", 65536, 1); }
+
+/* The same with a reader slower than the exit linger the run sets (SDP_EXIT_LINGER_MS=1000:
+ * 3 MiB at 16 KiB per 20 ms takes about 4 s): everything arrives, then EOF, as over TCP, whose
+ * kernel keeps an orphaned connection going while its peer reads. Under the shim the keeper
+ * gave up after the linger and reset the rest (the reader got ECONNRESET short of 3 MiB). */
+static void case_exit_slow_reader(void) { exit_reader("exit slow reader", 16384, 20); }
+
+static void exit_reader(const char *what, size_t chunk, int pause_ms) {
     /* The listener before the fork (the writer's connect then waits for the accept). */
     struct sockaddr_in a;
     int l = listener(&a);
@@ -801,17 +810,17 @@ static void case_exit_unread(void) {
         if (!gone)
             sleep_ms(1);
     }
-    out("exit unread: the writer exited within 5 s, before any read: %d", gone);
+    out("%s: the writer exited within 5 s, before any read: %d", what, gone);
     static char b[65536];
     size_t total = 0;
     unsigned sum = 0;
     ssize_t r;
-    while ((r = read(s, b, sizeof b)) > 0) {
+    while ((r = read(s, b, chunk)) > 0) {
         for (ssize_t i = 0; i < r; i++) sum += (unsigned char)b[i];
         total += r;
-        sleep_ms(1);
+        sleep_ms(pause_ms);
     }
-    out("exit unread: read %zu sum %u end %zd", total, sum, r);
+    out("%s: read %zu sum %u end %zd", what, total, sum, r);
     if (!gone)
         CHECK(waitpid(pid, &st, 0) == pid);
     close(s);
@@ -4447,6 +4456,8 @@ int main(int argc, char **argv) {
         case_closefrom_reuse();
     if (only && strcmp(only, "closefrom_keeps_sdp") == 0)
         case_closefrom_keeps_sdp();
+    if (only && strcmp(only, "exit_slow_reader") == 0)
+        case_exit_slow_reader();
     if (only && strcmp(only, "other_user") == 0)
         case_other_user();
     out("done");

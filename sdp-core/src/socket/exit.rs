@@ -36,6 +36,10 @@ pub(crate) trait ExitFlush: Send + Sync {
     /// Whether the stack's connections can move to a fork child now (`app::fork_moving`: shm,
     /// every peer able to answer).
     fn movable(&self) -> bool;
+    /// What the stack's connections have not delivered yet: bytes written and not acknowledged
+    /// by the peer, plus one for each closing connection not finished (0 in a process other
+    /// than the stack's own). [`flush_while_progress`] watches it fall.
+    fn undelivered(&self) -> u64;
 }
 
 /// Every stack this process started (dead ones are pruned as new ones come).
@@ -148,6 +152,34 @@ pub fn exit_flush_moves(grace: Duration) -> bool {
     stacks
         .iter()
         .all(|s| s.movable() || s.exit_flush(now, false))
+}
+
+/// [`flush_at_exit`] for as long as the peers take what is left: it gives up only after a
+/// whole `idle` in which they took nothing more, as the kernel keeps an orphaned TCP connection
+/// going while its peer acknowledges (a reader slower than the linger gets everything, then
+/// EOF, where a fixed bound reset it short). For a process nobody waits for (the shim's
+/// keeper); an exit of the application's own keeps to [`flush_at_exit`]'s bound. Returns
+/// whether everything was delivered.
+pub fn flush_while_progress(idle: Duration) -> bool {
+    let mut left = undelivered();
+    loop {
+        if flush_at_exit(idle) {
+            return true;
+        }
+        let now = undelivered();
+        if now >= left {
+            return false;
+        }
+        left = now;
+    }
+}
+
+/// The sum of every stack's [`ExitFlush::undelivered`].
+fn undelivered() -> u64 {
+    let stacks: Vec<_> = STACKS.lock().iter().filter_map(Weak::upgrade).collect();
+    stacks
+        .iter()
+        .fold(0u64, |n, s| n.saturating_add(s.undelivered()))
 }
 
 /// Finish this process's SDP connections as the kernel finishes a process's TCP sockets when

@@ -89,8 +89,8 @@ pub mod fork {
 }
 
 pub use exit::{
-    exit_can_run, exit_flush_moves, exit_linger, exit_under_way, flush_at_exit, freeze_app_calls,
-    set_exit_hook, DEFAULT_EXIT_LINGER,
+    exit_can_run, exit_flush_moves, exit_linger, exit_under_way, flush_at_exit,
+    flush_while_progress, freeze_app_calls, set_exit_hook, DEFAULT_EXIT_LINGER,
 };
 pub use listener::{Incoming, SdpListener};
 pub use stack::{Choice, Options, Stack};

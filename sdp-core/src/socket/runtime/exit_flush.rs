@@ -46,6 +46,21 @@ impl<P: Provider + 'static> crate::socket::exit::ExitFlush for Shared<P> {
                 .try_lock_for(Duration::from_millis(100))
                 .is_some_and(|g| !g.driver.any_peer_stopped())
     }
+
+    fn undelivered(&self) -> u64 {
+        if sys::getpid() != self.pid() || self.failed() {
+            return 0;
+        }
+        // (A lock held that long: as if nothing moved.)
+        let Some(g) = self.inner.try_lock_for(Duration::from_secs(1)) else {
+            return u64::MAX;
+        };
+        g.driver
+            .conn_ids()
+            .into_iter()
+            .map(|id| g.driver.tx_queued(id) as u64 + u64::from(g.driver.close_pending(id)))
+            .sum()
+    }
 }
 
 impl<P: Provider + 'static> Shared<P> {
