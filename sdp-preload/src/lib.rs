@@ -1517,22 +1517,20 @@ fn before_dup_over(old: c_int, new: c_int) -> Option<Arc<Sock>> {
     s
 }
 
-#[inline(always)]
-unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: usize, f64: bool) -> c_int {
+/// [`fcntl`] on an fd the shim owns (out of line: the hook's way to libc sets up no frame).
+#[inline(never)]
+unsafe fn fcntl_owned(fd: c_int, cmd: c_int, arg: usize, f64: bool) -> c_int {
     // SAFETY: forwards the caller's arguments.
-    let real = || unsafe {
+    let r = unsafe {
         if f64 {
             real::fcntl64(fd, cmd, arg)
         } else {
             real::fcntl(fd, cmd, arg)
         }
     };
-    if !table::owned(fd) || internal() {
-        // Not ours (or the shim's own call): straight to libc (a tail call, no frame of our
-        // own).
-        return real();
+    if internal() {
+        return r;
     }
-    let r = real();
     if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
         dup_entry(fd, r);
     }
@@ -1545,14 +1543,22 @@ unsafe fn fcntl_common(fd: c_int, cmd: c_int, arg: usize, f64: bool) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
-    // SAFETY: forwards the caller's arguments.
-    unsafe { fcntl_common(fd, cmd, arg, false) }
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { fcntl_owned(fd, cmd, arg, false) };
+    }
+    // SAFETY: forwards the caller's arguments (not ours: a load and a jump).
+    unsafe { real::fcntl(fd, cmd, arg) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { fcntl_owned(fd, cmd, arg, true) };
+    }
     // SAFETY: forwards the caller's arguments.
-    unsafe { fcntl_common(fd, cmd, arg, true) }
+    unsafe { real::fcntl64(fd, cmd, arg) }
 }
 
 // ---------------------------------------------------------------------------------------------

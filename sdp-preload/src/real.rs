@@ -43,7 +43,24 @@ macro_rules! real_fns {
             #[inline]
             pub(crate) unsafe fn $name($($arg: $ty),*) -> $ret {
                 static SLOT: AtomicUsize = AtomicUsize::new(0);
-                let p = cached(&SLOT, concat!(stringify!($name), "\0").as_bytes());
+                /// The first call: look the function up, then call it (out of line, so
+                /// that the usual way is a load and a jump, with no frame to set up).
+                #[cold]
+                #[inline(never)]
+                unsafe fn first_call($($arg: $ty),*) -> $ret {
+                    let p = cached(&SLOT, concat!(stringify!($name), "\0").as_bytes());
+                    // SAFETY: `p` is the address of the C function of this name and
+                    // signature.
+                    let f: unsafe extern "C" fn($($ty),*) -> $ret =
+                        unsafe { std::mem::transmute(p) };
+                    // SAFETY: the caller passes the arguments the C function expects.
+                    unsafe { f($($arg),*) }
+                }
+                let p = SLOT.load(Ordering::Relaxed);
+                if p == 0 {
+                    // SAFETY: the caller's arguments.
+                    return unsafe { first_call($($arg),*) };
+                }
                 // SAFETY: `p` is the address of the C function of this name and signature.
                 let f: unsafe extern "C" fn($($ty),*) -> $ret = unsafe { std::mem::transmute(p) };
                 // SAFETY: the caller passes the arguments the C function expects.
