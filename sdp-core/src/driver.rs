@@ -20,9 +20,10 @@
 //! Linux's accept queue (`sk_acceptq_is_full`). A request beyond that is rejected at once with
 //! [`REJECT_QUEUE_FULL`] through the provider's reject, for every provider alike (the socket
 //! layer's connector waits and tries again, as a TCP client whose SYN was dropped). A queued
-//! connection posts only a few receive buffers ([`Conn::accept_queued`]), and one the
-//! application has not taken within [`Config::unaccepted_timeout`] is aborted: its peer sees
-//! a reset, its memory and endpoint are freed.
+//! connection posts only a few receive buffers ([`Conn::accept_queued`]) and waits, as TCP's,
+//! until accepted or the listener closes (with [`Config::unaccepted_timeout`] set, one the
+//! application has not taken within it is aborted: its peer sees a reset, its memory and
+//! endpoint are freed).
 //!
 //! **The one door.** The socket layer (`socket::runtime`) reaches engines and the provider only
 //! through the driver: its calls (`connect`, `write`, `read_zcopy`, `set_nodelay`, ...), a
@@ -205,6 +206,9 @@ struct ListenEntry<P: Provider> {
     /// TCP_DEFER_ACCEPT ([`Driver::set_defer_accept`]): an established connection is handed
     /// out once it has something to read, or once it waited this long.
     defer: Option<Duration>,
+    /// How long a connection waits in `queue` before it is aborted (`None`: until accepted,
+    /// as TCP's): `Config::unaccepted_timeout`, or [`SHARED_QUEUE_TIMEOUT`] once shared.
+    unaccepted: Option<Duration>,
     /// When the queue was last tended (a deferred connection whose wait ended since is news).
     tended: Instant,
 }
@@ -219,6 +223,11 @@ fn deliverable<S: BufStore>(
 ) -> bool {
     c.was_established() && defer.is_none_or(|d| now >= since + d || c.is_readable())
 }
+
+/// How long a connection set up before its listener was shared with other processes
+/// ([`Driver::set_handoff`]) waits for this process's accept before it is aborted: the
+/// others cannot take it, and a prefork parent never accepts (docs/preload.md).
+pub const SHARED_QUEUE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Requests refused for another reason than a full queue, kept for [`Driver::refused`].
 const MAX_REFUSED: usize = 64;
@@ -451,6 +460,7 @@ impl<P: Provider> Driver<P> {
             handed_seen: 0,
             refusing: false,
             defer: None,
+            unaccepted: self.cfg.unaccepted_timeout,
             tended: self.now,
         }))
     }
@@ -479,6 +489,9 @@ impl<P: Provider> Driver<P> {
     pub fn set_handoff(&mut self, l: ListenerId, to: OwnedFd) -> Result<(), DriverError> {
         let e = self.listeners.get_mut(l.0).ok_or(DriverError::BadId)?;
         e.listener.set_handoff(to)?;
+        // What waits in this queue now waits for this process's accept alone (a prefork
+        // parent never accepts): bounded, as before TCP's unbounded wait was kept.
+        e.unaccepted = Some(e.unaccepted.unwrap_or(SHARED_QUEUE_TIMEOUT));
         Ok(())
     }
 
@@ -591,11 +604,11 @@ impl<P: Provider> Driver<P> {
     /// `unaccepted_timeout`. Returns how many were aborted, and how many deferred connections
     /// became ready to hand out by waiting the deferral out (news for the listener's readiness).
     fn tend_queue(&mut self, now: Instant, lid: ConnId) -> usize {
-        let timeout = self.cfg.unaccepted_timeout;
         let conns = &self.conns;
         let Some(e) = self.listeners.get_mut(lid) else {
             return 0;
         };
+        let timeout = e.unaccepted;
         let waited_out = e.defer.map_or(0, |d| {
             let since_tended = e.tended;
             e.queue
@@ -613,7 +626,7 @@ impl<P: Provider> Driver<P> {
             if !live {
                 gone.push(id);
                 false
-            } else if now >= since + timeout {
+            } else if timeout.is_some_and(|t| now >= since + t) {
                 expired.push(id);
                 false
             } else {
@@ -951,8 +964,8 @@ impl<P: Provider> Driver<P> {
                 continue;
             };
             // The queue is in arrival order: its first connection times out first.
-            if let Some(&(_, since)) = e.queue.front() {
-                best = earliest(best, Some(since + self.cfg.unaccepted_timeout));
+            if let (Some(&(_, since)), Some(t)) = (e.queue.front(), e.unaccepted) {
+                best = earliest(best, Some(since + t));
             }
             // The first deferred connection whose deferral is still to end.
             if let Some(d) = e.defer {
@@ -1043,6 +1056,16 @@ impl<P: Provider> Driver<P> {
     pub fn set_direct_wake(&self, id: ConnId, on: bool, settle: bool) {
         if let Some(ep) = self.endpoint(id) {
             ep.set_direct_wake(on, settle);
+        }
+    }
+
+    /// Tell the connection's endpoint whether its side is settled ([`Conn::settled`],
+    /// [`Endpoint::set_settled`]): after every change the application or a round made.
+    pub fn note_settled(&self, id: ConnId) {
+        if let Some(e) = self.conns.get(id) {
+            if let Some(ep) = e.ep.as_ref() {
+                ep.set_settled(e.conn.settled());
+            }
         }
     }
 
@@ -1468,6 +1491,10 @@ impl<P: Provider> ConnView<'_, P> {
     /// The peer's DisConn (or our read shutdown) and every byte before it read.
     pub fn read_closed(&self) -> bool {
         self.0.read_closed()
+    }
+    /// Nothing more will arrive, bytes may still wait ([`Conn::read_shut`]).
+    pub fn read_shut(&self) -> bool {
+        self.0.read_shut()
     }
     /// Our write half is shut.
     pub fn write_closed(&self) -> bool {

@@ -3374,6 +3374,60 @@ static void case_killed(void) {
         WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM ? "killed by SIGTERM" : "not killed");
 }
 
+/* A peer killed by SIGKILL: over TCP its kernel closes the connection as close(2) would. With
+ * nothing left either way (the peer read everything and its bytes all arrived) that is a FIN:
+ * we read its bytes, then EOF; our first write goes (the dead end answers it with a reset) and
+ * the next fails with EPIPE. With bytes of ours it never read, a reset at once (ECONNRESET).
+ * Under the shim both used to be the reset (ECONNRESET after the bytes, EPIPE at the first
+ * write). */
+static void peer_1000_then_pause(int s) {
+    char b[1000];
+    memset(b, 'k', sizeof b);
+    CHECK(write(s, b, sizeof b) == sizeof b);
+    tell(c2p[1]);
+    for (;;) pause();
+}
+
+static int poll_now(int s) {
+    struct pollfd p = {.fd = s, .events = POLLIN | POLLOUT | POLLRDHUP};
+    CHECK(poll(&p, 1, 0) >= 0);
+    return p.revents;
+}
+
+static void killed_quiet(const char *what, int unread) {
+    int s;
+    pid_t pid = start(peer_1000_then_pause, &s);
+    await(c2p[0]);
+    if (unread)
+        CHECK(write(s, "never read", 10) == 10);
+    sleep_ms(100);
+    CHECK(kill(pid, SIGKILL) == 0);
+    CHECK(waitpid(pid, NULL, 0) == pid);
+    sleep_ms(100);
+    out("%s: poll after the kill%s", what, revents(poll_now(s)));
+    char b[4096];
+    size_t total = 0;
+    ssize_t r;
+    while ((r = read(s, b, sizeof b)) > 0) total += r;
+    out("%s: read %zu then %s", what, total, r == 0 ? "EOF" : en(errno));
+    ssize_t w1 = send(s, "a", 1, MSG_NOSIGNAL);
+    int e1 = errno;
+    sleep_ms(100);
+    out("%s: first write %zd %s; poll%s", what, w1, w1 < 0 ? en(e1) : "ok", revents(poll_now(s)));
+    ssize_t w2 = send(s, "b", 1, MSG_NOSIGNAL);
+    int e2 = errno;
+    r = read(s, b, sizeof b);
+    out("%s: second write %zd %s; read %zd", what, w2, w2 < 0 ? en(e2) : "ok", r);
+    close(s);
+    close(p2c[1]);
+    close(c2p[0]);
+}
+
+static void case_killed_quiet(void) {
+    killed_quiet("killed settled peer", 0);
+    killed_quiet("killed peer with unread bytes", 1);
+}
+
 /* SO_RCVLOWAT, as TCP's: poll, select and epoll show the socket readable only once that many
  * bytes wait (or at EOF); a blocking read waits for them (or for its own length, if
  * shorter); a nonblocking one returns what there is; the value reads back as Linux keeps it. */
@@ -4409,6 +4463,7 @@ int main(int argc, char **argv) {
     RUN(scm_rights_mmsg);
     RUN(killed);
     RUN(killed_reader);
+    RUN(killed_quiet);
     RUN(fork_threads);
     RUN(rcvlowat);
     RUN(linger_abort);

@@ -261,7 +261,7 @@ fn waiting_connections_stay_cheap_however_much_their_clients_write() {
 #[test]
 fn connections_nobody_accepts_are_reset_after_the_timeout_and_freed() {
     let cfg = Config {
-        unaccepted_timeout: Duration::from_millis(600),
+        unaccepted_timeout: Some(Duration::from_millis(600)),
         ..Config::default()
     };
     let ls = shm_stack(cfg);

@@ -184,7 +184,7 @@ fn data_written_before_exit_arrives_with_or_without_close_same_as_tcp() {
 #[test]
 fn received_data_stays_readable_after_the_peer_resets_same_as_tcp() {
     // Small enough for a fresh TCP connection's receive window (the peer waits until the
-    // reader's side holds every byte before it resets: SO_LINGER 0 over TCP, a crash over SDP).
+    // reader's side holds every byte before it resets: SO_LINGER 0).
     let bytes = 100_000;
     let want = pattern(bytes);
     let mut seen = Vec::new();
@@ -201,6 +201,26 @@ fn received_data_stays_readable_after_the_peer_resets_same_as_tcp() {
         seen.push(v);
     }
     assert_eq!(seen[0], seen[1]);
+}
+
+/// A peer killed by SIGKILL once the reader's side held every byte (nothing unread on its
+/// side either): TCP's kernel closes its connection in order, and so does SDP's survivor
+/// (shm: the dead side was settled): all of it, then EOF. Before, SDP gave ECONNRESET.
+#[test]
+fn a_peer_killed_when_settled_ends_in_order_same_as_tcp() {
+    let bytes = 100_000;
+    let want = pattern(bytes);
+    for (opts, transport, choice) in both() {
+        let what = format!("{transport}");
+        let l = SdpListener::bind_with("127.0.0.1:0", &opts).unwrap();
+        let mut child = write_exit(&l, choice, "bcopy", bytes, "kill");
+        let mut s = accept_within(&l, &what);
+        assert_eq!(s.transport(), transport, "{what}");
+        reap(&mut child, &what);
+        std::thread::sleep(Duration::from_millis(200));
+        let v = normalise_write(observe(&mut s, &want));
+        assert_eq!(v, clean(bytes), "{what}");
+    }
 }
 
 #[test]

@@ -173,7 +173,7 @@ fn every_fault_gives_back_every_resource() {
     let ls = Counted::new(Config::default());
     let cs = Counted::new(Config::default());
     let ts = Counted::new(Config {
-        unaccepted_timeout: Duration::from_millis(500),
+        unaccepted_timeout: Some(Duration::from_millis(500)),
         ..Config::default()
     });
     let all = [&ls, &cs, &ts];

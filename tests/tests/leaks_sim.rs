@@ -4,6 +4,7 @@
 //! QP. (tests/tests/leaks.rs does the same between processes over shm, with fds and memfds.)
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use sdp_core::driver::Driver;
 use sdp_core::proto::conn::CallError;
@@ -317,9 +318,52 @@ fn closing_and_aborting_give_everything_back() {
 }
 
 #[test]
+fn connections_nobody_accepts_wait_as_tcps_do() {
+    // By default (as TCP's accept queue) a connection waits until it is accepted, however
+    // long: five minutes here, its client's bytes kept. Before, it was reset after 60 s.
+    let mut p = Pair::new(13, Config::default());
+    let l = p.b.listen(SocketAddr::new(B_IP, PORT + 4), 8).unwrap();
+    let now = p.now();
+    let id =
+        p.a.connect(now, SocketAddr::new(B_IP, PORT + 4), None)
+            .unwrap();
+    assert!(p.run_until(SEC, |p| p.a.conn(id).unwrap().state() == State::Established));
+    let now = p.now();
+    assert_eq!(p.a.write(now, id, b"waited").unwrap(), 6);
+    p.run_for(300 * SEC);
+    let st = p.b.listen_stats(l).unwrap();
+    assert_eq!((st.queued, st.timed_out), (1, 0));
+    let b = p.b.accept(l).expect("the waiting connection");
+    let mut got = Vec::new();
+    assert!(p.run_until(SEC, |p| {
+        let mut buf = [0u8; 64];
+        if let Ok(n) = p.b.read(p.now(), b, &mut buf) {
+            got.extend_from_slice(&buf[..n]);
+        }
+        got.len() >= 6
+    }));
+    assert_eq!(got, b"waited");
+    assert_eq!(p.a.conn(id).unwrap().state(), State::Established);
+    p.a.close(p.now(), id);
+    p.b.close(p.now(), b);
+    settled(
+        &mut p,
+        "a connection accepted after five minutes",
+        [true, true],
+    );
+    p.b.close_listener(l);
+}
+
+#[test]
 fn connections_nobody_accepts_give_everything_back() {
-    // They time out after Config::unaccepted_timeout (60 s by default) with a reset.
-    let mut p = Pair::new(12, Config::default());
+    // With Config::unaccepted_timeout set (60 s here) they time out with a reset.
+    let mut p = Pair::new(
+        12,
+        Config {
+            unaccepted_timeout: Some(Duration::from_secs(60)),
+            ..Config::default()
+        },
+    );
     let l = p.b.listen(SocketAddr::new(B_IP, PORT + 3), 8).unwrap();
     let now = p.now();
     let ids: Vec<ConnId> = (0..3)

@@ -719,9 +719,10 @@ fn a_silent_qp_error_after_the_peers_disconn_fails_a_writer() {
     p.fabric.faults().error_qps_silently(A_IP);
     let closed = p.run_until(20 * SEC, |p| p.a.conn(a).unwrap().state() == State::Closed);
     assert!(closed, "the writer's connection outlived its QP");
+    // After the peer's DisConn, as TCP's RST in CLOSE_WAIT: EPIPE (reads stay at EOF).
     let c = p.a.conn(a).unwrap();
-    assert_eq!(c.error(), Some(&ConnError::Reset));
-    assert_eq!(c.error().unwrap().errno(), libc::ECONNRESET);
+    assert_eq!(c.error(), Some(&ConnError::ResetAfterClose));
+    assert_eq!(c.error().unwrap().errno(), libc::EPIPE);
 }
 
 /// The same on a quiet half-closed connection: nothing of ours is lost, so nothing is reported
@@ -741,5 +742,8 @@ fn a_silent_qp_error_on_a_quiet_half_closed_connection_surfaces_at_the_next_writ
     let _ = p.a.write(now, a, &[7u8; 10_000]);
     let closed = p.run_until(20 * SEC, |p| p.a.conn(a).unwrap().state() == State::Closed);
     assert!(closed, "a write on the dead QP did not end the connection");
-    assert_eq!(p.a.conn(a).unwrap().error(), Some(&ConnError::Reset));
+    assert_eq!(
+        p.a.conn(a).unwrap().error(),
+        Some(&ConnError::ResetAfterClose)
+    );
 }

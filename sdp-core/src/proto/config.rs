@@ -100,9 +100,11 @@ pub struct Config {
     /// (docs/providers.md, "Listen backlog").
     pub unaccepted_rx_bufs: u32,
     /// A connection a listener set up and the application did not accept within this is
-    /// aborted (its peer sees a reset) and its resources freed: remote hosts must not hold
-    /// our memory forever (docs/providers.md, "Listen backlog").
-    pub unaccepted_timeout: Duration,
+    /// aborted (its peer sees a reset) and its resources freed (docs/providers.md, "Listen
+    /// backlog"). `None` (the default): it waits until accepted or the listener closes, as
+    /// a TCP connection in the accept queue (the backlog bounds what waiting connections
+    /// hold, as it bounds TCP's).
+    pub unaccepted_timeout: Option<Duration>,
     /// Sends (messages, RDMA Reads and Writes) outstanding with no completion for this long
     /// fail the connection with `TimedOut` (checked by the driver). A healthy RC QP completes
     /// or errors within its retry budget (seconds); this bounds a device whose QPs hang
@@ -149,7 +151,7 @@ impl Default for Config {
             srcavail_timeout: Duration::from_secs(2),
             idle_shrink: Duration::from_secs(1),
             unaccepted_rx_bufs: 12,
-            unaccepted_timeout: Duration::from_secs(60),
+            unaccepted_timeout: None,
             send_stall_timeout: None,
             staged_send_min: None,
         }

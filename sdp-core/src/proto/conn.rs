@@ -630,7 +630,12 @@ impl<S: BufStore> Conn<S> {
     }
     /// The peer sent DisConn and every byte before it has been read (reads return 0).
     pub fn read_closed(&self) -> bool {
-        (self.disconn_rcvd || self.shut_rd) && self.rx.queue_empty()
+        self.read_shut() && self.rx.queue_empty()
+    }
+    /// Nothing more will arrive: the peer's DisConn came (its FIN), or we shut our read half;
+    /// bytes may still wait to be read (TCP's `RCV_SHUTDOWN`: POLLRDHUP).
+    pub fn read_shut(&self) -> bool {
+        self.disconn_rcvd || self.shut_rd
     }
     /// Our write half is shut.
     pub fn write_closed(&self) -> bool {
@@ -917,6 +922,20 @@ impl<S: BufStore> Conn<S> {
                 }
                 self.finish(now);
             }
+            (State::Established, CmEvent::PeerEndedSettled) if !self.disconnect_issued => {
+                // As TCP's FIN from a process that ended: what we hold stays readable, then
+                // EOF (CLOSE_WAIT); our next send fails on the dead endpoint, which makes it
+                // the reset TCP's peer would answer (`on_wc_error_lost`: EPIPE after that).
+                self.disconn_rcvd = true;
+                if self.iocbs.sink_active() {
+                    self.cancel_sink(now);
+                }
+            }
+            (_, CmEvent::PeerEndedSettled) => {
+                // Closing already (or not established): the peer's end is its orderly close.
+                self.disconn_rcvd = true;
+                self.handle_cm(now, CmEvent::Disconnected);
+            }
             (_, CmEvent::TimewaitExit | CmEvent::AddrChange) => {}
             (_, _) => {}
         }
@@ -1015,8 +1034,14 @@ impl<S: BufStore> Conn<S> {
                 && !orderly
                 && self.state == State::Established
             {
-                // The QP went to error under us (peer gone, link down).
-                self.fail(now, ConnError::Reset, false);
+                // The QP went to error under us (peer gone, link down): after the peer's
+                // DisConn, as TCP's RST in CLOSE_WAIT.
+                let e = if self.disconn_rcvd {
+                    ConnError::ResetAfterClose
+                } else {
+                    ConnError::Reset
+                };
+                self.fail(now, e, false);
             }
             return;
         }
@@ -1212,6 +1237,16 @@ impl<S: BufStore> Conn<S> {
             // both waited: both issue it (rdma_disconnect is fine from both ends).
             self.issue_disconnect(now);
         }
+    }
+
+    /// Nothing is left either way: established, every message that arrived taken and read
+    /// by the application, nothing of ours queued or in flight. If the process ended now, its
+    /// TCP kernel would close the connection in order (`Endpoint::set_settled`).
+    pub fn settled(&self) -> bool {
+        self.state == State::Established
+            && self.rx.front().is_none()
+            && !self.stream_undelivered()
+            && self.tx.inflight_len() == 0
     }
 
     /// Stream bytes of ours the peer has not acknowledged (queued, in flight, or in a

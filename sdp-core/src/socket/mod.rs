@@ -44,8 +44,9 @@
 //! **Listen backlog.** As over TCP, at most backlog + 1 connections ([`Options::backlog`],
 //! default 128) wait for a listener's `accept`; a client beyond that waits in `connect` until
 //! there is room or its connect timeout passes (ETIMEDOUT). Waiting connections hold a few
-//! receive buffers, and are reset if nobody accepts them within
-//! [`Config::unaccepted_timeout`](crate::proto::Config::unaccepted_timeout) (60 s).
+//! receive buffers and wait, as TCP's, until accepted or the listener closes (with
+//! [`Config::unaccepted_timeout`](crate::proto::Config::unaccepted_timeout) set, they are
+//! reset if nobody accepts them within it).
 //!
 //! **fork().** Streams keep working in the parent. In the child, streams inherited from the
 //! parent fail with an error and closing them does nothing to the parent's connections; the

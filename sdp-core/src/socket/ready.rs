@@ -105,6 +105,8 @@ pub(crate) struct AppState {
     pub hup: bool,
     /// The connection failed (POLLERR).
     pub err: bool,
+    /// A call reported the error (after it, TCP's POLLERR is gone).
+    pub err_taken: bool,
     /// An urgent byte waits (POLLPRI, SIGURG).
     pub urgent: bool,
 }
@@ -145,6 +147,10 @@ pub(crate) struct AppReady {
     writable: bool,
     rdhup: bool,
     hup: bool,
+    /// The user end was reset (the connection failed): POLLERR until a call reports the error.
+    reset: bool,
+    /// ... and a call did: the user end's error was taken (POLLHUP stays).
+    reset_reported: bool,
     /// An out-of-band byte waits in the user end (POLLPRI).
     oob: bool,
     /// An out-of-band byte was ever sent into the user end: its mark may still split the
@@ -192,6 +198,8 @@ impl AppReady {
                 writable: true,
                 rdhup: false,
                 hup: false,
+                reset: false,
+                reset_reported: false,
                 oob: false,
                 had_oob: false,
             },
@@ -254,6 +262,17 @@ impl AppReady {
         Some((ours, self.rdhup))
     }
 
+    /// After the user end's reset, once a call reported the connection's error: Linux clears
+    /// `sk_err` then, and POLLERR goes (POLLHUP stays); taking the user end's error does the
+    /// same (`user`: the caller holds it).
+    fn reset_reported_if(&mut self, st: AppState, user: Option<RawFd>) {
+        if let (true, false, true, Some(u)) = (self.reset, self.reset_reported, st.err_taken, user)
+        {
+            let _ = sys::getsockopt_int(u, libc::SOL_SOCKET, libc::SO_ERROR);
+            self.reset_reported = true;
+        }
+    }
+
     /// Take every token out of the user end `user` (see [`AppReady::unread_clear`]).
     fn take_tokens(&self, user: RawFd) {
         if let Some(clear) = &self.unread_clear {
@@ -273,9 +292,11 @@ impl AppReady {
     /// right after ([`AppReady::take_direct_tokens`]): one receive instead of two.
     pub(crate) fn update_taking(&mut self, st: AppState, user: Option<RawFd>, take: bool) {
         let Some(ours) = self.ours.as_ref().map(|o| o.as_raw_fd()) else {
+            self.reset_reported_if(st, user);
             return;
         };
         if st.err {
+            self.reset = true;
             // Closing our end with the primer unread resets the user end. A peer's dup for
             // direct wakeups keeps our end open until it drops it: hang the user end up now,
             // the reset follows.
@@ -283,6 +304,7 @@ impl AppReady {
                 let _ = sys::shutdown(ours, libc::SHUT_RDWR);
             }
             self.ours = None;
+            self.reset_reported_if(st, user);
             return;
         }
         if st.hup && !self.hup {

@@ -255,6 +255,12 @@ pub enum CmEvent {
     ConnectError,
     /// The connection was disconnected (by either side, or by the fabric).
     Disconnected,
+    /// The peer's process ended while its side was quiet: it had taken every message we sent
+    /// and its application had read all of it, and nothing of its own was left to deliver
+    /// (`Endpoint::set_settled`). Over TCP its kernel would have closed the connection in
+    /// order (a FIN): we read what came, then EOF; a write of ours then meets the dead end (a
+    /// reset: EPIPE). Nothing more arrives; the endpoint fails what is posted after this.
+    PeerEndedSettled,
     /// The device went away: everything on it is dead.
     DeviceRemoval,
     /// The local address changed.
@@ -427,6 +433,13 @@ pub trait Endpoint: Send {
     fn direct_settler(&self) -> Option<Box<dyn FnOnce() + Send>> {
         None
     }
+    /// Our side is settled (or not any more): the engine took every message that arrived,
+    /// the application read all of it, and nothing of ours is left to deliver. A provider
+    /// that can tell the peer so (shm: a word of the inbox the peer maps) lets it end the
+    /// connection as TCP's FIN would if this process ends now (`CmEvent::PeerEndedSettled`:
+    /// a SIGKILL, a crash), not as a reset. Called after every change; cheap when nothing
+    /// changed.
+    fn set_settled(&self, _settled: bool) {}
     /// Completions a post made at once (a provider that executes work requests in the
     /// caller), taken without looking for anything new from the peer (no receive is
     /// harvested): the driver hands them to the engine right after it posts. Providers whose

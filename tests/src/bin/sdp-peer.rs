@@ -13,8 +13,8 @@
 //!   stream 7 (MODE auto: large writes may go by zero copy; bcopy: by copy), then END:
 //!   `exit` calls `process::exit` with the stream still open (no close), `close` drops it and
 //!   returns from main, `abort` waits until the peer holds every byte (`send_queue_len` 0) and
-//!   then resets the connection: SO_LINGER {1, 0} and close over TCP, SIGKILL of this process
-//!   (a crash) over SDP.
+//!   then resets the connection (SO_LINGER {1, 0} and close), `kill` waits the same and then
+//!   kills this process with SIGKILL (a crash: TCP's kernel closes the connection in order).
 //! * `fork ADDR`: the fork() checks (parent keeps its stream, child opens a new one, the
 //!   child's inherited copy fails and does not disturb the parent), exec leaves no fd behind.
 //! * `hold ADDR`: connect over SDP, print `connected`, read (1 MiB reads: zero copy where the
@@ -577,7 +577,7 @@ fn write_exit(addr: &str, choice: &str, mode: &str, bytes: usize, end: &str) {
     match end {
         "exit" => std::process::exit(0),
         "close" => drop(s),
-        "abort" => {
+        "abort" | "kill" => {
             let t = std::time::Instant::now();
             while s.send_queue_len().unwrap_or(0) > 0 {
                 if t.elapsed() > std::time::Duration::from_secs(20) {
@@ -585,31 +585,15 @@ fn write_exit(addr: &str, choice: &str, mode: &str, bytes: usize, end: &str) {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
-            if s.transport() == sdp_core::socket::Transport::Tcp {
-                use std::os::fd::AsRawFd;
-                let l = libc::linger {
-                    l_onoff: 1,
-                    l_linger: 0,
-                };
-                // SAFETY: sets SO_LINGER from a live struct on the stream's own socket.
-                let r = unsafe {
-                    libc::setsockopt(
-                        s.as_raw_fd(),
-                        libc::SOL_SOCKET,
-                        libc::SO_LINGER,
-                        (&l as *const libc::linger).cast(),
-                        std::mem::size_of::<libc::linger>() as libc::socklen_t,
-                    )
-                };
-                if r != 0 {
-                    die("SO_LINGER failed".into());
-                }
+            if end == "abort" {
+                s.set_linger(Some(std::time::Duration::ZERO))
+                    .unwrap_or_else(|e| die(format!("SO_LINGER: {e}")));
                 drop(s);
-            } else {
-                // SAFETY: kills this very process, as a crash would.
-                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-                unreachable!("SIGKILL returned");
+                std::process::exit(0);
             }
+            // SAFETY: kills this very process, as a crash would.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            unreachable!("SIGKILL returned");
         }
         other => die(format!("unknown end {other}")),
     }

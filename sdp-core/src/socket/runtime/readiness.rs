@@ -29,18 +29,26 @@ pub(super) fn refresh_sock<P: Provider>(driver: &Driver<P>, id: ConnId, s: &mut 
 }
 
 /// What an application fd of the connection should report.
-fn app_state<P: Provider>(driver: &Driver<P>, id: ConnId, lowat: usize) -> AppState {
+fn app_state<P: Provider>(
+    driver: &Driver<P>,
+    id: ConnId,
+    lowat: usize,
+    error_taken: bool,
+) -> AppState {
     match driver.view(id) {
         Some(c) => AppState {
             readable: c.read_ready() && !c.rx_below(lowat),
             rx_total: c.stats().data_bytes_rcvd,
             writable: c.is_writable(),
-            rdhup: c.read_closed() || c.state() == State::Closed,
+            // As TCP's POLLRDHUP: from the peer's FIN on, bytes still unread or not.
+            rdhup: c.read_shut() || c.state() == State::Closed,
             hup: c.state() == State::Closed && c.error().is_none()
                 || (c.read_closed() && c.write_closed()),
             // A failure shows at once, as TCP's POLLERR | POLLHUP at a reset, data still
-            // unread or not (reads return that first).
+            // unread or not (reads return that first) ...
             err: c.error().is_some(),
+            // ... until a call reported it (Linux clears `sk_err` then: POLLHUP stays).
+            err_taken: error_taken,
             urgent: c.urgent_pending(),
         },
         None => AppState {
@@ -75,8 +83,9 @@ pub(super) fn refresh_app_taking<P: Provider>(
     user: Option<RawFd>,
     take: bool,
 ) {
+    driver.note_settled(id);
     if let Some(a) = s.app.as_mut() {
-        let st = app_state(driver, id, s.lowat);
+        let st = app_state(driver, id, s.lowat, s.error_taken);
         a.update_taking(st, user, take);
         if a.direct {
             // A direct wakeup makes the fd readable at any byte: not under SO_RCVLOWAT.

@@ -57,7 +57,7 @@ use super::{
 // each for those two sides write: 0 magic and slots, 64 head, 128 tail, 192 state, 320 copy in
 // flight, 384 RNR, 448 direct switch, 512-584 the shared copy's descriptor (`assist`), 640
 // direct done, 704 direct busy, 768 the inline ring's tail, 832 the inbox's own address, 896
-// zero, 1024-2048 counts (test `an_inbox_header_has_no_overlapping_words`).
+// zero, 960 settled, 1024-2048 counts (test `an_inbox_header_has_no_overlapping_words`).
 const HDR: usize = 4096;
 const INBOX_MAGIC: u32 = 0x5344_5049;
 const OFF_MAGIC: usize = 0;
@@ -108,6 +108,12 @@ const OFF_RING_TAIL: usize = 768;
 const OFF_SELF: usize = 832;
 /// Always 0: what a peer's read system call copies into `OFF_INFLIGHT` to end its announcement.
 const OFF_ZERO: usize = 896;
+/// The owner's side is settled (`Endpoint::set_settled`; owner writes, the peer reads it when
+/// the owner's process is gone): bit 63 set, with the receives it had taken (its `rq_done`) in
+/// the low 32 bits; 0 while not settled. A peer that finds it set with every SEND of its own
+/// taken (our `OFF_TAIL` equal) ends the connection as TCP's FIN would, not as a reset.
+const OFF_SETTLED: usize = 960;
+const SETTLED_BIT: u64 = 1 << 63;
 /// `COUNTS` words holding 0, 1, 2...: what a peer's read system call copies into the shared
 /// copy's done count (`assist`).
 const OFF_COUNTS: usize = 1024;
@@ -2048,6 +2054,12 @@ pub struct ShmEndpoint {
     paused: bool,
     /// We move (`pause_peer`): the peer answered that it paused.
     peer_paused: bool,
+    /// The peer's process ended settled (`PeerEndedSettled` reported): what is posted from
+    /// now on fails the endpoint.
+    peer_ended: bool,
+    /// The peer's `OFF_TAIL` once our latest solicited SEND (data, or an offer of it) is in
+    /// its ring (0: none yet).
+    solicited_tail: u32,
 }
 
 impl std::fmt::Debug for ShmEndpoint {
@@ -2299,6 +2311,8 @@ impl ShmEndpoint {
             pause_asked_ms: 0,
             paused: false,
             peer_paused: false,
+            peer_ended: false,
+            solicited_tail: 0,
         })
     }
 
@@ -2478,6 +2492,10 @@ impl ShmEndpoint {
                     return Exec::Fail(wc(wr, WcStatus::Other(WC_REM_OP_ERR)));
                 }
                 let base = HDR + (self.sq_tail % peer.nslots) as usize * SLOT;
+                if wr.solicited {
+                    // (The peer's tail once this SEND is there: `peer_gone`.)
+                    self.solicited_tail = self.sq_tail.wrapping_add(1);
+                }
                 let ib = &peer.inbox;
                 let raddr = ib.u64(base + S_ADDR).load(Ordering::Relaxed);
                 let rlen = ib.u32(base + S_LEN).load(Ordering::Relaxed);
@@ -2928,6 +2946,36 @@ impl ShmEndpoint {
         }
     }
 
+    /// The peer's process is gone (its end of the socket hung up without a DISC): if its side
+    /// was settled (`OFF_SETTLED`) with every solicited SEND of ours taken (a credit update or
+    /// an acknowledgement it did not take yet is TCP's ACK arriving at a closed socket, no
+    /// unread data), the engine hears
+    /// `PeerEndedSettled` after what the peer completed and the endpoint stays up until it
+    /// posts again; otherwise as [`ShmEndpoint::peer_closed`].
+    fn peer_gone(&mut self) {
+        let settled = self.peer.as_ref().is_some_and(|p| {
+            let v = p.inbox.u64(OFF_SETTLED).load(Ordering::Acquire);
+            let taken = v as u32;
+            let tail = p.inbox.u32(OFF_TAIL).load(Ordering::Relaxed);
+            // Slots are counted with wrapping u32s (compared as signed distances: a wrap
+            // misread only as not settled): `taken` at most `tail`, and our latest solicited
+            // SEND's slot among those taken.
+            v & SETTLED_BIT != 0
+                && tail.wrapping_sub(taken) as i32 >= 0
+                && taken.wrapping_sub(self.solicited_tail) as i32 >= 0
+        });
+        if !settled || self.peer_ended {
+            self.peer_closed();
+            return;
+        }
+        if self.harvest().is_err() {
+            self.fail(None);
+            return;
+        }
+        self.peer_ended = true;
+        self.cm.push_back(CmEvent::PeerEndedSettled);
+    }
+
     /// The peer closed or died: deliver what it completed, then error and flush.
     fn peer_closed(&mut self) {
         // An error is reported by harvest itself; flush the rest either way.
@@ -3043,7 +3091,7 @@ impl ShmEndpoint {
                             self.state = QpState::Error;
                             self.cm.push_back(CmEvent::ConnectError);
                         }
-                        QpState::Ready => self.peer_closed(),
+                        QpState::Ready => self.peer_gone(),
                         QpState::Error => {}
                     }
                     return;
@@ -3285,6 +3333,12 @@ impl Endpoint for ShmEndpoint {
             return Err(VerbsError::QueueFull("send queue"));
         }
         self.pending.push_back(*wr);
+        if self.peer_ended {
+            // Nobody takes it: the peer's process is gone (its end was settled).
+            self.fail(None);
+            self.self_notify();
+            return Ok(());
+        }
         self.run_sends();
         // Completions made here are the caller's to poll (`Endpoint::post_send`): waking our
         // own progress thread for them cost a wakeup per message.
@@ -3292,6 +3346,23 @@ impl Endpoint for ShmEndpoint {
             self.self_notify();
         }
         Ok(())
+    }
+
+    fn set_settled(&self, settled: bool) {
+        // Receives harvested and not taken by the engine yet are not settled.
+        let taken = !self
+            .cq
+            .iter()
+            .any(|c| c.opcode == WcOpcode::Recv && c.status == WcStatus::Success);
+        let v = if settled && taken && self.state == QpState::Ready {
+            SETTLED_BIT | u64::from(self.rq_done)
+        } else {
+            0
+        };
+        let w = self.inbox.u64(OFF_SETTLED);
+        if w.load(Ordering::Relaxed) != v {
+            w.store(v, Ordering::Release);
+        }
     }
 
     fn inline_max(&self) -> usize {
@@ -4623,6 +4694,7 @@ mod tests {
             ("ring tail", OFF_RING_TAIL, 4),
             ("self", OFF_SELF, 8),
             ("zero", OFF_ZERO, 4),
+            ("settled", OFF_SETTLED, 8),
             ("counts", OFF_COUNTS, 4 * COUNTS),
         ];
         words.extend(assist::LAYOUT.iter().copied());
