@@ -935,7 +935,7 @@ fn carry_buffers(from: c_int, s: &AppStream, o: &mut Opts) {
 }
 
 /// An int option of the kernel socket `fd`, as the kernel reports it.
-fn kernel_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
+pub(crate) fn kernel_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
     let mut v: c_int = 0;
     let mut l = std::mem::size_of::<c_int>() as socklen_t;
     // SAFETY: a live int and its size.

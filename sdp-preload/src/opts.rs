@@ -136,7 +136,12 @@ pub(crate) unsafe fn get(
         // A stream got through exec: its errors show on the kernel file (a reset), as its
         // bytes do.
         (libc::SOL_SOCKET, libc::SO_ERROR) => int(match st.map(|st| st.take_error()) {
-            Some(Ok(Some(e))) => e.raw_os_error().unwrap_or(libc::EIO),
+            Some(Ok(Some(e))) => {
+                // Reported: as TCP's `sk_err` once taken, the kernel file's reset (POLLERR)
+                // goes too (POLLHUP stays).
+                let _ = crate::kernel_int(fd, libc::SOL_SOCKET, libc::SO_ERROR);
+                e.raw_os_error().unwrap_or(libc::EIO)
+            }
             _ => 0,
         }),
         (libc::IPPROTO_TCP, libc::TCP_INFO) => match st {

@@ -679,8 +679,9 @@ fn an_exit_delivers_to_a_reader_slower_than_the_linger() {
 /// A peer killed by SIGKILL with nothing left either way ends the connection as TCP's kernel
 /// does, with a FIN: its bytes, then EOF (POLLRDHUP before the read), the first write goes and
 /// the next fails with EPIPE; with bytes of ours it never read, a reset (ECONNRESET), and
-/// POLLERR only until a call reported it. Over shm (the servers' report lines). Before, both
-/// were the reset (ECONNRESET after the bytes, EPIPE at the first write), and POLLERR stayed.
+/// POLLERR only until a call (a read, or SO_ERROR) reported it. Over shm (the servers' report
+/// lines). Before, both were the reset (ECONNRESET after the bytes, EPIPE at the first write),
+/// and POLLERR stayed.
 #[test]
 fn a_killed_peer_ends_the_connection_as_tcps_kernel_does() {
     let _serial = serial();
@@ -690,9 +691,10 @@ fn a_killed_peer_ends_the_connection_as_tcps_kernel_does() {
             "killed settled peer: read 1000 then EOF\n",
             "killed settled peer: first write 1 ok;",
             "killed peer with unread bytes: read 1000 then ECONNRESET\n",
+            "killed peer, SO_ERROR first: SO_ERROR ECONNRESET; poll IN OUT HUP RDHUP\n",
         ],
     );
-    assert_eq!(shm_lines(&lines, Some("server")), 2, "report:\n{lines}");
+    assert_eq!(shm_lines(&lines, Some("server")), 3, "report:\n{lines}");
 }
 
 /// A server that accepts and resets at once (SO_LINGER {1, 0}), 30 times: each client's

@@ -3405,6 +3405,13 @@ static void killed_quiet(const char *what, int unread) {
     CHECK(waitpid(pid, NULL, 0) == pid);
     sleep_ms(100);
     out("%s: poll after the kill%s", what, revents(poll_now(s)));
+    if (unread == 2) {
+        /* The error taken by SO_ERROR instead of a read: POLLERR goes with it. */
+        int err = -1;
+        socklen_t el = sizeof err;
+        CHECK(getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &el) == 0);
+        out("%s: SO_ERROR %s; poll%s", what, err ? en(err) : "0", revents(poll_now(s)));
+    }
     char b[4096];
     size_t total = 0;
     ssize_t r;
@@ -3426,6 +3433,7 @@ static void killed_quiet(const char *what, int unread) {
 static void case_killed_quiet(void) {
     killed_quiet("killed settled peer", 0);
     killed_quiet("killed peer with unread bytes", 1);
+    killed_quiet("killed peer, SO_ERROR first", 2);
 }
 
 /* SO_RCVLOWAT, as TCP's: poll, select and epoll show the socket readable only once that many
