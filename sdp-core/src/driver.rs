@@ -1492,10 +1492,6 @@ impl<P: Provider> ConnView<'_, P> {
     pub fn read_closed(&self) -> bool {
         self.0.read_closed()
     }
-    /// Nothing more will arrive, bytes may still wait ([`Conn::read_shut`]).
-    pub fn read_shut(&self) -> bool {
-        self.0.read_shut()
-    }
     /// Our write half is shut.
     pub fn write_closed(&self) -> bool {
         self.0.write_closed()

@@ -697,6 +697,21 @@ fn a_killed_peer_ends_the_connection_as_tcps_kernel_does() {
     assert_eq!(shm_lines(&lines, Some("server")), 3, "report:\n{lines}");
 }
 
+/// A request and its FIN that arrived before the server forked the child serving it (socat's
+/// fork EXEC:) reach the child through the kernel file, then EOF, and the answer reaches the
+/// client, over shm. A POLLRDHUP shown at the FIN (as TCP's) broke it before it landed: the
+/// parent's file was shut before the request was read, and the child read EOF at once
+/// (programs.sh socat: 3 to 6 lines of 7).
+#[test]
+fn a_request_and_fin_before_the_fork_reach_the_child() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "fork_after_fin",
+        &["peer got \"answer to request\" then EOF\n"],
+    );
+    assert_eq!(shm_lines(&lines, Some("client")), 1, "report:\n{lines}");
+}
+
 /// A server that accepts and resets at once (SO_LINGER {1, 0}), 30 times: each client's
 /// connect succeeds and its read gets ECONNRESET, as over TCP, over shm. Before, a client
 /// whose runtime saw the reset before its connect looked (about one in ten) got ECONNRESET

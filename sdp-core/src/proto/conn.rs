@@ -630,12 +630,7 @@ impl<S: BufStore> Conn<S> {
     }
     /// The peer sent DisConn and every byte before it has been read (reads return 0).
     pub fn read_closed(&self) -> bool {
-        self.read_shut() && self.rx.queue_empty()
-    }
-    /// Nothing more will arrive: the peer's DisConn came (its FIN), or we shut our read half;
-    /// bytes may still wait to be read (TCP's `RCV_SHUTDOWN`: POLLRDHUP).
-    pub fn read_shut(&self) -> bool {
-        self.disconn_rcvd || self.shut_rd
+        (self.disconn_rcvd || self.shut_rd) && self.rx.queue_empty()
     }
     /// Our write half is shut.
     pub fn write_closed(&self) -> bool {

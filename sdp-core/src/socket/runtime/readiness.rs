@@ -40,8 +40,10 @@ fn app_state<P: Provider>(
             readable: c.read_ready() && !c.rx_below(lowat),
             rx_total: c.stats().data_bytes_rcvd,
             writable: c.is_writable(),
-            // As TCP's POLLRDHUP: from the peer's FIN on, bytes still unread or not.
-            rdhup: c.read_shut() || c.state() == State::Closed,
+            // Once the bytes before the peer's FIN are read (TCP's POLLRDHUP comes at the FIN:
+            // showing it earlier would shut our end's write half, and a fork child that
+            // shares the fd later could not get those bytes through the file).
+            rdhup: c.read_closed() || c.state() == State::Closed,
             hup: c.state() == State::Closed && c.error().is_none()
                 || (c.read_closed() && c.write_closed()),
             // A failure shows at once, as TCP's POLLERR | POLLHUP at a reset, data still
