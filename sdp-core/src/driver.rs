@@ -1060,11 +1060,12 @@ impl<P: Provider> Driver<P> {
     }
 
     /// Tell the connection's endpoint whether its side is settled ([`Conn::settled`],
-    /// [`Endpoint::set_settled`]): after every change the application or a round made.
-    pub fn note_settled(&self, id: ConnId) {
+    /// [`Endpoint::set_settled`]; never unless `may`): after every change the application or
+    /// a round made.
+    pub fn note_settled(&self, id: ConnId, may: bool) {
         if let Some(e) = self.conns.get(id) {
             if let Some(ep) = e.ep.as_ref() {
-                ep.set_settled(e.conn.settled());
+                ep.set_settled(may && e.conn.settled());
             }
         }
     }

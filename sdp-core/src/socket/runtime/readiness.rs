@@ -85,7 +85,13 @@ pub(super) fn refresh_app_taking<P: Provider>(
     user: Option<RawFd>,
     take: bool,
 ) {
-    driver.note_settled(id);
+    // A stream another process may hold (a fork child inherited its fd) is never settled: if
+    // this process dies, the connection dies under that holder (and with the pump's bytes),
+    // where TCP's lives on: the peer hears a reset, not an orderly end.
+    driver.note_settled(
+        id,
+        s.pump.is_none() && s.exposed.is_none() && s.parked.is_none(),
+    );
     if let Some(a) = s.app.as_mut() {
         let st = app_state(driver, id, s.lowat, s.error_taken);
         a.update_taking(st, user, take);

@@ -205,6 +205,8 @@ impl<P: Provider + 'static> Runtime<P> {
         }
         shared.exposed.store(true, Ordering::SeqCst);
         s.exposed = Some(Exposed { file, shared });
+        // Before the fork the child inherits it from: our death no longer ends it in order.
+        g.driver.note_settled(id, false);
         Ok(())
     }
 
