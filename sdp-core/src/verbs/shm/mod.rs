@@ -110,8 +110,9 @@ const OFF_SELF: usize = 832;
 const OFF_ZERO: usize = 896;
 /// The owner's side is settled (`Endpoint::set_settled`; owner writes, the peer reads it when
 /// the owner's process is gone): bit 63 set, with the receives it had taken (its `rq_done`) in
-/// the low 32 bits; 0 while not settled. A peer that finds it set with every SEND of its own
-/// taken (our `OFF_TAIL` equal) ends the connection as TCP's FIN would, not as a reset.
+/// the low 32 bits; 0 while not settled. A peer that finds it set with its latest solicited
+/// SEND among those taken ends the connection as TCP's FIN would, not as a reset
+/// (`ShmEndpoint::peer_gone`).
 const OFF_SETTLED: usize = 960;
 const SETTLED_BIT: u64 = 1 << 63;
 /// `COUNTS` words holding 0, 1, 2...: what a peer's read system call copies into the shared
@@ -2718,6 +2719,12 @@ impl ShmEndpoint {
     /// Run queued sends in order until one must wait for a receive or for the peer's share
     /// of a copy.
     fn run_sends(&mut self) {
+        if self.peer_ended && !self.pending.is_empty() {
+            // Nobody takes them: the peer's process is gone (its end was settled).
+            self.fail(None);
+            self.self_notify();
+            return;
+        }
         while let Some(wr) = self.pending.front().copied() {
             // Acceptor before the RTU (the connector's fds): sends wait.
             if self.state != QpState::Ready || self.peer.is_none() {
@@ -2949,9 +2956,9 @@ impl ShmEndpoint {
     /// The peer's process is gone (its end of the socket hung up without a DISC): if its side
     /// was settled (`OFF_SETTLED`) with every solicited SEND of ours taken (a credit update or
     /// an acknowledgement it did not take yet is TCP's ACK arriving at a closed socket, no
-    /// unread data), the engine hears
-    /// `PeerEndedSettled` after what the peer completed and the endpoint stays up until it
-    /// posts again; otherwise as [`ShmEndpoint::peer_closed`].
+    /// unread data) and none of ours waits to go, the engine hears `PeerEndedSettled` after
+    /// what the peer completed, and the endpoint stays up until something is posted (which
+    /// fails it: `run_sends`); otherwise as [`ShmEndpoint::peer_closed`].
     fn peer_gone(&mut self) {
         let settled = self.peer.as_ref().is_some_and(|p| {
             let v = p.inbox.u64(OFF_SETTLED).load(Ordering::Acquire);
@@ -2964,7 +2971,7 @@ impl ShmEndpoint {
                 && tail.wrapping_sub(taken) as i32 >= 0
                 && taken.wrapping_sub(self.solicited_tail) as i32 >= 0
         });
-        if !settled || self.peer_ended {
+        if !settled || self.peer_ended || !self.pending.is_empty() {
             self.peer_closed();
             return;
         }
@@ -3333,12 +3340,6 @@ impl Endpoint for ShmEndpoint {
             return Err(VerbsError::QueueFull("send queue"));
         }
         self.pending.push_back(*wr);
-        if self.peer_ended {
-            // Nobody takes it: the peer's process is gone (its end was settled).
-            self.fail(None);
-            self.self_notify();
-            return Ok(());
-        }
         self.run_sends();
         // Completions made here are the caller's to poll (`Endpoint::post_send`): waking our
         // own progress thread for them cost a wakeup per message.
