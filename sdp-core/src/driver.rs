@@ -866,6 +866,12 @@ impl<P: Provider> Driver<P> {
             self.touched.push(id);
         }
         if let Some(ep) = e.ep.as_mut() {
+            if !e.conn.settled() {
+                // Before anything new goes out: a side that said it was settled (the runtime
+                // says so after a call or a round) is not any more once it has bytes to send
+                // or unread ones (a death now must be a reset, not an orderly end).
+                ep.set_settled(false);
+            }
             post_or_abort(&mut e.conn, ep, &mut self.sends, now, data);
             // A provider that runs work requests in the caller (shm) completed them already:
             // hand the completions to the engine now (freed buffers let queued data go), so

@@ -367,7 +367,8 @@ fn peer_killed_mid_transfer_ends_in_eof_or_reset_within_seconds() {
 /// kill -9 of a writer in the middle of zero-copy transfers (8 MiB writes, one after another,
 /// which the reader takes 1 MiB at a time straight into its buffer by RDMA Read): the reader's
 /// `read` must return the data that came and then an error (or an error), never block for
-/// good. Repeated, so the kill lands inside a read in some tries.
+/// good; EOF only if the kill came between two writes with everything written delivered (TCP's
+/// kernel then closes in order). Repeated, so the kill lands inside a read in some tries.
 #[test]
 fn writer_killed_mid_zero_copy_transfer_never_leaves_the_reader_blocked() {
     for round in 0..12u64 {
@@ -422,7 +423,12 @@ fn writer_killed_mid_zero_copy_transfer_never_leaves_the_reader_blocked() {
                 ),
                 "round {round}: {e}"
             ),
-            Ok(()) => panic!("round {round}: EOF after {n} bytes of a writer that was killed"),
+            // Killed between two writes, with everything it wrote delivered: as TCP's kernel
+            // does for a killed process with nothing left to send, an orderly end.
+            Ok(()) => assert!(
+                n > 0 && n % (8 << 20) == 0,
+                "round {round}: EOF after {n} bytes of a writer that was killed mid-write"
+            ),
         }
     }
 }

@@ -3351,11 +3351,13 @@ impl Endpoint for ShmEndpoint {
 
     fn set_settled(&self, settled: bool) {
         // Receives harvested and not taken by the engine yet are not settled.
-        let taken = !self
-            .cq
-            .iter()
-            .any(|c| c.opcode == WcOpcode::Recv && c.status == WcStatus::Success);
-        let v = if settled && taken && self.state == QpState::Ready {
+        let v = if settled
+            && self.state == QpState::Ready
+            && !self
+                .cq
+                .iter()
+                .any(|c| c.opcode == WcOpcode::Recv && c.status == WcStatus::Success)
+        {
             SETTLED_BIT | u64::from(self.rq_done)
         } else {
             0
