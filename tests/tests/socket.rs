@@ -426,7 +426,7 @@ fn writer_killed_mid_zero_copy_transfer_never_leaves_the_reader_blocked() {
             // Killed between two writes, with everything it wrote delivered: as TCP's kernel
             // does for a killed process with nothing left to send, an orderly end.
             Ok(()) => assert!(
-                n > 0 && n % (8 << 20) == 0,
+                n > 0 && n.is_multiple_of(8 << 20),
                 "round {round}: EOF after {n} bytes of a writer that was killed mid-write"
             ),
         }
