@@ -382,10 +382,7 @@ pub(crate) fn lock_for_fork() {
     // holder may be waiting for the table), so this never waits holding one.
     for round in 0.. {
         let g = MAP.write();
-        let opts: Vec<&OptsLock> = g
-            .as_ref()
-            .map(|m| m.values().filter_map(|(s, _)| s.opts()).collect())
-            .unwrap_or_default();
+        let opts = g.as_ref().map(fork_opts).unwrap_or_default();
         let mut taken = 0;
         for o in &opts {
             // A holder lets go within moments (it cannot take another socket's options
@@ -425,6 +422,18 @@ pub(crate) fn lock_for_fork() {
         drop(g);
         std::thread::yield_now();
     }
+}
+
+/// Every socket's options lock of the table, once each (a socket under two fds, `dup`, has
+/// one), in one order: what [`lock_for_fork`] takes and [`unlock_after_fork`] lets go. Taking
+/// a dup'd socket's twice failed every round (its second try met its own first), and the fork
+/// waited out 1 000 rounds, 0.2-0.4 s per fork (`tests/preload/repro/repro-dup-fork-stall.sh`);
+/// the let-go walked streams only, so a fresh socket's lock taken at a fork stayed taken.
+fn fork_opts(m: &Map) -> Vec<&OptsLock> {
+    let mut v: Vec<&OptsLock> = m.values().filter_map(|(s, _)| s.opts()).collect();
+    v.sort_by_key(|o| *o as *const OptsLock as usize);
+    v.dedup_by_key(|o| *o as *const OptsLock as usize);
+    v
 }
 
 /// In a fork child, before [`unlock_after_fork`]: readers of the table that were only trying
@@ -480,11 +489,7 @@ pub(crate) fn unlock_after_fork(moving: bool) -> Vec<Arc<Sock>> {
     let g = FORK_HELD.lock().take().map(|h| h.0);
     if let Some(m) = g.as_ref().and_then(|g| g.as_ref()) {
         let taken = FORK_OPTS_TAKEN.swap(0, Ordering::SeqCst);
-        for o in m
-            .values()
-            .filter_map(|(s, _)| s.stream_parts().map(|p| p.1))
-            .take(taken)
-        {
+        for o in fork_opts(m).into_iter().take(taken) {
             // SAFETY: taken by this thread in `lock_for_fork` (in a fork child: the copy of
             // that thread), its guard forgotten.
             unsafe { o.force_unlock() };
