@@ -1517,53 +1517,6 @@ fn before_dup_over(old: c_int, new: c_int) -> Option<Arc<Sock>> {
     s
 }
 
-/// [`fcntl`] on an fd the shim owns (out of line: the hook's way to libc sets up no frame).
-#[inline(never)]
-unsafe fn fcntl_owned(fd: c_int, cmd: c_int, arg: usize, f64: bool) -> c_int {
-    // SAFETY: forwards the caller's arguments.
-    let r = unsafe {
-        if f64 {
-            real::fcntl64(fd, cmd, arg)
-        } else {
-            real::fcntl(fd, cmd, arg)
-        }
-    };
-    if internal() {
-        return r;
-    }
-    if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
-        dup_entry(fd, r);
-    }
-    if r >= 0 && cmd == libc::F_SETFL && arg & libc::O_ASYNC as usize != 0 {
-        // SIGIO per arrival, as TCP's.
-        want_edges(fd);
-    }
-    r
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
-    if table::owned(fd) {
-        // SAFETY: the caller's arguments.
-        return unsafe { fcntl_owned(fd, cmd, arg, false) };
-    }
-    // SAFETY: forwards the caller's arguments (not ours: a load and a jump).
-    unsafe { real::fcntl(fd, cmd, arg) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
-    if table::owned(fd) {
-        // SAFETY: the caller's arguments.
-        return unsafe { fcntl_owned(fd, cmd, arg, true) };
-    }
-    // SAFETY: forwards the caller's arguments.
-    unsafe { real::fcntl64(fd, cmd, arg) }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Reads and writes
-
 /// A hook whose fd the shim may own: `$owned` (out of line) for an fd it owns, else straight to
 /// libc's function of the same name (one load and a jump: see [`data`]). The first argument is
 /// the fd.
@@ -1580,6 +1533,41 @@ macro_rules! owned_or_libc {
         }
     };
 }
+
+/// [`fcntl`] on an fd the shim owns (out of line: the hook's way to libc sets up no frame).
+#[inline(never)]
+unsafe fn fcntl_owned(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    // SAFETY: forwards the caller's arguments.
+    fcntl_done(fd, cmd, arg, unsafe { real::fcntl(fd, cmd, arg) })
+}
+
+/// [`fcntl64`] on an fd the shim owns.
+#[inline(never)]
+unsafe fn fcntl64_owned(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    // SAFETY: forwards the caller's arguments.
+    fcntl_done(fd, cmd, arg, unsafe { real::fcntl64(fd, cmd, arg) })
+}
+
+/// After libc's fcntl on an owned fd returned `r`: a dup's table entry, edges for O_ASYNC.
+fn fcntl_done(fd: c_int, cmd: c_int, arg: usize, r: c_int) -> c_int {
+    if internal() {
+        return r;
+    }
+    if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
+        dup_entry(fd, r);
+    }
+    if r >= 0 && cmd == libc::F_SETFL && arg & libc::O_ASYNC as usize != 0 {
+        // SIGIO per arrival, as TCP's.
+        want_edges(fd);
+    }
+    r
+}
+
+owned_or_libc! { fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int => fcntl_owned }
+owned_or_libc! { fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int => fcntl64_owned }
+
+// ---------------------------------------------------------------------------------------------
+// Reads and writes
 
 /// The SDP stream behind `fd`, if the shim serves calls on it.
 fn stream(fd: c_int) -> Option<Arc<Sock>> {

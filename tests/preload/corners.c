@@ -975,6 +975,18 @@ static void case_fork_after_fin(void) {
     out("fork after fin: child exit %d", status(st));
 }
 
+/* Answer each request read on `in` (peer_talk's) on `out` until the end; what ended it. */
+static ssize_t answer_to_end(int in, int out_fd) {
+    char b[64];
+    ssize_t r;
+    while ((r = read(in, b, sizeof b)) > 0) {
+        char reply[80];
+        int n = snprintf(reply, sizeof reply, "answer to %.*s", (int)r, b);
+        CHECK(write(out_fd, reply, n) == n);
+    }
+    return r;
+}
+
 /* Forks while the process holds a stream under two fds (dup: git daemon's child's
  * stdout, bash's `exec 4>&3`) and a socket not yet connected: every socket's options are held
  * across each fork and let go after it, and the calls after it work. (The shim's fork once
@@ -1000,13 +1012,7 @@ static void case_dup_fork(void) {
         socklen_t l = sizeof v;
         CHECK(getsockopt(s2, IPPROTO_TCP, TCP_NODELAY, &v, &l) == 0);
     }
-    char b[64];
-    ssize_t r;
-    while ((r = read(s, b, sizeof b)) > 0) {
-        char reply[80];
-        int n = snprintf(reply, sizeof reply, "answer to %.*s", (int)r, b);
-        CHECK(write(s2, reply, n) == n);
-    }
+    ssize_t r = answer_to_end(s, s2);
     out("dup fork: after 3 forks the dup'd stream read to end %zd", r);
     close(fresh);
     close(s2);
@@ -1024,13 +1030,7 @@ static void case_fork_ignore(void) {
         _exit(0);
     int st;
     CHECK(waitpid(child, &st, 0) == child);
-    char b[64];
-    ssize_t r;
-    while ((r = read(s, b, sizeof b)) > 0) {
-        char reply[80];
-        int n = snprintf(reply, sizeof reply, "answer to %.*s", (int)r, b);
-        CHECK(write(s, reply, n) == n);
-    }
+    ssize_t r = answer_to_end(s, s);
     out("fork-ignore parent read end %zd", r);
     finish(pid, s);
 }

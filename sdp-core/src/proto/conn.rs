@@ -921,10 +921,7 @@ impl<S: BufStore> Conn<S> {
                 // As TCP's FIN from a process that ended: what we hold stays readable, then
                 // EOF (CLOSE_WAIT); our next send fails on the dead endpoint, which makes it
                 // the reset TCP's peer would answer (`on_wc_error_lost`: EPIPE after that).
-                self.disconn_rcvd = true;
-                if self.iocbs.sink_active() {
-                    self.cancel_sink(now);
-                }
+                self.peer_fin(now);
             }
             (_, CmEvent::PeerEndedSettled) => {
                 // Closing already (or not established): the peer's end is its orderly close.

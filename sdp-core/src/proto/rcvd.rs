@@ -148,15 +148,21 @@ impl<S: BufStore> Conn<S> {
         Ok(())
     }
 
+    /// The peer's end of stream (its DisConn, or its process ended settled: TCP's FIN):
+    /// nothing more arrives, a sink we offered is cancelled.
+    pub(super) fn peer_fin(&mut self, now: Instant) {
+        self.disconn_rcvd = true;
+        if self.iocbs.sink_active() {
+            self.cancel_sink(now);
+        }
+    }
+
     fn on_control(&mut self, now: Instant, h: &Header) -> Result<(), ProtocolError> {
         let mid = h.bsdh.mid;
         match h.ext {
             Ext::None => match mid {
                 Mid::DisConn => {
-                    self.disconn_rcvd = true;
-                    if self.iocbs.sink_active() {
-                        self.cancel_sink(now);
-                    }
+                    self.peer_fin(now);
                     Ok(())
                 }
                 Mid::AbortConn => {
