@@ -1016,11 +1016,20 @@ impl<S: BufStore> Conn<S> {
     /// [`Conn::on_wc_error`] for a work request that carried stream bytes of ours (`lost`:
     /// they never arrived).
     pub(super) fn on_wc_error_lost(&mut self, now: Instant, status: WcStatus, lost: bool) {
+        // After the peer's DisConn an error may be the end of an orderly close, unless bytes
+        // of ours can no longer arrive: then the QP died under a stream still in use (a peer
+        // gone, a link down, a device that errors a QP silently).
+        let orderly = self.disconn_rcvd && !lost && !self.stream_undelivered();
+        if status == WcStatus::LocalQpOp && orderly {
+            // A message of ours that carried no stream bytes (a credit update, SinkAvail,
+            // ...) met the peer's teardown: the peer had both DisConns and its sends done,
+            // and closed while this was under way. siw (iWARP over TCP) fails such a send
+            // with a local QP error, the TCP stream being reset under it, before its CM
+            // reports the disconnect; an IB device flushes it. The peer needed nothing of it:
+            // the close is orderly, as after a flush (the CM's Disconnected ends it).
+            return;
+        }
         if status == WcStatus::Flushed {
-            // After the peer's DisConn a flush may be the end of an orderly close, unless
-            // bytes of ours can no longer arrive: then the QP died under a stream still in
-            // use (a peer gone, a link down, a device that errors a QP silently).
-            let orderly = self.disconn_rcvd && !lost && !self.stream_undelivered();
             if self.error.is_none()
                 && !self.disconnect_issued
                 && !orderly

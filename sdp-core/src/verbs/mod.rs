@@ -205,6 +205,11 @@ pub enum WcStatus {
     Flushed,
     /// Local protection/length error: a bad lkey or SGE.
     LocalProtection,
+    /// The device could not carry the request out on the QP's connection
+    /// (`IBV_WC_LOC_QP_OP_ERR`). soft-iWARP (siw) completes a send so when its TCP stream
+    /// failed under it: the peer closed or reset the connection (after an orderly close, a
+    /// message still under way when the peer tore down).
+    LocalQpOp,
     /// The peer refused the access: bad rkey, out of bounds, or access flags forbid it.
     RemoteAccess,
     /// The peer had no receive posted for too long (RNR retries exhausted).

@@ -60,9 +60,10 @@ pub(crate) fn wc_status(status: u32) -> WcStatus {
     match status {
         WC_SUCCESS => WcStatus::Success,
         WC_WR_FLUSH_ERR => WcStatus::Flushed,
-        WC_LOC_LEN_ERR | WC_LOC_QP_OP_ERR | WC_LOC_PROT_ERR | WC_LOC_ACCESS_ERR => {
-            WcStatus::LocalProtection
-        }
+        WC_LOC_LEN_ERR | WC_LOC_PROT_ERR | WC_LOC_ACCESS_ERR => WcStatus::LocalProtection,
+        // Not a protection error: siw reports a send its TCP stream failed under (a peer
+        // that closed or reset the connection) so.
+        WC_LOC_QP_OP_ERR => WcStatus::LocalQpOp,
         WC_REM_ACCESS_ERR => WcStatus::RemoteAccess,
         WC_RNR_RETRY_EXC_ERR => WcStatus::RnrRetryExceeded,
         WC_RETRY_EXC_ERR => WcStatus::RetryExceeded,
@@ -206,6 +207,7 @@ mod tests {
         assert_eq!(wc_status(5), WcStatus::Flushed);
         assert_eq!(wc_status(4), WcStatus::LocalProtection);
         assert_eq!(wc_status(1), WcStatus::LocalProtection);
+        assert_eq!(wc_status(2), WcStatus::LocalQpOp);
         assert_eq!(wc_status(10), WcStatus::RemoteAccess);
         assert_eq!(wc_status(12), WcStatus::RetryExceeded);
         assert_eq!(wc_status(13), WcStatus::RnrRetryExceeded);

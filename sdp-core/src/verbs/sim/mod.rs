@@ -191,6 +191,15 @@ pub struct SimConfig {
     /// `max_inline_data`); 0: none. The default takes any receive buffer's worth, so the
     /// engine's inline path runs in every simulated test.
     pub max_inline: usize,
+    /// iWARP's close (soft-iWARP, siw: the connection is a TCP stream). `Some(d)`: a peer's
+    /// disconnect reaches a QP `d` ns later than IB's DREQ would (siw learns of the peer's
+    /// FIN through its CM's work queue, and its send path may meet the closed stream first),
+    /// and a message that reaches a QP no longer connected (disconnected or destroyed, on a
+    /// live host) is answered by a reset: its work request completes with
+    /// [`WcStatus::LocalQpOp`](crate::verbs::WcStatus::LocalQpOp) and the requester's QP goes
+    /// to the error state, as siw's does when its TCP send fails. `None` (the default): IB's
+    /// (the DREQ flushes the QP on arrival; a message to a closed QP is lost and times out).
+    pub iwarp_close_ns: Option<u64>,
 }
 
 impl Default for SimConfig {
@@ -209,6 +218,7 @@ impl Default for SimConfig {
             max_registered_bytes_per_host: 4 << 30,
             max_qp_wr: 16_384,
             max_inline: 1 << 20,
+            iwarp_close_ns: None,
         }
     }
 }

@@ -1084,7 +1084,13 @@ impl World {
             self.schedule(at, Ev::Timewait { qp: id });
             if notify_peer {
                 if let Some(p) = peer_qp {
-                    self.send_cm(host, peer_host, CmMsg::Dreq { to: p }, min_at);
+                    // iWARP: the peer learns of the close later (see `SimConfig::iwarp_close_ns`).
+                    let late = self.cfg.iwarp_close_ns.map_or(0, |d| {
+                        self.now
+                            .saturating_add(self.path_delay(host, peer_host))
+                            .saturating_add(d)
+                    });
+                    self.send_cm(host, peer_host, CmMsg::Dreq { to: p }, min_at.max(late));
                 }
             }
         }
@@ -1557,8 +1563,15 @@ impl World {
         let dst_ready = peer_qp
             .and_then(|p| self.qps.get(&p))
             .is_some_and(|d| d.state == SimQpState::Ready);
-        let (Some(dst), true) = (peer_qp, dst_ready && self.path_ok(host, peer_host, msg.gen))
-        else {
+        let path_ok = self.path_ok(host, peer_host, msg.gen);
+        let (Some(dst), true) = (peer_qp, dst_ready && path_ok) else {
+            let peer_up = self.hosts.get(&peer_host).is_some_and(|h| h.alive);
+            if self.cfg.iwarp_close_ns.is_some() && path_ok && peer_up {
+                // iWARP: the peer's closed TCP stream answers with a reset.
+                let st = WcStatus::LocalQpOp;
+                self.ack(src, peer_host, seq, msg.sent_at, 0, Outcome::Fail(st));
+                return;
+            }
             self.lost(src, seq, msg.sent_at);
             return;
         };
