@@ -812,13 +812,25 @@ fn a_send_the_peers_orderly_teardown_resets_is_no_error() {
     };
     let r = p.a.read_zcopy(now, a, sink, 1);
     assert!(matches!(r, Ok(ZRecv::Pending)), "{r:?}");
+    // The reset comes back within a few latencies, long before A's CM tells of the close.
+    // Then A's engine takes its completions: B's bytes and DisConn, the failed SinkAvail
+    // (and would repost the receives they used: siw refuses posts on that QP).
+    let until = p.fabric.now() + 50_000;
+    while p.fabric.next_event_at().is_some_and(|t| t <= until) {
+        p.fabric.step();
+    }
     let mut events = Vec::new();
+    let mut got = Vec::new();
+    let mut eof = false;
     let ok = p.run_until(SEC, |p| {
+        if let Ok((bytes, end)) = read_all(p, false, a) {
+            got.extend_from_slice(&bytes);
+            eof |= end;
+        }
         events.extend(p.a.take_events(a));
-        closed(&events).is_some()
+        closed(&events).is_some() && eof
     });
-    assert!(ok, "A did not finish");
     assert_eq!(closed(&events), Some(None), "A's events: {events:?}");
-    let (bytes, eof) = read_all(&mut p, false, a).expect("A reads after the close");
-    assert_eq!((bytes.as_slice(), eof), (&b"answer"[..], true));
+    assert!(ok, "A did not finish");
+    assert_eq!(got, b"answer");
 }

@@ -1026,7 +1026,12 @@ impl<S: BufStore> Conn<S> {
             // and closed while this was under way. siw (iWARP over TCP) fails such a send
             // with a local QP error, the TCP stream being reset under it, before its CM
             // reports the disconnect; an IB device flushes it. The peer needed nothing of it:
-            // the close is orderly, as after a flush (the CM's Disconnected ends it).
+            // the close is orderly, as after a flush (the CM's Disconnected ends it). Until
+            // then siw refuses posts on the QP (ENOTCONN: out of RTS, not yet in the error
+            // state that would flush them), which would abort the connection: post nothing
+            // more, the connection is going down.
+            self.wrs.clear();
+            self.issue_disconnect(now);
             return;
         }
         if status == WcStatus::Flushed {

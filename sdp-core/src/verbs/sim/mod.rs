@@ -197,7 +197,8 @@ pub struct SimConfig {
     /// and a message that reaches a QP no longer connected (disconnected or destroyed, on a
     /// live host) is answered by a reset: its work request completes with
     /// [`WcStatus::LocalQpOp`](crate::verbs::WcStatus::LocalQpOp) and the requester's QP goes
-    /// to the error state, as siw's does when its TCP send fails. `None` (the default): IB's
+    /// to the error state, as siw's does when its TCP send fails; it refuses further posts
+    /// (`NotConnected`, siw's `ENOTCONN` out of RTS) instead of flushing them. `None` (the default): IB's
     /// (the DREQ flushes the QP on arrival; a message to a closed QP is lost and times out).
     pub iwarp_close_ns: Option<u64>,
 }

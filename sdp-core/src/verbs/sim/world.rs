@@ -148,6 +148,10 @@ pub(crate) struct Qp {
     /// The handle is gone but messages it sent are still on the wire: kept (unaccounted) until
     /// they have arrived.
     zombie: bool,
+    /// iWARP: a reset failed a send (`SimConfig::iwarp_close_ns`). siw's QP is then neither
+    /// ready nor in the error state (which would flush new work requests) until its CM has
+    /// closed it: posts fail with `ENOTCONN`.
+    refuses_posts: bool,
 }
 
 impl Qp {
@@ -797,6 +801,7 @@ impl World {
                 tx_halted: false,
                 inflight: VecDeque::new(),
                 errored_at: None,
+                refuses_posts: false,
                 zombie: false,
             },
         );
@@ -1096,6 +1101,20 @@ impl World {
         }
     }
 
+    /// iWARP: the CM closes a QP whose stream a reset failed: `Disconnected` (and
+    /// `TimewaitExit` later); from now on it flushes what is posted, as in the error state.
+    fn cm_closes_reset(&mut self, id: Id) {
+        let Some(q) = self.qps.get_mut(&id) else {
+            return;
+        };
+        q.refuses_posts = false;
+        if q.connected {
+            self.push_cm(id, CmEvent::Disconnected);
+            let at = self.now.saturating_add(self.cfg.timewait_ns);
+            self.schedule(at, Ev::Timewait { qp: id });
+        }
+    }
+
     fn dispatch_cm(&mut self, from: IpAddr, to: IpAddr, sent_at: u64, gen: u64, msg: CmMsg) {
         let deadline = sent_at.saturating_add(self.cfg.transport_timeout_ns);
         if !self.path_ok(from, to, gen) {
@@ -1185,6 +1204,9 @@ impl World {
                     self.fail_quietly(active, Some(ev));
                 }
             }
+            CmMsg::Dreq { to: qp } if self.qps.get(&qp).is_some_and(|q| q.refuses_posts) => {
+                self.cm_closes_reset(qp)
+            }
             CmMsg::Dreq { to: qp } => self.qp_error(qp, None, false),
             CmMsg::ConnErr { passive } => self.passive_failed(passive),
         }
@@ -1260,6 +1282,7 @@ impl World {
         let q = self.qps.get_mut(&id).ok_or(VerbsError::NotConnected)?;
         match q.state {
             SimQpState::Dead => Err(dead_err()),
+            SimQpState::Error if q.refuses_posts => Err(VerbsError::NotConnected),
             SimQpState::Error => {
                 let c = Completion {
                     wr_id: wr.wr_id,
@@ -1313,6 +1336,7 @@ impl World {
         match q.state {
             SimQpState::Dead => Err(dead_err()),
             SimQpState::Connecting | SimQpState::Pending => Err(VerbsError::NotConnected),
+            SimQpState::Error if q.refuses_posts => Err(VerbsError::NotConnected),
             SimQpState::Error => {
                 let c = Completion {
                     wr_id: wr.wr_id,
@@ -1795,6 +1819,21 @@ impl World {
                 if let Some(e) = self.find_entry(id, seq) {
                     e.done = Some(mk(WcStatus::Success, data.len() as u32));
                 }
+            }
+            Outcome::Fail(WcStatus::LocalQpOp) => {
+                // iWARP: the peer's closed stream reset ours (see `SimConfig::iwarp_close_ns`).
+                // The CM tells of the close later (its own DREQ to this QP, unless the peer's
+                // comes first).
+                self.qp_error_with(id, Some((seq, WcStatus::LocalQpOp)), false, false);
+                if let Some(q) = self.qps.get_mut(&id) {
+                    q.refuses_posts = true;
+                    let host = q.host;
+                    let at = self
+                        .now
+                        .saturating_add(self.cfg.iwarp_close_ns.unwrap_or(0));
+                    self.send_cm(host, host, CmMsg::Dreq { to: id }, at);
+                }
+                return;
             }
             Outcome::Fail(st) => {
                 self.qp_error(id, Some((seq, st)), false);
