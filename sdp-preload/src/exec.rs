@@ -221,6 +221,22 @@ fn share_own_for_exec() {
     crate::share_streams("exec", |fd, st| {
         !st.is_inherited() && st.transport() == sdp_core::Transport::Shm && crate::kept_by_exec(fd)
     });
+    // A listener the new program keeps (socket activation in place, as
+    // systemd-socket-activate): the clients already set up over SDP cannot move into it, and
+    // its accept would get their doorbells: they go on through them, in the keeper.
+    for (fd, s) in table::listeners() {
+        if let Sock::Listener(l) = &*s {
+            if crate::kept_by_exec(fd) {
+                let n = l.pump_queued();
+                if n > 0 {
+                    crate::keeper::want();
+                    crate::log(format_args!(
+                        "exec: listening fd {fd}: {n} SDP connection(s) not accepted yet go on through their doorbells"
+                    ));
+                }
+            }
+        }
+    }
 }
 
 /// In a fork child about to exec: the streams it inherited and the new program keeps (no
@@ -234,6 +250,18 @@ fn share_inherited_for_exec() {
     crate::share_streams("exec", |fd, st| {
         st.is_inherited() && crate::kept_by_exec(fd)
     });
+    // A shared listener the new program keeps (inetd's `wait` services): its SDP clients go
+    // to kernel TCP from now on, the new program's accept knowing nothing of SDP.
+    for (fd, s) in table::listeners() {
+        if let Sock::Listener(l) = &*s {
+            if crate::kept_by_exec(fd) && l.is_shared() {
+                l.held_across_exec();
+                crate::log(format_args!(
+                    "exec: listening fd {fd} is kept by the new program: its SDP clients go to kernel TCP"
+                ));
+            }
+        }
+    }
 }
 
 /// # Safety

@@ -28,20 +28,31 @@ use sdp_core::Transport;
 use crate::table::{self, Sock};
 use crate::{close_owned, log, real, report};
 
+/// Connections not in the table are pumped for other processes (a listener's queued ones,
+/// through their doorbells, before an exec: `AppListener::pump_queued`).
+static PUMPS_BEYOND_TABLE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// The exit to come must leave a keeper: connections outside the table are pumped.
+pub(crate) fn want() {
+    PUMPS_BEYOND_TABLE.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Whether this process holds a stream of its own over shm that another process may hold too
-/// (a fork since it was made, or shared already).
+/// (a fork since it was made, or shared already), or pumps others ([`want`]).
 fn wanted() -> bool {
-    table::streams().into_iter().any(|(fd, s)| match &*s {
-        Sock::Stream(st, _) => {
-            !st.is_inherited()
+    PUMPS_BEYOND_TABLE.load(std::sync::atomic::Ordering::SeqCst)
+        || table::streams().into_iter().any(|(fd, s)| match &*s {
+            Sock::Stream(st, _) => {
+                !st.is_inherited()
                 && st.transport() == Transport::Shm
                 && (st.is_exposed() || st.is_shared())
                 // Still open: an fd closed behind the shim's back (`fclose` of an `fdopen`ed
                 // stream) is dropped here, and its pump already closed the connection.
                 && table::get(fd).is_some()
-        }
-        _ => false,
-    })
+            }
+            _ => false,
+        })
 }
 
 /// At the process's exit (the shim's exit work, before the flush): when other processes may

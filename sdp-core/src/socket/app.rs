@@ -834,6 +834,9 @@ type OwnListener = (u32, Stack, ListenerId);
 /// 0 counts the live ones.
 const HANDOFF_SLOTS: usize = 4096;
 const BELL_LIVE: u32 = 1 << 16;
+/// The word after the slots: nonzero once a holder exec'd a program that keeps the listener
+/// ([`AppListener::held_across_exec`]).
+const BLIND_SLOT: usize = HANDOFF_SLOTS;
 /// How long a process that took a handed-off request waits for the connector's part of the
 /// setup (a local round trip; a connector that died meanwhile is never handed out).
 const ADOPT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -880,8 +883,9 @@ impl Handoff {
         local: SocketAddr,
         backlog: u32,
     ) -> io::Result<(Handoff, OwnedFd)> {
-        let mem = sys::memfd_sized("sdp-doorbells", HANDOFF_SLOTS * 4)?;
-        let table = sys::Mapping::map(std::os::fd::AsFd::as_fd(&mem), HANDOFF_SLOTS * 4, true)?;
+        let len = (BLIND_SLOT + 1) * 4;
+        let mem = sys::memfd_sized("sdp-doorbells", len)?;
+        let table = sys::Mapping::map(std::os::fd::AsFd::as_fd(&mem), len, true)?;
         let (tx, rx) = sys::seqpacket_pair()?;
         Ok((
             Handoff {
@@ -913,8 +917,23 @@ impl Handoff {
     /// Owner: ring a doorbell for each of `n` requests just handed off (a loopback connect
     /// whose port is in the table before the connect starts); close the doorbells claimed.
     fn ring(&self, n: usize) {
-        use std::sync::atomic::Ordering::{AcqRel, Relaxed};
+        use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
         let mut rung = self.rung.lock();
+        if self.slot(BLIND_SLOT).load(Acquire) != 0 {
+            // A program that knows nothing of SDP holds the listener: a doorbell it accepted
+            // would be a connection nobody speaks on. The requests go back unanswered (their
+            // connectors go to kernel TCP) and the doorbells not claimed yet reset.
+            while let sys::Recv::Msg(..) =
+                sys::recv_msg(std::os::fd::AsFd::as_fd(&self.rx), &mut [0u8; 8])
+            {}
+            for (i, v, fd) in rung.drain(..) {
+                if self.slot(i).compare_exchange(v, 0, AcqRel, Relaxed).is_ok() {
+                    self.slot(0).fetch_sub(1, AcqRel);
+                }
+                drop(fd);
+            }
+            return;
+        }
         rung.retain(|(i, v, _)| self.slot(*i).load(Relaxed) == *v);
         for _ in 0..n {
             let Ok((fd, local)) = sys::doorbell_socket(SocketAddr::new(self.bells.target.ip(), 0))
@@ -1244,6 +1263,8 @@ impl AppListener {
             .0
             .set_handoff(sub.id, tx, Arc::new(move |n| ringer.ring(n)))?;
         let _ = self.handoff.set(h);
+        // Those set up already cannot move to the process that will accept their doorbells.
+        self.pump_queued_in(&subs);
         for (k, sub) in subs.iter().enumerate() {
             if k != i {
                 sub.stack.0.close_listener(sub.id);
@@ -1254,6 +1275,90 @@ impl AppListener {
         subs.clear();
         subs.push(keep);
         Ok(())
+    }
+
+    /// The listener's fd is about to be held by a program that knows nothing of this
+    /// process's SDP connections (an exec): see [`AppListener::pump_queued_in`]. Returns how
+    /// many go on through their doorbells.
+    pub fn pump_queued(&self) -> usize {
+        if !crate::sys::is_this_process(self.pid) {
+            return 0;
+        }
+        let subs = self.sdp.lock();
+        self.pump_queued_in(&subs)
+    }
+
+    /// The SDP connections set up and waiting to be accepted (`subs`: our listeners, locked)
+    /// go on through their doorbells: each rung doorbell becomes its connection's kernel
+    /// file, a plain loopback TCP connection pumped by this process's runtime
+    /// (`socket::pump`). Whichever process accepts it then (a fork child, the program an
+    /// exec starts: socket activation, inetd's `wait` services, a prefork server's workers)
+    /// gets a working connection, where before only this process's `accept` could take it
+    /// (anyone else got a doorbell that never spoke, or a reset after an exec). Slower (the
+    /// bytes cross the kernel twice more), for the connections queued at that moment only;
+    /// the peer address the acceptor sees is the doorbell's. Not when doorbells knock
+    /// (TCP_DEFER_ACCEPT): theirs carried a byte the acceptor would read.
+    fn pump_queued_in(&self, subs: &[AppSub]) -> usize {
+        if self.shared.knocks() {
+            return 0;
+        }
+        let mut n = 0;
+        loop {
+            // Counted in hand while its connection is taken (as an accepted doorbell's), so
+            // the ready count falling and rising meanwhile rings no doorbell for it.
+            let (bell, claim) = {
+                let mut b = self.shared.bells.lock();
+                let Some(local) = b.rung.keys().next().copied() else {
+                    break;
+                };
+                let Some(fd) = b.rung.remove(&local) else {
+                    break;
+                };
+                b.in_hand += 1;
+                (
+                    fd,
+                    BellClaim {
+                        shared: Some(self.shared.clone()),
+                    },
+                )
+            };
+            let w = super::runtime::Wait {
+                nonblocking: true,
+                ..Default::default()
+            };
+            let taken = subs
+                .iter()
+                .filter(|s| s.retry_at.is_none())
+                .find_map(|s| s.stack.0.accept(s.id, w).ok().map(|(id, _)| (s, id)));
+            let Some((sub, id)) = taken else {
+                // A doorbell left from a connection that failed in the queue: its acceptor
+                // reads a reset, as a client's that went away before accept.
+                drop((bell, claim));
+                break;
+            };
+            // Closed as a TCP connection from here (a doorbell resets; this one ends in
+            // order once both ends are done).
+            let _ = sys::set_linger(bell.as_raw_fd(), None);
+            match sub.stack.0.app_pump_through(id, bell) {
+                Ok(()) => n += 1,
+                // Its doorbell closed with it: the acceptor reads a reset.
+                Err(_) => sub.stack.0.close(id),
+            }
+            drop(claim);
+        }
+        n
+    }
+
+    /// The listener's fd is about to be held by a program exec'd from a process that shares it
+    /// (inetd's `wait` services: a fork child execs the server, which accepts): that program
+    /// knows nothing of SDP, so from now on the listener's owner sends new SDP clients to
+    /// kernel TCP (their connects refused here, as to a listener without SDP). Nothing for a
+    /// listener not shared.
+    pub fn held_across_exec(&self) {
+        if let Some(h) = self.handoff.get() {
+            h.slot(BLIND_SLOT)
+                .store(1, std::sync::atomic::Ordering::Release);
+        }
     }
 
     /// Whether the listener is shared with other processes ([`AppListener::share`]).

@@ -290,6 +290,10 @@ pub(crate) trait StackOps: Send + Sync {
     /// The application fd is about to be shared with another process: from now on the
     /// stream's bytes flow through it (see `socket::pump`).
     fn app_share(&self, id: ConnId, user: RawFd) -> io::Result<()>;
+    /// A connection just accepted (`id`) goes on through `file`, a kernel stream socket
+    /// whose other end another process holds (a listener's doorbell), pumped by this runtime
+    /// (`socket::pump`) until that end is closed; no handle of this process's is left.
+    fn app_pump_through(&self, id: ConnId, file: OwnedFd) -> io::Result<()>;
     /// A child is being forked, which inherits the application fd (its kernel file `file`):
     /// the stream stays as it is until a process uses it (`runtime::share`); `shared` says
     /// when it became shared, and what the connection carried once its pump ended.

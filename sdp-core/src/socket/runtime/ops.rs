@@ -754,6 +754,32 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
         Ok(())
     }
 
+    fn app_pump_through(&self, id: ConnId, file: OwnedFd) -> io::Result<()> {
+        let mut g = self.lock()?;
+        let now = self.now();
+        let Inner {
+            driver,
+            socks,
+            pumps,
+            ..
+        } = &mut *g;
+        let s = socks
+            .get_mut(&id)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        // As behind an application fd (`app_attach`): no staged sends, a peer's SrcAvail
+        // fetched ahead (the pump reads when the file has room, not when a reader asks).
+        driver.stop_staging(now, id).map_err(driver_err)?;
+        driver.set_read_ahead(now, id).map_err(driver_err)?;
+        let mut p = crate::socket::pump::Pump::new(file, false);
+        p.released = true;
+        p.run(driver, now, id);
+        s.pump = Some(p);
+        *pumps += 1;
+        drop(g);
+        sys::eventfd_signal(&self.sh.wake);
+        Ok(())
+    }
+
     fn app_expose(
         &self,
         id: ConnId,
