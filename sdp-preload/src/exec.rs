@@ -223,11 +223,12 @@ fn share_own_for_exec() {
     });
     // A listener the new program keeps (socket activation in place, as
     // systemd-socket-activate): the clients already set up over SDP cannot move into it, and
-    // its accept would get their doorbells: they go on through them, in the keeper.
+    // its accept would get their doorbells: they go on through them, in the keeper. New
+    // clients go to kernel TCP.
     for (fd, s) in table::listeners() {
         if let Sock::Listener(l) = &*s {
             if crate::kept_by_exec(fd) {
-                let n = l.pump_queued();
+                let n = l.hand_to_exec();
                 if n > 0 {
                     crate::keeper::want();
                     crate::log(format_args!(

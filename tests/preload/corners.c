@@ -1627,6 +1627,84 @@ static void case_vfork_exec(void) {
     spawned_done("vfork-exec", child, pid);
 }
 
+/* The server an inetd-style daemon execs (`corners accept-serve FD N`): accept N clients on
+ * the listener it inherited at fd FD and answer each one's first message. */
+static int accept_serve(int l, int n) {
+    for (int i = 0; i < n; i++) {
+        int c = accept(l, NULL, NULL);
+        if (c < 0)
+            return 2;
+        char b[32], reply[64];
+        ssize_t r = read(c, b, sizeof b);
+        if (r <= 0)
+            return 3;
+        int k = snprintf(reply, sizeof reply, "served %.*s", (int)r, b);
+        if (write(c, reply, k) != k)
+            return 4;
+        close(c);
+    }
+    return 0;
+}
+
+/* A client of the exec'd server: send `msg`, print what comes back up to EOF (bounded: a
+ * server that never answers shows as a timeout, not a hung test). */
+static void exec_client(const struct sockaddr_in *a, const char *what, const char *msg) {
+    int s = dial(a);
+    struct timeval tv = {10, 0};
+    CHECK(setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+    CHECK(write(s, msg, strlen(msg)) == (ssize_t)strlen(msg));
+    char b[64];
+    size_t got = 0;
+    ssize_t r = 0;
+    while (got < sizeof b && (r = read(s, b + got, sizeof b - got)) > 0)
+        got += r;
+    out("%s: %s got \"%.*s\" then %s", what, msg, (int)got, b, r == 0 ? "EOF" : en(errno));
+    close(s);
+}
+
+/* Socket activation in "wait" style (inetd's wait=yes services, systemd's Accept=no): a
+ * daemon listens, waits until a client is queued, then starts the real server with the
+ * listener inherited, by fork and exec (the daemon stays, as xinetd) or by exec in place
+ * (systemd-socket-activate); the server accepts the queued client, then a later one. */
+static void case_exec_listener(void) {
+    for (int in_place = 0; in_place < 2; in_place++) {
+        const char *what = in_place ? "exec in place" : "fork and exec";
+        int ports[2];
+        CHECK(pipe(ports) == 0);
+        pid_t d = fork();
+        CHECK(d >= 0);
+        if (d == 0) {
+            close(ports[0]);
+            struct sockaddr_in a;
+            int l = listener(&a);
+            CHECK(write(ports[1], &a, sizeof a) == sizeof a);
+            close(ports[1]);
+            struct pollfd p = {l, POLLIN, 0};
+            CHECK(poll(&p, 1, 10000) == 1);
+            char fdn[16];
+            snprintf(fdn, sizeof fdn, "%d", l);
+            pid_t srv = in_place ? 0 : fork();
+            CHECK(srv >= 0);
+            if (srv == 0) {
+                execl("/proc/self/exe", "corners", "accept-serve", fdn, "2", (char *)NULL);
+                _exit(127);
+            }
+            int st;
+            CHECK(waitpid(srv, &st, 0) == srv);
+            _exit(status(st));
+        }
+        close(ports[1]);
+        struct sockaddr_in a;
+        CHECK(read(ports[0], &a, sizeof a) == sizeof a);
+        close(ports[0]);
+        exec_client(&a, what, "first");
+        exec_client(&a, what, "second");
+        int st;
+        CHECK(waitpid(d, &st, 0) == d);
+        out("%s: server exit %d", what, status(st));
+    }
+}
+
 /* The path of this program, for a shell to run it (/proc/self/exe is the shell's there). */
 static const char *self_path(void) {
     static char path[4096];
@@ -4499,6 +4577,8 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc > 2 && strcmp(argv[1], "serve-fd") == 0)
         return serve_fd(atoi(argv[2]));
+    if (argc > 3 && strcmp(argv[1], "accept-serve") == 0)
+        return accept_serve(atoi(argv[2]), atoi(argv[3]));
     if (argc > 1 && strcmp(argv[1], "exit-quietly") == 0)
         return 0;
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -4584,6 +4664,7 @@ int main(int argc, char **argv) {
     RUN(splice);
     RUN(sendfile);
     RUN(vfork_exec);
+    RUN(exec_listener);
     RUN(system_serve);
     RUN(popen_serve);
     RUN(short_conns);

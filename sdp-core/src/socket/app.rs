@@ -1278,14 +1278,22 @@ impl AppListener {
     }
 
     /// The listener's fd is about to be held by a program that knows nothing of this
-    /// process's SDP connections (an exec): see [`AppListener::pump_queued_in`]. Returns how
-    /// many go on through their doorbells.
-    pub fn pump_queued(&self) -> usize {
+    /// process's SDP connections (an exec in place): the connections waiting to be accepted
+    /// go on through their doorbells ([`AppListener::pump_queued_in`]), and the listener
+    /// stops listening over SDP, so new clients go to kernel TCP, where that program accepts
+    /// them (a process that carries this one's connections on, the shim's keeper, would
+    /// otherwise take them). Returns how many go on through their doorbells.
+    pub fn hand_to_exec(&self) -> usize {
         if !crate::sys::is_this_process(self.pid) {
             return 0;
         }
-        let subs = self.sdp.lock();
-        self.pump_queued_in(&subs)
+        let mut subs = self.sdp.lock();
+        let n = self.pump_queued_in(&subs);
+        for (i, sub) in subs.drain(..).enumerate() {
+            sub.stack.0.close_listener(sub.id);
+            self.shared.set_ready(i, 0);
+        }
+        n
     }
 
     /// The SDP connections set up and waiting to be accepted (`subs`: our listeners, locked)
