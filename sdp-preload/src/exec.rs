@@ -228,15 +228,23 @@ fn share_own_for_exec() {
     for (fd, s) in table::listeners() {
         if let Sock::Listener(l) = &*s {
             if crate::kept_by_exec(fd) {
-                let n = l.hand_to_exec();
-                if n > 0 {
-                    crate::keeper::want();
-                    crate::log(format_args!(
-                        "exec: listening fd {fd}: {n} SDP connection(s) not accepted yet go on through their doorbells"
-                    ));
-                }
+                hand_listener_over(l, "exec");
             }
         }
+    }
+}
+
+/// A listener of ours is about to be held by a program that knows nothing of SDP (`what`: an
+/// exec, a spawn): its clients set up over SDP and not accepted go on through their doorbells,
+/// pumped by this process or, once it exits or its image is replaced, by its keeper; new
+/// clients go by kernel TCP (`AppListener::hand_to_exec`).
+pub(crate) fn hand_listener_over(l: &sdp_core::socket::app::AppListener, what: &str) {
+    let n = l.hand_to_exec();
+    if n > 0 {
+        crate::keeper::want();
+        crate::log(format_args!(
+            "{what}: {n} SDP connection(s) not accepted yet go on through their doorbells"
+        ));
     }
 }
 

@@ -229,7 +229,7 @@ fn share_listeners_for_fork(moving: bool) {
     let _g = Internal::enter();
     for (fd, s) in table::listeners() {
         if let Sock::Listener(l) = &*s {
-            if moving && l.movable() {
+            if (moving && l.movable()) || l.is_shared() {
                 continue;
             }
             match l.share() {
@@ -2904,6 +2904,13 @@ fn before_spawn(dups: &[(c_int, c_int)]) {
             "spawn: {} listening socket(s) inherited by the child now serve kernel TCP only",
             gone.len()
         ));
+    }
+    for s in &gone {
+        if let Sock::Listener(l) = &**s {
+            // The clients already set up over SDP go on through their doorbells, which the
+            // child's accept gets (socket activation by spawn).
+            exec::hand_listener_over(l, "spawn");
+        }
     }
     drop(gone);
 }

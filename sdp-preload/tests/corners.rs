@@ -715,8 +715,8 @@ fn a_request_and_fin_before_the_fork_reach_the_child() {
 
 /// Socket activation in "wait" style (xinetd `wait = yes`, systemd `Accept=no`,
 /// systemd-socket-activate): a daemon listens, polls until a client is queued, and starts the
-/// real server with the listener inherited, by fork and exec or by exec in place; the server
-/// accepts the queued client, then a later one. The queued client came over shm and is served
+/// real server with the listener inherited, by fork and exec, by posix_spawn or by exec in
+/// place; the server accepts the queued client, then a later one. The queued client came over shm and is served
 /// through its doorbell (pumped by the daemon, or by the keeper of the image the exec
 /// replaced); the later one goes by kernel TCP. Before: the server's accept got the doorbell,
 /// a connection nobody spoke on (the client's read timed out, the server hung), or a reset
@@ -725,7 +725,7 @@ fn a_request_and_fin_before_the_fork_reach_the_child() {
 fn a_listener_inherited_across_exec_serves_the_client_queued_on_it() {
     let _serial = serial();
     let mut want = Vec::new();
-    for how in ["fork and exec", "exec in place"] {
+    for how in ["fork and exec", "spawn", "exec in place"] {
         for msg in ["first", "second"] {
             want.push(format!("{how}: {msg} got \"served {msg}\" then EOF\n"));
         }
@@ -733,8 +733,8 @@ fn a_listener_inherited_across_exec_serves_the_client_queued_on_it() {
     }
     let want: Vec<&str> = want.iter().map(String::as_str).collect();
     let (_, lines) = differential_wanting("exec_listener", &want);
-    // The two queued clients went over shm.
-    assert_eq!(shm_lines(&lines, Some("client")), 2, "report:\n{lines}");
+    // The three queued clients went over shm.
+    assert_eq!(shm_lines(&lines, Some("client")), 3, "report:\n{lines}");
 }
 
 /// A server that accepts and resets at once (SO_LINGER {1, 0}), 30 times: each client's

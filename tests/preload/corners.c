@@ -1664,11 +1664,14 @@ static void exec_client(const struct sockaddr_in *a, const char *what, const cha
 
 /* Socket activation in "wait" style (inetd's wait=yes services, systemd's Accept=no): a
  * daemon listens, waits until a client is queued, then starts the real server with the
- * listener inherited, by fork and exec (the daemon stays, as xinetd) or by exec in place
- * (systemd-socket-activate); the server accepts the queued client, then a later one. */
+ * listener inherited, by fork and exec (the daemon stays, as xinetd), by posix_spawn, or by
+ * exec in place (systemd-socket-activate); the server accepts the queued client, then a
+ * later one. */
 static void case_exec_listener(void) {
-    for (int in_place = 0; in_place < 2; in_place++) {
-        const char *what = in_place ? "exec in place" : "fork and exec";
+    const char *hows[] = {"fork and exec", "spawn", "exec in place"};
+    for (int how = 0; how < 3; how++) {
+        const char *what = hows[how];
+        int in_place = how == 2;
         int ports[2];
         CHECK(pipe(ports) == 0);
         pid_t d = fork();
@@ -1683,7 +1686,13 @@ static void case_exec_listener(void) {
             CHECK(poll(&p, 1, 10000) == 1);
             char fdn[16];
             snprintf(fdn, sizeof fdn, "%d", l);
-            pid_t srv = in_place ? 0 : fork();
+            pid_t srv = 0;
+            if (how == 1) {
+                char *argv[] = {"corners", "accept-serve", fdn, "2", NULL};
+                CHECK(posix_spawn(&srv, "/proc/self/exe", NULL, NULL, argv, environ) == 0);
+            } else if (!in_place) {
+                srv = fork();
+            }
             CHECK(srv >= 0);
             if (srv == 0) {
                 execl("/proc/self/exe", "corners", "accept-serve", fdn, "2", (char *)NULL);
