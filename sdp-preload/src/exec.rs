@@ -149,11 +149,31 @@ pub(crate) fn adopt_inherited() {
             peer: peer.parse().ok(),
             ..Opts::default()
         };
-        if table::insert(fd, Arc::new(Sock::Exec(table::OptsLock::new(o)))) {
-            crate::log(format_args!(
-                "exec: fd {fd} is an SDP stream ({local} to {peer}), its bytes go through the kernel file"
-            ));
-        }
+        adopt(fd, o, "exec");
+    }
+}
+
+/// `fd`, received by SCM_RIGHTS (`what`), is a shared SDP stream from `local` to `peer`:
+/// answer its identity as TCP would from now on (as an exec'd program's inherited streams).
+pub(crate) fn adopt_identity(fd: c_int, local: SocketAddr, peer: SocketAddr, what: &str) {
+    let o = Opts {
+        local: Some(local),
+        peer: Some(peer),
+        ..Opts::default()
+    };
+    adopt(fd, o, what);
+}
+
+/// Enter `fd` as a stream known by its identity `o` alone ([`Sock::Exec`]).
+fn adopt(fd: c_int, o: Opts, what: &str) {
+    let (local, peer) = (o.local, o.peer);
+    if table::insert(fd, Arc::new(Sock::Exec(table::OptsLock::new(o)))) {
+        let a = |a: Option<SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
+        crate::log(format_args!(
+            "{what}: fd {fd} is an SDP stream ({} to {}), its bytes go through the kernel file",
+            a(local),
+            a(peer)
+        ));
     }
 }
 

@@ -2154,7 +2154,81 @@ unsafe fn readv_owned(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     unsafe { real::readv(fd, iov, cnt) }
 }
 
-owned_or_libc! { fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t => recvmsg_owned }
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    if table::owned(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { recvmsg_owned(fd, msg, flags) };
+    }
+    // SAFETY: forwards the caller's arguments.
+    let r = unsafe { real::recvmsg(fd, msg, flags) };
+    // SAFETY: after a successful recvmsg the kernel wrote the caller's msghdr.
+    if r >= 0 && unsafe { (*msg).msg_controllen } != 0 {
+        // SAFETY: as above; its control buffer holds what the kernel wrote.
+        unsafe { adopt_passed(msg) };
+    }
+    r
+}
+
+/// fds a message received by SCM_RIGHTS (`msg`, the kernel's answer) that are SDP streams
+/// another process shared (`app::shared_stream_addrs`): answered as the TCP sockets they
+/// stand for from now on, as an exec'd program's inherited ones (`exec::adopt_identity`);
+/// their bytes go through the kernel file, pumped by their owner. Before, such a receiver
+/// (multiprocessing's `send_handle`, fd-passing servers) saw an AF_UNIX socket: no peer
+/// address, SO_DOMAIN 1, TCP_NODELAY refused.
+///
+/// # Safety
+/// `msg` is a msghdr a successful recvmsg filled in.
+#[inline(never)]
+unsafe fn adopt_passed(msg: *const msghdr) {
+    if internal() || !enabled() {
+        return;
+    }
+    // SAFETY: the caller's promise.
+    let m = unsafe { &*msg };
+    if m.msg_control.is_null() {
+        return;
+    }
+    // SAFETY: the kernel wrote `msg_controllen` bytes of control data there.
+    let ctl = unsafe {
+        std::slice::from_raw_parts(m.msg_control as *const u8, m.msg_controllen as usize)
+    };
+    for fd in scm_rights_fds(ctl) {
+        if table::owned(fd) {
+            continue;
+        }
+        if let Some((local, peer)) = app::shared_stream_addrs(fd) {
+            exec::adopt_identity(fd, local, peer, "SCM_RIGHTS");
+        }
+    }
+}
+
+/// The fds of the SCM_RIGHTS messages in control data `ctl`. Walked with checked indexing
+/// rather than CMSG_NXTHDR: the lengths may be an application's, and libc's macro adds a huge
+/// one without a check.
+fn scm_rights_fds(ctl: &[u8]) -> Vec<c_int> {
+    let hdr = std::mem::size_of::<libc::cmsghdr>();
+    let mut off = 0;
+    let mut fds = Vec::new();
+    while off + hdr <= ctl.len() {
+        // SAFETY: `hdr` bytes at `off` are in `ctl`; read unaligned.
+        let c: libc::cmsghdr = unsafe { std::ptr::read_unaligned(ctl[off..].as_ptr().cast()) };
+        let len = c.cmsg_len as usize;
+        if len < hdr || len > ctl.len() - off {
+            break;
+        }
+        if c.cmsg_level == libc::SOL_SOCKET && c.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: CMSG_LEN(0) is arithmetic.
+            let data = off + unsafe { libc::CMSG_LEN(0) } as usize;
+            for f in ctl[data.min(off + len)..off + len].chunks_exact(4) {
+                fds.push(c_int::from_ne_bytes([f[0], f[1], f[2], f[3]]));
+            }
+        }
+        // Each header padded to the word size.
+        off += (len + std::mem::size_of::<usize>() - 1) & !(std::mem::size_of::<usize>() - 1);
+    }
+    fds
+}
 
 /// [`recvmsg`] on an fd the shim owns (out of line: see [`data`]).
 #[inline(never)]
@@ -2290,29 +2364,7 @@ fn share_passed(msg: *const msghdr) {
     if !read_own(m.msg_control as usize, &mut ctl[..]) {
         return;
     }
-    // Walked with checked indexing rather than CMSG_NXTHDR: the lengths are the
-    // application's, and libc's macro adds a huge one without a check.
-    let hdr = std::mem::size_of::<libc::cmsghdr>();
-    let mut off = 0;
-    let mut passed = Vec::new();
-    while off + hdr <= ctl.len() {
-        // SAFETY: `hdr` bytes at `off` are in `ctl`; read unaligned.
-        let c: libc::cmsghdr = unsafe { std::ptr::read_unaligned(ctl[off..].as_ptr().cast()) };
-        let len = c.cmsg_len as usize;
-        if len < hdr || len > ctl.len() - off {
-            break;
-        }
-        if c.cmsg_level == libc::SOL_SOCKET && c.cmsg_type == libc::SCM_RIGHTS {
-            // SAFETY: CMSG_LEN(0) is arithmetic.
-            let data = off + unsafe { libc::CMSG_LEN(0) } as usize;
-            for f in ctl[data.min(off + len)..off + len].chunks_exact(4) {
-                passed.push(c_int::from_ne_bytes([f[0], f[1], f[2], f[3]]));
-            }
-        }
-        // Each header padded to the word size.
-        off += (len + std::mem::size_of::<usize>() - 1) & !(std::mem::size_of::<usize>() - 1);
-    }
-    for fd in passed {
+    for fd in scm_rights_fds(&ctl) {
         if let Some(s) = table::owned(fd).then(|| stream(fd)).flatten() {
             if let Sock::Stream(st, _) = &*s {
                 let _g = Internal::enter();
@@ -2836,7 +2888,16 @@ pub unsafe extern "C" fn recvmmsg(
         return 1;
     }
     // SAFETY: forwards the caller's arguments.
-    unsafe { real::recvmmsg(fd, v, n, flags, t) }
+    let r = unsafe { real::recvmmsg(fd, v, n, flags, t) };
+    for i in 0..r.max(0) as usize {
+        // SAFETY: the kernel filled in the caller's first `r` mmsghdrs.
+        let m = unsafe { &(*v.add(i)).msg_hdr };
+        if m.msg_controllen != 0 {
+            // SAFETY: as above.
+            unsafe { adopt_passed(m) };
+        }
+    }
+    r
 }
 
 #[no_mangle]

@@ -3363,7 +3363,8 @@ static void case_accept_inherits(void) {
 /* A server that hands each accepted connection to a worker over a unix socket (SCM_RIGHTS)
  * and closes its copy by a raw system call, as node's cluster module does: the worker (forked
  * before the connection existed) serves it. Before, the worker read and wrote the readiness
- * pair's bytes and the client was reset. */
+ * pair's bytes and the client was reset; until 2026-11-29 it saw an AF_UNIX socket (no peer
+ * address, SO_DOMAIN 1, TCP_NODELAY refused). */
 static void scm_rights_by(int mmsg) {
     int sp[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sp) == 0);
@@ -3374,9 +3375,20 @@ static void scm_rights_by(int mmsg) {
         char b[8], ctl[CMSG_SPACE(sizeof(int))];
         struct iovec io = {.iov_base = b, .iov_len = 1};
         struct msghdr m = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
-        CHECK(recvmsg(sp[1], &m, 0) == 1);
+        if (mmsg) {
+            struct mmsghdr mm = {.msg_hdr = m};
+            CHECK(recvmmsg(sp[1], &mm, 1, 0, NULL) == 1 && mm.msg_len == 1);
+            m = mm.msg_hdr;
+        } else {
+            CHECK(recvmsg(sp[1], &m, 0) == 1);
+        }
         int c;
         memcpy(&c, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof c);
+        /* What it got is a TCP socket (python's socket(fileno=) picks the family so). */
+        char view[48];
+        socket_view(c, view, sizeof view);
+        printf("scm_rights: the worker's socket: %s\n", view);
+        fflush(stdout);
         size_t got = 0;
         ssize_t r;
         while (got < 5 && (r = read(c, b + got, 5 - got)) > 0)

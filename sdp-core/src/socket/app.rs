@@ -1572,6 +1572,13 @@ impl AppListener {
     }
 }
 
+/// The addresses (local, peer) of the SDP stream whose application fd `fd` is, when this
+/// process got it from another (SCM_RIGHTS) and the stream is shared (its bytes go through the
+/// file; `socket::shared_name`); `None` for any other fd. A system call per fd asked about.
+pub fn shared_stream_addrs(fd: RawFd) -> Option<(SocketAddr, SocketAddr)> {
+    super::shared_name::decode(&sys::peer_abstract_name(fd)?)
+}
+
 /// The error [`AppListener::take_claimed`] gives for a client that went away before accept.
 fn gone_before_accept() -> io::Error {
     io::Error::new(

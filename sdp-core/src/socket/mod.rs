@@ -67,6 +67,7 @@ mod listener;
 mod pump;
 mod ready;
 mod runtime;
+mod shared_name;
 mod stack;
 pub mod stat;
 mod stream;

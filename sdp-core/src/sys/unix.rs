@@ -45,6 +45,36 @@ fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)
     Ok((a, len as libc::socklen_t))
 }
 
+/// Give the AF_UNIX socket `fd` (an end of a pair, unnamed) the abstract name `name` (no
+/// leading NUL), which getpeername on its peer then answers.
+pub(crate) fn bind_abstract(fd: RawFd, name: &[u8]) -> io::Result<()> {
+    let (a, len) = abstract_addr(name)?;
+    // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
+    syscall!(bind(fd, &a as *const _ as *const libc::sockaddr, len))?;
+    Ok(())
+}
+
+/// The abstract name (without its leading NUL) of the AF_UNIX socket `fd` is connected to;
+/// `None` for any other socket or peer (not AF_UNIX, unnamed, a path), or not a socket.
+pub(crate) fn peer_abstract_name(fd: RawFd) -> Option<Vec<u8>> {
+    // SAFETY: an all-zero sockaddr_un is a valid value.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: `a` and `len` are live and describe its size; the kernel writes at most that.
+    syscall!(getpeername(
+        fd,
+        &mut a as *mut _ as *mut libc::sockaddr,
+        &mut len
+    ))
+    .ok()?;
+    let base = std::mem::size_of::<libc::sa_family_t>();
+    let len = (len as usize).min(std::mem::size_of::<libc::sockaddr_un>());
+    if a.sun_family as i32 != libc::AF_UNIX || len <= base + 1 || a.sun_path[0] != 0 {
+        return None;
+    }
+    Some(a.sun_path[1..len - base].iter().map(|&c| c as u8).collect())
+}
+
 /// A nonblocking, close-on-exec AF_UNIX stream socket listening on an abstract name.
 pub(crate) fn abstract_listener(name: &[u8]) -> io::Result<OwnedFd> {
     let (a, len) = abstract_addr(name)?;

@@ -180,11 +180,30 @@ pub(super) fn share_locked<P: Provider>(
         if let Some(u) = user {
             room_to_write(u);
         }
+        name_shared_end(driver, id, &ours);
         let mut p = crate::socket::pump::Pump::new(ours, eof_out);
         p.run(driver, now, id);
         s.pump = Some(p);
         *pumps += 1;
     }
+}
+
+/// Name our end of a stream's pair after the connection's addresses
+/// (`socket::shared_name`), so a process that receives the application's fd by SCM_RIGHTS
+/// can answer as the TCP socket it stands for. Nothing on failure (a name taken: that
+/// receiver sees an AF_UNIX socket, as before).
+fn name_shared_end<P: Provider>(driver: &Driver<P>, id: ConnId, ours: &OwnedFd) {
+    use std::os::fd::AsRawFd;
+    let (Some(local), Some(peer)) = (driver.local_addr(id), driver.peer_addr(id)) else {
+        return;
+    };
+    let name = crate::socket::shared_name::encode(
+        std::process::id(),
+        ours.as_raw_fd() as u64,
+        local,
+        peer,
+    );
+    let _ = sys::bind_abstract(ours.as_raw_fd(), &name);
 }
 
 impl<P: Provider + 'static> Runtime<P> {
