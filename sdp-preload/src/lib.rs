@@ -2191,7 +2191,7 @@ unsafe fn adopt_passed(msg: *const msghdr) {
     }
     // SAFETY: the kernel wrote `msg_controllen` bytes of control data there.
     let ctl = unsafe {
-        std::slice::from_raw_parts(m.msg_control as *const u8, m.msg_controllen as usize)
+        std::slice::from_raw_parts(m.msg_control as *const u8, m.msg_controllen)
     };
     for fd in scm_rights_fds(ctl) {
         if table::owned(fd) {
