@@ -1279,7 +1279,7 @@ impl AppListener {
 
     /// The listener's fd is about to be held by a program that knows nothing of this
     /// process's SDP connections (an exec in place): the connections waiting to be accepted
-    /// go on through their doorbells ([`AppListener::pump_queued_in`]), and the listener
+    /// go on through their doorbells (`AppListener::pump_queued_in`), and the listener
     /// stops listening over SDP, so new clients go to kernel TCP, where that program accepts
     /// them (a process that carries this one's connections on, the shim's keeper, would
     /// otherwise take them). Returns how many go on through their doorbells.
