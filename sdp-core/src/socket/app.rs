@@ -1366,6 +1366,11 @@ impl AppListener {
         if let Some(h) = self.handoff.get() {
             h.slot(BLIND_SLOT)
                 .store(1, std::sync::atomic::Ordering::Release);
+            // Requests handed meanwhile go back unanswered now: their connectors go to
+            // kernel TCP at once rather than after their wait for an accept.
+            while let sys::Recv::Msg(..) =
+                sys::recv_msg(std::os::fd::AsFd::as_fd(&h.rx), &mut [0u8; 8])
+            {}
         }
     }
 
