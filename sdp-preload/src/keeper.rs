@@ -38,6 +38,11 @@ pub(crate) fn want() {
     PUMPS_BEYOND_TABLE.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
+/// In a fork child (not one connections move to): [`want`] was the parent's.
+pub(crate) fn forget_in_child() {
+    PUMPS_BEYOND_TABLE.store(false, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Whether this process holds a stream of its own over shm that another process may hold too
 /// (a fork since it was made, or shared already), or pumps others ([`want`]).
 fn wanted() -> bool {

@@ -266,6 +266,8 @@ extern "C" fn fork_child() {
     report::unlock_after_fork();
     if !MOVING.load(Ordering::SeqCst) {
         report::forget_inherited();
+        // The parent's pumps stay the parent's.
+        keeper::forget_in_child();
     }
     let _g = Internal::enter();
     drop(gone);
