@@ -87,7 +87,7 @@ pub mod fd_limit {
 /// Fork handlers (for the shim): registered through here, they also run around a process made
 /// by a raw `clone` or `fork` system call, which glibc's handlers miss.
 pub mod fork {
-    pub use crate::sys::process::{atfork, run_fork_handlers, ForkStage};
+    pub use crate::sys::process::{atfork, run_fork_handlers, spawn_started, ForkStage};
 }
 
 pub use exit::{

@@ -104,10 +104,18 @@ impl Pump {
                     }
                     Err(_) => {
                         // The connection failed: the holders see the file reset (hung up
-                        // first: a peer's dup for direct wakeups may keep our end open).
+                        // first: a peer's dup for direct wakeups may keep our end open), and
+                        // the pump is done (nothing more can go either way): it closes as if
+                        // every holder had, or a keeper waiting for its pumps would wait for
+                        // good.
                         self.out.clear();
                         let _ = sys::shutdown(ours, libc::SHUT_RDWR);
                         self.ours = None;
+                        self.inb.clear();
+                        self.in_off = 0;
+                        self.eof_out = true;
+                        self.eof_in = true;
+                        self.hup = true;
                         return act + 1;
                     }
                 }

@@ -661,10 +661,33 @@ where
     T: Send + 'static,
 {
     let held = SignalsHeld::hold();
-    let r = builder.spawn(f);
+    let r = spawn_started(builder, f);
     // Restores this thread's mask; nothing it held came meanwhile that it must report.
     drop(held);
     r
+}
+
+/// `builder.spawn(f)`, returning once the thread runs. Until a new thread has started, glibc
+/// counts it as being created, and a `setuid`/`setgroups` waits for it to start: in a child
+/// made by a raw `clone` (no fork handlers: vsftpd's sessions), whose memory says so while the
+/// thread does not exist there, for good (the probe of 2026-11-29: vsftpd's first session
+/// hung in `setgroups`, 3 of 8 tries). Waiting here closes that window before the call that
+/// made the thread returns to the application.
+pub fn spawn_started<F, T>(
+    builder: std::thread::Builder,
+    f: F,
+) -> std::io::Result<std::thread::JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
+    let h = builder.spawn(move || {
+        let _ = tx.send(());
+        f()
+    })?;
+    let _ = rx.recv();
+    Ok(h)
 }
 
 /// The handlers that ran when [`SignalsHeld::release`] restored the mask.
