@@ -197,12 +197,14 @@ fn name_shared_end<P: Provider>(driver: &Driver<P>, id: ConnId, ours: &OwnedFd) 
     let (Some(local), Some(peer)) = (driver.local_addr(id), driver.peer_addr(id)) else {
         return;
     };
-    let name = crate::socket::shared_name::encode(
-        std::process::id(),
-        ours.as_raw_fd() as u64,
-        local,
-        peer,
-    );
+    // The socket's inode rather than our fd number: names are unique per network namespace,
+    // which processes of other pid namespaces may share (a pod's containers: pid 1 in each,
+    // with the same fd numbers), and the name outlives this process when a keeper pumps on
+    // (its pid reused meanwhile). Inodes of live sockets are the kernel's, unique among all.
+    let Ok((_, ino)) = sys::file_identity(ours.as_fd()) else {
+        return;
+    };
+    let name = crate::socket::shared_name::encode(std::process::id(), ino, local, peer);
     let _ = sys::bind_abstract(ours.as_raw_fd(), &name);
 }
 
