@@ -2190,9 +2190,7 @@ unsafe fn adopt_passed(msg: *const msghdr) {
         return;
     }
     // SAFETY: the kernel wrote `msg_controllen` bytes of control data there.
-    let ctl = unsafe {
-        std::slice::from_raw_parts(m.msg_control as *const u8, m.msg_controllen)
-    };
+    let ctl = unsafe { std::slice::from_raw_parts(m.msg_control as *const u8, m.msg_controllen) };
     for fd in scm_rights_fds(ctl) {
         if table::owned(fd) {
             continue;
