@@ -3364,7 +3364,7 @@ static void case_accept_inherits(void) {
  * and closes its copy by a raw system call, as node's cluster module does: the worker (forked
  * before the connection existed) serves it. Before, the worker read and wrote the readiness
  * pair's bytes and the client was reset; until 2026-11-29 it saw an AF_UNIX socket (no peer
- * address, SO_DOMAIN 1, TCP_NODELAY refused). */
+ * address, SO_DOMAIN 1, SO_PROTOCOL 0, TCP_NODELAY refused). */
 static void scm_rights_by(int mmsg) {
     int sp[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sp) == 0);
@@ -3384,13 +3384,37 @@ static void scm_rights_by(int mmsg) {
         }
         int c;
         memcpy(&c, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof c);
+        ssize_t r;
         /* What it got is a TCP socket (python's socket(fileno=) picks the family so). */
         char view[48];
         socket_view(c, view, sizeof view);
         printf("scm_rights: the worker's socket: %s\n", view);
+        /* Its ports are the connection's, as the server saw them (the listener's, the
+         * client's from accept; sent after the fd); SO_PROTOCOL and TCP_NODELAY read back. */
+        in_port_t want[2];
+        size_t wn = 0;
+        while (wn < sizeof want && (r = read(sp[1], (char *)want + wn, sizeof want - wn)) > 0)
+            wn += r;
+        CHECK(wn == sizeof want);
+        struct sockaddr_in la, pa;
+        socklen_t ll = sizeof la, pl = sizeof pa;
+        memset(&la, 0, sizeof la);
+        memset(&pa, 0, sizeof pa);
+        int lok = getsockname(c, (struct sockaddr *)&la, &ll) == 0 && la.sin_port == want[0];
+        int pok = getpeername(c, (struct sockaddr *)&pa, &pl) == 0 && pa.sin_port == want[1];
+        /* Each value, or minus the errno of its getsockopt. */
+        int proto, nodelay;
+        socklen_t il = sizeof proto;
+        if (getsockopt(c, SOL_SOCKET, SO_PROTOCOL, &proto, &il) != 0)
+            proto = -errno;
+        il = sizeof nodelay;
+        if (getsockopt(c, IPPROTO_TCP, TCP_NODELAY, &nodelay, &il) != 0)
+            nodelay = -errno;
+        printf("scm_rights: the worker's ports are the connection's: local %s, peer %s; "
+               "SO_PROTOCOL %d, TCP_NODELAY %d\n",
+               lok ? "yes" : "no", pok ? "yes" : "no", proto, nodelay);
         fflush(stdout);
         size_t got = 0;
-        ssize_t r;
         while (got < 5 && (r = read(c, b + got, 5 - got)) > 0)
             got += r;
         for (size_t i = 0; i < got; i++)
@@ -3417,7 +3441,9 @@ static void scm_rights_by(int mmsg) {
         fflush(stdout);
         _exit(0);
     }
-    int s = accept(l, NULL, NULL);
+    struct sockaddr_in ca;
+    socklen_t cl = sizeof ca;
+    int s = accept(l, (struct sockaddr *)&ca, &cl);
     CHECK(s >= 0);
     char one = 1, ctl[CMSG_SPACE(sizeof(int))];
     memset(ctl, 0, sizeof ctl);
@@ -3435,6 +3461,8 @@ static void scm_rights_by(int mmsg) {
     } else {
         CHECK(sendmsg(sp[0], &m, 0) == 1);
     }
+    in_port_t ports[2] = {a.sin_port, ca.sin_port};
+    CHECK(write(sp[0], ports, sizeof ports) == sizeof ports);
     CHECK(syscall(SYS_close, s) == 0);
     int st;
     CHECK(waitpid(client, &st, 0) == client);
