@@ -41,6 +41,17 @@ pub(crate) fn encode(pid: u32, unique: u64, local: SocketAddr, peer: SocketAddr)
     v
 }
 
+/// `a` as a socket of the application's family shows it: an IPv4 address v4-mapped when the
+/// socket is AF_INET6 (`v6`), as the kernel shows a dual-stack socket's IPv4 peers.
+pub(crate) fn shown(v6: bool, a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V4(a4) if v6 => {
+            SocketAddr::V6(SocketAddrV6::new(a4.ip().to_ipv6_mapped(), a4.port(), 0, 0))
+        }
+        a => a,
+    }
+}
+
 /// The addresses (local, peer) a name of [`encode`]'s carries; `None` for any other name.
 pub(crate) fn decode(name: &[u8]) -> Option<(SocketAddr, SocketAddr)> {
     let rest = name.strip_prefix(MAGIC.as_slice())?;
@@ -84,6 +95,18 @@ mod tests {
             assert!(n.len() <= 107, "{}", n.len());
             assert_eq!(decode(&n), Some((a, b)));
         }
+    }
+
+    #[test]
+    fn a_v6_socket_shows_ipv4_v4_mapped() {
+        let l: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let p: SocketAddr = "[fe80::1%3]:5000".parse().unwrap();
+        let m: SocketAddr = "[::ffff:127.0.0.1]:4000".parse().unwrap();
+        assert_eq!(shown(false, l), l);
+        assert_eq!(shown(true, l), m);
+        assert_eq!(shown(true, p), p);
+        let n = encode(1, 2, shown(true, l), shown(true, p));
+        assert_eq!(decode(&n), Some((m, p)));
     }
 
     #[test]
