@@ -858,6 +858,25 @@ fn a_connection_passed_by_scm_rights_is_served() {
     let _ = shm_server_line(&lines);
 }
 
+/// As [`a_connection_passed_by_scm_rights_is_served`], from a dual-stack AF_INET6 listener
+/// to an IPv4 client (node's cluster listens on `::` by default): the worker's socket is
+/// AF_INET6 with v4-mapped addresses, as the server's. Before, AF_INET and 127.0.0.1 (the
+/// name of the shared stream carried the connection's IPv4 addresses as they are).
+#[test]
+fn a_v6_connection_passed_by_scm_rights_shows_v4_mapped() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "scm_rights_v6",
+        &[
+            "scm_rights: the worker's socket: peer inet6 ::ffff:127.0.0.1, own inet6 ::ffff:127.0.0.1, SO_DOMAIN inet6, TCP_NODELAY set ok\n",
+            "scm_rights: the worker's ports are the connection's: local yes, peer yes; SO_PROTOCOL 6, TCP_NODELAY 1\n",
+            "scm_rights: the client got HELLO then EOF\n",
+            "scm_rights: client exit 0, worker exit 0\n",
+        ],
+    );
+    let _ = shm_server_line(&lines);
+}
+
 /// As [`a_connection_passed_by_scm_rights_is_served`], the connection sent by `sendmmsg`
 /// and received by `recvmmsg`. Before: the worker's bytes went into the readiness pair and the
 /// client waited for ever.
