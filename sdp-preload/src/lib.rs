@@ -824,6 +824,9 @@ fn replace_fd(user: OwnedFd, fd: c_int, cloexec: bool) -> io::Result<()> {
 fn carry_options(tcp: c_int, s: &AppStream, user: &OwnedFd) -> Opts {
     use std::os::fd::AsRawFd;
     let v6 = kernel_int(tcp, libc::SOL_SOCKET, libc::SO_DOMAIN) == Some(libc::AF_INET6);
+    if v6 {
+        s.set_v6_socket();
+    }
     let mut o = Opts {
         role: "client",
         local: Opts::shown(v6, s.local_addr().ok()),
@@ -1181,6 +1184,9 @@ unsafe fn accept_common(
                     let v6 =
                         kernel_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN) == Some(libc::AF_INET6);
                     let peer = Opts::shown(v6, Some(peer)).unwrap_or(peer);
+                    if v6 {
+                        s.set_v6_socket();
+                    }
                     let mut opts = Opts {
                         role: "server",
                         local: Opts::shown(v6, s.local_addr().ok().or(bell_local)),

@@ -838,10 +838,11 @@ fn a_bound_source_port_is_the_connections() {
 /// A server hands an accepted connection to a worker over a unix socket (SCM_RIGHTS) and
 /// closes its copy by a raw system call (node's cluster module): the worker serves it, as over
 /// TCP, over shm (the stream is shared before it is sent; the server pumps it), and what it
-/// received answers as a TCP socket (addresses, SO_DOMAIN, SO_TYPE, TCP_NODELAY). Before, the
-/// worker's bytes went into the readiness pair and the client was reset (node: 8 of 20
-/// requests ECONNRESET); until 2026-11-29 the worker saw an AF_UNIX socket ("other ... bad";
-/// python's multiprocessing `send_handle`: `socket(fileno=)` made an AF_UNIX socket object).
+/// received answers as a TCP socket (addresses and ports, SO_DOMAIN, SO_TYPE, SO_PROTOCOL,
+/// TCP_NODELAY). Before, the worker's bytes went into the readiness pair and the client was
+/// reset (node: 8 of 20 requests ECONNRESET); until 2026-11-29 the worker saw an AF_UNIX socket
+/// ("other ... bad", "local no, peer no; SO_PROTOCOL 0, TCP_NODELAY -95"; python's
+/// multiprocessing `send_handle`: `socket(fileno=)` made an AF_UNIX socket object).
 #[test]
 fn a_connection_passed_by_scm_rights_is_served() {
     let _serial = serial();
@@ -849,6 +850,26 @@ fn a_connection_passed_by_scm_rights_is_served() {
         "scm_rights",
         &[
             "scm_rights: the worker's socket: inet 127.0.0.1/127.0.0.1 ok\n",
+            "scm_rights: the worker's ports are the connection's: local yes, peer yes; SO_PROTOCOL 6, TCP_NODELAY 1\n",
+            "scm_rights: the client got HELLO then EOF\n",
+            "scm_rights: client exit 0, worker exit 0\n",
+        ],
+    );
+    let _ = shm_server_line(&lines);
+}
+
+/// As [`a_connection_passed_by_scm_rights_is_served`], from a dual-stack AF_INET6 listener
+/// to an IPv4 client (node's cluster listens on `::` by default): the worker's socket is
+/// AF_INET6 with v4-mapped addresses, as the server's. Before, AF_INET and 127.0.0.1 (the
+/// name of the shared stream carried the connection's IPv4 addresses as they are).
+#[test]
+fn a_v6_connection_passed_by_scm_rights_shows_v4_mapped() {
+    let _serial = serial();
+    let (_, lines) = differential_wanting(
+        "scm_rights_v6",
+        &[
+            "scm_rights: the worker's socket: peer inet6 ::ffff:127.0.0.1, own inet6 ::ffff:127.0.0.1, SO_DOMAIN inet6, TCP_NODELAY set ok\n",
+            "scm_rights: the worker's ports are the connection's: local yes, peer yes; SO_PROTOCOL 6, TCP_NODELAY 1\n",
             "scm_rights: the client got HELLO then EOF\n",
             "scm_rights: client exit 0, worker exit 0\n",
         ],
@@ -866,6 +887,7 @@ fn a_connection_passed_by_sendmmsg_is_served() {
         "scm_rights_mmsg",
         &[
             "scm_rights: the worker's socket: inet 127.0.0.1/127.0.0.1 ok\n",
+            "scm_rights: the worker's ports are the connection's: local yes, peer yes; SO_PROTOCOL 6, TCP_NODELAY 1\n",
             "scm_rights: the client got HELLO then EOF\n",
             "scm_rights: client exit 0, worker exit 0\n",
         ],

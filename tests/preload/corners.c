@@ -3364,12 +3364,43 @@ static void case_accept_inherits(void) {
     close(l);
 }
 
+/* An end of the socket `fd` (`peer`: the other's) as the worker of scm_rights_by prints it, in
+ * `v`; its port (network order) in `port`, 0 if it has none. */
+static void scm_end(int fd, int peer, char *v, size_t cap, in_port_t *port) {
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    socklen_t len = sizeof ss;
+    *port = 0;
+    if ((peer ? getpeername(fd, (struct sockaddr *)&ss, &len)
+              : getsockname(fd, (struct sockaddr *)&ss, &len)) != 0) {
+        snprintf(v, cap, "%s", en(errno));
+        return;
+    }
+    char b[INET6_ADDRSTRLEN] = "?";
+    if (ss.ss_family == AF_INET6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+        inet_ntop(AF_INET6, &a->sin6_addr, b, sizeof b);
+        *port = a->sin6_port;
+        snprintf(v, cap, "inet6 %s", b);
+    } else if (ss.ss_family == AF_INET) {
+        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+        inet_ntop(AF_INET, &a->sin_addr, b, sizeof b);
+        *port = a->sin_port;
+        snprintf(v, cap, "inet %s", b);
+    } else {
+        snprintf(v, cap, "family %d", ss.ss_family);
+    }
+}
+
 /* A server that hands each accepted connection to a worker over a unix socket (SCM_RIGHTS)
  * and closes its copy by a raw system call, as node's cluster module does: the worker (forked
  * before the connection existed) serves it. Before, the worker read and wrote the readiness
  * pair's bytes and the client was reset; until 2026-11-29 it saw an AF_UNIX socket (no peer
- * address, SO_DOMAIN 1, TCP_NODELAY refused). */
-static void scm_rights_by(int mmsg) {
+ * address, SO_DOMAIN 1, SO_PROTOCOL 0, TCP_NODELAY refused). `v6`: the listener is a
+ * dual-stack AF_INET6 one and its client IPv4 (node listens on `::` by default), which the
+ * worker sees v4-mapped (::ffff:127.0.0.1, SO_DOMAIN AF_INET6), as the server does; before,
+ * AF_INET and 127.0.0.1. */
+static void scm_rights_by(int mmsg, int v6) {
     int sp[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sp) == 0);
     pid_t worker = fork();
@@ -3388,13 +3419,49 @@ static void scm_rights_by(int mmsg) {
         }
         int c;
         memcpy(&c, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof c);
+        ssize_t r;
         /* What it got is a TCP socket (python's socket(fileno=) picks the family so). */
         char view[48];
-        socket_view(c, view, sizeof view);
-        printf("scm_rights: the worker's socket: %s\n", view);
+        in_port_t lp, pp;
+        if (v6) {
+            char pv[64], lv[64];
+            scm_end(c, 1, pv, sizeof pv, &pp);
+            scm_end(c, 0, lv, sizeof lv, &lp);
+            int dom = -1, one = 1;
+            socklen_t dl = sizeof dom;
+            if (getsockopt(c, SOL_SOCKET, SO_DOMAIN, &dom, &dl) != 0)
+                dom = -errno;
+            int nd = setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0 ? 0 : errno;
+            printf("scm_rights: the worker's socket: peer %s, own %s, SO_DOMAIN %s, TCP_NODELAY set %s\n",
+                   pv, lv, dom == AF_INET6 ? "inet6" : dom == AF_INET ? "inet" : "other",
+                   nd ? en(nd) : "ok");
+        } else {
+            socket_view(c, view, sizeof view);
+            printf("scm_rights: the worker's socket: %s\n", view);
+            scm_end(c, 1, view, sizeof view, &pp);
+            scm_end(c, 0, view, sizeof view, &lp);
+        }
+        /* Its ports are the connection's, as the server saw them (the listener's, the
+         * client's from accept; sent after the fd); SO_PROTOCOL and TCP_NODELAY read back. */
+        in_port_t want[2];
+        size_t wn = 0;
+        while (wn < sizeof want && (r = read(sp[1], (char *)want + wn, sizeof want - wn)) > 0)
+            wn += r;
+        CHECK(wn == sizeof want);
+        /* Each value, or minus the errno of its getsockopt. */
+        int proto, nodelay;
+        socklen_t il = sizeof proto;
+        if (getsockopt(c, SOL_SOCKET, SO_PROTOCOL, &proto, &il) != 0)
+            proto = -errno;
+        il = sizeof nodelay;
+        if (getsockopt(c, IPPROTO_TCP, TCP_NODELAY, &nodelay, &il) != 0)
+            nodelay = -errno;
+        printf("scm_rights: the worker's ports are the connection's: local %s, peer %s; "
+               "SO_PROTOCOL %d, TCP_NODELAY %d\n",
+               lp && lp == want[0] ? "yes" : "no", pp && pp == want[1] ? "yes" : "no", proto,
+               nodelay);
         fflush(stdout);
         size_t got = 0;
-        ssize_t r;
         while (got < 5 && (r = read(c, b + got, 5 - got)) > 0)
             got += r;
         for (size_t i = 0; i < got; i++)
@@ -3405,7 +3472,22 @@ static void scm_rights_by(int mmsg) {
     }
     close(sp[1]);
     struct sockaddr_in a;
-    int l = listener(&a);
+    int l;
+    if (v6) {
+        int off = 0;
+        l = socket(AF_INET6, SOCK_STREAM, 0);
+        CHECK(l >= 0 && setsockopt(l, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) == 0);
+        struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_addr = in6addr_any};
+        socklen_t len = sizeof a6;
+        CHECK(bind(l, (struct sockaddr *)&a6, sizeof a6) == 0 && listen(l, 4) == 0);
+        CHECK(getsockname(l, (struct sockaddr *)&a6, &len) == 0);
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_port = a6.sin6_port;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    } else {
+        l = listener(&a);
+    }
     pid_t client = fork();
     CHECK(client >= 0);
     if (client == 0) {
@@ -3421,7 +3503,9 @@ static void scm_rights_by(int mmsg) {
         fflush(stdout);
         _exit(0);
     }
-    int s = accept(l, NULL, NULL);
+    struct sockaddr_storage ca;
+    socklen_t cl = sizeof ca;
+    int s = accept(l, (struct sockaddr *)&ca, &cl);
     CHECK(s >= 0);
     char one = 1, ctl[CMSG_SPACE(sizeof(int))];
     memset(ctl, 0, sizeof ctl);
@@ -3439,6 +3523,10 @@ static void scm_rights_by(int mmsg) {
     } else {
         CHECK(sendmsg(sp[0], &m, 0) == 1);
     }
+    in_port_t ports[2] = {a.sin_port, ca.ss_family == AF_INET6
+                                          ? ((struct sockaddr_in6 *)&ca)->sin6_port
+                                          : ((struct sockaddr_in *)&ca)->sin_port};
+    CHECK(write(sp[0], ports, sizeof ports) == sizeof ports);
     CHECK(syscall(SYS_close, s) == 0);
     int st;
     CHECK(waitpid(client, &st, 0) == client);
@@ -3449,8 +3537,9 @@ static void scm_rights_by(int mmsg) {
     close(l);
 }
 
-static void case_scm_rights(void) { scm_rights_by(0); }
-static void case_scm_rights_mmsg(void) { scm_rights_by(1); }
+static void case_scm_rights(void) { scm_rights_by(0, 0); }
+static void case_scm_rights_mmsg(void) { scm_rights_by(1, 0); }
+static void case_scm_rights_v6(void) { scm_rights_by(0, 1); }
 
 /* A process killed by a signal whose default action ends it (SIGTERM: `kill`, `timeout`,
  * systemd; SIGINT: Ctrl-C) after writing 4 MiB: over TCP the kernel delivers every byte it
@@ -4662,6 +4751,7 @@ int main(int argc, char **argv) {
     RUN(fd_table);
     RUN(scm_rights);
     RUN(scm_rights_mmsg);
+    RUN(scm_rights_v6);
     RUN(killed);
     RUN(killed_reader);
     RUN(killed_quiet);

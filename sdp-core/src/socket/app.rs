@@ -226,6 +226,8 @@ pub struct Sharing {
     pub(crate) exposed: std::sync::atomic::AtomicBool,
     /// Bytes in and out and by zero copy, when the connection's pump ended.
     pub(crate) last: parking_lot::Mutex<Option<(u64, u64, u64)>>,
+    /// The application's socket is AF_INET6 ([`AppStream::set_v6_socket`]).
+    pub(crate) v6: std::sync::atomic::AtomicBool,
 }
 
 impl Sharing {
@@ -502,6 +504,17 @@ impl AppStream {
     /// Whether the fd is shared (its bytes flow through the kernel file).
     pub fn is_shared(&self) -> bool {
         self.shared.is_shared()
+    }
+
+    /// The application's socket is AF_INET6 (a dual-stack one, whose IPv4 addresses the
+    /// kernel shows v4-mapped): once the stream is shared, a process that receives its fd by
+    /// SCM_RIGHTS sees them so too ([`shared_stream_addrs`]). Node's cluster and python's
+    /// dual-stack servers listen on `::` and pass IPv4 clients to workers. Set in the owner,
+    /// before the stream can be shared.
+    pub fn set_v6_socket(&self) {
+        self.shared
+            .v6
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether a fork child inherited the fd since the stream was made (see

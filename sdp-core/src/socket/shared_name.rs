@@ -8,14 +8,16 @@
 //! shim of a process that received the fd reads the addresses back ([`decode`]).
 //!
 //! The name, after the abstract namespace's leading NUL: [`MAGIC`], the owner's pid and a
-//! number unique in it (names are unique in the network namespace), then each address as a
+//! number unique among live sockets (the end's inode; names are unique in the network
+//! namespace, which processes of several pid namespaces may share), then each address as a
 //! family byte (4 or 6), the address, the port (big-endian) and, for IPv6, the scope id.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 
 const MAGIC: &[u8; 5] = b"sdp\x01s";
 
-/// The name for a stream of process `pid` (`unique` within it) from `local` to `peer`.
+/// The name for a stream of process `pid` (`unique`: among live sockets) from `local` to
+/// `peer`.
 pub(crate) fn encode(pid: u32, unique: u64, local: SocketAddr, peer: SocketAddr) -> Vec<u8> {
     let mut v = Vec::with_capacity(64);
     v.extend_from_slice(MAGIC);
@@ -37,6 +39,17 @@ pub(crate) fn encode(pid: u32, unique: u64, local: SocketAddr, peer: SocketAddr)
         }
     }
     v
+}
+
+/// `a` as a socket of the application's family shows it: an IPv4 address v4-mapped when the
+/// socket is AF_INET6 (`v6`), as the kernel shows a dual-stack socket's IPv4 peers.
+pub(crate) fn shown(v6: bool, a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V4(a4) if v6 => {
+            SocketAddr::V6(SocketAddrV6::new(a4.ip().to_ipv6_mapped(), a4.port(), 0, 0))
+        }
+        a => a,
+    }
 }
 
 /// The addresses (local, peer) a name of [`encode`]'s carries; `None` for any other name.
@@ -85,6 +98,18 @@ mod tests {
     }
 
     #[test]
+    fn a_v6_socket_shows_ipv4_v4_mapped() {
+        let l: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let p: SocketAddr = "[fe80::1%3]:5000".parse().unwrap();
+        let m: SocketAddr = "[::ffff:127.0.0.1]:4000".parse().unwrap();
+        assert_eq!(shown(false, l), l);
+        assert_eq!(shown(true, l), m);
+        assert_eq!(shown(true, p), p);
+        let n = encode(1, 2, shown(true, l), shown(true, p));
+        assert_eq!(decode(&n), Some((m, p)));
+    }
+
+    #[test]
     fn other_names_are_not_streams() {
         let l: SocketAddr = "10.0.0.1:1".parse().unwrap();
         let n = encode(1, 2, l, l);
@@ -95,5 +120,36 @@ mod tests {
         let mut bad = n.clone();
         bad[MAGIC.len() + 12] = 5;
         assert_eq!(decode(&bad), None);
+    }
+
+    /// What the runtime does to a shared stream's pair (`runtime::share`), in the kernel: an
+    /// end of a socketpair takes a name after it was made, and the other end's getpeername
+    /// answers it; a pair left unnamed, and a socket that is no AF_UNIX one, answer nothing.
+    #[test]
+    fn the_other_end_of_a_named_pair_knows_the_stream() {
+        use std::os::fd::{AsFd, AsRawFd};
+        let l: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let p: SocketAddr = "[::1]:5000".parse().unwrap();
+        let (app, ours) = crate::sys::socketpair().unwrap();
+        assert_eq!(
+            crate::socket::app::shared_stream_addrs(app.as_raw_fd()),
+            None
+        );
+        let (_, ino) = crate::sys::file_identity(ours.as_fd()).unwrap();
+        let name = encode(std::process::id(), ino, l, p);
+        crate::sys::bind_abstract(ours.as_raw_fd(), &name).unwrap();
+        assert_eq!(
+            crate::socket::app::shared_stream_addrs(app.as_raw_fd()),
+            Some((l, p))
+        );
+        // A name once given stays (a second share of the same pair leaves it).
+        assert!(crate::sys::bind_abstract(ours.as_raw_fd(), &name).is_err());
+        // SAFETY: a new socket, owned at once.
+        let udp = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+        assert!(udp >= 0);
+        assert_eq!(crate::socket::app::shared_stream_addrs(udp), None);
+        assert_eq!(crate::socket::app::shared_stream_addrs(-1), None);
+        // SAFETY: ours, closed once.
+        unsafe { libc::close(udp) };
     }
 }

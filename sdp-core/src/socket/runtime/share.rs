@@ -180,7 +180,11 @@ pub(super) fn share_locked<P: Provider>(
         if let Some(u) = user {
             room_to_write(u);
         }
-        name_shared_end(driver, id, &ours);
+        let v6 = s
+            .exposed
+            .as_ref()
+            .is_some_and(|e| e.shared.v6.load(Ordering::Relaxed));
+        name_shared_end(driver, id, &ours, v6);
         let mut p = crate::socket::pump::Pump::new(ours, eof_out);
         p.run(driver, now, id);
         s.pump = Some(p);
@@ -190,19 +194,24 @@ pub(super) fn share_locked<P: Provider>(
 
 /// Name our end of a stream's pair after the connection's addresses
 /// (`socket::shared_name`), so a process that receives the application's fd by SCM_RIGHTS
-/// can answer as the TCP socket it stands for. Nothing on failure (a name taken: that
-/// receiver sees an AF_UNIX socket, as before).
-fn name_shared_end<P: Provider>(driver: &Driver<P>, id: ConnId, ours: &OwnedFd) {
+/// can answer as the TCP socket it stands for; `v6`: the application's socket is AF_INET6,
+/// whose IPv4 addresses show v4-mapped. Nothing on failure (a name taken: that receiver sees
+/// an AF_UNIX socket, as before).
+fn name_shared_end<P: Provider>(driver: &Driver<P>, id: ConnId, ours: &OwnedFd, v6: bool) {
     use std::os::fd::AsRawFd;
     let (Some(local), Some(peer)) = (driver.local_addr(id), driver.peer_addr(id)) else {
         return;
     };
-    let name = crate::socket::shared_name::encode(
-        std::process::id(),
-        ours.as_raw_fd() as u64,
-        local,
-        peer,
-    );
+    let shown = |a: SocketAddr| crate::socket::shared_name::shown(v6, a);
+    let (local, peer) = (shown(local), shown(peer));
+    // The socket's inode rather than our fd number: names are unique per network namespace,
+    // which processes of other pid namespaces may share (a pod's containers: pid 1 in each,
+    // with the same fd numbers), and the name outlives this process when a keeper pumps on
+    // (its pid reused meanwhile). Inodes of live sockets are the kernel's, unique among all.
+    let Ok((_, ino)) = sys::file_identity(ours.as_fd()) else {
+        return;
+    };
+    let name = crate::socket::shared_name::encode(std::process::id(), ino, local, peer);
     let _ = sys::bind_abstract(ours.as_raw_fd(), &name);
 }
 
