@@ -845,17 +845,10 @@ fn a_bound_source_port_is_the_connections() {
 /// multiprocessing `send_handle`: `socket(fileno=)` made an AF_UNIX socket object).
 #[test]
 fn a_connection_passed_by_scm_rights_is_served() {
-    let _serial = serial();
-    let (_, lines) = differential_wanting(
+    passed_by_scm_rights(
         "scm_rights",
-        &[
-            "scm_rights: the worker's socket: inet 127.0.0.1/127.0.0.1 ok\n",
-            "scm_rights: the worker's ports are the connection's: local yes, peer yes; SO_PROTOCOL 6, TCP_NODELAY 1\n",
-            "scm_rights: the client got HELLO then EOF\n",
-            "scm_rights: client exit 0, worker exit 0\n",
-        ],
+        "scm_rights: the worker's socket: inet 127.0.0.1/127.0.0.1 ok\n",
     );
-    let _ = shm_server_line(&lines);
 }
 
 /// As [`a_connection_passed_by_scm_rights_is_served`], from a dual-stack AF_INET6 listener
@@ -864,17 +857,7 @@ fn a_connection_passed_by_scm_rights_is_served() {
 /// name of the shared stream carried the connection's IPv4 addresses as they are).
 #[test]
 fn a_v6_connection_passed_by_scm_rights_shows_v4_mapped() {
-    let _serial = serial();
-    let (_, lines) = differential_wanting(
-        "scm_rights_v6",
-        &[
-            "scm_rights: the worker's socket: peer inet6 ::ffff:127.0.0.1, own inet6 ::ffff:127.0.0.1, SO_DOMAIN inet6, TCP_NODELAY set ok\n",
-            "scm_rights: the worker's ports are the connection's: local yes, peer yes; SO_PROTOCOL 6, TCP_NODELAY 1\n",
-            "scm_rights: the client got HELLO then EOF\n",
-            "scm_rights: client exit 0, worker exit 0\n",
-        ],
-    );
-    let _ = shm_server_line(&lines);
+    passed_by_scm_rights("scm_rights_v6", "scm_rights: the worker's socket: peer inet6 ::ffff:127.0.0.1, own inet6 ::ffff:127.0.0.1, SO_DOMAIN inet6, TCP_NODELAY set ok\n");
 }
 
 /// As [`a_connection_passed_by_scm_rights_is_served`], the connection sent by `sendmmsg`
@@ -882,11 +865,20 @@ fn a_v6_connection_passed_by_scm_rights_shows_v4_mapped() {
 /// client waited for ever.
 #[test]
 fn a_connection_passed_by_sendmmsg_is_served() {
+    passed_by_scm_rights(
+        "scm_rights_mmsg",
+        "scm_rights: the worker's socket: inet 127.0.0.1/127.0.0.1 ok\n",
+    );
+}
+
+/// The scm_rights cases' transcript, TCP's and the shim's alike: the worker's socket as
+/// `socket` says, its ports the connection's, the client served; the server's stream over shm.
+fn passed_by_scm_rights(case: &str, socket: &str) {
     let _serial = serial();
     let (_, lines) = differential_wanting(
-        "scm_rights_mmsg",
+        case,
         &[
-            "scm_rights: the worker's socket: inet 127.0.0.1/127.0.0.1 ok\n",
+            socket,
             "scm_rights: the worker's ports are the connection's: local yes, peer yes; SO_PROTOCOL 6, TCP_NODELAY 1\n",
             "scm_rights: the client got HELLO then EOF\n",
             "scm_rights: client exit 0, worker exit 0\n",

@@ -936,9 +936,7 @@ impl Handoff {
             // A program that knows nothing of SDP holds the listener: a doorbell it accepted
             // would be a connection nobody speaks on. The requests go back unanswered (their
             // connectors go to kernel TCP) and the doorbells not claimed yet reset.
-            while let sys::Recv::Msg(..) =
-                sys::recv_msg(std::os::fd::AsFd::as_fd(&self.rx), &mut [0u8; 8])
-            {}
+            self.send_back_requests();
             for (i, v, fd) in rung.drain(..) {
                 if self.slot(i).compare_exchange(v, 0, AcqRel, Relaxed).is_ok() {
                     self.slot(0).fetch_sub(1, AcqRel);
@@ -972,6 +970,14 @@ impl Handoff {
             }
             rung.push((i, v, fd));
         }
+    }
+
+    /// Take every request waiting in the queue and drop it unanswered: its connector goes to
+    /// kernel TCP at once.
+    fn send_back_requests(&self) {
+        while let sys::Recv::Msg(..) =
+            sys::recv_msg(std::os::fd::AsFd::as_fd(&self.rx), &mut [0u8; 8])
+        {}
     }
 
     /// Whether a connection accepted from `peer` is one of the owner's doorbells; if so it is
@@ -1381,9 +1387,7 @@ impl AppListener {
                 .store(1, std::sync::atomic::Ordering::Release);
             // Requests handed meanwhile go back unanswered now: their connectors go to
             // kernel TCP at once rather than after their wait for an accept.
-            while let sys::Recv::Msg(..) =
-                sys::recv_msg(std::os::fd::AsFd::as_fd(&h.rx), &mut [0u8; 8])
-            {}
+            h.send_back_requests();
         }
     }
 
