@@ -25,7 +25,6 @@
 #include <sys/sendfile.h>
 #include <sys/select.h>
 #include <sys/socket.h>
-#include <grp.h>
 #include <sys/time.h>
 #include <sys/uio.h>
 #include <sys/syscall.h>
@@ -2081,12 +2080,9 @@ struct cloned {
     int c, i;
 };
 
-/* A cloned child's work: drop supplementary groups (vsftpd's session does; glibc's setgroups
- * waits for every thread its memory says is starting: under the shim a thread the server
- * started just before the clone hung it for good), greet, answer one request. */
+/* A cloned child's work: greet, answer one request. */
 static int serve_cloned(void *p) {
     struct cloned *w = p;
-    (void)setgroups(0, NULL);
     usleep(20000);
     char b[64], reply[96];
     int n = snprintf(reply, sizeof reply, "220 child %d\r\n", w->i);
