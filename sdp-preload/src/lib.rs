@@ -280,7 +280,7 @@ extern "C" fn fork_child() {
 /// sockets) that fork() copied into this child: the child cannot serve them, and holding them
 /// open would keep connects to the parent's closed listener waiting instead of refused.
 fn close_inherited_rendezvous() {
-    let Ok(unix) = std::fs::read_to_string("/proc/net/unix") else {
+    let Ok(unix) = fd_limit::with_room(|| std::fs::read_to_string("/proc/net/unix")) else {
         return;
     };
     let inodes: std::collections::HashSet<u64> = unix
@@ -299,6 +299,8 @@ fn close_inherited_rendezvous() {
     if inodes.is_empty() {
         return;
     }
+    // (The directory's fd is open through the walk.)
+    let _room = fd_limit::LowFds::hold();
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return;
     };
@@ -534,9 +536,17 @@ unsafe fn put_sockaddr(a: SocketAddr, addr: *mut sockaddr, len: *mut socklen_t) 
 
 #[no_mangle]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    let mark = fd_limit::LowMark::now();
     // SAFETY: forwards the caller's arguments.
     let fd = unsafe { real::socket(domain, ty, proto) };
-    let Some(fd) = limits::within_app_limit(fd, ty & libc::SOCK_CLOEXEC != 0) else {
+    let cloexec = ty & libc::SOCK_CLOEXEC != 0;
+    // (Not for the library's own sockets.)
+    let fd = if internal() {
+        fd
+    } else {
+        fd_limit::app_number(fd, mark, cloexec)
+    };
+    let Some(fd) = limits::within_app_limit(fd, cloexec) else {
         set_errno(libc::EMFILE);
         return -1;
     };
@@ -615,7 +625,7 @@ unsafe fn connect_owned(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_i
     let bound_port = kernel_sockname(fd).map(|a| a.port()).filter(|&p| p != 0);
     // The stream's fd for the application is made at the lowest free number until it takes
     // `fd`'s: an application thread at its fd limit waits for it (limits::within_app_limit).
-    let low = fd_limit::LowFds::hold();
+    let low = fd_limit::LowFds::hold_long();
     let r = {
         let _g = Internal::enter();
         // A source address the application bound picks the device SDP leaves from, as it
@@ -714,6 +724,8 @@ fn connect_tcp(
 /// keep the port it is bound to taken (`Opts::port_hold`).
 fn hold_port(fd: c_int) -> Option<OwnedFd> {
     use std::os::fd::FromRawFd;
+    // (Made where the application's numbers may all be taken.)
+    let _low = fd_limit::LowFds::hold();
     // SAFETY: duplicates an fd of ours; the duplicate is owned below.
     let d = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
     if d < 0 {
@@ -771,7 +783,8 @@ const EPOLL_FLAGS: u32 =
 /// Whether `fd`'s registration in the epoll set `epfd` is a spent EPOLLONESHOT one: its line in
 /// the set's fdinfo (`tfd: FD events: HEX data: ...`) shows no event left.
 fn epoll_spent(epfd: c_int, fd: c_int) -> bool {
-    let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{epfd}")) else {
+    let path = format!("/proc/self/fdinfo/{epfd}");
+    let Ok(info) = fd_limit::with_room(|| std::fs::read_to_string(path)) else {
         return false;
     };
     info.lines().any(|l| {
@@ -1071,7 +1084,7 @@ fn others_listen_on_port(fd: c_int) -> bool {
     };
     let _g = Internal::enter();
     ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f)
+        fd_limit::with_room(|| std::fs::read_to_string(f))
             .map(|t| listeners_on_port(&t, port).any(|i| i != ino))
             // Unknown: as if another were there.
             .unwrap_or(*f == "/proc/net/tcp")
@@ -1142,6 +1155,7 @@ unsafe fn accept_common(
         // SAFETY: zeroed storage is valid; the kernel fills in at most its size.
         let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+        let mark = fd_limit::LowMark::now();
         // SAFETY: our own storage and length.
         let c = unsafe {
             real::accept4(
@@ -1154,11 +1168,12 @@ unsafe fn accept_common(
         if c < 0 {
             return c;
         }
+        let c = fd_limit::app_number(c, mark, flags & libc::SOCK_CLOEXEC != 0);
         let peer = app::from_sockaddr(&ss);
         if let Some(claim) = peer.and_then(|p| l.claim_doorbell(p)) {
             // As connect's: the stream's fd is at the lowest free number until it takes the
             // doorbell's.
-            let low = fd_limit::LowFds::hold();
+            let low = fd_limit::LowFds::hold_long();
             let taken = {
                 let _g = Internal::enter();
                 l.take_claimed(

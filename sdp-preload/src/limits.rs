@@ -1,7 +1,8 @@
 //! RLIMIT_NOFILE as the application set it. An SDP connection holds up to three fds of the
 //! shim's beside the application's one; so that a program can hold as many connections as its
-//! fd limit allows over kernel TCP, the shim raises the soft limit where the hard one allows
-//! (`make_fd_room`, at its start) and keeps its own fds above the application's limit, which is
+//! fd limit allows over kernel TCP, the shim keeps room above the application's limit where the
+//! hard one allows (`make_fd_room`, at its start; the kernel's soft limit is raised only while
+//! it makes or moves fds of its own, `sys::Room`) and keeps its own fds there; the limit is
 //! what the application is told and can change: getrlimit, setrlimit, prlimit (on itself),
 //! getdtablesize and sysconf(_SC_OPEN_MAX) speak of it. A program it execs or spawns gets the
 //! application's limit back (`fd_limit_for_exec`), as it would without the shim.

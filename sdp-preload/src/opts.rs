@@ -170,9 +170,11 @@ pub(crate) unsafe fn get(
                 .get(&(level, name))
                 .cloned()
                 .unwrap_or_else(|| {
-                    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
-                        .map(|s| s.trim().as_bytes().to_vec())
-                        .unwrap_or_else(|_| b"cubic".to_vec())
+                    sdp_core::socket::fd_limit::with_room(|| {
+                        std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+                    })
+                    .map(|s| s.trim().as_bytes().to_vec())
+                    .unwrap_or_else(|_| b"cubic".to_vec())
                 });
             if let Some(nul) = name.iter().position(|&c| c == 0) {
                 name.truncate(nul);
@@ -353,10 +355,12 @@ fn rcvlowat_as_linux(fd: c_int, o: &crate::Opts, v: c_int) -> c_int {
         .filter(|b| b.len() >= 4)
         .map(|b| c_int::from_ne_bytes([b[0], b[1], b[2], b[3]]))
         .unwrap_or_else(|| {
-            std::fs::read_to_string("/proc/sys/net/ipv4/tcp_rmem")
-                .ok()
-                .and_then(|t| t.split_whitespace().nth(2)?.parse().ok())
-                .unwrap_or(6 << 20)
+            sdp_core::socket::fd_limit::with_room(|| {
+                std::fs::read_to_string("/proc/sys/net/ipv4/tcp_rmem")
+            })
+            .ok()
+            .and_then(|t| t.split_whitespace().nth(2)?.parse().ok())
+            .unwrap_or(6 << 20)
         });
     v.min(rcvbuf >> 1).max(1)
 }

@@ -293,11 +293,13 @@ pub(crate) fn write(live: Vec<Record>) {
     if lines.is_empty() {
         return;
     }
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-    {
+    // (The application's fd numbers may all be taken at its exit.)
+    if let Ok(mut f) = sdp_core::socket::fd_limit::with_room(|| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    }) {
         // One write, so lines of concurrent processes do not interleave.
         let _ = f.write_all(lines.as_bytes());
     }

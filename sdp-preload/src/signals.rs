@@ -153,10 +153,14 @@ pub(crate) fn install() {
     TAKEN.store(false, Ordering::SeqCst);
     DONE.store(false, Ordering::SeqCst);
     let rx = fds[0];
-    let spawned = std::thread::Builder::new()
-        .name("sdp-signals".into())
-        .stack_size(256 * 1024)
-        .spawn(move || serve(rx));
+    // Running before the call that made it returns (see `spawn_started`: a raw clone's child
+    // that calls setgroups would wait for it for good).
+    let spawned = sdp_core::socket::fork::spawn_started(
+        std::thread::Builder::new()
+            .name("sdp-signals".into())
+            .stack_size(256 * 1024),
+        move || serve(rx),
+    );
     if spawned.is_err() {
         // SAFETY: our own pipe's fds.
         unsafe {

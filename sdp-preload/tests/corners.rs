@@ -204,6 +204,26 @@ fn the_fd_table_stays_within_the_limit() {
     assert!(shm_lines(&lines, Some("server")) >= 1, "report:\n{lines}");
 }
 
+/// The application's own files (open, pipe, dup) at its soft fd limit below a higher hard one,
+/// with an SDP connection open: EMFILE at the limit and every number below it, as over TCP,
+/// and the connection still carries bytes. Before: the kernel's limit stayed raised for the
+/// shim's room and open() went on past the application's limit (a select() loop's fd_set
+/// overflows past 1024).
+#[test]
+fn the_applications_own_files_stop_at_its_fd_limit_as_over_tcp() {
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("fd_limit_open"), "fd_limit_open");
+    assert!(
+        tcp.contains("open stops with EMFILE, every fd below the limit: yes")
+            && tcp.contains("the connection answers pong"),
+        "{tcp}"
+    );
+    assert!(
+        has_line(&lines, &["\"role\":\"server\"", "\"transport\":\"shm\""]),
+        "report:\n{lines}"
+    );
+}
+
 /// accept at the application's own fd limit fails with EMFILE and leaves the connection
 /// queued, as over TCP; after a close it takes the connection at the number freed, over SDP.
 /// Before: the shim's room above the limit let accept hand out a number past it (past 1024, a

@@ -78,9 +78,9 @@ pub use errors::{errno_of, Errno};
 /// above the application's limit, which is what the application is told.
 pub mod fd_limit {
     pub use crate::sys::fd::{
-        app_fd_limit, app_fds_end, app_has_room, app_slot, closing, fd_limit_for_exec,
+        app_fd_limit, app_fds_end, app_has_room, app_number, app_slot, closing, fd_limit_for_exec,
         fd_room_after_exec, high_fd, kept_fds, make_fd_room, nofile_limit, ours_in,
-        set_app_fd_limit, LowFds,
+        set_app_fd_limit, with_room, LowFds, LowMark,
     };
 }
 

@@ -15,21 +15,141 @@ static LOW_FDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize:
 /// Held from before a system call makes fds of SDP's until they are above the application's
 /// numbers or closed: while any is held, [`app_slot`] and [`app_has_room`] wait for a number
 /// below the application's limit that looks taken (it may be one of those fds).
+/// It also opens the [`Room`] above the application's limit, where those fds go.
 #[must_use]
-pub struct LowFds(());
+pub struct LowFds {
+    _room: Room,
+    /// Its slot in [`HOLDS`] (a short hold: [`LowFds::hold`]).
+    slot: Option<usize>,
+    short: bool,
+}
+
+std::thread_local! {
+    /// The short holds this thread has: its own system calls (the library's, through the
+    /// shim's hooks) never wait for them ([`app_number`]).
+    static HOLDS_HERE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
 
 impl LowFds {
+    /// A short hold: for the few system calls that make fds of ours and move them up.
+    /// [`app_number`] waits for it.
     pub fn hold() -> LowFds {
+        let room = Room::open();
+        let gen = LOW_GEN.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         LOW_FDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        LowFds(())
+        HOLDS_HERE.with(|c| c.set(c.get() + 1));
+        let slot = HOLDS.iter().position(|h| {
+            h.compare_exchange(
+                0,
+                gen,
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+            )
+            .is_ok()
+        });
+        LowFds {
+            _room: room,
+            slot,
+            short: true,
+        }
+    }
+
+    /// A long hold: a whole connect or accept of the shim's, whose stream's fd is at the
+    /// lowest free number until it takes the application's socket's (only [`app_slot`] at the
+    /// limit waits for it).
+    pub fn hold_long() -> LowFds {
+        let room = Room::open();
+        LOW_FDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        LowFds {
+            _room: room,
+            slot: None,
+            short: false,
+        }
     }
 }
 
 impl Drop for LowFds {
     fn drop(&mut self) {
+        if let Some(i) = self.slot {
+            HOLDS[i].store(0, std::sync::atomic::Ordering::SeqCst);
+        }
+        if self.short {
+            HOLDS_HERE.with(|c| c.set(c.get().saturating_sub(1)));
+        }
         LOW_FDS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
+
+/// How many short [`LowFds`] holds were ever taken: one that came and went during an
+/// application's call shows here ([`app_number`]).
+static LOW_GEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The short holds under way, by their number in [`LOW_GEN`] (0: a free slot; a hold finding
+/// none is not waited for).
+static HOLDS: [std::sync::atomic::AtomicU64; 32] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; 32];
+
+/// Where [`LowFds`] stood before an application's call that makes an fd ([`app_number`]).
+#[derive(Clone, Copy, Debug)]
+pub struct LowMark(usize, u64);
+
+impl LowMark {
+    /// Taken right before the application's system call.
+    pub fn now() -> LowMark {
+        use std::sync::atomic::Ordering::SeqCst;
+        LowMark(LOW_FDS.load(SeqCst), LOW_GEN.load(SeqCst))
+    }
+}
+
+/// `fd`, which the kernel just made for the application (socket, accept) at the lowest free
+/// number, where an fd of ours may have held a lower one for a moment ([`LowFds`] since
+/// `mark`): the number it would have had without ours, once the short holds under way when
+/// it was made ended (waited for a bounded while), `fd` moved there (`cloexec`: its
+/// FD_CLOEXEC). A number a thread of the application freed meanwhile is taken as well, as
+/// its call could have over TCP. Without that, a connection's setup in the progress thread
+/// made a socket or an accept get a number past the lowest free (corners `fd_numbers`, ~1
+/// run in 10 under load).
+pub fn app_number(fd: RawFd, mark: LowMark, cloexec: bool) -> RawFd {
+    use std::sync::atomic::Ordering::SeqCst;
+    if fd < 0
+        || (mark.0 == 0 && LOW_FDS.load(SeqCst) == 0 && LOW_GEN.load(SeqCst) == mark.1)
+        || HOLDS_HERE.with(|c| c.get()) != 0
+    {
+        return fd;
+    }
+    let made = LOW_GEN.load(SeqCst);
+    let start = std::time::Instant::now();
+    while HOLDS.iter().any(|h| (1..=made).contains(&h.load(SeqCst)))
+        && start.elapsed() < APP_NUMBER_WAIT
+    {
+        std::thread::yield_now();
+    }
+    let cmd = if cloexec {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    // SAFETY: duplicates the caller's fd at the lowest free number; no memory passed.
+    let d = unsafe { libc::fcntl(fd, cmd, 0) };
+    if d < 0 {
+        return fd;
+    }
+    let (keep, spare) = if d < fd { (d, fd) } else { (fd, d) };
+    // SAFETY: the caller's fd, replaced by its duplicate, or the duplicate not needed.
+    unsafe { libc::close(spare) };
+    keep
+}
+
+/// `f`, which opens a file for a moment (a /proc file, the report): under a short hold, so it
+/// finds room where the application's numbers are all taken and the application's own socket
+/// or accept meanwhile waits for its number ([`app_number`]).
+pub fn with_room<T>(f: impl FnOnce() -> T) -> T {
+    let _low = LowFds::hold();
+    f()
+}
+
+/// How long [`app_number`] waits for short holds to end (each is a few system calls).
+const APP_NUMBER_WAIT: Duration = Duration::from_millis(20);
 
 /// An fd `make` creates (a system call's result), owned and moved out of the application's
 /// numbers, counted in [`LOW_FDS`] meanwhile.
@@ -175,8 +295,8 @@ pub fn high_fd_floor() -> RawFd {
 /// bits); 0: never.
 static FLOOR_CACHE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// The soft RLIMIT_NOFILE the application set (or started with) where [`make_fd_room`] raised
-/// the process's own above it; 0: not raised.
+/// The soft RLIMIT_NOFILE the application set (or started with) where [`make_fd_room`] keeps
+/// room for our fds above it ([`Room`]); 0: no room (our fds go above half the limit).
 static APP_FD_LIMIT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// How far past the application's limit our fds may go: an SDP connection holds up to three
@@ -234,8 +354,11 @@ pub fn set_app_fd_limit(soft: u64, hard: u64) -> io::Result<()> {
     } else {
         soft
     };
+    let open = ROOMS.lock();
     if room >= soft.saturating_add(MIN_FD_ROOM) {
-        set_nofile_limit(room, hard)?;
+        // The application's limit, or the room's while one is open ([`Room`]).
+        set_nofile_limit(if *open > 0 { room } else { soft }, hard)?;
+        HARD_FD_LIMIT.store(hard, Relaxed);
         APP_FD_LIMIT.store(soft.max(1), Relaxed);
     } else {
         set_nofile_limit(soft, hard)?;
@@ -243,6 +366,83 @@ pub fn set_app_fd_limit(soft: u64, hard: u64) -> io::Result<()> {
     }
     FLOOR_CACHE.store(0, Relaxed);
     Ok(())
+}
+
+/// The room above the application's fd limit, open: while any `Room` lives (in any thread),
+/// the kernel's soft RLIMIT_NOFILE is the room's ([`fd_room`]), so our fds can be made and
+/// moved there; when the last goes, it is the application's own again. So the application's
+/// own calls (open, pipe, dup, epoll_create: the shim does not see them) fail with EMFILE at
+/// its limit as without SDP, and never get a number past it (a select() loop would overflow
+/// its fd_set past 1023), except while our fds are being made or moved. (The limit used to
+/// stay raised for good: a program at a soft limit of 1024 opened files up to the hard one.)
+#[must_use]
+pub struct Room(bool);
+
+/// How many [`Room`]s are open in the process.
+static ROOMS: super::ForkMutex<u32> = super::ForkMutex::new(0);
+
+std::thread_local! {
+    /// How many of [`ROOMS`] this thread holds (a fork child keeps only the forking thread's).
+    static ROOMS_HERE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// The hard RLIMIT_NOFILE as last set where [`APP_FD_LIMIT`] is kept.
+static HARD_FD_LIMIT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl Room {
+    /// Open the room (a no-op where the application's limit is not kept apart).
+    pub fn open() -> Room {
+        use std::sync::atomic::Ordering::Relaxed;
+        if APP_FD_LIMIT.load(Relaxed) == 0 {
+            return Room(false);
+        }
+        ROOMS_HERE.with(|c| c.set(c.get() + 1));
+        let mut n = ROOMS.lock();
+        *n += 1;
+        if *n == 1 {
+            apply_room(true);
+        }
+        Room(true)
+    }
+}
+
+impl Drop for Room {
+    fn drop(&mut self) {
+        if !self.0 {
+            return;
+        }
+        ROOMS_HERE.with(|c| c.set(c.get().saturating_sub(1)));
+        let mut n = ROOMS.lock();
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            apply_room(false);
+        }
+    }
+}
+
+/// Set the kernel's soft limit to the room's (`open`) or the application's (callers hold
+/// [`ROOMS`]).
+fn apply_room(open: bool) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let app = APP_FD_LIMIT.load(Relaxed);
+    if app == 0 {
+        return;
+    }
+    let hard = HARD_FD_LIMIT.load(Relaxed);
+    let soft = if open { fd_room(app, hard) } else { app };
+    let _ = set_nofile_limit(soft, hard);
+}
+
+/// In a fork child: only the forking thread's rooms are open (the others' threads are not
+/// here), and the limit follows.
+pub(super) fn rooms_fork_child() {
+    // SAFETY: a thread the child does not have may have held it at the fork; the child is
+    // this thread alone.
+    unsafe { ROOMS.force_unlock() };
+    let here = ROOMS_HERE.with(|c| c.get());
+    let mut n = ROOMS.lock();
+    *n = here;
+    apply_room(here > 0);
 }
 
 /// [`set_app_fd_limit`] with the limit as it is now (at the start: the application's).
@@ -266,20 +466,20 @@ pub fn app_fd_limit() -> Option<u64> {
 /// soft limit back to it (`true`: it was raised, call [`fd_room_after_exec`] if the exec
 /// returned).
 pub fn fd_limit_for_exec() -> bool {
-    let Some(app) = app_fd_limit() else {
+    if app_fd_limit().is_none() {
         return false;
-    };
-    match nofile_limit() {
-        Ok((_, hard)) => set_nofile_limit(app, hard).is_ok(),
-        Err(_) => false,
     }
+    // (It is the application's already unless another thread has the room open.)
+    let _n = ROOMS.lock();
+    apply_room(false);
+    true
 }
 
-/// After [`fd_limit_for_exec`], when the exec failed or the spawn is done: the room again.
+/// After [`fd_limit_for_exec`], when the exec failed or the spawn is done: the room again if
+/// another thread has it open.
 pub fn fd_room_after_exec() {
-    if let (Some(app), Ok((_, hard))) = (app_fd_limit(), nofile_limit()) {
-        let _ = set_nofile_limit(fd_room(app, hard), hard);
-    }
+    let n = ROOMS.lock();
+    apply_room(*n > 0);
 }
 
 /// Whether `k` more fds of ours fit: the `k` numbers below the soft limit are free. Ours are
@@ -294,6 +494,7 @@ pub fn fd_room_after_exec() {
 /// period (4-5 ms here: a prefork worker's first SDP client waited that long) and at a limit of
 /// a million takes 8 MiB of kernel memory.
 pub fn fds_to_spare(fd: BorrowedFd<'_>, k: u32) -> bool {
+    let _room = Room::open();
     let Ok((soft, _)) = nofile_limit() else {
         return true;
     };
@@ -411,6 +612,7 @@ pub fn app_fds_end() -> RawFd {
 
 /// A close-on-exec duplicate of `fd` at the lowest free number from `floor` up.
 fn dup_at(fd: RawFd, floor: RawFd) -> io::Result<OwnedFd> {
+    let _room = Room::open();
     // SAFETY: duplicates an fd the caller holds; no memory is passed.
     let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor) };
     if d < 0 {
@@ -748,6 +950,7 @@ pub(super) extern "C" fn fork_closes_parent() {
 pub(super) extern "C" fn fork_closes_child() {
     // SAFETY: as in the parent: the child is the forking thread's copy.
     unsafe { FORK_CLOSES.force_unlock() };
+    rooms_fork_child();
     let mover = NEXT_FORK_MOVES.swap(0, std::sync::atomic::Ordering::SeqCst);
     if mover != 0 {
         // The connections go on here: their fds stay, and so does the list (for this

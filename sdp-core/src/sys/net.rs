@@ -574,7 +574,7 @@ pub(crate) fn tcp_listen(
 
 /// The kernel's cap on a listen backlog (`net.core.somaxconn`; 4096 if it cannot be read).
 pub(crate) fn somaxconn() -> u32 {
-    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+    super::with_room(|| std::fs::read_to_string("/proc/sys/net/core/somaxconn"))
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(4096)

@@ -285,7 +285,8 @@ impl Proc {
     /// Whether the process is stopped (SIGSTOP, a tracer: `T` or `t` in `/proc/PID/stat`):
     /// its threads answer nothing until it is continued.
     pub fn stopped(&self) -> bool {
-        let Ok(st) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
+        let path = format!("/proc/{}/stat", self.pid);
+        let Ok(st) = super::with_room(|| std::fs::read_to_string(path)) else {
             return false;
         };
         // The state follows the command's name, which ends at the last ')'.

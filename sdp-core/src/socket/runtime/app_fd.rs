@@ -47,7 +47,7 @@ impl<P: Provider + 'static> Runtime<P> {
     /// connection: a round over every connection cost each read a look at all of them
     /// (redis-server with 2000 clients spent ~12% of its time there); the progress thread
     /// serves the others.
-    fn app_call_round(&self, g: &mut Inner<P>, id: ConnId) {
+    pub(super) fn app_call_round(&self, g: &mut Inner<P>, id: ConnId) {
         g.in_app_call = Some(id);
         let act = self.sh.step_for(g, Some(id));
         g.in_app_call = None;

@@ -666,8 +666,24 @@ impl<P: Provider + 'static> StackOps for Runtime<P> {
             return Err(io::Error::from_raw_os_error(libc::EBADF));
         };
         s.lowat = lowat;
+        let was_direct = s.app.as_ref().is_some_and(|a| a.direct_on);
         // Readable now or not, as TCP looks again when the mark is set.
         refresh_app(driver, id, s, Some(user));
+        if was_direct && s.app.as_ref().is_some_and(|a| !a.direct_on) {
+            // The mark turned direct wakeups off: a token the peer wrote for bytes below it
+            // (unknown to our readiness state, which only a read that finds nothing takes
+            // back) would leave the fd polling readable for them. Wait for a peer mid-write,
+            // take every token back, take the SENDs they announced, and look again.
+            driver.set_direct_wake(id, false, true);
+            if let Some(a) = s.app.as_mut() {
+                a.take_direct_tokens(user);
+            }
+            self.app_call_round(&mut g, id);
+            let Inner { driver, socks, .. } = &mut *g;
+            if let Some(s) = socks.get_mut(&id) {
+                refresh_app(driver, id, s, Some(user));
+            }
+        }
         Ok(())
     }
 
