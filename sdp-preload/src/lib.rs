@@ -623,9 +623,6 @@ unsafe fn connect_owned(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_i
     }
     let (nonblocking, cloexec) = fd_flags(fd);
     let bound_port = kernel_sockname(fd).map(|a| a.port()).filter(|&p| p != 0);
-    // The stream's fd for the application is made at the lowest free number until it takes
-    // `fd`'s: an application thread at its fd limit waits for it (limits::within_app_limit).
-    let low = fd_limit::LowFds::hold_long();
     let r = {
         let _g = Internal::enter();
         // A source address the application bound picks the device SDP leaves from, as it
@@ -662,7 +659,6 @@ unsafe fn connect_owned(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_i
             {
                 s.want_edges();
             }
-            drop(low);
             if let Err(e) = replaced {
                 log(format_args!(
                     "connect fd {fd}: cannot take the fd over: {e}"
@@ -824,6 +820,7 @@ fn replace_fd(user: OwnedFd, fd: c_int, cloexec: bool) -> io::Result<()> {
     // SAFETY: plain fd calls; `u` is ours and closed right after.
     let r = unsafe { real::dup3(u, fd, flags) };
     let e = io::Error::last_os_error();
+    fd_limit::closing(u);
     // SAFETY: `u` is our own fd.
     unsafe { real::close(u) };
     if r < 0 {
@@ -1171,9 +1168,6 @@ unsafe fn accept_common(
         let c = fd_limit::app_number(c, mark, flags & libc::SOCK_CLOEXEC != 0);
         let peer = app::from_sockaddr(&ss);
         if let Some(claim) = peer.and_then(|p| l.claim_doorbell(p)) {
-            // As connect's: the stream's fd is at the lowest free number until it takes the
-            // doorbell's.
-            let low = fd_limit::LowFds::hold_long();
             let taken = {
                 let _g = Internal::enter();
                 l.take_claimed(
@@ -1194,7 +1188,6 @@ unsafe fn accept_common(
                     // before this accept has none any more; TCP's getsockname still answers).
                     let bell_local = kernel_sockname(c);
                     let nfd = onto_doorbell(user, c, flags & libc::SOCK_CLOEXEC != 0);
-                    drop(low);
                     // An AF_INET6 listener's IPv4 clients show v4-mapped, as the kernel's.
                     let v6 =
                         kernel_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN) == Some(libc::AF_INET6);

@@ -206,15 +206,16 @@ fn the_fd_table_stays_within_the_limit() {
 
 /// The application's own files (open, pipe, dup) at its soft fd limit below a higher hard one,
 /// with an SDP connection open: EMFILE at the limit and every number below it, as over TCP,
-/// and the connection still carries bytes. Before: the kernel's limit stayed raised for the
-/// shim's room and open() went on past the application's limit (a select() loop's fd_set
-/// overflows past 1024).
+/// and the connection still carries bytes; /proc/self/limits shows its limit. Before: the
+/// kernel's limit stayed raised for the shim's room (/proc/self/limits 512) and open() went on
+/// past the application's limit (a select() loop's fd_set overflows past 1024).
 #[test]
 fn the_applications_own_files_stop_at_its_fd_limit_as_over_tcp() {
     let _serial = serial();
     let (tcp, lines) = differential(Some("fd_limit_open"), "fd_limit_open");
     assert!(
         tcp.contains("open stops with EMFILE, every fd below the limit: yes")
+            && tcp.contains("a shell it runs says 64; /proc/self/limits 64")
             && tcp.contains("the connection answers pong"),
         "{tcp}"
     );

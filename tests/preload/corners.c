@@ -4577,6 +4577,23 @@ static void case_fd_limit_open(void) {
         CHECK(write(ap[1], &a, sizeof a) == sizeof a);
         int conn = accept(l, NULL, NULL);
         CHECK(conn >= 0);
+        /* A program it runs sees its limit (and so does /proc/self/limits). */
+        char lim[32] = "";
+        FILE *sh = popen("ulimit -Sn", "r");
+        CHECK(sh != NULL);
+        if (!fgets(lim, sizeof lim, sh))
+            lim[0] = 0;
+        pclose(sh);
+        lim[strcspn(lim, "\n")] = 0;
+        FILE *pl = fopen("/proc/self/limits", "r");
+        char line[256];
+        unsigned long psoft = 0;
+        while (pl && fgets(line, sizeof line, pl))
+            if (strncmp(line, "Max open files", 14) == 0)
+                psoft = strtoul(line + 26, NULL, 10);
+        if (pl)
+            fclose(pl);
+        out("fd limit open: a shell it runs says %s; /proc/self/limits %lu", lim, psoft);
         static int fill[4096];
         int n = 0, f, highest = -1;
         while (n < 4096 && (f = open("/dev/null", O_RDONLY)) >= 0) {

@@ -19,20 +19,19 @@ static LOW_FDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize:
 #[must_use]
 pub struct LowFds {
     _room: Room,
-    /// Its slot in [`HOLDS`] (a short hold: [`LowFds::hold`]).
+    /// Its slot in [`HOLDS`].
     slot: Option<usize>,
-    short: bool,
 }
 
 std::thread_local! {
-    /// The short holds this thread has: its own system calls (the library's, through the
+    /// The holds this thread has: its own system calls (the library's, through the
     /// shim's hooks) never wait for them ([`app_number`]).
     static HOLDS_HERE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 impl LowFds {
-    /// A short hold: for the few system calls that make fds of ours and move them up.
-    /// [`app_number`] waits for it.
+    /// For the few system calls that make fds of ours and move them up ([`app_number`] waits
+    /// for it).
     pub fn hold() -> LowFds {
         let room = Room::open();
         let gen = LOW_GEN.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
@@ -47,24 +46,7 @@ impl LowFds {
             )
             .is_ok()
         });
-        LowFds {
-            _room: room,
-            slot,
-            short: true,
-        }
-    }
-
-    /// A long hold: a whole connect or accept of the shim's, whose stream's fd is at the
-    /// lowest free number until it takes the application's socket's (only [`app_slot`] at the
-    /// limit waits for it).
-    pub fn hold_long() -> LowFds {
-        let room = Room::open();
-        LOW_FDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        LowFds {
-            _room: room,
-            slot: None,
-            short: false,
-        }
+        LowFds { _room: room, slot }
     }
 }
 
@@ -73,18 +55,16 @@ impl Drop for LowFds {
         if let Some(i) = self.slot {
             HOLDS[i].store(0, std::sync::atomic::Ordering::SeqCst);
         }
-        if self.short {
-            HOLDS_HERE.with(|c| c.set(c.get().saturating_sub(1)));
-        }
+        HOLDS_HERE.with(|c| c.set(c.get().saturating_sub(1)));
         LOW_FDS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
-/// How many short [`LowFds`] holds were ever taken: one that came and went during an
+/// How many [`LowFds`] holds were ever taken: one that came and went during an
 /// application's call shows here ([`app_number`]).
 static LOW_GEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// The short holds under way, by their number in [`LOW_GEN`] (0: a free slot; a hold finding
+/// The holds under way, by their number in [`LOW_GEN`] (0: a free slot; a hold finding
 /// none is not waited for).
 static HOLDS: [std::sync::atomic::AtomicU64; 32] =
     [const { std::sync::atomic::AtomicU64::new(0) }; 32];
@@ -103,7 +83,7 @@ impl LowMark {
 
 /// `fd`, which the kernel just made for the application (socket, accept) at the lowest free
 /// number, where an fd of ours may have held a lower one for a moment ([`LowFds`] since
-/// `mark`): the number it would have had without ours, once the short holds under way when
+/// `mark`): the number it would have had without ours, once the holds under way when
 /// it was made ended (waited for a bounded while), `fd` moved there (`cloexec`: its
 /// FD_CLOEXEC). A number a thread of the application freed meanwhile is taken as well, as
 /// its call could have over TCP. Without that, a connection's setup in the progress thread
@@ -140,7 +120,7 @@ pub fn app_number(fd: RawFd, mark: LowMark, cloexec: bool) -> RawFd {
     keep
 }
 
-/// `f`, which opens a file for a moment (a /proc file, the report): under a short hold, so it
+/// `f`, which opens a file for a moment (a /proc file, the report): under a hold, so it
 /// finds room where the application's numbers are all taken and the application's own socket
 /// or accept meanwhile waits for its number ([`app_number`]).
 pub fn with_room<T>(f: impl FnOnce() -> T) -> T {
@@ -148,7 +128,7 @@ pub fn with_room<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// How long [`app_number`] waits for short holds to end (each is a few system calls).
+/// How long [`app_number`] waits for holds to end (each is a few system calls).
 const APP_NUMBER_WAIT: Duration = Duration::from_millis(20);
 
 /// An fd `make` creates (a system call's result), owned and moved out of the application's
