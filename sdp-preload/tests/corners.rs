@@ -225,6 +225,24 @@ fn the_applications_own_files_stop_at_its_fd_limit_as_over_tcp() {
     );
 }
 
+/// A limit the application raises by a system call of its own (Go's runtime does at its start)
+/// holds after SDP connections come and go: files open up to it, as over TCP. (With the room
+/// open only while the library makes its fds, each close of the room once put the limit the
+/// shim knew back: the files stopped at 64.)
+#[test]
+fn a_limit_raised_by_a_system_call_holds_as_over_tcp() {
+    let _serial = serial();
+    let (tcp, lines) = differential(Some("fd_limit_raw"), "fd_limit_raw");
+    assert!(
+        tcp.contains("raised by a system call to 200: open stops with EMFILE at fd 199"),
+        "{tcp}"
+    );
+    assert!(
+        has_line(&lines, &["\"role\":\"server\"", "\"transport\":\"shm\""]),
+        "report:\n{lines}"
+    );
+}
+
 /// accept at the application's own fd limit fails with EMFILE and leaves the connection
 /// queued, as over TCP; after a close it takes the connection at the number freed, over SDP.
 /// Before: the shim's room above the limit let accept hand out a number past it (past 1024, a

@@ -4623,6 +4623,45 @@ static void case_fd_limit_open(void) {
     wait_ok(w);
 }
 
+/* A limit the application raises by a system call of its own (not through libc: Go's runtime
+ * raises its soft limit so at its start) holds after SDP connections come and go: files open
+ * up to it, as over TCP. */
+static void pings(int rounds) {
+    struct sockaddr_in a;
+    int l = listener(&a);
+    for (int i = 0; i < rounds; i++) {
+        int c = dial(&a);
+        int s = accept(l, NULL, NULL);
+        CHECK(c >= 0 && s >= 0);
+        char b[4];
+        CHECK(write(c, "ping", 4) == 4 && read(s, b, 4) == 4);
+        close(c);
+        close(s);
+    }
+    close(l);
+}
+
+static void case_fd_limit_raw(void) {
+    pid_t w = fork();
+    CHECK(w >= 0);
+    if (w == 0) {
+        set_fd_limit(64, 0);
+        pings(2);
+        struct rlimit r;
+        CHECK(getrlimit(RLIMIT_NOFILE, &r) == 0);
+        r.rlim_cur = 200;
+        CHECK(syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, &r, NULL) == 0);
+        pings(2);
+        int n = 0, f, highest = -1;
+        while (n++ < 4096 && (f = open("/dev/null", O_RDONLY)) >= 0)
+            highest = f > highest ? f : highest;
+        out("fd limit raised by a system call to 200: open stops with %s at fd %d", en(errno),
+            highest);
+        _exit(0);
+    }
+    wait_ok(w);
+}
+
 /* accept at the application's fd limit: EMFILE, as over TCP, the connection left queued (the
  * shim's room above the limit must not hand it a number past it: a select() loop's fd_set
  * ends at 1024); after a close, accept takes it at the number freed, and it carries bytes. A
@@ -4792,6 +4831,7 @@ int main(int argc, char **argv) {
     RUN(fd_limit);
     RUN(fd_limit_accept);
     RUN(fd_limit_open);
+    RUN(fd_limit_raw);
     RUN(epoll_et);
     RUN(oneshot_and_level);
     RUN(level_triggered);

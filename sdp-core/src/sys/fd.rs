@@ -337,7 +337,9 @@ pub fn set_app_fd_limit(soft: u64, hard: u64) -> io::Result<()> {
     let open = ROOMS.lock();
     if room >= soft.saturating_add(MIN_FD_ROOM) {
         // The application's limit, or the room's while one is open ([`Room`]).
-        set_nofile_limit(if *open > 0 { room } else { soft }, hard)?;
+        let now = if *open > 0 { room } else { soft };
+        set_nofile_limit(now, hard)?;
+        LAST_SOFT.store(now, Relaxed);
         HARD_FD_LIMIT.store(hard, Relaxed);
         APP_FD_LIMIT.store(soft.max(1), Relaxed);
     } else {
@@ -404,14 +406,36 @@ impl Drop for Room {
 /// [`ROOMS`]).
 fn apply_room(open: bool) {
     use std::sync::atomic::Ordering::Relaxed;
-    let app = APP_FD_LIMIT.load(Relaxed);
-    if app == 0 {
+    if APP_FD_LIMIT.load(Relaxed) == 0 {
         return;
     }
+    if open {
+        // A limit the application set by a system call of its own (Go's runtime raises its
+        // soft limit to the hard one so, at its start) is its limit from now on.
+        match nofile_limit() {
+            Ok((soft, hard)) if soft != LAST_SOFT.load(Relaxed) => {
+                if fd_room(soft, hard) < soft.saturating_add(MIN_FD_ROOM) {
+                    APP_FD_LIMIT.store(0, Relaxed);
+                    FLOOR_CACHE.store(0, Relaxed);
+                    return;
+                }
+                APP_FD_LIMIT.store(soft.max(1), Relaxed);
+                HARD_FD_LIMIT.store(hard, Relaxed);
+                FLOOR_CACHE.store(0, Relaxed);
+            }
+            _ => {}
+        }
+    }
+    let app = APP_FD_LIMIT.load(Relaxed);
     let hard = HARD_FD_LIMIT.load(Relaxed);
     let soft = if open { fd_room(app, hard) } else { app };
-    let _ = set_nofile_limit(soft, hard);
+    if set_nofile_limit(soft, hard).is_ok() {
+        LAST_SOFT.store(soft, Relaxed);
+    }
 }
+
+/// The soft limit [`apply_room`] or [`set_app_fd_limit`] last gave the kernel.
+static LAST_SOFT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// In a fork child: only the forking thread's rooms are open (the others' threads are not
 /// here), and the limit follows.
