@@ -15,7 +15,7 @@ static LOW_FDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize:
 /// Held from before a system call makes fds of SDP's until they are above the application's
 /// numbers or closed: while any is held, [`app_slot`] and [`app_has_room`] wait for a number
 /// below the application's limit that looks taken (it may be one of those fds).
-/// It also opens the [`Room`] above the application's limit, where those fds go.
+/// It also opens the room (`Room`) above the application's limit, where those fds go.
 #[must_use]
 pub struct LowFds {
     _room: Room,
