@@ -32,10 +32,7 @@ impl ReadyFd {
     /// A pair that starts not readable, writable (the kernel's default), not hung up; call
     /// [`ReadyFd::set`] right away with the socket's state.
     pub(crate) fn new() -> io::Result<ReadyFd> {
-        let low = sys::LowFds::hold();
         let (user, ours) = sys::socketpair()?;
-        let user = sys::high_owned(user)?;
-        drop(low);
         // The smallest send buffer the kernel allows, so a few bytes fill it.
         sys::setsockopt_int(user.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, 1)?;
         Ok(ReadyFd {
@@ -177,15 +174,10 @@ impl std::fmt::Debug for UnreadClear {
 
 impl AppReady {
     /// A new pair: the user end for the application (blocking unless `nonblocking`,
-    /// close-on-exec if `cloexec`), and the runtime's state.
-    /// The user end is above the application's numbers too, until the shim puts it under the
-    /// application's socket's number (dup3): a number of the application's taken by it for a
-    /// whole connect would give another thread's socket or open the next one.
+    /// close-on-exec if `cloexec`), and the runtime's state. The user end is above the
+    /// application's numbers until the shim puts it under the application's socket's (dup3).
     pub(crate) fn new(nonblocking: bool, cloexec: bool) -> io::Result<(AppReady, OwnedFd)> {
-        let low = sys::LowFds::hold();
         let (user, ours) = sys::socketpair()?;
-        let user = sys::high_owned(user)?;
-        drop(low);
         // A fork child's copy of our end would keep its own fd's file open after we are gone.
         sys::close_in_fork_child(std::os::fd::AsFd::as_fd(&ours));
         // A small send buffer, so a few writes fill it; room for the primer byte.

@@ -104,13 +104,7 @@ pub fn app_number(fd: RawFd, mark: LowMark, cloexec: bool) -> RawFd {
     {
         std::thread::yield_now();
     }
-    let cmd = if cloexec {
-        libc::F_DUPFD_CLOEXEC
-    } else {
-        libc::F_DUPFD
-    };
-    // SAFETY: duplicates the caller's fd at the lowest free number; no memory passed.
-    let d = unsafe { libc::fcntl(fd, cmd, 0) };
+    let d = dup_lowest(fd, cloexec);
     if d < 0 {
         return fd;
     }
@@ -167,18 +161,12 @@ pub fn app_has_room(fd: RawFd, app: u64) -> bool {
 /// `cloexec`). An fd of ours at one of those numbers only for a moment ([`LowFds`]) is
 /// waited for (a bounded while).
 fn dup_below(fd: RawFd, app: u64, cloexec: bool) -> Option<RawFd> {
-    let cmd = if cloexec {
-        libc::F_DUPFD_CLOEXEC
-    } else {
-        libc::F_DUPFD
-    };
     let start = std::time::Instant::now();
     for tries in 0u32.. {
         // Read before looking: an fd of ours made after it cannot hold a number that was free
         // when the application's socket was made (it got the lowest free one).
         let ours_low = LOW_FDS.load(std::sync::atomic::Ordering::SeqCst) != 0;
-        // SAFETY: duplicates the caller's fd at the lowest free number; no memory passed.
-        let d = unsafe { libc::fcntl(fd, cmd, 0) };
+        let d = dup_lowest(fd, cloexec);
         if d >= 0 && (d as u64) < app {
             return Some(d);
         }
@@ -196,6 +184,17 @@ fn dup_below(fd: RawFd, app: u64, cloexec: bool) -> Option<RawFd> {
         }
     }
     None
+}
+
+/// A duplicate of `fd` at the lowest free number (close-on-exec if `cloexec`); -1 if none.
+fn dup_lowest(fd: RawFd, cloexec: bool) -> RawFd {
+    let cmd = if cloexec {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    // SAFETY: duplicates the caller's fd at the lowest free number; no memory passed.
+    unsafe { libc::fcntl(fd, cmd, 0) }
 }
 
 /// How long [`dup_below`] waits while fds of ours are at the application's numbers: each is

@@ -22,12 +22,18 @@ fn raw_pair(ty: libc::c_int) -> io::Result<[OwnedFd; 2]> {
     Ok(fds.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
-/// A connected pair of nonblocking, close-on-exec AF_UNIX stream sockets.
-pub(crate) fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+/// [`raw_pair`], both ends moved out of the application's numbers.
+fn pair_high(ty: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
     let _low = LowFds::hold();
-    let [app, ours] = raw_pair(libc::SOCK_STREAM)?;
-    // The first is the application's; the second, ours, moves out of the application's numbers.
-    Ok((app, high_owned(ours)?))
+    let [a, b] = raw_pair(ty)?;
+    Ok((high_owned(a)?, high_owned(b)?))
+}
+
+/// A connected pair of nonblocking, close-on-exec AF_UNIX stream sockets, above the
+/// application's numbers (an application's end takes its number later, by dup3: held at the
+/// lowest free one meanwhile, it would give another thread's socket or open the next).
+pub(crate) fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    pair_high(libc::SOCK_STREAM)
 }
 
 /// `sockaddr_un` for an abstract name (no leading NUL in `name`), and its length.
@@ -179,9 +185,7 @@ pub fn seqpacket_listen(name: &[u8], backlog: u32) -> io::Result<OwnedFd> {
 /// A connected pair of nonblocking, close-on-exec seqpacket sockets (a queue of messages
 /// with fds between processes that inherit both ends).
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let _low = LowFds::hold();
-    let [a, b] = raw_pair(libc::SOCK_SEQPACKET)?;
-    Ok((high_owned(a)?, high_owned(b)?))
+    pair_high(libc::SOCK_SEQPACKET)
 }
 
 /// SO_PASSCRED: every message received on `fd` carries its sender's credentials, as the
