@@ -248,6 +248,30 @@ fn idle_connection_gives_memory_back() {
     );
     assert_eq!(c.tx_queued_bytes(), 0);
     assert_eq!(p.a.conn(a).unwrap().state(), State::Established);
+    // Nothing is due on either idle connection: no timer wakes its process (an idle server's
+    // connections cost no CPU).
+    for (d, id) in [(&p.a, a), (&p.b, b)] {
+        let c = d.conn(id).unwrap();
+        assert_eq!(c.poll_timeout(), None, "{}", c.debug_state());
+    }
+    // Data moving again starts the idle check again: what it takes goes back once idle.
+    w.to_send += 16 << 20;
+    p.run_until(60 * SEC, |p| {
+        let now = p.now();
+        w.pump(&mut p.a, now, a);
+        r.pump(&mut p.b, now, b);
+        r.received == 80 << 20
+    });
+    assert_eq!(r.received, 80 << 20);
+    assert!(p.a.conn(a).unwrap().poll_timeout().is_some());
+    let busy_again = p.fabric.stats(A_IP).registered_bytes;
+    p.run_for(10 * SEC);
+    let idle_again = p.fabric.stats(A_IP).registered_bytes;
+    assert!(
+        idle_again < busy_again,
+        "idle {idle_again} vs busy {busy_again}"
+    );
+    assert_eq!(p.a.conn(a).unwrap().poll_timeout(), None);
 }
 
 #[test]

@@ -83,7 +83,7 @@ impl<S: BufStore> Conn<S> {
     /// The connection moved data now (the idle shrink measures from the last time).
     #[inline]
     pub(super) fn touch(&mut self, now: Instant) {
-        self.timers.touch(now);
+        self.timers.touch(now, self.cfg.idle_shrink);
     }
 
     /// The peer showed it is alive: a message arrived.
@@ -172,6 +172,12 @@ impl<S: BufStore> Conn<S> {
             }
             self.advts.trim_bounce(&mut self.store);
             self.rx.trim(&mut self.store, 0);
+            if self.tx.nothing_inflight() {
+                // Nothing can come back to give up later: no timer until the data moves
+                // again (an idle server's thousands of connections wake nobody).
+                self.timers.park_idle();
+                return;
+            }
         }
         self.timers
             .start(Timer::IdleCheck, now + self.cfg.idle_shrink);

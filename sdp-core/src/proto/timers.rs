@@ -51,6 +51,10 @@ pub(crate) struct TimerTable {
     last_activity: Instant,
     /// Probes sent since the peer last showed it is alive.
     keepalive_outstanding: u32,
+    /// The idle check stopped itself (the connection went idle and had nothing left to give
+    /// back): the next move of data starts it again ([`TimerTable::touch`]), so an idle
+    /// connection has no timer at all and costs its process no wakeup.
+    idle_parked: bool,
 }
 
 impl TimerTable {
@@ -61,6 +65,7 @@ impl TimerTable {
             last_rx_at: now,
             last_activity: now,
             keepalive_outstanding: 0,
+            idle_parked: false,
         }
     }
     #[inline]
@@ -70,6 +75,9 @@ impl TimerTable {
     #[inline]
     pub(crate) fn set(&mut self, t: Timer, at: Option<Instant>) {
         self.at[t as usize] = at;
+        if t == Timer::IdleCheck {
+            self.idle_parked = false;
+        }
     }
     #[inline]
     pub(crate) fn start(&mut self, t: Timer, at: Instant) {
@@ -87,10 +95,21 @@ impl TimerTable {
     pub(crate) fn is_armed(&self, t: Timer) -> bool {
         self.get(t).is_some()
     }
-    /// The data moved now.
+    /// The data moved now; a parked idle check ([`TimerTable::park_idle`]) is due `idle`
+    /// from now.
     #[inline]
-    pub(crate) fn touch(&mut self, now: Instant) {
+    pub(crate) fn touch(&mut self, now: Instant, idle: Duration) {
         self.last_activity = now;
+        if self.idle_parked {
+            self.start(Timer::IdleCheck, now + idle);
+        }
+    }
+    /// Stop the idle check until the data moves again ([`TimerTable::touch`]). Stopping or
+    /// starting it otherwise (a disconnect) ends the parking.
+    #[inline]
+    pub(crate) fn park_idle(&mut self) {
+        self.set(Timer::IdleCheck, None);
+        self.idle_parked = true;
     }
     /// How long since the data last moved.
     #[inline]

@@ -92,6 +92,11 @@ const OFF_DIRECT_LEVEL: usize = 456;
 /// Direct wakeups under way: the peer raises it before it looks at `OFF_DIRECT` and lowers it
 /// once its byte is written, so an owner turning them off can wait until no byte can come.
 const OFF_DIRECT_BUSY: usize = 704;
+/// Each connection's socket is read on its own every this many `ShmConfig::liveness_interval`s
+/// while it is polled (its news comes through the epoll set: this is in case the set missed
+/// it). Every 100 ms before, which cost a server's progress thread a system call per idle
+/// connection at every round.
+const LIVENESS_BACKSTOP: u64 = 50;
 /// Longest `set_direct_wake(false, settle)` waits for a live peer's byte in flight.
 const DIRECT_SETTLE_MAX: Duration = Duration::from_millis(250);
 /// Longest a read that leaves nothing to read waits for the peer's direct wakeups under way to
@@ -248,8 +253,10 @@ pub struct ShmConfig {
     /// A SEND that finds no receive posted is retried this long, then fails with
     /// `RnrRetryExceeded`.
     pub rnr_timeout: Duration,
-    /// A connection's socket is checked for a hang-up at least this often while polled
-    /// (besides every wakeup through the notify fd).
+    /// The connections' sockets' news (a hang-up, a CM message) is collected from the epoll
+    /// set at least this often while the provider is polled (besides before every sleep,
+    /// [`Provider::arm`]); each socket is also read on its own every
+    /// `LIVENESS_BACKSTOP` times this, should epoll not have it.
     pub liveness_interval: Duration,
     /// A peer that paused for a move (`M_SUSP`) takes the mover as gone (a reset) when the
     /// process that goes on has not said where it is (`M_MOVED`) within this.
@@ -555,6 +562,9 @@ struct Inner {
     ctls: Mutex<slab::Slab<Weak<Ctl>>>,
     /// Tokens whose socket epoll reported in `arm` (their `Ctl::hint` set), for `take_news`.
     hinted: Mutex<Vec<usize>>,
+    /// When the epoll set was last drained (`sys::coarse_ms`): `take_news` drains it once
+    /// `cfg.liveness_interval` passed, for a progress thread too busy to sleep (`arm`).
+    drained_ms: AtomicU64,
     /// One more than the highest token ever handed out (the slab reuses the lowest free ones):
     /// `take_news` looks at the bells below it.
     tokens_high: AtomicUsize,
@@ -759,6 +769,34 @@ impl Inner {
         self.keys.u64(off + E_ADDR).store(addr, Ordering::Relaxed);
         self.keys.u64(off + E_LEN).store(len, Ordering::Relaxed);
         seq.store(s.wrapping_add(2), Ordering::Release);
+    }
+
+    /// How often each connection's socket is read on its own (`LIVENESS_BACKSTOP`).
+    fn backstop_ms(&self) -> u64 {
+        self.cfg.liveness_interval.as_millis() as u64 * LIVENESS_BACKSTOP
+    }
+
+    /// Take what the epoll set reported: the sockets with news get their hint set and join
+    /// `hinted` (for `take_news`), the RNR timer is read.
+    fn drain_events(&self) {
+        self.drained_ms.store(sys::coarse_ms(), Ordering::Relaxed);
+        let ctls = self.ctls.lock();
+        let mut hinted = self.hinted.lock();
+        sys::epoll_drain(self.epoll.as_fd(), |tok| match tok {
+            // Edge-triggered: taking the event is enough.
+            TOKEN_EVFD => {}
+            TOKEN_TIMER => sys::eventfd_drain(self.timer.as_fd()),
+            t => {
+                let token = (t - TOKEN_BASE) as usize;
+                if let Some(c) = ctls.get(token).and_then(Weak::upgrade) {
+                    // Once until the endpoint looks (`poll_cm` takes the hint back): the list
+                    // holds each token at most once.
+                    if !c.hint.swap(true, Ordering::Relaxed) {
+                        hinted.push(token);
+                    }
+                }
+            }
+        });
     }
 
     /// Let go of parked memory whose peers' copies ended, and forget copies that ended.
@@ -1080,6 +1118,7 @@ impl ShmProvider {
                 }),
                 ctls: Mutex::new(slab::Slab::new()),
                 hinted: Mutex::new(Vec::new()),
+                drained_ms: AtomicU64::new(0),
                 tokens_high: AtomicUsize::new(0),
                 rnr_waiting: AtomicUsize::new(0),
                 next_port: AtomicU32::new(sys::getpid_now() as u32),
@@ -1808,25 +1847,7 @@ impl Provider for ShmProvider {
         // memory parked behind them, are let go; so are peer providers kept past their time.)
         inner.reap();
         inner.expire_providers();
-        let ctls = inner.ctls.lock();
-        let mut hinted = inner.hinted.lock();
-        sys::epoll_drain(inner.epoll.as_fd(), |tok| match tok {
-            // Edge-triggered: taking the event is enough.
-            TOKEN_EVFD => {}
-            TOKEN_TIMER => sys::eventfd_drain(inner.timer.as_fd()),
-            t => {
-                let token = (t - TOKEN_BASE) as usize;
-                if let Some(c) = ctls.get(token).and_then(Weak::upgrade) {
-                    // Once until the endpoint looks (`poll_cm` takes the hint back): the list
-                    // holds each token at most once.
-                    if !c.hint.swap(true, Ordering::Relaxed) {
-                        hinted.push(token);
-                    }
-                }
-            }
-        });
-        drop(hinted);
-        drop(ctls);
+        inner.drain_events();
         // One flag for every connection: the first peer to ring a bell after it writes the
         // eventfd. (Stored only when taken: peers read it at each of their sends.)
         let w = inner.bells.u32(B_WAKE);
@@ -1842,7 +1863,14 @@ impl Provider for ShmProvider {
 
     fn take_news(&self, out: &mut Vec<usize>) -> bool {
         // Every rung bell (a peer's change to that connection since its owner last looked:
-        // one pass over the bells of the tokens handed out), then the sockets `arm` saw.
+        // one pass over the bells of the tokens handed out), then the sockets epoll reported
+        // (to `arm`, or here when a busy progress thread has not slept for a while).
+        let now = sys::coarse_ms();
+        if now.saturating_sub(self.inner.drained_ms.load(Ordering::Relaxed))
+            >= self.inner.cfg.liveness_interval.as_millis() as u64
+        {
+            self.inner.drain_events();
+        }
         let bells = &self.inner.bells;
         let high = self.inner.tokens_high.load(Ordering::Relaxed).min(NBELLS);
         for token in 0..high {
@@ -3509,8 +3537,7 @@ impl Endpoint for ShmEndpoint {
             && self.inner.bells.u32(b).load(Ordering::Relaxed) == 0
             && !self.ctl.hint.load(Ordering::Relaxed)
             && (self.sock.is_none()
-                || sys::coarse_ms().saturating_sub(self.last_check_ms)
-                    < self.inner.cfg.liveness_interval.as_millis() as u64)
+                || sys::coarse_ms().saturating_sub(self.last_check_ms) < self.inner.backstop_ms())
     }
 
     fn poll_cm(&mut self) -> Option<CmEvent> {
@@ -3526,8 +3553,7 @@ impl Endpoint for ShmEndpoint {
             if hint
                 || self.await_rtu
                 || self.state == QpState::Connecting
-                || now.saturating_sub(self.last_check_ms)
-                    >= self.inner.cfg.liveness_interval.as_millis() as u64
+                || now.saturating_sub(self.last_check_ms) >= self.inner.backstop_ms()
             {
                 self.last_check_ms = now;
                 self.check_socket();
