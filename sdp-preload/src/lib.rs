@@ -3293,6 +3293,7 @@ fn splice_from_stream(s: &Sock, sock: c_int, pipe: c_int, len: usize, nb: bool) 
             }
             want = want.min(room);
         }
+        return splice_from_stream_nb(s, sock, pipe, want);
     }
     with_stage(want, |buf| {
         // The stream side blocks as its fd says (TCP's splice too: SPLICE_F_NONBLOCK is the
@@ -3311,6 +3312,62 @@ fn splice_from_stream(s: &Sock, sock: c_int, pipe: c_int, len: usize, nb: bool) 
         debug_assert_eq!(taken, w);
         w
     })
+}
+
+/// [`splice_from_stream`] with SPLICE_F_NONBLOCK: the pipe must not block the call, whatever
+/// its own O_NONBLOCK, and its room is whole pages, not the bytes its size and FIONREAD tell
+/// (a page partly read holds its free bytes for nobody): a `write` of that many bytes into a
+/// blocking pipe blocked for good when the caller was the pipe's only reader (haproxy's
+/// `option splice-response`, backend over SDP, client over TCP: the download stalled). So the
+/// peeked bytes go into a scratch pipe of ours, the kernel moves what the caller's pipe takes
+/// without blocking (`splice` pipe to pipe, SPLICE_F_NONBLOCK: EAGAIN when it takes nothing),
+/// and that much is taken from the stream.
+fn splice_from_stream_nb(s: &Sock, sock: c_int, pipe: c_int, want: usize) -> ssize_t {
+    let mut p = [0 as c_int; 2];
+    // (Made in the room above the application's limit: a program at its limit can splice.)
+    // SAFETY: pipe2 fills the two-int array it is given.
+    if fd_limit::with_room(|| unsafe {
+        libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK)
+    }) != 0
+    {
+        return -1;
+    }
+    let r = with_stage(want, |buf| {
+        let n = do_read(s, sock, buf, libc::MSG_PEEK);
+        if n <= 0 {
+            return n;
+        }
+        // SAFETY: writes from our own buffer into our own (nonblocking, empty) pipe.
+        let k = unsafe { real::write(p[1], buf.as_ptr().cast(), n as usize) };
+        if k <= 0 {
+            return k;
+        }
+        // SAFETY: pipe to pipe, no memory passed; the caller's pipe as it gave it.
+        let m = unsafe {
+            real::splice(
+                p[0],
+                std::ptr::null_mut(),
+                pipe,
+                std::ptr::null_mut(),
+                k as usize,
+                libc::SPLICE_F_NONBLOCK,
+            )
+        };
+        if m <= 0 {
+            return m;
+        }
+        // The bytes are in the caller's pipe: take them from the stream.
+        let taken = do_read(s, sock, &mut buf[..m as usize], libc::MSG_DONTWAIT);
+        debug_assert_eq!(taken, m);
+        m
+    });
+    // (A successful close leaves errno alone.)
+    // SAFETY: our own scratch pipe's fds.
+    unsafe {
+        real::close(p[0]);
+        real::close(p[1]);
+    }
+    r
 }
 
 /// A pipe into an SDP stream: `tee` the pipe's bytes (they stay in it), write them to the

@@ -1876,6 +1876,64 @@ static void case_splice(void) {
     out("splice to socket: %zu", put);
 }
 
+/* The peer of `splice_full_pipe`: 256 KiB of a known pattern, then waits for EOF. */
+#define FULL_PIPE_BYTES 262144
+static void peer_stream_256k(int s) {
+    static unsigned char b[FULL_PIPE_BYTES];
+    for (size_t i = 0; i < sizeof b; i++)
+        b[i] = (unsigned char)(i * 7 % 251);
+    size_t put = 0;
+    while (put < sizeof b) {
+        ssize_t n = write(s, b + put, sizeof b - put);
+        CHECK(n > 0);
+        put += (size_t)n;
+    }
+    char c;
+    CHECK(read(s, &c, 1) == 0);
+}
+
+/* splice(SPLICE_F_NONBLOCK) from a socket into a blocking pipe that is nearly full, its last
+ * page partly read (2559 bytes left in it): the call returns (bytes or EAGAIN), never blocks,
+ * as haproxy's `option splice-response` needs (it is the pipe's only reader). Under the shim
+ * the stream's bytes went into the pipe by a write of its free room in bytes, which blocked
+ * for good: a pipe's room is whole pages. The bytes arrive whole and in order. */
+static void case_splice_full_pipe(void) {
+    int s;
+    pid_t pid = start(peer_stream_256k, &s);
+    int p[2];
+    CHECK(pipe(p) == 0);
+    alarm(20);
+    static unsigned char b[65536];
+    size_t in = 0, got = 0;
+    int bad = 0;
+    while (got < FULL_PIPE_BYTES) {
+        if (in < FULL_PIPE_BYTES) {
+            size_t want = FULL_PIPE_BYTES - in < 65536 ? FULL_PIPE_BYTES - in : 65536;
+            ssize_t n = splice(s, NULL, p[1], NULL, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+            CHECK(n > 0 || (n < 0 && errno == EAGAIN));
+            if (n > 0)
+                in += (size_t)n;
+        }
+        int q = 0;
+        CHECK(ioctl(p[0], FIONREAD, &q) == 0);
+        /* While more comes, leave a partly read page behind. */
+        size_t take = in < FULL_PIPE_BYTES ? (q > 2559 ? (size_t)q - 2559 : 0) : (size_t)q;
+        while (take > 0) {
+            ssize_t r = read(p[0], b, take < sizeof b ? take : sizeof b);
+            CHECK(r > 0);
+            for (ssize_t i = 0; i < r; i++)
+                bad += b[i] != (unsigned char)((got + (size_t)i) * 7 % 251);
+            got += (size_t)r;
+            take -= (size_t)r;
+        }
+    }
+    alarm(0);
+    out("splice into a nearly full blocking pipe: %zu bytes, %d wrong", got, bad);
+    close(p[0]);
+    close(p[1]);
+    finish(pid, s);
+}
+
 /* Fork a server that listens in its own process (a listener shared by fork is other cases'),
  * runs `serve(listener)` and exits; `a` gets its address. */
 /* The user fork_server's server runs as (-1: ours). */
@@ -4904,6 +4962,7 @@ int main(int argc, char **argv) {
     RUN(orphan_listener);
     RUN(spawn_serve);
     RUN(splice);
+    RUN(splice_full_pipe);
     RUN(sendfile);
     RUN(vfork_exec);
     RUN(exec_listener);

@@ -206,7 +206,10 @@ impl<P: Provider + 'static> Shared<P> {
             None => {
                 let Ok(ep) = sys::epoll_create() else { return };
                 sys::close_in_fork_child(ep.as_fd());
-                self.app_hangups.get_or_init(|| ep)
+                let ep = self.app_hangups.get_or_init(|| ep);
+                // Watched by the progress thread from its next wait on (see `requests`).
+                sys::eventfd_signal(&self.wake);
+                ep
             }
         };
         let _ = sys::epoll_add_hangup(ep.as_fd(), ours.as_raw_fd(), id.as_u64());

@@ -82,6 +82,10 @@ impl<P: Provider + 'static> Shared<P> {
         sys::close_in_fork_child(pair.0.as_fd());
         let r = self.requests.get_or_init(|| pair);
         sys::keep_for_children(r.1.as_raw_fd());
+        // The progress thread watches the channel from its next wait on: wake it, or a child's
+        // first request waited out its current sleep (up to 1 s: rsync's daemon children, the
+        // first use of every inherited stream, 2026-11-29).
+        sys::eventfd_signal(&self.wake);
         Ok(r)
     }
 

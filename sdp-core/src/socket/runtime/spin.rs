@@ -500,17 +500,18 @@ pub(crate) fn poll_events_for(
     timeout: Option<Duration>,
     mut wait: impl FnMut(Option<Duration>) -> i32,
 ) -> i32 {
-    if may_poll(timeout) {
-        // Events there already: one try answers, as the real call would, before any cost of
-        // polling (the signals held, the thread's and the CPU's figures read).
-        let n = wait(Some(Duration::ZERO));
-        if n != 0 {
-            return n;
-        }
-    }
+    // A wait that will not poll is the real call at once: it returns at once if events are
+    // there (a try first cost redis-server under the shim one `epoll_wait` more per request
+    // whenever the back-off rules said no poll, 2026-11-29).
     let Some(spin) = event_poll_time(timeout) else {
         return wait(timeout);
     };
+    // Events there already: one try answers, as the real call would, before any cost of
+    // polling (the signals held, the thread's and the CPU's figures read).
+    let n = wait(Some(Duration::ZERO));
+    if n != 0 {
+        return n;
+    }
     let Some(held) = sys::SignalsHeld::hold() else {
         return wait(timeout);
     };
@@ -552,16 +553,15 @@ pub(crate) fn poll_events_masked(
     mut poll: impl FnMut() -> i32,
     wait: impl FnOnce(Option<Duration>) -> i32,
 ) -> i32 {
-    if may_poll(timeout) {
-        // As in `poll_events_for`: the try uses the call's mask, as the real call would.
-        let n = poll();
-        if n != 0 {
-            return n;
-        }
-    }
+    // As in `poll_events_for`: no try for a wait that will not poll.
     let Some(spin) = event_poll_time(timeout) else {
         return wait(timeout);
     };
+    // The try uses the call's mask, as the real call would.
+    let n = poll();
+    if n != 0 {
+        return n;
+    }
     let Some(held) = sys::SignalsHeld::hold() else {
         return wait(timeout);
     };

@@ -467,6 +467,13 @@ fn wait_copy(w: &AtomicU32, v: u32, peer: Option<&Proc>, max: Duration) -> CopyW
     wait_word(w, |x| x != v, peer, max)
 }
 
+/// How long [`wait_word`] only spins before it yields the CPU between its looks: what it
+/// waits for is mostly a peer in the middle of a system call (a read waiting for the peer's
+/// wakeup byte, `direct_settler`): on another CPU it is done within a few microseconds, but
+/// a peer that our own wakeup preempted on our CPU runs only once we yield (20 us of spinning
+/// first looked slower in a rough A/B on a loaded host, 2026-11-29).
+const WAIT_SPIN_ONLY: Duration = Duration::from_micros(3);
+
 /// Wait until the peer-written word `w` satisfies `done`, the peer exits, or `max` passes.
 fn wait_word(
     w: &AtomicU32,
@@ -482,7 +489,10 @@ fn wait_word(
         }
         spins = spins.wrapping_add(1);
         if spins.is_multiple_of(64) {
-            if peer.is_some_and(|p| !p.alive()) {
+            // A check up to `LIVENESS_TRUST` old will do (a dead peer only makes the wait go
+            // on that much longer): a read that waits here for the peer's wakeup byte paid a
+            // `poll` of the pidfd per request before (redis-server under the shim, 2026-11-29).
+            if peer.is_some_and(|p| !p.alive_recently()) {
                 return CopyWait::PeerGone;
             }
             let t = start.elapsed();
@@ -491,7 +501,7 @@ fn wait_word(
             }
             if t > Duration::from_micros(200) {
                 std::thread::sleep(Duration::from_micros(50));
-            } else {
+            } else if t > WAIT_SPIN_ONLY {
                 std::thread::yield_now();
             }
         }
