@@ -35,7 +35,7 @@
 mod pattern;
 mod xfer;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -56,6 +56,32 @@ const HELLO_MAGIC: u32 = 0x534f_4b48; // "SOKH"
 const HEADER_MAGIC: u32 = 0x534f_414b; // "SOAK"
 const HELLO_LEN: usize = 16;
 const HEADER_LEN: usize = 64;
+
+/// The monotonic clock in ms (the uptime of the rig's guest), the trace's times: they line up
+/// with the times a `--fault-cmd` may log.
+fn mono_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: one live timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+/// The last [`TRACE_KEEP`] events (sessions started and ended, faults, commands), printed
+/// when the soak fails.
+static TRACE: Mutex<VecDeque<String>> = Mutex::new(VecDeque::new());
+const TRACE_KEEP: usize = 40;
+
+/// One event of the trace.
+fn ev(msg: String) {
+    let mut t = TRACE.lock().unwrap();
+    if t.len() == TRACE_KEEP {
+        t.pop_front();
+    }
+    t.push_back(format!("{:.3} {msg}", mono_ms() as f64 / 1000.0));
+}
 
 fn die(msg: impl std::fmt::Display) -> ! {
     eprintln!("sdp-soak: {msg}");
@@ -768,6 +794,8 @@ struct Sess {
     /// `now_ms` when the parent's side ended (0 while under way).
     ended: AtomicU64,
     hang: AtomicBool,
+    /// `now_ms` when our header went.
+    started: u64,
 }
 
 struct Slot {
@@ -985,16 +1013,40 @@ fn serve(soak: Arc<Soak>, s: SdpStream) {
         fault: Mutex::new(None),
         ended: AtomicU64::new(0),
         hang: AtomicBool::new(false),
+        started: now_ms(),
     });
     {
         let mut sessions = soak.sessions.lock().unwrap();
-        if soak.cmd_running.load(Relaxed) {
+        let during = soak.cmd_running.load(Relaxed);
+        if during {
             *sess.fault.lock().unwrap() = Some((Fault::Cmd, now_ms()));
         }
         sessions.insert(plan.session, sess.clone());
+        ev(format!(
+            "start session {} slot {} pid {} p2w {} w2p {}{}",
+            plan.session,
+            slot,
+            pid,
+            plan.p2w_len,
+            plan.w2p_len,
+            if during {
+                " (marked cmd: the command runs)"
+            } else {
+                ""
+            }
+        ));
     }
     let mine = xfer::duplex(s, plan.parent_side(), sess.ctl.clone());
     let ended = now_ms();
+    ev(format!(
+        "end session {} parent tx {} {} rx {} {} fault {:?}",
+        plan.session,
+        mine.tx,
+        mine.tx_end.label(),
+        mine.rx,
+        mine.rx_end.label(),
+        sess.fault.lock().unwrap().map(|f| f.0.name())
+    ));
     sess.ended.store(ended, Relaxed);
     let fault = *sess.fault.lock().unwrap();
     // The worker's report: at once after a normal end; within the bound after we closed.
@@ -1058,6 +1110,8 @@ fn judge(soak: &Soak, sess: &Sess, mine: &SideResult, theirs: Option<&Report>) {
     let hang = sess.hang.load(Relaxed);
     let ended = sess.ended.load(Relaxed);
     let bound = soak.args.fault_bound * 1000;
+    // A `now_ms` time on the trace's clock, in seconds.
+    let mono = |t: u64| (mono_ms() - now_ms() + t) as f64 / 1000.0;
     let mut st = soak.stats.lock().unwrap();
     st.sessions += 1;
     let w = theirs.map(|r| &r.side);
@@ -1146,7 +1200,7 @@ fn judge(soak: &Soak, sess: &Sess, mine: &SideResult, theirs: Option<&Report>) {
             if let Some(t) = took.filter(|&t| t > bound) {
                 ok = false;
                 st.fail(format!(
-                    "{} ended {} ms after {}, over the {} s bound: {}",
+                    "{} ended {} ms after {}, over the {} s bound (session started at {:.3}, {} at {:.3}, ended at {:.3}; parent tx {} {} rx {} {}): {}",
                     if matches!(f, Fault::PClose | Fault::PReset) {
                         "the worker's side"
                     } else {
@@ -1155,6 +1209,14 @@ fn judge(soak: &Soak, sess: &Sess, mine: &SideResult, theirs: Option<&Report>) {
                     t,
                     f.name(),
                     bound / 1000,
+                    mono(sess.started),
+                    f.name(),
+                    mono(at),
+                    mono(ended),
+                    mine.tx,
+                    mine.tx_end.label(),
+                    mine.rx,
+                    mine.rx_end.label(),
                     plan.describe()
                 ));
             }
@@ -1357,6 +1419,11 @@ fn scheduler(soak: Arc<Soak>) {
         let kind = kinds[turn % kinds.len()];
         turn += 1;
         *sess.fault.lock().unwrap() = Some((kind, now_ms()));
+        ev(format!(
+            "fault {} on session {}",
+            kind.name(),
+            sess.plan.session
+        ));
         match kind {
             Fault::Kill => soak.kill(sess.pid),
             Fault::Stop => {
@@ -1382,10 +1449,12 @@ fn scheduler(soak: Arc<Soak>) {
                     let mut f = s.fault.lock().unwrap();
                     if f.is_none() && s.ended.load(Relaxed) == 0 {
                         *f = Some((Fault::Cmd, now_ms()));
+                        ev(format!("cmd marks session {}", s.plan.session));
                     }
                 }
                 let cmd = soak.args.fault_cmd.as_deref().unwrap_or("true");
                 let st = Command::new("sh").args(["-c", cmd]).status();
+                ev("cmd ended".to_string());
                 soak.last_cmd.store(now_ms(), Relaxed);
                 soak.cmd_running.store(false, Relaxed);
                 if !matches!(&st, Ok(s) if s.success()) {
@@ -1634,6 +1703,12 @@ fn main() {
             .collect::<Vec<_>>()
             .join(", ")
     };
+    if !pass {
+        println!("  the last events (seconds on the monotonic clock):");
+        for l in TRACE.lock().unwrap().iter() {
+            println!("  trace {l}");
+        }
+    }
     println!(
         "sdp-soak: {} after {:.1} s",
         if pass { "PASS" } else { "FAIL" },
