@@ -21,7 +21,9 @@
 //! verify), `pclose` (the parent drops its end mid-transfer: the worker must see EOF or an error
 //! within the bound), `preset` (the same with SO_LINGER {1, 0}: a reset), `wclose` (the worker drops its end: the same for the parent), and with
 //! `--fault-cmd CMD` (e.g. the rig's link removal) `cmd`, which runs CMD and lets every session
-//! under way fail. A killed worker is replaced. A side that moves no byte for `--hang-secs`, or
+//! under way fail (within the bound of CMD's start), and those that start while it runs; one
+//! of those still under way when CMD is over was not ended by it and is unfaulted again. A
+//! killed worker is replaced. A side that moves no byte for `--hang-secs`, or
 //! does not end within the bound after a fault, is a hang (the worker is then killed to free
 //! it; first both ends' connections are printed as `sdpstat` shows them, and `--hang-cmd CMD`
 //! runs, e.g. the rig's `rdma res show qp`). Every session without a fault that ended it must
@@ -796,6 +798,9 @@ struct Sess {
     hang: AtomicBool,
     /// `now_ms` when our header went.
     started: u64,
+    /// Marked with the `--fault-cmd` running when it started (not one under way at the
+    /// command's start): the command may not touch it at all.
+    cmd_at_start: AtomicBool,
 }
 
 struct Slot {
@@ -1014,12 +1019,14 @@ fn serve(soak: Arc<Soak>, s: SdpStream) {
         ended: AtomicU64::new(0),
         hang: AtomicBool::new(false),
         started: now_ms(),
+        cmd_at_start: AtomicBool::new(false),
     });
     {
         let mut sessions = soak.sessions.lock().unwrap();
         let during = soak.cmd_running.load(Relaxed);
         if during {
             *sess.fault.lock().unwrap() = Some((Fault::Cmd, now_ms()));
+            sess.cmd_at_start.store(true, Relaxed);
         }
         sessions.insert(plan.session, sess.clone());
         ev(format!(
@@ -1456,7 +1463,26 @@ fn scheduler(soak: Arc<Soak>) {
                 let st = Command::new("sh").args(["-c", cmd]).status();
                 ev("cmd ended".to_string());
                 soak.last_cmd.store(now_ms(), Relaxed);
-                soak.cmd_running.store(false, Relaxed);
+                // Sessions that started while it ran and are still under way now that it is
+                // over were not ended by it (the rig's: they started after the device came
+                // back): they are unfaulted again, to complete in full or to meet a later
+                // fault, whose bound then counts from that fault (with their start as the
+                // fault's time, a later deletion ended them past the bound). Under the
+                // sessions' lock, where a starting session looks at `cmd_running`.
+                {
+                    let sessions = soak.sessions.lock().unwrap();
+                    soak.cmd_running.store(false, Relaxed);
+                    for s in sessions.values() {
+                        let mut f = s.fault.lock().unwrap();
+                        if s.cmd_at_start.swap(false, Relaxed) && s.ended.load(Relaxed) == 0 {
+                            *f = None;
+                            ev(format!(
+                                "session {} under way after the command: unmarked",
+                                s.plan.session
+                            ));
+                        }
+                    }
+                }
                 if !matches!(&st, Ok(s) if s.success()) {
                     soak.stats
                         .lock()
