@@ -1489,6 +1489,8 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     let n = unsafe { real::dup(fd) };
     if table::owned(fd) && n >= 0 {
         dup_entry(fd, n);
+    } else if n >= 0 && report::tcp_watched(fd) && !internal() {
+        report::tcp_dup(fd, n);
     }
     n
 }
@@ -1496,11 +1498,13 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     let closing = before_dup_over(old, new);
+    tcp_before_dup_over(old, new);
     // SAFETY: forwards the caller's arguments.
     let n = unsafe { real::dup2(old, new) };
     if n >= 0 && (table::owned(old) || table::owned(new)) {
         dup_entry(old, n);
     }
+    tcp_dup_over(old, n);
     drop_internal(closing);
     n
 }
@@ -1508,13 +1512,36 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     let closing = before_dup_over(old, new);
+    tcp_before_dup_over(old, new);
     // SAFETY: forwards the caller's arguments.
     let n = unsafe { real::dup3(old, new, flags) };
     if n >= 0 && (table::owned(old) || table::owned(new)) {
         dup_entry(old, n);
     }
+    tcp_dup_over(old, n);
     drop_internal(closing);
     n
+}
+
+/// After `dup2`/`dup3` of `old` onto `n` (-1: it failed): a kernel TCP socket's report line
+/// follows the socket to its duplicate.
+fn tcp_dup_over(old: c_int, n: c_int) {
+    if n >= 0 && old != n && report::tcp_watched(old) && !internal() {
+        report::tcp_dup(old, n);
+    }
+}
+
+/// Before `dup2`/`dup3` of `old` onto `new`: a kernel TCP socket at `new` closes (its line gets
+/// its counts now, as `close` would), if the dup can succeed.
+fn tcp_before_dup_over(old: c_int, new: c_int) {
+    // SAFETY: F_GETFD on an fd number: no memory is passed.
+    if old != new
+        && report::tcp_watched(new)
+        && !internal()
+        && unsafe { real::fcntl(old, libc::F_GETFD, 0) } >= 0
+    {
+        report::tcp_closing(new);
+    }
 }
 
 /// A dup of `old` onto `new` is about to close `new`: if `new` is a socket of ours (and the dup
@@ -1579,8 +1606,32 @@ fn fcntl_done(fd: c_int, cmd: c_int, arg: usize, r: c_int) -> c_int {
     r
 }
 
-owned_or_libc! { fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int => fcntl_owned }
-owned_or_libc! { fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int => fcntl64_owned }
+/// `fcntl`/`fcntl64`: an fd the shim owns goes out of line; so does F_DUPFD of a kernel TCP
+/// socket whose report line waits (the line follows the dup); the rest straight to libc.
+macro_rules! fcntl_hook {
+    ($name:ident, $owned:ident) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+            if table::owned(fd) {
+                // SAFETY: the caller's arguments.
+                return unsafe { $owned(fd, cmd, arg) };
+            }
+            if (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) && report::tcp_watched(fd) {
+                // SAFETY: forwards the caller's arguments.
+                let r = unsafe { real::$name(fd, cmd, arg) };
+                if r >= 0 && !internal() {
+                    report::tcp_dup(fd, r);
+                }
+                return r;
+            }
+            // SAFETY: forwards the caller's arguments.
+            unsafe { real::$name(fd, cmd, arg) }
+        }
+    };
+}
+
+fcntl_hook!(fcntl, fcntl_owned);
+fcntl_hook!(fcntl64, fcntl64_owned);
 
 // ---------------------------------------------------------------------------------------------
 // Reads and writes

@@ -85,7 +85,9 @@ pub(crate) fn tcp_server(c: i32, peer: Option<std::net::SocketAddr>, why: &str) 
 static TCP: ForkMutex<Vec<TcpLine>> = ForkMutex::new(Vec::new());
 /// A kernel TCP socket's waiting line.
 struct TcpLine {
-    fd: i32,
+    /// The process's fds of the socket (its dups too), in the order they came: the line is
+    /// finished when the last closes (or at exit).
+    fds: Vec<i32>,
     /// The fd's file.
     id: (u64, u64),
     r: Record,
@@ -97,10 +99,13 @@ struct TcpLine {
 }
 
 impl TcpLine {
-    /// Its record with its counts; `None` for an inherited socket nothing moved on since.
-    fn finish(self) -> Option<Record> {
-        TCP_WATCHED[self.fd as usize].store(false, Ordering::Relaxed);
-        let r = with_tcp_counts(self.fd, self.id, self.r);
+    /// Its record with its counts (read through `fd`, one of its fds still open); `None` for an
+    /// inherited socket nothing moved on since.
+    fn finish(self, fd: i32) -> Option<Record> {
+        for &f in &self.fds {
+            TCP_WATCHED[f as usize].store(false, Ordering::Relaxed);
+        }
+        let r = with_tcp_counts(fd, self.id, self.r);
         (self.at_fork != Some((r.bytes_in, r.bytes_out))).then_some(r)
     }
 }
@@ -117,9 +122,13 @@ pub(crate) fn tcp_fallback(fd: i32, r: Record) {
         return;
     };
     let mut g = TCP.lock();
-    g.retain(|l| l.fd != fd);
+    // (A line whose fd was closed behind our back, by a raw system call: that fd is not its.)
+    for l in g.iter_mut() {
+        l.fds.retain(|&f| f != fd);
+    }
+    g.retain(|l| !l.fds.is_empty());
     g.push(TcpLine {
-        fd,
+        fds: vec![fd],
         id,
         r,
         at_fork: None,
@@ -134,16 +143,42 @@ pub(crate) fn tcp_watched(fd: i32) -> bool {
     (fd as u32 as usize) < table::MAX_FD && TCP_WATCHED[fd as usize].load(Ordering::Relaxed)
 }
 
-/// `fd`, a watched kernel TCP socket, is about to close: its line gets its counts now.
+/// `fd`, a watched kernel TCP socket, is about to close: its line gets its counts now, unless
+/// another fd of the process still holds the socket (a dup: the line follows it).
 pub(crate) fn tcp_closing(fd: i32) {
     TCP_WATCHED[fd as usize].store(false, Ordering::Relaxed);
     let taken = {
         let mut g = TCP.lock();
-        g.iter().position(|l| l.fd == fd).map(|i| g.swap_remove(i))
+        let Some(i) = g.iter().position(|l| l.fds.contains(&fd)) else {
+            return;
+        };
+        g[i].fds.retain(|&f| f != fd);
+        if !g[i].fds.is_empty() {
+            return;
+        }
+        g.swap_remove(i)
     };
-    if let Some(r) = taken.and_then(TcpLine::finish) {
+    if let Some(r) = taken.finish(fd) {
         push(r);
     }
+}
+
+/// `new` was made a duplicate of `old`, a watched kernel TCP socket (dup, dup2, dup3,
+/// F_DUPFD): the line follows the socket to it, so what goes through the dup counts after
+/// `old` closes (before, the line was finished at the first close, without it).
+pub(crate) fn tcp_dup(old: i32, new: i32) {
+    if old == new || (new as u32 as usize) >= table::MAX_FD {
+        return;
+    }
+    let mut g = TCP.lock();
+    let Some(l) = g.iter_mut().find(|l| l.fds.contains(&old)) else {
+        return;
+    };
+    if table::file_id(new) != Some(l.id) || l.fds.contains(&new) {
+        return;
+    }
+    l.fds.push(new);
+    TCP_WATCHED[new as usize].store(true, Ordering::Relaxed);
 }
 
 /// `r` with the byte counts of the kernel TCP socket `fd` if it is still the file `id`.
@@ -195,7 +230,12 @@ fn tcp_counts(fd: i32) -> Option<(u64, u64)> {
 /// The lines of the kernel TCP sockets still open (at exit), with their counts.
 pub(crate) fn tcp_live() -> Vec<Record> {
     let all = std::mem::take(&mut *TCP.lock());
-    all.into_iter().filter_map(TcpLine::finish).collect()
+    all.into_iter()
+        .filter_map(|l| {
+            let fd = l.fds[0];
+            l.finish(fd)
+        })
+        .collect()
 }
 
 /// Before fork(): hold the lists, so the child gets them whole.
@@ -225,8 +265,9 @@ pub(crate) fn forget_inherited() {
     }
     let mut g = TCP.lock();
     for l in g.iter_mut() {
-        let same = table::file_id(l.fd) == Some(l.id);
-        l.at_fork = Some(same.then(|| tcp_counts(l.fd)).flatten().unwrap_or((0, 0)));
+        let fd = l.fds[0];
+        let same = table::file_id(fd) == Some(l.id);
+        l.at_fork = Some(same.then(|| tcp_counts(fd)).flatten().unwrap_or((0, 0)));
     }
 }
 

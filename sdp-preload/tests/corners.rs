@@ -159,6 +159,32 @@ fn connection_refused_falls_back_to_tcp_and_reports_why() {
     );
 }
 
+/// A kernel TCP socket's report line follows the socket through dup, F_DUPFD_CLOEXEC and dup2
+/// (each old fd closed): what went through the last dup counts (before, the line was finished
+/// at the first close, with nothing out). The client goes by kernel TCP (a rules file).
+#[test]
+fn a_kernel_tcp_sockets_report_line_follows_its_dups() {
+    let _serial = serial();
+    let conf = std::env::temp_dir().join(format!("sdp-tcpdup-{}.conf", std::process::id()));
+    std::fs::write(&conf, "use tcp client * *:*\n").unwrap();
+    let (tcp, lines) = differential_env(
+        Some("tcp_dup_report"),
+        "tcpdup",
+        &[("SDP_PRELOAD_CONF", conf.to_str().unwrap())],
+    );
+    let _ = std::fs::remove_file(&conf);
+    assert!(tcp.contains("peer read 1000"), "{tcp}");
+    let servers: Vec<&str> = lines
+        .lines()
+        .filter(|l| l.contains("\"role\":\"server\""))
+        .collect();
+    assert_eq!(servers.len(), 1, "report:\n{lines}");
+    assert!(
+        servers[0].contains("\"transport\":\"tcp\"") && servers[0].contains("\"bytes_out\":1000,"),
+        "report:\n{lines}"
+    );
+}
+
 /// A process whose fd limit just fits its connections over TCP (128: 100 connections, both
 /// ends in two processes) holds them all under the shim, over SDP, and is told its own limit;
 /// with soft = hard the connections past the shim's room fall back to TCP instead of taking

@@ -1934,6 +1934,38 @@ static void case_splice_full_pipe(void) {
     finish(pid, s);
 }
 
+/* The peer of `tcp_dup_report`: reads to EOF and says how much came. */
+static void peer_count(int s) {
+    char b[4096];
+    size_t n = 0;
+    ssize_t r;
+    while ((r = read(s, b, sizeof b)) > 0)
+        n += (size_t)r;
+    printf("peer read %zu\n", n);
+    fflush(stdout);
+}
+
+/* An accepted socket moved through dup, F_DUPFD_CLOEXEC and dup2, each old fd closed, then
+ * written through the last: the peer gets the bytes. (Its test runs it with the client on
+ * kernel TCP: the server's report line must count what went through the dups.) */
+static void case_tcp_dup_report(void) {
+    int s;
+    pid_t pid = start(peer_count, &s);
+    int d = dup(s);
+    CHECK(d >= 0);
+    close(s);
+    int e = fcntl(d, F_DUPFD_CLOEXEC, 30);
+    CHECK(e >= 30);
+    close(d);
+    CHECK(dup2(e, 40) == 40);
+    close(e);
+    static char b[1000];
+    memset(b, 'r', sizeof b);
+    CHECK(write(40, b, sizeof b) == (ssize_t)sizeof b);
+    finish(pid, 40);
+    out("wrote %zu bytes through the dups", sizeof b);
+}
+
 /* Fork a server that listens in its own process (a listener shared by fork is other cases'),
  * runs `serve(listener)` and exits; `a` gets its address. */
 /* The user fork_server's server runs as (-1: ours). */
@@ -4963,6 +4995,7 @@ int main(int argc, char **argv) {
     RUN(spawn_serve);
     RUN(splice);
     RUN(splice_full_pipe);
+    RUN(tcp_dup_report);
     RUN(sendfile);
     RUN(vfork_exec);
     RUN(exec_listener);
