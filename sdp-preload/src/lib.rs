@@ -1489,8 +1489,8 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     let n = unsafe { real::dup(fd) };
     if table::owned(fd) && n >= 0 {
         dup_entry(fd, n);
-    } else if n >= 0 && report::tcp_watched(fd) && !internal() {
-        report::tcp_dup(fd, n);
+    } else {
+        tcp_dup_over(fd, n);
     }
     n
 }
@@ -1498,7 +1498,6 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     let closing = before_dup_over(old, new);
-    tcp_before_dup_over(old, new);
     // SAFETY: forwards the caller's arguments.
     let n = unsafe { real::dup2(old, new) };
     if n >= 0 && (table::owned(old) || table::owned(new)) {
@@ -1512,7 +1511,6 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     let closing = before_dup_over(old, new);
-    tcp_before_dup_over(old, new);
     // SAFETY: forwards the caller's arguments.
     let n = unsafe { real::dup3(old, new, flags) };
     if n >= 0 && (table::owned(old) || table::owned(new)) {
@@ -1523,36 +1521,29 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     n
 }
 
-/// After `dup2`/`dup3` of `old` onto `n` (-1: it failed): a kernel TCP socket's report line
-/// follows the socket to its duplicate.
+/// After a dup of `old` (dup, dup2, dup3, F_DUPFD) gave `n` (-1: it failed): a kernel TCP
+/// socket's report line follows the socket to its duplicate.
 fn tcp_dup_over(old: c_int, n: c_int) {
     if n >= 0 && old != n && report::tcp_watched(old) && !internal() {
         report::tcp_dup(old, n);
     }
 }
 
-/// Before `dup2`/`dup3` of `old` onto `new`: a kernel TCP socket at `new` closes (its line gets
-/// its counts now, as `close` would), if the dup can succeed.
-fn tcp_before_dup_over(old: c_int, new: c_int) {
-    // SAFETY: F_GETFD on an fd number: no memory is passed.
-    if old != new
-        && report::tcp_watched(new)
-        && !internal()
-        && unsafe { real::fcntl(old, libc::F_GETFD, 0) } >= 0
-    {
-        report::tcp_closing(new);
-    }
-}
-
-/// A dup of `old` onto `new` is about to close `new`: if `new` is a socket of ours (and the dup
-/// can succeed: `old` open, not `new` itself), it is taken out of the table first, as close
-/// does (`before_last_close`), and returned to be dropped after the dup.
+/// A dup of `old` onto `new` is about to close `new` (if the dup can succeed: `old` open, not
+/// `new` itself), as close would: a socket of ours is taken out of the table first
+/// (`before_last_close`) and returned to be dropped after the dup; a kernel TCP socket's
+/// report line gets its counts now.
 fn before_dup_over(old: c_int, new: c_int) -> Option<Arc<Sock>> {
-    if old == new || !table::owned(new) || internal() {
+    let ours = table::owned(new);
+    if old == new || !(ours || report::tcp_watched(new)) || internal() {
         return None;
     }
     // SAFETY: F_GETFD on an fd number: no memory is passed.
     if unsafe { real::fcntl(old, libc::F_GETFD, 0) } < 0 {
+        return None;
+    }
+    if !ours {
+        report::tcp_closing(new);
         return None;
     }
     let s = table::remove(new);
@@ -1619,9 +1610,7 @@ macro_rules! fcntl_hook {
             if (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) && report::tcp_watched(fd) {
                 // SAFETY: forwards the caller's arguments.
                 let r = unsafe { real::$name(fd, cmd, arg) };
-                if r >= 0 && !internal() {
-                    report::tcp_dup(fd, r);
-                }
+                tcp_dup_over(fd, r);
                 return r;
             }
             // SAFETY: forwards the caller's arguments.
@@ -3374,51 +3363,51 @@ fn splice_from_stream(s: &Sock, sock: c_int, pipe: c_int, len: usize, nb: bool) 
 /// without blocking (`splice` pipe to pipe, SPLICE_F_NONBLOCK: EAGAIN when it takes nothing),
 /// and that much is taken from the stream.
 fn splice_from_stream_nb(s: &Sock, sock: c_int, pipe: c_int, want: usize) -> ssize_t {
-    let mut p = [0 as c_int; 2];
-    // (Made in the room above the application's limit: a program at its limit can splice.)
-    // SAFETY: pipe2 fills the two-int array it is given.
-    if fd_limit::with_room(|| unsafe {
-        libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK)
-    }) != 0
-    {
-        return -1;
-    }
-    let r = with_stage(want, |buf| {
+    with_stage(want, |buf| {
         let n = do_read(s, sock, buf, libc::MSG_PEEK);
         if n <= 0 {
             return n;
         }
+        // The scratch pipe only once there are bytes (an event loop's splice often finds
+        // none), in the room above the application's limit (a program at its limit splices).
+        let mut p = [0 as c_int; 2];
+        // SAFETY: pipe2 fills the two-int array it is given.
+        if fd_limit::with_room(|| unsafe {
+            libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK)
+        }) != 0
+        {
+            return -1;
+        }
         // SAFETY: writes from our own buffer into our own (nonblocking, empty) pipe.
         let k = unsafe { real::write(p[1], buf.as_ptr().cast(), n as usize) };
-        if k <= 0 {
-            return k;
-        }
-        // SAFETY: pipe to pipe, no memory passed; the caller's pipe as it gave it.
-        let m = unsafe {
-            real::splice(
-                p[0],
-                std::ptr::null_mut(),
-                pipe,
-                std::ptr::null_mut(),
-                k as usize,
-                libc::SPLICE_F_NONBLOCK,
-            )
+        let m = if k <= 0 {
+            k
+        } else {
+            // SAFETY: pipe to pipe, no memory passed; the caller's pipe as it gave it.
+            unsafe {
+                real::splice(
+                    p[0],
+                    std::ptr::null_mut(),
+                    pipe,
+                    std::ptr::null_mut(),
+                    k as usize,
+                    libc::SPLICE_F_NONBLOCK,
+                )
+            }
         };
-        if m <= 0 {
-            return m;
+        // (A successful close leaves errno alone.)
+        // SAFETY: our own scratch pipe's fds.
+        unsafe {
+            real::close(p[0]);
+            real::close(p[1]);
         }
-        // The bytes are in the caller's pipe: take them from the stream.
-        let taken = do_read(s, sock, &mut buf[..m as usize], libc::MSG_DONTWAIT);
-        debug_assert_eq!(taken, m);
+        if m > 0 {
+            // The bytes are in the caller's pipe: take them from the stream.
+            let taken = do_read(s, sock, &mut buf[..m as usize], libc::MSG_DONTWAIT);
+            debug_assert_eq!(taken, m);
+        }
         m
-    });
-    // (A successful close leaves errno alone.)
-    // SAFETY: our own scratch pipe's fds.
-    unsafe {
-        real::close(p[0]);
-        real::close(p[1]);
-    }
-    r
+    })
 }
 
 /// A pipe into an SDP stream: `tee` the pipe's bytes (they stay in it), write them to the
